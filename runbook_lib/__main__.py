@@ -1,0 +1,3 @@
+from runbook_lib.cli import run
+
+run()

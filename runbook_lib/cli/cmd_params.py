@@ -1,0 +1,70 @@
+"""``runbook params check|doc`` and ``runbook plan``: everything that needs no cluster."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import yaml
+
+from runbook_lib.model.params import load_params, parameters_markdown
+from runbook_lib.model.plan import build_plan
+
+
+def _add_params_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "-p", "--params", required=True, metavar="FILE", help="parameter file (params/*.yaml)"
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one parameter (dotted keys for sections, e.g. device_plugin.namespace=gpu); repeatable",
+    )
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    params = sub.add_parser("params", help="check or document parameter files")
+    params_sub = params.add_subparsers(dest="params_command", metavar="ACTION", required=True)
+    check = params_sub.add_parser(
+        "check", help="validate a parameter file; print 'ok' and the resolved values"
+    )
+    check.add_argument("file", metavar="FILE")
+    check.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    check.set_defaults(handler=_check)
+    doc = params_sub.add_parser("doc", help="print the parameter reference as a Markdown table")
+    doc.set_defaults(handler=_doc)
+
+    plan = sub.add_parser(
+        "plan", help="print the resolved plan for a parameter file, without touching a cluster"
+    )
+    _add_params_args(plan)
+    plan.add_argument("--format", choices=["yaml", "json"], default="yaml")
+    plan.set_defaults(handler=_plan)
+
+
+def _dump(data: Any, fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps(data, indent=2) + "\n"
+    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+
+
+def _check(args: argparse.Namespace) -> int:
+    params = load_params(args.file, args.overrides)
+    sys.stdout.write("ok\n" + _dump(params.public_dict(), "yaml"))
+    return 0
+
+
+def _doc(_args: argparse.Namespace) -> int:
+    sys.stdout.write(parameters_markdown())
+    return 0
+
+
+def _plan(args: argparse.Namespace) -> int:
+    plan = build_plan(load_params(args.params, args.overrides))
+    sys.stdout.write(_dump(plan.to_dict(), args.format))
+    return 0

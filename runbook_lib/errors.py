@@ -1,0 +1,75 @@
+"""The library's small error taxonomy, modelled on kopf's permanent/temporary split.
+
+Every failure a user can meet is one of two kinds, because the two call for different actions:
+``PermanentError`` (retrying the same thing cannot help: fix the input, the cluster or the plan) and
+``RetryableError`` (the same call may succeed later: a node rebooting, a 5xx, a timeout).  Callers that
+retry (rollouts, the factory client) decide on the class alone, never on message text.
+
+This module sits outside the layers so every layer may raise these; it imports nothing from the library.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+class RunbookError(Exception):
+    """Base of every error the library raises on purpose.
+
+    ``hint`` says what to do about it; the CLI prints it under the message and notebooks render it.
+    """
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message if not self.hint else f"{self.message}\n  hint: {self.hint}"
+
+
+class PermanentError(RunbookError):
+    """Retrying cannot help: the input, the plan or the cluster must change first."""
+
+
+class RetryableError(RunbookError):
+    """The same call may succeed later (unreachable node, server error, timeout)."""
+
+    def __init__(self, message: str, *, hint: str | None = None, delay: float = 1.0) -> None:
+        super().__init__(message, hint=hint)
+        self.delay = delay
+
+
+@dataclass(frozen=True)
+class ParameterProblem:
+    """One thing wrong with a parameter file, located precisely enough to fix without guessing."""
+
+    source: str
+    """The file (or ``--set``/notebook parameter) the value came from."""
+    path: str
+    """Dotted key path, e.g. ``nodes[2].address``."""
+    message: str
+    """What is wrong and what would be valid."""
+
+    def __str__(self) -> str:
+        return f"{self.source}: {self.path}: {self.message}"
+
+
+@dataclass
+class ParametersInvalid(PermanentError):
+    """All problems found in one validation pass: users fix a file once, not once per error."""
+
+    problems: Sequence[ParameterProblem] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        lines = [str(p) for p in self.problems]
+        noun = "problem" if len(lines) == 1 else "problems"
+        super().__init__(f"{len(lines)} parameter {noun}:\n" + "\n".join(f"  - {line}" for line in lines))
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class CompatibilityError(PermanentError):
+    """Pieces that cannot work together (driver versions, tracks, Talos versions)."""

@@ -1,0 +1,499 @@
+"""The parameter schema: one YAML file per cluster under ``params/``.
+
+Why pydantic: the Kubernetes client already brings it, it reports *every* error of a file in one pass with
+its key path, and each field's docstring becomes its description, from which the README's parameter table
+is generated (so the docs cannot drift from the schema).  Unknown keys are errors with a "did you mean",
+because a misspelt ``aply: true`` silently ignored is how clusters get changed by surprise.
+
+Validation is pure and happens before anything touches a cluster; combinations that cannot work (a track
+on Talos < 1.8, the GPU Operator before 1.13, ...) are checked here via the GPU profiles.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from runbook_lib.errors import CompatibilityError, ParameterProblem, ParametersInvalid, PermanentError
+
+from .profiles import Flavor, GpuProfile, Track, profile_for
+from .versions import TalosVersion
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_SECRET_HINT = "give a path to the file, never its contents"
+#: Values never echoed back in an error: a pasted kubeconfig must not land in a log or a record.
+_SECRET_FIELDS = frozenset({"talosconfig", "kubeconfig"})
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", use_attribute_docstrings=True, frozen=True, validate_default=True
+    )
+
+
+class NodeOverrides(_Strict):
+    """Per-node exceptions to the cluster-wide choices (e.g. one DGX node on the proprietary driver)."""
+
+    driver_flavor: Flavor | None = None
+    """Kernel-module flavour for this node only."""
+    track: Track | None = None
+    """Driver track for this node only."""
+    extra_extensions: tuple[str, ...] = ()
+    """Official extensions this node needs in addition to the cluster-wide ones."""
+    extra_kernel_args: tuple[str, ...] = ()
+    """Kernel arguments for this node's image (e.g. ``arm64.nobti`` on Grace Blackwell GB10)."""
+
+
+class Node(_Strict):
+    """A GPU node the runbook acts on."""
+
+    name: str
+    """Kubernetes node name (DNS label)."""
+    address: str
+    """Address talosctl reaches the node at (``-n``), usually its IP."""
+    overrides: NodeOverrides = NodeOverrides()
+    """Optional per-node exceptions (driver_flavor, track, extra_extensions, extra_kernel_args)."""
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _DNS_LABEL.match(value):
+            raise ValueError("must be a DNS label: lowercase letters, digits and '-', at most 63 characters")
+        return value
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        if not value or any(c.isspace() for c in value) or "," in value:
+            raise ValueError("must be one IP address or hostname, without spaces or commas")
+        return value
+
+
+class DevicePlugin(_Strict):
+    """NVIDIA k8s-device-plugin Helm chart (the Kubernetes layer up to Talos 1.12)."""
+
+    chart_version: str | None = None
+    """Chart version to pin; default: the version Talos CI uses for the release (0.17.2, 0.18.0 from 1.12)."""
+    namespace: str = "kube-system"
+    """Namespace; Talos enforces Pod Security baseline elsewhere unless the namespace is labelled privileged."""
+    label_nodes: bool = True
+    """Label GPU nodes ``nvidia.com/gpu.present=true`` (chart ≥0.15 schedules nowhere without it or NFD)."""
+
+
+class GpuOperator(_Strict):
+    """NVIDIA GPU Operator Helm chart (the Kubernetes layer from Talos 1.13)."""
+
+    chart_version: str = "v26.3.3"
+    """Chart version to pin; the Talos docs require v26.3.1 or higher."""
+    namespace: str = "gpu-operator"
+    """Namespace; it is labelled ``pod-security.kubernetes.io/enforce=privileged``."""
+
+
+class CudaTest(_Strict):
+    """The final proof: pods that run CUDA tools on each GPU node."""
+
+    smi_image: str | None = None
+    """Image running ``nvidia-smi``; default: the image of the Talos docs for the release."""
+    vectoradd_image: str | None = "nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0"
+    """CUDA vectoradd sample image; ``null`` skips the vectoradd test."""
+    request_gpu: bool = True
+    """Also run a pod requesting ``nvidia.com/gpu: 1`` (the docs' test alone passes with a broken device plugin)."""
+    timeout_seconds: int = Field(default=300, ge=10)
+    """How long a test pod may take to finish."""
+
+
+class Tools(_Strict):
+    """Where the command-line tools are; bare names are looked up on PATH."""
+
+    talosctl: str = "talosctl"
+    """Path or name of the talosctl binary (for target simulated: the simulator's)."""
+    helm: str = "helm"
+    """Path or name of the helm binary (for target simulated: the simulator's)."""
+
+
+class Simulation(_Strict):
+    """Only for ``target: simulated``: how the built-in simulated cluster behaves."""
+
+    scenario: str = "healthy"
+    """Named fault scenario of the simulator (``runbook sim scenarios`` lists them)."""
+    latency_ms: float = Field(default=0.0, ge=0)
+    """Simulated latency per talosctl call per node, in milliseconds."""
+
+
+class Params(_Strict):
+    """Everything the runbook needs to know about one cluster."""
+
+    cluster: str
+    """Cluster name, used in records and resource names (DNS label)."""
+    target: Literal["simulated", "cluster"] = "simulated"
+    """``simulated`` runs against the built-in simulated cluster; ``cluster`` against a real one."""
+    talos_version: str
+    """Exact Talos release of the GPU nodes, e.g. ``v1.12.7`` (supported: v1.3–v1.14)."""
+    nodes: tuple[Node, ...] = Field(min_length=1)
+    """GPU nodes: ``name`` and ``address`` each, optional ``overrides``."""
+    driver_flavor: Flavor = "oss"
+    """``oss`` (open kernel modules) or ``proprietary`` (nonfree modules)."""
+    track: Track | None = None
+    """Driver track ``lts`` or ``production`` (Talos ≥1.8; default lts); must be unset before 1.8."""
+    kubernetes_layer: Literal["auto", "device-plugin", "gpu-operator"] = "auto"
+    """``auto``: device plugin + RuntimeClass up to Talos 1.12, GPU Operator from 1.13."""
+    device_plugin: DevicePlugin = DevicePlugin()
+    """Device-plugin chart settings (chart_version, namespace, label_nodes)."""
+    gpu_operator: GpuOperator = GpuOperator()
+    """GPU Operator chart settings (chart_version, namespace)."""
+    cuda_test: CudaTest = CudaTest()
+    """CUDA test pods (smi_image, vectoradd_image, request_gpu, timeout_seconds)."""
+    default_runtime_patch: bool = False
+    """Also make ``nvidia`` the default containerd runtime on GPU nodes (reboots the node up to Talos 1.13)."""
+    extra_extensions: tuple[str, ...] = ()
+    """Other official extensions the GPU nodes' image must keep (e.g. ``siderolabs/iscsi-tools``)."""
+    extra_kernel_args: tuple[str, ...] = ()
+    """Extra kernel arguments for the GPU nodes' image."""
+    secureboot: bool = False
+    """Use SecureBoot installer and boot assets."""
+    apply: bool = False
+    """Change the cluster. ``false`` (default) plans and dry-runs only."""
+    rollout_concurrency: int = Field(default=1, ge=1, le=1000)
+    """How many nodes change at once; new batches stop at the first failure."""
+    talosconfig: str | None = None
+    """Path to the talosconfig (never its contents); default: talosctl's own default / the simulator's."""
+    kubeconfig: str | None = None
+    """Path to the kubeconfig (never its contents); default: ``$KUBECONFIG`` / the simulator's."""
+    tools: Tools = Tools()
+    """Paths of ``talosctl`` and ``helm``."""
+    image_factory_url: str = "https://factory.talos.dev"
+    """Image Factory base URL; a self-hosted factory for air-gapped sites."""
+    simulation: Simulation = Simulation()
+    """Simulator settings (scenario, latency_ms); only meaningful for ``target: simulated``."""
+
+    @field_validator("cluster")
+    @classmethod
+    def _cluster(cls, value: str) -> str:
+        if not _DNS_LABEL.match(value):
+            raise ValueError("must be a DNS label: lowercase letters, digits and '-', at most 63 characters")
+        return value
+
+    @field_validator("talos_version", mode="before")
+    @classmethod
+    def _talos_version_text(cls, value: Any) -> Any:
+        if isinstance(value, int | float):
+            raise ValueError(
+                f'write the version as text with its patch release, e.g. "v{value}.0" (YAML reads 1.10 as 1.1)'
+            )
+        return value
+
+    @field_validator("talos_version")
+    @classmethod
+    def _talos_version(cls, value: str) -> str:
+        try:
+            version = TalosVersion.parse(value)
+        except PermanentError as exc:
+            raise ValueError(f"{exc.message}; {exc.hint}") from None
+        if not version.is_release:
+            raise ValueError(
+                f"needs the exact release, e.g. {version}.0: installers and extension tags are per release"
+            )
+        return str(version)
+
+    @field_validator("image_factory_url")
+    @classmethod
+    def _factory(cls, value: str) -> str:
+        if not re.match(r"^https?://[^\s/]+", value):
+            raise ValueError("must be an http(s) URL such as https://factory.talos.dev")
+        return value.rstrip("/")
+
+    @field_validator("talosconfig", "kubeconfig")
+    @classmethod
+    def _path_not_contents(cls, value: str | None) -> str | None:
+        if value is not None and ("\n" in value or value.lstrip().startswith(("apiVersion", "context", "{"))):
+            raise ValueError(f"looks like file contents; {_SECRET_HINT}")
+        return value
+
+    # -- derived views ---------------------------------------------------------------------------------
+    @property
+    def talos(self) -> TalosVersion:
+        return TalosVersion.parse(self.talos_version)
+
+    def profile(self, node: Node | None = None) -> GpuProfile:
+        """The GPU profile for the cluster, or for one node with its overrides applied."""
+        flavor = (node.overrides.driver_flavor if node else None) or self.driver_flavor
+        track = (node.overrides.track if node else None) or self.track
+        return profile_for(self.talos, flavor, track)
+
+    @property
+    def resolved_kubernetes_layer(self) -> Literal["device-plugin", "gpu-operator"]:
+        if self.kubernetes_layer == "auto":
+            return self.profile().kubernetes_layer_auto
+        return self.kubernetes_layer
+
+    def public_dict(self) -> dict[str, Any]:
+        """The validated values as plain data, safe to record: secrets are only ever paths here."""
+        return self.model_dump(mode="json")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Loading and error reporting
+
+
+def _model_keys(model: type[BaseModel]) -> list[str]:
+    return list(model.model_fields)
+
+
+def _submodel_at(loc: Sequence[str | int]) -> type[BaseModel] | None:
+    """The model class that owns the mapping at ``loc`` (for "did you mean" on unknown keys)."""
+    model: type[BaseModel] = Params
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        info = model.model_fields.get(part)
+        if info is None:
+            return None
+        annotation = info.annotation
+        candidates = [annotation, *getattr(annotation, "__args__", ())]
+        nested = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        if nested is None:
+            return None
+        model = nested
+    return model
+
+
+def format_loc(loc: Iterable[str | int]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def _problem_from_pydantic(source: str, error: Mapping[str, Any]) -> ParameterProblem:
+    loc = tuple(error["loc"])
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        owner = _submodel_at(loc[:-1])
+        valid = _model_keys(owner) if owner else []
+        key = str(loc[-1])
+        close = difflib.get_close_matches(key, valid, n=1)
+        suggestion = f"did you mean {close[0]!r}? " if close else ""
+        return ParameterProblem(
+            source, format_loc(loc), f"unknown parameter; {suggestion}valid keys: {', '.join(valid)}"
+        )
+    if kind == "missing":
+        return ParameterProblem(source, format_loc(loc), "required parameter is missing")
+    message = error["msg"]
+    if message.startswith("Value error, "):
+        message = message.removeprefix("Value error, ")
+    secret_field = bool(loc) and loc[-1] in _SECRET_FIELDS
+    if "input" in error and not secret_field and not isinstance(error["input"], dict | list):
+        message += f" (got {error['input']!r})"
+    return ParameterProblem(source, format_loc(loc), message)
+
+
+def _compatibility_problems(source: str, params: Params) -> list[ParameterProblem]:
+    problems: list[ParameterProblem] = []
+    seen: set[str] = set()
+    for index, node in enumerate(params.nodes):
+        for attr, value in (("name", node.name), ("address", node.address)):
+            if f"{attr}:{value}" in seen:
+                problems.append(
+                    ParameterProblem(source, f"nodes[{index}].{attr}", f"duplicate node {attr} {value!r}")
+                )
+            seen.add(f"{attr}:{value}")
+    try:
+        params.profile()
+    except CompatibilityError as exc:
+        key = (
+            "track"
+            if "track" in exc.message
+            else ("driver_flavor" if "proprietary" in exc.message else "talos_version")
+        )
+        problems.append(
+            ParameterProblem(source, key, f"{exc.message} ({exc.hint})" if exc.hint else exc.message)
+        )
+        return problems
+    for index, node in enumerate(params.nodes):
+        if node.overrides.driver_flavor is None and node.overrides.track is None:
+            continue
+        try:
+            params.profile(node)
+        except CompatibilityError as exc:
+            problems.append(ParameterProblem(source, f"nodes[{index}].overrides", exc.message))
+    talos = params.talos
+    if params.kubernetes_layer == "gpu-operator" and not talos.at_least(1, 13):
+        problems.append(
+            ParameterProblem(
+                source,
+                "kubernetes_layer",
+                f"the GPU Operator path needs Talos ≥ v1.13 (CDI toolkit); Talos {talos} uses "
+                "'device-plugin' (or 'auto')",
+            )
+        )
+    if params.target == "cluster" and params.tools.talosctl == "talosctl" and params.talosconfig is None:
+        pass  # talosctl's own default (~/.talos/config, $TALOSCONFIG) is a sensible choice on a real cluster
+    return problems
+
+
+def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    """Apply one ``--set a.b=value`` override onto raw parameter data."""
+    parts = dotted.split(".")
+    target = data
+    for part in parts[:-1]:
+        nxt = target.get(part)
+        if not isinstance(nxt, dict):
+            nxt = {}
+            target[part] = nxt
+        target = nxt
+    target[parts[-1]] = value
+
+
+def parse_set(item: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` with VALUE read as a YAML scalar (``true``, ``3``, ``v1.8.3``, ``[a, b]``)."""
+    if "=" not in item:
+        raise ParametersInvalid(
+            [ParameterProblem("--set", item, "expected KEY=VALUE, e.g. talos_version=v1.8.3")]
+        )
+    key, raw = item.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw else ""
+    except yaml.YAMLError:
+        value = raw
+    if key == "talos_version" or (isinstance(value, float) and raw.count(".") != 1):
+        value = raw  # keep versions as text (YAML would read 1.10 as the float 1.1)
+    return key.strip(), value
+
+
+def validate(data: Mapping[str, Any], *, source: str) -> Params:
+    """Validate raw parameter data; raise :class:`ParametersInvalid` listing every problem at once."""
+    try:
+        params = Params.model_validate(dict(data))
+    except ValidationError as exc:
+        errors = exc.errors()
+        located = {tuple(err["loc"][:1]) for err in errors if len(err["loc"]) > 1}
+        # A tuple whose items failed is also reported as too short; that echo would only confuse.
+        errors = [e for e in errors if not (e["type"] == "too_short" and tuple(e["loc"]) in located)]
+        problems = [_problem_from_pydantic(source, err) for err in errors]
+        # Report impossible combinations in the same pass when the rest of the file allows judging them.
+        bad_keys = {err["loc"][0] for err in errors if err["loc"]}
+        try:
+            rest = Params.model_validate({k: v for k, v in data.items() if k not in bad_keys})
+        except ValidationError:
+            pass
+        else:
+            problems += _compatibility_problems(source, rest)
+        raise ParametersInvalid(problems) from None
+    problems = _compatibility_problems(source, params)
+    if problems:
+        raise ParametersInvalid(problems)
+    return params
+
+
+def read_params_file(path: str | Path) -> dict[str, Any]:
+    """Read a parameter file as raw data, with file-level errors that name the file."""
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ParametersInvalid([ParameterProblem(str(file), "(file)", "file not found")]) from None
+    except OSError as exc:
+        raise ParametersInvalid(
+            [ParameterProblem(str(file), "(file)", f"cannot read: {exc.strerror}")]
+        ) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(file)"
+        raise ParametersInvalid([ParameterProblem(str(file), where, f"not valid YAML: {exc}")]) from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ParametersInvalid(
+            [ParameterProblem(str(file), "(top level)", "must be a mapping of parameter: value")]
+        )
+    return data
+
+
+def load_params(
+    path: str | Path | None = None,
+    overrides: Iterable[str] = (),
+    values: Mapping[str, Any] | None = None,
+) -> Params:
+    """Load a parameter file, apply ``--set`` overrides and explicit values, and validate the result.
+
+    ``values`` (e.g. notebook parameters) win over ``overrides``, which win over the file.  Dotted keys are
+    accepted in both.  Errors name the file for file values and ``--set``/``parameters`` for the others.
+    """
+    data: dict[str, Any] = read_params_file(path) if path is not None else {}
+    source = str(path) if path is not None else "parameters"
+    for item in overrides:
+        key, value = parse_set(item)
+        set_dotted(data, key, value)
+    for key, value in (values or {}).items():
+        set_dotted(data, key, value)
+    return validate(data, source=source)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Documentation generated from the schema (README's parameter table)
+
+
+def _type_name(annotation: Any) -> str:
+    """A short human type: ``one of a, b``, ``str or null``, ``list[str]``."""
+    args = [a for a in getattr(annotation, "__args__", ()) if a is not type(None)]
+    nullable = type(None) in getattr(annotation, "__args__", ())
+    if getattr(annotation, "__origin__", None) is Literal:
+        text = "one of " + ", ".join(f"`{a}`" for a in annotation.__args__)
+    elif nullable and len(args) == 1:
+        text = _type_name(args[0])
+    elif getattr(annotation, "__origin__", None) is tuple:
+        text = "list[str]"
+    else:
+        text = getattr(annotation, "__name__", str(annotation))
+    return f"{text} or null" if nullable else text
+
+
+def parameter_rows() -> list[tuple[str, str, str, str]]:
+    """(key, type, default, description) for every parameter, nested sections flattened with dots."""
+    rows: list[tuple[str, str, str, str]] = []
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, info in model.model_fields.items():
+            key = f"{prefix}{name}"
+            nested = (
+                info.annotation
+                if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel)
+                else None
+            )
+            if nested is not None and key != "nodes":
+                walk(nested, key + ".")
+                continue
+            if info.is_required():
+                default = "required"
+            else:
+                default_value = info.default
+                default = (
+                    "`null`"
+                    if default_value is None
+                    else f"`{yaml.safe_dump(default_value, default_flow_style=True).strip().removesuffix('...').strip()}`"
+                )
+                if isinstance(default_value, tuple) and not default_value:
+                    default = "`[]`"
+            type_text = (
+                "list of {name, address, overrides}" if key == "nodes" else _type_name(info.annotation)
+            )
+            rows.append(
+                (key, type_text, default, (info.description or "").replace("\n", " ").replace("``", "`"))
+            )
+
+    walk(Params, "")
+    return rows
+
+
+def parameters_markdown() -> str:
+    lines = ["| parameter | type | default | meaning |", "|---|---|---|---|"]
+    lines += [f"| `{key}` | {typ} | {default} | {desc} |" for key, typ, default, desc in parameter_rows()]
+    return "\n".join(lines) + "\n"

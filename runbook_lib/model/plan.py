@@ -1,0 +1,158 @@
+"""The resolved plan: what the runbook will do to this cluster, computed without touching it.
+
+Why a separate, pure object: the plan is what a person approves.  Notebooks show it, the Approve button
+applies exactly it, and the change record stores it, so it must be deterministic from the parameters
+alone and serialisable as JSON/YAML.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .params import Params
+from .profiles import GPU_OPERATOR_VALUES, GpuProfile, render_documents
+
+
+@dataclass(frozen=True)
+class HelmRelease:
+    """The Kubernetes layer as one Helm release."""
+
+    release: str
+    chart: str
+    repo_name: str
+    repo_url: str
+    version: str
+    namespace: str
+    values: dict[str, str]
+    privileged_namespace: bool
+    """Label the namespace ``pod-security.kubernetes.io/enforce=privileged`` (hostPath volumes need it)."""
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    name: str
+    address: str
+    extensions: list[str]
+    schematic_id: str | None
+    installer_image: str | None
+
+
+@dataclass(frozen=True)
+class Plan:
+    cluster: str
+    target: str
+    talos_version: str
+    driver_flavor: str
+    track: str | None
+    extensions: list[str]
+    """Official names, in schematic order (kernel modules, toolkit, then extra extensions)."""
+    extension_delivery: str
+    machine_config_patches: list[str]
+    """YAML documents of the strategic-merge patch, one string per document."""
+    default_runtime_patch: str | None
+    default_runtime_needs_reboot: bool
+    kubernetes_layer: str
+    helm: HelmRelease
+    installer_image: str | None
+    schematic_id: str | None
+    module_check: str
+    services: list[str]
+    cuda_smi_image: str
+    cuda_vectoradd_image: str | None
+    apply: bool
+    rollout_concurrency: int
+    nodes: list[NodePlan] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _helm_release(params: Params, profile: GpuProfile, layer: str) -> HelmRelease:
+    if layer == "gpu-operator":
+        return HelmRelease(
+            release="gpu-operator",
+            chart="nvidia/gpu-operator",
+            repo_name="nvidia",
+            repo_url="https://helm.ngc.nvidia.com/nvidia",
+            version=params.gpu_operator.chart_version,
+            namespace=params.gpu_operator.namespace,
+            values=dict(GPU_OPERATOR_VALUES),
+            privileged_namespace=True,
+        )
+    namespace = params.device_plugin.namespace
+    return HelmRelease(
+        release="nvidia-device-plugin",
+        chart="nvdp/nvidia-device-plugin",
+        repo_name="nvdp",
+        repo_url="https://nvidia.github.io/k8s-device-plugin",
+        version=params.device_plugin.chart_version or profile.device_plugin_chart_default,
+        namespace=namespace,
+        values={"runtimeClassName": "nvidia"},
+        privileged_namespace=namespace != "kube-system",
+    )
+
+
+def node_extensions(params: Params, profile: GpuProfile, extra: tuple[str, ...] = ()) -> list[str]:
+    """Extensions of a node's image: NVIDIA first, then the extra ones, without duplicates, order kept."""
+    out: list[str] = []
+    for name in [*profile.extensions, *params.extra_extensions, *extra]:
+        if name not in out:
+            out.append(name)
+    return out
+
+
+def build_plan(params: Params) -> Plan:
+    """Resolve the parameters into the concrete plan (pure; the same parameters give the same plan)."""
+    profile = params.profile()
+    layer = params.resolved_kubernetes_layer
+    extensions = node_extensions(params, profile)
+    install_images = (
+        profile.install_extension_images() if profile.extension_delivery == "install-extensions" else None
+    )
+    patch_docs = profile.machine_config_patch_documents(install_images=install_images)
+    notes = list(profile.notes)
+    if profile.extension_delivery == "install-extensions":
+        notes.append(
+            f"Talos {profile.talos} predates the Image Factory: extensions are installed through "
+            "machine.install.extensions and an upgrade to the stock installer; check that the image tags exist"
+        )
+    if layer == "device-plugin" and params.talos.at_least(1, 13):
+        notes.append("Talos ≥ 1.13 docs use the GPU Operator; the device plugin is kept here by request")
+    nodes = [
+        NodePlan(
+            name=node.name,
+            address=node.address,
+            extensions=node_extensions(params, params.profile(node), node.overrides.extra_extensions),
+            schematic_id=None,
+            installer_image=None,
+        )
+        for node in params.nodes
+    ]
+    return Plan(
+        cluster=params.cluster,
+        target=params.target,
+        talos_version=params.talos_version,
+        driver_flavor=profile.flavor,
+        track=profile.track,
+        extensions=extensions,
+        extension_delivery=profile.extension_delivery,
+        machine_config_patches=[render_documents([doc]) for doc in patch_docs],
+        default_runtime_patch=render_documents(profile.default_runtime_documents())
+        if params.default_runtime_patch
+        else None,
+        default_runtime_needs_reboot=params.default_runtime_patch and profile.default_runtime_needs_reboot,
+        kubernetes_layer=layer,
+        helm=_helm_release(params, profile, layer),
+        installer_image=None,
+        schematic_id=None,
+        module_check=profile.module_check,
+        services=list(profile.services),
+        cuda_smi_image=params.cuda_test.smi_image or profile.cuda_smi_image,
+        cuda_vectoradd_image=params.cuda_test.vectoradd_image,
+        apply=params.apply,
+        rollout_concurrency=params.rollout_concurrency,
+        nodes=nodes,
+        notes=notes,
+    )

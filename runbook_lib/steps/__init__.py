@@ -1,0 +1,1 @@
+"""See the package docstring of runbook_lib for the layer rules."""

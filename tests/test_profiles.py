@@ -1,0 +1,268 @@
+"""Every Talos minor v1.3–v1.14 against the facts file (shared/docs/talos-nvidia.md, sections cited)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from runbook_lib.errors import CompatibilityError
+from runbook_lib.model.profiles import profile_for, render_documents
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "reference" / "talos"
+
+# §1.1 extension names; §1.3 sysctl/module documents; §1.4 CRI plugin; §1.5 layer and module check;
+# §2.1 installer path.  One row per minor: (kmod oss, toolkit, sysctl?, module doc kind, cri plugin, layer,
+# installer kind, module check)
+FACTS = {
+    3: (
+        "nvidia-open-gpu-kernel-modules",
+        "nvidia-container-toolkit",
+        True,
+        "machine",
+        "io.containerd.grpc.v1.cri",
+        "device-plugin",
+        "ghcr-installer",
+        "read /proc/modules",
+    ),
+    4: (
+        "nvidia-open-gpu-kernel-modules",
+        "nvidia-container-toolkit",
+        True,
+        "machine",
+        "io.containerd.grpc.v1.cri",
+        "device-plugin",
+        "ghcr-installer",
+        "read /proc/modules",
+    ),
+    5: (
+        "nvidia-open-gpu-kernel-modules",
+        "nvidia-container-toolkit",
+        True,
+        "machine",
+        "io.containerd.grpc.v1.cri",
+        "device-plugin",
+        "installer",
+        "read /proc/modules",
+    ),
+    6: (
+        "nvidia-open-gpu-kernel-modules",
+        "nvidia-container-toolkit",
+        True,
+        "machine",
+        "io.containerd.grpc.v1.cri",
+        "device-plugin",
+        "installer",
+        "read /proc/modules",
+    ),
+    7: (
+        "nvidia-open-gpu-kernel-modules",
+        "nvidia-container-toolkit",
+        True,
+        "machine",
+        "io.containerd.grpc.v1.cri",
+        "device-plugin",
+        "installer",
+        "read /proc/modules",
+    ),
+    8: (
+        "nvidia-open-gpu-kernel-modules-lts",
+        "nvidia-container-toolkit-lts",
+        True,
+        "machine",
+        "io.containerd.cri.v1.runtime",
+        "device-plugin",
+        "installer",
+        "read /proc/modules",
+    ),
+    9: (
+        "nvidia-open-gpu-kernel-modules-lts",
+        "nvidia-container-toolkit-lts",
+        True,
+        "machine",
+        "io.containerd.cri.v1.runtime",
+        "device-plugin",
+        "installer",
+        "read /proc/modules",
+    ),
+    10: (
+        "nvidia-open-gpu-kernel-modules-lts",
+        "nvidia-container-toolkit-lts",
+        True,
+        "machine",
+        "io.containerd.cri.v1.runtime",
+        "device-plugin",
+        "metal-installer",
+        "read /proc/modules",
+    ),
+    11: (
+        "nvidia-open-gpu-kernel-modules-lts",
+        "nvidia-container-toolkit-lts",
+        True,
+        "machine",
+        "io.containerd.cri.v1.runtime",
+        "device-plugin",
+        "metal-installer",
+        "get modules",
+    ),
+    12: (
+        "nvidia-open-gpu-kernel-modules-lts",
+        "nvidia-container-toolkit-lts",
+        True,
+        "machine",
+        "io.containerd.cri.v1.runtime",
+        "device-plugin",
+        "metal-installer",
+        "get modules",
+    ),
+    13: (
+        "nvidia-open-gpu-kernel-modules-lts",
+        "nvidia-container-toolkit-lts",
+        False,
+        "machine",
+        "io.containerd.cri.v1.runtime",
+        "gpu-operator",
+        "metal-installer",
+        "get modules",
+    ),
+    14: (
+        "nvidia-open-gpu-kernel-modules-lts",
+        "nvidia-container-toolkit-lts",
+        False,
+        "KernelModuleConfig",
+        "io.containerd.cri.v1.runtime",
+        "gpu-operator",
+        "metal-installer",
+        "get modules",
+    ),
+}
+MODULES = ["nvidia", "nvidia_uvm", "nvidia_drm", "nvidia_modeset"]
+
+
+@pytest.mark.parametrize("minor", sorted(FACTS))
+def test_profile_matches_facts_for_every_minor(minor):
+    kmod, toolkit, sysctl, module_doc, cri, layer, installer, module_check = FACTS[minor]
+    profile = profile_for(f"v1.{minor}.2")
+    assert profile.extensions == [f"siderolabs/{kmod}", f"siderolabs/{toolkit}"]
+    docs = profile.machine_config_patch_documents()
+    if module_doc == "KernelModuleConfig":
+        assert docs == [{"apiVersion": "v1alpha1", "kind": "KernelModuleConfig", "name": m} for m in MODULES]
+    else:
+        (doc,) = docs
+        assert doc["machine"]["kernel"]["modules"] == [{"name": m} for m in MODULES]
+        assert ("sysctls" in doc["machine"]) == sysctl
+        if sysctl:
+            assert doc["machine"]["sysctls"] == {"net.core.bpf_jit_harden": "1"}
+    assert profile.cri_plugin == cri
+    runtime_text = render_documents(profile.default_runtime_documents())
+    assert (
+        f'[plugins."{cri}".containerd]' in runtime_text and 'default_runtime_name = "nvidia"' in runtime_text
+    )
+    assert profile.kubernetes_layer_auto == layer
+    assert profile.installer_kind == installer
+    assert profile.module_check == module_check
+    assert ("ext-nvidia-cdi-gen" in profile.services) == (minor >= 13)
+
+
+def test_production_track_and_proprietary_flavor_names():
+    assert profile_for("v1.12.7", "oss", "production").extensions == [
+        "siderolabs/nvidia-open-gpu-kernel-modules-production",
+        "siderolabs/nvidia-container-toolkit-production",
+    ]
+    assert profile_for("v1.12.7", "proprietary", "lts").extensions[0] == "siderolabs/nonfree-kmod-nvidia-lts"
+    assert profile_for("v1.7.4", "proprietary").extensions[0] == "siderolabs/nonfree-kmod-nvidia"
+
+
+def test_default_runtime_patch_forms_and_reboot_need():
+    old = profile_for("v1.12.7")
+    (doc,) = old.default_runtime_documents()
+    (file,) = doc["machine"]["files"]
+    assert file["path"] == "/etc/cri/conf.d/20-customization.part" and file["op"] == "create"
+    assert old.default_runtime_needs_reboot
+    new = profile_for("v1.14.0")
+    (doc14,) = new.default_runtime_documents()
+    assert doc14["kind"] == "CRICustomizationConfig" and "io.containerd.cri.v1.runtime" in doc14["content"]
+    assert not new.default_runtime_needs_reboot
+
+
+def test_talos_13_and_older_patch_text_is_the_docs_patch():
+    text = render_documents(profile_for("v1.12.0").machine_config_patch_documents())
+    assert yaml.safe_load(text) == {
+        "machine": {
+            "kernel": {"modules": [{"name": m} for m in MODULES]},
+            "sysctls": {"net.core.bpf_jit_harden": "1"},
+        }
+    }
+
+
+def test_pre_factory_releases_install_extensions_through_machine_config():
+    profile = profile_for("v1.3.7")
+    assert profile.extension_delivery == "install-extensions"
+    images = profile.install_extension_images()
+    assert images == [
+        "ghcr.io/siderolabs/nvidia-open-gpu-kernel-modules:515.65.01-v1.3.7",
+        "ghcr.io/siderolabs/nvidia-container-toolkit:515.65.01-v1.11.0",
+    ]
+    (doc,) = profile.machine_config_patch_documents(install_images=images)
+    assert doc["machine"]["install"]["extensions"] == [{"image": i} for i in images]
+
+
+@pytest.mark.parametrize(
+    ("version", "flavor", "track", "needle"),
+    [
+        ("v1.7.4", "oss", "lts", "tracks start with Talos 1.8"),
+        ("v1.3.7", "proprietary", None, "1.4.8"),
+        ("v1.4.7", "proprietary", None, "1.4.8"),
+        ("v1.2.9", "oss", None, "outside the supported range"),
+        ("v1.15.0", "oss", None, "outside the supported range"),
+    ],
+)
+def test_impossible_combinations_are_refused_with_what_would_work(version, flavor, track, needle):
+    with pytest.raises(CompatibilityError) as err:
+        profile_for(version, flavor, track)
+    assert needle in str(err.value)
+
+
+def _merge(base, patch):
+    """Talos strategic merge for the keys our patches touch: maps merge, lists append."""
+    for key, value in patch.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _merge(base[key], value)
+        elif isinstance(value, list) and isinstance(base.get(key), list):
+            base[key] = base[key] + value
+        else:
+            base[key] = copy.deepcopy(value)
+    return base
+
+
+@pytest.mark.parametrize("minor", [10, 11, 12, 13])
+def test_patched_sample_config_validates_against_the_real_talos_schema(minor):
+    jsonschema = pytest.importorskip("jsonschema")
+    schema_file = SHARED / f"config.schema.v1.{minor}.json"
+    sample_file = SHARED / "worker-machineconfig.sample.yaml"
+    if not schema_file.exists() or not sample_file.exists():
+        pytest.skip(f"{schema_file} not present (../shared is not beside the project)")
+    schema = json.loads(schema_file.read_text())
+    config = yaml.safe_load(sample_file.read_text())
+    validator = jsonschema.Draft202012Validator({**schema, "$ref": "#/$defs/v1alpha1.MachineConfig"})
+
+    def errors_of(cfg):
+        return {
+            (tuple(e.absolute_path), e.validator, tuple(e.schema_path))
+            for e in validator.iter_errors(cfg["machine"])
+        }
+
+    # The sample predates some schema changes; the patch must add no error of its own.
+    baseline = errors_of(config)
+    profile = profile_for(f"v1.{minor}.0")
+    for doc in profile.machine_config_patch_documents() + profile.default_runtime_documents():
+        _merge(config, yaml.safe_load(render_documents([doc])))
+    errors = errors_of(config) - baseline
+    assert not errors
+    bad = copy.deepcopy(config)
+    bad["machine"]["kernel"]["modules"].append({"nam": "typo"})
+    assert errors_of(bad) - baseline, "the schema check must be able to fail"
+    assert config["machine"]["kernel"]["modules"][-4:] == [{"name": m} for m in MODULES]
