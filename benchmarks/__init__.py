@@ -1,0 +1,1 @@
+"""Benchmarks: speed and memory targets, measured against the simulated cluster (``make bench``)."""
