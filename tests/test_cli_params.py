@@ -103,3 +103,31 @@ def test_console_script_entry_point_and_module_run_the_same_cli():
 def test_readme_parameter_table_is_generated_from_the_schema():
     readme = (ROOT / "README.md").read_text()
     assert parameters_markdown() in readme, "regenerate with: runbook params doc"
+
+
+def test_plan_schematic_id_matches_the_factory_algorithm_for_the_lts_pair(capsys):
+    # facts §2.3: modules-lts then toolkit-lts hashes to 40b13a8d… (order matters)
+    assert main(["plan", "-p", SIM, "--format", "json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["schematic_id"] == "40b13a8d4f3202c7d7c95f0cc0fa5cecea2d480ea9f1f1dd3122395cd68f6e9d"
+    assert plan["installer_image"] == f"factory.talos.dev/metal-installer/{plan['schematic_id']}:v1.12.7"
+    assert all(n["installer_image"] == plan["installer_image"] for n in plan["nodes"])
+
+
+def test_plan_for_a_node_override_gets_its_own_schematic(tmp_path, capsys):
+    data = yaml.safe_load(Path(SIM).read_text())
+    data["nodes"][1]["overrides"] = {"driver_flavor": "proprietary"}
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert main(["plan", "-p", str(path), "--format", "json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    # facts §2.3: nonfree-kmod-nvidia-lts + toolkit-lts
+    assert plan["nodes"][1]["schematic_id"] == "af8eb82417d3deaa94d2ef19c3b590b0dac1b2549d0b9b35b3da2bc325de75f7"
+    assert plan["nodes"][0]["schematic_id"] == plan["schematic_id"]
+
+
+def test_plan_before_the_image_factory_uses_the_stock_installer(capsys):
+    assert main(["plan", "-p", SIM, "--set", "talos_version=v1.3.7", "--set", "track=null", "--format", "json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["schematic_id"] is None and plan["installer_image"] == "ghcr.io/siderolabs/installer:v1.3.7"
+    assert "install" in yaml.safe_load(plan["machine_config_patches"][0])["machine"]

@@ -10,8 +10,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .params import Params
+from .boot_assets import installer_image
+from .params import Node, Params
 from .profiles import GPU_OPERATOR_VALUES, GpuProfile, render_documents
+from .schematic import Schematic, schematic_for
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,7 @@ class NodePlan:
     extensions: list[str]
     schematic_id: str | None
     installer_image: str | None
+    schematic_yaml: str | None = None
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,8 @@ class Plan:
     helm: HelmRelease
     installer_image: str | None
     schematic_id: str | None
+    schematic_yaml: str | None
+    """The canonical schematic (the exact bytes the factory hashes); ``None`` before the Image Factory."""
     module_check: str
     services: list[str]
     cuda_smi_image: str
@@ -103,6 +108,26 @@ def node_extensions(params: Params, profile: GpuProfile, extra: tuple[str, ...] 
     return out
 
 
+def node_schematic(params: Params, node: Node | None = None) -> Schematic | None:
+    """The image a GPU node needs; ``None`` where extensions go through machine config (Talos < 1.5)."""
+    profile = params.profile(node)
+    if profile.extension_delivery != "image-factory":
+        return None
+    extra_ext = node.overrides.extra_extensions if node else ()
+    extra_args = node.overrides.extra_kernel_args if node else ()
+    return schematic_for(
+        node_extensions(params, profile, extra_ext),
+        extra_kernel_args=[*params.extra_kernel_args, *extra_args],
+    )
+
+
+def _installer(params: Params, schematic: Schematic | None) -> str:
+    factory = params.image_factory_url if schematic is not None else None
+    return installer_image(
+        factory, schematic.id if schematic else "", params.talos, secureboot=params.secureboot
+    )
+
+
 def build_plan(params: Params) -> Plan:
     """Resolve the parameters into the concrete plan (pure; the same parameters give the same plan)."""
     profile = params.profile()
@@ -120,16 +145,20 @@ def build_plan(params: Params) -> Plan:
         )
     if layer == "device-plugin" and params.talos.at_least(1, 13):
         notes.append("Talos ≥ 1.13 docs use the GPU Operator; the device plugin is kept here by request")
-    nodes = [
-        NodePlan(
-            name=node.name,
-            address=node.address,
-            extensions=node_extensions(params, params.profile(node), node.overrides.extra_extensions),
-            schematic_id=None,
-            installer_image=None,
+    schematic = node_schematic(params)
+    nodes = []
+    for node in params.nodes:
+        own = node_schematic(params, node)
+        nodes.append(
+            NodePlan(
+                name=node.name,
+                address=node.address,
+                extensions=node_extensions(params, params.profile(node), node.overrides.extra_extensions),
+                schematic_id=own.id if own else None,
+                installer_image=_installer(params, own),
+                schematic_yaml=own.canonical_yaml() if own and own != schematic else None,
+            )
         )
-        for node in params.nodes
-    ]
     return Plan(
         cluster=params.cluster,
         target=params.target,
@@ -145,8 +174,9 @@ def build_plan(params: Params) -> Plan:
         default_runtime_needs_reboot=params.default_runtime_patch and profile.default_runtime_needs_reboot,
         kubernetes_layer=layer,
         helm=_helm_release(params, profile, layer),
-        installer_image=None,
-        schematic_id=None,
+        installer_image=_installer(params, schematic),
+        schematic_id=schematic.id if schematic else None,
+        schematic_yaml=schematic.canonical_yaml() if schematic else None,
         module_check=profile.module_check,
         services=list(profile.services),
         cuda_smi_image=params.cuda_test.smi_image or profile.cuda_smi_image,

@@ -1,0 +1,125 @@
+"""The library's helm client: argv for the real ``helm`` (or the simulator's), run through the journal.
+
+Why idempotency lives here: ``helm upgrade --install`` always creates a new revision, even with nothing
+to change, so "a second run upgrades nothing" needs the installed chart version and values compared first
+(``helm list -o json`` + ``helm get values -o json``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from runbook_lib.errors import PermanentError
+
+from .proc import CommandResult, Runner
+
+
+@dataclass(frozen=True)
+class Release:
+    name: str
+    namespace: str
+    chart: str
+    """``<chart>-<version>`` as helm lists it, e.g. ``nvidia-device-plugin-0.18.0``."""
+    status: str
+    revision: int
+
+    def chart_version(self, chart_name: str) -> str:
+        return self.chart.removeprefix(f"{chart_name}-")
+
+
+class Helm:
+    def __init__(
+        self, binary: str = "helm", *, kubeconfig: str | None = None, runner: Runner | None = None
+    ) -> None:
+        self.binary = binary
+        self.kubeconfig = kubeconfig
+        self.runner = runner or Runner()
+
+    def argv(self, args: list[str]) -> list[str]:
+        out = [self.binary, *args]
+        if self.kubeconfig:
+            out += ["--kubeconfig", self.kubeconfig]
+        return out
+
+    def run(self, args: list[str], **kwargs: Any) -> CommandResult:
+        return self.runner.run(self.argv(args), **kwargs)
+
+    def version(self) -> str:
+        result = self.runner.run([self.binary, "version", "--short"])
+        result.check("helm version")
+        return result.stdout.strip()
+
+    def repo_add(self, name: str, url: str) -> CommandResult:
+        # --force-update makes re-adding an existing repo a no-op instead of an error (helm ≥3.3)
+        return self.run(["repo", "add", name, url, "--force-update"]).check(f"helm repo add {name}")
+
+    def repo_update(self, name: str | None = None) -> CommandResult:
+        return self.run(["repo", "update", *([name] if name else [])]).check("helm repo update")
+
+    def releases(self, namespace: str) -> list[Release]:
+        result = self.run(["list", "-n", namespace, "-o", "json"]).check("helm list")
+        try:
+            data = json.loads(result.stdout or "[]")
+        except ValueError:
+            raise PermanentError(
+                f"helm list printed something that is not JSON: {result.stdout[:200]!r}"
+            ) from None
+        return [
+            Release(
+                name=r["name"],
+                namespace=r.get("namespace", namespace),
+                chart=r.get("chart", ""),
+                status=r.get("status", ""),
+                revision=int(r.get("revision", 0)),
+            )
+            for r in data
+        ]
+
+    def release(self, name: str, namespace: str) -> Release | None:
+        return next((r for r in self.releases(namespace) if r.name == name), None)
+
+    def values(self, name: str, namespace: str) -> dict[str, Any]:
+        result = self.run(["get", "values", name, "-n", namespace, "-o", "json"]).check("helm get values")
+        data = json.loads(result.stdout or "{}")
+        return data if isinstance(data, dict) else {}
+
+    def upgrade_install(
+        self,
+        release: str,
+        chart: str,
+        *,
+        version: str,
+        namespace: str,
+        values: Mapping[str, str],
+        create_namespace: bool = False,
+        wait: bool = True,
+        timeout_s: int = 300,
+        dry_run: bool = False,
+    ) -> CommandResult:
+        args = ["upgrade", "--install", release, chart, "--version", version, "-n", namespace]
+        for key, value in values.items():
+            args += ["--set", f"{key}={value}"]
+        if create_namespace:
+            args.append("--create-namespace")
+        if wait and not dry_run:
+            args += ["--wait", "--timeout", f"{timeout_s}s"]
+        if dry_run:
+            args.append("--dry-run")
+        return self.run(args, timeout=timeout_s + 60, changes_cluster=not dry_run, journal_output=not dry_run)
+
+
+def flatten_values(values: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """``{"driver": {"enabled": False}}`` → ``{"driver.enabled": "false"}`` (the ``--set`` form)."""
+    out: dict[str, str] = {}
+    for key, value in values.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(flatten_values(value, dotted + "."))
+        elif isinstance(value, bool):
+            out[dotted] = "true" if value else "false"
+        else:
+            out[dotted] = str(value)
+    return out

@@ -1,0 +1,270 @@
+"""The library's Kubernetes client: the official client through a kubeconfig, nothing else.
+
+Why a thin wrapper rather than raw ``kubernetes.client`` calls in steps: every write goes through here so
+it is journalled (records list every API change), reads are lists with selectors (one call for 1,000
+nodes, not 1,000 GETs), and "wait" means *watch* with a timeout rather than polling.  The same code runs
+against the simulated API server and a real cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from kubernetes import client, config, watch
+from kubernetes.client.exceptions import ApiException
+
+from runbook_lib.errors import PermanentError, RetryableError
+
+from .proc import Journal
+
+Obj = dict[str, Any]
+
+
+def _model(cls: Any, data: Obj) -> Any:
+    """Build a client model from a manifest; the 37.x models validate it (a bad manifest fails here)."""
+    obj = cls.from_dict(data)
+    if obj is None:  # pragma: no cover - from_dict only returns None for None input
+        raise PermanentError(f"empty {cls.__name__} manifest")
+    return obj
+
+
+def _api_error(exc: ApiException, what: str) -> PermanentError | RetryableError:
+    reason = ""
+    try:
+        body = json.loads(exc.body or "{}")
+        reason = body.get("message", "")
+    except (ValueError, TypeError):
+        reason = str(exc.body or "")
+    message = f"{what}: HTTP {exc.status} {exc.reason}: {reason}".rstrip(": ")
+    if exc.status in (429, 500, 502, 503, 504) or exc.status == 0:
+        return RetryableError(message)
+    return PermanentError(message)
+
+
+class Kube:
+    """Kubernetes operations the runbook needs, journalled, with dry-run support on writes."""
+
+    def __init__(self, api_client: client.ApiClient, journal: Journal | None = None) -> None:
+        self.api = api_client
+        self.core = client.CoreV1Api(api_client)
+        self.apps = client.AppsV1Api(api_client)
+        self.node_api = client.NodeV1Api(api_client)
+        self.version_api = client.VersionApi(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+        self.journal = journal if journal is not None else Journal()
+
+    @classmethod
+    def from_kubeconfig(cls, path: str | None, journal: Journal | None = None) -> Kube:
+        """Load a kubeconfig (its path only is ever recorded; never its contents)."""
+        try:
+            api_client = config.new_client_from_config(config_file=path)  # type: ignore[no-untyped-call]
+        except (config.ConfigException, FileNotFoundError, OSError) as exc:
+            raise PermanentError(
+                f"cannot load kubeconfig {path or '(default)'}: {exc}",
+                hint="set the `kubeconfig` parameter to the path of a valid kubeconfig",
+            ) from None
+        return cls(api_client, journal)
+
+    def to_dict(self, obj: Any) -> Obj:
+        data: Obj = self.api.sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]
+        return data
+
+    def _call(self, what: str, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except ApiException as exc:
+            raise _api_error(exc, what) from None
+
+    # -- reads -------------------------------------------------------------------------------------------
+    def server_version(self) -> str:
+        info = self._call("get version", self.version_api.get_code)
+        return str(info.git_version)
+
+    def nodes(self, label_selector: str | None = None) -> list[Obj]:
+        result = self._call("list nodes", lambda: self.core.list_node(label_selector=label_selector))
+        return [self.to_dict(n) for n in result.items]
+
+    def namespace(self, name: str) -> Obj | None:
+        try:
+            return self.to_dict(self.core.read_namespace(name))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise _api_error(exc, f"read namespace {name}") from None
+
+    def runtime_class(self, name: str) -> Obj | None:
+        try:
+            return self.to_dict(self.node_api.read_runtime_class(name))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise _api_error(exc, f"read runtimeclass {name}") from None
+
+    def daemonsets(self, namespace: str, label_selector: str | None = None) -> list[Obj]:
+        result = self._call(
+            "list daemonsets",
+            lambda: self.apps.list_namespaced_daemon_set(namespace, label_selector=label_selector),
+        )
+        return [self.to_dict(d) for d in result.items]
+
+    def pod(self, namespace: str, name: str) -> Obj | None:
+        try:
+            return self.to_dict(self.core.read_namespaced_pod(name, namespace))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise _api_error(exc, f"read pod {namespace}/{name}") from None
+
+    def pods(self, namespace: str, label_selector: str | None = None) -> list[Obj]:
+        result = self._call(
+            "list pods", lambda: self.core.list_namespaced_pod(namespace, label_selector=label_selector)
+        )
+        return [self.to_dict(p) for p in result.items]
+
+    def pod_log(self, namespace: str, name: str) -> str:
+        return str(
+            self._call(
+                f"log of {namespace}/{name}", lambda: self.core.read_namespaced_pod_log(name, namespace)
+            )
+        )
+
+    def events_for(self, namespace: str, kind: str, name: str) -> list[Obj]:
+        selector = f"involvedObject.kind={kind},involvedObject.name={name}"
+        result = self._call(
+            "list events", lambda: self.core.list_namespaced_event(namespace, field_selector=selector)
+        )
+        return [self.to_dict(e) for e in result.items]
+
+    # -- writes (journalled; ``dry_run`` uses the API server's dry run) ---------------------------------
+    def _dry(self, dry_run: bool) -> str | None:
+        return "All" if dry_run else None
+
+    def create_runtime_class(self, name: str, handler: str, *, dry_run: bool) -> Obj:
+        body = _model(
+            client.V1RuntimeClass,
+            {
+                "apiVersion": "node.k8s.io/v1",
+                "kind": "RuntimeClass",
+                "metadata": {"name": name},
+                "handler": handler,
+            },
+        )
+        created = self._call(
+            f"create runtimeclass {name}",
+            lambda: self.node_api.create_runtime_class(body, dry_run=self._dry(dry_run)),
+        )
+        self.journal.record_api(
+            f"create RuntimeClass {name} (handler {handler})" + (" [dry-run]" if dry_run else ""),
+            diff=json.dumps({"kind": "RuntimeClass", "metadata": {"name": name}, "handler": handler}),
+            changes_cluster=not dry_run,
+        )
+        return self.to_dict(created)
+
+    def ensure_namespace(self, name: str, labels: Mapping[str, str], *, dry_run: bool) -> str:
+        """Create the namespace or add missing labels; returns what was done (``created``/``labelled``/``ok``)."""
+        current = self.namespace(name)
+        if current is None:
+            body = _model(client.V1Namespace, {"metadata": {"name": name, "labels": dict(labels)}})
+            self._call(
+                f"create namespace {name}",
+                lambda: self.core.create_namespace(body, dry_run=self._dry(dry_run)),
+            )
+            self.journal.record_api(
+                f"create Namespace {name} labels {dict(labels)}" + (" [dry-run]" if dry_run else ""),
+                changes_cluster=not dry_run,
+            )
+            return "created"
+        have = (current.get("metadata") or {}).get("labels") or {}
+        missing = {k: v for k, v in labels.items() if have.get(k) != v}
+        if not missing:
+            return "ok"
+        patch = {"metadata": {"labels": missing}}
+        self._call(
+            f"label namespace {name}",
+            lambda: self.core.patch_namespace(name, patch, dry_run=self._dry(dry_run)),
+        )
+        self.journal.record_api(
+            f"label Namespace {name} {missing}" + (" [dry-run]" if dry_run else ""),
+            diff=json.dumps(patch),
+            changes_cluster=not dry_run,
+        )
+        return "labelled"
+
+    def label_node(self, name: str, labels: Mapping[str, str], *, dry_run: bool) -> None:
+        patch = {"metadata": {"labels": dict(labels)}}
+        self._call(
+            f"label node {name}", lambda: self.core.patch_node(name, patch, dry_run=self._dry(dry_run))
+        )
+        self.journal.record_api(
+            f"label Node {name} {dict(labels)}" + (" [dry-run]" if dry_run else ""),
+            diff=json.dumps(patch),
+            changes_cluster=not dry_run,
+        )
+
+    def create_pod(self, namespace: str, manifest: Obj) -> Obj:
+        body = _model(client.V1Pod, manifest)
+        created = self._call(
+            f"create pod {namespace}/{manifest['metadata']['name']}",
+            lambda: self.core.create_namespaced_pod(namespace, body),
+        )
+        # Test pods are transient: journalled, but not counted as cluster changes.
+        self.journal.record_api(
+            f"create Pod {namespace}/{manifest['metadata']['name']}", changes_cluster=False
+        )
+        return self.to_dict(created)
+
+    def delete_pod(self, namespace: str, name: str) -> bool:
+        try:
+            self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise _api_error(exc, f"delete pod {namespace}/{name}") from None
+        self.journal.record_api(f"delete Pod {namespace}/{name}", changes_cluster=False)
+        return True
+
+    # -- waiting by watching ------------------------------------------------------------------------------
+    def watch_until(
+        self,
+        list_fn: Callable[..., Any],
+        done: Callable[[Obj], bool],
+        *,
+        timeout: float,
+        **kwargs: Any,
+    ) -> Obj | None:
+        """Watch a list endpoint until ``done(object)`` or the timeout; returns the last object seen.
+
+        Re-establishes the watch when the server closes it early (watches drop on real clusters too).
+        """
+        deadline = time.monotonic() + timeout
+        last: Obj | None = None
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return last
+            stream = watch.Watch()  # type: ignore[no-untyped-call]
+            try:
+                for event in self._events(stream, list_fn, max(1, int(remaining)), **kwargs):
+                    obj = self.to_dict(event["object"])
+                    last = obj
+                    if done(obj):
+                        stream.stop()  # type: ignore[no-untyped-call]
+                        return obj
+                    if time.monotonic() >= deadline:
+                        stream.stop()  # type: ignore[no-untyped-call]
+                        return last
+            except ApiException as exc:
+                if exc.status == 410:  # resourceVersion too old: start over from the current state
+                    continue
+                raise _api_error(exc, "watch") from None
+            except (ConnectionError, OSError):
+                time.sleep(0.2)
+
+    @staticmethod
+    def _events(
+        stream: watch.Watch, list_fn: Callable[..., Any], timeout: int, **kwargs: Any
+    ) -> Iterator[Any]:
+        yield from stream.stream(list_fn, timeout_seconds=timeout, **kwargs)  # type: ignore[no-untyped-call]

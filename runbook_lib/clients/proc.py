@@ -1,0 +1,187 @@
+"""The one place the library starts processes, and the journal of everything it ran or changed.
+
+Why one boundary: change records must list every command and API change with its argv, exit code and the
+diff applied, and that is only trustworthy if nothing can run a process around it.  Every client runs
+through :class:`Runner`, which appends a :class:`CommandResult` to the shared :class:`Journal`.
+
+Secrets: argv holds paths (``--talosconfig /path``), never contents; environment values are never
+journalled; stdout/stderr and diffs pass through :func:`runbook_lib.model.redact.redact` (a machine-config
+diff's context lines can carry the cluster secret), and callers can keep a command's output out entirely.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from runbook_lib.errors import PermanentError, RetryableError
+from runbook_lib.model.redact import redact
+
+#: Output kept in the journal per stream; larger output is truncated there (the caller still gets it all).
+JOURNAL_OUTPUT_LIMIT = 4000
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What one command did: enough to reproduce it and to judge it without re-running it."""
+
+    argv: tuple[str, ...]
+    exit_code: int
+    stdout: str
+    stderr: str
+    duration_s: float
+    changes_cluster: bool = False
+    """True for commands that change a cluster (patch, upgrade, helm install); dry-runs are False."""
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    def check(self, what: str) -> CommandResult:
+        """Raise when the command failed, with its stderr; connection problems are retryable."""
+        if self.ok:
+            return self
+        message = f"{what} failed (exit {self.exit_code}): {' '.join(self.argv)}\n{self.stderr.strip()}"
+        if is_transient(self.stderr):
+            raise RetryableError(message, hint="the node or server may be rebooting; retry in a moment")
+        raise PermanentError(message)
+
+
+def is_transient(stderr: str) -> bool:
+    """Errors a retry may cure: gRPC Unavailable / deadline, connection refused, timeouts."""
+    needles = (
+        "code = Unavailable",
+        "code = DeadlineExceeded",
+        "connection refused",
+        "i/o timeout",
+        "no route to host",
+    )
+    return any(n in stderr for n in needles)
+
+
+@dataclass(frozen=True)
+class JournalEntry:
+    kind: Literal["command", "api"]
+    summary: str
+    argv: tuple[str, ...] = ()
+    exit_code: int | None = None
+    duration_s: float = 0.0
+    changes_cluster: bool = False
+    stdout: str = ""
+    stderr: str = ""
+    diff: str | None = None
+    """The change applied (a unified diff, a patch body) where there is one."""
+    at: float = field(default_factory=time.time)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Journal:
+    """Thread-safe, append-only list of what the library ran and changed during one run."""
+
+    def __init__(self) -> None:
+        self._entries: list[JournalEntry] = []
+        self._lock = threading.Lock()
+
+    def add(self, entry: JournalEntry) -> None:
+        with self._lock:
+            self._entries.append(entry)
+
+    def record_command(
+        self, result: CommandResult, *, diff: str | None = None, keep_output: bool = True
+    ) -> None:
+        def cut(text: str) -> str:
+            if not keep_output:
+                return "" if not text else "(output not recorded)"
+            text = redact(text)
+            return (
+                text if len(text) <= JOURNAL_OUTPUT_LIMIT else text[:JOURNAL_OUTPUT_LIMIT] + "\n…(truncated)"
+            )
+
+        self.add(
+            JournalEntry(
+                kind="command",
+                summary=" ".join(result.argv[:4]),
+                argv=result.argv,
+                exit_code=result.exit_code,
+                duration_s=round(result.duration_s, 3),
+                changes_cluster=result.changes_cluster,
+                stdout=cut(result.stdout),
+                stderr=cut(result.stderr),
+                diff=redact(diff) if diff else diff,
+            )
+        )
+
+    def record_api(self, summary: str, *, diff: str | None = None, changes_cluster: bool = True) -> None:
+        self.add(
+            JournalEntry(kind="api", summary=summary, changes_cluster=changes_cluster, diff=redact(diff) if diff else diff)
+        )
+
+    @property
+    def entries(self) -> list[JournalEntry]:
+        with self._lock:
+            return list(self._entries)
+
+    def changes(self) -> list[JournalEntry]:
+        return [e for e in self.entries if e.changes_cluster]
+
+
+class Runner:
+    """Runs commands with a timeout and journals them.  Tests and records read the journal."""
+
+    def __init__(self, journal: Journal | None = None, env: Mapping[str, str] | None = None) -> None:
+        self.journal = journal if journal is not None else Journal()
+        self._env = dict(env) if env is not None else None
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float = 120.0,
+        stdin: str | None = None,
+        changes_cluster: bool = False,
+        diff: str | None = None,
+        journal_output: bool = True,
+    ) -> CommandResult:
+        env = None if self._env is None else {**os.environ, **self._env}
+        started = time.monotonic()
+        try:
+            proc = subprocess.run(
+                list(argv), input=stdin, capture_output=True, text=True, timeout=timeout, env=env, check=False
+            )
+            result = CommandResult(
+                argv=tuple(argv),
+                exit_code=proc.returncode,
+                stdout=proc.stdout,
+                stderr=proc.stderr,
+                duration_s=time.monotonic() - started,
+                changes_cluster=changes_cluster,
+            )
+        except FileNotFoundError:
+            raise PermanentError(
+                f"{argv[0]}: command not found",
+                hint="install it or set its path in the parameters (tools.talosctl / tools.helm)",
+            ) from None
+        except subprocess.TimeoutExpired as exc:
+            result = CommandResult(
+                argv=tuple(argv),
+                exit_code=124,
+                stdout=_text(exc.stdout),
+                stderr=_text(exc.stderr) + f"\n(timed out after {timeout:.0f} s)",
+                duration_s=time.monotonic() - started,
+                changes_cluster=changes_cluster,
+            )
+        self.journal.record_command(result, diff=diff, keep_output=journal_output)
+        return result
+
+
+def _text(value: bytes | str | None) -> str:
+    if value is None:
+        return ""
+    return value.decode(errors="replace") if isinstance(value, bytes) else value

@@ -1,0 +1,1022 @@
+"""The failure table (facts §5) as data, and the checks that turn parsed evidence into findings.
+
+Why: a failed check that only says "failed" sends the user searching issue trackers.  Each entry here
+pairs a symptom (text a user sees in a log, an event or a tool's output) with its likely cause, the fix
+with the exact command, and the public source it came from.  The check functions take *parsed* values
+(from :mod:`runbook_lib.model.parsers`), not raw text, so the verify step (which reads a live node) and
+``runbook diagnose`` (which reads a support paste) reach the same findings with the same fixes.
+
+Everything here is pure; node names, Talos versions and schematic IDs fill the command templates when
+known and stay ``<placeholders>`` when not, so a fix is always a command the user can complete.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from runbook_lib.errors import PermanentError
+
+from .parsers import NVIDIA_MODULES, DriverInfo, NvidiaSmi, ServiceStatus
+from .versions import TalosVersion, parse_kmod_tag, parse_toolkit_tag
+
+ExtensionKind = Literal["kmod-open", "kmod-proprietary", "toolkit", "fabricmanager", "gdrdrv"]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The table
+
+
+@dataclass(frozen=True)
+class KnownFailure:
+    """One row of the failure table: symptom matcher → likely cause → fix (with the command) → sources."""
+
+    key: str
+    title: str
+    symptoms: tuple[str, ...]
+    """Regular expressions matched against logs, events or tool output; empty for evidence-only rows."""
+    cause: str
+    fix: str
+    command: str
+    """The command to run; ``{node}``, ``{talos}``, ``{schematic}``, ``{installer}`` are filled when known."""
+    sources: tuple[str, ...]
+    new_schematic: bool = False
+    """The fix needs a schematic with other extensions, so the node's current one must not fill ``{schematic}``."""
+
+    def matches(self, text: str) -> bool:
+        return any(re.search(pattern, text, re.IGNORECASE) for pattern in self.symptoms)
+
+
+FAILURES: tuple[KnownFailure, ...] = (
+    KnownFailure(
+        key="device-plugin-no-pods",
+        title="device-plugin DaemonSet schedules no pods",
+        symptoms=(r"nvidia-device-plugin\S*.*\b0 desired", r"desiredNumberScheduled\W+0\b"),
+        cause="chart >= 0.15 requires a node label (NFD's pci-10de.present or nvidia.com/gpu.present=true) "
+        "that Talos nodes do not carry without NFD/GFD",
+        fix="label the GPU node (or set machine.nodeLabels), or override the chart's affinity, or enable gfd",
+        command="kubectl label node {node} nvidia.com/gpu.present=true",
+        sources=(
+            "https://github.com/siderolabs/talos/issues/12103",
+            "https://github.com/siderolabs/talos/issues/9187",
+            "https://github.com/NVIDIA/k8s-device-plugin/issues/315",
+        ),
+    ),
+    KnownFailure(
+        key="plugin-without-nvidia-runtime",
+        title="device plugin finds no GPU library",
+        symptoms=(
+            r"Incompatible strategy detected auto",
+            r"did you configure the NVIDIA Container Toolkit",
+            r"invalid device discovery strategy",
+        ),
+        cause="the device-plugin pod does not run with the nvidia runtime, so it sees no NVML",
+        fix="install the chart with runtimeClassName=nvidia (or make nvidia the node's default runtime)",
+        command="helm upgrade --install nvidia-device-plugin nvdp/nvidia-device-plugin -n kube-system "
+        "--version <chart-version> --set runtimeClassName=nvidia",
+        sources=(
+            "https://github.com/NVIDIA/k8s-device-plugin/issues/1220",
+            "https://github.com/NVIDIA/k8s-device-plugin/issues/1470",
+            "https://github.com/NVIDIA/k8s-device-plugin/issues/1574",
+        ),
+    ),
+    KnownFailure(
+        key="nvml-not-found",
+        title="NVML cannot be loaded in the pod",
+        symptoms=(
+            r"Failed to initialize NVML: (?!Driver/library version mismatch)",
+            r"could not load NVML library",
+        ),
+        cause="the pod does not run with the nvidia runtime, so the driver libraries are not mounted into it",
+        fix="set runtimeClassName: nvidia on the pod (for the device plugin: --set runtimeClassName=nvidia)",
+        command="helm upgrade --install nvidia-device-plugin nvdp/nvidia-device-plugin -n kube-system "
+        "--version <chart-version> --set runtimeClassName=nvidia",
+        sources=(
+            "https://github.com/NVIDIA/k8s-device-plugin/blob/main/internal/plugin/factory.go",
+            "https://github.com/NVIDIA/gpu-operator/issues/250",
+        ),
+    ),
+    KnownFailure(
+        key="no-runtime-handler",
+        title="the node has no nvidia runtime handler",
+        symptoms=(r"no runtime for \"?nvidia\"? is configured",),
+        cause="the container-toolkit extension is not installed or not active on the node, so "
+        "/etc/cri/conf.d/10-nvidia-container-runtime.part does not exist",
+        fix="add the nvidia-container-toolkit extension (same track as the kernel modules) to the node's "
+        "schematic and upgrade the node with that installer",
+        command="talosctl -n {node} upgrade --image factory.talos.dev/{installer}/{schematic}:{talos}",
+        sources=(
+            "https://github.com/NVIDIA/gpu-operator/issues/413",
+            "https://github.com/siderolabs/extensions/tree/main/nvidia-gpu/nvidia-container-toolkit",
+        ),
+        new_schematic=True,
+    ),
+    KnownFailure(
+        key="runtimeclass-missing",
+        title="RuntimeClass nvidia does not exist",
+        symptoms=(r"RuntimeClass \"?nvidia\"? not found",),
+        cause="the RuntimeClass was never created, or was deleted (the 1.13 upgrade note asks for that)",
+        fix="create the RuntimeClass nvidia with handler nvidia (or let the GPU Operator create it)",
+        command="kubectl apply -f - <<EOF\napiVersion: node.k8s.io/v1\nkind: RuntimeClass\nmetadata:\n"
+        "  name: nvidia\nhandler: nvidia\nEOF",
+        sources=("https://kubernetes.io/docs/concepts/containers/runtime-class/",),
+    ),
+    KnownFailure(
+        key="bpf-jit-harden",
+        title="nvidia-container-cli cannot load its BPF device filter",
+        symptoms=(r"failed to add device rules", r"last insn is not an exit or jmp"),
+        cause="Talos' KSPP default net.core.bpf_jit_harden=2 breaks the legacy nvidia-container-cli",
+        fix="set the sysctl net.core.bpf_jit_harden: 1 (Talos <= 1.12; the 1.13 CDI toolkit does not need it)",
+        command='talosctl -n {node} patch mc --patch \'{{"machine": {{"sysctls": '
+        '{{"net.core.bpf_jit_harden": "1"}}}}}}\'',
+        sources=(
+            "https://github.com/siderolabs/extensions/issues/101",
+            "https://github.com/NVIDIA/libnvidia-container/issues/176",
+        ),
+    ),
+    KnownFailure(
+        key="toolkit-missing-library",
+        title="nvidia-container-cli misses a shared library",
+        symptoms=(r"nvidia-container-cli: error while loading shared libraries",),
+        cause="an extension packaging bug (libelf vs elfutils) in some production-track toolkit builds",
+        fix="upgrade to a newer Talos patch release (its toolkit extension is rebuilt); the fixing version "
+        "was not confirmed",
+        command="talosctl -n {node} upgrade --image factory.talos.dev/{installer}/{schematic}:<newer-patch>",
+        sources=("https://github.com/siderolabs/extensions/issues/751",),
+    ),
+    KnownFailure(
+        key="nvidia-smi-not-in-pod",
+        title="nvidia-smi is not in the container",
+        symptoms=(r"\"?nvidia-smi\"?: executable file not found in \$PATH",),
+        cause="the pod does not use the nvidia runtime (no runtimeClassName, default runtime runc), so the "
+        "driver's binaries are not mounted",
+        fix="set runtimeClassName: nvidia on the pod; CUDA images already set NVIDIA_VISIBLE_DEVICES",
+        command="kubectl run nvidia-test --restart=Never --rm -ti --image nvcr.io/nvidia/cuda:12.5.0-base-ubuntu22.04 "
+        '--overrides \'{{"spec": {{"runtimeClassName": "nvidia"}}}}\' -- nvidia-smi',
+        sources=(
+            "https://github.com/NVIDIA/k8s-device-plugin/issues/346",
+            "https://github.com/NVIDIA/nvidia-docker/issues/1668",
+        ),
+    ),
+    KnownFailure(
+        key="extensions-not-installed",
+        title="NVIDIA modules absent: the extensions are not installed",
+        symptoms=(),
+        cause="the node does not run an installer that carries the NVIDIA extensions: patching the machine "
+        "config does not install them, an upgrade with the GPU schematic's installer does",
+        fix="upgrade the node with the Image Factory installer of a schematic holding the kernel-module and "
+        "container-toolkit extensions, for the node's exact Talos version",
+        command="talosctl -n {node} upgrade --image factory.talos.dev/{installer}/{schematic}:{talos}",
+        sources=(
+            "https://github.com/siderolabs/talos/issues/7043",
+            "https://github.com/siderolabs/talos/issues/5956",
+        ),
+        new_schematic=True,
+    ),
+    KnownFailure(
+        key="modules-not-configured",
+        title="NVIDIA modules absent although the extensions are installed",
+        symptoms=(),
+        cause="the kernel-module extension blacklists nvidia, nvidia_uvm, nvidia_drm and nvidia_modeset, so "
+        "they load only when the machine config lists them",
+        fix="add the four modules to the machine config (gpu-worker-patch.yaml below) and apply it; if the "
+        "config lists them already, the driver failed to load: read `talosctl -n {node} dmesg | grep NVRM` "
+        "(unsupported GPU, or no NVIDIA GPU in the node)",
+        command="{patch_command}",
+        sources=(
+            "https://github.com/siderolabs/extensions/blob/main/nvidia-gpu/nvidia-modules/lts/files/nvidia.conf",
+            "https://github.com/siderolabs/extensions/pull/138",
+            "https://docs.siderolabs.com/talos/v1.12/configure-your-talos-cluster/hardware-and-drivers/nvidia-gpu",
+        ),
+    ),
+    KnownFailure(
+        key="driver-not-loaded",
+        title="nvidia-smi cannot reach the driver",
+        symptoms=(r"couldn't communicate with the NVIDIA driver", r"NVIDIA-SMI has failed"),
+        cause="the nvidia kernel module is not loaded: either the extensions are not installed or the modules "
+        "are not listed in the machine config",
+        fix="collect the extensions and the loaded modules and run `runbook diagnose` on them",
+        command="talosctl -n {node} get extensions > extensions.txt && talosctl -n {node} read /proc/modules "
+        "> modules.txt && runbook diagnose --extensions extensions.txt --proc-modules modules.txt",
+        sources=("https://github.com/siderolabs/talos/issues/7043",),
+    ),
+    KnownFailure(
+        key="gpu-unsupported",
+        title="the GPU is not supported by this driver release",
+        symptoms=(
+            # the driver wraps this message over several "NVRM:" lines
+            r"is not supported by the\s+(?:.*?NVRM:\s+)?NVIDIA \S+ driver release",
+            r"NVRM: The NVIDIA probe routine failed",
+            r"probe .* failed with error -1",
+        ),
+        cause="the GPU is not supported by this driver branch (or needs the proprietary/GRID driver)",
+        fix="choose another track (lts/production) or the proprietary kernel modules (nonfree-kmod-nvidia-*)",
+        command="talosctl -n {node} upgrade --image factory.talos.dev/{installer}/<schematic-with-other-track>:{talos}",
+        sources=("https://github.com/siderolabs/extensions/issues/227",),
+        new_schematic=True,
+    ),
+    KnownFailure(
+        key="no-nvidia-gpu",
+        title="the node has no NVIDIA GPU",
+        symptoms=(r"NVRM: No NVIDIA GPU found",),
+        cause="the NVIDIA extensions and modules are on a node without an NVIDIA GPU (or the GPU is not "
+        "visible to the OS, e.g. not passed through to the VM)",
+        fix="put the NVIDIA extensions and the modules patch on GPU nodes only; upgrade this node with its "
+        "non-GPU schematic",
+        command="talosctl -n {node} upgrade --image factory.talos.dev/{installer}/<non-gpu-schematic-id>:{talos}",
+        sources=("https://github.com/siderolabs/extensions/issues/888",),
+    ),
+    KnownFailure(
+        key="persistenced-never-up",
+        title="ext-nvidia-persistenced never comes up",
+        symptoms=(r"service \"?ext-nvidia-persistenced\"? to be \"?up\"?",),
+        cause="the toolkit extension is on a node whose nvidia driver never binds (persistenced waits for "
+        "/sys/bus/pci/drivers/nvidia): a node without a GPU, or without the modules loaded",
+        fix="put the NVIDIA extensions on GPU nodes only, and apply the modules patch before upgrading",
+        command="talosctl -n {node} read /proc/modules",
+        sources=(
+            "https://github.com/siderolabs/extensions/issues/888",
+            "https://github.com/siderolabs/extensions/blob/main/nvidia-gpu/nvidia-container-toolkit/lts/nvidia-persistenced.yaml",
+        ),
+    ),
+    KnownFailure(
+        key="broken-after-minor-upgrade",
+        title="GPU pods stopped working after a Talos minor upgrade",
+        symptoms=(),
+        cause="the Talos release bumped the driver and toolkit; 1.13 switched the recommended Kubernetes layer "
+        "to the GPU Operator",
+        fix="re-validate the node and follow the procedure for the new Talos minor version",
+        command="runbook run -p <params.yaml>",
+        sources=(
+            "https://github.com/siderolabs/talos/issues/13346",
+            "https://github.com/siderolabs/extensions/issues/527",
+        ),
+    ),
+    KnownFailure(
+        key="gpu-operator-driver-validation",
+        title="the GPU Operator waits for its own driver container",
+        symptoms=(r"Attempting to validate a driver container installation",),
+        cause="the operator expects to install the driver itself; on Talos the extensions provide it",
+        fix="install the chart with driver and toolkit disabled and the host driver path",
+        command="helm upgrade --wait --install -n gpu-operator gpu-operator nvidia/gpu-operator "
+        "--set driver.enabled=false --set toolkit.enabled=false --set hostPaths.driverInstallDir=/usr/local",
+        sources=(
+            "https://docs.siderolabs.com/talos/v1.13/configure-your-talos-cluster/hardware-and-drivers/nvidia-gpu",
+            "https://github.com/cozystack/cozystack/issues/3585",
+        ),
+    ),
+    KnownFailure(
+        key="pod-security-baseline",
+        title="Pod Security rejects the hostPath volumes",
+        symptoms=(r"violates PodSecurity \"?baseline(?::latest)?\"?.*hostPath",),
+        cause="Talos enforces the baseline Pod Security level everywhere except kube-system",
+        fix="install into kube-system, or label the namespace privileged",
+        command="kubectl label --overwrite ns <namespace> pod-security.kubernetes.io/enforce=privileged",
+        sources=("https://github.com/siderolabs/talos/blob/main/pkg/machinery/config/generate/init.go",),
+    ),
+    KnownFailure(
+        key="driver-library-mismatch",
+        title="kernel module and user-space driver differ",
+        symptoms=(r"API mismatch: the client has the version", r"Driver/library version mismatch"),
+        cause="the kernel modules and the container toolkit carry different driver versions (e.g. an lts "
+        "kernel module with a production toolkit)",
+        fix="use one track for both extensions (…-lts with …-lts, or …-production with …-production) and "
+        "upgrade with that schematic's installer",
+        command="talosctl -n {node} upgrade --image factory.talos.dev/{installer}/{schematic}:{talos}",
+        sources=(
+            "https://docs.siderolabs.com/talos/v1.12/configure-your-talos-cluster/hardware-and-drivers/nvidia-gpu",
+            "https://github.com/NVIDIA/nvidia-container-toolkit/issues/171",
+        ),
+        new_schematic=True,
+    ),
+    KnownFailure(
+        key="kmod-built-for-other-talos",
+        title="kernel modules built for another Talos release",
+        symptoms=(),
+        cause="the NVIDIA kernel modules are locked to one Talos kernel build; an extension pinned by tag "
+        "(e.g. machine.install.extensions) or an installer for another release brings modules that do not load",
+        fix="upgrade with the Image Factory installer for the node's exact Talos version: the factory picks "
+        "the matching kernel-module tag",
+        command="talosctl -n {node} upgrade --image factory.talos.dev/{installer}/{schematic}:{talos}",
+        sources=("https://github.com/siderolabs/extensions/issues/406",),
+    ),
+    KnownFailure(
+        key="driver-flavor-mixup",
+        title="the loaded driver is not the flavour the extension ships",
+        symptoms=(),
+        cause="the running nvidia module and the kernel-module extension differ in flavour (open vs "
+        "proprietary): both flavours in one schematic, or outputs collected before and after a change",
+        fix="keep exactly one kernel-module extension in the schematic (open modules for Turing and newer, "
+        "proprietary for older GPUs and DGX/GB10), upgrade with it, and collect the outputs again",
+        command="talosctl -n {node} upgrade --image factory.talos.dev/{installer}/{schematic}:{talos}",
+        sources=(
+            "https://github.com/siderolabs/extensions/tree/main/nvidia-gpu",
+            "https://docs.siderolabs.com/talos/v1.13/configure-your-talos-cluster/hardware-and-drivers/nvidia-gpu",
+        ),
+        new_schematic=True,
+    ),
+    KnownFailure(
+        key="driver-version-differs",
+        title="the loaded driver differs from the extension's",
+        symptoms=(),
+        cause="the module in memory is not the one the installed extension ships: the node was not rebooted "
+        "into the new installer, both kernel-module flavours are installed, or the outputs come from different "
+        "boots or nodes",
+        fix="make the schematic carry exactly one kernel-module extension, upgrade (which reboots) and collect "
+        "/proc/driver/nvidia/version and the extensions again",
+        command="talosctl -n {node} upgrade --image factory.talos.dev/{installer}/{schematic}:{talos}",
+        sources=("https://github.com/siderolabs/extensions/issues/406",),
+    ),
+    KnownFailure(
+        key="cdi-gen-not-finished",
+        title="ext-nvidia-cdi-gen did not finish",
+        symptoms=(),
+        cause="Talos >= 1.13 toolkit writes the CDI spec /run/cdi/nvidia.yaml in this one-shot service; "
+        "without it pods requesting nvidia.com/gpu get no devices",
+        fix="read the service log; it usually fails because the nvidia modules are not loaded",
+        command="talosctl -n {node} logs ext-nvidia-cdi-gen",
+        sources=(
+            "https://github.com/siderolabs/talos/blob/main/internal/integration/api/extensions_nvidia.go",
+        ),
+    ),
+    KnownFailure(
+        key="schematic-differs",
+        title="the node runs another schematic than planned",
+        symptoms=(),
+        cause="the node was installed or upgraded with an installer of another schematic (for example "
+        "`talosctl upgrade` without --image drops the extensions)",
+        fix="upgrade the node with the planned schematic's installer",
+        command="talosctl -n {node} upgrade --image factory.talos.dev/{installer}/{schematic}:{talos}",
+        sources=("https://docs.siderolabs.com/talos/v1.12/learn-more/image-factory",),
+    ),
+)
+
+_BY_KEY = {entry.key: entry for entry in FAILURES}
+
+
+def known_failure(key: str) -> KnownFailure:
+    try:
+        return _BY_KEY[key]
+    except KeyError:
+        raise PermanentError(f"no failure-table entry {key!r}") from None
+
+
+def match_failures(text: str) -> list[KnownFailure]:
+    """Table rows whose symptom appears in ``text`` (pod events, logs, nvidia-smi or talosctl output)."""
+    return [entry for entry in FAILURES if entry.matches(text)]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Findings
+
+
+@dataclass(frozen=True)
+class Finding:
+    """The outcome of one check on one node: what was seen and, when it failed, what to run."""
+
+    check: str
+    ok: bool
+    message: str
+    fix: str = ""
+    cause: str = ""
+    failure: str | None = None
+    """Key of the failure-table row this finding came from."""
+    sources: tuple[str, ...] = ()
+    node: str | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        """The stable four-key shape of ``runbook diagnose --json`` and run records."""
+        return {"check": self.check, "ok": self.ok, "message": self.message, "fix": self.fix}
+
+
+@dataclass(frozen=True)
+class NodeContext:
+    """What is known about the node; unknown parts stay placeholders in the fix commands."""
+
+    node: str | None = None
+    talos: TalosVersion | None = None
+    schematic: str | None = None
+    """The planned GPU schematic: the one to upgrade to."""
+    current_schematic: str | None = None
+    """The schematic the node runs; good enough for fixes that keep the extensions (a re-install)."""
+
+    def fill(self, template: str, *, new_schematic: bool = False) -> str:
+        talos = str(self.talos) if self.talos and self.talos.is_release else "<talos-version>"
+        installer = "installer" if self.talos and not self.talos.at_least(1, 10) else "metal-installer"
+        schematic = self.schematic or (None if new_schematic else self.current_schematic)
+        return template.format(
+            node=self.node or "<node>",
+            talos=talos,
+            schematic=schematic or "<gpu-schematic-id>",
+            installer=installer,
+            patch_command=module_patch(self.talos, self.node),
+        )
+
+
+NEW_SCHEMATIC_HINT = (
+    "(<gpu-schematic-id>: the ID Image Factory returns for a schematic with the kernel-module and toolkit "
+    "extensions of one track, e.g. `runbook schematic show -p <params.yaml>`, or POST it to "
+    "https://factory.talos.dev/schematics)"
+)
+
+
+def module_patch(talos: TalosVersion | None, node: str | None = None) -> str:
+    """The modules patch and the command that applies it, in the form the node's Talos version wants.
+
+    1.14 uses ``KernelModuleConfig`` documents (and ``--patch file`` without ``@``); 1.13 drops the
+    ``bpf_jit_harden`` sysctl; older versions need it (facts §1.3).
+    """
+    target = node or "<node>"
+    if talos is not None and talos.at_least(1, 14):
+        docs = "---\n".join(
+            f"apiVersion: v1alpha1\nkind: KernelModuleConfig\nname: {m}\n" for m in NVIDIA_MODULES
+        )
+        return f"cat > gpu-worker-patch.yaml <<EOF\n{docs}EOF\ntalosctl -n {target} patch mc --patch gpu-worker-patch.yaml"
+    modules = "".join(f"      - name: {m}\n" for m in NVIDIA_MODULES)
+    sysctl = ""
+    if talos is None or not talos.at_least(1, 13):
+        sysctl = "  sysctls:\n    net.core.bpf_jit_harden: 1\n"
+    note = "" if talos is not None else "# Talos >= 1.13: leave out the sysctls part\n"
+    return (
+        f"cat > gpu-worker-patch.yaml <<EOF\n{note}machine:\n  kernel:\n    modules:\n{modules}{sysctl}EOF\n"
+        f"talosctl -n {target} patch mc --patch @gpu-worker-patch.yaml"
+    )
+
+
+def _finding(check: str, ok: bool, message: str, ctx: NodeContext, key: str | None = None) -> Finding:
+    """A finding; failed ones carry the table row's cause, fix and command, filled for this node."""
+    if ok or key is None:
+        return Finding(check=check, ok=ok, message=message, node=ctx.node)
+    entry = known_failure(key)
+    fix = f"{ctx.fill(entry.fix)}:\n{ctx.fill(entry.command, new_schematic=entry.new_schematic)}"
+    if entry.new_schematic and ctx.schematic is None and "{schematic}" in entry.command:
+        fix += f"\n{NEW_SCHEMATIC_HINT}"
+    return Finding(
+        check=check,
+        ok=False,
+        message=f"{message} (likely cause: {entry.cause})",
+        fix=fix,
+        cause=entry.cause,
+        failure=entry.key,
+        sources=entry.sources,
+        node=ctx.node,
+    )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Extensions: classify names, then check the stack
+
+
+_EXT_RE = re.compile(
+    r"^(?:siderolabs/)?(?P<base>nvidia-open-gpu-kernel-modules|nonfree-kmod-nvidia|nvidia-container-toolkit|"
+    r"nvidia-fabricmanager|nvidia-gdrdrv-device)(?:-(?P<track>lts|production))?$"
+)
+_KIND_BY_BASE: dict[str, ExtensionKind] = {
+    "nvidia-open-gpu-kernel-modules": "kmod-open",
+    "nonfree-kmod-nvidia": "kmod-proprietary",
+    "nvidia-container-toolkit": "toolkit",
+    "nvidia-fabricmanager": "fabricmanager",
+    "nvidia-gdrdrv-device": "gdrdrv",
+}
+
+
+@dataclass(frozen=True)
+class NvidiaExtension:
+    name: str
+    kind: ExtensionKind
+    track: str | None
+    """``lts``/``production`` from Talos 1.8 on; ``None`` for the unsuffixed names of 1.2–1.7."""
+    tag: str
+
+
+@dataclass(frozen=True)
+class NvidiaStack:
+    """The NVIDIA extensions of one node, sorted by role."""
+
+    kmods: tuple[NvidiaExtension, ...] = ()
+    toolkits: tuple[NvidiaExtension, ...] = ()
+    others: tuple[NvidiaExtension, ...] = field(default_factory=tuple)
+
+    @property
+    def kmod(self) -> NvidiaExtension | None:
+        return self.kmods[0] if self.kmods else None
+
+    @property
+    def toolkit(self) -> NvidiaExtension | None:
+        return self.toolkits[0] if self.toolkits else None
+
+    @property
+    def empty(self) -> bool:
+        return not (self.kmods or self.toolkits or self.others)
+
+    @property
+    def kmod_driver(self) -> str | None:
+        """The driver version the kernel-module extension ships, if its tag parses."""
+        if self.kmod is None:
+            return None
+        try:
+            return parse_kmod_tag(self.kmod.tag)[0]
+        except PermanentError:
+            return None
+
+
+def classify_extensions(extensions: Mapping[str, str]) -> NvidiaStack:
+    """Sort extension name → version into kernel modules, toolkit and the rest; non-NVIDIA ones are ignored."""
+    kmods: list[NvidiaExtension] = []
+    toolkits: list[NvidiaExtension] = []
+    others: list[NvidiaExtension] = []
+    for name, tag in extensions.items():
+        match = _EXT_RE.match(name)
+        if not match:
+            continue
+        ext = NvidiaExtension(name=name, kind=_KIND_BY_BASE[match["base"]], track=match["track"], tag=tag)
+        if ext.kind in ("kmod-open", "kmod-proprietary"):
+            kmods.append(ext)
+        elif ext.kind == "toolkit":
+            toolkits.append(ext)
+        else:
+            others.append(ext)
+    return NvidiaStack(kmods=tuple(kmods), toolkits=tuple(toolkits), others=tuple(others))
+
+
+def expected_extension_names(
+    talos: TalosVersion, flavor: str = "open", track: str = "lts"
+) -> tuple[str, str]:
+    """Kernel-module and toolkit extension names for a Talos version (facts §1.1).
+
+    ``flavor`` is ``open`` (also accepted: ``oss``, the profiles' word) or ``proprietary``.
+    """
+    kmod_base = "nvidia-open-gpu-kernel-modules" if flavor in ("open", "oss") else "nonfree-kmod-nvidia"
+    if talos.at_least(1, 8):
+        return f"{kmod_base}-{track}", f"nvidia-container-toolkit-{track}"
+    return kmod_base, "nvidia-container-toolkit"
+
+
+def check_extensions(extensions: Mapping[str, str], ctx: NodeContext | None = None) -> list[Finding]:
+    """Check the NVIDIA extensions of one node: both parts present, one flavour, one track, one driver,
+    kernel modules built for the node's Talos release (when known) and the names its version uses.
+
+    ``extensions`` maps name → version as :func:`parsers.extension_versions` returns it.
+    """
+    ctx = ctx or NodeContext()
+    stack = classify_extensions(extensions)
+    findings: list[Finding] = []
+
+    if stack.kmod is None and stack.toolkit is None:
+        findings.append(
+            _finding(
+                "extensions",
+                False,
+                "no NVIDIA extensions are installed on the node",
+                ctx,
+                "extensions-not-installed",
+            )
+        )
+        return findings
+    if stack.kmod is None:
+        findings.append(
+            _finding(
+                "extensions",
+                False,
+                f"the container toolkit {stack.toolkit.name if stack.toolkit else ''} is installed but no "
+                "NVIDIA kernel-module extension",
+                ctx,
+                "extensions-not-installed",
+            )
+        )
+    elif stack.toolkit is None:
+        findings.append(
+            _finding(
+                "extensions",
+                False,
+                f"the kernel modules {stack.kmod.name} are installed but no nvidia-container-toolkit extension",
+                ctx,
+                "no-runtime-handler",
+            )
+        )
+    else:
+        findings.append(
+            _finding(
+                "extensions",
+                True,
+                f"kernel modules {stack.kmod.name} and toolkit {stack.toolkit.name} are installed",
+                ctx,
+            )
+        )
+
+    if len(stack.kmods) > 1:
+        names = ", ".join(k.name for k in stack.kmods)
+        findings.append(
+            _finding(
+                "kmod-flavor",
+                False,
+                f"more than one kernel-module extension is installed ({names}); they ship the same nvidia module",
+                ctx,
+                "driver-flavor-mixup",
+            )
+        )
+
+    if ctx.talos is not None:
+        wrong = [
+            ext.name
+            for ext in (*stack.kmods, *stack.toolkits, *stack.others)
+            if ext.kind != "gdrdrv" and (ext.track is None) == ctx.talos.at_least(1, 8)
+        ]
+        if wrong:
+            want = "with an -lts/-production suffix" if ctx.talos.at_least(1, 8) else "without a track suffix"
+            findings.append(
+                _finding(
+                    "extension-names",
+                    False,
+                    f"Talos {ctx.talos} names the NVIDIA extensions {want}, but the node has {', '.join(wrong)}",
+                    ctx,
+                    "kmod-built-for-other-talos",
+                )
+            )
+
+    kmod, toolkit = stack.kmod, stack.toolkit
+    if kmod is None or toolkit is None:
+        return findings
+
+    try:
+        kmod_driver, built_for = parse_kmod_tag(kmod.tag)
+        toolkit_driver, _ = parse_toolkit_tag(toolkit.tag)
+    except PermanentError as exc:
+        findings.append(
+            Finding(check="extension-tags", ok=False, message=exc.message, fix=exc.hint or "", node=ctx.node)
+        )
+        return findings
+
+    drivers = {kmod.name: kmod_driver, toolkit.name: toolkit_driver}
+    for other in stack.others:
+        if other.kind == "fabricmanager":
+            drivers[other.name] = other.tag.split("-")[0]
+    if len(set(drivers.values())) > 1:
+        detail = ", ".join(f"{name} {driver}" for name, driver in drivers.items())
+        if kmod.track != toolkit.track:
+            detail += f" (tracks {kmod.track or 'none'} and {toolkit.track or 'none'} are mixed)"
+        findings.append(
+            _finding(
+                "driver-match",
+                False,
+                f"the NVIDIA extensions carry different drivers: {detail}",
+                ctx,
+                "driver-library-mismatch",
+            )
+        )
+    else:
+        findings.append(
+            _finding("driver-match", True, f"kernel modules and toolkit both carry driver {kmod_driver}", ctx)
+        )
+
+    if ctx.talos is not None:
+        if ctx.talos.is_release and str(built_for) != str(ctx.talos):
+            findings.append(
+                _finding(
+                    "kmod-talos-version",
+                    False,
+                    f"kernel modules {kmod.tag} were built for Talos {built_for}, but the node runs {ctx.talos}",
+                    ctx,
+                    "kmod-built-for-other-talos",
+                )
+            )
+        elif ctx.talos.is_release:
+            findings.append(
+                _finding(
+                    "kmod-talos-version", True, f"kernel modules {kmod.tag} match Talos {ctx.talos}", ctx
+                )
+            )
+
+    return findings
+
+
+def check_schematic(current: str | None, planned: str, ctx: NodeContext | None = None) -> Finding:
+    """The node's schematic (the ``schematic`` pseudo-extension) against the planned one."""
+    ctx = ctx or NodeContext()
+    planned_ctx = replace(ctx, schematic=planned)
+    if current == planned:
+        return _finding("schematic", True, f"the node runs the planned schematic {planned}", planned_ctx)
+    seen = f"schematic {current}" if current else "no factory schematic"
+    return _finding(
+        "schematic",
+        False,
+        f"the node runs {seen}, not the planned {planned}",
+        planned_ctx,
+        "schematic-differs",
+    )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Modules, driver, nvidia-smi, services
+
+
+_DRIVER_LOAD_FAILURES = ("gpu-unsupported", "no-nvidia-gpu")
+
+
+def check_modules(
+    modules: Mapping[str, str],
+    extensions: Mapping[str, str] | None = None,
+    ctx: NodeContext | None = None,
+    *,
+    kernel_log: str | None = None,
+) -> Finding:
+    """The four NVIDIA modules must be ``Live``; when not, the extensions tell which fix applies.
+
+    ``modules`` maps name → state; ``extensions`` is ``None`` when they were not collected.  ``kernel_log``
+    (``talosctl dmesg``) tells a driver that failed to probe from one that was never configured.
+    """
+    ctx = ctx or NodeContext()
+    probe_failure = next(
+        (e.key for e in match_failures(kernel_log or "") if e.key in _DRIVER_LOAD_FAILURES), None
+    )
+    missing = [m for m in NVIDIA_MODULES if m not in modules]
+    not_live = [f"{m} ({modules[m]})" for m in NVIDIA_MODULES if m in modules and modules[m] != "Live"]
+    if not missing and not not_live:
+        return _finding("modules", True, "nvidia, nvidia_uvm, nvidia_drm and nvidia_modeset are Live", ctx)
+    parts = []
+    if missing:
+        parts.append(f"not loaded: {', '.join(missing)}")
+    if not_live:
+        parts.append(f"not Live: {', '.join(not_live)}")
+    message = "NVIDIA kernel modules " + "; ".join(parts)
+    if probe_failure is not None:
+        return _finding("modules", False, message + "; the kernel log says why", ctx, probe_failure)
+    if extensions is None:
+        return Finding(
+            check="modules",
+            ok=False,
+            message=message + " (the extensions were not given, so the cause is open)",
+            fix=(
+                "run `talosctl -n {} get extensions`: with the NVIDIA kernel-module extension listed, apply the "
+                "modules patch:\n{}\nwithout it, upgrade with the factory installer of the GPU schematic:\n{}"
+            ).format(
+                ctx.node or "<node>",
+                module_patch(ctx.talos, ctx.node),
+                ctx.fill(known_failure("extensions-not-installed").command, new_schematic=True),
+            ),
+            node=ctx.node,
+        )
+    stack = classify_extensions(extensions)
+    if stack.kmod is None:
+        return _finding(
+            "modules",
+            False,
+            message + "; no NVIDIA kernel-module extension is installed",
+            ctx,
+            "extensions-not-installed",
+        )
+    built_for = _kmod_built_for(stack.kmod.tag)
+    if (
+        missing
+        and ctx.talos is not None
+        and ctx.talos.is_release
+        and built_for
+        and built_for != str(ctx.talos)
+    ):
+        return _finding(
+            "modules",
+            False,
+            message + f"; the extension {stack.kmod.name} was built for Talos {built_for}, not {ctx.talos}",
+            ctx,
+            "kmod-built-for-other-talos",
+        )
+    if missing:
+        return _finding(
+            "modules",
+            False,
+            message + f"; the extension {stack.kmod.name} is installed",
+            ctx,
+            "modules-not-configured",
+        )
+    # Listed but stuck in Loading/Unloading: the module is there but its probe did not finish.
+    return _finding("modules", False, message, ctx, "gpu-unsupported")
+
+
+def _kmod_built_for(tag: str) -> str | None:
+    try:
+        return str(parse_kmod_tag(tag)[1])
+    except PermanentError:
+        return None
+
+
+def check_driver(
+    driver: DriverInfo, extensions: Mapping[str, str] | None = None, ctx: NodeContext | None = None
+) -> list[Finding]:
+    """``/proc/driver/nvidia/version`` against the kernel-module extension: same flavour, same version."""
+    ctx = ctx or NodeContext()
+    stack = classify_extensions(extensions or {})
+    kmod = stack.kmod
+    findings: list[Finding] = []
+    if kmod is None:
+        return findings
+    expected: str = "open" if kmod.kind == "kmod-open" else "proprietary"
+    if len(stack.kmods) == 1:
+        if driver.flavor != expected:
+            findings.append(
+                _finding(
+                    "driver-flavor",
+                    False,
+                    f"the loaded driver is the {driver.flavor} kernel module, but the installed extension "
+                    f"{kmod.name} ships the {expected} one",
+                    ctx,
+                    "driver-flavor-mixup",
+                )
+            )
+        else:
+            findings.append(
+                _finding("driver-flavor", True, f"the loaded {driver.flavor} driver matches {kmod.name}", ctx)
+            )
+    want = stack.kmod_driver
+    if want is not None:
+        matching = [k for k in stack.kmods if k.tag.split("-")[0] == driver.version]
+        if driver.version == want or matching:
+            findings.append(
+                _finding(
+                    "driver-version", True, f"the loaded driver {driver.version} is the extension's", ctx
+                )
+            )
+        else:
+            findings.append(
+                _finding(
+                    "driver-version",
+                    False,
+                    f"/proc/driver/nvidia/version says {driver.version}, but the extension {kmod.name} ships {want}",
+                    ctx,
+                    "driver-version-differs",
+                )
+            )
+    return findings
+
+
+def check_nvidia_smi(
+    smi: NvidiaSmi,
+    *,
+    driver: DriverInfo | None = None,
+    extensions: Mapping[str, str] | None = None,
+    ctx: NodeContext | None = None,
+) -> list[Finding]:
+    """nvidia-smi must see GPUs and report the same driver as the node's kernel module."""
+    ctx = ctx or NodeContext()
+    if smi.error:
+        entries = match_failures(smi.error)
+        key = entries[0].key if entries else None
+        return [_finding("nvidia-smi", False, f"nvidia-smi failed: {smi.error}", ctx, key)]
+    findings: list[Finding] = []
+    if smi.gpus:
+        findings.append(_finding("gpus", True, f"nvidia-smi sees {len(smi.gpus)} GPU(s)", ctx))
+    else:
+        findings.append(
+            Finding(
+                check="gpus",
+                ok=False,
+                message="nvidia-smi lists no GPU",
+                fix="check that the node has an NVIDIA GPU and that the nvidia module bound to it: "
+                f"talosctl -n {ctx.node or '<node>'} dmesg | grep NVRM",
+                node=ctx.node,
+            )
+        )
+    reference = driver.version if driver else classify_extensions(extensions or {}).kmod_driver
+    if smi.driver_version and reference and smi.driver_version != reference:
+        what = "the loaded kernel module" if driver else "the kernel-module extension"
+        findings.append(
+            _finding(
+                "smi-driver",
+                False,
+                f"nvidia-smi reports driver {smi.driver_version}, {what} is {reference}",
+                ctx,
+                "driver-version-differs",
+            )
+        )
+    elif smi.driver_version and reference:
+        findings.append(_finding("smi-driver", True, f"nvidia-smi reports driver {smi.driver_version}", ctx))
+    return findings
+
+
+def check_services(
+    services: Mapping[str, ServiceStatus], ctx: NodeContext | None = None, *, cdi: bool | None = None
+) -> list[Finding]:
+    """``ext-nvidia-persistenced`` running; on Talos >= 1.13 (``cdi``) ``ext-nvidia-cdi-gen`` finished."""
+    ctx = ctx or NodeContext()
+    if cdi is None:
+        cdi = ctx.talos.at_least(1, 13) if ctx.talos is not None else "ext-nvidia-cdi-gen" in services
+    findings: list[Finding] = []
+    persistenced = services.get("ext-nvidia-persistenced")
+    # Derived (profiles.py): persistenced ships with the track-split toolkit from Talos 1.8; before that
+    # its absence is not a fault.
+    if persistenced is None and ctx.talos is not None and not ctx.talos.at_least(1, 8):
+        pass
+    elif persistenced is None:
+        findings.append(
+            _finding(
+                "service-persistenced",
+                False,
+                "service ext-nvidia-persistenced does not exist",
+                ctx,
+                "no-runtime-handler",
+            )
+        )
+    elif persistenced.running:
+        findings.append(_finding("service-persistenced", True, "ext-nvidia-persistenced is running", ctx))
+    else:
+        state = persistenced.state or "not running"
+        findings.append(
+            _finding(
+                "service-persistenced",
+                False,
+                f"ext-nvidia-persistenced is {state}",
+                ctx,
+                "persistenced-never-up",
+            )
+        )
+    if cdi:
+        cdi_gen = services.get("ext-nvidia-cdi-gen")
+        if cdi_gen is None:
+            findings.append(
+                _finding(
+                    "service-cdi-gen",
+                    False,
+                    "service ext-nvidia-cdi-gen does not exist",
+                    ctx,
+                    "cdi-gen-not-finished",
+                )
+            )
+        elif cdi_gen.state is not None and cdi_gen.state not in ("Finished", "Running"):
+            findings.append(
+                _finding(
+                    "service-cdi-gen",
+                    False,
+                    f"ext-nvidia-cdi-gen is {cdi_gen.state}",
+                    ctx,
+                    "cdi-gen-not-finished",
+                )
+            )
+        else:
+            how = cdi_gen.state or "present (use `talosctl services` to see Finished)"
+            findings.append(_finding("service-cdi-gen", True, f"ext-nvidia-cdi-gen is {how}", ctx))
+    return findings
+
+
+def diagnose_text(text: str, ctx: NodeContext | None = None, *, check: str = "symptoms") -> list[Finding]:
+    """Failed findings for every table row whose symptom appears in free text (logs, pod events)."""
+    ctx = ctx or NodeContext()
+    return [_finding(check, False, f"seen: {entry.title}", ctx, entry.key) for entry in match_failures(text)]
+
+
+def failed(findings: Iterable[Finding]) -> list[Finding]:
+    return [f for f in findings if not f.ok]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# All evidence of one node at once (runbook diagnose)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What was collected from one node; ``None`` means "not collected", which is not "empty"."""
+
+    modules: Mapping[str, str] | None = None
+    driver: DriverInfo | None = None
+    extensions: Mapping[str, str] | None = None
+    """Name → version, without the ``schematic`` pseudo-extension."""
+    schematic: str | None = None
+    smi: NvidiaSmi | None = None
+    services: Mapping[str, ServiceStatus] | None = None
+    log: str | None = None
+    """Free text (``talosctl dmesg``, pod logs and events) matched against the failure table."""
+
+
+def diagnose(
+    evidence: Evidence, ctx: NodeContext | None = None, *, planned_schematic: str | None = None
+) -> list[Finding]:
+    """Run every check the evidence allows, in the order a user would fix things.
+
+    The node's own schematic fills the upgrade commands that keep its extensions (re-installing it for the
+    right Talos version fixes a mismatched kernel-module tag); fixes that need other extensions get the
+    planned schematic or a placeholder, never the node's current (wrong) one.
+    """
+    ctx = ctx or NodeContext()
+    ctx = replace(
+        ctx,
+        schematic=ctx.schematic or planned_schematic,
+        current_schematic=ctx.current_schematic or evidence.schematic,
+    )
+    findings: list[Finding] = []
+    if evidence.extensions is not None:
+        findings.extend(check_extensions(evidence.extensions, ctx))
+        if planned_schematic is not None:
+            findings.append(check_schematic(evidence.schematic, planned_schematic, ctx))
+    if evidence.modules is not None:
+        findings.append(check_modules(evidence.modules, evidence.extensions, ctx, kernel_log=evidence.log))
+    if evidence.driver is not None:
+        findings.extend(check_driver(evidence.driver, evidence.extensions, ctx))
+    if evidence.smi is not None:
+        findings.extend(
+            check_nvidia_smi(evidence.smi, driver=evidence.driver, extensions=evidence.extensions, ctx=ctx)
+        )
+    if evidence.services is not None:
+        findings.extend(check_services(evidence.services, ctx))
+    if evidence.log is not None:
+        findings.extend(diagnose_text(evidence.log, ctx, check="log"))
+    return findings

@@ -1,0 +1,129 @@
+"""Machine-config patch arithmetic: what the profile needs *minus* what the node already has.
+
+Why: Talos's strategic merge **appends** lists (``machine.kernel.modules``, ``machine.files``,
+``machine.install.extensions``; facts §3), so re-applying the docs' patch duplicates every module and a
+second ``op: create`` of the same file fails.  The runbook therefore never applies the profile's patch as
+is: it subtracts what the node's current config already contains, and an empty remainder means "nothing
+to do".  Pure functions only; the config comes in as parsed documents.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+from typing import Any
+
+import yaml
+
+Doc = dict[str, Any]
+
+
+def parse_documents(text: str) -> list[Doc]:
+    """A (multi-document) machine config or patch as a list of mappings; empty documents dropped."""
+    return [d for d in yaml.safe_load_all(text) if isinstance(d, dict)]
+
+
+def config_documents(spec: Any) -> list[Doc]:
+    """The documents of a ``MachineConfig`` resource spec, whether talosctl gave it as text or a mapping."""
+    if isinstance(spec, str):
+        return parse_documents(spec)
+    if isinstance(spec, dict):
+        return [spec]
+    if isinstance(spec, list):
+        return [d for d in spec if isinstance(d, dict)]
+    return []
+
+
+def _v1alpha1(docs: Iterable[Doc]) -> Doc:
+    return next((d for d in docs if "machine" in d or d.get("version") == "v1alpha1"), {})
+
+
+def _named_doc(docs: Iterable[Doc], kind: str, name: str) -> Doc | None:
+    return next((d for d in docs if d.get("kind") == kind and d.get("name") == name), None)
+
+
+def _get(doc: Doc, *path: str) -> Any:
+    node: Any = doc
+    for key in path:
+        if not isinstance(node, dict):
+            return None
+        node = node.get(key)
+    return node
+
+
+class FileConflict(ValueError):
+    """A ``machine.files`` entry exists at the path with other content: ``op: create`` would fail."""
+
+
+def remaining_patch(wanted: list[Doc], current: list[Doc]) -> list[Doc]:
+    """The part of ``wanted`` (profile patch documents) that ``current`` does not contain yet.
+
+    Raises :class:`FileConflict` when a wanted file path already exists with different content, because
+    neither appending nor creating it again would give the node the intended configuration.
+    """
+    base = _v1alpha1(current)
+    out: list[Doc] = []
+    for doc in wanted:
+        if "kind" in doc and "machine" not in doc:
+            existing = _named_doc(current, str(doc["kind"]), str(doc.get("name")))
+            if existing is None or any(existing.get(k) != v for k, v in doc.items()):
+                out.append(copy.deepcopy(doc))
+            continue
+        machine = doc.get("machine") or {}
+        remaining: Doc = {}
+        modules = _get(machine, "kernel", "modules") or []
+        have_modules = {
+            m.get("name") for m in (_get(base, "machine", "kernel", "modules") or []) if isinstance(m, dict)
+        }
+        missing_modules = [m for m in modules if m.get("name") not in have_modules]
+        if missing_modules:
+            remaining.setdefault("kernel", {})["modules"] = missing_modules
+        sysctls = machine.get("sysctls") or {}
+        have_sysctls = _get(base, "machine", "sysctls") or {}
+        changed = {k: v for k, v in sysctls.items() if str(have_sysctls.get(k)) != str(v)}
+        if changed:
+            remaining["sysctls"] = changed
+        files = machine.get("files") or []
+        have_files = {f.get("path"): f for f in (_get(base, "machine", "files") or []) if isinstance(f, dict)}
+        new_files = []
+        for file in files:
+            present = have_files.get(file.get("path"))
+            if present is None:
+                new_files.append(file)
+            elif present.get("content") != file.get("content"):
+                raise FileConflict(
+                    f"{file.get('path')} already exists in the machine config with other content; "
+                    "merge the NVIDIA default-runtime lines into it by hand (a second `op: create` fails)"
+                )
+        if new_files:
+            remaining["files"] = new_files
+        images = _get(machine, "install", "extensions") or []
+        have_images = {
+            e.get("image")
+            for e in (_get(base, "machine", "install", "extensions") or [])
+            if isinstance(e, dict)
+        }
+        missing_images = [e for e in images if e.get("image") not in have_images]
+        if missing_images:
+            remaining["install"] = {"extensions": missing_images}
+        if remaining:
+            out.append({"machine": remaining})
+    return out
+
+
+def contains(current: list[Doc], wanted: list[Doc]) -> bool:
+    """True when the node's config already holds everything in ``wanted`` (so the step is done)."""
+    try:
+        return not remaining_patch(wanted, current)
+    except FileConflict:
+        return False
+
+
+def duplicate_modules(current: list[Doc]) -> list[str]:
+    """Modules listed more than once: the tell-tale of a patch applied twice by hand."""
+    names = [
+        m.get("name")
+        for m in (_get(_v1alpha1(current), "machine", "kernel", "modules") or [])
+        if isinstance(m, dict)
+    ]
+    return sorted({n for n in names if n and names.count(n) > 1})

@@ -1,0 +1,419 @@
+"""The failure table (facts §5) and the checks that turn parsed evidence into findings with fixes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from runbook_lib.model import diagnosis as d
+from runbook_lib.model import parsers as p
+from runbook_lib.model.versions import TalosVersion
+
+DATA = Path(__file__).parent / "data" / "outputs"
+
+LTS = {
+    "nvidia-open-gpu-kernel-modules-lts": "580.105.08-v1.12.7",
+    "nvidia-container-toolkit-lts": "580.105.08-v1.18.1",
+}
+ALL_LIVE = dict.fromkeys(p.NVIDIA_MODULES, "Live")
+
+
+def ctx(version: str | None = "v1.12.7", node: str | None = "10.5.0.3", **kw) -> d.NodeContext:
+    return d.NodeContext(node=node, talos=TalosVersion.parse(version) if version else None, **kw)
+
+
+def read(name: str) -> str:
+    return (DATA / name).read_text(encoding="utf-8")
+
+
+def by_check(findings: list[d.Finding]) -> dict[str, d.Finding]:
+    return {f.check: f for f in findings}
+
+
+# --- the table ------------------------------------------------------------------------------------------------
+
+
+def test_every_table_row_is_complete():
+    keys = [entry.key for entry in d.FAILURES]
+    assert len(keys) == len(set(keys))
+    for entry in d.FAILURES:
+        assert entry.cause and entry.fix and entry.command, entry.key
+        assert entry.sources and all(s.startswith("https://") for s in entry.sources), entry.key
+        # every command template renders, with or without node facts, and leaves no template field behind
+        for context in (d.NodeContext(), ctx()):
+            filled = context.fill(entry.command)
+            for field in ("{node}", "{talos}", "{schematic}", "{installer}", "{patch_command}"):
+                assert field not in filled, (entry.key, field)
+        assert "10.5.0.3" in ctx().fill(entry.command) or "{node}" not in entry.command
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("Incompatible strategy detected auto", "plugin-without-nvidia-runtime"),
+        (
+            "If this is a GPU node, did you configure the NVIDIA Container Toolkit?",
+            "plugin-without-nvidia-runtime",
+        ),
+        ("E0101 Failed to initialize NVML: could not load NVML library.", "nvml-not-found"),
+        (
+            'failed to create containerd task: failed to get sandbox runtime: no runtime for "nvidia" is configured',
+            "no-runtime-handler",
+        ),
+        ('pods "x" is forbidden: pod rejected: RuntimeClass "nvidia" not found', "runtimeclass-missing"),
+        (
+            "nvidia-container-cli: mount error: failed to add device rules: unable to generate new device filter "
+            "program from existing programs: unable to create new device filters program: load program: invalid "
+            "argument: last insn is not an exit or jmp",
+            "bpf-jit-harden",
+        ),
+        (
+            "/usr/local/bin/nvidia-container-cli: error while loading shared libraries: libelf.so.1",
+            "toolkit-missing-library",
+        ),
+        ('exec: "nvidia-smi": executable file not found in $PATH: unknown', "nvidia-smi-not-in-pod"),
+        (
+            "NVRM: The NVIDIA GPU 0000:01:00.0 (PCI ID: 10de:1eb8) is not supported by the NVIDIA 580.95.05 "
+            "driver release.",
+            "gpu-unsupported",
+        ),
+        (
+            'task startAllServices: waiting for service "ext-nvidia-persistenced" to be "up"',
+            "persistenced-never-up",
+        ),
+        ("Attempting to validate a driver container installation", "gpu-operator-driver-validation"),
+        (
+            'violates PodSecurity "baseline:latest": hostPath volumes (volumes "device-plugin")',
+            "pod-security-baseline",
+        ),
+        (
+            "NVRM: API mismatch: the client has the version 570.211.01, but this kernel module has the version "
+            "580.105.08.",
+            "driver-library-mismatch",
+        ),
+        ("Failed to initialize NVML: Driver/library version mismatch", "driver-library-mismatch"),
+    ],
+)
+def test_real_symptoms_match_their_row(text, key):
+    assert [entry.key for entry in d.match_failures(text)] == [key]
+
+
+def test_daemonset_with_zero_desired_is_recognised():
+    assert [e.key for e in d.match_failures("desiredNumberScheduled: 0")] == ["device-plugin-no-pods"]
+
+
+def test_unrelated_text_matches_nothing():
+    assert d.match_failures("Test PASSED\nDone\n") == []
+
+
+def test_diagnose_text_gives_failed_findings_with_the_command():
+    (finding,) = d.diagnose_text('RuntimeClass "nvidia" not found', ctx(), check="cuda-pod")
+    assert not finding.ok and finding.check == "cuda-pod"
+    assert "kind: RuntimeClass" in finding.fix and "handler: nvidia" in finding.fix
+
+
+def test_finding_dict_has_exactly_four_keys():
+    finding = d.check_modules({}, {}, ctx())
+    assert set(finding.to_dict()) == {"check", "ok", "message", "fix"}
+
+
+# --- modules --------------------------------------------------------------------------------------------------
+
+
+def test_all_modules_live_is_ok():
+    assert d.check_modules(ALL_LIVE, LTS, ctx()).ok
+
+
+def test_missing_modules_with_extensions_means_patch_machine_config():
+    finding = d.check_modules({"nvme_tcp": "Live"}, LTS, ctx())
+    assert not finding.ok and finding.failure == "modules-not-configured"
+    assert "talosctl -n 10.5.0.3 patch mc --patch @gpu-worker-patch.yaml" in finding.fix
+    for module in p.NVIDIA_MODULES:
+        assert f"- name: {module}" in finding.fix
+    assert "bpf_jit_harden: 1" in finding.fix  # Talos 1.12 still needs the sysctl
+
+
+def test_missing_modules_without_extensions_means_factory_upgrade():
+    finding = d.check_modules({}, {}, ctx())
+    assert finding.failure == "extensions-not-installed"
+    assert (
+        "talosctl -n 10.5.0.3 upgrade --image factory.talos.dev/metal-installer/<gpu-schematic-id>:v1.12.7"
+        in (finding.fix)
+    )
+    assert "patch mc" not in finding.fix
+
+
+def test_missing_modules_with_unknown_extensions_offers_both_fixes():
+    finding = d.check_modules({}, None, ctx())
+    assert not finding.ok and finding.failure is None
+    assert "patch mc" in finding.fix and "upgrade --image" in finding.fix
+
+
+def test_missing_modules_because_kmod_was_built_for_another_talos():
+    old = {**LTS, "nvidia-open-gpu-kernel-modules-lts": "580.105.08-v1.12.6"}
+    finding = d.check_modules({}, old, ctx())
+    assert finding.failure == "kmod-built-for-other-talos"
+
+
+def test_module_stuck_loading_points_at_unsupported_gpu():
+    finding = d.check_modules({**ALL_LIVE, "nvidia": "Loading"}, LTS, ctx())
+    assert finding.failure == "gpu-unsupported"
+    assert "nvidia (Loading)" in finding.message
+
+
+def test_module_patch_by_talos_version():
+    v114 = d.module_patch(TalosVersion.parse("v1.14.0"), "n1")
+    assert v114.count("kind: KernelModuleConfig") == 4
+    assert "--patch gpu-worker-patch.yaml" in v114 and "@" not in v114
+    v113 = d.module_patch(TalosVersion.parse("v1.13.2"), "n1")
+    assert "machine:" in v113 and "bpf_jit_harden" not in v113
+    v112 = d.module_patch(TalosVersion.parse("v1.12.7"), "n1")
+    assert "net.core.bpf_jit_harden: 1" in v112 and "--patch @gpu-worker-patch.yaml" in v112
+
+
+# --- extensions -----------------------------------------------------------------------------------------------
+
+
+def test_healthy_lts_stack_passes_every_check():
+    findings = d.check_extensions(LTS, ctx())
+    assert findings and all(f.ok for f in findings), [f.message for f in findings if not f.ok]
+    assert {"extensions", "driver-match", "kmod-talos-version"} <= set(by_check(findings))
+
+
+def test_lts_kmod_with_production_toolkit_is_a_driver_mismatch():
+    exts = p.extension_versions(p.parse_extensions(read("extensions_table_mixed_tracks_1.12.7.txt")))
+    finding = by_check(d.check_extensions(exts, ctx()))["driver-match"]
+    assert not finding.ok and finding.failure == "driver-library-mismatch"
+    assert "580.105.08" in finding.message and "570.211.01" in finding.message
+    assert "tracks lts and production are mixed" in finding.message
+    assert "upgrade --image factory.talos.dev/metal-installer/" in finding.fix
+
+
+def test_fabricmanager_driver_is_compared_too():
+    exts = {**LTS, "nvidia-fabricmanager-lts": "580.95.05"}
+    assert not by_check(d.check_extensions(exts, ctx()))["driver-match"].ok
+
+
+def test_kmod_built_for_other_talos_release():
+    finding = by_check(d.check_extensions(LTS, ctx("v1.12.8")))["kmod-talos-version"]
+    assert not finding.ok and finding.failure == "kmod-built-for-other-talos"
+    assert "v1.12.7" in finding.message and "v1.12.8" in finding.message
+    assert ":v1.12.8" in finding.fix
+
+
+def test_talos_version_unknown_skips_the_tag_check():
+    assert "kmod-talos-version" not in by_check(d.check_extensions(LTS, ctx(None)))
+
+
+def test_unsuffixed_names_on_talos_1_8_and_later():
+    old = {
+        "nvidia-open-gpu-kernel-modules": "535.183.06-v1.8.0",
+        "nvidia-container-toolkit": "535.183.06-v1.16.1",
+    }
+    assert not by_check(d.check_extensions(old, ctx("v1.8.0")))["extension-names"].ok
+    assert "extension-names" not in by_check(d.check_extensions(old, ctx("v1.7.6")))
+
+
+def test_toolkit_missing_means_no_runtime_handler():
+    finding = by_check(
+        d.check_extensions({"nvidia-open-gpu-kernel-modules-lts": "580.105.08-v1.12.7"}, ctx())
+    )
+    assert finding["extensions"].failure == "no-runtime-handler"
+
+
+def test_no_nvidia_extensions():
+    (finding,) = d.check_extensions({"intel-ucode": "20250812"}, ctx())
+    assert finding.failure == "extensions-not-installed"
+
+
+def test_both_kmod_flavours_installed():
+    both = {**LTS, "nonfree-kmod-nvidia-lts": "580.105.08-v1.12.7"}
+    assert by_check(d.check_extensions(both, ctx()))["kmod-flavor"].failure == "driver-flavor-mixup"
+
+
+def test_unparseable_tag_is_reported_not_raised():
+    bad = {**LTS, "nvidia-container-toolkit-lts": "latest"}
+    finding = by_check(d.check_extensions(bad, ctx()))["extension-tags"]
+    assert not finding.ok and "latest" in finding.message
+
+
+def test_classify_extensions_reads_tracks_and_kinds():
+    stack = d.classify_extensions(
+        {"siderolabs/nonfree-kmod-nvidia-production": "570.172.08-v1.11.6", "nvidia-gdrdrv-device": "x"}
+    )
+    assert stack.kmod is not None and (stack.kmod.kind, stack.kmod.track) == (
+        "kmod-proprietary",
+        "production",
+    )
+    assert stack.kmod_driver == "570.172.08"
+    assert [o.kind for o in stack.others] == ["gdrdrv"]
+
+
+def test_expected_names():
+    assert d.expected_extension_names(TalosVersion.parse("v1.7.0")) == (
+        "nvidia-open-gpu-kernel-modules",
+        "nvidia-container-toolkit",
+    )
+    assert d.expected_extension_names(TalosVersion.parse("v1.12.0"), "proprietary", "production") == (
+        "nonfree-kmod-nvidia-production",
+        "nvidia-container-toolkit-production",
+    )
+
+
+def test_schematic_check_and_fix_uses_the_planned_id():
+    planned = "40b13a8d4f3202c7d7c95f0cc0fa5cecea2d480ea9f1f1dd3122395cd68f6e9d"
+    assert d.check_schematic(planned, planned, ctx()).ok
+    finding = d.check_schematic(
+        "376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba", planned, ctx()
+    )
+    assert not finding.ok and f"metal-installer/{planned}:v1.12.7" in finding.fix
+
+
+def test_fixes_needing_other_extensions_never_reuse_the_current_schematic():
+    current = "86a5d7c9beb23b4aea2777e44ca06c8c2ceea8a874ccd2b9a6743c4f734329e0"
+    mixed = {**LTS, "nvidia-container-toolkit-production": "570.211.01-v1.18.2"}
+    del mixed["nvidia-container-toolkit-lts"]
+    findings = d.diagnose(d.Evidence(extensions=mixed, schematic=current), ctx())
+    mismatch = by_check(findings)["driver-match"]
+    assert current not in mismatch.fix and "<gpu-schematic-id>" in mismatch.fix
+    # a re-install for the right Talos version keeps the extensions: the current schematic is right there
+    stale = d.diagnose(d.Evidence(extensions=LTS, schematic=current), ctx("v1.12.8"))
+    assert f"{current}:v1.12.8" in by_check(stale)["kmod-talos-version"].fix
+
+
+def test_installer_path_before_talos_1_10():
+    finding = d.check_modules({}, {}, ctx("v1.9.5"))
+    assert "factory.talos.dev/installer/" in finding.fix
+
+
+# --- driver, nvidia-smi, services -----------------------------------------------------------------------------
+
+
+def test_open_driver_with_open_extension_is_ok():
+    driver = p.parse_driver_version(read("driver_version_open_580.105.08.txt"))
+    assert all(f.ok for f in d.check_driver(driver, LTS, ctx()))
+
+
+def test_proprietary_driver_while_extension_is_open():
+    driver = p.parse_driver_version(read("driver_version_talos_oss_guide_515.65.01.txt"))
+    findings = by_check(d.check_driver(driver, LTS, ctx()))
+    assert findings["driver-flavor"].failure == "driver-flavor-mixup"
+    assert "proprietary" in findings["driver-flavor"].message
+    assert findings["driver-version"].failure == "driver-version-differs"
+
+
+def test_open_driver_while_extension_is_nonfree():
+    driver = p.parse_driver_version(read("driver_version_open_580.105.08.txt"))
+    nonfree = {
+        "nonfree-kmod-nvidia-lts": "580.105.08-v1.12.7",
+        "nvidia-container-toolkit-lts": "580.105.08-v1.18.1",
+    }
+    findings = by_check(d.check_driver(driver, nonfree, ctx()))
+    assert not findings["driver-flavor"].ok
+    assert findings["driver-version"].ok  # same number, wrong flavour: only the flavour check fails
+
+
+def test_driver_version_disagrees_with_extension():
+    driver = p.parse_driver_version(read("driver_version_open_580.95.05.txt"))
+    finding = by_check(d.check_driver(driver, LTS, ctx()))["driver-version"]
+    assert not finding.ok and "580.95.05" in finding.message and "580.105.08" in finding.message
+
+
+def test_driver_without_extensions_yields_no_cross_check():
+    assert (
+        d.check_driver(p.parse_driver_version(read("driver_version_open_580.95.05.txt")), None, ctx()) == []
+    )
+
+
+def test_nvidia_smi_healthy():
+    smi = p.parse_nvidia_smi(read("nvidia_smi_wide_580.105.08_2xl4.txt"))
+    findings = d.check_nvidia_smi(smi, extensions=LTS, ctx=ctx())
+    assert all(f.ok for f in findings) and "2 GPU(s)" in by_check(findings)["gpus"].message
+
+
+@pytest.mark.parametrize(
+    ("name", "key"),
+    [
+        ("nvidia_smi_nvml_mismatch.txt", "driver-library-mismatch"),
+        ("nvidia_smi_no_driver.txt", "driver-not-loaded"),
+    ],
+)
+def test_nvidia_smi_errors_are_diagnosed(name, key):
+    (finding,) = d.check_nvidia_smi(p.parse_nvidia_smi(read(name)), ctx=ctx())
+    assert not finding.ok and finding.failure == key
+
+
+def test_nvidia_smi_driver_differs_from_loaded_module():
+    smi = p.parse_nvidia_smi(read("nvidia_smi_wide_570_l4.txt"))
+    driver = p.parse_driver_version(read("driver_version_open_580.105.08.txt"))
+    finding = by_check(d.check_nvidia_smi(smi, driver=driver, ctx=ctx()))["smi-driver"]
+    assert not finding.ok and "570.195.03" in finding.message
+
+
+def test_nvidia_smi_without_gpus():
+    finding = by_check(d.check_nvidia_smi(p.NvidiaSmi(driver_version="580.105.08"), ctx=ctx()))["gpus"]
+    assert not finding.ok
+
+
+def test_services_on_1_13():
+    services = p.parse_services(read("services_command_1.13.txt"))
+    assert all(f.ok for f in d.check_services(services, ctx("v1.13.0")))
+
+
+def test_services_resource_cannot_show_finished_but_is_not_a_failure():
+    services = p.parse_services(read("services_table_1.13.txt"))
+    findings = by_check(d.check_services(services, ctx("v1.13.0")))
+    assert findings["service-cdi-gen"].ok and "talosctl services" in findings["service-cdi-gen"].message
+
+
+def test_services_missing_or_failed():
+    findings = by_check(
+        d.check_services(
+            {"ext-nvidia-cdi-gen": p.ServiceStatus(id="ext-nvidia-cdi-gen", state="Failed")}, ctx("v1.13.0")
+        )
+    )
+    assert findings["service-persistenced"].failure == "no-runtime-handler"
+    assert findings["service-cdi-gen"].failure == "cdi-gen-not-finished"
+    stopped = {"ext-nvidia-persistenced": p.ServiceStatus(id="ext-nvidia-persistenced", running=False)}
+    assert by_check(d.check_services(stopped, ctx("v1.12.7")))["service-persistenced"].failure == (
+        "persistenced-never-up"
+    )
+    assert "service-cdi-gen" not in by_check(d.check_services(stopped, ctx("v1.12.7")))
+
+
+def test_diagnose_runs_only_the_checks_the_evidence_allows():
+    assert d.diagnose(d.Evidence()) == []
+    only_modules = d.diagnose(d.Evidence(modules=ALL_LIVE))
+    assert [f.check for f in only_modules] == ["modules"] and only_modules[0].ok
+
+
+# --- kernel log -----------------------------------------------------------------------------------------------
+
+
+def test_multi_line_unsupported_gpu_message_in_talosctl_dmesg():
+    log = read("dmesg_nvrm_unsupported_gpu.txt")
+    assert [e.key for e in d.match_failures(log)] == ["gpu-unsupported"]
+
+
+def test_kernel_log_turns_missing_modules_into_unsupported_gpu():
+    log = read("dmesg_nvrm_unsupported_gpu.txt")
+    without_log = d.check_modules({}, LTS, ctx())
+    with_log = d.check_modules({}, LTS, ctx(), kernel_log=log)
+    assert without_log.failure == "modules-not-configured"
+    assert "talosctl -n 10.5.0.3 dmesg | grep NVRM" in without_log.fix
+    assert with_log.failure == "gpu-unsupported" and "other track" in with_log.fix
+
+
+def test_node_without_gpu():
+    finding = d.check_modules({}, LTS, ctx(), kernel_log="NVRM: No NVIDIA GPU found.\n")
+    assert finding.failure == "no-nvidia-gpu" and "<non-gpu-schematic-id>" in finding.fix
+
+
+def test_diagnose_reports_log_symptoms():
+    findings = d.diagnose(
+        d.Evidence(modules={}, extensions=LTS, log=read("dmesg_nvrm_unsupported_gpu.txt")), ctx()
+    )
+    checks = by_check(findings)
+    assert checks["modules"].failure == "gpu-unsupported"
+    assert checks["log"].failure == "gpu-unsupported"

@@ -1,0 +1,52 @@
+"""Secrets never reach a record: the redactor blanks them in every form talosctl/kubectl print them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from runbook_lib.clients.proc import CommandResult, Journal
+from runbook_lib.model.redact import MASK, redact
+
+SAMPLE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "talos" / "worker-machineconfig.sample.yaml"
+
+
+def test_yaml_diff_context_lines_lose_their_secret_values():
+    diff = " cluster:\n     secret: 2H8cxe06HiYBm/S0wbWZYxlX=\n+    kernel:\n-    token: abc.def\n"
+    out = redact(diff)
+    assert "2H8cxe06" not in out and "abc.def" not in out
+    assert out.count("\n") == diff.count("\n") and "+    kernel:" in out
+
+
+def test_json_and_embedded_yaml_and_bearer_tokens():
+    text = json.dumps({"token": "tok123", "spec": "machine:\n    token: 2z19nz.e8oe\n    type: worker\n"})
+    out = redact(text + "\nAuthorization: Bearer abcdefghijklmnopq")
+    for secret in ("tok123", "2z19nz.e8oe", "abcdefghijklmnopq"):
+        assert secret not in out
+    assert "type: worker" in out
+
+
+def test_non_secret_values_are_kept():
+    text = "machine:\n  kernel:\n    modules:\n      - name: nvidia\n  sysctls:\n    net.core.bpf_jit_harden: '1'\n"
+    assert redact(text) == text
+
+
+def test_real_sample_machine_config_keeps_no_key_material():
+    if not SAMPLE.exists():
+        pytest.skip(f"{SAMPLE} not present (../shared is not beside the project)")
+    text = SAMPLE.read_text()
+    out = redact(text)
+    assert "2z19nz.e8oeemr4l3caw64b" in text and "2z19nz.e8oeemr4l3caw64b" not in out
+    assert "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0t" not in out
+    assert MASK in out
+
+
+def test_journal_redacts_output_and_diffs():
+    journal = Journal()
+    result = CommandResult(("talosctl", "patch"), 0, "", "     secret: s3cr3tvalue\n", 0.1, changes_cluster=True)
+    journal.record_command(result, diff="token: t0ken\n")
+    (entry,) = journal.entries
+    assert "s3cr3tvalue" not in entry.stderr and "t0ken" not in (entry.diff or "")
+    assert journal.changes() == [entry]
