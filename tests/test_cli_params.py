@@ -122,12 +122,17 @@ def test_plan_for_a_node_override_gets_its_own_schematic(tmp_path, capsys):
     assert main(["plan", "-p", str(path), "--format", "json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     # facts §2.3: nonfree-kmod-nvidia-lts + toolkit-lts
-    assert plan["nodes"][1]["schematic_id"] == "af8eb82417d3deaa94d2ef19c3b590b0dac1b2549d0b9b35b3da2bc325de75f7"
+    assert (
+        plan["nodes"][1]["schematic_id"] == "af8eb82417d3deaa94d2ef19c3b590b0dac1b2549d0b9b35b3da2bc325de75f7"
+    )
     assert plan["nodes"][0]["schematic_id"] == plan["schematic_id"]
 
 
 def test_plan_before_the_image_factory_uses_the_stock_installer(capsys):
-    assert main(["plan", "-p", SIM, "--set", "talos_version=v1.3.7", "--set", "track=null", "--format", "json"]) == 0
+    assert (
+        main(["plan", "-p", SIM, "--set", "talos_version=v1.3.7", "--set", "track=null", "--format", "json"])
+        == 0
+    )
     plan = json.loads(capsys.readouterr().out)
     assert plan["schematic_id"] is None and plan["installer_image"] == "ghcr.io/siderolabs/installer:v1.3.7"
     assert "install" in yaml.safe_load(plan["machine_config_patches"][0])["machine"]

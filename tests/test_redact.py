@@ -10,7 +10,13 @@ import pytest
 from runbook_lib.clients.proc import CommandResult, Journal
 from runbook_lib.model.redact import MASK, redact
 
-SAMPLE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "talos" / "worker-machineconfig.sample.yaml"
+SAMPLE = (
+    Path(__file__).resolve().parents[2]
+    / "shared"
+    / "reference"
+    / "talos"
+    / "worker-machineconfig.sample.yaml"
+)
 
 
 def test_yaml_diff_context_lines_lose_their_secret_values():
@@ -45,7 +51,9 @@ def test_real_sample_machine_config_keeps_no_key_material():
 
 def test_journal_redacts_output_and_diffs():
     journal = Journal()
-    result = CommandResult(("talosctl", "patch"), 0, "", "     secret: s3cr3tvalue\n", 0.1, changes_cluster=True)
+    result = CommandResult(
+        ("talosctl", "patch"), 0, "", "     secret: s3cr3tvalue\n", 0.1, changes_cluster=True
+    )
     journal.record_command(result, diff="token: t0ken\n")
     (entry,) = journal.entries
     assert "s3cr3tvalue" not in entry.stderr and "t0ken" not in (entry.diff or "")
