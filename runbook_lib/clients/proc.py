@@ -120,7 +120,12 @@ class Journal:
 
     def record_api(self, summary: str, *, diff: str | None = None, changes_cluster: bool = True) -> None:
         self.add(
-            JournalEntry(kind="api", summary=summary, changes_cluster=changes_cluster, diff=redact(diff) if diff else diff)
+            JournalEntry(
+                kind="api",
+                summary=summary,
+                changes_cluster=changes_cluster,
+                diff=redact(diff) if diff else diff,
+            )
         )
 
     @property
