@@ -13,12 +13,14 @@ from collections.abc import Callable, Sequence
 
 from runbook_lib.errors import PermanentError, RetryableError, RunbookError
 
-from . import cmd_params
+from . import cmd_diagnose, cmd_params, cmd_schematic
 
 Register = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 
 GROUPS: list[Register] = [
+    cmd_diagnose.register,
     cmd_params.register,
+    cmd_schematic.register,
 ]
 
 
