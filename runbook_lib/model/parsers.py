@@ -179,6 +179,8 @@ class TalosResource:
     """Print columns after the standard five (table output only), e.g. ``NAME``/``VERSION`` for extensions."""
     spec: Mapping[str, Any] | None = None
     """The resource spec (YAML/JSON output only)."""
+    spec_text: str | None = None
+    """The spec when talosctl prints it as text (``MachineConfig``: the config YAML as one string)."""
 
 
 _STANDARD_COLUMNS = ("NODE", "NAMESPACE", "TYPE", "ID", "VERSION")
@@ -237,6 +239,7 @@ def _resource_from_doc(doc: Any) -> TalosResource:
         id=str(meta.get("id", "")),
         version=str(meta.get("version", "")),
         spec=spec if isinstance(spec, dict) else {},
+        spec_text=spec if isinstance(spec, str) else None,
     )
 
 

@@ -1,0 +1,125 @@
+"""Everything a step needs to reach the cluster, built once per run from the validated parameters.
+
+Why the simulated target is just paths: the simulator publishes, in its state directory, the same things a
+real cluster gives a user (a talosconfig, a kubeconfig, the ``talosctl``/``helm`` executables and the
+Image Factory URL in ``endpoints.json``).  The library reads those files and then runs exactly the code it
+runs against a real cluster; it never imports the simulator.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from runbook_lib.clients.helm import Helm
+from runbook_lib.clients.kube import Kube
+from runbook_lib.clients.proc import Journal, Runner
+from runbook_lib.clients.talosctl import Talosctl
+from runbook_lib.errors import PermanentError
+from runbook_lib.model.params import Node, Params
+from runbook_lib.model.plan import Plan, build_plan
+
+#: Where the simulator keeps its state unless told otherwise (kept in step with ``runbook sim``).
+SIM_STATE_ENV = "RUNBOOK_SIM_STATE"
+DEFAULT_SIM_STATE = Path(__file__).resolve().parents[2] / ".sim" / "default"
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """How to reach the cluster: tool paths, config paths (never contents) and the factory URL."""
+
+    talosctl: str
+    helm: str
+    talosconfig: str | None
+    kubeconfig: str | None
+    image_factory_url: str
+
+
+def sim_state_dir() -> Path:
+    return Path(os.environ.get(SIM_STATE_ENV) or DEFAULT_SIM_STATE)
+
+
+def resolve_endpoints(params: Params, state_dir: Path | None = None) -> Endpoints:
+    """Real cluster: the parameters.  Simulated: the files the running simulator published."""
+    if params.target == "cluster":
+        return Endpoints(
+            talosctl=params.tools.talosctl,
+            helm=params.tools.helm,
+            talosconfig=_expand(params.talosconfig),
+            kubeconfig=_expand(params.kubeconfig) or os.environ.get("KUBECONFIG"),
+            image_factory_url=params.image_factory_url,
+        )
+    state = state_dir or sim_state_dir()
+    endpoints_file = state / "endpoints.json"
+    if not endpoints_file.exists():
+        raise PermanentError(
+            f"no simulated cluster is running at {state}",
+            hint="start one with `runbook sim up -p <params file>` (or use `runbook run`, which starts it)",
+        )
+    published = json.loads(endpoints_file.read_text())
+    return Endpoints(
+        talosctl=str(state / "bin" / "talosctl"),
+        helm=str(state / "bin" / "helm"),
+        talosconfig=str(state / "talosconfig"),
+        kubeconfig=str(state / "kubeconfig"),
+        image_factory_url=str(published.get("factory") or params.image_factory_url),
+    )
+
+
+def _expand(path: str | None) -> str | None:
+    return os.path.expanduser(path) if path else None
+
+
+@dataclass
+class Context:
+    params: Params
+    plan: Plan
+    endpoints: Endpoints
+    journal: Journal
+    talosctl: Talosctl
+    helm: Helm
+    _kube: Kube | None = field(default=None, repr=False)
+
+    @property
+    def kube(self) -> Kube:
+        """Connected on first use: preflight and patch steps need no Kubernetes API."""
+        if self._kube is None:
+            self._kube = Kube.from_kubeconfig(self.endpoints.kubeconfig, self.journal)
+        return self._kube
+
+    @property
+    def apply(self) -> bool:
+        return self.params.apply
+
+    def nodes(self, only: list[str] | None = None) -> list[Node]:
+        """The GPU nodes, or the chosen subset (names or addresses); unknown names are an error."""
+        if not only:
+            return list(self.params.nodes)
+        known = {n.name: n for n in self.params.nodes} | {n.address: n for n in self.params.nodes}
+        unknown = [name for name in only if name not in known]
+        if unknown:
+            raise PermanentError(
+                f"unknown node(s) {', '.join(unknown)}",
+                hint=f"GPU nodes in the parameters: {', '.join(n.name for n in self.params.nodes)}",
+            )
+        seen: dict[str, Node] = {}
+        for name in only:
+            seen.setdefault(known[name].name, known[name])
+        return list(seen.values())
+
+
+def connect(params: Params, *, journal: Journal | None = None, state_dir: Path | None = None) -> Context:
+    """Build the clients for one run.  Nothing is contacted yet."""
+    endpoints = resolve_endpoints(params, state_dir)
+    journal = journal if journal is not None else Journal()
+    runner = Runner(journal)
+    return Context(
+        params=params,
+        plan=build_plan(params),
+        endpoints=endpoints,
+        journal=journal,
+        talosctl=Talosctl(endpoints.talosctl, talosconfig=endpoints.talosconfig, runner=runner),
+        helm=Helm(endpoints.helm, kubeconfig=endpoints.kubeconfig, runner=runner),
+    )

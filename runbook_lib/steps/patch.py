@@ -1,0 +1,188 @@
+"""Step: config patching — load the NVIDIA modules (and, optionally, make nvidia the default runtime).
+
+Why it is computed per node and grouped: each node gets only what its config lacks (strategic merge
+appends lists, so a blind re-apply duplicates modules), but on a healthy fleet most nodes lack the same
+thing, so nodes with an identical remaining patch share one ``talosctl patch mc -n a,b,c`` call.  A
+second run finds nothing missing and changes nothing.  Applying goes in batches of
+``rollout_concurrency`` nodes and stops starting batches at the first failure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from runbook_lib.clients.talosctl import node_errors
+from runbook_lib.model.machineconfig import FileConflict, config_documents, contains, remaining_patch
+from runbook_lib.model.params import Node
+from runbook_lib.model.profiles import render_documents
+from runbook_lib.model.redact import redact
+
+from .context import Context
+from .results import Check, NodeResult, StepResult
+
+Progress = Callable[[int, int], None]
+
+
+def wanted_documents(ctx: Context, node: Node) -> list[dict[str, Any]]:
+    profile = ctx.params.profile(node)
+    images = (
+        profile.install_extension_images() if profile.extension_delivery == "install-extensions" else None
+    )
+    docs = profile.machine_config_patch_documents(install_images=images)
+    if ctx.params.default_runtime_patch:
+        docs += profile.default_runtime_documents()
+    return docs
+
+
+def read_configs(ctx: Context, nodes: list[Node]) -> tuple[dict[str, list[dict[str, Any]]], dict[str, str]]:
+    """Current machine config documents per node address, plus per-node read errors (one fan-out call)."""
+    fan = ctx.talosctl.get("machineconfig", [n.address for n in nodes])
+    configs: dict[str, list[dict[str, Any]]] = {}
+    for node, resources in fan.by_node().items():
+        docs: list[dict[str, Any]] = []
+        for resource in resources:
+            docs += config_documents(resource.spec_text if resource.spec_text is not None else resource.spec)
+        configs[node] = docs
+    return configs, fan.errors
+
+
+def config_patch(
+    ctx: Context,
+    *,
+    only: list[str] | None = None,
+    apply: bool | None = None,
+    progress: Progress | None = None,
+) -> StepResult:
+    """Plan (dry-run) or apply the machine-config patch on the GPU nodes; returns per-node results."""
+    do_apply = ctx.apply if apply is None else apply
+    nodes = ctx.nodes(only)
+    result = StepResult(step="config-patch", applied=do_apply)
+    configs, errors = read_configs(ctx, nodes)
+    by_address: dict[str, NodeResult] = {}
+    groups: dict[str, list[Node]] = {}
+    for node in nodes:
+        res = NodeResult(node=node.name, address=node.address)
+        by_address[node.address] = res
+        result.nodes.append(res)
+        if node.address in errors or node.address not in configs:
+            res.status = "failed"
+            res.message = f"cannot read the machine config: {errors.get(node.address, 'no answer')}"
+            res.checks.append(
+                Check("machine config readable", False, res.message, fix=_unreachable_fix(node))
+            )
+            continue
+        try:
+            remaining = remaining_patch(wanted_documents(ctx, node), configs[node.address])
+        except FileConflict as exc:
+            res.status = "failed"
+            res.message = str(exc)
+            res.checks.append(Check("default-runtime file", False, str(exc)))
+            continue
+        if not remaining:
+            res.status = "unchanged"
+            res.message = "the machine config already contains the patch"
+            continue
+        res.status = "planned"
+        groups.setdefault(render_documents(remaining), []).append(node)
+
+    result.data["groups"] = []
+    for index, (patch_yaml, members) in enumerate(groups.items()):
+        dry = ctx.talosctl.patch_machineconfig([n.address for n in members], patch_yaml, dry_run=True)
+        group_errors = node_errors(dry.stderr, [n.address for n in members]) if not dry.ok else {}
+        result.data["groups"].append(
+            {"nodes": [n.name for n in members], "patch": patch_yaml, "dry_run": redact(dry.stderr.strip())}
+        )
+        for node in members:
+            res = by_address[node.address]
+            res.data["group"] = index
+            if not dry.ok:
+                res.status = "failed"
+                res.message = "dry run refused: " + (group_errors.get(node.address) or dry.stderr.strip())
+            elif "with a reboot" in dry.stderr:
+                res.needs_reboot = True
+    if not do_apply:
+        result.notes.append("plan only (apply is off): nothing was changed")
+        return result.finish()
+
+    _apply_in_batches(ctx, result, groups, by_address, progress)
+    return result.finish()
+
+
+def _apply_in_batches(
+    ctx: Context,
+    result: StepResult,
+    groups: dict[str, list[Node]],
+    by_address: dict[str, NodeResult],
+    progress: Progress | None,
+) -> None:
+    todo = [
+        (patch, node)
+        for patch, members in groups.items()
+        for node in members
+        if by_address[node.address].status == "planned"
+    ]
+    size = ctx.params.rollout_concurrency
+    done = 0
+    stopped_by: str | None = None
+    for start in range(0, len(todo), size):
+        batch = todo[start : start + size]
+        if stopped_by is not None:
+            for _patch, node in batch:
+                res = by_address[node.address]
+                res.status = "skipped"
+                res.message = f"not touched: the rollout stopped after {stopped_by} failed"
+            continue
+        per_patch: dict[str, list[Node]] = {}
+        for patch, node in batch:
+            per_patch.setdefault(patch, []).append(node)
+        for patch, members in per_patch.items():
+            addresses = [n.address for n in members]
+            applied = ctx.talosctl.patch_machineconfig(addresses, patch, dry_run=False)
+            failures = node_errors(applied.stderr, addresses) if not applied.ok else {}
+            if not applied.ok and not failures:
+                failures = dict.fromkeys(addresses, applied.stderr.strip() or f"exit {applied.exit_code}")
+            for node in members:
+                res = by_address[node.address]
+                if node.address in failures:
+                    res.status = "failed"
+                    res.message = f"patch failed: {failures[node.address]}"
+                    stopped_by = stopped_by or node.name
+                else:
+                    res.status = "changed"
+                    res.needs_reboot = res.needs_reboot or "with a reboot" in applied.stderr
+        done += len(batch)
+        if progress:
+            progress(done, len(todo))
+    _confirm(ctx, result, by_address)
+
+
+def _confirm(ctx: Context, result: StepResult, by_address: dict[str, NodeResult]) -> None:
+    """Re-read the changed nodes' configs: the change counts only once the node reports it."""
+    changed = [
+        n for n in ctx.params.nodes if n.address in by_address and by_address[n.address].status == "changed"
+    ]
+    if not changed:
+        return
+    configs, errors = read_configs(ctx, changed)
+    for node in changed:
+        res = by_address[node.address]
+        ok = node.address in configs and contains(configs[node.address], wanted_documents(ctx, node))
+        message = (
+            "the node's config now contains the patch"
+            if ok
+            else (
+                f"patch applied but the node's config does not show it ({errors.get(node.address, 'missing entries')})"
+            )
+        )
+        res.checks.append(Check("config contains patch", ok, message))
+        if not ok:
+            res.status = "failed"
+            res.message = message
+
+
+def _unreachable_fix(node: Node) -> str:
+    return (
+        f"check that the node is up and reachable on port 50000: talosctl -n {node.address} version; "
+        "a node that is rebooting answers again after a few minutes"
+    )

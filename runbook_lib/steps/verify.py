@@ -1,0 +1,130 @@
+"""Step: verification — is the NVIDIA stack on each node what the plan says, and if not, why?
+
+Why evidence first, judgement second: every check is one fan-out call over all nodes (``get extensions``,
+``get services``, ``get modules`` — ``read /proc/modules`` before Talos 1.11, and the driver version file,
+which talosctl only reads per node, concurrently), so 1,000 nodes cost a handful of calls, not thousands.
+The judgement is the failure table of the facts file (``runbook_lib.model.diagnosis``): a failed check
+carries the likely cause and the command that fixes it, not just "failed".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from runbook_lib.model.diagnosis import Evidence, NodeContext, diagnose
+from runbook_lib.model.parsers import (
+    DriverInfo,
+    OutputParseError,
+    extension_versions,
+    extensions_from_resources,
+    modules_from_resources,
+    parse_driver_version,
+    parse_proc_modules,
+    schematic_id,
+    services_from_resources,
+)
+
+from .context import Context
+from .results import Check, NodeResult, StepResult, checks_from_findings
+
+DRIVER_VERSION_FILE = "/proc/driver/nvidia/version"
+
+
+def verify(
+    ctx: Context,
+    *,
+    only: list[str] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> StepResult:
+    """Collect the evidence of every GPU node in a few fan-out calls, then diagnose each node."""
+    nodes = ctx.nodes(only)
+    addresses = [n.address for n in nodes]
+    result = StepResult(step="verify", applied=False)
+    profile = ctx.params.profile()
+
+    extensions = ctx.talosctl.get("extensions", addresses)
+    services = ctx.talosctl.get("services", addresses)
+    if profile.module_check == "get modules":
+        module_fan = ctx.talosctl.get("modules", addresses)
+        modules_by_node = {n: modules_from_resources(r) for n, r in module_fan.by_node().items()}
+        module_errors = module_fan.errors
+        module_state = {n: {m.name: m.state for m in mods.values()} for n, mods in modules_by_node.items()}
+    else:
+        reads = ctx.talosctl.read("/proc/modules", addresses)
+        module_errors = {n: r.error or "" for n, r in reads.items() if r.text is None}
+        module_state = {
+            n: {m.name: m.state for m in parse_proc_modules(r.text).values()}
+            for n, r in reads.items()
+            if r.text is not None
+        }
+    drivers = ctx.talosctl.read(DRIVER_VERSION_FILE, addresses)
+    ext_by_node = extensions.by_node()
+    svc_by_node = services.by_node()
+
+    for index, node in enumerate(nodes, start=1):
+        res = NodeResult(node=node.name, address=node.address)
+        result.nodes.append(res)
+        unreachable = extensions.errors.get(node.address) or module_errors.get(node.address)
+        if unreachable:
+            res.status = "failed"
+            res.message = f"node did not answer: {unreachable.splitlines()[0]}"
+            res.checks.append(
+                Check(
+                    "reachable",
+                    False,
+                    res.message,
+                    cause="the node is down, rebooting, or port 50000 is not reachable from here",
+                    fix=f"talosctl -n {node.address} version   # then re-run the verification",
+                )
+            )
+            continue
+        exts = extensions_from_resources(ext_by_node.get(node.address, []))
+        ext_versions = extension_versions(exts)
+        driver, driver_check = _driver(drivers[node.address].text if node.address in drivers else None)
+        evidence = Evidence(
+            modules=module_state.get(node.address, {}),
+            driver=driver,
+            extensions=ext_versions,
+            schematic=schematic_id(exts),
+            services=services_from_resources(svc_by_node.get(node.address, [])),
+        )
+        planned = next((p.schematic_id for p in ctx.plan.nodes if p.name == node.name), ctx.plan.schematic_id)
+        findings = diagnose(
+            evidence,
+            NodeContext(node=node.address, talos=ctx.params.talos, schematic=planned),
+            planned_schematic=planned,
+        )
+        res.checks = checks_from_findings(findings)
+        if driver_check is not None:
+            res.checks.append(driver_check)
+        res.data = {
+            "extensions": ext_versions,
+            "schematic": evidence.schematic,
+            "driver": driver.version if driver else None,
+        }
+        res.status = "ok" if all(c.ok for c in res.checks) else "failed"
+        failed = [c.name for c in res.checks if not c.ok]
+        res.message = "all checks passed" if not failed else "failed: " + ", ".join(failed)
+        if progress:
+            progress(index, len(nodes))
+    return result.finish()
+
+
+def _driver(text: str | None) -> tuple[DriverInfo | None, Check | None]:
+    if text is None:
+        return None, None  # file absent: the module checks say why the driver is not loaded
+    try:
+        return parse_driver_version(text), None
+    except OutputParseError as exc:
+        return None, Check("driver version file", False, exc.message, fix=exc.hint or "")
+
+
+def node_driver_versions(result: StepResult) -> dict[str, str]:
+    """Driver per node from a verify result, for the CUDA test's comparison."""
+    out: dict[str, str] = {}
+    for node in result.nodes:
+        driver: Any = node.data.get("driver")
+        if driver:
+            out[node.node] = str(driver)
+    return out
