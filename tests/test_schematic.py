@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+import random
 import re
 from pathlib import Path
 
@@ -245,10 +246,13 @@ def test_go_resolution_of_plain_scalars() -> None:
 
 def test_cli_id_prints_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     for canonical, expected_id in VECTORS:
-        path = tmp_path / "s.json"
-        path.write_text(json.dumps(yaml.safe_load(canonical)))
-        assert main(["schematic", "id", str(path)]) == 0
-        assert capsys.readouterr().out == expected_id + "\n"
+        as_yaml = tmp_path / "s.yaml"
+        as_yaml.write_text(canonical)
+        as_json = tmp_path / "s.json"
+        as_json.write_text(json.dumps(yaml.safe_load(canonical)))
+        for path in (as_yaml, as_json):
+            assert main(["schematic", "id", str(path)]) == 0
+            assert capsys.readouterr().out == expected_id + "\n"
 
 
 def test_cli_id_rejects_unknown_fields(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -280,3 +284,49 @@ def test_cli_show_json_and_overrides(capsys: pytest.CaptureFixture[str]) -> None
     assert data["extensions"][:2] == [e.replace("-lts", "-production") for e in LTS]
     assert parse_schematic(data["schematic"]).id == data["id"]
     assert data["boot_assets"]["iso"].endswith(f"/image/{data['id']}/v1.12.7/metal-amd64.iso")
+
+
+def test_cli_show_before_the_factory_explains(capsys: pytest.CaptureFixture[str]) -> None:
+    params = Path(__file__).resolve().parents[1] / "params" / "simulated.yaml"
+    assert (
+        main(["schematic", "show", "-p", str(params), "--set", "talos_version=v1.4.8", "--set", "track=null"])
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert "predates the Image Factory" in err
+    assert "ghcr.io/siderolabs/installer:v1.4.8" in err
+
+
+def test_random_strings_round_trip_through_the_emitter() -> None:
+    """2,000 seeded random strings of YAML-significant characters: every emitted form reads back the same."""
+    rng = random.Random(5)
+    alphabet = [
+        *"ab 09:-#'\"\n\t{}[],&*!|>%@`?.~<=\\",
+        "é",
+        "\u2028",
+        "\x85",
+        "\xa0",
+        "\ufeff",
+        "🎉",
+        "\x01",
+        "\r",
+    ]
+    checked = 0
+    while checked < 2000:
+        value = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 8)))
+        if "\n" in value and value[:1] in (" ", "\n", "\r", "\x85", "\u2028"):
+            continue  # go-yaml's own indentation-indicator quirk, see test_canonical_form_round_trips
+        key = value if value and not any(c in value for c in "\n\r\x85\u2028\u2029") else "k"
+        schematic = schematic_for(LTS, [value], [MetaValue(1, value)], Overlay("i", "n", {key: value}))
+        text = schematic.canonical_yaml()
+        again = parse_schematic(text)
+        assert again == schematic, (value, text)
+        assert again.canonical_yaml() == text
+        checked += 1
+
+
+def test_keys_go_yaml_writes_as_complex_keys_are_refused_not_guessed() -> None:
+    for key in ("k" * 129, "two\nlines"):
+        with pytest.raises(SchematicInvalid, match="offline schematic ID"):
+            schematic_for(LTS, overlay=Overlay("img", "name", {key: 1})).canonical_yaml()
+    assert schematic_for(LTS, overlay=Overlay("img", "name", {"k" * 128: 1})).id

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 from runbook_lib.errors import PermanentError, RetryableError, RunbookError
 
-from . import cmd_diagnose, cmd_params, cmd_schematic
+from . import cmd_diagnose, cmd_params, cmd_schematic, cmd_sim
 
 Register = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 
@@ -21,6 +21,7 @@ GROUPS: list[Register] = [
     cmd_diagnose.register,
     cmd_params.register,
     cmd_schematic.register,
+    cmd_sim.register,
 ]
 
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 import yaml
 
+from runbook_lib.errors import PermanentError
 from runbook_lib.model.params import load_params, parameters_markdown
 from runbook_lib.model.plan import build_plan
 
@@ -37,6 +39,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     check.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     check.set_defaults(handler=_check)
     doc = params_sub.add_parser("doc", help="print the parameter reference as a Markdown table")
+    doc.add_argument(
+        "--write",
+        metavar="README",
+        help="replace the table between the <!-- parameters:begin/end --> markers of this file instead",
+    )
     doc.set_defaults(handler=_doc)
 
     plan = sub.add_parser(
@@ -59,8 +66,20 @@ def _check(args: argparse.Namespace) -> int:
     return 0
 
 
-def _doc(_args: argparse.Namespace) -> int:
-    sys.stdout.write(parameters_markdown())
+BEGIN, END = "<!-- parameters:begin -->\n", "<!-- parameters:end -->"
+
+
+def _doc(args: argparse.Namespace) -> int:
+    if not args.write:
+        sys.stdout.write(parameters_markdown())
+        return 0
+    path = Path(args.write)
+    text = path.read_text(encoding="utf-8")
+    if BEGIN not in text or END not in text:
+        raise PermanentError(f"{path} has no {BEGIN.strip()} ... {END} markers")
+    head, rest = text.split(BEGIN, 1)
+    _old, tail = rest.split(END, 1)
+    path.write_text(head + BEGIN + parameters_markdown() + END + tail, encoding="utf-8")
     return 0
 
 

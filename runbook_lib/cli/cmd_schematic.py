@@ -14,8 +14,8 @@ from pathlib import Path
 from runbook_lib.errors import PermanentError
 from runbook_lib.model.boot_assets import boot_asset_urls, installer_image
 from runbook_lib.model.params import load_params
-from runbook_lib.model.plan import node_extensions
-from runbook_lib.model.schematic import Schematic, parse_schematic, schematic_for
+from runbook_lib.model.plan import node_extensions, node_schematic
+from runbook_lib.model.schematic import Schematic, parse_schematic
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -74,20 +74,17 @@ def _show(args: argparse.Namespace) -> int:
     extensions = node_extensions(
         params, params.profile(node), node.overrides.extra_extensions if node else ()
     )
-    kernel_args = (*params.extra_kernel_args, *(node.overrides.extra_kernel_args if node else ()))
-    schematic: Schematic = schematic_for(extensions, kernel_args)
+    found = node_schematic(params, node)
+    if found is None:
+        raise PermanentError(
+            f"Talos {params.talos} predates the Image Factory: there is no schematic",
+            hint="extensions are installed through machine.install.extensions and the stock installer "
+            f"({installer_image(None, '', params.talos)}); see `runbook plan`",
+        )
+    schematic: Schematic = found
     factory = params.image_factory_url
-    installer = installer_image(
-        factory if params.talos.at_least(1, 5) else None,
-        schematic.id,
-        params.talos,
-        secureboot=params.secureboot,
-    )
-    assets = (
-        boot_asset_urls(factory, schematic.id, params.talos, secureboot=params.secureboot)
-        if params.talos.at_least(1, 5)
-        else {}
-    )
+    installer = installer_image(factory, schematic.id, params.talos, secureboot=params.secureboot)
+    assets = boot_asset_urls(factory, schematic.id, params.talos, secureboot=params.secureboot)
     if args.format == "json":
         data = {
             "id": schematic.id,

@@ -22,7 +22,7 @@ import requests
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
-from runbook_lib.errors import CompatibilityError, PermanentError, RetryableError
+from runbook_lib.errors import CompatibilityError, PermanentError, RetryableError, RunbookError
 from runbook_lib.model.boot_assets import PUBLIC_FACTORY_URL
 from runbook_lib.model.schematic import ExtensionInfo, Schematic, parse_schematic
 from runbook_lib.model.versions import TalosVersion, check_extension_tags
@@ -177,7 +177,7 @@ class FactoryClient:
             canonical_yaml=parsed.canonical_yaml(),
             server_canonical_yaml=str(server_yaml) if server_yaml is not None else None,
         )
-        _check_registration(self.base_url, registration)
+        check_registration(self.base_url, registration)
         return registration
 
     def get_schematic(self, schematic_id: str) -> str | None:
@@ -197,10 +197,27 @@ class FactoryClient:
 
     def official_extensions(self, talos_version: str) -> list[ExtensionInfo]:
         version = str(TalosVersion.parse(talos_version))
-        data = self._json(f"/version/{version}/extensions/official")
+        try:
+            data = self._json(f"/version/{version}/extensions/official")
+        except FactoryRefused as exc:
+            if exc.status != 404:
+                raise
+            raise FactoryRefused(exc.message, status=404, hint=self._version_hint(version)) from None
         if not isinstance(data, list):
             raise PermanentError(f"Image Factory {self.base_url} extension list for {version} is not a list")
         return [ExtensionInfo.from_json(item) for item in data]
+
+    def _version_hint(self, version: str) -> str:
+        """Name the releases of the same minor line the factory does know (or say it has none)."""
+        wanted = TalosVersion.parse(version)
+        try:
+            known = self.versions()
+        except RunbookError:
+            return "check the Talos version (the Image Factory builds Talos 1.5 and later)"
+        same_line = [v for v in known if TalosVersion.parse(v).minor_line == wanted.minor_line]
+        if same_line:
+            return f"the factory knows {', '.join(same_line[-5:])} in that minor line"
+        return f"the factory builds nothing for Talos {wanted.major}.{wanted.minor} (it knows {known[0]}…{known[-1]})"
 
     def resolve_extensions(self, wanted_names: Iterable[str], talos_version: str) -> ResolvedExtensions:
         """Resolve wanted official extensions to exact images for ``talos_version``, or fail before any change.
@@ -263,7 +280,7 @@ def resolve_against(
     return ResolvedExtensions(talos_version=talos_version, extensions=resolved, driver=driver)
 
 
-def _check_registration(base_url: str, reg: SchematicRegistration) -> None:
+def check_registration(base_url: str, reg: SchematicRegistration) -> None:
     problems: list[str] = []
     if reg.id != reg.offline_id:
         problems.append(f"the factory assigned ID {reg.id}, the offline computation gives {reg.offline_id}")

@@ -120,8 +120,8 @@ class Tools(_Strict):
 class Simulation(_Strict):
     """Only for ``target: simulated``: how the built-in simulated cluster behaves."""
 
-    scenario: str = "healthy"
-    """Named fault scenario of the simulator (``runbook sim scenarios`` lists them)."""
+    scenario: str = "fresh"
+    """Starting state of the simulated cluster: `fresh` (GPU nodes on stock Talos), `gpu-ready`, or a fault scenario (`runbook sim scenarios`)."""
     latency_ms: float = Field(default=0.0, ge=0)
     """Simulated latency per talosctl call per node, in milliseconds."""
 

@@ -861,6 +861,7 @@ class _Emitter:
             self.increase_indent(False, in_sequence_item)
             keys = _sorted_keys(value) if isinstance(value, _GoMap) else list(value)
             for key in keys:
+                _require_simple_key(key)
                 self.write_indent()
                 self.scalar(key, simple_key=True, in_sequence_item=False)
                 self.write_indicator(":", False, False, False)
@@ -968,6 +969,17 @@ class _Emitter:
             self.write_indicator("...", True, False, False)
             self.write_indent()
         return "".join(self.out)
+
+
+def _require_simple_key(key: Any) -> None:
+    """go-yaml writes keys over 128 bytes or spanning lines as ``? key`` (complex keys), which this emitter
+    does not reproduce; refuse rather than compute an ID the factory would not."""
+    text = key if isinstance(key, str) else str(key)
+    if len(text.encode()) > 128 or any(_is_break(ch) for ch in text):
+        raise SchematicInvalid(
+            f"overlay option key {text[:40]!r}… is too long or spans lines for an offline schematic ID",
+            hint="POST the schematic to the Image Factory and use the ID it returns",
+        )
 
 
 def _escape(ch: str) -> str:

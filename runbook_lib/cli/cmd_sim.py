@@ -1,0 +1,208 @@
+"""``runbook sim up|status|down|scenarios|fault``: the built-in simulated Talos GPU cluster.
+
+``up`` prints exactly what a user needs to point the library (or their own shell) at the simulated
+cluster, the same three things a real cluster needs: a talosctl binary, a talosconfig and a kubeconfig.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from runbook_lib.errors import PermanentError
+from runbook_lib.model.params import load_params
+from runbook_lib.sim import cluster, faults, scenarios
+from runbook_lib.sim.state import default_state_dir, sim_paths
+
+
+def _state(args: argparse.Namespace) -> Path:
+    return Path(args.state).resolve() if args.state else default_state_dir()
+
+
+def _add_state(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--state",
+        metavar="DIR",
+        help="state directory (default: $RUNBOOK_SIM_STATE or <repo>/.sim/default)",
+    )
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    sim = sub.add_parser("sim", help="create, inspect and stop the built-in simulated Talos GPU cluster")
+    sim_sub = sim.add_subparsers(dest="sim_command", metavar="ACTION", required=True)
+
+    up = sim_sub.add_parser("up", help="create a simulated cluster and start its API servers")
+    _add_state(up)
+    up.add_argument(
+        "-p",
+        "--params",
+        metavar="FILE",
+        help="take the GPU nodes (names, addresses), Talos release and scenario from a parameter file",
+    )
+    up.add_argument("--nodes", type=int, default=2, metavar="N", help="GPU worker nodes (default 2)")
+    up.add_argument(
+        "--control-planes", type=int, default=1, metavar="N", help="control plane nodes (default 1)"
+    )
+    up.add_argument(
+        "--talos-version", default="1.12", metavar="V", help="Talos version of every node (default 1.12)"
+    )
+    up.add_argument("--talosctl-version", metavar="V", help="version the simulated talosctl client reports")
+    up.add_argument(
+        "--scenario", default="fresh", choices=sorted(scenarios.SCENARIOS), help="faults/state bundle"
+    )
+    up.add_argument(
+        "--latency-ms", type=float, default=0.0, metavar="MS", help="per-call latency of every node"
+    )
+    up.add_argument("--gpus-per-node", type=int, default=1, metavar="N")
+    up.add_argument(
+        "--no-daemon", action="store_true", help="only write the state (no Kubernetes API/factory)"
+    )
+    up.set_defaults(handler=_up)
+
+    status = sim_sub.add_parser("status", help="show the simulated cluster and its servers")
+    _add_state(status)
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(handler=_status)
+
+    down = sim_sub.add_parser("down", help="stop the simulator's servers (state is kept unless --purge)")
+    _add_state(down)
+    down.add_argument("--purge", action="store_true", help="also delete the state directory")
+    down.set_defaults(handler=_down)
+
+    scen = sim_sub.add_parser("scenarios", help="list the named scenarios and faults")
+    scen.set_defaults(handler=_scenarios)
+
+    fault = sim_sub.add_parser("fault", help="switch a fault on (or off) for one node")
+    _add_state(fault)
+    fault.add_argument("node", help="node name or address")
+    fault.add_argument("fault", choices=sorted(faults.FAULTS))
+    fault.add_argument("value", nargs="?", default="true", help="fault value (default true; JSON allowed)")
+    fault.add_argument("--clear", action="store_true", help="switch the fault off instead")
+    fault.set_defaults(handler=_fault)
+
+
+def _up(args: argparse.Namespace) -> int:
+    state_dir = _state(args)
+    if args.nodes < 0 or args.control_planes < 1:
+        raise PermanentError("need at least one control plane node and a non-negative number of workers")
+    spec = cluster.ClusterSpec(
+        workers=args.nodes,
+        control_planes=args.control_planes,
+        talos_version=args.talos_version,
+        scenario=args.scenario,
+        latency_ms=args.latency_ms,
+        gpus_per_worker=args.gpus_per_node,
+        talosctl_version=args.talosctl_version,
+    )
+    if args.params:
+        from_params = cluster.spec_from_params(load_params(args.params))
+        spec = dataclasses.replace(
+            from_params,
+            control_planes=args.control_planes,
+            gpus_per_worker=args.gpus_per_node,
+            talosctl_version=args.talosctl_version,
+        )
+    cluster.stop_daemon(state_dir)
+    try:
+        nodes = cluster.create(state_dir, spec)
+    except ValueError as exc:
+        raise PermanentError(str(exc)) from None
+    endpoints: dict[str, Any] = {}
+    if not args.no_daemon:
+        try:
+            endpoints = cluster.start_daemon(state_dir)
+        except RuntimeError as exc:
+            raise PermanentError(str(exc)) from None
+    paths = sim_paths(state_dir)
+    out = sys.stdout
+    out.write(f"simulated cluster: {len(nodes)} nodes ({nodes[0].talos_version}, scenario {spec.scenario})\n")
+    out.write(f"state:       {state_dir}\n")
+    out.write(f"talosctl:    {paths.bin_dir / 'talosctl'}\n")
+    out.write(f"talosconfig: {paths.talosconfig}\n")
+    if paths.kubeconfig.exists() and endpoints.get("kube"):
+        out.write(f"kubeconfig:  {paths.kubeconfig}\n")
+    for key in ("kube", "factory"):
+        if key in endpoints:
+            out.write(f"{key + ':':<12} {endpoints[key]}\n")
+    out.write("nodes:\n")
+    for n in nodes:
+        gpus = f"{len(n.gpus)}x {n.gpus[0].model}" if n.gpus else "no GPU"
+        out.write(f"  {n.address:<12} {n.name:<18} {n.role:<13} {gpus}\n")
+    out.write(
+        "\nUse it from a shell:\n"
+        f"  export PATH={paths.bin_dir}:$PATH TALOSCONFIG={paths.talosconfig}"
+        + (f" KUBECONFIG={paths.kubeconfig}" if paths.kubeconfig.exists() else "")
+        + "\n"
+    )
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    state_dir = _state(args)
+    try:
+        info = cluster.status(state_dir)
+    except FileNotFoundError as exc:
+        raise PermanentError(str(exc)) from None
+    if args.json:
+        sys.stdout.write(json.dumps(info, indent=2) + "\n")
+        return 0
+    out = sys.stdout
+    out.write(f"state:       {info['state_dir']}\n")
+    out.write(f"talosconfig: {info['talosconfig']}\n")
+    out.write(f"kubeconfig:  {info['kubeconfig'] or '-'}\n")
+    daemon = f"running (pid {info['daemon_pid']})" if info["daemon_pid"] else "stopped"
+    out.write(f"daemon:      {daemon}\n")
+    for key, url in info["endpoints"].items():
+        out.write(f"{key + ':':<12} {url}\n")
+    out.write(f"scenario:    {info['scenario']}\n")
+    out.write(
+        f"{'ADDRESS':<12} {'NAME':<18} {'ROLE':<13} {'TALOS':<10} {'SCHEMATIC':<13} {'DRIVER':<11} FAULTS\n"
+    )
+    for n in info["nodes"]:
+        out.write(
+            f"{n['address']:<12} {n['name']:<18} {n['role']:<13} {n['talos']:<10} {n['schematic']:<13} "
+            f"{n['driver']:<11} {','.join(n['faults']) or '-'}\n"
+        )
+    return 0
+
+
+def _down(args: argparse.Namespace) -> int:
+    state_dir = _state(args)
+    stopped = cluster.stop_daemon(state_dir)
+    sys.stdout.write("simulator stopped\n" if stopped else "simulator was not running\n")
+    if args.purge and state_dir.exists():
+        shutil.rmtree(state_dir)
+        sys.stdout.write(f"removed {state_dir}\n")
+    return 0
+
+
+def _scenarios(_args: argparse.Namespace) -> int:
+    sys.stdout.write("Scenarios (runbook sim up --scenario NAME):\n")
+    for name, scen in scenarios.SCENARIOS.items():
+        sys.stdout.write(f"  {name:<20} {scen.description}\n")
+    sys.stdout.write("\nFaults (runbook sim fault NODE NAME [VALUE]):\n")
+    for name, text in faults.FAULTS.items():
+        sys.stdout.write(f"  {name:<20} {text}\n")
+    return 0
+
+
+def _fault(args: argparse.Namespace) -> int:
+    state_dir = _state(args)
+    try:
+        value: Any = json.loads(args.value)
+    except ValueError:
+        value = args.value
+    try:
+        if args.clear:
+            faults.clear(state_dir, args.node, args.fault)
+        else:
+            faults.inject(state_dir, args.node, args.fault, value)
+    except KeyError:
+        raise PermanentError(f"no node {args.node!r} in {state_dir}") from None
+    sys.stdout.write(f"{'cleared' if args.clear else 'set'} {args.fault} on {args.node}\n")
+    return 0

@@ -1,0 +1,319 @@
+"""Create, inspect and tear down a simulated cluster (what ``runbook sim up|status|down`` does).
+
+``create`` writes the state directory the rooms share, a talosconfig shaped like a real one (context with
+endpoints and nodes), and ``talosctl``/``helm`` executables in ``bin/`` that run the simulators, so the
+library uses the simulated cluster exactly as it would use a real one: through a tool path, a talosconfig
+and a kubeconfig.  ``start_daemon`` runs the HTTP rooms (Kubernetes API, Image Factory) in one detached
+process and waits until it has published its URLs in ``endpoints.json``.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import copy
+import hashlib
+import ipaddress
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from runbook_lib.model.params import Params
+from runbook_lib.sim import machineconfig
+from runbook_lib.sim.scenarios import apply_scenario
+from runbook_lib.sim.state import (
+    KUBERNETES_FOR_TALOS,
+    Gpu,
+    SimNode,
+    SimPaths,
+    atomic_write,
+    load_cluster,
+    load_nodes,
+    minor_of,
+    normalize_talos_version,
+    runtime,
+    save_cluster,
+    save_node,
+    sim_paths,
+)
+
+FIRST_ADDRESS = ipaddress.IPv4Address("10.5.0.2")
+CLUSTER_NAME = "talos-gpu-sim"
+DEFAULT_GPU = ("NVIDIA L4", 23034)
+
+
+@dataclass
+class ClusterSpec:
+    workers: int = 2
+    control_planes: int = 1
+    talos_version: str = "1.12"
+    scenario: str = "fresh"
+    latency_ms: float = 0.0
+    gpus_per_worker: int = 1
+    gpu_model: str = DEFAULT_GPU[0]
+    gpu_memory_mib: int = DEFAULT_GPU[1]
+    talosctl_version: str | None = None
+    worker_nodes: tuple[tuple[str, str], ...] = ()
+    """(name, address) of each GPU worker, e.g. from a parameter file; default ``talos-worker-N``."""
+
+
+def spec_from_params(params: Params) -> ClusterSpec:
+    """The simulated cluster a parameter file describes: its GPU nodes, Talos release and scenario."""
+    return ClusterSpec(
+        workers=len(params.nodes),
+        talos_version=params.talos_version,
+        scenario=params.simulation.scenario,
+        latency_ms=params.simulation.latency_ms,
+        worker_nodes=tuple((n.name, n.address) for n in params.nodes),
+    )
+
+
+def _gpu(node_name: str, index: int, model: str, memory: int) -> Gpu:
+    digest = hashlib.sha256(f"{node_name}/{index}".encode()).digest()
+    return Gpu(
+        model=model,
+        memory_mib=memory,
+        bus_id=f"0000:{index + 1:02x}:00.0",
+        uuid=f"GPU-{uuid.UUID(bytes=digest[:16])}",
+    )
+
+
+def _fake_b64(label: str) -> str:
+    return base64.b64encode(hashlib.sha256(label.encode()).digest() * 2).decode()
+
+
+def talosconfig_text(endpoints: list[str], nodes: list[str]) -> str:
+    doc = {
+        "context": CLUSTER_NAME,
+        "contexts": {
+            CLUSTER_NAME: {
+                "endpoints": endpoints,
+                "nodes": nodes,
+                "ca": _fake_b64("ca"),
+                "crt": _fake_b64("crt"),
+                "key": _fake_b64("key"),
+            }
+        },
+    }
+    return yaml.safe_dump(doc, sort_keys=False, indent=4)
+
+
+def _wrapper(module: str, state_dir: Path) -> str:
+    """A tiny executable bound to this state dir, runnable wherever the library expects the real binary."""
+    return (
+        "#!/bin/sh\n"
+        f"# simulated {module.rsplit('.', 1)[-1]} for the cluster in {state_dir}\n"
+        f"RUNBOOK_SIM_STATE='{state_dir}' exec '{sys.executable}' -m {module} \"$@\"\n"
+    )
+
+
+def write_binaries(state_dir: Path) -> None:
+    paths = sim_paths(state_dir)
+    paths.bin_dir.mkdir(parents=True, exist_ok=True)
+    for name, module in (("talosctl", "runbook_lib.sim.talosctl"), ("helm", "runbook_lib.sim.helm")):
+        target = paths.bin_dir / name
+        atomic_write(target, _wrapper(module, state_dir.resolve()))
+        target.chmod(target.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+
+
+def create(state_dir: Path, spec: ClusterSpec) -> list[SimNode]:
+    """Write a fresh cluster into ``state_dir`` (replacing any node files there)."""
+    version = normalize_talos_version(spec.talos_version)
+    minor = minor_of(version)
+    paths = sim_paths(state_dir)
+    if paths.nodes_dir.exists():
+        shutil.rmtree(paths.nodes_dir)
+    paths.nodes_dir.mkdir(parents=True)
+    cp_address = str(FIRST_ADDRESS)
+    endpoint = f"https://{cp_address}:6443"
+    base = {
+        role: machineconfig.worker_config(
+            version, cluster_name=CLUSTER_NAME, endpoint=endpoint, seed=str(state_dir)
+        )
+        for role in ("worker", "controlplane")
+    }
+    base["controlplane"][0]["machine"]["type"] = "controlplane"
+    nodes: list[SimNode] = []
+    if spec.worker_nodes and len(spec.worker_nodes) != spec.workers:
+        raise ValueError(f"{spec.workers} workers but {len(spec.worker_nodes)} worker names")
+    cp_addresses = {str(FIRST_ADDRESS + i) for i in range(spec.control_planes)}
+    clash = [addr for _name, addr in spec.worker_nodes if addr in cp_addresses]
+    if clash:
+        raise ValueError(f"GPU node address {clash[0]} is the simulated control plane's; use 10.5.0.3 and up")
+    for i in range(spec.control_planes + spec.workers):
+        is_cp = i < spec.control_planes
+        role = "controlplane" if is_cp else "worker"
+        name = f"talos-cp-{i + 1}" if is_cp else f"talos-worker-{i - spec.control_planes + 1}"
+        address = str(FIRST_ADDRESS + i)
+        if not is_cp and spec.worker_nodes:
+            name, address = spec.worker_nodes[i - spec.control_planes]
+        gpus = (
+            []
+            if is_cp
+            else [_gpu(name, g, spec.gpu_model, spec.gpu_memory_mib) for g in range(spec.gpus_per_worker)]
+        )
+        nodes.append(
+            SimNode(
+                name=name,
+                address=address,
+                talos_version=version,
+                machine_config=copy.deepcopy(base[role]),
+                gpus=gpus,
+                latency_ms=spec.latency_ms,
+                role=role,
+                install_image=machineconfig.installer_image(version),
+            )
+        )
+    apply_scenario(spec.scenario, state_dir, nodes)
+    for node in nodes:
+        save_node(state_dir, node)
+    save_cluster(
+        state_dir,
+        {
+            "name": CLUSTER_NAME,
+            "talos_version": version,
+            "talosctl_version": normalize_talos_version(spec.talosctl_version or version),
+            "kubernetes_version": KUBERNETES_FOR_TALOS.get(f"{minor[0]}.{minor[1]}", "1.35.0"),
+            "endpoint": endpoint,
+            "scenario": spec.scenario,
+            "nodes": [{"name": n.name, "address": n.address, "role": n.role} for n in nodes],
+        },
+    )
+    atomic_write(paths.talosconfig, talosconfig_text([cp_address], [cp_address]))
+    os.chmod(paths.talosconfig, 0o600)
+    write_binaries(state_dir)
+    return nodes
+
+
+# ---------------------------------------------------------------- daemon control
+
+
+@contextlib.contextmanager
+def running(state_dir: Path, spec: ClusterSpec, *, daemon: bool = True) -> Iterator[SimPaths]:
+    """A simulated cluster for the duration of a block (what ``runbook run`` on ``target: simulated`` needs)."""
+    create(state_dir, spec)
+    if daemon:
+        start_daemon(state_dir)
+    try:
+        yield sim_paths(state_dir)
+    finally:
+        if daemon:
+            stop_daemon(state_dir)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def daemon_pid(state_dir: Path) -> int | None:
+    try:
+        pid = int(sim_paths(state_dir).pid.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+    return pid if _pid_alive(pid) else None
+
+
+def start_daemon(state_dir: Path, timeout: float = 15.0) -> dict[str, Any]:
+    """Start the rooms' HTTP servers in one detached process; return its ``endpoints.json``."""
+    paths = sim_paths(state_dir)
+    pid = daemon_pid(state_dir)
+    if pid is not None:
+        stop_daemon(state_dir)
+    with contextlib.suppress(FileNotFoundError):
+        paths.endpoints.unlink()
+    log = open(paths.log, "ab")  # noqa: SIM115 - handed to the child, which outlives this process
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runbook_lib.sim.daemon", "--state", str(state_dir)],
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=log,
+        start_new_session=True,
+        env={**os.environ, "RUNBOOK_SIM_STATE": str(state_dir)},
+    )
+    log.close()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if paths.endpoints.exists():
+            data: dict[str, Any] = json.loads(paths.endpoints.read_text())
+            if data.get("pid") == proc.pid:
+                return data
+        if proc.poll() is not None:
+            raise RuntimeError(f"simulator daemon exited with {proc.returncode}; see {paths.log}")
+        time.sleep(0.05)
+    raise RuntimeError(f"simulator daemon did not start within {timeout:.0f}s; see {paths.log}")
+
+
+def stop_daemon(state_dir: Path, timeout: float = 10.0) -> bool:
+    """Stop the daemon of this state dir by its pid; True if one was running."""
+    paths = sim_paths(state_dir)
+    pid = daemon_pid(state_dir)
+    if pid is None:
+        with contextlib.suppress(FileNotFoundError):
+            paths.pid.unlink()
+        return False
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and _pid_alive(pid):
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        time.sleep(0.05)
+    if _pid_alive(pid):
+        os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(FileNotFoundError):
+        paths.pid.unlink()
+    return True
+
+
+def status(state_dir: Path) -> dict[str, Any]:
+    """A summary fit for printing: where things are, which daemon runs, and each node's state."""
+    paths = sim_paths(state_dir)
+    cluster = load_cluster(state_dir)
+    endpoints: dict[str, Any] = {}
+    if paths.endpoints.exists():
+        endpoints = json.loads(paths.endpoints.read_text())
+    pid = daemon_pid(state_dir)
+    nodes = []
+    for n in load_nodes(state_dir):
+        rt = runtime(n)
+        nodes.append(
+            {
+                "name": n.name,
+                "address": n.address,
+                "role": n.role,
+                "talos": n.talos_version,
+                "schematic": n.schematic_id[:12],
+                "extensions": [e.name for e in n.extensions],
+                "gpus": len(n.gpus),
+                "driver": rt.driver_version or "-",
+                "faults": sorted(n.faults),
+            }
+        )
+    return {
+        "state_dir": str(state_dir),
+        "talosconfig": str(paths.talosconfig),
+        "kubeconfig": str(paths.kubeconfig) if paths.kubeconfig.exists() else None,
+        "bin_dir": str(paths.bin_dir),
+        "daemon_pid": pid,
+        "endpoints": {k: v for k, v in endpoints.items() if k != "pid"} if pid else {},
+        "talos_version": cluster.get("talos_version"),
+        "scenario": cluster.get("scenario"),
+        "nodes": nodes,
+    }

@@ -1,0 +1,108 @@
+"""The simulator's background process: hosts the HTTP rooms (Kubernetes API, Image Factory) of one state dir.
+
+One process for all rooms keeps ``sim up`` fast and ``sim down`` a single kill.  Rooms are optional: a room
+whose module is absent (ImportError) is skipped, so the simulator works while rooms are still being built.
+The URLs go to ``endpoints.json`` only once every server listens, so a reader never sees a dead port.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import os
+import signal
+import socketserver
+import sys
+import threading
+from pathlib import Path
+from types import FrameType, ModuleType
+from typing import Any
+
+from runbook_lib.sim.state import atomic_write, sim_paths
+
+ROOMS = {"kube": "runbook_lib.sim.kubeapi.server", "factory": "runbook_lib.sim.factory"}
+log = logging.getLogger("runbook_lib.sim.daemon")
+
+
+def _url(server: socketserver.BaseServer) -> str:
+    url = getattr(server, "url", None)
+    if isinstance(url, str):
+        return url
+    address = server.server_address
+    if not isinstance(address, tuple):
+        raise TypeError(f"room server is not bound to a TCP address: {address!r}")
+    host, port = address[0], address[1]
+    return f"http://{host!s}:{port}"
+
+
+def _load_room(module_name: str) -> ModuleType | None:
+    try:
+        return importlib.import_module(module_name)
+    except ImportError as exc:
+        log.warning("room %s skipped: %s", module_name, exc)
+        return None
+
+
+def _close(server: socketserver.BaseServer) -> None:
+    server.shutdown()
+    server.server_close()
+
+
+def run(state_dir: Path) -> int:
+    paths = sim_paths(state_dir)
+    servers: list[socketserver.BaseServer] = []
+    endpoints: dict[str, Any] = {}
+    started: list[tuple[ModuleType, str]] = []
+    for key, module_name in ROOMS.items():
+        module = _load_room(module_name)
+        if module is None or not hasattr(module, "make_server"):
+            continue
+        server: socketserver.BaseServer = module.make_server(state_dir)
+        servers.append(server)
+        threading.Thread(target=server.serve_forever, name=f"sim-{key}", daemon=True).start()
+        endpoints[key] = _url(server)
+        started.append((module, endpoints[key]))
+    for module, url in started:
+        hook = getattr(module, "on_started", None)
+        if callable(hook):
+            hook(state_dir, url)
+    stop = threading.Event()
+
+    def _terminate(_signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGINT, _terminate)
+    endpoints["pid"] = os.getpid()
+    atomic_write(paths.pid, str(os.getpid()))
+    atomic_write(paths.endpoints, json.dumps(endpoints, indent=1))
+    log.info(
+        "simulator daemon %d serving %s", os.getpid(), {k: v for k, v in endpoints.items() if k != "pid"}
+    )
+    stop.wait()
+    # Shut the rooms down in parallel (each ``shutdown`` waits out a poll interval), but never hang on one.
+    closers = [threading.Thread(target=_close, args=(server,), daemon=True) for server in servers]
+    for t in closers:
+        t.start()
+    for t in closers:
+        t.join(timeout=2.0)
+    try:
+        if int(paths.pid.read_text()) == os.getpid():
+            paths.pid.unlink()
+    except (FileNotFoundError, ValueError):
+        pass
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m runbook_lib.sim.daemon")
+    parser.add_argument("--state", required=True, type=Path)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    return run(args.state)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

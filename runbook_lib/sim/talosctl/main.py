@@ -1,0 +1,831 @@
+"""The simulated ``talosctl``: same argv, flags, outputs, streams and exit codes as the real CLI.
+
+Process model as in talosctl: cobra finds the command, pflag parses its flags (tables of the simulated
+client version), ``WithClient`` resolves talosconfig → context → endpoints/nodes, the request goes to the
+endpoint, which proxies it to every node concurrently (one thread per node, each paying that node's
+latency), and errors come back per node and are aggregated with hashicorp/multierror's format.  talosctl
+prints the error and exits 1, adding the usage text when the message mentions "arg(s)", "flag" or
+"command" (root.go), which is why ``nodes are not set for the command`` comes with a usage block.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import difflib
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO, Any, TypeVar
+
+import yaml
+
+from runbook_lib.sim import patching
+from runbook_lib.sim.faults import dial_error
+from runbook_lib.sim.state import (
+    KMOD_PREFIXES,
+    TOOLKIT_PREFIX,
+    InstalledExtension,
+    SimNode,
+    default_state_dir,
+    load_cluster,
+    load_cluster_faults,
+    load_node,
+    load_nodes,
+    locked_node,
+    minor_of,
+    resolve_name,
+    runtime,
+    sim_paths,
+    v1alpha1_doc,
+)
+from runbook_lib.sim.talosctl import flags as fl
+from runbook_lib.sim.talosctl import images
+from runbook_lib.sim.talosctl import resources as res
+
+T = TypeVar("T")
+
+CLIENT_SHA = "a1b2c3d4"
+MAX_FANOUT = 1024
+
+
+class CommandError(Exception):
+    """An error talosctl prints (``err.Error()``) before exiting 1."""
+
+
+class NodeError(Exception):
+    """A per-node failure; aggregated as ``<node>: <message>``."""
+
+
+def multierror(errors: list[str]) -> str:
+    """hashicorp/go-multierror's ListFormatFunc."""
+    if len(errors) == 1:
+        return f"1 error occurred:\n\t* {errors[0]}\n\n"
+    points = "\n\t".join(f"* {e}" for e in errors)
+    return f"{len(errors)} errors occurred:\n\t{points}\n\n"
+
+
+@dataclass
+class Env:
+    state_dir: Path
+    client_version: str
+    stdout: IO[str]
+    stderr: IO[str]
+    cluster_faults: dict[str, Any] = field(default_factory=dict)
+    """The ``talos`` section of ``faults.json``: ``slow_ms`` for every node, ``unreachable`` addresses."""
+
+    @property
+    def client_minor(self) -> tuple[int, int]:
+        return minor_of(self.client_version)
+
+
+# ---------------------------------------------------------------- talosconfig / nodes
+
+
+def _talosconfig_path(parsed: fl.Parsed) -> Path:
+    flag = parsed.get("talosconfig") or ""
+    if flag:
+        return Path(flag)
+    env = os.environ.get("TALOSCONFIG")
+    if env:
+        return Path(env)
+    return Path.home() / ".talos" / "config"
+
+
+def _context(parsed: fl.Parsed) -> dict[str, Any]:
+    path = _talosconfig_path(parsed)
+    try:
+        cfg = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise CommandError(f"open {path}: no such file or directory") from None
+    except (OSError, yaml.YAMLError) as exc:
+        raise CommandError(f"failed to parse config file {path}: {exc}") from None
+    if not isinstance(cfg, dict):
+        raise CommandError(f"failed to parse config file {path}: not a talosconfig")
+    name = parsed.get("context") or cfg.get("context")
+    contexts = cfg.get("contexts") or {}
+    if not name or name not in contexts:
+        raise (
+            CommandError(f'context "{name or ""}" is not defined in "{path}"')
+            if parsed.get("context")
+            else CommandError("failed to resolve config context")
+        )
+    ctx: dict[str, Any] = contexts[name] or {}
+    return ctx
+
+
+@dataclass
+class Target:
+    endpoint: str
+    nodes: list[str]
+
+
+def _host(addr: str) -> str:
+    addr = addr.strip()
+    if addr.startswith("["):
+        return addr[1 : addr.index("]")]
+    return addr.rsplit(":", 1)[0] if addr.count(":") == 1 else addr
+
+
+def resolve_target(env: Env, parsed: fl.Parsed) -> Target:
+    """``WithClient``: endpoints and nodes from flags, else from the talosconfig context."""
+    ctx = _context(parsed)
+    endpoints = parsed.get("endpoints") or list(ctx.get("endpoints") or [])
+    if not endpoints:
+        raise CommandError("failed to determine endpoints")
+    nodes = parsed.get("nodes") or list(ctx.get("nodes") or [])
+    if not nodes:
+        raise CommandError(
+            "nodes are not set for the command: please use `--nodes` flag or configuration file "
+            "to set the nodes to run the command against"
+        )
+    endpoint = _host(endpoints[0])
+    name = resolve_name(env.state_dir, endpoint)
+    if name is None:
+        raise CommandError(dial_error(endpoint, "no_route"))
+    ep_node = load_node(env.state_dir, name)
+    if not ep_node.reachable:
+        raise CommandError(dial_error(endpoint, ep_node.faults.get("unreachable", "refused")))
+    return Target(endpoint=endpoint, nodes=[_host(n) for n in nodes])
+
+
+def _load_reachable(env: Env, address: str) -> SimNode:
+    """Reach one node through the endpoint: pay its latency, fail as gRPC does when it is down."""
+    name = resolve_name(env.state_dir, address)
+    if name is None:
+        raise NodeError(dial_error(address, "no_route"))
+    node = load_node(env.state_dir, name)
+    delay = (
+        node.latency_ms
+        + float(node.faults.get("slow_ms", 0) or 0)
+        + float(env.cluster_faults.get("slow_ms", 0) or 0)
+    )
+    if delay > 0:
+        time.sleep(delay / 1000.0)
+    if not node.reachable or node.faults.get("unreachable"):
+        raise NodeError(dial_error(address, node.faults.get("unreachable", "refused")))
+    if address in (env.cluster_faults.get("unreachable") or []) or node.name in (
+        env.cluster_faults.get("unreachable") or []
+    ):
+        raise NodeError(dial_error(address, "refused"))
+    return node
+
+
+def fan_out(env: Env, nodes: list[str], fn: Callable[[SimNode], T]) -> list[tuple[str, T | None, str | None]]:
+    """Run ``fn`` on every node concurrently; results in node order as (address, result, error)."""
+
+    def one(address: str) -> tuple[str, T | None, str | None]:
+        try:
+            node = _load_reachable(env, address)
+            return address, fn(node), None
+        except NodeError as exc:
+            return address, None, str(exc)
+
+    if len(nodes) == 1:
+        return [one(nodes[0])]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(nodes), MAX_FANOUT)) as pool:
+        return list(pool.map(one, nodes))
+
+
+# ---------------------------------------------------------------- commands
+
+
+def cmd_version(env: Env, p: fl.Parsed) -> int:
+    if p.args:
+        raise fl.UsageError(f'unknown command "{p.args[0]}" for "talosctl version"', "version")
+    out = env.stdout
+    if p.get("short"):
+        out.write(f"Client:\nTalos {env.client_version}\n")
+    else:
+        out.write(
+            f"Client:\n\tTag:         {env.client_version}\n\tSHA:         {CLIENT_SHA}\n"
+            f"\tBuilt:       \n\tGo version:  go1.24.11\n\tOS/Arch:     linux/amd64\n"
+        )
+    if p.get("client"):
+        return 0
+    target = resolve_target(env, p)
+    results = fan_out(env, target.nodes, lambda n: n)
+    errors = [f"{a}: {e}" for a, _r, e in results if e]
+    good = [(a, r) for a, r, e in results if r is not None]
+    if not good:
+        raise CommandError(f"error getting version: {multierror(errors) if len(errors) > 1 else errors[0]}")
+    out.write("Server:\n")
+    for address, node in good:
+        assert node is not None
+        if p.get("short"):
+            out.write(f"\tNODE:        {address}\n\tTag:         {node.talos_version}\n")
+            continue
+        out.write(
+            f"\tNODE:        {address}\n\tTag:         {node.talos_version}\n\tSHA:         {CLIENT_SHA}\n"
+            f"\tBuilt:       \n\tGo version:  go1.24.11\n\tOS/Arch:     linux/amd64\n\tEnabled:     RBAC\n"
+        )
+    if errors:
+        env.stderr.write(f"WARNING: {multierror(errors)}\n")
+    return 0
+
+
+def cmd_get(env: Env, p: fl.Parsed) -> int:
+    if not 1 <= len(p.args) <= 2:
+        raise fl.UsageError(f"accepts between 1 and 2 arg(s), received {len(p.args)}", "get")
+    output = p.get("output") or "table"
+    if p.get("watch"):
+        raise CommandError(
+            "talosctl simulator: --watch is not simulated (resources do not change on their own)"
+        )
+    if output not in ("table", "yaml", "json") and not output.startswith("jsonpath"):
+        raise CommandError(f"output mode {output!r} is not supported")
+    rtype = res.find_type(p.args[0])
+    rid = p.args[1] if len(p.args) == 2 else None
+    target = resolve_target(env, p)
+    state_dir = env.state_dir
+    peers: list[SimNode] = []
+    if rtype is not None and rtype.node_scoped_members:
+        peers = load_nodes(state_dir)
+
+    def fetch(node: SimNode) -> list[res.Resource]:
+        if rtype is None or node.minor < rtype.since:
+            raise NodeError(f'rpc error: code = NotFound desc = resource "{p.args[0]}" is not registered')
+        items = res.resources_for(rtype, node, peers)
+        if rid is not None:
+            items = [r for r in items if r["metadata"]["id"] == rid]
+            if not items:
+                raise NodeError(
+                    f"rpc error: code = NotFound desc = resource {rtype.type}({rtype.namespace}/{rid}@undefined) "
+                    "doesn't exist"
+                )
+        return items
+
+    results = fan_out(env, target.nodes, fetch)
+    rows: list[tuple[str, res.ResourceType, res.Resource]] = []
+    errors: list[str] = []
+    for address, items, err in results:
+        if err:
+            errors.append(f"{address}: {err}")
+            continue
+        assert rtype is not None and items is not None
+        rows.extend((address, rtype, r) for r in items)
+    if rtype is not None:
+        if output == "table":
+            env.stdout.write(res.render_table(rtype, rows))
+        elif output == "yaml":
+            env.stdout.write(res.render_yaml(rows))
+        elif output == "json":
+            env.stdout.write(res.render_json(rows))
+        else:
+            expr = output.split("=", 1)[1] if "=" in output else ""
+            try:
+                env.stdout.write(res.render_jsonpath(expr, rows))
+            except ValueError as exc:
+                raise CommandError(f"error parsing jsonpath: {exc}") from None
+    env.stdout.flush()
+    if errors:
+        raise CommandError(multierror(errors))
+    return 0
+
+
+NVIDIA_VERSION_OPEN = (
+    "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {v}  Release Build  "
+    "(dvs-builder@U22-I3-AF03-09-1)  Thu Oct 30 06:09:39 UTC 2025\n"
+    "GCC version:  gcc version 14.2.0 (GCC) \n"
+)
+NVIDIA_VERSION_PROPRIETARY = (
+    "NVRM version: NVIDIA UNIX x86_64 Kernel Module  {v}  Thu Oct 30 06:09:39 UTC 2025\n"
+    "GCC version:  gcc version 14.2.0 (GCC) \n"
+)
+
+
+def read_file(node: SimNode, path: str) -> str:
+    """Files of ``/proc`` and ``/etc`` the runbook reads; anything else does not exist."""
+    rt = runtime(node)
+    if path == "/proc/modules":
+        lines = []
+        for name in ("nvidia_uvm", "nvidia_drm", "nvidia_modeset", "nvidia"):
+            if name in rt.modules_live:
+                taint = "(PO)" if rt.driver_flavor == "proprietary" else "(O)"
+                size = res.MODULE_SIZES[name]
+                lines.append(f"{name} {size} - - Live {res.MODULE_ADDRS[name]} {taint}\n")
+        return "".join(lines)
+    if path == "/proc/driver/nvidia/version" and rt.driver_version:
+        fmt = NVIDIA_VERSION_OPEN if rt.driver_flavor == "open" else NVIDIA_VERSION_PROPRIETARY
+        return fmt.format(v=rt.driver_version)
+    if path == "/proc/sys/net/core/bpf_jit_harden":
+        return f"{rt.bpf_jit_harden}\n"
+    if path == "/etc/cri/conf.d/10-nvidia-container-runtime.part" and rt.toolkit_active:
+        plugin = "io.containerd.grpc.v1.cri" if node.minor < (1, 8) else "io.containerd.cri.v1.runtime"
+        return (
+            f'[plugins."{plugin}".containerd.runtimes.nvidia]\n'
+            '  runtime_type = "io.containerd.runc.v2"\n'
+            f'[plugins."{plugin}".containerd.runtimes.nvidia.options]\n'
+            '  BinaryName = "/usr/local/bin/nvidia-container-runtime"\n'
+        )
+    if path == "/proc/version":
+        return "Linux version 6.12.57-talos (@buildkitsandbox) #1 SMP Sat Nov  1 00:00:00 UTC 2025\n"
+    raise NodeError(f"rpc error: code = Unknown desc = open {path}: no such file or directory")
+
+
+def cmd_read(env: Env, p: fl.Parsed) -> int:
+    if len(p.args) != 1:
+        raise fl.UsageError(f"accepts 1 arg(s), received {len(p.args)}", "read")
+    target = resolve_target(env, p)
+    if len(target.nodes) > 1:
+        raise CommandError('command "read" is not supported with multiple nodes')
+    [(_addr, text, err)] = fan_out(env, target.nodes, lambda n: read_file(n, p.args[0]))
+    if err:
+        raise CommandError(err)
+    env.stdout.write(text or "")
+    return 0
+
+
+# ---- patch
+
+
+_IMMEDIATE_MACHINE_KEYS = {
+    "time",
+    "certSANs",
+    "install",
+    "network",
+    "sysfs",
+    "sysctls",
+    "logging",
+    "controlPlane",
+    "kubelet",
+    "kernel",
+    "registries",
+    "nodeLabels",
+    "nodeTaints",
+    "nodeAnnotations",
+}
+
+
+def can_apply_immediately(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> bool:
+    """Talos ≤1.13 ``CanApplyImmediate``: only some v1alpha1 fields change without a reboot (not files)."""
+    o, n = v1alpha1_doc(old), v1alpha1_doc(new)
+    om, nm = dict(o.get("machine") or {}), dict(n.get("machine") or {})
+    for key in _IMMEDIATE_MACHINE_KEYS:
+        om.pop(key, None)
+        nm.pop(key, None)
+    of, nf = dict(om.pop("features", {}) or {}), dict(nm.pop("features", {}) or {})
+    for key in ("kubernetesTalosAPIAccess", "hostDNS", "imageCache"):
+        of.pop(key, None)
+        nf.pop(key, None)
+    rest_o = {k: v for k, v in o.items() if k not in ("machine", "cluster")}
+    rest_n = {k: v for k, v in n.items() if k not in ("machine", "cluster")}
+    return om == nm and of == nf and rest_o == rest_n
+
+
+def validate_config(config: list[dict[str, Any]], node_minor: tuple[int, int] = (1, 99)) -> list[str]:
+    """The subset of Talos's config validation a GPU runbook can trip over."""
+    problems: list[str] = [
+        f'unknown document kind "{kind}"' for kind in patching.unknown_kinds(config, node_minor)
+    ]
+    doc = v1alpha1_doc(config)
+    if not doc:
+        return ["v1alpha1 configuration document is missing"]
+    machine = doc.get("machine") or {}
+    if machine.get("type") not in ("worker", "controlplane", "init"):
+        problems.append(f'machine type "{machine.get("type")}" is not valid')
+    for i, mod in enumerate((machine.get("kernel") or {}).get("modules") or []):
+        if not isinstance(mod, dict) or not mod.get("name"):
+            problems.append(f"machine.kernel.modules[{i}].name is required")
+    for f in machine.get("files") or []:
+        if isinstance(f, dict) and f.get("op") not in ("create", "append", "overwrite"):
+            problems.append(f'invalid machine file op "{f.get("op")}"')
+    for key, value in (machine.get("sysctls") or {}).items():
+        if not isinstance(value, str | int):
+            problems.append(f"sysctl {key} value must be a string")
+    return problems
+
+
+def _diff(old: str, new: str) -> str:
+    lines = list(difflib.unified_diff(old.splitlines(True), new.splitlines(True), "a", "b", n=3))
+    if not lines:
+        return "No changes."
+    return "".join(line if line.endswith("\n") else line + "\n" for line in lines).rstrip("\n")
+
+
+def _reboot_effects(node: SimNode) -> None:
+    node.boot_count += 1
+    node.booted_at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    if node.staged_config is not None:
+        node.machine_config = node.staged_config
+        node.staged_config = None
+        node.config_version += 1
+    if node.staged_upgrade is not None:
+        node.talos_version = node.staged_upgrade["version"]
+        node.schematic_id = node.staged_upgrade["schematic_id"]
+        node.extensions = [images.to_installed_ext(e) for e in node.staged_upgrade["extensions"]]
+        node.install_image = node.staged_upgrade["image"]
+        node.staged_upgrade = None
+
+
+def cmd_patch(env: Env, p: fl.Parsed) -> int:
+    if not 1 <= len(p.args) <= 2:
+        raise fl.UsageError(f"accepts between 1 and 2 arg(s), received {len(p.args)}", "patch")
+    patch_args = list(p.get("patch") or [])
+    if p.get("patch-file"):
+        patch_args.append("@" + p.get("patch-file"))
+    if not patch_args:
+        raise CommandError("either --patch or --patch-file should be defined")
+    try:
+        patches = patching.load_patches(patch_args, env.client_minor)
+    except patching.PatchError as exc:
+        raise CommandError(str(exc)) from None
+    target = resolve_target(env, p)
+    rtype = res.find_type(p.args[0])
+    for address in target.nodes:
+        if rtype is None or rtype.type != "MachineConfigs.config.talos.dev":
+            name = rtype.type if rtype else p.args[0]
+            raise CommandError(f"{address}: unsupported resource type: {name}")
+        try:
+            _patch_one(env, address, patches, p)
+        except NodeError as exc:
+            raise CommandError(f"{address}: {exc}") from None
+    return 0
+
+
+def _patch_one(env: Env, address: str, patches: list[patching.Patch], p: fl.Parsed) -> None:
+    mode = p.get("mode") or "auto"
+    dry_run = bool(p.get("dry-run"))
+    node = _load_reachable(env, address)
+    with locked_node(env.state_dir, node.name) as node:
+        old_text = patching.encode_config(node.machine_config)
+        try:
+            new_config = patching.apply_patches(node.machine_config, patches)
+        except patching.PatchError as exc:
+            raise NodeError(str(exc)) from None
+        new_text = patching.encode_config(new_config)
+        problems = validate_config(new_config, node.minor)
+        if problems:
+            raise NodeError(
+                "rpc error: code = InvalidArgument desc = configuration validation failed: "
+                + multierror(problems)
+            )
+        if old_text.strip() == new_text.strip():
+            env.stderr.write("Apply was skipped: no changes detected.\n")
+            return
+        immediate = can_apply_immediately(node.machine_config, new_config) or node.minor >= (1, 14)
+        if mode == "staged":
+            details = "Staged configuration to be applied after the next reboot"
+        elif mode == "reboot" or (mode == "auto" and not immediate):
+            details = "Applied configuration with a reboot"
+        elif mode == "no-reboot" and not immediate:
+            raise NodeError(
+                "rpc error: code = InvalidArgument desc = apply configuration failed: "
+                "the config change can't be applied without a reboot"
+            )
+        elif mode == "try":
+            timeout = p.get("timeout") or 60.0
+            details = f"Applied configuration without a reboot; configuration will be rolled back in {_go_duration(timeout)}"
+        else:
+            details = "Applied configuration without a reboot"
+        env.stderr.write(f"patched MachineConfigs.config.talos.dev/v1alpha1 at the node {address}\n")
+        if dry_run:
+            env.stderr.write(
+                f"Dry run summary:\n{details} (skipped in dry-run).\nConfig diff:\n\n{_diff(old_text, new_text)}\n"
+            )
+            return
+        env.stderr.write(details + "\n")
+        if mode == "staged":
+            node.staged_config = new_config
+            return
+        node.machine_config = new_config
+        node.config_version += 1
+        if details.startswith("Applied configuration with a reboot"):
+            _reboot_effects(node)
+
+
+def _go_duration(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    if hours:
+        return f"{hours}h{minutes}m{secs}s"
+    if minutes:
+        return f"{minutes}m{secs}s"
+    return f"{secs}s"
+
+
+def cmd_machineconfig_patch(env: Env, p: fl.Parsed) -> int:
+    if len(p.args) != 1:
+        raise fl.UsageError(f"accepts 1 arg(s), received {len(p.args)}", "machineconfig patch")
+    try:
+        out = patching.patch_file_offline(p.args[0], list(p.get("patch") or []), env.client_minor)
+    except patching.PatchError as exc:
+        raise CommandError(str(exc)) from None
+    dest = p.get("output") or ""
+    if dest:
+        Path(dest).write_text(out)
+    else:
+        env.stdout.write(out)
+    return 0
+
+
+# ---- upgrade / reboot
+
+
+def _progress(env: Env, nodes: list[str], outcome: dict[str, str | None]) -> None:
+    env.stderr.write(f"watching nodes: [{' '.join(nodes)}]\n")
+    for address in nodes:
+        err = outcome.get(address)
+        env.stderr.write(f"    * {address}: {'post check passed' if err is None else err}\n")
+
+
+def persistenced_never_starts(node: SimNode, exts: list[InstalledExtension]) -> bool:
+    """extensions#888: with the toolkit but a driver that cannot bind (no GPU, no kmod, unsupported GPU),
+    ``ext-nvidia-persistenced`` waits for ``/sys/bus/pci/drivers/nvidia`` forever, the boot never
+    finishes and the node rolls back.  (A merely missing modules patch is not modelled as a hang: the
+    documented flow upgrades first and patches afterwards.)
+    """
+    has_toolkit = any(e.name.startswith(TOOLKIT_PREFIX) for e in exts)
+    has_kmod = any(e.name.startswith(KMOD_PREFIXES) for e in exts)
+    return has_toolkit and (not has_kmod or not node.gpus or bool(node.faults.get("gpu_unsupported")))
+
+
+def cmd_upgrade(env: Env, p: fl.Parsed) -> int:
+    if p.args:
+        raise fl.UsageError(f'unknown command "{p.args[0]}" for "talosctl upgrade"', "upgrade")
+    image = p.get("image") or images.default_installer(env.client_version)
+    target = resolve_target(env, p)
+    wait = bool(p.get("wait")) or bool(p.get("debug"))
+    stage = bool(p.get("stage")) or bool(p.get("no-reboot"))
+    timeout = float(p.get("timeout") or 1800.0)
+
+    def upgrade(node: SimNode) -> str:
+        try:
+            ref, exts = images.resolve(env.state_dir, image, node.faults)
+        except images.ImageError as exc:
+            raise NodeError(f"rpc error: code = Unknown desc = {exc}") from None
+        hangs = bool(node.faults.get("upgrade_hangs")) or persistenced_never_starts(node, exts)
+        fails = bool(node.faults.get("upgrade_fails"))
+        with locked_node(env.state_dir, node.name) as n:
+            if hangs or fails:
+                n.boot_count += 1  # it tried the new image, did not come up, and rolled back
+            else:
+                n.staged_upgrade = {
+                    "version": ref.version,
+                    "schematic_id": ref.schematic_id,
+                    "extensions": [images.ext_to_dict(e) for e in exts],
+                    "image": image,
+                }
+                if not stage:
+                    _reboot_effects(n)
+        if hangs and wait:
+            time.sleep(timeout)
+            raise NodeError(
+                "timeout waiting for the node to boot: task startAllServices: "
+                'service "ext-nvidia-persistenced" to be "up": context deadline exceeded'
+            )
+        if fails and wait:
+            raise NodeError(
+                f"upgrade failed: booted version {n.talos_version} does not match the expected {ref.version} "
+                "(the node rolled back to the previous image)"
+            )
+        return datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S.%f +0000 UTC")
+
+    results = fan_out(env, target.nodes, upgrade)
+    errors = [f"{a}: {e}" for a, _r, e in results if e]
+    if wait:
+        _progress(env, [a for a, _r, _e in results], {a: e for a, _r, e in results})
+    else:
+        rows = [("NODE", "ACK", "STARTED")]
+        rows += [(a, "Upgrade request received", r or "") for a, r, e in results if e is None]
+        if len(rows) > 1:
+            widths = [max(len(r[i]) for r in rows) for i in range(2)]
+            for r in rows:
+                env.stdout.write(f"{r[0].ljust(widths[0] + 3)}{r[1].ljust(widths[1] + 3)}{r[2]}\n")
+    if errors:
+        raise CommandError(multierror(errors))
+    return 0
+
+
+def cmd_reboot(env: Env, p: fl.Parsed) -> int:
+    if p.args:
+        raise fl.UsageError(f'unknown command "{p.args[0]}" for "talosctl reboot"', "reboot")
+    target = resolve_target(env, p)
+    wait = bool(p.get("wait")) or bool(p.get("debug"))
+
+    def reboot(node: SimNode) -> None:
+        with locked_node(env.state_dir, node.name) as n:
+            _reboot_effects(n)
+
+    results = fan_out(env, target.nodes, reboot)
+    errors = [f"{a}: {e}" for a, _r, e in results if e]
+    if wait:
+        _progress(env, [a for a, _r, _e in results], {a: e for a, _r, e in results})
+    if errors:
+        raise CommandError(multierror(errors))
+    return 0
+
+
+HEALTH_CHECKS = (
+    "etcd to be healthy",
+    "etcd members to be consistent across nodes",
+    "etcd members to be control plane nodes",
+    "apid to be ready",
+    "all nodes memory sizes",
+    "all nodes disk sizes",
+    "no diagnostics",
+    "kubelet to be healthy",
+    "all nodes to finish boot sequence",
+    "all k8s nodes to report",
+    "all control plane static pods to be running",
+    "all control plane components to be ready",
+    "all k8s nodes to report ready",
+    "kube-proxy to report ready",
+    "coredns to report ready",
+    "all k8s nodes to report schedulable",
+)
+
+
+def cmd_health(env: Env, p: fl.Parsed) -> int:
+    if p.args:
+        raise fl.UsageError(f'unknown command "{p.args[0]}" for "talosctl health"', "health")
+    target = resolve_target(env, p)
+    [(_a, _n, err)] = fan_out(env, target.nodes[:1], lambda n: n)
+    if err:
+        raise CommandError(f"healthcheck error: {err}")
+    nodes = load_nodes(env.state_dir)
+    wanted = set(p.get("worker-nodes") or []) | set(p.get("control-plane-nodes") or [])
+    if p.get("init-node"):
+        wanted.add(p.get("init-node"))
+    members = [n for n in nodes if not wanted or n.address in wanted]
+    env.stderr.write(
+        f"discovered nodes: [{' '.join(repr(n.address).replace(chr(39), chr(34)) for n in members)}]\n"
+    )
+    down = [
+        n for n in members if not n.reachable or n.faults.get("unreachable") or n.faults.get("upgrade_hangs")
+    ]
+    for check in HEALTH_CHECKS:
+        env.stderr.write(f"waiting for {check}: ...\n")
+        if down and check == "all nodes to finish boot sequence":
+            deadline = float(p.get("wait-timeout") or 1200.0)
+            time.sleep(deadline)
+            first = down[0]
+            env.stderr.write(f"waiting for {check}: {first.address}: {dial_error(first.address)}\n")
+            raise CommandError(
+                "healthcheck error: rpc error: code = DeadlineExceeded desc = context deadline exceeded"
+            )
+        env.stderr.write(f"waiting for {check}: OK\n")
+    return 0
+
+
+def cmd_kubeconfig(env: Env, p: fl.Parsed) -> int:
+    if len(p.args) > 1:
+        raise fl.UsageError(f"accepts at most 1 arg(s), received {len(p.args)}", "kubeconfig")
+    target = resolve_target(env, p)
+    if len(target.nodes) > 1:
+        raise CommandError('command "kubeconfig" is not supported with multiple nodes')
+    [(_a, node, err)] = fan_out(env, target.nodes, lambda n: n)
+    if err:
+        raise CommandError(f"error copying: {err}")
+    assert node is not None
+    source = sim_paths(env.state_dir).kubeconfig
+    if node.role != "controlplane" or not source.exists():
+        raise CommandError(
+            "error copying: rpc error: code = Unknown desc = open /system/secrets/kubernetes/kubeconfig: "
+            "no such file or directory"
+        )
+    text = source.read_text()
+    if p.args and p.args[0] == "-":
+        env.stdout.write(text)
+        return 0
+    merge = bool(p.get("merge"))
+    # as talosctl: without a path, merge into ~/.kube/config (or write ./kubeconfig with --merge=false)
+    default = Path.home() / ".kube" / "config" if merge else Path.cwd()
+    path = Path(p.args[0]) if p.args else default
+    if path.is_dir():
+        path = path / "kubeconfig"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists() and p.get("merge"):
+        _merge_kubeconfig(path, text, bool(p.get("force")))
+    else:
+        path.write_text(text)
+    return 0
+
+
+def _merge_kubeconfig(path: Path, text: str, force: bool) -> None:
+    """``--merge``: add (or with ``--force`` replace) the cluster, user and context entries by name."""
+    new = yaml.safe_load(text) or {}
+    cur = yaml.safe_load(path.read_text()) or {}
+    for key in ("clusters", "users", "contexts"):
+        existing = {e.get("name"): e for e in cur.get(key) or []}
+        for entry in new.get(key) or []:
+            if entry.get("name") not in existing or force:
+                existing[entry.get("name")] = entry
+        cur[key] = list(existing.values())
+    cur["current-context"] = new.get("current-context", cur.get("current-context"))
+    path.write_text(yaml.safe_dump(cur, sort_keys=False))
+
+
+COMMANDS: dict[str, Callable[[Env, fl.Parsed], int]] = {
+    "version": cmd_version,
+    "get": cmd_get,
+    "read": cmd_read,
+    "patch": cmd_patch,
+    "machineconfig patch": cmd_machineconfig_patch,
+    "upgrade": cmd_upgrade,
+    "reboot": cmd_reboot,
+    "health": cmd_health,
+    "kubeconfig": cmd_kubeconfig,
+}
+ALIASES = {"mc": "machineconfig"}
+
+
+def _suggest(word: str, options: list[str]) -> list[str]:
+    return [o for o in options if o.startswith(word) or _levenshtein(word, o) <= 2]
+
+
+def _levenshtein(a: str, b: str) -> int:
+    prev = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        cur = [i]
+        for j, cb in enumerate(b, 1):
+            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
+        prev = cur
+    return prev[-1]
+
+
+def _client_version(state_dir: Path) -> str:
+    override = os.environ.get("RUNBOOK_SIM_TALOSCTL_VERSION")
+    if override:
+        return override
+    try:
+        return str(load_cluster(state_dir).get("talosctl_version") or "v1.12.11")
+    except FileNotFoundError:
+        return "v1.12.11"
+
+
+def find_command(words: list[str], subcommands: list[str]) -> tuple[str, int]:
+    """The command path cobra would pick, and how many positional words it consumed."""
+    if not words:
+        return "", 0
+    first = ALIASES.get(words[0], words[0])
+    if first == "machineconfig" and len(words) > 1 and words[1] == "patch":
+        return "machineconfig patch", 2
+    if first in COMMANDS:
+        return first, 1
+    if first in subcommands:
+        return f"<unsimulated>{first}", 1
+    return f"<unknown>{words[0]}", 1
+
+
+def main(
+    argv: list[str] | None = None, *, stdout: IO[str] | None = None, stderr: IO[str] | None = None
+) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    out = stdout or sys.stdout
+    err = stderr or sys.stderr
+    state_dir = default_state_dir()
+    talos_faults = load_cluster_faults(state_dir).get("talos") if state_dir.exists() else None
+    env = Env(
+        state_dir=state_dir,
+        client_version=_client_version(state_dir),
+        stdout=out,
+        stderr=err,
+        cluster_faults=talos_faults if isinstance(talos_faults, dict) else {},
+    )
+    minor = env.client_minor
+    root = fl.command_table("", minor) or {}
+    words = fl.strip_flags_for_lookup(argv, minor)
+    command, consumed = find_command(words, list(root.get("subcommands", [])))
+    usage_for = command if command in COMMANDS else ""
+    try:
+        if command.startswith("<unknown>"):
+            word = command[len("<unknown>") :]
+            msg = f'unknown command "{word}" for "talosctl"'
+            suggestions = _suggest(word, list(root.get("subcommands", [])))
+            if suggestions:
+                msg += "\n\nDid you mean this?\n" + "".join(f"\t{s}\n" for s in suggestions)
+            raise fl.UsageError(msg, "")
+        if command.startswith("<unsimulated>"):
+            raise CommandError(f"talosctl simulator: {command[len('<unsimulated>') :]!r} is not simulated")
+        if command == "":
+            parsed = fl.parse("", argv, minor)
+            out.write(fl.usage("", minor))
+            return 0
+        # drop the command words themselves (first occurrences) before parsing flags
+        rest = list(argv)
+        for w in words[:consumed]:
+            rest.remove(w)
+        parsed = fl.parse(command, rest, minor)
+        if parsed.get("help"):
+            table = fl.command_table(command, minor) or {}
+            out.write(f"{table.get('short', '')}\n\n{fl.usage(command, minor)}")
+            return 0
+        return COMMANDS[command](env, parsed)
+    except fl.UsageError as exc:
+        text = str(exc)
+        err.write(text + "\n")
+        err.write("\n" + fl.usage(exc.command if exc.command else usage_for, minor) + "\n")
+        return 1
+    except CommandError as exc:
+        text = str(exc)
+        err.write(text + "\n")
+        if "arg(s)" in text or "flag" in text or "command" in text:
+            err.write("\n" + fl.usage(usage_for, minor) + "\n")
+        return 1
+    except FileNotFoundError as exc:
+        err.write(f"{exc}\n")
+        return 1

@@ -1,0 +1,295 @@
+"""COSI resources a simulated node serves to ``talosctl get``, and talosctl's three output formats.
+
+Resource types, namespaces, IDs, owners and print columns are those of the real resources, because the
+library keys on them (e.g. ``spec.metadata.name`` of ``ExtensionStatuses.runtime.talos.dev``), and the
+table/YAML/JSON writers reproduce talosctl's: tabwriter padding 3, ``---`` between YAML documents with a
+leading ``node:`` key, and JSON as a *stream* of 4-space-indented objects with Go's key order and escaping.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from runbook_lib.sim.patching import dump_yaml, encode_config
+from runbook_lib.sim.state import SimNode, minor_of, runtime
+
+Resource = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ResourceType:
+    type: str
+    """Full type name, e.g. ``ExtensionStatuses.runtime.talos.dev``."""
+    short: str
+    """Singular kind as the TYPE column shows it."""
+    namespace: str
+    aliases: tuple[str, ...]
+    columns: tuple[tuple[str, str], ...]
+    """Extra print columns: (header, dotted path in spec)."""
+    since: tuple[int, int] = (1, 0)
+    node_scoped_members: bool = False
+
+
+TYPES: tuple[ResourceType, ...] = (
+    ResourceType(
+        "ExtensionStatuses.runtime.talos.dev",
+        "ExtensionStatus",
+        "runtime",
+        ("extensionstatus", "extensionstatuses", "extension", "extensions", "es"),
+        (("NAME", "metadata.name"), ("VERSION", "metadata.version")),
+    ),
+    ResourceType(
+        "LoadedKernelModules.runtime.talos.dev",
+        "LoadedKernelModule",
+        "runtime",
+        ("loadedkernelmodule", "loadedkernelmodules", "module", "modules"),
+        (("STATE", "state"),),
+        since=(1, 11),
+    ),
+    ResourceType(
+        "MachineConfigs.config.talos.dev",
+        "MachineConfig",
+        "config",
+        ("machineconfig", "machineconfigs", "mc", "mcs"),
+        (),
+    ),
+    ResourceType(
+        "Services.v1alpha1.talos.dev",
+        "Service",
+        "v1alpha1",
+        ("service", "services", "svc"),
+        (("RUNNING", "running"), ("HEALTHY", "healthy"), ("HEALTH UNKNOWN", "unknown")),
+    ),
+    ResourceType(
+        "Members.cluster.talos.dev",
+        "Member",
+        "cluster",
+        ("member", "members"),
+        (
+            ("HOSTNAME", "hostname"),
+            ("MACHINE TYPE", "machineType"),
+            ("OS", "operatingSystem"),
+            ("ADDRESSES", "addresses"),
+        ),
+        node_scoped_members=True,
+    ),
+)
+
+
+def find_type(name: str) -> ResourceType | None:
+    low = name.lower()
+    for t in TYPES:
+        if low in t.aliases or low == t.type.lower() or low == t.short.lower():
+            return t
+    return None
+
+
+_OWNERS = {
+    "ExtensionStatuses.runtime.talos.dev": "runtime.ExtensionStatusController",
+    "LoadedKernelModules.runtime.talos.dev": "runtime.KernelModuleStatusController",
+    "MachineConfigs.config.talos.dev": "",
+    "Services.v1alpha1.talos.dev": "v1alpha1.ServiceController",
+    "Members.cluster.talos.dev": "cluster.MemberController",
+}
+
+
+def _meta(t: ResourceType, node: SimNode, rid: str, version: int = 1) -> dict[str, Any]:
+    return {
+        "namespace": t.namespace,
+        "type": t.type,
+        "id": rid,
+        "version": version,
+        "owner": _OWNERS[t.type],
+        "phase": "running",
+        "created": node.booted_at,
+        "updated": node.booted_at,
+    }
+
+
+def _compat(version: str) -> str:
+    major, minor = minor_of(version)
+    return f">= v{major}.{minor}.0"
+
+
+def extensions(t: ResourceType, node: SimNode, _peers: list[SimNode]) -> list[Resource]:
+    out: list[Resource] = []
+    for i, ext in enumerate(node.extensions):
+        spec_meta: dict[str, Any] = {
+            "name": ext.name,
+            "version": ext.version,
+            "author": ext.author,
+            "description": ext.description or "",
+            "compatibility": {"talos": {"version": _compat(node.talos_version)}},
+        }
+        out.append(
+            {"metadata": _meta(t, node, str(i)), "spec": {"image": f"{i}.sqsh", "metadata": spec_meta}}
+        )
+    schematic_meta = {
+        "name": "schematic",
+        "version": node.schematic_id,
+        "author": "Image Factory",
+        "description": "This is a virtual extension representing the schematic ID used to build the image.",
+    }
+    idx = str(len(node.extensions))
+    out.append({"metadata": _meta(t, node, idx), "spec": {"image": "", "metadata": schematic_meta}})
+    return out
+
+
+MODULE_SIZES = {"nvidia": 14241792, "nvidia_modeset": 1552384, "nvidia_uvm": 1146880, "nvidia_drm": 77824}
+MODULE_ADDRS = {
+    "nvidia": "0xffffffffc0e00000",
+    "nvidia_modeset": "0xffffffffc0c5d000",
+    "nvidia_uvm": "0xffffffffc2733000",
+    "nvidia_drm": "0xffffffffc0c45000",
+}
+
+
+def modules(t: ResourceType, node: SimNode, _peers: list[SimNode]) -> list[Resource]:
+    rt = runtime(node)
+    out: list[Resource] = []
+    for name, state in sorted(rt.modules_live.items()):
+        spec = {
+            "name": name,
+            "size": MODULE_SIZES.get(name, 65536),
+            "referenceCount": 0,
+            "dependencies": ["nvidia"] if name != "nvidia" else [],
+            "state": state,
+            "address": MODULE_ADDRS.get(name, "0xffffffffc0000000"),
+        }
+        out.append({"metadata": _meta(t, node, name), "spec": spec})
+    return out
+
+
+def machineconfig(t: ResourceType, node: SimNode, _peers: list[SimNode]) -> list[Resource]:
+    return [
+        {
+            "metadata": _meta(t, node, "v1alpha1", node.config_version),
+            "spec": encode_config(node.machine_config),
+        }
+    ]
+
+
+def services(t: ResourceType, node: SimNode, _peers: list[SimNode]) -> list[Resource]:
+    rt = runtime(node)
+    out: list[Resource] = []
+    for name, state in rt.services.items():
+        if state not in ("Running", "Finished"):
+            continue  # a service resource exists only once the service has started
+        spec = {"running": state == "Running", "healthy": state in ("Running", "Finished"), "unknown": False}
+        out.append({"metadata": _meta(t, node, name), "spec": spec})
+    return out
+
+
+def members(t: ResourceType, node: SimNode, peers: list[SimNode]) -> list[Resource]:
+    out: list[Resource] = []
+    for peer in peers:
+        spec = {
+            "nodeId": peer.name,
+            "addresses": [peer.address],
+            "hostname": peer.name,
+            "machineType": peer.role,
+            "operatingSystem": f"Talos ({peer.talos_version})",
+        }
+        out.append({"metadata": _meta(t, node, peer.name), "spec": spec})
+    return out
+
+
+BUILDERS: dict[str, Callable[[ResourceType, SimNode, list[SimNode]], list[Resource]]] = {
+    "ExtensionStatuses.runtime.talos.dev": extensions,
+    "LoadedKernelModules.runtime.talos.dev": modules,
+    "MachineConfigs.config.talos.dev": machineconfig,
+    "Services.v1alpha1.talos.dev": services,
+    "Members.cluster.talos.dev": members,
+}
+
+
+def resources_for(t: ResourceType, node: SimNode, peers: list[SimNode]) -> list[Resource]:
+    return BUILDERS[t.type](t, node, peers)
+
+
+# ---------------------------------------------------------------- output writers
+
+
+def _dig(obj: Any, path: str) -> Any:
+    for part in path.split("."):
+        if not isinstance(obj, dict):
+            return None
+        obj = obj.get(part)
+    return obj
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return json.dumps(value, separators=(",", ":"))
+    return str(value)
+
+
+def render_table(rtype: ResourceType, rows: list[tuple[str, ResourceType, Resource]]) -> str:
+    """Go ``tabwriter`` (minwidth 0, padding 3): every column but the last padded to its widest cell.
+
+    The header comes from the resource definition, so it is printed even when no resource matched.
+    """
+    header = ["NODE", "NAMESPACE", "TYPE", "ID", "VERSION", *(h for h, _ in rtype.columns)]
+    table = [header]
+    for node, t, res in rows:
+        meta = res["metadata"]
+        spec = res["spec"]
+        extra = [_cell(_dig(spec, p)) for _, p in t.columns]
+        table.append([node, meta["namespace"], t.short, meta["id"], str(meta["version"]), *extra])
+    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+    lines = []
+    for r in table:
+        cells = [c.ljust(widths[i] + 3) for i, c in enumerate(r[:-1])]
+        lines.append("".join(cells) + r[-1])
+    return "\n".join(lines) + "\n"
+
+
+def render_yaml(rows: list[tuple[str, ResourceType, Resource]]) -> str:
+    parts = []
+    for node, _t, res in rows:
+        body = dump_yaml({"metadata": res["metadata"], "spec": res["spec"]})
+        parts.append(f"node: {node}\n{body}")
+    return "---\n".join(parts)
+
+
+def _go_json(value: Any) -> str:
+    text = json.dumps(value, indent=4, sort_keys=True, ensure_ascii=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def render_json(rows: list[tuple[str, ResourceType, Resource]]) -> str:
+    return "".join(_go_json({"node": node, **res}) + "\n" for node, _t, res in rows)
+
+
+_JSONPATH_RE = re.compile(r"^\{(.*)\}$")
+
+
+def render_jsonpath(expr: str, rows: list[tuple[str, ResourceType, Resource]]) -> str:
+    """The subset of kubectl-style JSONPath talosctl users write: ``{.spec.metadata.name}``, ``[n]``."""
+    m = _JSONPATH_RE.match(expr.strip())
+    if not m:
+        raise ValueError(f"unrecognized character in action: {expr!r}")
+    path = m.group(1).strip()
+    out = []
+    for node, _t, res in rows:
+        obj: Any = {"node": node, **res}
+        for part in re.findall(r"\.([^.\[\]]+)|\[(\d+)\]", path):
+            key, idx = part
+            if key:
+                obj = obj.get(key) if isinstance(obj, dict) else None
+            else:
+                obj = obj[int(idx)] if isinstance(obj, list) and int(idx) < len(obj) else None
+            if obj is None:
+                break
+        if obj is None:
+            continue
+        out.append(obj if isinstance(obj, str) else json.dumps(obj, separators=(",", ":")))
+    return "".join(f"{line}\n" for line in out)

@@ -1,0 +1,403 @@
+"""Step: image upgrade — boot each GPU node into the factory installer of its GPU schematic.
+
+Why this step is so defensive: ``talosctl upgrade`` without ``--image`` installs the vanilla image and
+silently drops the NVIDIA extensions (facts §2.1), a kernel-module extension built for another Talos release
+does not load, and mismatched kmod/toolkit drivers break every GPU pod (facts §5).  So, before anything
+changes, the wanted extensions are resolved against the factory for the target release and the schematic is
+registered (its ID must equal the offline one).  Then nodes go one batch at a time (``rollout_concurrency``,
+default 1); after each batch the step waits for the nodes to answer again and checks that their
+``schematic`` pseudo-extension reports the planned ID, their Talos version is the target and the NVIDIA
+extensions are present.  The first failure stops the rollout: the result says which nodes are done, which
+failed and why, and which were not touched.  Nodes already on the planned schematic and version are skipped.
+With ``apply: false`` nothing changes and the result carries the exact commands.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from runbook_lib.clients.factory import FactoryClient
+from runbook_lib.errors import PermanentError, RunbookError
+from runbook_lib.model.boot_assets import boot_asset_urls, installer_image
+from runbook_lib.model.params import Node
+from runbook_lib.model.parsers import TalosResource
+from runbook_lib.model.plan import node_extensions, node_schematic
+from runbook_lib.model.schematic import Schematic
+from runbook_lib.model.versions import TalosVersion
+
+from .context import Context
+from .results import Check, NodeResult, StepResult
+
+Progress = Callable[[int, int], None]
+STEP = "image-upgrade"
+#: Upper bound on concurrent ``talosctl upgrade`` processes, whatever ``rollout_concurrency`` says.
+MAX_PARALLEL_UPGRADES = 64
+
+
+@dataclass(frozen=True)
+class NodeImage:
+    """What one node should run: its schematic (``None`` before the Image Factory) and installer image."""
+
+    node: Node
+    schematic: Schematic | None
+    image: str
+    extensions: tuple[str, ...]
+    """Official names the node must report (``siderolabs/`` prefix included)."""
+
+    @property
+    def schematic_id(self) -> str | None:
+        return self.schematic.id if self.schematic is not None else None
+
+
+@dataclass
+class NodeState:
+    """What a node reports now: Talos version, schematic ID and extension names (or why it did not answer)."""
+
+    version: str | None = None
+    schematic_id: str | None = None
+    extensions: dict[str, str] = field(default_factory=dict)
+    error: str | None = None
+
+
+def planned_image(ctx: Context, node: Node) -> NodeImage:
+    """The node's GPU schematic (the plan's, see ``model.plan.node_schematic``) and the installer carrying it.
+
+    The installer host is the factory this run talks to (the simulator's URL on a simulated target).
+    """
+    params = ctx.params
+    names = tuple(node_extensions(params, params.profile(node), node.overrides.extra_extensions))
+    schematic = node_schematic(params, node)
+    if schematic is None:
+        # Talos 1.3–1.4: no factory; the stock installer plus machine.install.extensions (patch step).
+        return NodeImage(node, None, installer_image(None, "", params.talos), names)
+    image = installer_image(
+        ctx.endpoints.image_factory_url, schematic.id, params.talos, secureboot=params.secureboot
+    )
+    return NodeImage(node, schematic, image, names)
+
+
+def upgrade_command(ctx: Context, plan: NodeImage) -> list[str]:
+    """The exact argv the step runs for a node (always with ``--image``)."""
+    return ctx.talosctl.argv(["upgrade", "--image", plan.image, "--wait=true"], [plan.node.address])
+
+
+def read_states(ctx: Context, addresses: Sequence[str]) -> dict[str, NodeState]:
+    """Talos version and extensions of each node: two fan-out calls, whatever the node count."""
+    states = {a: NodeState() for a in addresses}
+    if not addresses:
+        return states
+    _client, servers, version_errors = ctx.talosctl.version(list(addresses))
+    fan = ctx.talosctl.get("extensions", list(addresses))
+    for address in addresses:
+        state = states[address]
+        state.version = servers.get(address)
+        state.error = fan.errors.get(address) or version_errors.get(address)
+    for address, resources in fan.by_node().items():
+        if address not in states:
+            continue
+        for name, version in _extension_pairs(resources):
+            if name == "schematic":
+                states[address].schematic_id = version
+            else:
+                states[address].extensions[name.removeprefix("siderolabs/")] = version
+    return states
+
+
+def _extension_pairs(resources: Sequence[TalosResource]) -> list[tuple[str, str]]:
+    pairs: list[tuple[str, str]] = []
+    for res in resources:
+        if res.spec is not None:
+            meta: Mapping[str, Any] = res.spec.get("metadata") or {}
+            pairs.append((str(meta.get("name", "")), str(meta.get("version", ""))))
+        else:
+            pairs.append((res.columns.get("NAME", ""), res.columns.get("VERSION", "")))
+    return pairs
+
+
+def mismatches(plan: NodeImage, state: NodeState, target_version: str) -> list[str]:
+    """Why a node is not (yet) on its planned image; empty when it is."""
+    problems: list[str] = []
+    if state.version != target_version:
+        problems.append(f"runs Talos {state.version or 'unknown'}, planned {target_version}")
+    if plan.schematic_id is not None and state.schematic_id != plan.schematic_id:
+        problems.append(f"schematic {state.schematic_id or 'none'}, planned {plan.schematic_id}")
+    missing = [n for n in plan.extensions if n.removeprefix("siderolabs/") not in state.extensions]
+    if missing:
+        problems.append(f"missing extensions {', '.join(missing)}")
+    return problems
+
+
+def image_upgrade(
+    ctx: Context,
+    *,
+    only: list[str] | None = None,
+    apply: bool | None = None,
+    factory: FactoryClient | None = None,
+    progress: Progress | None = None,
+    upgrade_timeout: float = 1800.0,
+    settle_timeout: float = 300.0,
+    poll_interval: float = 2.0,
+) -> StepResult:
+    """Plan (dry-run) or roll out the GPU installer to the nodes; returns per-node results, never prints."""
+    do_apply = ctx.apply if apply is None else apply
+    target = ctx.params.talos_version
+    result = StepResult(step=STEP, applied=do_apply)
+    nodes = ctx.nodes(only)
+    plans = {n.address: planned_image(ctx, n) for n in nodes}
+    result.data["installer_images"] = {n.name: plans[n.address].image for n in nodes}
+    schematics = {p.schematic_id: p.schematic for p in plans.values() if p.schematic is not None}
+    result.data["schematics"] = {sid: s.canonical_yaml() for sid, s in schematics.items() if s is not None}
+
+    states = read_states(ctx, [n.address for n in nodes])
+    todo: list[NodeImage] = []
+    results: dict[str, NodeResult] = {}
+    for node in nodes:
+        plan, state = plans[node.address], states[node.address]
+        res = NodeResult(node=node.name, address=node.address, data={"image": plan.image})
+        if plan.schematic_id:
+            res.data["schematic_id"] = plan.schematic_id
+        results[node.address] = res
+        result.nodes.append(res)
+        if state.error:
+            res.status = "failed"
+            res.message = f"cannot read the node: {state.error}"
+            res.checks.append(
+                Check("node answers", False, res.message, fix=f"talosctl -n {node.address} version")
+            )
+            continue
+        downgrade = _downgrade(state.version, target)
+        if downgrade:
+            res.status = "failed"
+            res.message = downgrade
+            res.checks.append(
+                Check(
+                    "no downgrade",
+                    False,
+                    downgrade,
+                    fix=f"set talos_version: {state.version} in the parameters (or upgrade the other nodes)",
+                )
+            )
+            continue
+        problems = mismatches(plan, state, target)
+        if not problems:
+            res.status = "unchanged"
+            res.message = f"already on {plan.schematic_id or 'the planned image'} at {target}"
+            continue
+        res.data["before"] = {"version": state.version, "schematic_id": state.schematic_id}
+        res.message = "; ".join(problems)
+        res.diff = shlex.join(upgrade_command(ctx, plan))
+        todo.append(plan)
+    result.data["commands"] = [shlex.join(upgrade_command(ctx, p)) for p in todo]
+    result.data["boot_assets"] = {
+        sid: boot_asset_urls(ctx.endpoints.image_factory_url, sid, target, secureboot=ctx.params.secureboot)
+        for sid in schematics
+        if sid is not None
+    }
+    if ctx.params.talos.at_least(1, 13) and any(
+        _minor(states[p.node.address].version) < (1, 13) for p in todo
+    ):
+        # siderolabs/docs v1.13 upgrading-talos.mdx (facts §1.5)
+        result.notes.append(
+            "Before upgrading to Talos 1.13, uninstall the nvidia-device-plugin Helm release and delete the "
+            "nvidia RuntimeClass: from 1.13 the GPU Operator provides both"
+        )
+
+    factory_ok = _factory_checks(ctx, result, todo, factory, register=do_apply)
+    blocked = [r for r in result.nodes if r.status == "failed"]
+    if not do_apply:
+        for plan in todo:
+            results[plan.node.address].status = "planned"
+        return _finish(result)
+    if blocked or not factory_ok:
+        reason = "a node cannot be read" if blocked else "the Image Factory checks failed"
+        for plan in todo:
+            _untouched(results[plan.node.address], f"not touched: {reason}, nothing was changed")
+        return _finish(result)
+
+    size = max(1, ctx.params.rollout_concurrency)
+    batches = [todo[i : i + size] for i in range(0, len(todo), size)]
+    done = 0
+    for index, batch in enumerate(batches):
+        failed = _run_batch(
+            ctx,
+            batch,
+            results,
+            target=target,
+            upgrade_timeout=upgrade_timeout,
+            settle_timeout=settle_timeout,
+            poll_interval=poll_interval,
+        )
+        done += len(batch)
+        if progress:
+            progress(done, len(todo))
+        if failed:
+            for later in batches[index + 1 :]:
+                for plan in later:
+                    _untouched(
+                        results[plan.node.address], "not touched: the rollout stopped at the first failure"
+                    )
+            break
+    return _finish(result)
+
+
+def _minor(version: str | None) -> tuple[int, int]:
+    try:
+        return TalosVersion.parse(version or "").minor_line
+    except PermanentError:
+        return (0, 0)
+
+
+def _downgrade(current: str | None, target: str) -> str | None:
+    """A node newer than the plan is not moved back silently: that is a parameter mistake, not a rollout."""
+    if not current:
+        return None
+    try:
+        if TalosVersion.parse(target) < TalosVersion.parse(current):
+            return f"runs Talos {current}, newer than the planned {target}; refusing to downgrade"
+    except PermanentError:
+        return None
+    return None
+
+
+def _untouched(res: NodeResult, message: str) -> None:
+    res.status = "skipped"
+    res.message = message
+
+
+def _finish(result: StepResult) -> StepResult:
+    by_status: dict[str, list[str]] = {}
+    for res in result.nodes:
+        by_status.setdefault(res.status, []).append(res.node)
+    result.data["done"] = by_status.get("changed", [])
+    result.data["failed"] = by_status.get("failed", [])
+    result.data["untouched"] = by_status.get("skipped", [])
+    result.data["already"] = by_status.get("unchanged", [])
+    return result.finish()
+
+
+def _factory_checks(
+    ctx: Context,
+    result: StepResult,
+    todo: list[NodeImage],
+    factory: FactoryClient | None,
+    *,
+    register: bool,
+) -> bool:
+    """Resolve extensions (and register each schematic when applying) before any change.
+
+    A dry run only reads from the factory; every problem becomes a failed check rather than an exception,
+    so the plan shows it next to the nodes it would have affected.
+    """
+    with_schematic = [p for p in todo if p.schematic is not None]
+    if not with_schematic:
+        return True
+    client = factory or FactoryClient(ctx.endpoints.image_factory_url)
+    ok = True
+    seen: set[str] = set()
+    for plan in with_schematic:
+        assert plan.schematic is not None
+        if plan.schematic.id in seen:
+            continue
+        seen.add(plan.schematic.id)
+        label = f"schematic {plan.schematic.id[:12]}"
+        try:
+            resolved = client.resolve_extensions(plan.extensions, ctx.params.talos_version)
+            registered = client.post_schematic(plan.schematic).id if register else None
+        except RunbookError as exc:
+            ok = False
+            result.checks.append(
+                Check(f"{label}: factory", False, exc.message, fix=exc.hint or "", cause="Image Factory")
+            )
+            continue
+        state = f"registered as {registered}" if registered else f"offline ID {plan.schematic.id}"
+        result.checks.append(
+            Check(f"{label}: factory", True, f"{state}; extensions {', '.join(resolved.refs)}")
+        )
+        result.data.setdefault("resolved", {})[plan.schematic.id] = resolved.refs
+    return ok
+
+
+def _run_batch(
+    ctx: Context,
+    batch: list[NodeImage],
+    results: dict[str, NodeResult],
+    *,
+    target: str,
+    upgrade_timeout: float,
+    settle_timeout: float,
+    poll_interval: float,
+) -> bool:
+    """Upgrade one batch concurrently, then confirm each node; True when any node of the batch failed."""
+
+    def upgrade(plan: NodeImage) -> tuple[NodeImage, str | None]:
+        run = ctx.talosctl.upgrade(plan.node.address, plan.image, wait=True, timeout=upgrade_timeout)
+        if run.ok:
+            return plan, None
+        return plan, run.stderr.strip() or f"talosctl upgrade exited {run.exit_code}"
+
+    with ThreadPoolExecutor(max_workers=min(len(batch), MAX_PARALLEL_UPGRADES)) as pool:
+        outcomes = list(pool.map(upgrade, batch))
+    pending: list[NodeImage] = []
+    for plan, error in outcomes:
+        res = results[plan.node.address]
+        if error:
+            res.status = "failed"
+            res.message = f"talosctl upgrade failed: {error}"
+            res.checks.append(Check("upgrade", False, error, fix=f"talosctl -n {plan.node.address} dmesg"))
+        else:
+            res.checks.append(Check("upgrade", True, "the installer was accepted and the node rebooted"))
+            pending.append(plan)
+    _confirm(ctx, pending, results, target=target, settle_timeout=settle_timeout, poll_interval=poll_interval)
+    return any(results[p.node.address].status == "failed" for p, _ in outcomes)
+
+
+def _confirm(
+    ctx: Context,
+    pending: list[NodeImage],
+    results: dict[str, NodeResult],
+    *,
+    target: str,
+    settle_timeout: float,
+    poll_interval: float,
+) -> None:
+    """Wait until each upgraded node answers with the planned version, schematic and NVIDIA extensions."""
+    deadline = time.monotonic() + settle_timeout
+    last: dict[str, list[str]] = {}
+    while pending:
+        states = read_states(ctx, [p.node.address for p in pending])
+        still: list[NodeImage] = []
+        for plan in pending:
+            state = states[plan.node.address]
+            problems = [f"does not answer: {state.error}"] if state.error else mismatches(plan, state, target)
+            if problems:
+                last[plan.node.address] = problems
+                still.append(plan)
+                continue
+            res = results[plan.node.address]
+            res.status = "changed"
+            res.message = f"now on {plan.schematic_id or plan.image} at {target}"
+            res.checks.append(Check("schematic and extensions", True, res.message))
+        pending = still
+        if not pending or time.monotonic() >= deadline:
+            break
+        time.sleep(poll_interval)
+    for plan in pending:
+        res = results[plan.node.address]
+        res.status = "failed"
+        res.message = "after the upgrade the node " + "; ".join(
+            last.get(plan.node.address, ["did not settle"])
+        )
+        res.checks.append(
+            Check(
+                "schematic and extensions",
+                False,
+                res.message,
+                fix=f"talosctl -n {plan.node.address} get extensions",
+                cause="the node rolled back or booted an image without the GPU extensions",
+            )
+        )

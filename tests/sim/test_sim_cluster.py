@@ -1,0 +1,209 @@
+"""``runbook sim up|status|down``, the daemon, the shared state API and the named scenarios."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from runbook_lib.sim import cluster, scenarios
+from runbook_lib.sim.state import (
+    Gpu,
+    load_node,
+    load_nodes,
+    locked_node,
+    normalize_talos_version,
+    runtime,
+    save_node,
+    sim_paths,
+)
+from runbook_lib.sim.talosctl import images
+
+
+def runbook(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "runbook_lib", *args], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+@pytest.mark.slow
+def test_sim_up_status_down(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    r = runbook("sim", "up", "--state", str(state), "--nodes", "2", "--talos-version", "1.13")
+    try:
+        assert r.returncode == 0, r.stderr
+        paths = sim_paths(state)
+        assert f"talosconfig: {paths.talosconfig}" in r.stdout
+        assert f"talosctl:    {paths.bin_dir / 'talosctl'}" in r.stdout
+        endpoints = json.loads(paths.endpoints.read_text())
+        pid = endpoints["pid"]
+        os.kill(pid, 0)  # the daemon runs
+        if "factory" in endpoints:
+            with urllib.request.urlopen(endpoints["factory"] + "/versions", timeout=5) as resp:
+                assert resp.status == 200
+        if "kube" in endpoints:
+            assert paths.kubeconfig.exists()
+            kc = yaml.safe_load(paths.kubeconfig.read_text())
+            assert kc["clusters"][0]["cluster"]["server"] == endpoints["kube"]
+        tc = yaml.safe_load(paths.talosconfig.read_text())
+        ctx = tc["contexts"][tc["context"]]
+        assert ctx["endpoints"] == ["10.5.0.2"] and ctx["nodes"] == ["10.5.0.2"]
+        status = runbook("sim", "status", "--state", str(state), "--json")
+        info = json.loads(status.stdout)
+        assert info["daemon_pid"] == pid
+        assert [n["role"] for n in info["nodes"]] == ["controlplane", "worker", "worker"]
+        v = subprocess.run(
+            [
+                str(paths.bin_dir / "talosctl"),
+                "--talosconfig",
+                str(paths.talosconfig),
+                "version",
+                "--short",
+                "-n",
+                "10.5.0.3",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert v.returncode == 0 and "v1.13.9" in v.stdout
+    finally:
+        down = runbook("sim", "down", "--state", str(state))
+    assert down.returncode == 0 and down.stdout == "simulator stopped\n"
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("daemon still running after sim down")
+    assert sim_paths(state).talosconfig.exists()  # state is kept without --purge
+    assert runbook("sim", "down", "--state", str(state), "--purge").returncode == 0
+    assert not state.exists()
+
+
+def test_sim_up_without_daemon_and_bad_input(tmp_path: Path) -> None:
+    r = runbook(
+        "sim", "up", "--state", str(tmp_path), "--no-daemon", "--nodes", "1", "--scenario", "gpu-ready"
+    )
+    assert r.returncode == 0, r.stderr
+    assert not sim_paths(tmp_path).endpoints.exists()
+    r = runbook("sim", "up", "--state", str(tmp_path), "--no-daemon", "--talos-version", "2.99")
+    assert r.returncode == 2 and "unknown Talos minor version" in r.stderr
+
+
+def test_sim_fault_command(tmp_path: Path) -> None:
+    cluster.create(tmp_path, cluster.ClusterSpec(workers=1))
+    r = runbook("sim", "fault", "--state", str(tmp_path), "10.5.0.3", "slow_ms", "250")
+    assert r.returncode == 0, r.stderr
+    assert load_node(tmp_path, "10.5.0.3").faults == {"slow_ms": 250}
+    runbook("sim", "fault", "--state", str(tmp_path), "10.5.0.3", "slow_ms", "--clear")
+    assert load_node(tmp_path, "10.5.0.3").faults == {}
+
+
+def test_state_round_trip_and_lookup_by_address(tmp_path: Path) -> None:
+    nodes = cluster.create(tmp_path, cluster.ClusterSpec(workers=3, talos_version="1.8", gpus_per_worker=2))
+    loaded = load_nodes(tmp_path)
+    assert loaded == nodes
+    assert load_node(tmp_path, "10.5.0.4").name == "talos-worker-2"
+    assert len({g.uuid for n in loaded for g in n.gpus}) == 6
+    assert all(isinstance(g, Gpu) and g.uuid.startswith("GPU-") for g in loaded[1].gpus)
+    with pytest.raises(KeyError):
+        load_node(tmp_path, "10.9.9.9")
+
+
+def test_concurrent_locked_updates_do_not_lose_writes(tmp_path: Path) -> None:
+    cluster.create(tmp_path, cluster.ClusterSpec(workers=1))
+
+    def bump() -> None:
+        for _ in range(20):
+            with locked_node(tmp_path, "10.5.0.3") as n:
+                n.boot_count += 1
+
+    threads = [threading.Thread(target=bump) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert load_node(tmp_path, "10.5.0.3").boot_count == 1 + 80
+
+
+def test_runtime_rules(tmp_path: Path) -> None:
+    cluster.create(tmp_path, cluster.ClusterSpec(workers=1, talos_version="1.12"))
+    node = load_node(tmp_path, "10.5.0.3")
+    scenarios.install_nvidia(tmp_path, node, patch_modules=False)
+    rt = runtime(node)
+    assert rt.modules_live == {} and rt.toolkit_active and rt.bpf_jit_harden == 2
+    assert rt.services["ext-nvidia-persistenced"] == "Waiting"
+    scenarios.install_nvidia(tmp_path, node, patch_modules=True)
+    rt = runtime(node)
+    assert set(rt.modules_live) == {"nvidia", "nvidia_uvm", "nvidia_drm", "nvidia_modeset"}
+    assert rt.driver_flavor == "open" and rt.bpf_jit_harden == 1
+    assert rt.cri_runtime_handlers == {"runc", "nvidia"} and rt.default_runtime == "runc"
+    node.gpus = []
+    assert runtime(node).driver_version is None  # nvidia does not bind without a GPU
+    save_node(tmp_path, node)
+
+
+def test_proprietary_track(tmp_path: Path) -> None:
+    cluster.create(tmp_path, cluster.ClusterSpec(workers=1, talos_version="1.12"))
+    node = load_node(tmp_path, "10.5.0.3")
+    sid = scenarios.register_schematic(
+        tmp_path,
+        ["siderolabs/nonfree-kmod-nvidia-production", "siderolabs/nvidia-container-toolkit-production"],
+    )
+    _ref, exts = images.resolve(tmp_path, f"factory.talos.dev/installer/{sid}:v1.12.11", {})
+    node.extensions = exts
+    scenarios.install_nvidia(tmp_path, node, track="production")
+    node.extensions = exts
+    rt = runtime(node)
+    assert rt.driver_flavor == "proprietary"
+    assert rt.driver_version == rt.toolkit_driver_version
+
+
+@pytest.mark.parametrize("name", sorted(scenarios.SCENARIOS))
+def test_every_scenario_builds(tmp_path: Path, name: str) -> None:
+    nodes = cluster.create(tmp_path, cluster.ClusterSpec(workers=3, talos_version="1.12", scenario=name))
+    assert len(nodes) == 4
+    if name == "fresh":
+        assert all(not n.faults and not n.extensions for n in nodes)
+    elif name in ("gpu-ready", "extensions-no-patch", "mixed-fleet"):
+        assert all(not n.faults for n in nodes)
+    else:
+        assert any(n.faults for n in nodes)
+
+
+def test_version_normalisation() -> None:
+    assert normalize_talos_version("1.12") == "v1.12.11"
+    assert normalize_talos_version("v1.8.2") == "v1.8.2"
+    with pytest.raises(ValueError):
+        normalize_talos_version("latest")
+
+
+def test_thousand_nodes_are_created_and_loaded_quickly(tmp_path: Path) -> None:
+    start = time.monotonic()
+    cluster.create(tmp_path, cluster.ClusterSpec(workers=1000, talos_version="1.12"))
+    created = time.monotonic() - start
+    start = time.monotonic()
+    nodes = load_nodes(tmp_path)
+    loaded = time.monotonic() - start
+    assert len(nodes) == 1001
+    assert nodes[-1].address == "10.5.3.234"
+    assert created < 20 and loaded < 10  # generous bounds for a shared 2-core machine; see benchmarks/
+
+
+def test_running_context_manager_without_daemon(tmp_path: Path) -> None:
+    with cluster.running(tmp_path, cluster.ClusterSpec(workers=1), daemon=False) as paths:
+        assert (paths.bin_dir / "talosctl").exists()
+        assert len(load_nodes(tmp_path)) == 2
+    assert cluster.daemon_pid(tmp_path) is None

@@ -1,0 +1,153 @@
+"""The simulated talosctl's command line: flags, errors, streams and exit codes as the real CLI's."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from runbook_lib.sim.cluster import ClusterSpec, create
+from runbook_lib.sim.state import sim_paths
+from runbook_lib.sim.talosctl import flags as fl
+
+REF = Path(__file__).resolve().parents[2] / ".." / "shared" / "reference" / "talos"
+COMMANDS = [
+    "get",
+    "health",
+    "kubeconfig",
+    "machineconfig patch",
+    "patch",
+    "read",
+    "reboot",
+    "upgrade",
+    "version",
+]
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    state = tmp_path_factory.mktemp("sim")
+    create(state, ClusterSpec(workers=2, talos_version="1.12"))
+    return state
+
+
+def talosctl(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    paths = sim_paths(state)
+    return subprocess.run(
+        [str(paths.bin_dir / "talosctl"), "--talosconfig", str(paths.talosconfig), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def _reference_flags(version: str, command: str) -> set[tuple[str, str, str]]:
+    """(shorthand, name, type) of every flag the published reference lists for a command."""
+    path = REF / f"talosctl-cli.v{version}.md"
+    if not path.exists():
+        pytest.skip(f"talosctl reference {path} not present (../shared is not checked out)")
+    sections = re.split(r"^## ", path.read_text(), flags=re.M)
+    title = f"talosctl {command}".strip()
+    section = next(s for s in sections if s.split("\n", 1)[0].strip() == title)
+    flags: set[tuple[str, str, str]] = set()
+    for block in re.findall(
+        r"### Options(?: inherited from parent commands)?\n\n```\n(.*?)```", section, re.S
+    ):
+        for line in block.splitlines():
+            m = re.match(r"^  (?:-(\w), )?\s*--([\w-]+)(?: (\S.*?))?\s{2,}", line)
+            assert m, line
+            flags.add((m.group(1) or "", m.group(2), (m.group(3) or "").strip()))
+    return flags
+
+
+@pytest.mark.parametrize("version", ["1.10", "1.11", "1.12", "1.13"])
+@pytest.mark.parametrize("command", COMMANDS)
+def test_flag_tables_match_the_real_cli_reference(version: str, command: str) -> None:
+    major, minor = (int(x) for x in version.split("."))
+    local, inherited = fl.flag_specs(command, (major, minor))
+    ours = {(s.short, s.name, s.type) for s in local + inherited}
+    assert ours == _reference_flags(version, command)
+
+
+def test_older_clients_use_the_oldest_reference_table() -> None:
+    assert fl.table_version((1, 7)) == "1.10"
+    assert fl.table_version((1, 8)) == "1.10"
+    _local, inherited = fl.flag_specs("get", (1, 8))
+    assert "nodes" in {s.name for s in inherited}
+
+
+def test_unknown_flag_is_rejected_with_usage_on_stderr(sim: Path) -> None:
+    r = talosctl(sim, "get", "extensions", "--bogus")
+    assert r.returncode == 1
+    assert r.stdout == ""
+    assert r.stderr.startswith("unknown flag: --bogus\n\nUsage:\n  talosctl get <type> [<id>] [flags]\n")
+    assert "  -o, --output string" in r.stderr
+
+
+def test_unknown_shorthand_and_missing_value(sim: Path) -> None:
+    r = talosctl(sim, "get", "extensions", "-z")
+    assert (r.returncode, r.stderr.splitlines()[0]) == (1, "unknown shorthand flag: 'z' in -z")
+    r = talosctl(sim, "upgrade", "--image")
+    assert (r.returncode, r.stderr.splitlines()[0]) == (1, "flag needs an argument: --image")
+
+
+def test_invalid_flag_values_are_rejected(sim: Path) -> None:
+    r = talosctl(sim, "upgrade", "--timeout", "soon", "-n", "10.5.0.3")
+    assert r.returncode == 1
+    assert r.stderr.startswith('invalid argument "soon" for "--timeout" flag: time: invalid duration "soon"')
+    r = talosctl(sim, "patch", "mc", "--mode", "sometimes", "-p", "{}")
+    assert r.returncode == 1
+    assert r.stderr.startswith('invalid argument "sometimes" for "-m, --mode" flag')
+
+
+def test_unknown_command_suggests_like_cobra(sim: Path) -> None:
+    r = talosctl(sim, "gte", "extensions")
+    assert r.returncode == 1
+    assert r.stderr.startswith('unknown command "gte" for "talosctl"\n\nDid you mean this?\n')
+    assert "\tget\n" in r.stderr
+
+
+def test_flag_placement_before_the_command_is_accepted(sim: Path) -> None:
+    r = talosctl(sim, "-n", "10.5.0.3", "get", "extensions")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("NODE ")
+
+
+def test_wrong_argument_count(sim: Path) -> None:
+    r = talosctl(sim, "get")
+    assert r.returncode == 1
+    assert r.stderr.startswith("accepts between 1 and 2 arg(s), received 0\n\nUsage:")
+
+
+def test_nodes_not_set(tmp_path: Path, sim: Path) -> None:
+    cfg = tmp_path / "talosconfig"
+    cfg.write_text("context: c\ncontexts:\n    c:\n        endpoints:\n            - 10.5.0.2\n")
+    r = subprocess.run(
+        [str(sim_paths(sim).bin_dir / "talosctl"), "--talosconfig", str(cfg), "get", "extensions"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert r.returncode == 1
+    assert r.stderr.startswith(
+        "nodes are not set for the command: please use `--nodes` flag or configuration file to set the nodes "
+        "to run the command against\n\nUsage:"
+    )
+
+
+def test_help_goes_to_stdout_and_exits_zero(sim: Path) -> None:
+    r = talosctl(sim, "patch", "--help")
+    assert r.returncode == 0
+    assert "--patch-file string" in r.stdout
+    assert r.stderr == ""
+
+
+def test_client_version_follows_the_cluster(tmp_path: Path) -> None:
+    create(tmp_path, ClusterSpec(workers=1, talos_version="1.13"))
+    r = talosctl(tmp_path, "upgrade", "--stage", "-n", "10.5.0.3")
+    assert r.returncode == 1 and r.stderr.startswith("unknown flag: --stage")
+    r = talosctl(tmp_path, "version", "--client")
+    assert r.stdout.splitlines()[1] == "\tTag:         v1.13.9"

@@ -1,0 +1,218 @@
+"""``version``, ``get``, ``read`` of the simulated talosctl on Talos 1.7, 1.8, 1.12 and 1.13 nodes."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from runbook_lib.sim.cluster import ClusterSpec, create
+from runbook_lib.sim.faults import inject
+from runbook_lib.sim.state import sim_paths
+
+VERSIONS = ["1.7", "1.8", "1.12", "1.13"]
+W1, W2 = "10.5.0.3", "10.5.0.4"
+
+
+def talosctl(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    paths = sim_paths(state)
+    return subprocess.run(
+        [str(paths.bin_dir / "talosctl"), "--talosconfig", str(paths.talosconfig), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module", params=VERSIONS)
+def ready(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    """A cluster whose GPU workers already run the NVIDIA schematic with the modules patch."""
+    state = tmp_path_factory.mktemp(f"ready-{request.param}")
+    create(state, ClusterSpec(workers=2, talos_version=request.param, scenario="gpu-ready"))
+    return request.param, state
+
+
+@pytest.fixture(scope="module", params=VERSIONS)
+def fresh(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    state = tmp_path_factory.mktemp(f"fresh-{request.param}")
+    create(state, ClusterSpec(workers=2, talos_version=request.param))
+    return request.param, state
+
+
+def json_stream(text: str) -> list[dict[str, object]]:
+    decoder = json.JSONDecoder()
+    objs, idx = [], 0
+    text = text.strip()
+    while idx < len(text):
+        obj, end = decoder.raw_decode(text, idx)
+        objs.append(obj)
+        idx = end
+        while idx < len(text) and text[idx].isspace():
+            idx += 1
+    return objs
+
+
+def test_version_reports_node_tag(fresh: tuple[str, Path]) -> None:
+    version, state = fresh
+    r = talosctl(state, "version", "-n", W1)
+    assert r.returncode == 0, r.stderr
+    server = r.stdout.split("Server:\n", 1)[1]
+    assert f"\tNODE:        {W1}\n" in server
+    assert re.search(rf"\tTag:         v{re.escape(version)}\.\d+\n", server)
+
+
+def test_fresh_node_shows_only_the_vanilla_schematic(fresh: tuple[str, Path]) -> None:
+    _v, state = fresh
+    r = talosctl(state, "get", "extensions", "-n", W1)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].split() == ["NODE", "NAMESPACE", "TYPE", "ID", "VERSION", "NAME", "VERSION"]
+    assert lines[1].split() == [
+        W1,
+        "runtime",
+        "ExtensionStatus",
+        "0",
+        "1",
+        "schematic",
+        "376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba",
+    ]
+    assert len(lines) == 2
+
+
+def test_fresh_node_has_no_driver(fresh: tuple[str, Path]) -> None:
+    _v, state = fresh
+    r = talosctl(state, "read", "/proc/driver/nvidia/version", "-n", W1)
+    assert r.returncode == 1
+    assert "no such file or directory" in r.stderr
+    assert talosctl(state, "read", "/proc/modules", "-n", W1).stdout == ""
+    assert talosctl(state, "read", "/proc/sys/net/core/bpf_jit_harden", "-n", W1).stdout == "2\n"
+
+
+def test_extensions_named_per_version(ready: tuple[str, Path]) -> None:
+    version, state = ready
+    r = talosctl(state, "get", "extensions", "-n", W1, "-o", "json")
+    assert r.returncode == 0, r.stderr
+    objs = json_stream(r.stdout)
+    names = [o["spec"]["metadata"]["name"] for o in objs]  # type: ignore[index]
+    suffix = "" if version == "1.7" else "-lts"
+    assert names == [
+        f"nvidia-open-gpu-kernel-modules{suffix}",
+        f"nvidia-container-toolkit{suffix}",
+        "schematic",
+    ]
+    kmod_version = objs[0]["spec"]["metadata"]["version"]  # type: ignore[index]
+    assert re.fullmatch(rf"\d+\.\d+\.\d+-v{re.escape(version)}\.\d+", str(kmod_version))
+
+
+def test_json_output_is_a_stream_of_indented_objects(ready: tuple[str, Path]) -> None:
+    _v, state = ready
+    r = talosctl(state, "get", "extensions", "-n", f"{W1},{W2}", "-o", "json")
+    assert not r.stdout.lstrip().startswith("[")
+    assert r.stdout.startswith('{\n    "metadata": {\n        "created"')
+    objs = json_stream(r.stdout)
+    assert [o["node"] for o in objs] == [W1] * 3 + [W2] * 3
+    assert "\\u003e= v" in r.stdout  # Go's json escapes '>' in the compatibility constraint
+
+
+def test_yaml_output_documents(ready: tuple[str, Path]) -> None:
+    _v, state = ready
+    r = talosctl(state, "get", "extensions", "-n", W1, "-o", "yaml")
+    docs = list(yaml.safe_load_all(r.stdout))
+    assert len(docs) == 3
+    assert all(d["node"] == W1 for d in docs)
+    assert docs[0]["metadata"]["type"] == "ExtensionStatuses.runtime.talos.dev"
+    assert docs[0]["metadata"]["owner"] == "runtime.ExtensionStatusController"
+    assert r.stdout.startswith(f"node: {W1}\nmetadata:\n    namespace: runtime\n")
+
+
+def test_modules_live_only_from_1_11(ready: tuple[str, Path]) -> None:
+    version, state = ready
+    r = talosctl(state, "get", "modules", "-n", W1)
+    if version in ("1.7", "1.8"):
+        assert r.returncode == 1
+        assert r.stderr.startswith(
+            f'1 error occurred:\n\t* {W1}: rpc error: code = NotFound desc = resource "modules"'
+        )
+        return
+    assert r.returncode == 0, r.stderr
+    rows = [line.split() for line in r.stdout.splitlines()[1:]]
+    assert {row[3] for row in rows} == {"nvidia", "nvidia_uvm", "nvidia_drm", "nvidia_modeset"}
+    assert {row[5] for row in rows} == {"Live"}
+
+
+def test_proc_files_show_the_open_driver(ready: tuple[str, Path]) -> None:
+    _v, state = ready
+    mods = talosctl(state, "read", "/proc/modules", "-n", W1).stdout
+    assert re.search(r"^nvidia_uvm \d+ - - Live 0x[0-9a-f]+ \(O\)$", mods, re.M)
+    drv = talosctl(state, "read", "/proc/driver/nvidia/version", "-n", W1).stdout
+    m = re.search(r"Kernel Module(?: for \S+)?\s+(\d+\.\d+(?:\.\d+)?)", drv)
+    assert m and drv.startswith("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64")
+    ext = json_stream(talosctl(state, "get", "extensions", "0", "-n", W1, "-o", "json").stdout)[0]
+    assert str(ext["spec"]["metadata"]["version"]).startswith(m.group(1) + "-")  # type: ignore[index]
+
+
+def test_bpf_jit_harden_follows_the_patch(ready: tuple[str, Path]) -> None:
+    version, state = ready
+    value = talosctl(state, "read", "/proc/sys/net/core/bpf_jit_harden", "-n", W1).stdout.strip()
+    assert value == ("2" if version == "1.13" else "1")
+
+
+def test_services_depend_on_toolkit_and_version(ready: tuple[str, Path], fresh: tuple[str, Path]) -> None:
+    version, state = ready
+    ids = [line.split()[3] for line in talosctl(state, "get", "services", "-n", W1).stdout.splitlines()[1:]]
+    assert "ext-nvidia-persistenced" in ids
+    assert ("ext-nvidia-cdi-gen" in ids) == (version == "1.13")
+    _v, fresh_state = fresh
+    ids = [
+        line.split()[3] for line in talosctl(fresh_state, "get", "services", "-n", W1).stdout.splitlines()[1:]
+    ]
+    assert not [i for i in ids if i.startswith("ext-nvidia")]
+
+
+def test_members_list_the_cluster(fresh: tuple[str, Path]) -> None:
+    _v, state = fresh
+    r = talosctl(state, "get", "members", "-o", "jsonpath={.spec.machineType}")
+    assert r.stdout.splitlines() == ["controlplane", "worker", "worker"]
+
+
+def test_machineconfig_yaml_spec_is_the_config(fresh: tuple[str, Path]) -> None:
+    _v, state = fresh
+    doc = yaml.safe_load(talosctl(state, "get", "mc", "-n", W1, "-o", "yaml").stdout)
+    config = yaml.safe_load(doc["spec"])
+    assert config["machine"]["type"] == "worker"
+    assert doc["metadata"]["id"] == "v1alpha1"
+
+
+def test_unreachable_node_is_aggregated_while_others_answer(tmp_path: Path) -> None:
+    create(tmp_path, ClusterSpec(workers=3, talos_version="1.12"))
+    inject(tmp_path, W2, "unreachable", "no_route")
+    inject(tmp_path, "10.5.0.5", "unreachable")
+    r = talosctl(tmp_path, "get", "extensions", "-n", f"{W1},{W2},10.5.0.5")
+    assert r.returncode == 1
+    assert [line.split()[0] for line in r.stdout.splitlines()[1:]] == [W1]
+    assert r.stderr == (
+        "2 errors occurred:\n"
+        f'\t* {W2}: rpc error: code = Unavailable desc = connection error: desc = "transport: Error while dialing: '
+        f'dial tcp {W2}:50000: connect: no route to host"\n'
+        '\t* 10.5.0.5: rpc error: code = Unavailable desc = connection error: desc = "transport: Error while '
+        'dialing: dial tcp 10.5.0.5:50000: connect: connection refused"\n\n\n'
+    )
+
+
+def test_read_refuses_several_nodes(fresh: tuple[str, Path]) -> None:
+    _v, state = fresh
+    r = talosctl(state, "read", "/proc/modules", "-n", f"{W1},{W2}")
+    assert r.returncode == 1
+    assert r.stderr.startswith('command "read" is not supported with multiple nodes\n\nUsage:')
+
+
+def test_missing_resource_id(fresh: tuple[str, Path]) -> None:
+    _v, state = fresh
+    r = talosctl(state, "get", "extensions", "7", "-n", W1)
+    assert r.returncode == 1
+    assert "resource ExtensionStatuses.runtime.talos.dev(runtime/7@undefined) doesn't exist" in r.stderr

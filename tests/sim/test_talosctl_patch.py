@@ -1,0 +1,330 @@
+"""Talos patch semantics (detection, strategic merge, JSON6902) and ``talosctl patch mc`` / ``machineconfig patch``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from runbook_lib.sim import patching
+from runbook_lib.sim.cluster import ClusterSpec, create
+from runbook_lib.sim.faults import inject
+from runbook_lib.sim.machineconfig import worker_config
+from runbook_lib.sim.state import load_node, normalize_talos_version, runtime, sim_paths
+
+REF = Path(__file__).resolve().parents[2] / ".." / "shared" / "reference" / "talos"
+W1 = "10.5.0.3"
+MODULES = {"machine": {"kernel": {"modules": [{"name": "nvidia"}, {"name": "nvidia_uvm"}]}}}
+
+
+def talosctl(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    paths = sim_paths(state)
+    return subprocess.run(
+        [str(paths.bin_dir / "talosctl"), "--talosconfig", str(paths.talosconfig), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def validate_against_schema(config: list[dict[str, Any]], talos_minor: str) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    schema_minor = talos_minor if talos_minor in ("1.10", "1.11", "1.12", "1.13") else "1.10"
+    path = REF / f"config.schema.v{schema_minor}.json"
+    if not path.exists():
+        pytest.skip(f"config schema {path} not present (../shared is not checked out)")
+    schema = json.loads(path.read_text())
+    for doc in config:
+        jsonschema.validate(doc, schema)
+
+
+# ---------------------------------------------------------------- detection
+
+
+def test_patch_kind_detection() -> None:
+    assert isinstance(patching.load_patch(b"machine:\n  sysctls: {a: '1'}\n"), patching.StrategicPatch)
+    assert isinstance(
+        patching.load_patch(b'[{"op": "add", "path": "/machine/x", "value": 1}]'), patching.JSONPatch
+    )
+    assert isinstance(patching.load_patch(b"- op: add\n  path: /machine/x\n  value: 1\n"), patching.JSONPatch)
+    multi = b"apiVersion: v1alpha1\nkind: KernelModuleConfig\nname: nvidia\n---\nmachine: {}\n"
+    p = patching.load_patch(multi)
+    assert isinstance(p, patching.StrategicPatch) and len(p.documents) == 2
+    with pytest.raises(patching.PatchError):
+        patching.load_patch(b"- just\n- a list\n")
+
+
+def test_bare_filename_only_from_talosctl_1_12(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "gpu.yaml").write_text(yaml.safe_dump(MODULES))
+    assert isinstance(patching.load_patches(["gpu.yaml"], (1, 12))[0], patching.StrategicPatch)
+    with pytest.raises(patching.PatchError):
+        patching.load_patches(["gpu.yaml"], (1, 10))
+    with pytest.raises(patching.PatchError, match=r"open missing\.yaml: no such file or directory"):
+        patching.load_patches(["@missing.yaml"], (1, 10))
+
+
+def test_consecutive_json_patches_are_merged() -> None:
+    patches = patching.load_patches(
+        ['[{"op":"add","path":"/a","value":1}]', "- op: add\n  path: /b\n  value: 2\n"], (1, 12)
+    )
+    assert len(patches) == 1 and isinstance(patches[0], patching.JSONPatch)
+    assert len(patches[0].operations) == 2
+
+
+# ---------------------------------------------------------------- merge semantics
+
+
+def test_strategic_merge_appends_lists_so_reapplying_duplicates() -> None:
+    cfg = worker_config("v1.12.11")
+    patch = patching.StrategicPatch([MODULES])
+    once = patching.apply_strategic(cfg, patch)
+    twice = patching.apply_strategic(once, patch)
+    names = [m["name"] for m in twice[0]["machine"]["kernel"]["modules"]]
+    assert names == ["nvidia", "nvidia_uvm", "nvidia", "nvidia_uvm"]
+    assert cfg[0]["machine"].get("kernel") is None  # the input is not modified
+
+
+def test_strategic_merge_exceptions_and_deletes() -> None:
+    cfg = worker_config("v1.12.11")
+    patch = patching.StrategicPatch(
+        [
+            {
+                "cluster": {"network": {"podSubnets": ["10.32.0.0/12"]}},
+                "machine": {"features": {"$patch": "delete"}},
+            }
+        ]
+    )
+    out = patching.apply_strategic(cfg, patch)[0]
+    assert out["cluster"]["network"]["podSubnets"] == ["10.32.0.0/12"]
+    assert "features" not in out["machine"]
+    ifaces = patching.StrategicPatch(
+        [{"machine": {"network": {"interfaces": [{"interface": "eth0", "mtu": 9000}]}}}]
+    )
+    out2 = patching.apply_strategic(patching.apply_strategic(cfg, ifaces), ifaces)[0]
+    assert out2["machine"]["network"]["interfaces"] == [{"interface": "eth0", "mtu": 9000}]
+
+
+def test_multi_document_matched_by_kind_and_name() -> None:
+    cfg = worker_config("v1.12.11")
+    esc = {
+        "apiVersion": "v1alpha1",
+        "kind": "ExtensionServiceConfig",
+        "name": "nut-client",
+        "configFiles": [{"content": "a", "mountPath": "/etc/a"}],
+    }
+    step1 = patching.apply_strategic(cfg, patching.StrategicPatch([esc]))
+    assert len(step1) == 2
+    update = {
+        **esc,
+        "configFiles": [{"content": "b", "mountPath": "/etc/a"}, {"content": "c", "mountPath": "/etc/c"}],
+    }
+    step2 = patching.apply_strategic(step1, patching.StrategicPatch([update]))
+    assert step2[1]["configFiles"] == [
+        {"content": "b", "mountPath": "/etc/a"},
+        {"content": "c", "mountPath": "/etc/c"},
+    ]
+    deleted = patching.apply_strategic(
+        step2,
+        patching.StrategicPatch(
+            [
+                {
+                    "apiVersion": "v1alpha1",
+                    "kind": "ExtensionServiceConfig",
+                    "name": "nut-client",
+                    "$patch": "delete",
+                }
+            ]
+        ),
+    )
+    assert len(deleted) == 1
+    with pytest.raises(patching.PatchError, match="not supported for multi-document"):
+        patching.apply_json6902(step2, patching.JSONPatch([{"op": "add", "path": "/debug", "value": True}]))
+
+
+def test_json6902_errors_are_reported() -> None:
+    cfg = worker_config("v1.12.11")
+    with pytest.raises(patching.PatchError):
+        patching.apply_json6902(cfg, patching.JSONPatch([{"op": "remove", "path": "/machine/nothere"}]))
+
+
+def test_encoding_is_go_yaml_style() -> None:
+    text = patching.encode_config(
+        patching.apply_strategic(worker_config("v1.12.11"), patching.StrategicPatch([MODULES]))
+    )
+    assert (
+        "    kernel:\n        modules:\n            - name: nvidia\n            - name: nvidia_uvm\n" in text
+    )
+    assert "certSANs: []\n" in text
+
+
+@pytest.mark.parametrize("version", ["1.7", "1.8", "1.12", "1.13"])
+def test_generated_and_patched_configs_validate_against_the_schema(version: str) -> None:
+    cfg = worker_config(normalize_talos_version(version))
+    validate_against_schema(cfg, version)
+    files = {
+        "machine": {
+            "files": [
+                {
+                    "content": '[plugins]\n  default_runtime_name = "nvidia"\n',
+                    "path": "/etc/cri/conf.d/20-customization.part",
+                    "op": "create",
+                }
+            ],
+            "sysctls": {"net.core.bpf_jit_harden": "1"},
+        }
+    }
+    patched = patching.apply_patches(cfg, [patching.StrategicPatch([MODULES, files])])
+    validate_against_schema(patched, version)
+
+
+# ---------------------------------------------------------------- through the CLI
+
+
+@pytest.fixture
+def ext_cluster(tmp_path: Path) -> Path:
+    create(tmp_path, ClusterSpec(workers=2, talos_version="1.12", scenario="extensions-no-patch"))
+    return tmp_path
+
+
+def test_dry_run_prints_a_diff_on_stderr_and_changes_nothing(ext_cluster: Path, tmp_path: Path) -> None:
+    patch = tmp_path / "gpu.yaml"
+    patch.write_text(yaml.safe_dump(MODULES))
+    r = talosctl(ext_cluster, "patch", "mc", "-n", W1, "--patch", f"@{patch}", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == ""
+    assert r.stderr.startswith(
+        f"patched MachineConfigs.config.talos.dev/v1alpha1 at the node {W1}\n"
+        "Dry run summary:\nApplied configuration without a reboot (skipped in dry-run).\nConfig diff:\n\n--- a\n+++ b\n@@ "
+    )
+    assert "+    kernel:\n+        modules:\n+            - name: nvidia\n" in r.stderr
+    assert runtime(load_node(ext_cluster, W1)).modules_live == {}
+
+
+def test_apply_makes_modules_live_and_reapply_is_detected(ext_cluster: Path) -> None:
+    jp = json.dumps(
+        [
+            {
+                "op": "add",
+                "path": "/machine/kernel",
+                "value": {"modules": [{"name": "nvidia"}, {"name": "nvidia_uvm"}]},
+            }
+        ]
+    )
+    r = talosctl(ext_cluster, "patch", "machineconfig", "-n", W1, "-p", jp)
+    assert r.returncode == 0, r.stderr
+    assert (
+        r.stderr
+        == f"patched MachineConfigs.config.talos.dev/v1alpha1 at the node {W1}\nApplied configuration without a reboot\n"
+    )
+    assert set(runtime(load_node(ext_cluster, W1)).modules_live) == {"nvidia", "nvidia_uvm"}
+    r = talosctl(ext_cluster, "patch", "machineconfig", "-n", W1, "-p", jp)
+    assert (r.returncode, r.stderr) == (0, "Apply was skipped: no changes detected.\n")
+
+
+def test_files_change_reboots_in_auto_and_fails_in_no_reboot(ext_cluster: Path, tmp_path: Path) -> None:
+    patch = tmp_path / "rt.yaml"
+    patch.write_text(
+        yaml.safe_dump(
+            {
+                "machine": {
+                    "files": [
+                        {
+                            "content": '[plugins]\n  default_runtime_name = "nvidia"\n',
+                            "path": "/etc/cri/conf.d/20-customization.part",
+                            "op": "create",
+                        }
+                    ]
+                }
+            }
+        )
+    )
+    r = talosctl(ext_cluster, "patch", "mc", "-n", W1, "--patch-file", str(patch), "--mode", "no-reboot")
+    assert r.returncode == 1
+    assert r.stderr.startswith(f"{W1}: rpc error: code = InvalidArgument")
+    before = load_node(ext_cluster, W1).boot_count
+    r = talosctl(ext_cluster, "patch", "mc", "-n", W1, "--patch-file", str(patch))
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.endswith("Applied configuration with a reboot\n")
+    node = load_node(ext_cluster, W1)
+    assert node.boot_count == before + 1
+    assert runtime(node).default_runtime == "nvidia"
+
+
+def test_staged_mode_applies_at_next_reboot(ext_cluster: Path) -> None:
+    r = talosctl(ext_cluster, "patch", "mc", "-n", W1, "-m", "staged", "-p", yaml.safe_dump(MODULES))
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.endswith("Staged configuration to be applied after the next reboot\n")
+    assert runtime(load_node(ext_cluster, W1)).modules_live == {}
+    r = talosctl(ext_cluster, "reboot", "-n", W1)
+    assert r.returncode == 0, r.stderr
+    assert set(runtime(load_node(ext_cluster, W1)).modules_live) == {"nvidia", "nvidia_uvm"}
+
+
+def test_patch_stops_at_the_first_failing_node(ext_cluster: Path) -> None:
+    inject(ext_cluster, W1, "unreachable")
+    r = talosctl(ext_cluster, "patch", "mc", "-n", f"{W1},10.5.0.4", "-p", yaml.safe_dump(MODULES))
+    assert r.returncode == 1
+    assert r.stderr.startswith(f"{W1}: rpc error: code = Unavailable")
+    assert runtime(load_node(ext_cluster, "10.5.0.4")).configured_modules == []
+
+
+def test_invalid_result_is_rejected(ext_cluster: Path) -> None:
+    r = talosctl(
+        ext_cluster,
+        "patch",
+        "mc",
+        "-n",
+        W1,
+        "-p",
+        "machine:\n  kernel:\n    modules:\n      - parameters: [a=1]\n",
+    )
+    assert r.returncode == 1
+    assert "configuration validation failed" in r.stderr
+    assert "machine.kernel.modules[0].name is required" in r.stderr
+
+
+def test_machineconfig_patch_offline(tmp_path: Path, ext_cluster: Path) -> None:
+    src = tmp_path / "worker.yaml"
+    src.write_text(patching.encode_config(worker_config("v1.13.9")))
+    out = tmp_path / "out.yaml"
+    paths = sim_paths(ext_cluster)
+    r = subprocess.run(
+        [
+            str(paths.bin_dir / "talosctl"),
+            "machineconfig",
+            "patch",
+            str(src),
+            "-p",
+            yaml.safe_dump(MODULES),
+            "-o",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    doc = yaml.safe_load(out.read_text())
+    assert [m["name"] for m in doc["machine"]["kernel"]["modules"]] == ["nvidia", "nvidia_uvm"]
+    r = subprocess.run(
+        [str(paths.bin_dir / "talosctl"), "machineconfig", "patch", str(src), "-p", "[]", "-n", W1],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert (r.returncode, r.stderr.splitlines()[0]) == (1, "unknown shorthand flag: 'n' in -n")
+
+
+def test_kernel_module_config_documents_need_talos_1_14(ext_cluster: Path) -> None:
+    kmc = "apiVersion: v1alpha1\nkind: KernelModuleConfig\nname: nvidia\n"
+    with pytest.raises(patching.PatchError, match="KernelModuleConfig"):
+        patching.load_patches([kmc], (1, 13))
+    assert isinstance(patching.load_patches([kmc], (1, 14))[0], patching.StrategicPatch)
+    r = talosctl(ext_cluster, "patch", "mc", "-n", W1, "-p", kmc)
+    assert r.returncode == 1 and "KernelModuleConfig" in r.stderr

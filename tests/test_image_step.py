@@ -1,0 +1,194 @@
+"""The image-upgrade step against the simulated cluster (simulated talosctl + simulated Image Factory)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from runbook_lib.model.params import load_params
+from runbook_lib.model.schematic import schematic_for
+from runbook_lib.sim import factory
+from runbook_lib.sim.cluster import ClusterSpec, create
+from runbook_lib.sim.faults import inject
+from runbook_lib.sim.state import VANILLA_SCHEMATIC, load_node
+from runbook_lib.steps.context import Context, connect
+from runbook_lib.steps.image import image_upgrade
+from runbook_lib.steps.results import StepResult
+
+LTS = ["siderolabs/nvidia-open-gpu-kernel-modules-lts", "siderolabs/nvidia-container-toolkit-lts"]
+GPU_ID = schematic_for(LTS).id
+WORKERS = ["talos-worker-1", "talos-worker-2", "talos-worker-3"]
+
+pytestmark = pytest.mark.slow
+
+
+def _sim(tmp_path: Path, scenario: str = "fresh") -> Iterator[tuple[Path, factory.FactoryServer]]:
+    state = tmp_path / "sim"
+    create(state, ClusterSpec(workers=3, talos_version="v1.12.7", scenario=scenario))
+    with factory.running(state) as server:
+        (state / "endpoints.json").write_text(json.dumps({"factory": server.url}))
+        yield state, server
+
+
+@pytest.fixture
+def sim(tmp_path: Path) -> Iterator[tuple[Path, factory.FactoryServer]]:
+    yield from _sim(tmp_path)
+
+
+def _ctx(state: Path, *, apply: bool, concurrency: int = 1, version: str = "v1.12.7") -> Context:
+    nodes = [{"name": f"talos-worker-{i}", "address": f"10.5.0.{2 + i}"} for i in (1, 2, 3)]
+    data = {
+        "cluster": "sim-gpu",
+        "target": "simulated",
+        "talos_version": version,
+        "nodes": nodes,
+        "track": "lts",
+        "apply": apply,
+        "rollout_concurrency": concurrency,
+    }
+    path = state.parent / "params.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return connect(load_params(str(path), []), state_dir=state)
+
+
+def _run(ctx: Context) -> StepResult:
+    return image_upgrade(ctx, settle_timeout=5.0, poll_interval=0.1)
+
+
+def test_dry_run_returns_exact_commands_and_changes_nothing(sim: tuple[Path, factory.FactoryServer]) -> None:
+    state, server = sim
+    ctx = _ctx(state, apply=False)
+    result = image_upgrade(ctx)
+    assert [n.status for n in result.nodes] == ["planned"] * 3
+    host = server.url.removeprefix("http://")
+    commands = result.data["commands"]
+    assert len(commands) == 3
+    for command, address in zip(commands, ["10.5.0.3", "10.5.0.4", "10.5.0.5"], strict=True):
+        assert " upgrade --image " in command
+        assert f"{host}/metal-installer/{GPU_ID}:v1.12.7" in command
+        assert f"-n {address}" in command
+    assert all(load_node(state, w).schematic_id == VANILLA_SCHEMATIC for w in WORKERS)
+    assert not ctx.journal.changes()
+    assert all(c.ok for c in result.checks)  # the factory resolved the extensions even in a dry run
+    assert [m for m, _ in server.requests if m == "POST"] == []  # ...but nothing was registered
+
+
+def test_apply_moves_nodes_to_the_gpu_schematic_then_skips_them(
+    sim: tuple[Path, factory.FactoryServer],
+) -> None:
+    state, _server = sim
+    result = _run(_ctx(state, apply=True))
+    assert result.ok, result.to_dict()
+    assert result.data["done"] == WORKERS
+    for worker in WORKERS:
+        node = load_node(state, worker)
+        assert node.schematic_id == GPU_ID
+        names = {e.name: e.version for e in node.extensions}
+        assert names["nvidia-open-gpu-kernel-modules-lts"] == "580.105.08-v1.12.7"
+        assert names["nvidia-container-toolkit-lts"].startswith("580.105.08-")
+    again_ctx = _ctx(state, apply=True)
+    again = _run(again_ctx)
+    assert [n.status for n in again.nodes] == ["unchanged"] * 3
+    assert not again_ctx.journal.changes()  # a second run changes nothing
+
+
+def test_every_upgrade_passes_an_image(sim: tuple[Path, factory.FactoryServer]) -> None:
+    state, _server = sim
+    ctx = _ctx(state, apply=True, concurrency=2)
+    _run(ctx)
+    upgrades = [e.argv for e in ctx.journal.changes() if "upgrade" in e.argv]
+    assert len(upgrades) == 3
+    for argv in upgrades:
+        assert argv[argv.index("--image") + 1].endswith(f"/metal-installer/{GPU_ID}:v1.12.7")
+
+
+def test_stops_at_first_failure_and_reports_done_failed_untouched(
+    sim: tuple[Path, factory.FactoryServer],
+) -> None:
+    state, _server = sim
+    inject(state, "talos-worker-2", "upgrade_fails")
+    result = _run(_ctx(state, apply=True))
+    assert not result.ok
+    assert result.data["done"] == ["talos-worker-1"]
+    assert result.data["failed"] == ["talos-worker-2"]
+    assert result.data["untouched"] == ["talos-worker-3"]
+    assert "rolled back" in result.node("talos-worker-2").message
+    assert load_node(state, "talos-worker-1").schematic_id == GPU_ID
+    assert load_node(state, "talos-worker-3").schematic_id == VANILLA_SCHEMATIC
+
+
+def test_factory_problem_fails_before_any_change(sim: tuple[Path, factory.FactoryServer]) -> None:
+    state, _server = sim
+    factory.set_faults(state, missing_extensions={"v1.12.7": [LTS[1]]})
+    ctx = _ctx(state, apply=True)
+    result = _run(ctx)
+    assert not result.ok
+    assert [n.status for n in result.nodes] == ["skipped"] * 3
+    failed = [c for c in result.checks if not c.ok]
+    assert failed and "nvidia-container-toolkit-lts does not exist for Talos v1.12.7" in failed[0].message
+    assert not ctx.journal.changes()
+
+
+def test_unreadable_node_blocks_the_rollout(sim: tuple[Path, factory.FactoryServer]) -> None:
+    state, _server = sim
+    inject(state, "talos-worker-3", "unreachable", "refused")
+    ctx = _ctx(state, apply=True)
+    result = _run(ctx)
+    assert result.data["failed"] == ["talos-worker-3"]
+    assert "connection refused" in result.node("talos-worker-3").message
+    assert result.data["untouched"] == ["talos-worker-1", "talos-worker-2"]
+    assert not ctx.journal.changes()
+
+
+def test_nodes_already_on_the_gpu_schematic_are_skipped(tmp_path: Path) -> None:
+    for state, _server in _sim(tmp_path, scenario="gpu-ready"):
+        ctx = _ctx(state, apply=True)
+        result = _run(ctx)
+        assert [n.status for n in result.nodes] == ["unchanged"] * 3
+        assert not ctx.journal.changes()
+
+
+def test_concurrency_finishes_the_batch_then_stops(sim: tuple[Path, factory.FactoryServer]) -> None:
+    state, _server = sim
+    inject(state, "talos-worker-1", "upgrade_fails")
+    result = _run(_ctx(state, apply=True, concurrency=2))
+    assert result.data["failed"] == ["talos-worker-1"]
+    assert result.data["done"] == ["talos-worker-2"]  # same batch, ran alongside
+    assert result.data["untouched"] == ["talos-worker-3"]
+    assert load_node(state, "talos-worker-3").schematic_id == VANILLA_SCHEMATIC
+
+
+def test_hanging_upgrade_times_out_and_stops_the_rollout(sim: tuple[Path, factory.FactoryServer]) -> None:
+    """extensions#888: the node waits for ext-nvidia-persistenced forever; the step must not wait forever."""
+    state, _server = sim
+    inject(state, "talos-worker-1", "upgrade_hangs")
+    result = image_upgrade(
+        _ctx(state, apply=True), upgrade_timeout=2.0, settle_timeout=2.0, poll_interval=0.1
+    )
+    assert result.data["failed"] == ["talos-worker-1"]
+    assert "timed out" in result.node("talos-worker-1").message
+    assert result.data["untouched"] == ["talos-worker-2", "talos-worker-3"]
+
+
+def test_newer_node_is_not_downgraded(sim: tuple[Path, factory.FactoryServer]) -> None:
+    state, _server = sim
+    ctx = _ctx(state, apply=True, version="v1.12.6")
+    result = _run(ctx)
+    assert [n.status for n in result.nodes] == ["failed"] * 3
+    assert "refusing to downgrade" in result.nodes[0].message
+    assert not ctx.journal.changes()
+
+
+def test_minor_upgrade_plan_warns_about_the_1_13_switch(sim: tuple[Path, factory.FactoryServer]) -> None:
+    state, server = sim
+    result = image_upgrade(_ctx(state, apply=False, version="v1.13.2"))
+    assert [n.status for n in result.nodes] == ["planned"] * 3
+    assert any("uninstall the nvidia-device-plugin" in note for note in result.notes)
+    gpu_113 = next(iter(result.data["boot_assets"]))
+    assert (
+        result.data["boot_assets"][gpu_113]["iso"] == f"{server.url}/image/{gpu_113}/v1.13.2/metal-amd64.iso"
+    )

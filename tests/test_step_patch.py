@@ -1,0 +1,108 @@
+"""Config patching against the simulated cluster: plan changes nothing, apply changes exactly the plan,
+a second run changes nothing, per-node failures stop the rollout."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from runbook_lib.model.machineconfig import config_documents, duplicate_modules
+from runbook_lib.sim.state import load_node
+from runbook_lib.steps.patch import config_patch, read_configs
+from tests.simcluster import sim_cluster
+
+MODULES = ["nvidia", "nvidia_uvm", "nvidia_drm", "nvidia_modeset"]
+
+
+def modules_of(ctx, node):
+    configs, _ = read_configs(ctx, [node])
+    machine = next(d for d in configs[node.address] if "machine" in d)["machine"]
+    return [m["name"] for m in (machine.get("kernel") or {}).get("modules", [])]
+
+
+@pytest.mark.slow
+def test_plan_only_shows_a_diff_and_changes_nothing(tmp_path):
+    with sim_cluster(tmp_path, daemon=False) as (params, ctx):
+        result = config_patch(ctx)
+        assert result.status == "planned" and result.counts() == {"planned": 2}
+        (group,) = result.data["groups"]
+        assert (
+            "Dry run summary:" in group["dry_run"] and "+            - name: nvidia_uvm" in group["dry_run"]
+        )
+        assert yaml.safe_load(group["patch"])["machine"]["sysctls"] == {"net.core.bpf_jit_harden": "1"}
+        assert all(modules_of(ctx, n) == [] for n in params.nodes)
+        assert ctx.journal.changes() == []
+
+
+@pytest.mark.slow
+def test_apply_then_second_run_changes_nothing_and_never_duplicates(tmp_path):
+    with sim_cluster(tmp_path, daemon=False, apply=True, rollout_concurrency=2) as (params, ctx):
+        first = config_patch(ctx)
+        assert first.status == "changed" and first.counts() == {"changed": 2}
+        assert all(c.ok for n in first.nodes for c in n.checks)
+        for node in params.nodes:
+            assert modules_of(ctx, node) == MODULES
+        second = config_patch(ctx)
+        assert second.status == "ok" and second.counts() == {"unchanged": 2}
+        for node in params.nodes:
+            configs, _ = read_configs(ctx, [node])
+            assert duplicate_modules(configs[node.address]) == []
+        changes = ctx.journal.changes()
+        assert len(changes) == 1 and "--dry-run" not in changes[0].argv  # a batch of 2: one call
+
+
+@pytest.mark.slow
+def test_rollout_concurrency_one_patches_node_by_node(tmp_path):
+    with sim_cluster(tmp_path, daemon=False, apply=True, rollout_concurrency=1) as (params, ctx):
+        seen = []
+        config_patch(ctx, progress=lambda done, total: seen.append((done, total)))
+        assert seen == [(1, 2), (2, 2)]
+        assert len(ctx.journal.changes()) == 2
+
+
+@pytest.mark.slow
+def test_only_a_subset_of_nodes(tmp_path):
+    with sim_cluster(tmp_path, daemon=False, apply=True) as (params, ctx):
+        first, second = params.nodes
+        result = config_patch(ctx, only=[first.name])
+        assert [n.node for n in result.nodes] == [first.name]
+        assert modules_of(ctx, first) == MODULES and modules_of(ctx, second) == []
+
+
+@pytest.mark.slow
+def test_default_runtime_patch_reports_the_reboot_it_needs_before_1_14(tmp_path):
+    with sim_cluster(tmp_path, daemon=False, default_runtime_patch=True) as (params, ctx):
+        result = config_patch(ctx)
+        (group,) = result.data["groups"]
+        assert "/etc/cri/conf.d/20-customization.part" in group["patch"]
+        assert all(n.needs_reboot for n in result.nodes)
+
+
+@pytest.mark.slow
+def test_unreachable_node_fails_alone_with_a_fix(tmp_path):
+    with sim_cluster(tmp_path, daemon=False, scenario="unreachable-node", apply=True) as (params, ctx):
+        result = config_patch(ctx)
+        failed = result.failing()
+        assert len(failed) == 1 and "cannot read the machine config" in failed[0].message
+        assert "talosctl -n" in failed[0].checks[0].fix
+        others = [n for n in result.nodes if n.status != "failed"]
+        assert others and all(n.status == "changed" for n in others)
+
+
+@pytest.mark.slow
+def test_patch_on_1_14_uses_kernel_module_config_documents(tmp_path):
+    with sim_cluster(tmp_path, daemon=False, talos_version="v1.14.0") as (params, ctx):
+        result = config_patch(ctx)
+        (group,) = result.data["groups"]
+        kinds = [d["kind"] for d in yaml.safe_load_all(group["patch"])]
+        assert kinds == ["KernelModuleConfig"] * 4
+
+
+def test_sim_node_state_is_what_talosctl_reports(tmp_path):
+    with sim_cluster(tmp_path, daemon=False) as (params, ctx):
+        node = params.nodes[0]
+        configs, _ = read_configs(ctx, [node])
+        assert (
+            config_documents(load_node(tmp_path, node.address).machine_config)[0]["machine"]["type"]
+            == configs[node.address][0]["machine"]["type"]
+        )

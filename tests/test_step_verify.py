@@ -1,0 +1,91 @@
+"""Verification against the simulated cluster: healthy nodes pass, each fault gets the right diagnosis."""
+
+from __future__ import annotations
+
+import pytest
+
+from runbook_lib.steps.patch import config_patch
+from runbook_lib.steps.preflight import preflight
+from runbook_lib.steps.verify import verify
+from tests.simcluster import sim_cluster
+
+
+def failed(result, node_index=-1):
+    node = result.sorted_nodes()[0] if node_index is None else result.nodes[node_index]
+    return {c.name: c for c in node.checks if not c.ok}
+
+
+@pytest.mark.slow
+def test_gpu_ready_nodes_pass_every_check(tmp_path):
+    with sim_cluster(tmp_path, daemon=False, scenario="gpu-ready") as (params, ctx):
+        result = verify(ctx)
+        assert result.ok and result.counts() == {"ok": 2}
+        node = result.nodes[0]
+        assert {"modules", "extensions", "schematic"} <= {c.name for c in node.checks}
+        assert (
+            node.data["driver"] == node.data["extensions"]["nvidia-open-gpu-kernel-modules-lts"].split("-")[0]
+        )
+
+
+@pytest.mark.slow
+def test_fresh_node_needs_the_factory_installer(tmp_path):
+    with sim_cluster(tmp_path, daemon=False, scenario="fresh") as (params, ctx):
+        result = verify(ctx)
+        checks = failed(result)
+        assert "metal-installer/" + ctx.plan.schematic_id in checks["modules"].fix
+        assert "talosctl" in checks["modules"].fix and "upgrade" in checks["modules"].fix
+
+
+@pytest.mark.slow
+def test_extensions_without_the_patch_say_patch_the_machine_config(tmp_path):
+    with sim_cluster(tmp_path, daemon=False, scenario="extensions-no-patch") as (params, ctx):
+        checks = failed(verify(ctx))
+        assert "patch mc" in checks["modules"].fix and "nvidia_uvm" in checks["modules"].fix
+        assert "upgrade" not in checks["modules"].fix.split("\n")[0]
+
+
+@pytest.mark.slow
+def test_patch_then_verify_turns_green_on_a_node_with_extensions(tmp_path):
+    with sim_cluster(tmp_path, daemon=False, scenario="extensions-no-patch", apply=True) as (params, ctx):
+        assert config_patch(ctx).ok
+        result = verify(ctx)
+        assert result.ok, result.to_dict()
+
+
+@pytest.mark.slow
+def test_driver_mismatch_between_tracks_is_named(tmp_path):
+    with sim_cluster(tmp_path, daemon=False, scenario="driver-mismatch") as (params, ctx):
+        result = verify(ctx)
+        messages = " ".join(c.message for n in result.nodes for c in n.checks if not c.ok)
+        assert "different drivers" in messages and "production" in messages
+
+
+@pytest.mark.slow
+def test_unreachable_node_is_reported_alone(tmp_path):
+    with sim_cluster(tmp_path, daemon=False, scenario="unreachable-node") as (params, ctx):
+        result = verify(ctx)
+        unreachable = [n for n in result.nodes if any(c.name == "reachable" for c in n.checks)]
+        assert len(unreachable) == 1 and "connection refused" in unreachable[0].message
+        assert "talosctl -n" in unreachable[0].checks[0].fix
+
+
+@pytest.mark.slow
+def test_preflight_reports_versions_reachability_and_progress(tmp_path):
+    with sim_cluster(tmp_path, scenario="gpu-ready") as (params, ctx):
+        result = preflight(ctx)
+        assert result.ok, result.to_dict()
+        assert result.data["done"]["image"] == "2/2" and result.data["done"]["config"] == "2/2"
+        assert result.data["versions"]["kubernetes"].startswith("v1.")
+
+
+@pytest.mark.slow
+def test_preflight_fails_on_a_talos_version_other_than_planned(tmp_path):
+    with sim_cluster(tmp_path, daemon=False, talos_version="v1.12.6") as (params, ctx):
+        from runbook_lib.model.params import validate
+        from runbook_lib.steps.context import connect
+
+        other = validate({**params.public_dict(), "talos_version": "v1.12.7"}, source="test")
+        result = preflight(connect(other, state_dir=tmp_path))
+        assert not result.ok
+        check = next(c for n in result.nodes for c in n.checks if c.name == "Talos version")
+        assert "v1.12.6" in check.message and "v1.12.7" in check.message
