@@ -1,0 +1,5 @@
+import sys
+
+from runbook_lib.sim.helm.cli import main
+
+sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,1 @@
+"""The simulated Kubernetes API server (see ``server``), its store, admission and resource table."""
