@@ -17,7 +17,7 @@ $(STAMP): $(BIN)/python pyproject.toml
 venv: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/runbook plan -p params/simulated.yaml
+	$(BIN)/runbook run -p params/simulated.yaml --apply
 
 lint: $(STAMP)
 	$(BIN)/ruff check runbook_lib tests benchmarks

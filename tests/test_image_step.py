@@ -170,7 +170,8 @@ def test_hanging_upgrade_times_out_and_stops_the_rollout(sim: tuple[Path, factor
         _ctx(state, apply=True), upgrade_timeout=2.0, settle_timeout=2.0, poll_interval=0.1
     )
     assert result.data["failed"] == ["talos-worker-1"]
-    assert "timed out" in result.node("talos-worker-1").message
+    message = result.node("talos-worker-1").message
+    assert "timed out" in message or "context deadline exceeded" in message  # talosctl --timeout fires first
     assert result.data["untouched"] == ["talos-worker-2", "talos-worker-3"]
 
 

@@ -186,7 +186,10 @@ class Talosctl:
                 "refusing to run talosctl upgrade without --image: it would drop the NVIDIA extensions"
             )
         args = ["upgrade", "--image", image, f"--wait={'true' if wait else 'false'}"]
-        return self.run(args, [node], timeout=timeout, changes_cluster=True)
+        if wait:
+            # talosctl's own timeout first, so its error text (not a killed process) tells what hung
+            args.append(f"--timeout={int(timeout)}s")
+        return self.run(args, [node], timeout=timeout + 30, changes_cluster=True)
 
     def machineconfig_text(self, node: str) -> CommandResult:
         """The node's current machine config as YAML (``get machineconfig -o yaml``)."""

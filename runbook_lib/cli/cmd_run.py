@@ -1,0 +1,245 @@
+"""``runbook run`` (the notebooks, headless, into a change record) and ``runbook records list|show|verify``.
+
+Why the simulator is started here and not in the runner: the runner is library code and must not know the
+simulator exists (it reaches clusters through tools and kubeconfigs only); the CLI is the one layer allowed
+to bring one up, so it hands the runner a start/stop pair.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from runbook_lib.errors import PermanentError
+from runbook_lib.model.params import Params
+from runbook_lib.notebook import records, runner
+from runbook_lib.notebook.steps import STEP_NAMES
+from runbook_lib.sim import cluster as sim_cluster
+from runbook_lib.sim import scenarios
+from runbook_lib.sim import state as sim_state
+from runbook_lib.steps.context import SIM_STATE_ENV
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    run = sub.add_parser(
+        "run",
+        help="run the runbook notebooks headless (papermill) into a new change record",
+        description=(
+            "Executes the step notebooks in order, stops at the first failing step, and writes "
+            "records/<UTC time>-<cluster>-<run id>/. Without --apply (and apply: true in the "
+            "parameters) every step only plans and dry-runs."
+        ),
+    )
+    run.add_argument(
+        "-p", "--params", metavar="PARAMS", help="parameter file (default: params/simulated.yaml)"
+    )
+    run.add_argument(
+        "--steps", metavar="A,B", help=f"only these steps, in runbook order ({', '.join(STEP_NAMES)})"
+    )
+    run.add_argument(
+        "--from",
+        dest="from_step",
+        metavar="STEP",
+        choices=STEP_NAMES,
+        help="resume at STEP; without -p it reuses the parameters of the latest record",
+    )
+    run.add_argument("--apply", action="store_true", help="change the cluster (default: plan and dry-run)")
+    run.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a parameter",
+    )
+    run.add_argument(
+        "--records", metavar="DIR", help="records directory (default: $RUNBOOK_RECORDS or ./records)"
+    )
+    run.add_argument(
+        "--state", metavar="DIR", help="simulator state directory (target simulated; default .sim/default)"
+    )
+    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.set_defaults(handler=_run)
+
+    rec = sub.add_parser("records", help="list, show and verify change records")
+    rec_sub = rec.add_subparsers(dest="records_command", metavar="ACTION", required=True)
+    lst = rec_sub.add_parser("list", help="one line per record, oldest first")
+    show = rec_sub.add_parser("show", help="a record's steps, changes and verification results")
+    show.add_argument("name", nargs="?", help="record name, or a unique prefix/suffix (default: latest)")
+    show.add_argument("--json", action="store_true", help="print record.json")
+    ver = rec_sub.add_parser("verify", help="check manifests and the chain; non-zero exit names what changed")
+    for parser in (lst, show, ver):
+        parser.add_argument(
+            "--dir", metavar="DIR", help="records directory (default: $RUNBOOK_RECORDS or ./records)"
+        )
+    lst.set_defaults(handler=_list)
+    show.set_defaults(handler=_show)
+    ver.set_defaults(handler=_verify)
+
+
+def _root(value: str | None) -> Path:
+    return Path(value) if value else records.default_root()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# runbook run
+
+
+def _sim_matches(state_dir: Path, params: Params, scenario: str) -> bool:
+    """Reuse the simulator's state when it was made for these parameters, so a second run sees the
+    cluster the first one left (and changes nothing); anything else gets a fresh cluster."""
+    try:
+        info = sim_state.load_cluster(state_dir)
+    except (FileNotFoundError, ValueError):
+        return False
+    workers = [(n["name"], n["address"]) for n in info.get("nodes", []) if n.get("role") == "worker"]
+    return (
+        info.get("scenario") == scenario
+        and info.get("talos_version") == sim_state.normalize_talos_version(params.talos_version)
+        and workers == [(n.name, n.address) for n in params.nodes]
+    )
+
+
+@contextlib.contextmanager
+def _simulated_cluster(params: Params, state: str | None) -> Iterator[dict[str, str]]:
+    """Bring the simulated cluster up for this run and stop its servers afterwards (state is kept).
+
+    The state is reused when it was made for these parameters, so a second run sees what the first left.
+    """
+    state_dir = Path(state).resolve() if state else sim_state.default_state_dir()
+    scenario = params.simulation.scenario
+    if scenario not in scenarios.SCENARIOS:
+        raise PermanentError(
+            f"unknown simulation.scenario {params.simulation.scenario!r}",
+            hint=f"scenarios: {', '.join(sorted(scenarios.SCENARIOS))} (`runbook sim scenarios`)",
+        )
+    matches = _sim_matches(state_dir, params, scenario)
+    if matches and sim_cluster.daemon_pid(state_dir) is not None:
+        # Already up for these parameters (e.g. `runbook sim up -p` for a JupyterLab session): use it as is
+        # and leave it running, as found.
+        yield {SIM_STATE_ENV: str(state_dir)}
+        return
+    sim_cluster.stop_daemon(state_dir)
+    if not matches:
+        spec = sim_cluster.spec_from_params(params)
+        try:
+            sim_cluster.create(state_dir, spec)
+        except ValueError as exc:
+            raise PermanentError(str(exc)) from None
+        sys.stderr.write(f"simulated cluster created in {state_dir} (scenario {scenario})\n")
+    try:
+        sim_cluster.start_daemon(state_dir)
+    except RuntimeError as exc:
+        raise PermanentError(str(exc)) from None
+    try:
+        yield {SIM_STATE_ENV: str(state_dir)}
+    finally:
+        sim_cluster.stop_daemon(state_dir)
+
+
+def _terminate(signum: int, _frame: object) -> None:
+    """SIGTERM (a CI timeout) unwinds like Ctrl-C, so the record is sealed and the simulator stopped."""
+    raise SystemExit(128 + signum)
+
+
+def _run(args: argparse.Namespace) -> int:
+    signal.signal(signal.SIGTERM, _terminate)
+    steps = [s.strip() for s in args.steps.split(",") if s.strip()] if args.steps else None
+    params_file: str | None = args.params
+    resume_values: dict[str, Any] | None = None
+    root = _root(args.records)
+    if args.from_step and params_file is None:
+        latest = records.load_record(records.resolve(root, None))
+        resume_values = latest.get("params")
+        if not isinstance(resume_values, dict):
+            raise PermanentError(
+                "the latest record holds no parameters to resume with", hint="give -p PARAMS"
+            )
+        sys.stderr.write(f"resuming with the parameters of {latest.get('record')}\n")
+    elif params_file is None:
+        params_file = "params/simulated.yaml"
+    outcome = runner.run(
+        params_file,
+        steps=steps,
+        from_step=args.from_step,
+        apply=True if args.apply else None,
+        overrides=args.overrides,
+        values=resume_values,
+        records_root=root,
+        cluster=lambda params: _simulated_cluster(params, args.state),
+        progress=not args.no_progress,
+    )
+    sys.stdout.write(outcome.report())
+    return 0 if outcome.ok else 1
+
+
+# ---------------------------------------------------------------------------------------------------------
+# runbook records
+
+
+def _list(args: argparse.Namespace) -> int:
+    rows = records.list_records(_root(args.dir))
+    if not rows:
+        sys.stdout.write(f"no records in {_root(args.dir)}\n")
+        return 0
+    for row in rows:
+        mode = "apply" if row.apply else "plan"
+        steps = " ".join(f"{name}:{status}" for name, status in row.steps)
+        sys.stdout.write(f"{row.name}  {row.outcome:<10} {mode:<5} {row.changes:>3} changes  {steps}\n")
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    path = records.resolve(_root(args.dir), args.name)
+    data = records.load_record(path)
+    if args.json:
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
+        return 0
+    out = sys.stdout
+    who = data.get("who", {})
+    git = data.get("runbook", {})
+    out.write(f"record:   {path.name}\n")
+    out.write(f"path:     {path}\n")
+    out.write(f"cluster:  {data.get('cluster')} ({data.get('target')})\n")
+    out.write(f"by:       {who.get('user')}@{who.get('host')} at {data.get('started')}\n")
+    dirty = " (dirty tree)" if git.get("dirty") else ""
+    out.write(f"runbook:  {git.get('commit') or 'unknown commit'}{dirty}\n")
+    out.write(f"mode:     {'apply' if data.get('apply') else 'plan only'}; outcome {data.get('outcome')}\n")
+    out.write("steps:\n")
+    for step in data.get("steps", []):
+        line = f"  {step.get('name'):<13} {step.get('status'):<10} {step.get('duration_s', 0):>7.1f} s"
+        if step.get("summary"):
+            line += f"  {step['summary']}"
+        out.write(line + "\n")
+        if step.get("error"):
+            out.write(f"    error: {step['error'].get('ename')}: {step['error'].get('evalue')}\n")
+    changes = data.get("changes", [])
+    out.write(f"changes to the cluster: {len(changes) or 'none'}\n")
+    for change in changes:
+        argv = " ".join(change.get("argv") or []) or change.get("summary", "")
+        code = change.get("exit_code")
+        out.write(
+            f"  [{change.get('step')}] {argv}" + (f"  (exit {code})" if code is not None else "") + "\n"
+        )
+    if data.get("note"):
+        out.write(f"note: {data['note']}\n")
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    root = _root(args.dir)
+    problems = records.verify(root)
+    count = len(records.sealed_records(root))
+    if problems:
+        sys.stdout.write(f"{len(problems)} problem(s) in {root}:\n")
+        for problem in problems:
+            sys.stdout.write(f"  - {problem}\n")
+        return 1
+    sys.stdout.write(f"ok: {count} record(s) in {root}, manifests and chain intact\n")
+    return 0

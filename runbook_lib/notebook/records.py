@@ -1,0 +1,385 @@
+"""Change records: one directory per run, sealed by a manifest and chained to the record before it.
+
+Why a hash chain and not just checksums: a SHA256SUMS file proves that nothing inside a record changed,
+but not that a whole record was deleted or slipped in later.  Each record therefore stores the SHA-256 of
+the previous record's manifest, so removing, replacing or inserting a record breaks the chain at a place
+``verify`` can name.  (The newest record can still be rewritten wholesale by someone with write access;
+copy the printed manifest hash somewhere else, e.g. a CI log, to anchor it.)
+
+Why secrets are scrubbed here as well as kept out upstream: the record is the one artefact that leaves the
+machine, so every file is scrubbed of the talosconfig's and kubeconfig's key material right before it is
+sealed, whatever a notebook, a tool or a traceback may have printed.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import fcntl
+import getpass
+import hashlib
+import json
+import os
+import re
+import socket
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from runbook_lib.clients.proc import Journal, Runner
+from runbook_lib.errors import PermanentError
+
+MANIFEST = "SHA256SUMS"
+RECORD_JSON = "record.json"
+RECORD_FORMAT = 1
+#: Overrides the records directory (default: ``records/`` under the current directory).
+RECORDS_ENV = "RUNBOOK_RECORDS"
+REDACTED = "***REDACTED***"
+#: Keys whose values in a talosconfig/kubeconfig are secret material.
+_SECRET_KEYS = frozenset(
+    {
+        "token",
+        "key",
+        "crt",
+        "ca",
+        "password",
+        "client-key-data",
+        "client-certificate-data",
+        "certificate-authority-data",
+        "id-token",
+        "refresh-token",
+        "access-token",
+        "client-secret",
+    }
+)
+#: Values shorter than this are not treated as secrets (they would redact ordinary words).
+_MIN_SECRET_LEN = 8
+_NAME_RE = re.compile(r"^\d{8}T\d{6}Z-[a-z0-9-]+-[0-9a-f]{8}$")
+
+
+def default_root() -> Path:
+    return Path(os.environ.get(RECORDS_ENV) or Path.cwd() / "records")
+
+
+def utc_stamp(now: datetime | None = None) -> str:
+    return (now or datetime.now(UTC)).strftime("%Y%m%dT%H%M%SZ")
+
+
+def record_name(cluster: str, run_id: str, now: datetime | None = None) -> str:
+    """``<UTC time>-<cluster>-<run id>``: sorts chronologically, and names the cluster at a glance."""
+    return f"{utc_stamp(now)}-{cluster}-{run_id}"
+
+
+def new_run_id() -> str:
+    return uuid.uuid4().hex[:8]
+
+
+def create_record_dir(root: Path, cluster: str, *, run_id: str | None = None) -> Path:
+    """A new, empty record directory; the name is unique even for runs started in the same second."""
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / record_name(cluster, run_id or new_run_id())
+    path.mkdir()
+    return path
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Who, where, which code
+
+
+def who() -> dict[str, str]:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid()) if hasattr(os, "getuid") else "unknown"
+    return {"user": user, "host": socket.gethostname()}
+
+
+def git_info(repo: Path) -> dict[str, Any]:
+    """The runbook's commit and whether the working tree differed from it (records under it excluded)."""
+    runner = Runner(Journal())
+    try:
+        head = runner.run(["git", "-C", str(repo), "rev-parse", "HEAD"], timeout=20)
+        status = runner.run(
+            ["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"], timeout=20
+        )
+    except PermanentError:
+        return {"commit": None, "dirty": None, "note": "git not installed"}
+    if not head.ok:
+        return {"commit": None, "dirty": None, "note": "not a git checkout"}
+    return {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip()) if status.ok else None}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Secrets
+
+
+def secret_values(*config_paths: str | Path | None) -> list[str]:
+    """Secret strings found in talosconfig/kubeconfig files (and their base64-decoded forms)."""
+    found: set[str] = set()
+    for path in config_paths:
+        if not path:
+            continue
+        try:
+            docs = list(yaml.safe_load_all(Path(path).read_text(encoding="utf-8")))
+        except (OSError, yaml.YAMLError, UnicodeDecodeError):
+            continue
+        for doc in docs:
+            found.update(_walk_secrets(doc))
+    out: set[str] = set()
+    for value in found:
+        out.add(value)
+        with contextlib.suppress(binascii.Error, ValueError, UnicodeDecodeError):
+            decoded = base64.b64decode(value, validate=True).decode("utf-8")
+            out.update(line for line in decoded.splitlines() if len(line) >= _MIN_SECRET_LEN)
+    return sorted((v for v in out if len(v) >= _MIN_SECRET_LEN), key=len, reverse=True)
+
+
+def _walk_secrets(node: Any) -> Iterator[str]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in _SECRET_KEYS and isinstance(value, str):
+                yield value
+            else:
+                yield from _walk_secrets(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _walk_secrets(item)
+
+
+def redact(text: str, secrets: Iterable[str]) -> str:
+    for value in secrets:
+        if value in text:
+            text = text.replace(value, REDACTED)
+    return text
+
+
+def scrub_tree(path: Path, secrets: Iterable[str]) -> list[str]:
+    """Redact secrets in every file under ``path``; returns the files that needed it."""
+    values = list(secrets)
+    touched: list[str] = []
+    if not values:
+        return touched
+    for file in sorted(p for p in path.rglob("*") if p.is_file()):
+        try:
+            text = file.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue
+        clean = redact(text, values)
+        if clean != text:
+            file.write_text(clean, encoding="utf-8")
+            touched.append(file.relative_to(path).as_posix())
+    return touched
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Manifest and chain
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 16), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _record_files(path: Path) -> list[str]:
+    return sorted(
+        p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file() and p.name != MANIFEST
+    )
+
+
+def write_manifest(path: Path) -> str:
+    """Write ``SHA256SUMS`` (``sha256sum -c`` format) and return the manifest's own hash."""
+    lines = [f"{sha256_file(path / rel)}  {rel}\n" for rel in _record_files(path)]
+    (path / MANIFEST).write_text("".join(lines), encoding="utf-8")
+    return sha256_file(path / MANIFEST)
+
+
+def read_manifest(path: Path) -> dict[str, str]:
+    entries: dict[str, str] = {}
+    for line in (path / MANIFEST).read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        digest, _, rel = line.partition("  ")
+        entries[rel] = digest
+    return entries
+
+
+def sealed_records(root: Path) -> list[Path]:
+    """Record directories (sealed or not) in chronological order."""
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and _NAME_RE.match(p.name))
+
+
+def _latest_sealed(root: Path, exclude: Path) -> Path | None:
+    sealed = [p for p in sealed_records(root) if p != exclude and (p / MANIFEST).exists()]
+    return sealed[-1] if sealed else None
+
+
+@contextlib.contextmanager
+def _chain_lock(root: Path) -> Iterator[None]:
+    """Two runs sealing at once must not both chain to the same predecessor."""
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / ".lock").open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def seal(path: Path, record: dict[str, Any], *, secrets: Iterable[str] = ()) -> str:
+    """Write ``record.json`` (chained to the previous record), scrub secrets, write the manifest.
+
+    Returns the manifest hash, which the next record will store.
+    """
+    root = path.parent
+    values = list(secrets)
+    with _chain_lock(root):
+        previous = _latest_sealed(root, exclude=path)
+        record = dict(record)
+        record["format"] = RECORD_FORMAT
+        record["record"] = path.name
+        record["previous"] = (
+            {"record": previous.name, "sha256sums": sha256_file(previous / MANIFEST)} if previous else None
+        )
+        (path / RECORD_JSON).write_text(
+            json.dumps(record, indent=2, sort_keys=False, default=str) + "\n", encoding="utf-8"
+        )
+        scrub_tree(path, values)
+        return write_manifest(path)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Reading and verifying
+
+
+@dataclass
+class RecordSummary:
+    name: str
+    path: Path
+    cluster: str = "?"
+    started: str = "?"
+    outcome: str = "incomplete"
+    apply: bool | None = None
+    steps: list[tuple[str, str]] = field(default_factory=list)
+    changes: int = 0
+
+
+def load_record(path: Path) -> dict[str, Any]:
+    try:
+        data: dict[str, Any] = json.loads((path / RECORD_JSON).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PermanentError(f"{path.name}: no {RECORD_JSON} (the run did not finish)") from None
+    except json.JSONDecodeError as exc:
+        raise PermanentError(f"{path.name}: {RECORD_JSON} is not valid JSON ({exc})") from None
+    return data
+
+
+def summarize(path: Path) -> RecordSummary:
+    summary = RecordSummary(name=path.name, path=path)
+    try:
+        data = load_record(path)
+    except PermanentError:
+        return summary
+    summary.cluster = str(data.get("cluster", "?"))
+    summary.started = str(data.get("started", "?"))
+    summary.outcome = str(data.get("outcome", "?"))
+    summary.apply = data.get("apply")
+    summary.steps = [(str(s.get("name")), str(s.get("status"))) for s in data.get("steps", [])]
+    summary.changes = len(data.get("changes", []))
+    return summary
+
+
+def list_records(root: Path) -> list[RecordSummary]:
+    return [summarize(p) for p in sealed_records(root)]
+
+
+def resolve(root: Path, name: str | None) -> Path:
+    """A record by (a unique prefix or suffix of) its name; ``None`` or ``latest`` means the newest."""
+    records = sealed_records(root)
+    if not records:
+        raise PermanentError(f"no records in {root}", hint="`runbook run` writes one per run")
+    if name in (None, "latest"):
+        return records[-1]
+    assert name is not None
+    matches = [p for p in records if p.name == name or p.name.startswith(name) or p.name.endswith(name)]
+    if len(matches) != 1:
+        what = "no record" if not matches else f"{len(matches)} records"
+        raise PermanentError(
+            f"{what} match {name!r} in {root}", hint="`runbook records list` shows the names"
+        )
+    return matches[0]
+
+
+def verify_record(path: Path) -> list[str]:
+    """Problems inside one record: edited, removed and inserted files."""
+    name = path.name
+    if not (path / MANIFEST).exists():
+        return [f"{name}: {MANIFEST} is missing (an unfinished run, or the manifest was removed)"]
+    problems: list[str] = []
+    manifest = read_manifest(path)
+    present = set(_record_files(path))
+    for rel, digest in manifest.items():
+        if rel not in present:
+            problems.append(f"{name}: removed file {rel}")
+        elif sha256_file(path / rel) != digest:
+            problems.append(f"{name}: edited file {rel}")
+    problems += [f"{name}: inserted file {rel}" for rel in sorted(present - set(manifest))]
+    return problems
+
+
+def verify_chain(root: Path) -> list[str]:
+    """Problems between records: a removed, inserted or rewritten record."""
+    problems: list[str] = []
+    records = sealed_records(root)
+    names = {p.name for p in records}
+    for index, path in enumerate(records):
+        before = records[index - 1] if index else None
+        if not (path / RECORD_JSON).exists():
+            continue  # reported by verify_record (unfinished run or removed files)
+        try:
+            previous = load_record(path).get("previous")
+        except PermanentError as exc:
+            problems.append(str(exc))
+            continue
+        if previous is None:
+            if before is not None:
+                problems.append(
+                    f"{path.name}: claims to be the first record, but {before.name} precedes it "
+                    "(an inserted record, or the chain was restarted)"
+                )
+            continue
+        claimed = str(previous.get("record"))
+        if claimed not in names:
+            problems.append(f"{claimed}: record removed (the chain in {path.name} points to it)")
+            continue
+        if before is None or claimed != before.name:
+            problems.append(
+                f"{path.name}: chains to {claimed}, but {before.name if before else 'nothing'} precedes it "
+                "(an inserted record)"
+            )
+            continue
+        if not (before / MANIFEST).exists() or sha256_file(before / MANIFEST) != previous.get("sha256sums"):
+            problems.append(f"{before.name}: {MANIFEST} changed after {path.name} was recorded")
+    return problems
+
+
+def verify(root: Path) -> list[str]:
+    """Every problem in the records directory; an empty list means intact."""
+    problems: list[str] = []
+    for path in sealed_records(root):
+        problems += verify_record(path)
+    return problems + verify_chain(root)
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")

@@ -1,0 +1,209 @@
+"""HTML and Markdown views of a :class:`StepResult` that stay readable at 1,000 nodes.
+
+Why this shape: a person looking at a step wants, in this order, the verdict, what needs attention (failing
+nodes with their diagnosis and the fix), what will change (each distinct diff once, with the nodes it
+applies to), and only then the full table, which is collapsed and capped because the record keeps all of
+it.  Everything that came from a cluster is escaped: tool output is data, never markup.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from html import escape
+from typing import Any
+
+from IPython.display import HTML, display
+
+from runbook_lib.steps.results import Check, NodeResult, StepResult
+
+#: Rows of the full node table, and failing nodes shown in detail, before "N more in the record".
+TABLE_LIMIT = 50
+FAILING_LIMIT = 20
+DIFF_LIMIT = 10
+
+_COLOURS = {
+    "failed": "#c62828",
+    "planned": "#1565c0",
+    "changed": "#ef6c00",
+    "unchanged": "#2e7d32",
+    "ok": "#2e7d32",
+    "skipped": "#757575",
+}
+_PRE = "white-space:pre-wrap;background:#f6f8fa;padding:6px;border-radius:4px;font-size:90%"
+
+
+def show_html(html: str) -> None:
+    """Display HTML as a regular output, so it lands in the executed notebook (not in widget state)."""
+    display(HTML(html))  # type: ignore[no-untyped-call]
+
+
+def show_widget(obj: Any) -> None:
+    display(obj)  # type: ignore[no-untyped-call]
+
+
+def _mode(result: StepResult) -> str:
+    if result.applied:
+        return "applied"
+    if result.status == "planned" or result.data.get("planned"):
+        return "plan only: nothing changed"
+    return "nothing changed"
+
+
+def _badge(status: str) -> str:
+    colour = _COLOURS.get(status, "#555")
+    return (
+        f'<span style="background:{colour};color:#fff;padding:1px 6px;border-radius:3px;'
+        f'font-weight:bold">{escape(status)}</span>'
+    )
+
+
+def _nodes_text(names: list[str], limit: int = 8) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def diff_groups(result: StepResult) -> list[tuple[str, list[str]]]:
+    """Distinct diffs with the nodes that share each one, most nodes first."""
+    groups: dict[str, list[str]] = defaultdict(list)
+    for node in result.sorted_nodes():
+        if node.diff:
+            groups[node.diff].append(node.node)
+    for group in result.data.get("groups", []) or []:
+        if isinstance(group, dict) and group.get("patch"):
+            names = groups[str(group["patch"])]
+            names.extend(n for n in group.get("nodes", []) if n not in names)
+    return sorted(groups.items(), key=lambda item: (-len(item[1]), item[0]))
+
+
+def _check_html(check: Check) -> str:
+    parts = [f"<b>{escape(check.name)}</b>: {escape(check.message)}"]
+    if check.cause:
+        parts.append(f"<br><i>cause:</i> {escape(check.cause)}")
+    if check.fix:
+        parts.append(f'<br><i>fix:</i> <code style="white-space:pre-wrap">{escape(check.fix)}</code>')
+    if check.evidence:
+        parts.append(f'<pre style="{_PRE}">{escape(check.evidence)}</pre>')
+    return "<li>" + "".join(parts) + "</li>"
+
+
+def _failing_node_html(node: NodeResult) -> str:
+    head = f"<b>{escape(node.node)}</b> ({escape(node.address)})"
+    if node.message:
+        head += f": {escape(node.message)}"
+    checks = "".join(_check_html(c) for c in node.failed_checks)
+    body = f"<ul>{checks}</ul>" if checks else ""
+    if node.diff:
+        body += f'<pre style="{_PRE}">{escape(node.diff)}</pre>'
+    return f"<li>{head}{body}</li>"
+
+
+def render_html(result: StepResult, *, limit: int = TABLE_LIMIT, title: str | None = None) -> str:
+    counts = result.counts()
+    mode = _mode(result)
+    out = [
+        f'<div class="runbook-step" data-step="{escape(result.step)}">',
+        f"<h3>{escape(title or result.step)} {_badge(result.status)}</h3>",
+        f"<p>{escape(mode)} · {len(result.nodes)} node(s) · {result.duration_s:.1f} s</p>",
+    ]
+    if counts:
+        cells = "".join(f"<td>{_badge(s)} {n}</td>" for s, n in counts.items())
+        out.append(f'<table class="runbook-counts"><tr>{cells}</tr></table>')
+    failed_checks = [c for c in result.checks if not c.ok]
+    if failed_checks:
+        out.append("<h4>Failed checks</h4><ul>" + "".join(_check_html(c) for c in failed_checks) + "</ul>")
+    failing = result.failing()
+    if failing:
+        out.append(f"<h4>Failing nodes ({len(failing)})</h4><ul>")
+        out += [_failing_node_html(n) for n in failing[:FAILING_LIMIT]]
+        out.append("</ul>")
+        if len(failing) > FAILING_LIMIT:
+            out.append(f"<p>{len(failing) - FAILING_LIMIT} more failing nodes in the record.</p>")
+    groups = diff_groups(result)
+    if groups:
+        out.append("<h4>Changes</h4>")
+        for diff, names in groups[:DIFF_LIMIT]:
+            out.append(
+                f"<p>{len(names)} node(s): {escape(_nodes_text(names))}</p>"
+                f'<pre class="runbook-diff" style="{_PRE}">{escape(diff)}</pre>'
+            )
+        if len(groups) > DIFF_LIMIT:
+            out.append(f"<p>{len(groups) - DIFF_LIMIT} more distinct changes in the record.</p>")
+    changes = result.data.get("changes")
+    if isinstance(changes, list) and changes:
+        out.append("<ul>" + "".join(f"<li>{escape(str(c))}</li>" for c in changes) + "</ul>")
+    passed = [c for c in result.checks if c.ok]
+    if passed:
+        out.append(
+            "<p>Passed: " + ", ".join(f"{escape(c.name)} ({escape(c.message)})" for c in passed) + "</p>"
+        )
+    if result.notes:
+        out.append("<ul>" + "".join(f"<li>{escape(n)}</li>" for n in result.notes) + "</ul>")
+    if result.nodes:
+        rows = result.sorted_nodes()
+        out.append(f"<details><summary>All nodes ({len(rows)})</summary>")
+        out.append("<table><tr><th>node</th><th>address</th><th>status</th><th>message</th></tr>")
+        for node in rows[:limit]:
+            out.append(
+                f"<tr><td>{escape(node.node)}</td><td>{escape(node.address)}</td>"
+                f"<td>{_badge(node.status)}</td><td>{escape(node.message)}</td></tr>"
+            )
+        out.append("</table>")
+        if len(rows) > limit:
+            out.append(f"<p>{len(rows) - limit} more in the record.</p>")
+        out.append("</details>")
+    out.append("</div>")
+    return "\n".join(out)
+
+
+def _md(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(result: StepResult, *, limit: int = TABLE_LIMIT, title: str | None = None) -> str:
+    lines = [f"### {title or result.step}: {result.status}", ""]
+    counts = ", ".join(f"{n} {s}" for s, n in result.counts().items())
+    mode = _mode(result)
+    lines.append(f"{mode}; {len(result.nodes)} node(s){': ' + counts if counts else ''}")
+    for check in (c for c in result.checks if not c.ok):
+        lines.append(f"- **{check.name}**: {check.message}" + (f" — fix: `{check.fix}`" if check.fix else ""))
+    failing = result.failing()
+    if failing:
+        lines += ["", f"**Failing nodes ({len(failing)})**", ""]
+        for node in failing[:FAILING_LIMIT]:
+            lines.append(f"- **{node.node}** ({node.address}): {node.message}")
+            for check in node.failed_checks:
+                lines.append(
+                    f"  - {check.name}: {check.message}" + (f" — fix: `{check.fix}`" if check.fix else "")
+                )
+        if len(failing) > FAILING_LIMIT:
+            lines.append(f"- … {len(failing) - FAILING_LIMIT} more failing nodes in the record")
+    for diff, names in diff_groups(result)[:DIFF_LIMIT]:
+        lines += ["", f"{len(names)} node(s): {_nodes_text(names)}", "", "```diff", diff.rstrip("\n"), "```"]
+    for note in result.notes:
+        lines.append(f"- {note}")
+    if result.nodes:
+        rows = result.sorted_nodes()
+        lines += ["", "| node | address | status | message |", "|---|---|---|---|"]
+        lines += [
+            f"| {_md(n.node)} | {_md(n.address)} | {n.status} | {_md(n.message)} |" for n in rows[:limit]
+        ]
+        if len(rows) > limit:
+            lines.append(f"\n{len(rows) - limit} more in the record.")
+    return "\n".join(lines) + "\n"
+
+
+def failure_text(result: StepResult, *, limit: int = 5) -> str:
+    """A plain-text diagnosis for the exception that stops a headless run (it lands in the error cell)."""
+    lines = [result.summary()]
+    for check in (c for c in result.checks if not c.ok):
+        lines.append(f"  {check.name}: {check.message}" + (f"\n    fix: {check.fix}" if check.fix else ""))
+    failing = result.failing()
+    for node in failing[:limit]:
+        lines.append(f"  {node.node} ({node.address}): {node.message}")
+        for check in node.failed_checks:
+            lines.append(f"    {check.name}: {check.message}")
+            if check.fix:
+                lines.append(f"    fix: {check.fix}")
+    if len(failing) > limit:
+        lines.append(f"  … {len(failing) - limit} more failing nodes (see the rendered table and the record)")
+    return "\n".join(lines)

@@ -1,0 +1,382 @@
+"""``runbook run``: execute the step notebooks headless, in-process, into one sealed change record.
+
+Why in-process papermill and not one ``papermill`` CLI call per notebook: the CLI pays a 3–5 s import per
+call (test-infra notes §3); in-process only a kernel start (~1 s) per notebook remains.
+
+Why the notebooks read a parameter file written into the record: every step of a run, and a later
+``--from`` resume, must see exactly the same validated parameters, and the record must show them.  The file
+holds the validated values (paths for the talosconfig/kubeconfig, never their contents).
+
+Why a plan-only run stops after the first step that plans changes: later steps would only look at a
+cluster without those changes and report failures that the plan already explains.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import json
+import os
+import platform
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import papermill
+import yaml
+from jupyter_client.manager import KernelManager
+from nbconvert import HTMLExporter
+from tqdm import tqdm
+
+from runbook_lib.clients.proc import Journal
+from runbook_lib.errors import PermanentError, RunbookError
+from runbook_lib.model.params import Params, load_params
+from runbook_lib.model.plan import build_plan
+from runbook_lib.steps.context import connect, resolve_endpoints
+
+from . import records
+from .steps import RESULT_FILE_ENV, STEP_NAMES, STEPS, StepSpec
+
+REPO = Path(__file__).resolve().parents[2]
+NOTEBOOKS = REPO / "notebooks"
+KERNEL = "python3"
+#: Seconds a single notebook cell may run (a whole-fleet rollout is one cell).
+CELL_TIMEOUT = 6 * 3600
+
+ClusterHook = Callable[[Params], AbstractContextManager[Mapping[str, str]]]
+
+
+@dataclass
+class StepOutcome:
+    name: str
+    notebook: str
+    status: str
+    duration_s: float = 0.0
+    summary: str = ""
+    result: dict[str, Any] | None = None
+    plan_shown: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    journal: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_record(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "name": self.name,
+            "notebook": self.notebook,
+            "status": self.status,
+            "duration_s": round(self.duration_s, 3),
+            "summary": self.summary,
+        }
+        if self.result is not None:
+            out["result"] = self.result
+        if self.plan_shown is not None:
+            out["plan_shown"] = self.plan_shown
+        if self.error is not None:
+            out["error"] = self.error
+        return out
+
+
+@dataclass
+class RunOutcome:
+    record: Path
+    outcome: str
+    steps: list[StepOutcome]
+    manifest_sha256: str
+    changes: int
+    failed_step: str | None = None
+    note: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.failed_step is None
+
+    def report(self) -> str:
+        lines = [
+            f"{s.name:<13} {s.status:<10} {s.duration_s:6.1f} s  {s.summary}".rstrip() for s in self.steps
+        ]
+        if self.failed_step:
+            failed = next(s for s in self.steps if s.name == self.failed_step)
+            if failed.error:
+                text = str(failed.error.get("evalue", "")).splitlines()
+                cut = "\n  … (the full diagnosis is in the record)" if len(text) > 12 else ""
+                lines.append(f"\nstopped at {self.failed_step}: " + "\n".join(text[:12]) + cut)
+        if self.note:
+            lines.append(self.note)
+        lines.append(f"record: {self.record}  (SHA256SUMS {self.manifest_sha256[:16]}…)")
+        return "\n".join(lines) + "\n"
+
+
+def select_steps(steps: Sequence[str] | None, from_step: str | None) -> list[StepSpec]:
+    """The steps to run, always in runbook order; unknown names are an error."""
+    wanted = list(steps) if steps else list(STEP_NAMES)
+    unknown = [s for s in [*wanted, *([from_step] if from_step else [])] if s not in STEP_NAMES]
+    if unknown:
+        raise PermanentError(f"unknown step(s) {', '.join(unknown)}", hint=f"steps: {', '.join(STEP_NAMES)}")
+    start = STEP_NAMES.index(from_step) if from_step else 0
+    return [s for s in STEPS if s.name in wanted and STEP_NAMES.index(s.name) >= start]
+
+
+@contextlib.contextmanager
+def _environment(values: Mapping[str, str]) -> Iterator[None]:
+    """Kernels inherit this process's environment; set what they need for one run, then restore it."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _no_cluster(_params: Params) -> AbstractContextManager[Mapping[str, str]]:
+    return contextlib.nullcontext({})
+
+
+def _execute(
+    item: StepSpec, *, record: Path, params_path: Path, apply: bool, notebooks: Path, results: Path
+) -> StepOutcome:
+    result_file = results / f"{item.name}.json"
+    out_nb = record / item.notebook
+    started = time.monotonic()
+    error: dict[str, Any] | None = None
+    with _environment({RESULT_FILE_ENV: str(result_file)}), tempfile.TemporaryDirectory() as sockets:
+        # IPC sockets in a private directory: the kernel (cluster data, outputs) is not reachable over TCP.
+        km = KernelManager(kernel_name=KERNEL, transport="ipc", ip=str(Path(sockets) / "kernel"))
+        try:
+            papermill.execute_notebook(
+                str(notebooks / item.notebook),
+                str(out_nb),
+                parameters={"params_file": str(params_path), "apply": apply, "nodes": [], "overrides": []},
+                kernel_name=KERNEL,
+                progress_bar=False,
+                log_output=False,
+                cwd=str(notebooks),
+                execution_timeout=CELL_TIMEOUT,
+                km=km,
+            )
+        except papermill.PapermillExecutionError as exc:
+            error = {
+                "ename": exc.ename,
+                "evalue": exc.evalue,
+                "cell_index": exc.cell_index,
+                "exec_count": exc.exec_count,
+                "notebook": item.notebook,
+            }
+        except Exception as exc:  # a dead kernel, a missing notebook: the record must still be written
+            error = {"ename": type(exc).__name__, "evalue": str(exc), "notebook": item.notebook}
+        finally:
+            if km.has_kernel:  # nbclient leaves a kernel it did not start running
+                km.shutdown_kernel(now=True)
+    outcome = StepOutcome(item.name, item.notebook, "failed", time.monotonic() - started, error=error)
+    if result_file.exists():
+        data = json.loads(result_file.read_text(encoding="utf-8"))
+        outcome.status = "failed" if error else str(data.get("status"))
+        outcome.summary = str(data.get("summary", ""))
+        outcome.result = data.get("result")
+        outcome.plan_shown = data.get("plan_shown")
+        outcome.journal = list(data.get("journal", []))
+    elif error:
+        outcome.summary = (
+            f"{error['ename']}: {str(error['evalue']).splitlines()[0] if error['evalue'] else ''}"
+        )
+    return outcome
+
+
+def _html(record: Path, notebooks: list[str]) -> None:
+    exporter = HTMLExporter()  # type: ignore[no-untyped-call]
+    html_dir = record / "html"
+    html_dir.mkdir(exist_ok=True)
+    for name in notebooks:
+        path = record / name
+        if not path.exists():
+            continue
+        body, _ = exporter.from_notebook_node(nbformat.read(path, as_version=4))  # type: ignore[no-untyped-call]
+        (html_dir / (Path(name).stem + ".html")).write_text(body, encoding="utf-8")
+
+
+def _package_versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for pkg in ("talos-gpu-runbooks", "papermill", "nbclient", "ipykernel", "kubernetes"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            out[pkg] = importlib.metadata.version(pkg)
+    return out
+
+
+def collect_versions(params: Params) -> dict[str, Any]:
+    """Tool and cluster versions, read-only; a failure to read one is recorded, never fatal."""
+    versions: dict[str, Any] = {"packages": _package_versions()}
+    try:
+        ctx = connect(params, journal=Journal())
+    except RunbookError as exc:
+        versions["error"] = exc.message
+        return versions
+    try:
+        client, servers, errors = ctx.talosctl.version([n.address for n in params.nodes])
+        versions["talosctl"] = client
+        counts: dict[str, int] = {}
+        for version in servers.values():
+            counts[version] = counts.get(version, 0) + 1
+        versions["talos_nodes"] = counts
+        if errors:
+            versions["talos_unreachable"] = sorted(errors)
+    except RunbookError as exc:
+        versions["talosctl_error"] = exc.message
+    try:
+        versions["helm"] = ctx.helm.version()
+    except RunbookError as exc:
+        versions["helm_error"] = exc.message
+    try:
+        versions["kubernetes_server"] = ctx.kube.server_version()
+    except (RunbookError, OSError) as exc:
+        versions["kubernetes_error"] = str(exc).splitlines()[0]
+    return versions
+
+
+def _journal_record(step: str, entry: dict[str, Any]) -> dict[str, Any]:
+    keep = {"kind", "summary", "argv", "exit_code", "duration_s", "changes_cluster", "diff", "at"}
+    out = {"step": step, **{k: v for k, v in entry.items() if k in keep and v not in (None, "", [])}}
+    if entry.get("exit_code") not in (0, None) and entry.get("stderr"):
+        out["stderr"] = entry["stderr"]
+    return out
+
+
+def run(
+    params_file: str | Path | None,
+    steps: Sequence[str] | None = None,
+    from_step: str | None = None,
+    apply: bool | None = None,
+    overrides: Sequence[str] = (),
+    *,
+    values: Mapping[str, Any] | None = None,
+    records_root: Path | None = None,
+    cluster: ClusterHook | None = None,
+    progress: bool = True,
+    notebooks_dir: Path | None = None,
+    html: bool = True,
+) -> RunOutcome:
+    """Run the selected step notebooks into a new record; stop at the first failing step.
+
+    ``values`` (validated parameters of an earlier record) replace the parameter file for ``--from``.
+    ``cluster`` brings a cluster up for the run (the CLI passes the simulator for ``target: simulated``)
+    and yields environment variables the kernels need.
+    """
+    merged = dict(values or {})
+    if apply is not None:
+        merged["apply"] = apply
+    params = load_params(params_file, list(overrides), merged)
+    selected = select_steps(steps, from_step)
+    notebooks = notebooks_dir or NOTEBOOKS
+    root = records_root or records.default_root()
+    started_iso, started = records.now_iso(), time.monotonic()
+    outcomes: list[StepOutcome] = []
+    failed_step: str | None = None
+    stop_note = ""
+    versions: dict[str, Any] = {}
+    secrets: list[str] = []
+    interrupted: BaseException | None = None
+    hook = cluster if (cluster is not None and params.target == "simulated") else _no_cluster
+    with hook(params) as env, _environment(dict(env)):
+        # Created only once the cluster is up: a cluster that cannot start leaves no half record behind.
+        record = records.create_record_dir(root, params.cluster)
+        results = record / "results"
+        results.mkdir()
+        params_path = record / "params.yaml"
+        params_path.write_text(
+            "# The validated parameters of this run (paths only, never file contents).\n"
+            + yaml.safe_dump(params.public_dict(), sort_keys=False),
+            encoding="utf-8",
+        )
+        with contextlib.suppress(RunbookError):
+            endpoints = resolve_endpoints(params)
+            secrets = records.secret_values(endpoints.talosconfig, endpoints.kubeconfig)
+        bar = tqdm(total=len(selected), unit="step", disable=not progress, desc="runbook")
+        for index, item in enumerate(selected):
+            bar.set_description(item.name)
+            try:
+                outcome = _execute(
+                    item,
+                    record=record,
+                    params_path=params_path,
+                    apply=params.apply,
+                    notebooks=notebooks,
+                    results=results,
+                )
+            except (KeyboardInterrupt, SystemExit) as exc:  # Ctrl-C or SIGTERM: seal what happened
+                interrupted = exc
+                error = {"ename": "Interrupted", "evalue": f"the run was interrupted ({type(exc).__name__})"}
+                outcome = StepOutcome(item.name, item.notebook, "failed", error=error)
+            outcomes.append(outcome)
+            bar.update(1)
+            if outcome.status == "failed":
+                failed_step = item.name
+                break
+            if outcome.status == "planned" and not params.apply:
+                rest = selected[index + 1 :]
+                if rest:
+                    stop_note = (
+                        f"plan only: {item.name} planned changes, so the later steps "
+                        f"({', '.join(s.name for s in rest)}) were not run; run with --apply to apply them"
+                    )
+                    outcomes += [
+                        StepOutcome(s.name, s.notebook, "skipped", summary="waits for apply") for s in rest
+                    ]
+                break
+        bar.close()
+        if interrupted is None:
+            versions = collect_versions(params)
+    if html:
+        _html(record, [o.notebook for o in outcomes if o.status != "skipped"])
+    changes = [_journal_record(o.name, e) for o in outcomes for e in o.journal if e.get("changes_cluster")]
+    commands = [_journal_record(o.name, e) for o in outcomes for e in o.journal]
+    if interrupted is not None:
+        outcome_word = "interrupted"
+    elif failed_step:
+        outcome_word = "failed"
+    elif any(o.status == "planned" for o in outcomes):
+        outcome_word = "planned"
+    elif changes:
+        outcome_word = "changed"
+    else:
+        outcome_word = "unchanged"
+    note = stop_note
+    if params.apply and not failed_step and not changes:
+        note = "nothing changed on the cluster: every step found it already in the planned state"
+    elif not params.apply and not changes:
+        note = note or "plan only: nothing was changed on the cluster"
+    record_data: dict[str, Any] = {
+        "run_id": record.name.rsplit("-", 1)[-1],
+        "cluster": params.cluster,
+        "target": params.target,
+        "started": started_iso,
+        "finished": records.now_iso(),
+        "duration_s": round(time.monotonic() - started, 3),
+        "who": records.who(),
+        "runbook": records.git_info(REPO),
+        "params_file": str(params_file) if params_file else "(parameters of an earlier record)",
+        "overrides": list(overrides),
+        "apply": params.apply,
+        "steps_requested": [s.name for s in selected],
+        "outcome": outcome_word,
+        "failed_step": failed_step,
+        "note": note,
+        "params": params.public_dict(),
+        "plan": build_plan(params).to_dict(),
+        "versions": versions,
+        "steps": [o.to_record() for o in outcomes],
+        "changes": changes,
+        "commands": commands,
+        "verification": {
+            o.name: o.result for o in outcomes if o.name in ("verify", "cuda-test") and o.result
+        },
+    }
+    digest = records.seal(record, record_data, secrets=secrets)
+    if interrupted is not None:
+        raise interrupted
+    return RunOutcome(record, outcome_word, outcomes, digest, len(changes), failed_step, note)

@@ -1,0 +1,263 @@
+"""The one call each step notebook makes: load and validate parameters, connect, run the step behind the
+gate, render, store the result for the change record, and raise on failure so a headless run stops.
+
+Why notebooks stay this thin: everything a notebook does must also be testable and runnable without
+Jupyter, and a notebook that holds logic drifts from the library.  Why the notebook parameters are checked
+here: papermill only *warns* about a parameter the notebook does not declare, so ``-p aply True`` would
+silently plan instead of apply; here it is an error with a "did you mean".
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import importlib
+import inspect
+import json
+import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from html import escape
+from pathlib import Path
+from typing import Any
+
+from IPython import get_ipython
+
+from runbook_lib.clients.proc import Journal
+from runbook_lib.errors import ParameterProblem, ParametersInvalid, PermanentError
+from runbook_lib.model.params import Params, load_params
+from runbook_lib.model.plan import build_plan
+from runbook_lib.steps.context import Context, connect
+from runbook_lib.steps.results import StepResult
+
+from .gates import ApprovalGate, Progress, gated
+from .render import failure_text, render_html, show_html
+
+#: Set by ``runbook run``: where this step's result, plan and journal go (JSON), for the change record.
+RESULT_FILE_ENV = "RUNBOOK_RESULT_FILE"
+#: The parameters every step notebook declares (its ``parameters`` cell).
+NOTEBOOK_PARAMETERS = ("params_file", "apply", "nodes", "overrides")
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    name: str
+    notebook: str
+    module: str
+    function: str
+    title: str
+    changes_cluster: bool
+    """Runs behind the approval gate (plan first; apply only when approved)."""
+
+
+STEPS: tuple[StepSpec, ...] = (
+    StepSpec("preflight", "01-preflight.ipynb", "preflight", "preflight", "Preflight", False),
+    StepSpec("image", "02-image.ipynb", "image", "image_upgrade", "Image and upgrade", True),
+    StepSpec("config-patch", "03-config-patch.ipynb", "patch", "config_patch", "Config patch", True),
+    StepSpec("verify", "04-verify.ipynb", "verify", "verify", "Verification", False),
+    StepSpec("kubernetes", "05-kubernetes.ipynb", "kubernetes", "kubernetes_layer", "Kubernetes layer", True),
+    StepSpec("cuda-test", "06-cuda-test.ipynb", "cudatest", "cuda_test", "CUDA test", False),
+)
+STEP_NAMES: tuple[str, ...] = tuple(s.name for s in STEPS)
+
+
+class StepFailed(PermanentError):
+    """A step found problems; the message carries the diagnosis, so the record's error cell explains it."""
+
+
+def spec(step: str) -> StepSpec:
+    for item in STEPS:
+        if item.name == step:
+            return item
+    close = difflib.get_close_matches(step, STEP_NAMES, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise PermanentError(f"unknown step {step!r}", hint=f"{hint}steps: {', '.join(STEP_NAMES)}")
+
+
+def step_function(step: str) -> Callable[..., StepResult]:
+    item = spec(step)
+    try:
+        module = importlib.import_module(f"runbook_lib.steps.{item.module}")
+    except ModuleNotFoundError as exc:
+        raise PermanentError(f"step {step!r} is not available in this version ({exc})") from None
+    fn: Callable[..., StepResult] = getattr(module, item.function)
+    return fn
+
+
+def _call(fn: Callable[..., StepResult], ctx: Context, **kwargs: Any) -> StepResult:
+    """Pass only the keywords the step takes (not every step has a rollout or an apply switch)."""
+    accepted = inspect.signature(fn).parameters
+    return fn(ctx, **{k: v for k, v in kwargs.items() if k in accepted})
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Notebook parameters
+
+
+def injected_parameter_names(history: Sequence[str]) -> list[str]:
+    """Names papermill injected (its cell starts with ``# Parameters``), from the kernel's input history."""
+    names: list[str] = []
+    for source in history:
+        if not source.lstrip().startswith("# Parameters"):
+            continue
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            continue
+        for node in tree.body:
+            targets = node.targets if isinstance(node, ast.Assign) else []
+            if isinstance(node, ast.AnnAssign):
+                targets = [node.target]
+            names += [t.id for t in targets if isinstance(t, ast.Name)]
+    return names
+
+
+def check_notebook_parameters(names: Iterable[str], declared: Sequence[str] = NOTEBOOK_PARAMETERS) -> None:
+    problems = []
+    for name in names:
+        if name in declared:
+            continue
+        close = difflib.get_close_matches(name, declared, n=1)
+        suggestion = f"did you mean {close[0]!r}? " if close else ""
+        problems.append(
+            ParameterProblem(
+                "notebook parameters",
+                name,
+                f"unknown notebook parameter; {suggestion}notebook parameters: {', '.join(declared)}; "
+                "other settings go in the params file or in overrides (KEY=VALUE)",
+            )
+        )
+    if problems:
+        raise ParametersInvalid(problems)
+
+
+def _kernel_history() -> list[str]:
+    shell = get_ipython()
+    if shell is None:
+        return []
+    history = shell.user_ns.get("In", [])
+    return [h for h in history if isinstance(h, str)]
+
+
+def load(params_file: str | None, *, apply: bool | None, overrides: Sequence[str]) -> Params:
+    values = {"apply": apply} if apply is not None else None
+    return load_params(params_file or None, list(overrides), values)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The step call
+
+
+def _write_result(payload: dict[str, Any]) -> None:
+    target = os.environ.get(RESULT_FILE_ENV)
+    if not target:
+        return
+    path = Path(target)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2, default=str) + "\n", encoding="utf-8")
+
+
+def _payload(
+    item: StepSpec, params: Params, journal: Journal, result: StepResult, plan: StepResult | None
+) -> dict[str, Any]:
+    return {
+        "step": item.name,
+        "status": result.status,
+        "ok": result.ok,
+        "summary": result.summary(),
+        "result": result.to_dict(),
+        "plan_shown": plan.to_dict() if plan is not None else None,
+        "journal": [e.to_dict() for e in journal.entries],
+        "params": params.public_dict(),
+    }
+
+
+def run_step(
+    step: str,
+    *,
+    params_file: str | None = None,
+    apply: bool | None = None,
+    nodes: Sequence[str] | None = None,
+    overrides: Sequence[str] = (),
+    show: bool = True,
+    check_injected: bool = True,
+) -> StepResult:
+    """Run one runbook step the way its notebook does; raise :class:`StepFailed` when it fails.
+
+    ``apply`` None takes the parameter file's value (default false: plan and dry-run only).
+    """
+    item = spec(step)
+    if check_injected:
+        check_notebook_parameters(injected_parameter_names(_kernel_history()))
+    params = load(params_file, apply=apply, overrides=overrides)
+    journal = Journal()
+    ctx = connect(params, journal=journal)
+    only = list(nodes) if nodes else None
+    ctx.nodes(only)  # unknown node names fail here, before anything runs
+    fn = step_function(step)
+    gate: ApprovalGate | None = None
+    plan: StepResult | None = None
+
+    if item.changes_cluster:
+
+        def plan_fn(chosen: list[str] | None) -> StepResult:
+            return _call(fn, ctx, only=chosen, apply=False)
+
+        def apply_fn(chosen: list[str] | None, progress: Progress) -> StepResult:
+            return _call(fn, ctx, only=chosen, apply=True, progress=progress)
+
+        def on_applied(applied: StepResult) -> None:
+            _write_result(_payload(item, params, journal, applied, gate.shown if gate else None))
+
+        result, gate = gated(
+            item.name,
+            plan_fn,
+            apply_fn,
+            apply=params.apply,
+            nodes=[n.name for n in params.nodes],
+            selected=only,
+            show=show,
+            on_applied=on_applied,
+            title=item.title,
+        )
+        plan = gate.shown if gate else None
+    else:
+        result = _call(fn, ctx, only=only)
+        if show:
+            show_html(render_html(result, title=item.title))
+    _write_result(_payload(item, params, journal, result, plan if plan is not result else None))
+    if not result.ok:
+        raise StepFailed(failure_text(result), hint="see the failing nodes above for the cause and the fix")
+    return result
+
+
+def overview(params_file: str | None, *, overrides: Sequence[str] = (), show: bool = True) -> str:
+    """The validated parameters' plan as a short table (pure: nothing is contacted)."""
+    check_notebook_parameters(injected_parameter_names(_kernel_history()), declared=("params_file",))
+    params = load(params_file, apply=None, overrides=overrides)
+    plan = build_plan(params)
+    rows = [
+        ("cluster", f"{plan.cluster} ({plan.target})"),
+        ("Talos", plan.talos_version),
+        ("driver", f"{plan.driver_flavor}" + (f", {plan.track} track" if plan.track else "")),
+        ("extensions", ", ".join(plan.extensions)),
+        ("installer image", plan.installer_image or "-"),
+        (
+            "Kubernetes layer",
+            f"{plan.kubernetes_layer}: {plan.helm.chart} {plan.helm.version} in {plan.helm.namespace}",
+        ),
+        (
+            "GPU nodes",
+            f"{len(plan.nodes)} ({', '.join(n.name for n in plan.nodes[:5])}{' …' if len(plan.nodes) > 5 else ''})",
+        ),
+        ("rollout", f"{plan.rollout_concurrency} node(s) at a time; apply: {plan.apply}"),
+    ]
+    html = (
+        "<table>"
+        + "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in rows)
+        + "</table>"
+    )
+    html += "".join(f"<p>note: {escape(n)}</p>" for n in plan.notes)
+    if show:
+        show_html(html)
+    return html

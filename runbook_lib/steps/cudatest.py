@@ -1,0 +1,222 @@
+"""Step: CUDA test — prove that pods on each GPU node really run CUDA tools.
+
+Why two pods per node: the Talos docs' test (``runtimeClassName: nvidia`` running ``nvidia-smi``) requests
+no ``nvidia.com/gpu``, so it passes even when the device plugin is broken (facts §1.5).  The second pod
+requests one GPU, which only schedules where the device plugin advertises it.  The optional vectoradd pod
+shows CUDA compute, not just the driver.  Pods get per-run names and a run label, and are deleted in a
+``finally`` (also on error or Ctrl-C), so two runs never collide and nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from runbook_lib.model.diagnosis import NodeContext, match_failures
+from runbook_lib.model.params import Node
+from runbook_lib.model.parsers import parse_nvidia_smi
+
+from .context import Context
+from .results import Check, NodeResult, StepResult
+
+MANAGED_BY = {"app.kubernetes.io/managed-by": "talos-gpu-runbooks"}
+RUN_LABEL = "talos-gpu-runbooks/run-id"
+TEST_NAMESPACE = "default"
+_DNS_SAFE = re.compile(r"[^a-z0-9-]")
+
+
+@dataclass(frozen=True)
+class TestPod:
+    kind: str
+    """``smi`` (runtime class only), ``gpu`` (also requests nvidia.com/gpu) or ``vectoradd``."""
+    node: Node
+    name: str
+    manifest: dict[str, Any]
+
+
+def pod_manifest(
+    name: str, node: Node, image: str, run_id: str, *, request_gpu: bool, command: list[str] | None
+) -> dict[str, Any]:
+    container: dict[str, Any] = {"name": "cuda", "image": image}
+    if command:
+        container["command"] = command
+    if request_gpu:
+        container["resources"] = {"limits": {"nvidia.com/gpu": "1"}}
+    spec: dict[str, Any] = {
+        "runtimeClassName": "nvidia",
+        "restartPolicy": "Never",
+        "containers": [container],
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    }
+    if request_gpu:
+        spec["nodeSelector"] = {"kubernetes.io/hostname": node.name}  # scheduled: proves the device plugin
+    else:
+        spec["nodeName"] = node.name  # bypasses the scheduler, as the docs' kubectl run test effectively does
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {**MANAGED_BY, RUN_LABEL: run_id}},
+        "spec": spec,
+    }
+
+
+def build_pods(ctx: Context, nodes: list[Node], run_id: str) -> list[TestPod]:
+    plan = ctx.plan
+    params = ctx.params.cuda_test
+    pods: list[TestPod] = []
+    for node in nodes:
+        base = _DNS_SAFE.sub("-", node.name.lower())[:40]
+        wanted: list[tuple[str, str, bool, list[str] | None]] = [
+            ("smi", plan.cuda_smi_image, False, ["nvidia-smi"])
+        ]
+        if params.request_gpu:
+            wanted.append(("gpu", plan.cuda_smi_image, True, ["nvidia-smi"]))
+        if plan.cuda_vectoradd_image:
+            wanted.append(("vectoradd", plan.cuda_vectoradd_image, params.request_gpu, None))
+        for kind, image, gpu, command in wanted:
+            name = f"cuda-{kind}-{base}-{run_id}"
+            pods.append(
+                TestPod(
+                    kind,
+                    node,
+                    name,
+                    pod_manifest(name, node, image, run_id, request_gpu=gpu, command=command),
+                )
+            )
+    return pods
+
+
+def cuda_test(
+    ctx: Context,
+    *,
+    only: list[str] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    run_id: str | None = None,
+    node_drivers: dict[str, str] | None = None,
+) -> StepResult:
+    """Run the test pods on each GPU node (or ``only`` those), wait, parse, compare, clean up."""
+    run_id = run_id or secrets.token_hex(3)
+    nodes = ctx.nodes(only)
+    result = StepResult(step="cuda-test", applied=True)
+    result.data["run_id"] = run_id
+    pods = build_pods(ctx, nodes, run_id)
+    kube = ctx.kube
+    created: list[TestPod] = []
+    try:
+        for pod in pods:
+            kube.create_pod(TEST_NAMESPACE, pod.manifest)
+            created.append(pod)
+        finished = _wait(ctx, run_id, {p.name for p in pods}, ctx.params.cuda_test.timeout_seconds, progress)
+        by_node: dict[str, NodeResult] = {n.name: NodeResult(node=n.name, address=n.address) for n in nodes}
+        for pod in pods:
+            res = by_node[pod.node.name]
+            res.checks.append(
+                _judge(ctx, pod, finished.get(pod.name), (node_drivers or {}).get(pod.node.name))
+            )
+        for res in by_node.values():
+            res.status = "ok" if all(c.ok for c in res.checks) else "failed"
+            res.message = "; ".join(c.message for c in res.checks if not c.ok) or res.checks[0].message
+            result.nodes.append(res)
+    finally:
+        for pod in created:
+            kube.delete_pod(TEST_NAMESPACE, pod.name)
+        result.data["pods_deleted"] = len(created)
+    return result.finish()
+
+
+def _wait(
+    ctx: Context, run_id: str, names: set[str], timeout: float, progress: Callable[[int, int], None] | None
+) -> dict[str, dict[str, Any]]:
+    """Watch this run's pods until each has finished (Succeeded/Failed) or the timeout; returns the last seen."""
+    seen: dict[str, dict[str, Any]] = {}
+    done: set[str] = set()
+
+    def finished(obj: dict[str, Any]) -> bool:
+        name = obj["metadata"]["name"]
+        seen[name] = obj
+        if (obj.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            done.add(name)
+            if progress:
+                progress(len(done), len(names))
+        return done >= names
+
+    ctx.kube.watch_until(
+        ctx.kube.core.list_namespaced_pod,
+        finished,
+        timeout=timeout,
+        namespace=TEST_NAMESPACE,
+        label_selector=f"{RUN_LABEL}={run_id}",
+    )
+    for name in names - set(seen):
+        pod = ctx.kube.pod(TEST_NAMESPACE, name)
+        if pod:
+            seen[name] = pod
+    return seen
+
+
+def _judge(ctx: Context, pod: TestPod, obj: dict[str, Any] | None, node_driver: str | None) -> Check:
+    title = {
+        "smi": "nvidia-smi (runtimeClass nvidia)",
+        "gpu": "nvidia-smi with nvidia.com/gpu: 1",
+        "vectoradd": "CUDA vectoradd",
+    }[pod.kind]
+    phase = ((obj or {}).get("status") or {}).get("phase", "Unknown")
+    log = ""
+    if phase in ("Succeeded", "Failed"):
+        log = ctx.kube.pod_log(TEST_NAMESPACE, pod.name)
+    if phase == "Succeeded":
+        if pod.kind == "vectoradd":
+            ok = "Test PASSED" in log
+            return Check(
+                title,
+                ok,
+                "Test PASSED" if ok else "the sample did not print Test PASSED",
+                evidence=log[-500:],
+            )
+        smi = parse_nvidia_smi(log)
+        if smi.error or not smi.gpus:
+            return _failed(ctx, title, pod, f"nvidia-smi ran but reported {smi.error or 'no GPUs'}", log)
+        gpus = ", ".join(sorted({g.name for g in smi.gpus}))
+        message = f"{len(smi.gpus)} GPU(s) ({gpus}), driver {smi.driver_version}, CUDA {smi.cuda_version}"
+        if node_driver and smi.driver_version and smi.driver_version != node_driver:
+            return Check(
+                title,
+                False,
+                f"{message}; but the node's extension carries driver {node_driver}",
+                cause="kernel module and userspace driver differ",
+                fix="use the same track for the kernel-module and toolkit extensions",
+                evidence=log[-500:],
+            )
+        return Check(title, True, message, evidence=log[:2000])
+    reason = (
+        f"pod ended {phase}"
+        if phase in ("Failed",)
+        else f"pod still {phase} after {ctx.params.cuda_test.timeout_seconds} s"
+    )
+    return _failed(ctx, title, pod, reason, log)
+
+
+def _failed(ctx: Context, title: str, pod: TestPod, reason: str, log: str) -> Check:
+    events = ctx.kube.events_for(TEST_NAMESPACE, "Pod", pod.name)
+    text = "\n".join(f"{e.get('reason')}: {e.get('message')}" for e in events) + "\n" + log
+    known = match_failures(text)
+    if known:
+        entry = known[0]
+        return Check(
+            title,
+            False,
+            f"{reason}: {entry.title}",
+            cause=entry.cause,
+            fix=f"{entry.fix}: {NodeContext(node=pod.node.name, talos=ctx.params.talos, schematic=ctx.plan.schematic_id).fill(entry.command, new_schematic=entry.new_schematic)}",
+            evidence=text.strip()[-1500:],
+        )
+    return Check(
+        title,
+        False,
+        reason,
+        evidence=text.strip()[-1500:],
+        fix=f"kubectl -n {TEST_NAMESPACE} describe pod {pod.name}  # re-run this step to see it (pods are deleted afterwards)",
+    )

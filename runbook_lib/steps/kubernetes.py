@@ -1,0 +1,241 @@
+"""Step: the Kubernetes layer — RuntimeClass ``nvidia`` and the device plugin, or the GPU Operator.
+
+Why each piece: the toolkit extension registers a containerd handler named ``nvidia``, but pods reach it
+only through a RuntimeClass; the device plugin makes GPUs schedulable (``nvidia.com/gpu``) and must itself
+run with that runtime; Talos enforces Pod Security ``baseline`` outside ``kube-system``, and the chart's
+hostPath volumes need a privileged namespace; chart ≥0.15 schedules only onto labelled nodes (facts §4).
+From Talos 1.13 the docs use the GPU Operator instead, with its driver and toolkit disabled.
+
+Idempotent by comparison: what already matches is left alone, so a second run changes nothing.  With
+apply off, writes go to the API server's dry run and helm's ``--dry-run``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runbook_lib.errors import RunbookError
+
+from .context import Context
+from .results import Check, NodeResult, StepResult
+
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_PRESENT_LABEL = {"nvidia.com/gpu.present": "true"}
+PRIVILEGED = {"pod-security.kubernetes.io/enforce": "privileged"}
+RUNTIME_CLASS = "nvidia"
+
+
+def allocatable_gpus(node: dict[str, Any]) -> int:
+    value = ((node.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE, "0")
+    try:
+        return int(str(value))
+    except ValueError:
+        return 0
+
+
+def kubernetes_layer(
+    ctx: Context, *, apply: bool | None = None, timeout_s: float = 300.0, only: list[str] | None = None
+) -> StepResult:
+    do_apply = ctx.apply if apply is None else apply
+    dry_run = not do_apply
+    plan = ctx.plan
+    release = plan.helm
+    result = StepResult(step="kubernetes", applied=do_apply)
+    result.data["layer"] = plan.kubernetes_layer
+    changed: list[str] = []
+    try:
+        _runtime_class(ctx, result, changed, dry_run=dry_run)
+        if not result.ok:
+            result.notes.append("stopped before the Helm release: fix the RuntimeClass first")
+            return result.finish()
+        if release.privileged_namespace or plan.kubernetes_layer == "gpu-operator":
+            state = ctx.kube.ensure_namespace(release.namespace, PRIVILEGED, dry_run=dry_run)
+            ok = True
+            if state != "ok":
+                changed.append(f"namespace {release.namespace} {state} (enforce=privileged)")
+            result.checks.append(Check(f"namespace {release.namespace} allows privileged pods", ok, state))
+        gpu_nodes = ctx.nodes(only)
+        if plan.kubernetes_layer == "device-plugin" and ctx.params.device_plugin.label_nodes:
+            _label_nodes(ctx, gpu_nodes, changed, dry_run=dry_run)
+        _helm_release(ctx, result, changed, dry_run=dry_run, timeout_s=timeout_s)
+    except RunbookError as exc:
+        result.checks.append(Check("kubernetes layer", False, exc.message, fix=exc.hint or ""))
+        return result.finish()
+    result.data["changes"] = changed
+    result.data["changed" if do_apply and changed else ("planned" if changed else "unchanged")] = True
+    if dry_run:
+        result.notes.append(
+            "plan only (apply is off): writes went to the API server's dry run / helm --dry-run"
+        )
+    _wait_for_gpus(ctx, result, ctx.nodes(only), timeout_s=timeout_s if do_apply else 0.0)
+    return result.finish()
+
+
+def _runtime_class(ctx: Context, result: StepResult, changed: list[str], *, dry_run: bool) -> None:
+    existing = ctx.kube.runtime_class(RUNTIME_CLASS)
+    if existing is not None:
+        handler = existing.get("handler")
+        ok = handler == RUNTIME_CLASS
+        result.checks.append(
+            Check(
+                "RuntimeClass nvidia",
+                ok,
+                f"exists with handler {handler!r}",
+                fix=""
+                if ok
+                else "kubectl delete runtimeclass nvidia  # then re-run this step to recreate it",
+                cause="" if ok else "pods would run with a containerd handler the toolkit does not register",
+            )
+        )
+        return
+    if ctx.plan.kubernetes_layer == "gpu-operator":
+        result.checks.append(Check("RuntimeClass nvidia", True, "will be created by the GPU Operator chart"))
+        return
+    ctx.kube.create_runtime_class(RUNTIME_CLASS, RUNTIME_CLASS, dry_run=dry_run)
+    changed.append("RuntimeClass nvidia (handler nvidia)")
+    result.checks.append(Check("RuntimeClass nvidia", True, "created" if not dry_run else "would be created"))
+
+
+def _label_nodes(ctx: Context, gpu_nodes: list[Any], changed: list[str], *, dry_run: bool) -> None:
+    names = {n.name for n in gpu_nodes}
+    for node in ctx.kube.nodes():
+        name = node["metadata"]["name"]
+        labels = node["metadata"].get("labels") or {}
+        if name in names and labels.get("nvidia.com/gpu.present") != "true":
+            ctx.kube.label_node(name, GPU_PRESENT_LABEL, dry_run=dry_run)
+            changed.append(f"label node {name} nvidia.com/gpu.present=true")
+
+
+def _helm_release(
+    ctx: Context, result: StepResult, changed: list[str], *, dry_run: bool, timeout_s: float
+) -> None:
+    release = ctx.plan.helm
+    ctx.helm.repo_add(release.repo_name, release.repo_url)
+    ctx.helm.repo_update(release.repo_name)
+    chart_name = release.chart.split("/", 1)[1]
+    current = ctx.helm.release(release.release, release.namespace)
+    if (
+        current is not None
+        and current.status == "deployed"
+        and current.chart_version(chart_name).lstrip("v") == release.version.lstrip("v")
+    ):
+        values = ctx.helm.values(release.release, release.namespace)
+        if all(_dotted(values, key) == value for key, value in release.values.items()):
+            result.checks.append(
+                Check(
+                    f"helm release {release.release}",
+                    True,
+                    f"{current.chart} already deployed with these values",
+                )
+            )
+            return
+    run = ctx.helm.upgrade_install(
+        release.release,
+        release.chart,
+        version=release.version,
+        namespace=release.namespace,
+        values=release.values,
+        create_namespace=not release.privileged_namespace and release.namespace != "kube-system",
+        wait=not dry_run,
+        timeout_s=int(timeout_s),
+        dry_run=dry_run,
+    )
+    what = (
+        f"helm upgrade --install {release.release} {release.chart} {release.version} -n {release.namespace}"
+    )
+    result.checks.append(
+        Check(
+            f"helm release {release.release}",
+            run.ok,
+            ("would run: " if dry_run else "ran: ") + what if run.ok else run.stderr.strip(),
+            fix="" if run.ok else _helm_fix(run.stderr, release.namespace),
+        )
+    )
+    if run.ok:
+        changed.append(what)
+
+
+def _helm_fix(stderr: str, namespace: str) -> str:
+    if "default' namespace is not recommended" in stderr:
+        return "install into kube-system (device_plugin.namespace: kube-system) or a namespace labelled privileged"
+    if "violates PodSecurity" in stderr:
+        return f"kubectl label --overwrite ns {namespace} pod-security.kubernetes.io/enforce=privileged"
+    return "see the helm error above"
+
+
+def _dotted(values: dict[str, Any], key: str) -> str | None:
+    node: Any = values
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    if isinstance(node, bool):
+        return "true" if node else "false"
+    return str(node)
+
+
+def _wait_for_gpus(ctx: Context, result: StepResult, gpu_nodes: list[Any], *, timeout_s: float) -> None:
+    """Watch nodes until every GPU node advertises ``nvidia.com/gpu`` (or the timeout), then report per node."""
+    names = {n.name for n in gpu_nodes}
+    ready = {n["metadata"]["name"] for n in ctx.kube.nodes() if allocatable_gpus(n) > 0} & names
+
+    def all_ready(obj: dict[str, Any]) -> bool:
+        # Track readiness from the watch events themselves: no re-list per event at fleet scale.
+        name = obj["metadata"]["name"]
+        if name in names:
+            (ready.add if allocatable_gpus(obj) > 0 else ready.discard)(name)
+        return ready >= names
+
+    if timeout_s > 0 and not ready >= names:
+        ctx.kube.watch_until(ctx.kube.core.list_node, all_ready, timeout=timeout_s)
+    by_name = {n["metadata"]["name"]: n for n in ctx.kube.nodes()}
+    for node in gpu_nodes:
+        obj = by_name.get(node.name)
+        res = NodeResult(node=node.name, address=node.address)
+        if obj is None:
+            res.status = "failed"
+            res.message = "no Kubernetes node of this name"
+        else:
+            gpus = allocatable_gpus(obj)
+            res.data["allocatable_gpus"] = gpus
+            if gpus > 0:
+                res.status = "ok"
+                res.message = f"{gpus} allocatable {GPU_RESOURCE}"
+            elif not result.applied:
+                res.status = "planned"
+                res.message = f"no allocatable {GPU_RESOURCE} yet (apply to install the Kubernetes layer)"
+            else:
+                res.status = "failed"
+                res.message = f"no allocatable {GPU_RESOURCE} after {timeout_s:.0f} s"
+                res.checks.append(_no_gpu_diagnosis(ctx, obj))
+        result.nodes.append(res)
+
+
+def _no_gpu_diagnosis(ctx: Context, node: dict[str, Any]) -> Check:
+    release = ctx.plan.helm
+    labels = node["metadata"].get("labels") or {}
+    daemonsets = ctx.kube.daemonsets(release.namespace)
+    desired = sum(int((d.get("status") or {}).get("desiredNumberScheduled", 0)) for d in daemonsets)
+    if ctx.plan.kubernetes_layer == "device-plugin" and desired == 0:
+        return Check(
+            "device plugin scheduled",
+            False,
+            "the device-plugin DaemonSet has 0 desired pods",
+            cause="chart ≥0.15 node affinity needs nvidia.com/gpu.present=true or NFD labels",
+            fix=f"kubectl label node {node['metadata']['name']} nvidia.com/gpu.present=true",
+        )
+    if labels.get("nvidia.com/gpu.present") != "true" and ctx.plan.kubernetes_layer == "device-plugin":
+        return Check(
+            "node labelled",
+            False,
+            "node lacks nvidia.com/gpu.present=true",
+            fix=f"kubectl label node {node['metadata']['name']} nvidia.com/gpu.present=true",
+        )
+    return Check(
+        "device plugin ready",
+        False,
+        "the device plugin runs but the node advertises no GPUs",
+        cause="the driver is not loaded on the node, or the plugin does not run with the nvidia runtime",
+        fix="run the verification step for this node; check `kubectl -n "
+        f"{release.namespace} logs ds/{release.release}` for 'Incompatible strategy' / NVML errors",
+    )

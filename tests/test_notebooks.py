@@ -1,0 +1,224 @@
+"""The notebooks: stored clean, documented parameters, and executed headless against the simulated cluster
+through `runbook run` (healthy, fault scenarios, plan-only default, resume), with a verifiable record."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pytest
+
+from runbook_lib.cli import main
+from runbook_lib.notebook import records
+from runbook_lib.notebook.steps import NOTEBOOK_PARAMETERS, STEPS, StepSpec
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOKS = REPO / "notebooks"
+PARAMS = str(REPO / "params" / "simulated.yaml")
+ALL = sorted(NOTEBOOKS.glob("*.ipynb"))
+
+
+@pytest.mark.parametrize("path", ALL, ids=lambda p: p.name)
+def test_notebook_is_stored_without_outputs(path: Path) -> None:
+    nb = nbformat.read(path, as_version=4)
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type == "code":
+            assert cell.outputs == [], f"{path.name} cell {index} has outputs: clear them before committing"
+            assert cell.execution_count is None, f"{path.name} cell {index} has an execution count"
+    assert "widgets" not in nb.metadata and "papermill" not in nb.metadata
+
+
+def test_every_step_has_its_notebook_in_order() -> None:
+    names = [p.name for p in ALL]
+    assert names[0] == "00-overview.ipynb"
+    assert names[1:] == [s.notebook for s in STEPS]
+    overview = nbformat.read(NOTEBOOKS / "00-overview.ipynb", as_version=4)
+    text = "".join(c.source for c in overview.cells if c.cell_type == "markdown")
+    assert all(f"({s.notebook})" in text for s in STEPS)
+
+
+@pytest.mark.parametrize("step", STEPS, ids=lambda s: s.name)
+def test_parameters_cell_is_typed_and_documented(step: StepSpec) -> None:
+    import papermill
+
+    path = NOTEBOOKS / step.notebook
+    found = papermill.inspect_notebook(str(path))
+    assert list(found) == list(NOTEBOOK_PARAMETERS)
+    for name, info in found.items():
+        assert info["inferred_type_name"] not in ("None", ""), name
+        assert len(info["help"]) > 20, f"{name} needs a help comment"
+    nb = nbformat.read(path, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert code[0].metadata.get("tags") == ["parameters"]
+    assert len(code) == 2 and code[1].source.count("run_step(") == 1  # one library call per step
+    prose = " ".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    assert "Why" in prose and "When it fails" in prose
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Executed headless against the simulated cluster
+
+
+@pytest.fixture
+def sim_env(tmp_path: Path) -> dict[str, Path]:
+    return {"records": tmp_path / "records", "state": tmp_path / "sim"}
+
+
+def run(env: dict[str, Path], *args: str) -> int:
+    return main(
+        ["run", "--records", str(env["records"]), "--state", str(env["state"]), "--no-progress", *args]
+    )
+
+
+def latest(env: dict[str, Path]) -> dict[str, Any]:
+    return records.load_record(records.resolve(env["records"], None))
+
+
+def assert_no_secrets(env: dict[str, Path]) -> None:
+    secrets = records.secret_values(env["state"] / "kubeconfig", env["state"] / "talosconfig")
+    kube = (env["state"] / "kubeconfig").read_text()
+    token = next(line.split("token:", 1)[1].strip() for line in kube.splitlines() if "token:" in line)
+    assert token in secrets and len(secrets) >= 4
+    for file in env["records"].rglob("*"):
+        if file.is_file():
+            text = file.read_text(errors="replace")
+            leaked = [s[:6] + "…" for s in secrets if s in text]
+            assert not leaked, f"{file} contains secret material {leaked}"
+
+
+@pytest.mark.slow
+def test_healthy_cluster_end_to_end_then_a_second_run_changes_nothing(
+    sim_env: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run(sim_env, "-p", PARAMS, "--apply") == 0
+    first = latest(sim_env)
+    assert first["outcome"] == "changed" and first["failed_step"] is None
+    assert [s["name"] for s in first["steps"]] == [s.name for s in STEPS]
+    assert all(s["status"] in ("ok", "changed") for s in first["steps"])
+    changed_by = {c["step"] for c in first["changes"]}
+    assert {"image", "config-patch", "kubernetes"} <= changed_by
+    upgrade = next(c for c in first["changes"] if "upgrade" in c.get("argv", []))
+    assert upgrade["exit_code"] == 0 and any(a == "--image" for a in upgrade["argv"])
+    assert first["verification"]["verify"]["status"] == "ok"
+    assert first["verification"]["cuda-test"]["status"] == "ok"
+    assert first["who"]["user"] and first["runbook"].get("commit") is not None
+    assert first["params"]["kubeconfig"] is None and first["versions"]["talosctl"]
+    record_dir = records.resolve(sim_env["records"], None)
+    for step in STEPS:
+        assert (record_dir / step.notebook).exists() and (
+            record_dir / "html" / f"{Path(step.notebook).stem}.html"
+        ).exists()
+
+    assert run(sim_env, "-p", PARAMS, "--apply") == 0
+    second = latest(sim_env)
+    assert second["previous"]["record"] == first["record"]
+    steps = {s["name"]: s for s in second["steps"]}
+    assert steps["image"]["status"] == "ok" and steps["config-patch"]["status"] == "ok"
+    assert second["changes"] == [] and second["outcome"] == "unchanged"
+    assert "nothing changed on the cluster" in second["note"]
+    assert run(sim_env, "--from", "verify") == 0  # resumes with the parameters of the latest record
+    resumed = latest(sim_env)
+    assert [s["name"] for s in resumed["steps"]] == ["verify", "kubernetes", "cuda-test"]
+    assert resumed["params"] == second["params"]
+    assert main(["records", "verify", "--dir", str(sim_env["records"])]) == 0
+    assert_no_secrets(sim_env)
+    capsys.readouterr()
+
+
+@pytest.mark.slow
+def test_default_run_only_plans_and_changes_nothing(sim_env: dict[str, Path]) -> None:
+    assert run(sim_env, "-p", PARAMS) == 0
+    plan = latest(sim_env)
+    assert plan["apply"] is False and plan["outcome"] == "planned" and plan["changes"] == []
+    statuses = {s["name"]: s["status"] for s in plan["steps"]}
+    assert statuses["image"] == "planned" and statuses["verify"] == "skipped"
+    assert "run with --apply" in str(plan["note"])
+    # the cluster is as it was: the image is still planned on every node
+    assert run(sim_env, "-p", PARAMS, "--steps", "image") == 0
+    again = latest(sim_env)
+    assert again["steps"][0]["result"]["counts"] == {"planned": 3}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("scenario", "steps", "step", "failing", "diagnosis"),
+    [
+        (
+            "unreachable-node",
+            None,
+            "preflight",
+            ["gpu-worker-3"],
+            "10.5.0.13:50000: connect: connection refused",
+        ),
+        ("upgrade-fails", None, "image", ["gpu-worker-3"], "rolled back"),
+        ("driver-mismatch", "preflight,verify", "verify", None, "tracks lts and production are mixed"),
+        ("extensions-no-patch", "preflight,verify", "verify", None, "NVIDIA kernel modules not loaded"),
+    ],
+)
+def test_fault_stops_at_the_right_step_with_the_diagnosis(
+    sim_env: dict[str, Path],
+    scenario: str,
+    steps: str | None,
+    step: str,
+    failing: list[str] | None,
+    diagnosis: str,
+) -> None:
+    limit = ["--steps", steps] if steps else []
+    assert run(sim_env, "-p", PARAMS, "--apply", *limit, "--set", f"simulation.scenario={scenario}") == 1
+    data = latest(sim_env)
+    assert data["outcome"] == "failed" and data["failed_step"] == step
+    assert data["steps"][-1]["name"] == step
+    error = data["steps"][-1]["error"]
+    assert error["ename"] == "StepFailed" and diagnosis in error["evalue"]
+    failed = [n["node"] for n in data["steps"][-1]["result"]["nodes"] if n["status"] == "failed"]
+    assert failed == (failing or ["gpu-worker-1", "gpu-worker-2", "gpu-worker-3"])
+    record_dir = records.resolve(sim_env["records"], None)
+    executed = nbformat.read(record_dir / next(s.notebook for s in STEPS if s.name == step), as_version=4)
+    assert any("papermill-error-cell-tag" in c.metadata.get("tags", []) for c in executed.cells)
+    assert records.verify(sim_env["records"]) == []
+    assert_no_secrets(sim_env)
+
+
+@pytest.mark.slow
+def test_misspelt_notebook_parameter_stops_the_notebook(tmp_path: Path) -> None:
+    import papermill
+
+    with pytest.raises(papermill.PapermillExecutionError) as info:
+        papermill.execute_notebook(
+            str(NOTEBOOKS / "01-preflight.ipynb"),
+            str(tmp_path / "out.ipynb"),
+            parameters={"params_file": PARAMS, "aply": True},
+            kernel_name="python3",
+            progress_bar=False,
+        )
+    assert info.value.ename == "ParametersInvalid" and "did you mean 'apply'" in info.value.evalue
+
+
+@pytest.mark.slow
+def test_overview_notebook_executes_and_shows_the_plan(tmp_path: Path) -> None:
+    import papermill
+
+    out = tmp_path / "overview.ipynb"
+    papermill.execute_notebook(
+        str(NOTEBOOKS / "00-overview.ipynb"),
+        str(out),
+        parameters={"params_file": PARAMS},
+        kernel_name="python3",
+        progress_bar=False,
+    )
+    html = json.dumps(nbformat.read(out, as_version=4).cells[-1].outputs)
+    assert "sim-gpu" in html and "nvidia-open-gpu-kernel-modules-lts" in html
+
+
+def test_bad_run_arguments_fail_before_anything_runs(
+    sim_env: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run(sim_env, "-p", PARAMS, "--steps", "preflight,verfy") == 2
+    assert "unknown step(s) verfy" in capsys.readouterr().err
+    assert run(sim_env, "-p", PARAMS, "--set", "simulation.scenario=nope") == 2
+    assert "unknown simulation.scenario 'nope'" in capsys.readouterr().err
+    assert run(sim_env, "-p", PARAMS, "--set", "aply=true") == 2
+    assert "did you mean 'apply'" in capsys.readouterr().err
+    assert not sim_env["records"].exists()  # no half record

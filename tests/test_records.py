@@ -1,0 +1,185 @@
+"""Change records: sealed by a manifest, chained, scrubbed of secrets, and checked by `runbook records verify`."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from runbook_lib.cli import main
+from runbook_lib.notebook import records
+
+TOKEN = "kube-token-7f3a9c1e5b2d4f6a8c0e"
+TALOS_KEY = "LS0tLS1CRUdJTiBFRDI1NTE5IFBSSVZBVEUgS0VZLS0tLS0KTUM0Q0FRQXdCUVlESzJWd0JDSUVJRm9vYmFy"
+
+
+def make_configs(tmp_path: Path) -> tuple[Path, Path]:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+                "users": [{"name": "u", "user": {"token": TOKEN}}],
+            }
+        )
+    )
+    talosconfig = tmp_path / "talosconfig"
+    talosconfig.write_text(
+        yaml.safe_dump(
+            {
+                "context": "c",
+                "contexts": {"c": {"endpoints": ["10.5.0.2"], "key": TALOS_KEY, "ca": "Y2EtY2VydC1kYXRh"}},
+            }
+        )
+    )
+    return kubeconfig, talosconfig
+
+
+def write_record(
+    root: Path, cluster: str = "sim-gpu", text: str = "executed notebook", run_id: str | None = None
+) -> Path:
+    path = records.create_record_dir(root, cluster, run_id=run_id)
+    (path / "01-preflight.ipynb").write_text(json.dumps({"cells": [{"source": text}]}))
+    (path / "html").mkdir()
+    (path / "html" / "01-preflight.html").write_text(f"<html>{text}</html>")
+    records.seal(
+        path, {"cluster": cluster, "outcome": "ok", "steps": [{"name": "preflight", "status": "ok"}]}
+    )
+    return path
+
+
+@pytest.fixture
+def chain(tmp_path: Path) -> tuple[Path, list[Path]]:
+    root = tmp_path / "records"
+    paths = [write_record(root, run_id=f"0000000{i}") for i in range(3)]
+    return root, paths
+
+
+def test_intact_chain_verifies_and_links_each_record_to_the_previous_manifest(
+    chain: tuple[Path, list[Path]],
+) -> None:
+    root, paths = chain
+    assert records.verify(root) == []
+    first, second, _ = (records.load_record(p) for p in paths)
+    assert first["previous"] is None
+    assert second["previous"]["record"] == paths[0].name
+    assert second["previous"]["sha256sums"] == records.sha256_file(paths[0] / records.MANIFEST)
+    assert main(["records", "verify", "--dir", str(root)]) == 0
+
+
+def test_record_names_sort_chronologically_and_name_the_cluster(tmp_path: Path) -> None:
+    path = records.create_record_dir(tmp_path, "prod-gpu", run_id="abcdef12")
+    assert path.name.endswith("-prod-gpu-abcdef12")
+    assert path.name[:8].isdigit() and path.name[8] == "T" and path.name[15] == "Z"
+
+
+def test_edited_file_is_named(chain: tuple[Path, list[Path]], capsys: pytest.CaptureFixture[str]) -> None:
+    root, paths = chain
+    (paths[1] / "html" / "01-preflight.html").write_text("<html>all green, honest</html>")
+    problems = records.verify(root)
+    assert problems == [f"{paths[1].name}: edited file html/01-preflight.html"]
+    assert main(["records", "verify", "--dir", str(root)]) != 0
+    assert "edited file html/01-preflight.html" in capsys.readouterr().out
+
+
+def test_removed_file_is_named(chain: tuple[Path, list[Path]]) -> None:
+    root, paths = chain
+    (paths[0] / "01-preflight.ipynb").unlink()
+    assert records.verify(root) == [f"{paths[0].name}: removed file 01-preflight.ipynb"]
+
+
+def test_inserted_file_is_named(chain: tuple[Path, list[Path]]) -> None:
+    root, paths = chain
+    (paths[2] / "extra.txt").write_text("slipped in")
+    assert records.verify(root) == [f"{paths[2].name}: inserted file extra.txt"]
+
+
+def test_removed_record_breaks_the_chain(
+    chain: tuple[Path, list[Path]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    root, paths = chain
+    shutil.rmtree(paths[1])
+    problems = records.verify(root)
+    assert any(paths[1].name in p and "removed" in p for p in problems), problems
+    assert main(["records", "verify", "--dir", str(root)]) != 0
+    assert paths[1].name in capsys.readouterr().out
+
+
+def test_removed_oldest_record_is_detected(chain: tuple[Path, list[Path]]) -> None:
+    root, paths = chain
+    shutil.rmtree(paths[0])
+    assert any(paths[0].name in p for p in records.verify(root))
+
+
+def test_rewritten_manifest_of_an_older_record_is_detected(chain: tuple[Path, list[Path]]) -> None:
+    """Someone edits a file and regenerates its SHA256SUMS: the next record's chain hash exposes it."""
+    root, paths = chain
+    (paths[0] / "01-preflight.ipynb").write_text("{}")
+    records.write_manifest(paths[0])
+    problems = records.verify(root)
+    assert problems == [f"{paths[0].name}: {records.MANIFEST} changed after {paths[1].name} was recorded"]
+
+
+def test_inserted_record_is_detected(chain: tuple[Path, list[Path]]) -> None:
+    root, paths = chain
+    forged = root / (paths[0].name[:-8] + "ffffffff")
+    shutil.copytree(paths[0], forged)
+    problems = records.verify(root)
+    assert problems and any("inserted record" in p or forged.name in p for p in problems), problems
+
+
+def test_unsealed_record_is_reported(tmp_path: Path) -> None:
+    root = tmp_path / "records"
+    path = records.create_record_dir(root, "sim-gpu")
+    assert records.verify(root) == [
+        f"{path.name}: SHA256SUMS is missing (an unfinished run, or the manifest was removed)"
+    ]
+
+
+def test_seal_scrubs_secret_material_from_every_file(tmp_path: Path) -> None:
+    kubeconfig, talosconfig = make_configs(tmp_path)
+    secrets = records.secret_values(kubeconfig, talosconfig)
+    assert TOKEN in secrets and TALOS_KEY in secrets
+    root = tmp_path / "records"
+    path = records.create_record_dir(root, "sim-gpu")
+    (path / "step.ipynb").write_text(f"Authorization: Bearer {TOKEN}\n")
+    (path / "out.html").write_text(f"<pre>key: {TALOS_KEY}</pre>")
+    records.seal(path, {"cluster": "sim-gpu", "leak": f"token={TOKEN}"}, secrets=secrets)
+    for file in path.rglob("*"):
+        if file.is_file():
+            text = file.read_text()
+            assert TOKEN not in text and TALOS_KEY not in text, file
+    # the decoded form of a base64 key is secret too
+    assert "-----BEGIN ED25519 PRIVATE KEY-----" in secrets
+    assert records.REDACTED in (path / "step.ipynb").read_text()
+    assert records.verify(root) == []
+
+
+def test_short_values_are_not_treated_as_secrets(tmp_path: Path) -> None:
+    cfg = tmp_path / "kubeconfig"
+    cfg.write_text(yaml.safe_dump({"users": [{"user": {"token": "x"}}]}))
+    assert records.secret_values(cfg) == []
+
+
+def test_git_info_reports_commit_and_dirty_flag() -> None:
+    info = records.git_info(Path(__file__).resolve().parents[1])
+    if info["commit"] is None:
+        pytest.skip(f"not a git checkout: {info.get('note')}")
+    assert len(info["commit"]) == 40
+    assert isinstance(info["dirty"], bool)
+
+
+def test_list_and_show(chain: tuple[Path, list[Path]], capsys: pytest.CaptureFixture[str]) -> None:
+    root, paths = chain
+    assert main(["records", "list", "--dir", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert all(p.name in out for p in paths)
+    assert main(["records", "show", paths[1].name[-8:], "--dir", str(root)]) == 0
+    shown = capsys.readouterr().out
+    assert paths[1].name in shown and "preflight" in shown
+    assert main(["records", "show", "nope", "--dir", str(root)]) == 2

@@ -1,0 +1,102 @@
+"""Rendering a step result for a person: verdict, failures first with their fix, diffs once, capped table."""
+
+from __future__ import annotations
+
+import re
+
+from runbook_lib.notebook.render import failure_text, render_html, render_markdown
+from runbook_lib.steps.results import Check, NodeResult, StepResult
+
+PATCH = "machine:\n  kernel:\n    modules:\n      - name: nvidia\n"
+
+
+def fleet(size: int = 1000, failing: int = 3) -> StepResult:
+    result = StepResult(step="config-patch", applied=False)
+    for i in range(size):
+        node = NodeResult(node=f"gpu-{i:04d}", address=f"10.0.{i // 250}.{i % 250}")
+        if i >= size - failing:
+            node.status = "failed"
+            node.message = "cannot read the machine config"
+            node.checks.append(
+                Check(
+                    "machine config readable",
+                    False,
+                    "connection refused",
+                    fix=f"talosctl -n {node.address} version",
+                    cause="node down",
+                )
+            )
+        else:
+            node.status = "planned"
+            node.diff = PATCH
+        result.nodes.append(node)
+    return result
+
+
+def test_counts_per_state_and_failing_nodes_before_the_table() -> None:
+    html = render_html(fleet())
+    assert re.search(r">planned</span> 997<", html) and re.search(r">failed</span> 3<", html)
+    failing_at = html.index("Failing nodes (3)")
+    table_at = html.index("All nodes (1000)")
+    assert failing_at < table_at
+    for name in ("gpu-0997", "gpu-0998", "gpu-0999"):
+        assert failing_at < html.index(name) < table_at
+    assert "talosctl -n 10.0.3.247 version" in html  # the fix is shown with the failure
+    assert "<details>" in html  # the full table is collapsed
+
+
+def test_table_is_capped_and_says_how_many_more() -> None:
+    html = render_html(fleet(), limit=50)
+    table = html[html.index("All nodes") :]
+    assert table.count("<tr><td>") == 50
+    assert "950 more in the record." in table
+    assert len(html) < 60_000  # stays readable (and light) at 1,000 nodes
+
+
+def test_identical_diffs_are_shown_once_with_their_node_count() -> None:
+    html = render_html(fleet())
+    assert html.count('class="runbook-diff"') == 1
+    assert "997 node(s): gpu-0000, gpu-0001" in html and "and 989 more" in html
+    assert "<pre" in html and "- name: nvidia" in html
+
+
+def test_patch_groups_from_step_data_are_rendered_as_diffs() -> None:
+    result = StepResult(step="config-patch", applied=False)
+    result.nodes = [
+        NodeResult("a", "10.0.0.1", status="planned"),
+        NodeResult("b", "10.0.0.2", status="planned"),
+    ]
+    result.data["groups"] = [{"nodes": ["a", "b"], "patch": PATCH, "dry_run": ""}]
+    html = render_html(result)
+    assert "2 node(s): a, b" in html and "- name: nvidia" in html
+
+
+def test_cluster_output_is_escaped() -> None:
+    result = StepResult(step="verify", applied=False)
+    result.nodes = [NodeResult("n1", "10.0.0.1", status="failed", message="<script>alert(1)</script>")]
+    html = render_html(result)
+    assert "<script>" not in html and "&lt;script&gt;" in html
+
+
+def test_plan_and_apply_are_told_apart() -> None:
+    plan = render_html(fleet(10, 0))
+    assert "plan only: nothing changed" in plan
+    applied = StepResult(step="config-patch", applied=True)
+    applied.nodes = [NodeResult("a", "10.0.0.1", status="changed")]
+    assert "applied" in render_html(applied) and "plan only" not in render_html(applied)
+
+
+def test_markdown_has_the_same_essentials() -> None:
+    md = render_markdown(fleet(), limit=20)
+    assert md.startswith("### config-patch: failed")
+    assert "**Failing nodes (3)**" in md and "fix: `talosctl -n 10.0.3.247 version`" in md
+    assert md.count("| gpu-") == 20 and "980 more in the record." in md
+    assert md.count("```diff") == 1
+
+
+def test_failure_text_carries_the_diagnosis_for_the_error_cell() -> None:
+    text = failure_text(fleet(100, 8), limit=5)
+    assert text.startswith("config-patch: failed")
+    assert "gpu-0092 (10.0.0.92): cannot read the machine config" in text
+    assert "fix: talosctl -n 10.0.0.92 version" in text
+    assert "3 more failing nodes" in text
