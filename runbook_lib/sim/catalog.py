@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from runbook_lib.errors import PermanentError
+from runbook_lib.model.profiles import DRIVER_TABLE
 from runbook_lib.model.schematic import (
     VANILLA_SCHEMATIC_ID,
     ExtensionInfo,
@@ -44,21 +46,9 @@ PRERELEASES = ("v1.12.0-beta.0", "v1.14.0-rc.1")
 #: The Image Factory builds for Talos 1.5 and later; 1.3–1.4 users install extensions from ghcr.io.
 FIRST_FACTORY_MINOR = (1, 5)
 
-#: (driver LTS/single, driver production, container toolkit) at each ``.0`` extensions release (facts §1.2).
-NVIDIA_VERSIONS: dict[tuple[int, int], tuple[str, str | None, str]] = {
-    (1, 3): ("515.65.01", None, "v1.11.0"),
-    (1, 4): ("530.41.03", None, "v1.12.1"),
-    (1, 5): ("535.54.03", None, "v1.13.5"),
-    (1, 6): ("535.129.03", None, "v1.13.5"),
-    (1, 7): ("535.129.03", None, "v1.14.6"),
-    (1, 8): ("535.183.06", "550.90.07", "v1.16.1"),
-    (1, 9): ("535.216.03", "550.127.08", "v1.17.2"),
-    (1, 10): ("535.230.02", "570.124.06", "v1.17.5"),
-    (1, 11): ("535.247.01", "570.172.08", "v1.17.8"),
-    (1, 12): ("580.105.08", "570.195.03", "v1.18.1"),
-    (1, 13): ("580.126.20", "595.58.03", "v1.19.0"),
-    (1, 14): ("580.178.04", "595.91.07", "v1.19.1"),
-}
+#: (driver LTS/single, driver production, container toolkit) at each ``.0`` extensions release (facts §1.2):
+#: the same published facts the GPU profiles cite, so both rooms read them from one table.
+NVIDIA_VERSIONS: Mapping[tuple[int, int], tuple[str, str | None, str]] = DRIVER_TABLE
 #: Real releases whose versions differ from their ``.0`` (facts §1.2 and §6).
 NVIDIA_OVERRIDES: dict[str, tuple[str, str | None, str]] = {
     "v1.12.7": ("580.105.08", "570.211.01", "v1.18.2"),

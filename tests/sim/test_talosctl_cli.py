@@ -11,6 +11,7 @@ import pytest
 from runbook_lib.sim.cluster import ClusterSpec, create
 from runbook_lib.sim.state import sim_paths
 from runbook_lib.sim.talosctl import flags as fl
+from tests.sim.talosctl_run import talosctl
 
 REF = Path(__file__).resolve().parents[2] / ".." / "shared" / "reference" / "talos"
 COMMANDS = [
@@ -31,17 +32,6 @@ def sim(tmp_path_factory: pytest.TempPathFactory) -> Path:
     state = tmp_path_factory.mktemp("sim")
     create(state, ClusterSpec(workers=2, talos_version="1.12"))
     return state
-
-
-def talosctl(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    paths = sim_paths(state)
-    return subprocess.run(
-        [str(paths.bin_dir / "talosctl"), "--talosconfig", str(paths.talosconfig), *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 def _reference_flags(version: str, command: str) -> set[tuple[str, str, str]]:

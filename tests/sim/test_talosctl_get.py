@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -12,21 +11,10 @@ import yaml
 
 from runbook_lib.sim.cluster import ClusterSpec, create
 from runbook_lib.sim.faults import inject
-from runbook_lib.sim.state import sim_paths
+from tests.sim.talosctl_run import talosctl
 
 VERSIONS = ["1.7", "1.8", "1.12", "1.13"]
 W1, W2 = "10.5.0.3", "10.5.0.4"
-
-
-def talosctl(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    paths = sim_paths(state)
-    return subprocess.run(
-        [str(paths.bin_dir / "talosctl"), "--talosconfig", str(paths.talosconfig), *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 @pytest.fixture(scope="module", params=VERSIONS)

@@ -15,21 +15,11 @@ from runbook_lib.sim.cluster import ClusterSpec, create
 from runbook_lib.sim.faults import inject
 from runbook_lib.sim.machineconfig import worker_config
 from runbook_lib.sim.state import load_node, normalize_talos_version, runtime, sim_paths
+from tests.sim.talosctl_run import talosctl
 
 REF = Path(__file__).resolve().parents[2] / ".." / "shared" / "reference" / "talos"
 W1 = "10.5.0.3"
 MODULES = {"machine": {"kernel": {"modules": [{"name": "nvidia"}, {"name": "nvidia_uvm"}]}}}
-
-
-def talosctl(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    paths = sim_paths(state)
-    return subprocess.run(
-        [str(paths.bin_dir / "talosctl"), "--talosconfig", str(paths.talosconfig), *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 def validate_against_schema(config: list[dict[str, Any]], talos_minor: str) -> None:

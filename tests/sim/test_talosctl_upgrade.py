@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import time
 from pathlib import Path
 
@@ -13,20 +12,10 @@ from runbook_lib.sim.cluster import ClusterSpec, create
 from runbook_lib.sim.faults import inject, set_cluster_fault
 from runbook_lib.sim.scenarios import nvidia_extension_names, register_schematic
 from runbook_lib.sim.state import driver_of, kmod_extension, load_node, runtime, sim_paths, toolkit_extension
+from tests.sim.talosctl_run import talosctl
 
 W1, W2 = "10.5.0.3", "10.5.0.4"
 MODULES_PATCH = "machine:\n  kernel:\n    modules:\n      - name: nvidia\n      - name: nvidia_uvm\n      - name: nvidia_drm\n      - name: nvidia_modeset\n"
-
-
-def talosctl(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    paths = sim_paths(state)
-    return subprocess.run(
-        [str(paths.bin_dir / "talosctl"), "--talosconfig", str(paths.talosconfig), *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 def gpu_image(state: Path, version: str, talos: str, track: str = "lts") -> str:
