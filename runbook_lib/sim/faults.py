@@ -26,6 +26,10 @@ FAULTS: dict[str, str] = {
     "gpu_unsupported": "the GPU is not supported by the driver branch: nvidia fails to probe (NVRM message)",
     "upgrade_fails": "talosctl upgrade fails on this node and it rolls back to the old image",
     "upgrade_hangs": "talosctl upgrade never completes (ext-nvidia-persistenced waits); --wait runs into --timeout",
+    # Read by the Kubernetes room's kubelets and controllers (runbook_lib/sim/kubelet.py):
+    "node_not_ready": "the node's kubelet reports NotReady (its pods are marked not ready)",
+    "pods_pending": "pods bound to this node stay Pending",
+    "image_pull_error": "containers on this node fail to pull their image (ErrImagePull / ImagePullBackOff)",
 }
 
 _DIAL = {

@@ -52,6 +52,7 @@ GPU_RESOURCE = "nvidia.com/gpu"
 BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 4.0
 RETRY_S = 2.0
+IDLE_TICK_S = 1.0
 # Talos minor → (containerd, kernel) as the node reports them.
 _CONTAINERD = {
     (1, 7): "1.7.16",
@@ -295,6 +296,23 @@ def _set_conditions(conditions: list[dict[str, Any]]) -> Callable[[dict[str, Any
     return apply
 
 
+def _set_ready(ready: bool) -> Callable[[dict[str, Any]], None]:
+    def apply(o: dict[str, Any]) -> None:
+        for c in o["status"].get("conditions") or []:
+            if c.get("type") in ("Ready", "ContainersReady") and c.get("status") != str(ready):
+                c["status"] = "True" if ready else "False"
+                c["lastTransitionTime"] = now()
+                if ready:
+                    c.pop("reason", None)
+                    c.pop("message", None)
+                else:
+                    c["reason"] = "NodeNotReady" if c["type"] == "Ready" else "ContainersNotReady"
+        for cs in o["status"].get("containerStatuses") or []:
+            cs["ready"] = ready
+
+    return apply
+
+
 def _owner(obj: dict[str, Any]) -> dict[str, Any]:
     return {
         "apiVersion": obj["apiVersion"],
@@ -350,6 +368,9 @@ class Controllers:
         self._thread: threading.Thread | None = None
         self.errors: list[str] = []
         self._names: list[str] = []
+        self._fault_key = ""
+        self._seen_changes = -1
+        self._next_due = 0.0
         self._retry_at: dict[tuple[str, str], float] = {}
 
     # --- lifecycle -------------------------------------------------------------------------------------
@@ -375,7 +396,11 @@ class Controllers:
 
     def run_once(self) -> None:
         faults = self.faults.read()
-        self._sync_nodes(faults)
+        nodes_changed = self._sync_nodes(faults)
+        t = time.monotonic()
+        if not nodes_changed and self.store.changes == self._seen_changes and t < self._next_due:
+            return  # idle: nothing changed and no timer is due, so leave the CPU to the API threads
+        self._seen_changes = self.store.changes
         self._daemonsets()
         self._deployments()
         self._jobs()
@@ -383,6 +408,9 @@ class Controllers:
         self._schedule(faults)
         self._kubelets(faults)
         self._node_resources()
+        due = [r.next_try for r in self.runs.values() if not r.started]
+        due += list(self._retry_at.values())
+        self._next_due = min([t + IDLE_TICK_S, *due])
 
     # --- events ----------------------------------------------------------------------------------------
 
@@ -449,20 +477,22 @@ class Controllers:
 
     # --- nodes -----------------------------------------------------------------------------------------
 
-    def _sync_nodes(self, faults: dict[str, Any]) -> None:
+    def _sync_nodes(self, faults: dict[str, Any]) -> bool:
+        """Reload node files whose mtime changed and update their Node objects; True when anything changed."""
         paths = sim_state.sim_paths(self.state_dir)
         try:
             cmt = os.stat(paths.cluster).st_mtime_ns
         except FileNotFoundError:
-            return
+            return False
         if cmt != self._cluster_mtime:
             try:
                 cluster = sim_state.load_cluster(self.state_dir)
             except (OSError, ValueError):
-                return
+                return False
             self._names = [e["name"] for e in cluster.get("nodes", [])]
             self._cluster_mtime = cmt
         names = self._names
+        changed: set[str] = set()
         for name in names:
             p = paths.nodes_dir / f"{name}.json"
             try:
@@ -492,15 +522,26 @@ class Controllers:
             )
             old = self.views.get(name)
             self.views[name] = NodeView(node, rt, fp)
+            changed.add(name)
             if old is not None and (old.fingerprint != fp or old.sim.boot_count != node.boot_count):
                 self._node_changed(name, rebooted=old.sim.boot_count != node.boot_count)
         for gone in [n for n in self.views if n not in names]:
             self.views.pop(gone)
             with contextlib.suppress(ApiError):
                 self.store.delete(NODES, "", gone)
+        # Node objects are rewritten only when their Talos state or the faults changed (or they are missing):
+        # rebuilding 1,000 node statuses every tick would starve the API threads.
+        fault_key = json.dumps(faults, sort_keys=True, default=str)
+        everything = fault_key != self._fault_key
+        self._fault_key = fault_key
+        upserted = False
         for name in names:
-            if name in self.views:
+            if name in self.views and (
+                everything or name in changed or self.store.peek(NODES, "", name) is None
+            ):
                 self._upsert_node(self.views[name], faults)
+                upserted = True
+        return upserted or bool(changed)
 
     def _node_changed(self, name: str, *, rebooted: bool) -> None:
         """Talos state changed: containers waiting to restart try again now; a reboot restarts everything."""
@@ -1211,7 +1252,9 @@ class Controllers:
             for n in nodes:
                 nname = n["metadata"]["name"]
                 taint = tolerates((n.get("spec") or {}).get("taints"), pod["spec"].get("tolerations"))
-                if taint is not None:
+                if (n.get("spec") or {}).get("unschedulable"):
+                    r = "node(s) were unschedulable"
+                elif taint is not None:
                     r = f"node(s) had untolerated taint {{{taint['key']}: {taint.get('value', '')}}}"
                 elif not node_matches_affinity(n, pod["spec"]):
                     r = "node(s) didn't match Pod's node affinity/selector"
@@ -1313,11 +1356,35 @@ class Controllers:
             if not nname or pod["status"].get("phase") in ("Succeeded", "Failed"):
                 continue
             view = self.views.get(nname)
-            if view is None or self._not_ready(view, faults):
-                continue
-            if view.sim.faults.get("pods_pending"):
+            if view is None:
                 continue
             run = self.runs.setdefault(uid, PodRun())
+            if self._not_ready(view, faults):
+                # The node lifecycle controller marks pods of a lost node not ready (MarkPodsNotReady).
+                if _pod_ready(pod):
+                    self._update(
+                        PODS,
+                        pod["metadata"]["namespace"],
+                        pod["metadata"]["name"],
+                        _set_ready(False),
+                        "status",
+                    )
+                continue
+            if run.started and pod["status"].get("phase") == "Running" and not _pod_ready(pod):
+                running = all(
+                    (cs.get("state") or {}).get("running")
+                    for cs in pod["status"].get("containerStatuses") or []
+                )
+                if running and pod["status"].get("containerStatuses"):
+                    self._update(
+                        PODS,
+                        pod["metadata"]["namespace"],
+                        pod["metadata"]["name"],
+                        _set_ready(True),
+                        "status",
+                    )
+            if view.sim.faults.get("pods_pending"):
+                continue
             if run.started or tnow < run.next_try:
                 continue
             self._start_pod(pod, view, run, faults)

@@ -17,7 +17,7 @@ from kubernetes import client, config
 
 from runbook_lib.sim import cluster, scenarios
 from runbook_lib.sim.kubeapi import server
-from runbook_lib.sim.state import load_node, locked_node, sim_paths
+from runbook_lib.sim.state import load_node, locked_node, runtime, sim_paths, v1alpha1_doc
 
 DOCS_INSTALL = [
     "install",
@@ -109,14 +109,19 @@ def test_docs_command_in_kube_system_gives_gpus_only_after_extensions_and_module
         ]
     )
     assert all(sim.gpus(n) is None for n in workers)
-    for n in workers:  # the extensions alone are not enough
+    for n in workers:  # the modules patch alone is not enough: the kmod and toolkit extensions are missing
         with locked_node(sim.state, n) as node:
-            scenarios.install_nvidia(sim.state, node, patch_modules=False)
+            machine = v1alpha1_doc(node.machine_config).setdefault("machine", {})
+            machine["kernel"] = {
+                "modules": [{"name": m} for m in ("nvidia", "nvidia_uvm", "nvidia_drm", "nvidia_modeset")]
+            }
+            machine["sysctls"] = {"net.core.bpf_jit_harden": "1"}
     time.sleep(1.0)
     assert all(sim.gpus(n) is None for n in workers)
-    for n in workers:  # the modules patch (and bpf_jit_harden on 1.12) completes the node
+    assert all(not runtime(load_node(sim.state, n)).modules_live for n in workers)
+    for n in workers:  # the GPU schematic's extensions complete the node
         with locked_node(sim.state, n) as node:
-            scenarios.install_nvidia(sim.state, node, patch_modules=True)
+            scenarios.install_nvidia(sim.state, node, patch_modules=False)
     for n in workers:
         assert wait_for(lambda n=n: sim.gpus(n)) == str(len(load_node(sim.state, n).gpus))
 
@@ -189,7 +194,6 @@ def test_repo_list_and_search(sim: Sim) -> None:
     assert {"0.13.0", "0.15.0", "0.20.0"} <= {r["version"] for r in found}
 
 
-@pytest.mark.slow
 def test_release_lifecycle_list_status_upgrade_uninstall(sim: Sim) -> None:
     sim.helm("repo", "add", "nvdp", NVDP, check=True)
     first = sim.helm(
@@ -301,7 +305,6 @@ def test_wait_returns_once_the_daemonset_is_ready(sim: Sim) -> None:
 # --- GPU Operator -------------------------------------------------------------------------------------
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("sim", [{"scenario": "gpu-ready", "talos_version": "1.13"}], indirect=True)
 def test_gpu_operator_with_driver_and_toolkit_disabled_brings_runtimeclass_and_gpus(sim: Sim) -> None:
     sim.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name="gpu-operator")))
@@ -409,4 +412,67 @@ def test_leftover_nvidia_runtimeclass_is_used_by_the_operator(sim: Sim) -> None:
     )
     assert wait_for(lambda: sim.gpus("talos-worker-1")) == str(
         len(load_node(sim.state, "talos-worker-1").gpus)
+    )
+
+
+@pytest.mark.slow
+def test_atomic_install_uninstalls_and_atomic_upgrade_rolls_back(sim: Sim) -> None:
+    sim.helm("repo", "add", "nvdp", NVDP, check=True)
+    runtime_class(sim)
+    out = sim.helm(*DOCS_INSTALL, "-n", "kube-system", "--atomic", "--timeout", "500ms")
+    assert out.stderr == (
+        "Error: INSTALLATION FAILED: release nvidia-device-plugin failed, and has been uninstalled due to atomic "
+        "being set: context deadline exceeded\n"
+    )
+    assert sim.apps.list_namespaced_daemon_set("kube-system").items == []
+    assert json.loads(sim.helm("list", "-A", "-a", "-o", "json", check=True).stdout) == []
+    # A release without runtimeClassName deploys (nothing waits); the upgrade to it with --atomic fails and rolls back.
+    sim.helm(
+        "install", "dp", "nvdp/nvidia-device-plugin", "--version=0.13.0", "-n", "kube-system", check=True
+    )
+    out = sim.helm(
+        "upgrade",
+        "dp",
+        "nvdp/nvidia-device-plugin",
+        "--version=0.13.0",
+        "-n",
+        "kube-system",
+        "--set",
+        "runtimeClassName=nvidia",
+        "--atomic",
+        "--timeout",
+        "500ms",
+    )
+    assert "has been rolled back due to atomic being set: context deadline exceeded" in out.stderr
+    ds = sim.apps.read_namespaced_daemon_set("dp-nvidia-device-plugin", "kube-system")
+    assert ds.spec.template.spec.runtime_class_name is None
+    listed = json.loads(sim.helm("list", "-n", "kube-system", "-o", "json", check=True).stdout)
+    assert [(r["revision"], r["status"]) for r in listed] == [("3", "deployed")]
+
+
+def test_objects_not_owned_by_the_release_block_the_install(sim: Sim) -> None:
+    sim.helm("repo", "add", "nvdp", NVDP, check=True)
+    labels = {"app": "dp"}
+    sim.apps.create_namespaced_daemon_set(
+        "kube-system",
+        client.V1DaemonSet(
+            metadata=client.V1ObjectMeta(name="nvidia-device-plugin"),
+            spec=client.V1DaemonSetSpec(
+                selector=client.V1LabelSelector(match_labels=labels),
+                template=client.V1PodTemplateSpec(
+                    metadata=client.V1ObjectMeta(labels=labels),
+                    spec=client.V1PodSpec(
+                        containers=[client.V1Container(name="c", image="x:1")], node_selector={"none": "x"}
+                    ),
+                ),
+            ),
+        ),
+    )
+    out = sim.helm(*DOCS_INSTALL, "-n", "kube-system")
+    assert out.stderr == (
+        'Error: INSTALLATION FAILED: Unable to continue with install: DaemonSet "nvidia-device-plugin" in namespace '
+        '"kube-system" exists and cannot be imported into the current release: invalid ownership metadata; '
+        'label validation error: missing key "app.kubernetes.io/managed-by": must be set to "Helm"; '
+        'annotation validation error: missing key "meta.helm.sh/release-name": must be set to "nvidia-device-plugin"; '
+        'annotation validation error: missing key "meta.helm.sh/release-namespace": must be set to "kube-system"\n'
     )

@@ -199,6 +199,42 @@ def test_invalid_objects_get_422_with_causes(sim: Sim) -> None:
     )
 
 
+def test_status_subresource_is_separate_from_the_main_resource(sim: Sim) -> None:
+    save_cluster_faults(sim.state, {"pods_pending": True})  # keep the scheduler and kubelets out of the way
+    sim.core.create_namespaced_pod("default", pod("s"))
+    patched = sim.core.patch_namespaced_pod_status(
+        "s", "default", {"status": {"phase": "Running"}, "metadata": {"labels": {"a": "b"}}}
+    )
+    assert patched.status.phase == "Running" and not (patched.metadata.labels or {})
+    ignored = sim.core.patch_namespaced_pod(
+        "s", "default", {"status": {"phase": "Failed"}, "metadata": {"labels": {"a": "b"}}}
+    )
+    assert ignored.status.phase == "Running" and ignored.metadata.labels == {"a": "b"}
+
+
+def test_eviction_removes_the_pod(sim: Sim) -> None:
+    sim.core.create_namespaced_pod("default", pod("e"))
+    sim.core.create_namespaced_pod_eviction(
+        "e", "default", client.V1Eviction(metadata=client.V1ObjectMeta(name="e", namespace="default"))
+    )
+    with pytest.raises(ApiException) as err:
+        sim.core.read_namespaced_pod("e", "default")
+    assert err.value.status == 404
+
+
+def test_invalid_label_values_are_rejected(sim: Sim) -> None:
+    with pytest.raises(ApiException) as err:
+        sim.core.create_namespaced_config_map(
+            "default",
+            client.V1ConfigMap(metadata=client.V1ObjectMeta(name="cm", labels={"ok": "not valid!"})),
+        )
+    assert err.value.status == 422
+    assert (
+        'metadata.labels: Invalid value: "not valid!": a valid label must be an empty string'
+        in status_body(err.value)["message"]
+    )
+
+
 def test_delete_then_404_and_namespace_scoping(sim: Sim) -> None:
     sim.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name="team")))
     sim.core.create_namespaced_config_map("team", client.V1ConfigMap(metadata=client.V1ObjectMeta(name="cm")))
@@ -558,6 +594,11 @@ def test_plain_kubectl_works_through_the_generated_kubeconfig(sim: Sim) -> None:
         "talos-worker-1",
         "talos-worker-2",
     ]
+    table = subprocess.run(
+        ["kubectl", "get", "nodes"], check=False, capture_output=True, text=True, env=env, timeout=60
+    ).stdout.splitlines()
+    assert table[0].split() == ["NAME", "STATUS", "ROLES", "AGE", "VERSION"]
+    assert table[1].split()[:3] == ["talos-cp-1", "Ready", "control-plane"]
     out = subprocess.run(
         ["kubectl", "label", "node", "talos-worker-1", "nvidia.com/gpu.present=true"],
         check=False,
@@ -572,3 +613,50 @@ def test_plain_kubectl_works_through_the_generated_kubeconfig(sim: Sim) -> None:
         ["kubectl", "get", "pod", "nope"], check=False, capture_output=True, text=True, env=env, timeout=60
     )
     assert out.returncode == 1 and 'pods "nope" not found' in out.stderr
+    manifest = "apiVersion: node.k8s.io/v1\nkind: RuntimeClass\nmetadata:\n  name: nvidia\nhandler: nvidia\n"
+    out = subprocess.run(
+        ["kubectl", "apply", "-f", "-"],
+        input=manifest,
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert sim.node.read_runtime_class("nvidia").handler == "nvidia"
+
+
+def test_objects_survive_a_server_restart_but_not_a_recreated_cluster(tmp_path: Path) -> None:
+    cluster.create(tmp_path, cluster.ClusterSpec(workers=1))
+    srv = server.serve_in_thread(tmp_path, start_controllers=False)
+    api = config.new_client_from_config(config_file=str(sim_paths(tmp_path).kubeconfig))
+    client.NodeV1Api(api).create_runtime_class(rc())
+    srv.shutdown()
+    srv.server_close()
+    srv = server.serve_in_thread(tmp_path, start_controllers=False)
+    api = config.new_client_from_config(config_file=str(sim_paths(tmp_path).kubeconfig))
+    assert client.NodeV1Api(api).read_runtime_class("nvidia").handler == "nvidia"
+    srv.shutdown()
+    srv.server_close()
+    time.sleep(0.01)
+    cluster.create(tmp_path, cluster.ClusterSpec(workers=1))
+    srv = server.serve_in_thread(tmp_path, start_controllers=False)
+    api = config.new_client_from_config(config_file=str(sim_paths(tmp_path).kubeconfig))
+    with pytest.raises(ApiException):
+        client.NodeV1Api(api).read_runtime_class("nvidia")
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_dry_run_patch_and_put_validate_but_store_nothing(sim):
+    core = sim.core
+    node = core.list_node().items[0]
+    name = node.metadata.name
+    patched = core.patch_node(name, {"metadata": {"labels": {"dry": "run"}}}, dry_run="All")
+    assert patched.metadata.labels["dry"] == "run"
+    assert "dry" not in (core.read_node(name).metadata.labels or {})
+    current = core.read_node(name)
+    current.metadata.labels = {**(current.metadata.labels or {}), "dry": "put"}
+    core.replace_node(name, current, dry_run="All")
+    assert "dry" not in (core.read_node(name).metadata.labels or {})

@@ -370,6 +370,16 @@ def test_failing_job_stops_at_its_backoff_limit(sim: Sim) -> None:
     assert sim.batch.read_namespaced_job_status("fails", "default").status.failed == 2
 
 
+def test_cordoned_node_gets_no_new_pods(sim: Sim) -> None:
+    sim.core.patch_node(WORKERS[0], {"spec": {"unschedulable": True}})
+    sim.core.patch_node(WORKERS[1], {"spec": {"unschedulable": True}})
+    sim.core.create_namespaced_pod("default", gpu_pod("p", "busybox:1.36", ["sleep", "100"], rc=None))
+    ev = wait_for(lambda: sim.events("default", "FailedScheduling"))
+    assert ev[0].message.startswith(
+        "0/3 nodes are available: 1 node(s) had untolerated taint {node-role.kubernetes.io/control-plane: }, 2 node(s) were unschedulable."
+    )
+
+
 def test_deployment_becomes_available(sim: Sim) -> None:
     labels = {"app": "web"}
     dep = client.V1Deployment(
@@ -426,6 +436,15 @@ def test_image_pull_error_fault_gives_errimagepull_then_backoff(sim: Sim) -> Non
 
 
 def test_unreachable_node_turns_not_ready_and_is_avoided(sim: Sim) -> None:
+    pinned = gpu_pod("pinned", "busybox:1.36", ["sleep", "100"], rc=None)
+    pinned.spec.node_name = WORKERS[1]
+    sim.core.create_namespaced_pod("default", pinned)
+
+    def pinned_ready() -> bool:
+        conds = sim.core.read_namespaced_pod("pinned", "default").status.conditions or []
+        return any(c.type == "Ready" and c.status == "True" for c in conds)
+
+    wait_for(pinned_ready)
     with locked_node(sim.state, WORKERS[1]) as n:
         n.faults["node_not_ready"] = True
 
@@ -440,6 +459,8 @@ def test_unreachable_node_turns_not_ready_and_is_avoided(sim: Sim) -> None:
         sim.core.create_namespaced_pod("default", gpu_pod(f"p{i}", "busybox:1.36", ["sleep", "100"], rc=None))
     wait_for(lambda: all(phase(sim, f"p{i}") == "Running" for i in range(4)))
     assert {sim.core.read_namespaced_pod(f"p{i}", "default").spec.node_name for i in range(4)} == {WORKERS[0]}
+    assert not pinned_ready()  # pods of a lost node are marked not ready
     with locked_node(sim.state, WORKERS[1]) as n:
         n.faults.pop("node_not_ready")
     assert wait_for(lambda: ready_status() == "True")
+    assert wait_for(pinned_ready)

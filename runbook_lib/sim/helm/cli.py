@@ -746,6 +746,18 @@ def install_or_upgrade(args: Args, kube: Kube, *, upgrade: bool) -> int:
         rel["info"]["status"] = "failed"
         rel["info"]["description"] = f'Release "{name}" failed: {error}'
         store_release(kube, rel, create=False)
+        if args.on("atomic") or args.on("rollback-on-failure"):
+            if upgrade and prev is not None:
+                _rollback(kube, prev, rel, ns)
+                raise HelmError(
+                    f"{verb}: release {name} failed, and has been rolled back due to atomic being set: {error}"
+                )
+            for obj in reversed(objs):
+                kube.delete(Kube.resource(obj), _ns_of(obj, ns), obj["metadata"]["name"])
+            kube.delete(SECRETS, ns, f"sh.helm.release.v1.{name}.v{rel['version']}")
+            raise HelmError(
+                f"{verb}: release {name} failed, and has been uninstalled due to atomic being set: {error}"
+            )
         raise HelmError(f"{verb}: {error}")
     rel["info"]["status"] = "deployed"
     store_release(kube, rel, create=False)
@@ -756,6 +768,36 @@ def install_or_upgrade(args: Args, kube: Kube, *, upgrade: bool) -> int:
         print(f'Release "{name}" has been upgraded. Happy Helming!')
     _print_release(rel, args.one("output"))
     return 0
+
+
+def _rollback(kube: Kube, prev: dict[str, Any], failed: dict[str, Any], ns: str) -> None:
+    """``--atomic`` on upgrade: re-apply the previous revision as a new one, as ``helm rollback`` does."""
+    keep = {(o["kind"], o["metadata"]["name"]) for o in _objs(prev.get("manifest") or "")}
+    for obj in _objs(failed.get("manifest") or ""):
+        if (obj["kind"], obj["metadata"]["name"]) not in keep:
+            kube.delete(Kube.resource(obj), _ns_of(obj, ns), obj["metadata"]["name"])
+    for obj in _objs(prev.get("manifest") or ""):
+        res, ons = Kube.resource(obj), _ns_of(obj, ns)
+        cur = kube.get(res, ons, obj["metadata"]["name"])
+        if cur is None:
+            kube.create(res, ons, obj)
+        else:
+            obj["metadata"]["resourceVersion"] = cur["metadata"]["resourceVersion"]
+            kube.replace(res, ons, obj["metadata"]["name"], obj)
+    now = _iso(datetime.now(UTC))
+    rolled = {
+        **prev,
+        "version": failed["version"] + 1,
+        "info": {
+            **prev["info"],
+            "last_deployed": now,
+            "status": "deployed",
+            "description": f"Rollback to {prev['version']}",
+        },
+    }
+    store_release(kube, rolled, create=True)
+    prev["info"]["status"] = "superseded"
+    store_release(kube, prev, create=False)
 
 
 def cmd_uninstall(args: Args, kube: Kube) -> int:

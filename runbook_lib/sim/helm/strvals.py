@@ -77,7 +77,7 @@ def set_path(target: dict[str, Any], key: str, value: Any) -> None:
         lst = cur.get(name) if isinstance(cur.get(name), list) else []
         cur[name] = lst
         while len(lst) <= idx:
-            lst.append(None if last else {})
+            lst.append(None)  # helm pads skipped indexes with null
         if last:
             lst[idx] = value
         else:

@@ -20,7 +20,7 @@ from .errors import ApiError, forbidden, invalid
 from .resources import Resource
 
 _NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_LABEL_VALUE_RE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _SUFFIX_CHARS = "bcdfghjklmnpqrstvwxz2456789"
 PSA_LABEL = "pod-security.kubernetes.io/enforce"
 # Talos's generated AdmissionControl config (pkg/machinery/config/generate/init.go).
@@ -202,6 +202,18 @@ def validate(res: Resource, obj: dict[str, Any]) -> dict[str, Any]:
                 "regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')",
             )
         )
+    for value in ((obj.get("metadata") or {}).get("labels") or {}).values():
+        if not is_label_value(value):
+            causes.append(
+                (
+                    "metadata.labels",
+                    "FieldValueInvalid",
+                    f'Invalid value: "{value}": a valid label must be an empty string or consist of alphanumeric '
+                    "characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. "
+                    "'MyValue',  or 'my_value',  or '12345', regex used for validation is "
+                    "'(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')",
+                )
+            )
     spec = obj.get("spec") or {}
     if res.plural == "runtimeclasses" and not obj.get("handler"):
         causes.append(("handler", "FieldValueRequired", "Required value"))
@@ -428,8 +440,8 @@ def check_immutable(res: Resource, old: dict[str, Any], new: dict[str, Any]) -> 
         )
 
 
-def is_label_value(v: str) -> bool:
-    return v == "" or bool(_LABEL_RE.match(v.lower()))
+def is_label_value(v: object) -> bool:
+    return isinstance(v, str) and len(v) <= 63 and bool(_LABEL_VALUE_RE.match(v))
 
 
-__all__ = ["ApiError", "admit_pod", "default", "random_suffix", "validate"]
+__all__ = ["ApiError", "admit_pod", "apply_runtime_class", "default", "random_suffix", "validate"]

@@ -56,7 +56,9 @@ class Resource:
 RESOURCES: tuple[Resource, ...] = (
     Resource("", "v1", "namespaces", "Namespace", False, "V1Namespace", ("ns",), ("status",), "namespace"),
     Resource("", "v1", "nodes", "Node", False, "V1Node", ("no",), ("status",), "node"),
-    Resource("", "v1", "pods", "Pod", True, "V1Pod", ("po",), ("status", "log", "binding"), "pod"),
+    Resource(
+        "", "v1", "pods", "Pod", True, "V1Pod", ("po",), ("status", "log", "binding", "eviction"), "pod"
+    ),
     Resource("", "v1", "events", "Event", True, "CoreV1Event", ("ev",), (), "event"),
     Resource("", "v1", "configmaps", "ConfigMap", True, "V1ConfigMap", ("cm",), (), "configmap"),
     Resource("", "v1", "secrets", "Secret", True, "V1Secret", (), (), "secret"),

@@ -18,7 +18,6 @@ import ssl
 import subprocess
 import threading
 import time
-from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,8 @@ from runbook_lib.sim import state as sim_state
 from runbook_lib.sim.kubelet import Controllers
 
 from . import resources as rt
-from .errors import ApiError, bad_request, not_found, unauthorized
+from . import tables
+from .errors import ApiError, bad_request, unauthorized
 from .faults import FaultFile
 from .resources import Resource
 from .selectors import parse_field_selector, parse_label_selector
@@ -52,7 +52,6 @@ KUBE_VERSION = {
     "platform": "linux/amd64",
 }
 WATCH_DEFAULT_TIMEOUT_S = 1800.0
-PUBLIC_PATHS = {"/version", "/version/", "/healthz", "/livez", "/readyz"}
 
 
 def version_info(state_dir: Path) -> dict[str, str]:
@@ -106,6 +105,7 @@ class KubeServer(ThreadingHTTPServer):
         self.state_dir = Path(state_dir)
         self.token = token
         self.store = Store()
+        self.store.load(snapshot_path(self.state_dir), cluster_stamp(self.state_dir))
         self.faults = FaultFile(self.state_dir)
         self.version_info = version_info(self.state_dir)
         self.controllers: Any = None
@@ -122,6 +122,19 @@ class KubeServer(ThreadingHTTPServer):
         if self.controllers is not None:
             self.controllers.stop()
         super().shutdown()
+        self.store.save(snapshot_path(self.state_dir), cluster_stamp(self.state_dir))
+
+
+def snapshot_path(state_dir: Path) -> Path:
+    return Path(state_dir) / "kube" / "store.json"
+
+
+def cluster_stamp(state_dir: Path) -> str:
+    """Identifies the cluster a snapshot belongs to: a re-created cluster must not inherit old objects."""
+    try:
+        return str(os.stat(Path(state_dir) / "cluster.json").st_mtime_ns)
+    except FileNotFoundError:
+        return ""
 
 
 def make_server(state_dir: Path, *, start_controllers: bool = True) -> KubeServer:
@@ -240,7 +253,9 @@ def openapi_v3(path: str) -> dict[str, Any] | None:
         return f"apis/{g}/{v}" if g else f"api/{v}"
 
     if p == "/openapi/v3":
-        return {"paths": {key(g, v): {"serverRelativeURL": f"/openapi/v3/{key(g, v)}?hash=sim"} for g, v in gvs}}
+        return {
+            "paths": {key(g, v): {"serverRelativeURL": f"/openapi/v3/{key(g, v)}?hash=sim"} for g, v in gvs}
+        }
     for g, v in gvs:
         if p == f"/openapi/v3/{key(g, v)}":
             schemas = {
@@ -251,8 +266,32 @@ def openapi_v3(path: str) -> dict[str, Any] | None:
                 }
                 for r in rt.resources_of(g, v)
             }
-            return {"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": "v1.35.0"}, "paths": {},
-                    "components": {"schemas": schemas}}
+            paths: dict[str, Any] = {}
+            for r in rt.resources_of(g, v):
+                base = f"/{key(g, v)}" + ("/namespaces/{namespace}" if r.namespaced else "") + f"/{r.plural}"
+                gvk = {"group": g, "kind": r.kind, "version": v}
+                params = [{"name": "fieldValidation", "in": "query", "schema": {"type": "string"}}]
+                paths[base] = {
+                    "post": {
+                        "parameters": params,
+                        "x-kubernetes-action": "post",
+                        "x-kubernetes-group-version-kind": gvk,
+                    }
+                }
+                paths[base + "/{name}"] = {
+                    verb: {
+                        "parameters": params,
+                        "x-kubernetes-action": verb,
+                        "x-kubernetes-group-version-kind": gvk,
+                    }
+                    for verb in ("put", "patch")
+                }
+            return {
+                "openapi": "3.0.0",
+                "info": {"title": "Kubernetes", "version": "v1.35.0"},
+                "paths": paths,
+                "components": {"schemas": schemas},
+            }
     return None
 
 
@@ -301,9 +340,11 @@ def _discovery_list(group: str, version: str) -> dict[str, Any]:
         )
         for sub in r.subresources:
             verbs = (
-                ["get"] if sub == "log" else (["create"] if sub == "binding" else ["get", "patch", "update"])
+                ["get"]
+                if sub == "log"
+                else (["create"] if sub in ("binding", "eviction") else ["get", "patch", "update"])
             )
-            kind = {"log": "Pod", "binding": "Binding"}.get(sub, r.kind)
+            kind = {"log": "Pod", "binding": "Binding", "eviction": "Eviction"}.get(sub, r.kind)
             items.append(
                 {
                     "name": f"{r.plural}/{sub}",
@@ -328,6 +369,8 @@ def _group(name: str, versions: list[str]) -> dict[str, Any]:
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Headers and body go out in separate writes; with Nagle on, every answer waits ~40 ms for a delayed ACK.
+    disable_nagle_algorithm = True
     server: KubeServer
     server_version = "talos-sim-kube-apiserver"
 
@@ -468,7 +511,18 @@ class Handler(BaseHTTPRequestHandler):
             else:
                 self._list(r, q)
         elif method == "GET":
-            self._send(200, store.get(r.res, r.ns, r.name))
+            obj = store.get(r.res, r.ns, r.name)
+            if tables.wants_table(self.headers.get("Accept", "")):
+                self._send(200, tables.table(r.res, [obj], obj["metadata"].get("resourceVersion", "")))
+            else:
+                self._send(200, obj)
+        elif method == "POST" and r.sub == "eviction":
+            # The Eviction API (kubectl drain): no PodDisruptionBudgets here, so an eviction is a delete.
+            self._body()
+            store.delete(r.res, r.ns, r.name)
+            self._send(
+                201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
+            )
         elif method == "POST" and r.sub == "binding":
             body = self._body() or {}
             node = (body.get("target") or {}).get("name", "")
@@ -485,12 +539,18 @@ class Handler(BaseHTTPRequestHandler):
             body = self._body()
             if not isinstance(body, dict):
                 raise bad_request("the body of the request was in an unknown format")
-            self._send(200, store.replace(r.res, r.ns, r.name, body, r.sub or None))
+            self._send(200, store.replace(r.res, r.ns, r.name, body, r.sub or None, dry_run=dry_run))
         elif method == "PATCH" and r.name:
             self._send(
                 200,
                 store.patch(
-                    r.res, r.ns, r.name, self.headers.get("Content-Type", ""), self._body(), r.sub or None
+                    r.res,
+                    r.ns,
+                    r.name,
+                    self.headers.get("Content-Type", ""),
+                    self._body(),
+                    r.sub or None,
+                    dry_run=dry_run,
                 ),
             )
         elif method == "DELETE" and r.name:
@@ -557,6 +617,9 @@ class Handler(BaseHTTPRequestHandler):
                 meta["continue"] = str(start + limit)
                 meta["remainingItemCount"] = len(items) - start - limit
             items = page
+        if tables.wants_table(self.headers.get("Accept", "")):
+            self._send(200, tables.table(r.res, items, rv) | {"metadata": meta})
+            return
         body = {
             "kind": f"{r.res.kind}List",
             "apiVersion": r.res.api_version,
@@ -584,6 +647,12 @@ class Handler(BaseHTTPRequestHandler):
         drop_after = faults.get("watch_drop_after_s")
         started = time.monotonic()
         deadline = started + timeout
+
+        as_table = tables.wants_table(self.headers.get("Accept", ""))
+
+        def shape(o: dict[str, Any]) -> dict[str, Any]:
+            """``kubectl get -w`` asks for Tables in the watch stream too."""
+            return tables.table(r.res, [o], o["metadata"].get("resourceVersion", "")) if as_table else o
 
         def wanted(e: WatchEntry) -> bool:
             if e.res != r.res.key or (r.ns and e.namespace != r.ns):
@@ -620,7 +689,7 @@ class Handler(BaseHTTPRequestHandler):
             self._chunk(b"")
             return
         for o in initial:
-            self._chunk(json.dumps({"type": "ADDED", "object": o}).encode() + b"\n")
+            self._chunk(json.dumps({"type": "ADDED", "object": shape(o)}).encode() + b"\n")
         while True:
             now = time.monotonic()
             if drop_after is not None and now - started >= float(drop_after):
@@ -644,7 +713,7 @@ class Handler(BaseHTTPRequestHandler):
             for e in entries:
                 last = e.rv
                 if wanted(e):
-                    self._chunk(json.dumps({"type": e.type, "object": e.obj}).encode() + b"\n")
+                    self._chunk(json.dumps({"type": e.type, "object": shape(e.obj)}).encode() + b"\n")
         self._chunk(b"")
 
     def _log(self, r: _Route, q: dict[str, str]) -> None:
@@ -716,4 +785,4 @@ class Handler(BaseHTTPRequestHandler):
     do_HEAD = _handle
 
 
-__all__ = ["HTTPStatus", "KubeServer", "make_server", "not_found", "on_started", "serve_in_thread"]
+__all__ = ["KubeServer", "make_server", "on_started", "serve_in_thread"]

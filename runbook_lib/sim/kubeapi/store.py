@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import builtins
 import copy
+import json
+import os
 import threading
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from . import admission
@@ -197,6 +200,8 @@ class Store:
         new: dict[str, Any],
         old: dict[str, Any],
         subresource: str | None,
+        *,
+        dry_run: bool = False,
     ) -> dict[str, Any]:
         meta = new.setdefault("metadata", {})
         rv = meta.get("resourceVersion")
@@ -230,23 +235,40 @@ class Store:
         strip_old["metadata"] = {k: v for k, v in old["metadata"].items() if k != "resourceVersion"}
         if strip == strip_old:
             return copy.deepcopy(old)  # no-op writes do not bump resourceVersion
+        if dry_run:
+            return copy.deepcopy(new)  # admitted and validated, never stored (dryRun=All)
         new["metadata"]["resourceVersion"] = self._next_rv()
         self.objects[res.key][(ns, name)] = new
         self._emit("MODIFIED", res, ns, new)
         return copy.deepcopy(new)
 
     def replace(
-        self, res: Resource, ns: str, name: str, obj: dict[str, Any], subresource: str | None = None
+        self,
+        res: Resource,
+        ns: str,
+        name: str,
+        obj: dict[str, Any],
+        subresource: str | None = None,
+        *,
+        dry_run: bool = False,
     ) -> dict[str, Any]:
         ns = ns if res.namespaced else ""
         with self.lock:
             old = self.objects[res.key].get((ns, name))
             if old is None:
                 raise not_found(res, name)
-            return self._write(res, ns, name, copy.deepcopy(obj), old, subresource)
+            return self._write(res, ns, name, copy.deepcopy(obj), old, subresource, dry_run=dry_run)
 
     def patch(  # noqa: PLR0917
-        self, res: Resource, ns: str, name: str, content_type: str, body: Any, subresource: str | None = None
+        self,
+        res: Resource,
+        ns: str,
+        name: str,
+        content_type: str,
+        body: Any,
+        subresource: str | None = None,
+        *,
+        dry_run: bool = False,
     ) -> dict[str, Any]:
         ns = ns if res.namespaced else ""
         with self.lock:
@@ -257,7 +279,7 @@ class Store:
             # A patch that carries no resourceVersion must not conflict.
             if not ((body if isinstance(body, dict) else {}).get("metadata") or {}).get("resourceVersion"):
                 new.setdefault("metadata", {})["resourceVersion"] = old["metadata"]["resourceVersion"]
-            return self._write(res, ns, name, new, old, subresource)
+            return self._write(res, ns, name, new, old, subresource, dry_run=dry_run)
 
     def mutate(
         self, res: Resource, ns: str, name: str, fn: Any, subresource: str | None = None
@@ -313,6 +335,42 @@ class Store:
             out.append(e)
         out.reverse()
         return out
+
+    # --- persistence -----------------------------------------------------------------------------------
+
+    def save(self, path: Path, stamp: str) -> None:
+        """Snapshot objects (not logs or watch history) so a daemon restart keeps releases and RuntimeClasses."""
+        with self.lock:
+            doc = {
+                "stamp": stamp,
+                "rv": self.rv,
+                "objects": {k: list(v.values()) for k, v in self.objects.items() if v},
+            }
+            data = json.dumps(doc)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # may hold Secrets
+        with os.fdopen(fd, "w") as f:
+            f.write(data)
+        os.replace(tmp, path)
+
+    def load(self, path: Path, stamp: str) -> bool:
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return False
+        if doc.get("stamp") != stamp or not stamp:
+            return False
+        with self.lock:
+            for key, items in (doc.get("objects") or {}).items():
+                if key not in self.objects:
+                    continue
+                for o in items:
+                    meta = o.get("metadata") or {}
+                    self.objects[key][(meta.get("namespace", ""), meta.get("name", ""))] = o
+            self.rv = max(self.rv, int(doc.get("rv") or 0))
+            self.changes += 1
+        return True
 
     # --- pod logs --------------------------------------------------------------------------------------
 

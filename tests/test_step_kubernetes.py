@@ -1,0 +1,95 @@
+"""Kubernetes layer and CUDA test against the simulated cluster, through the official client and helm."""
+
+from __future__ import annotations
+
+import pytest
+
+from runbook_lib.steps.cudatest import RUN_LABEL, TEST_NAMESPACE, cuda_test
+from runbook_lib.steps.kubernetes import allocatable_gpus, kubernetes_layer
+from tests.simcluster import sim_cluster
+
+pytestmark = pytest.mark.slow
+
+
+def test_plan_only_writes_nothing(tmp_path):
+    with sim_cluster(tmp_path, scenario="gpu-ready") as (params, ctx):
+        result = kubernetes_layer(ctx)
+        assert result.status == "planned" and result.data["changes"]
+        assert ctx.kube.runtime_class("nvidia") is None
+        assert ctx.helm.release("nvidia-device-plugin", "kube-system") is None
+        assert all(not (n["metadata"].get("labels") or {}).get("nvidia.com/gpu.present") for n in ctx.kube.nodes())
+        assert ctx.journal.changes() == []
+
+
+def test_device_plugin_makes_gpus_allocatable_and_a_second_run_changes_nothing(tmp_path):
+    with sim_cluster(tmp_path, scenario="gpu-ready", apply=True) as (params, ctx):
+        first = kubernetes_layer(ctx, timeout_s=60)
+        assert first.ok and first.status == "changed", first.to_dict()
+        assert ctx.kube.runtime_class("nvidia")["handler"] == "nvidia"
+        gpu_names = {n.name for n in params.nodes}
+        for node in ctx.kube.nodes():
+            if node["metadata"]["name"] in gpu_names:
+                assert allocatable_gpus(node) == 1
+        assert all(n.data["allocatable_gpus"] == 1 for n in first.nodes)
+        changes_after_first = len(ctx.journal.changes())
+        second = kubernetes_layer(ctx, timeout_s=60)
+        assert second.ok and second.status == "ok" and second.data["changes"] == []
+        assert len(ctx.journal.changes()) == changes_after_first
+
+
+def test_gpu_operator_on_talos_1_13(tmp_path):
+    with sim_cluster(tmp_path, scenario="gpu-ready", talos_version="v1.13.2", apply=True) as (params, ctx):
+        result = kubernetes_layer(ctx, timeout_s=60)
+        assert result.ok, result.to_dict()
+        assert result.data["layer"] == "gpu-operator"
+        namespace = ctx.kube.namespace("gpu-operator")
+        assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+        values = ctx.helm.values("gpu-operator", "gpu-operator")
+        assert values["driver"]["enabled"] in (False, "false") and values["hostPaths"]["driverInstallDir"] == "/usr/local"
+        assert ctx.kube.runtime_class("nvidia") is not None  # created by the chart
+
+
+def test_runtime_class_with_another_handler_is_reported(tmp_path):
+    with sim_cluster(tmp_path, scenario="gpu-ready", apply=True) as (params, ctx):
+        ctx.kube.create_runtime_class("nvidia", "runc", dry_run=False)
+        result = kubernetes_layer(ctx, timeout_s=30)
+        check = next(c for c in result.checks if c.name == "RuntimeClass nvidia")
+        assert not check.ok and "'runc'" in check.message and "kubectl delete runtimeclass nvidia" in check.fix
+
+
+def test_nodes_without_the_driver_get_no_gpus_and_a_diagnosis(tmp_path):
+    with sim_cluster(tmp_path, scenario="fresh", apply=True) as (params, ctx):
+        result = kubernetes_layer(ctx, timeout_s=3)
+        assert not result.ok
+        node = result.failing()[0]
+        assert "no allocatable nvidia.com/gpu" in node.message
+        assert node.checks and node.checks[0].fix
+
+
+def test_cuda_test_passes_on_ready_nodes_and_cleans_up(tmp_path):
+    with sim_cluster(tmp_path, scenario="gpu-ready", apply=True) as (params, ctx):
+        assert kubernetes_layer(ctx, timeout_s=60).ok
+        result = cuda_test(ctx)
+        assert result.ok, result.to_dict()
+        node = result.nodes[0]
+        assert {c.name for c in node.checks} == {
+            "nvidia-smi (runtimeClass nvidia)",
+            "nvidia-smi with nvidia.com/gpu: 1",
+            "CUDA vectoradd",
+        }
+        assert "NVIDIA L4" in node.checks[0].message
+        run_id = result.data["run_id"]
+        assert ctx.kube.pods(TEST_NAMESPACE, f"{RUN_LABEL}={run_id}") == []
+        again = cuda_test(ctx)
+        assert again.data["run_id"] != run_id and again.ok
+
+
+def test_cuda_test_without_the_toolkit_names_the_sandbox_error(tmp_path):
+    with sim_cluster(tmp_path, scenario="toolkit-missing", apply=True, cuda_test={"timeout_seconds": 10}) as (params, ctx):
+        ctx.kube.create_runtime_class("nvidia", "nvidia", dry_run=False)
+        result = cuda_test(ctx)
+        assert not result.ok
+        broken = [n for n in result.nodes if n.status == "failed"]
+        messages = " ".join(c.message + c.cause + c.evidence for n in broken for c in n.checks)
+        assert 'no runtime for "nvidia" is configured' in messages
+        assert ctx.kube.pods(TEST_NAMESPACE, f"{RUN_LABEL}={result.data['run_id']}") == []
