@@ -17,7 +17,9 @@ def test_plan_only_writes_nothing(tmp_path):
         assert result.status == "planned" and result.data["changes"]
         assert ctx.kube.runtime_class("nvidia") is None
         assert ctx.helm.release("nvidia-device-plugin", "kube-system") is None
-        assert all(not (n["metadata"].get("labels") or {}).get("nvidia.com/gpu.present") for n in ctx.kube.nodes())
+        assert all(
+            not (n["metadata"].get("labels") or {}).get("nvidia.com/gpu.present") for n in ctx.kube.nodes()
+        )
         assert ctx.journal.changes() == []
 
 
@@ -45,7 +47,10 @@ def test_gpu_operator_on_talos_1_13(tmp_path):
         namespace = ctx.kube.namespace("gpu-operator")
         assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
         values = ctx.helm.values("gpu-operator", "gpu-operator")
-        assert values["driver"]["enabled"] in (False, "false") and values["hostPaths"]["driverInstallDir"] == "/usr/local"
+        assert (
+            values["driver"]["enabled"] in (False, "false")
+            and values["hostPaths"]["driverInstallDir"] == "/usr/local"
+        )
         assert ctx.kube.runtime_class("nvidia") is not None  # created by the chart
 
 
@@ -54,7 +59,9 @@ def test_runtime_class_with_another_handler_is_reported(tmp_path):
         ctx.kube.create_runtime_class("nvidia", "runc", dry_run=False)
         result = kubernetes_layer(ctx, timeout_s=30)
         check = next(c for c in result.checks if c.name == "RuntimeClass nvidia")
-        assert not check.ok and "'runc'" in check.message and "kubectl delete runtimeclass nvidia" in check.fix
+        assert (
+            not check.ok and "'runc'" in check.message and "kubectl delete runtimeclass nvidia" in check.fix
+        )
 
 
 def test_nodes_without_the_driver_get_no_gpus_and_a_diagnosis(tmp_path):
@@ -85,7 +92,10 @@ def test_cuda_test_passes_on_ready_nodes_and_cleans_up(tmp_path):
 
 
 def test_cuda_test_without_the_toolkit_names_the_sandbox_error(tmp_path):
-    with sim_cluster(tmp_path, scenario="toolkit-missing", apply=True, cuda_test={"timeout_seconds": 10}) as (params, ctx):
+    with sim_cluster(tmp_path, scenario="toolkit-missing", apply=True, cuda_test={"timeout_seconds": 10}) as (
+        params,
+        ctx,
+    ):
         ctx.kube.create_runtime_class("nvidia", "nvidia", dry_run=False)
         result = cuda_test(ctx)
         assert not result.ok
