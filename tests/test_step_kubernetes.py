@@ -103,3 +103,13 @@ def test_cuda_test_without_the_toolkit_names_the_sandbox_error(tmp_path):
         messages = " ".join(c.message + c.cause + c.evidence for n in broken for c in n.checks)
         assert 'no runtime for "nvidia" is configured' in messages
         assert ctx.kube.pods(TEST_NAMESPACE, f"{RUN_LABEL}={result.data['run_id']}") == []
+
+
+def test_cuda_test_compares_nvidia_smi_with_the_nodes_extension_driver(tmp_path):
+    with sim_cluster(tmp_path, scenario="gpu-ready", apply=True) as (params, ctx):
+        assert kubernetes_layer(ctx, timeout_s=60).ok
+        node = params.nodes[0].name
+        result = cuda_test(ctx, only=[node], node_drivers={node: "1.2.3"})
+        smi = next(c for c in result.nodes[0].checks if c.name == "nvidia-smi (runtimeClass nvidia)")
+        assert not smi.ok and "1.2.3" in smi.message
+        assert cuda_test(ctx, only=[node]).ok  # drivers read from the node's extensions agree

@@ -17,7 +17,7 @@ from typing import Any
 
 from runbook_lib.model.diagnosis import NodeContext, match_failures
 from runbook_lib.model.params import Node
-from runbook_lib.model.parsers import parse_nvidia_smi
+from runbook_lib.model.parsers import extensions_from_resources, parse_nvidia_smi
 
 from .context import Context
 from .results import Check, NodeResult, StepResult
@@ -102,6 +102,8 @@ def cuda_test(
     nodes = ctx.nodes(only)
     result = StepResult(step="cuda-test", applied=True)
     result.data["run_id"] = run_id
+    if node_drivers is None:
+        node_drivers = extension_drivers(ctx, nodes)
     pods = build_pods(ctx, nodes, run_id)
     kube = ctx.kube
     created: list[TestPod] = []
@@ -125,6 +127,18 @@ def cuda_test(
             kube.delete_pod(TEST_NAMESPACE, pod.name)
         result.data["pods_deleted"] = len(created)
     return result.finish()
+
+
+def extension_drivers(ctx: Context, nodes: list[Node]) -> dict[str, str]:
+    """Driver version of each node's kernel-module extension (one fan-out call), to compare with nvidia-smi."""
+    fan = ctx.talosctl.get("extensions", [n.address for n in nodes])
+    by_address = fan.by_node()
+    out: dict[str, str] = {}
+    for node in nodes:
+        for ext in extensions_from_resources(by_address.get(node.address, [])):
+            if ext.name.startswith(("nvidia-open-gpu-kernel-modules", "nonfree-kmod-nvidia")):
+                out[node.name] = ext.version.split("-", 1)[0]
+    return out
 
 
 def _wait(
