@@ -117,6 +117,17 @@ class Tools(_Strict):
     """Path or name of the helm binary (for target simulated: the simulator's)."""
 
 
+class Timeouts(_Strict):
+    """How long the runbook waits for the cluster before it calls a node or a rollout failed."""
+
+    upgrade_seconds: int = Field(default=1800, ge=10)
+    """One node's `talosctl upgrade --wait` (talosctl's own default is 30 minutes)."""
+    node_ready_seconds: int = Field(default=300, ge=5)
+    """A node answering again, on the planned schematic, after its upgrade."""
+    kubernetes_seconds: int = Field(default=300, ge=5)
+    """The Helm release becoming ready and every GPU node advertising `nvidia.com/gpu`."""
+
+
 class Simulation(_Strict):
     """Only for ``target: simulated``: how the built-in simulated cluster behaves."""
 
@@ -167,6 +178,8 @@ class Params(_Strict):
     """Path to the kubeconfig (never its contents); default: ``$KUBECONFIG`` / the simulator's."""
     tools: Tools = Tools()
     """Paths of ``talosctl`` and ``helm``."""
+    timeouts: Timeouts = Timeouts()
+    """Waits (upgrade_seconds, node_ready_seconds, kubernetes_seconds) before a node or rollout counts as failed."""
     image_factory_url: str = "https://factory.talos.dev"
     """Image Factory base URL; a self-hosted factory for air-gapped sites."""
     simulation: Simulation = Simulation()

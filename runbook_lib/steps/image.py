@@ -139,11 +139,16 @@ def image_upgrade(
     apply: bool | None = None,
     factory: FactoryClient | None = None,
     progress: Progress | None = None,
-    upgrade_timeout: float = 1800.0,
-    settle_timeout: float = 300.0,
+    upgrade_timeout: float | None = None,
+    settle_timeout: float | None = None,
     poll_interval: float = 2.0,
 ) -> StepResult:
-    """Plan (dry-run) or roll out the GPU installer to the nodes; returns per-node results, never prints."""
+    """Plan (dry-run) or roll out the GPU installer to the nodes; returns per-node results, never prints.
+
+    Timeouts default to the ``timeouts`` parameters.
+    """
+    upgrade_timeout = upgrade_timeout or float(ctx.params.timeouts.upgrade_seconds)
+    settle_timeout = settle_timeout or float(ctx.params.timeouts.node_ready_seconds)
     do_apply = ctx.apply if apply is None else apply
     target = ctx.params.talos_version
     result = StepResult(step=STEP, applied=do_apply)

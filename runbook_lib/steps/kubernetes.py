@@ -34,8 +34,9 @@ def allocatable_gpus(node: dict[str, Any]) -> int:
 
 
 def kubernetes_layer(
-    ctx: Context, *, apply: bool | None = None, timeout_s: float = 300.0, only: list[str] | None = None
+    ctx: Context, *, apply: bool | None = None, timeout_s: float | None = None, only: list[str] | None = None
 ) -> StepResult:
+    timeout_s = timeout_s or float(ctx.params.timeouts.kubernetes_seconds)
     do_apply = ctx.apply if apply is None else apply
     dry_run = not do_apply
     plan = ctx.plan
