@@ -37,3 +37,10 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+
+# JupyterLab in headless Chromium (tests/ui): installs Debian's chromium (apt, needs root), playwright and
+# jupyterlab into the venv, then runs the browser test; the screenshot folder is printed at the end.
+.PHONY: test-ui
+test-ui: $(STAMP)
+	VENV=$(VENV) bash tests/ui/install.sh
+	RUNBOOK_UI_TESTS=1 $(BIN)/python -m pytest tests/ui -m ui -p no:cacheprovider

@@ -53,10 +53,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     up.add_argument("--talosctl-version", metavar="V", help="version the simulated talosctl client reports")
     up.add_argument(
-        "--scenario", default="fresh", choices=sorted(scenarios.SCENARIOS), help="faults/state bundle"
+        "--scenario",
+        choices=sorted(scenarios.SCENARIOS),
+        help="faults/state bundle (default: the parameter file's simulation.scenario, else fresh)",
     )
     up.add_argument(
-        "--latency-ms", type=float, default=0.0, metavar="MS", help="per-call latency of every node"
+        "--latency-ms",
+        type=float,
+        metavar="MS",
+        help="per-call latency of every node (default: the parameter file's simulation.latency_ms, else 0)",
     )
     up.add_argument("--gpus-per-node", type=int, default=1, metavar="N")
     up.add_argument(
@@ -94,8 +99,8 @@ def _up(args: argparse.Namespace) -> int:
         workers=args.nodes,
         control_planes=args.control_planes,
         talos_version=args.talos_version,
-        scenario=args.scenario,
-        latency_ms=args.latency_ms,
+        scenario=args.scenario or "fresh",
+        latency_ms=args.latency_ms or 0.0,
         gpus_per_worker=args.gpus_per_node,
         talosctl_version=args.talosctl_version,
     )
@@ -106,6 +111,9 @@ def _up(args: argparse.Namespace) -> int:
             control_planes=args.control_planes,
             gpus_per_worker=args.gpus_per_node,
             talosctl_version=args.talosctl_version,
+            # flags given explicitly win over the file
+            scenario=args.scenario or from_params.scenario,
+            latency_ms=from_params.latency_ms if args.latency_ms is None else args.latency_ms,
         )
     cluster.stop_daemon(state_dir)
     try:

@@ -59,6 +59,9 @@ class ProgressBar:
         self.label.value = f"{done}/{total} nodes"
 
     def finish(self, ok: bool) -> None:
+        if ok:
+            # Steps that report no per-node progress (e.g. the Kubernetes layer) still end full.
+            self.widget.value = self.widget.max
         self.widget.bar_style = "success" if ok else "danger"
 
 
@@ -96,7 +99,11 @@ class ApprovalGate:
             rows=min(max(len(nodes), 2), 10),
         )
         self.button = widgets.Button(
-            description="Approve and apply", button_style="warning", icon="check", disabled=True
+            description="Approve and apply",
+            button_style="warning",
+            icon="check",
+            disabled=True,
+            layout=widgets.Layout(width="max-content"),
         )
         self.progress = ProgressBar()
         self.status = widgets.HTML("")
