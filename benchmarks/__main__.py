@@ -1,4 +1,4 @@
-"""``python -m benchmarks``: run every ``benchmarks/bench_*.py`` in turn and stop at the first failure.
+"""``python -m benchmarks``: run every ``benchmarks/bench_*.py`` in turn; exit 1 if any of them failed.
 
 Each benchmark script prints its own figures with their targets; this runner only sequences them so that
 ``make bench`` is one command.  Pass names to run a subset: ``python -m benchmarks sim_talosctl``.
@@ -19,10 +19,17 @@ def main(argv: list[str]) -> int:
     if not scripts:
         print("no benchmark matched", file=sys.stderr)
         return 2
+    failed: list[str] = []
     for script in scripts:
         print(f"== {script.stem}", flush=True)
-        runpy.run_path(str(script), run_name="__main__")
-    return 0
+        try:
+            runpy.run_path(str(script), run_name="__main__")
+        except SystemExit as exc:  # a script that exits non-zero must not hide the others' figures
+            if exc.code not in (None, 0):
+                failed.append(script.stem)
+    if failed:
+        print(f"benchmarks that failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -10,8 +10,8 @@ prints the error and exits 1, adding the usage text when the message mentions "a
 
 from __future__ import annotations
 
-import concurrent.futures
-import difflib
+import contextlib
+import json
 import os
 import sys
 import time
@@ -19,17 +19,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
-import yaml
-
-from runbook_lib.sim import patching
-from runbook_lib.sim.faults import dial_error
 from runbook_lib.sim.state import (
     KMOD_PREFIXES,
     TOOLKIT_PREFIX,
     InstalledExtension,
     SimNode,
+    atomic_write,
     default_state_dir,
     load_cluster,
     load_cluster_faults,
@@ -43,8 +40,21 @@ from runbook_lib.sim.state import (
     v1alpha1_doc,
 )
 from runbook_lib.sim.talosctl import flags as fl
-from runbook_lib.sim.talosctl import images
 from runbook_lib.sim.talosctl import resources as res
+
+if TYPE_CHECKING:
+    from runbook_lib.sim import patching
+
+# Why some imports live inside functions: every talosctl call is a new process, and a fleet-wide verify
+# starts one per node for ``read``.  Patching (jsonpatch), the image catalog (schematics, profiles) and
+# the fault messages cost ~35 ms of imports that ``get``/``read`` never use (benchmarks/bench_fleet.py).
+
+
+def dial_error(address: str, kind: Any = "refused") -> str:
+    from runbook_lib.sim.faults import dial_error as message  # noqa: PLC0415 - lazy (process start-up)
+
+    return message(address, kind)
+
 
 T = TypeVar("T")
 
@@ -95,13 +105,49 @@ def _talosconfig_path(parsed: fl.Parsed) -> Path:
     return Path.home() / ".talos" / "config"
 
 
+def _load_talosconfig(path: Path) -> Any:
+    """The talosconfig's contexts, through a JSON copy in the state dir while the file is unchanged.
+
+    Why: importing PyYAML (and compiling its reader's regexes) is ~10 ms of every talosctl process, and
+    a fleet-wide verify starts one process per node; ``get``/``read`` need YAML for nothing else.
+    """
+    st = path.stat()
+    key = [str(path.resolve()), st.st_mtime_ns, st.st_size, st.st_ino]
+    cache = default_state_dir() / ".talosconfig-cache.json"
+    try:
+        cached = json.loads(cache.read_text())
+        if isinstance(cached, dict) and cached.get("key") == key:
+            return cached.get("config")
+    except (OSError, ValueError):
+        pass
+    import yaml  # noqa: PLC0415 - lazy (process start-up)
+
+    try:
+        cfg = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise CommandError(f"failed to parse config file {path}: {exc}") from None
+    if isinstance(cfg, dict) and isinstance(cfg.get("contexts"), dict):
+        # only what the simulator reads: never a copy of the keys and certificates
+        slim = {
+            "context": cfg.get("context"),
+            "contexts": {
+                name: {k: c.get(k) for k in ("endpoints", "nodes")} if isinstance(c, dict) else c
+                for name, c in cfg["contexts"].items()
+            },
+        }
+        with contextlib.suppress(OSError, TypeError, ValueError):
+            if cache.parent.is_dir():
+                atomic_write(cache, json.dumps({"key": key, "config": slim}))
+    return cfg
+
+
 def _context(parsed: fl.Parsed) -> dict[str, Any]:
     path = _talosconfig_path(parsed)
     try:
-        cfg = yaml.safe_load(path.read_text()) or {}
+        cfg = _load_talosconfig(path) or {}
     except FileNotFoundError:
         raise CommandError(f"open {path}: no such file or directory") from None
-    except (OSError, yaml.YAMLError) as exc:
+    except OSError as exc:
         raise CommandError(f"failed to parse config file {path}: {exc}") from None
     if not isinstance(cfg, dict):
         raise CommandError(f"failed to parse config file {path}: not a talosconfig")
@@ -186,6 +232,8 @@ def fan_out(env: Env, nodes: list[str], fn: Callable[[SimNode], T]) -> list[tupl
 
     if len(nodes) == 1:
         return [one(nodes[0])]
+    import concurrent.futures  # noqa: PLC0415 - lazy (process start-up)
+
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(nodes), MAX_FANOUT)) as pool:
         return list(pool.map(one, nodes))
 
@@ -378,6 +426,8 @@ def can_apply_immediately(old: list[dict[str, Any]], new: list[dict[str, Any]]) 
 
 def validate_config(config: list[dict[str, Any]], node_minor: tuple[int, int] = (1, 99)) -> list[str]:
     """The subset of Talos's config validation a GPU runbook can trip over."""
+    from runbook_lib.sim import patching  # noqa: PLC0415 - lazy (process start-up)
+
     problems: list[str] = [
         f'unknown document kind "{kind}"' for kind in patching.unknown_kinds(config, node_minor)
     ]
@@ -400,6 +450,8 @@ def validate_config(config: list[dict[str, Any]], node_minor: tuple[int, int] = 
 
 
 def _diff(old: str, new: str) -> str:
+    import difflib  # noqa: PLC0415 - lazy (process start-up)
+
     lines = list(difflib.unified_diff(old.splitlines(True), new.splitlines(True), "a", "b", n=3))
     if not lines:
         return "No changes."
@@ -407,6 +459,8 @@ def _diff(old: str, new: str) -> str:
 
 
 def _reboot_effects(node: SimNode) -> None:
+    from runbook_lib.sim.talosctl import images  # noqa: PLC0415 - lazy (process start-up)
+
     node.boot_count += 1
     node.booted_at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     if node.staged_config is not None:
@@ -422,6 +476,8 @@ def _reboot_effects(node: SimNode) -> None:
 
 
 def cmd_patch(env: Env, p: fl.Parsed) -> int:
+    from runbook_lib.sim import patching  # noqa: PLC0415 - lazy (process start-up)
+
     if not 1 <= len(p.args) <= 2:
         raise fl.UsageError(f"accepts between 1 and 2 arg(s), received {len(p.args)}", "patch")
     patch_args = list(p.get("patch") or [])
@@ -447,6 +503,8 @@ def cmd_patch(env: Env, p: fl.Parsed) -> int:
 
 
 def _patch_one(env: Env, address: str, patches: list[patching.Patch], p: fl.Parsed) -> None:
+    from runbook_lib.sim import patching  # noqa: PLC0415 - lazy (process start-up)
+
     mode = p.get("mode") or "auto"
     dry_run = bool(p.get("dry-run"))
     node = _load_reachable(env, address)
@@ -508,6 +566,8 @@ def _go_duration(seconds: float) -> str:
 
 
 def cmd_machineconfig_patch(env: Env, p: fl.Parsed) -> int:
+    from runbook_lib.sim import patching  # noqa: PLC0415 - lazy (process start-up)
+
     if len(p.args) != 1:
         raise fl.UsageError(f"accepts 1 arg(s), received {len(p.args)}", "machineconfig patch")
     try:
@@ -544,6 +604,8 @@ def persistenced_never_starts(node: SimNode, exts: list[InstalledExtension]) -> 
 
 
 def cmd_upgrade(env: Env, p: fl.Parsed) -> int:
+    from runbook_lib.sim.talosctl import images  # noqa: PLC0415 - lazy (process start-up)
+
     if p.args:
         raise fl.UsageError(f'unknown command "{p.args[0]}" for "talosctl upgrade"', "upgrade")
     image = p.get("image") or images.default_installer(env.client_version)
@@ -707,6 +769,8 @@ def cmd_kubeconfig(env: Env, p: fl.Parsed) -> int:
 
 def _merge_kubeconfig(path: Path, text: str, force: bool) -> None:
     """``--merge``: add (or with ``--force`` replace) the cluster, user and context entries by name."""
+    import yaml  # noqa: PLC0415 - lazy (process start-up)
+
     new = yaml.safe_load(text) or {}
     cur = yaml.safe_load(path.read_text()) or {}
     for key in ("clusters", "users", "contexts"):

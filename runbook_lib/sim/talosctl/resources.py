@@ -12,10 +12,21 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from runbook_lib.sim.patching import dump_yaml, encode_config
 from runbook_lib.sim.state import SimNode, minor_of, runtime
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+
+def _patching() -> ModuleType:
+    """Imported on first use: ``get`` of most resources needs no YAML encoder, and each talosctl call is a
+    new process (see main.py)."""
+    from runbook_lib.sim import patching  # noqa: PLC0415 - lazy (process start-up)
+
+    return patching
+
 
 Resource = dict[str, Any]
 
@@ -168,7 +179,7 @@ def machineconfig(t: ResourceType, node: SimNode, _peers: list[SimNode]) -> list
     return [
         {
             "metadata": _meta(t, node, "v1alpha1", node.config_version),
-            "spec": encode_config(node.machine_config),
+            "spec": _patching().encode_config(node.machine_config),
         }
     ]
 
@@ -255,7 +266,7 @@ def render_table(rtype: ResourceType, rows: list[tuple[str, ResourceType, Resour
 def render_yaml(rows: list[tuple[str, ResourceType, Resource]]) -> str:
     parts = []
     for node, _t, res in rows:
-        body = dump_yaml({"metadata": res["metadata"], "spec": res["spec"]})
+        body = _patching().dump_yaml({"metadata": res["metadata"], "spec": res["spec"]})
         parts.append(f"node: {node}\n{body}")
     return "---\n".join(parts)
 

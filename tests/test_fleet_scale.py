@@ -1,0 +1,122 @@
+"""Fleet-scale behaviour of the verify and patch steps (issue 8): long node lists still give one answer per
+node, in a bounded number of talosctl calls, and the simulated talosctl stays cheap to start."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from runbook_lib.clients.talosctl import DRY_RUN_CHUNK, FanOut
+from runbook_lib.sim.state import locked_node
+from runbook_lib.steps.patch import config_patch
+from runbook_lib.steps.verify import verify
+from tests.simcluster import sim_cluster
+
+WORKERS = 2 * DRY_RUN_CHUNK + 7  # three dry-run chunks, the last one short
+
+
+@pytest.mark.slow
+def test_dry_run_over_a_long_node_list_answers_for_every_node_in_a_few_calls(tmp_path: Path) -> None:
+    with sim_cluster(tmp_path, workers=WORKERS, scenario="extensions-no-patch", daemon=False) as (_p, ctx):
+        result = config_patch(ctx, apply=False)
+        dry_runs = [e for e in ctx.journal.entries if "--dry-run" in e.argv]
+    assert result.counts() == {"planned": WORKERS}
+    assert len(result.data["groups"]) == 1
+    assert len(dry_runs) == -(-WORKERS // DRY_RUN_CHUNK)
+    covered = [node for e in dry_runs for node in e.argv[e.argv.index("-n") + 1].split(",")]
+    assert sorted(covered) == sorted(n.address for n in ctx.params.nodes)
+    # the merged dry-run output is the per-node summaries of every chunk, as a single call would print them
+    assert result.data["groups"][0]["dry_run"].count("Dry run summary") == WORKERS
+    assert not any(e.changes_cluster for e in ctx.journal.entries)
+
+
+@pytest.mark.slow
+def test_a_node_failing_its_dry_run_fails_the_group_as_one_call_would(tmp_path: Path) -> None:
+    with sim_cluster(tmp_path, workers=WORKERS, scenario="extensions-no-patch", daemon=False) as (_p, ctx):
+        victim = ctx.params.nodes[DRY_RUN_CHUNK + 3]
+        read_configs = ctx.talosctl.get
+
+        def read_then_lose_the_victim(resource: str, nodes: Sequence[str], **kw: Any) -> FanOut:
+            fan = read_configs(resource, nodes, **kw)
+            with locked_node(tmp_path, victim.name) as node:  # it goes away before the dry run
+                node.faults["unreachable"] = "refused"
+            return fan
+
+        ctx.talosctl.get = read_then_lose_the_victim  # type: ignore[method-assign]
+        result = config_patch(ctx, apply=False)
+    assert result.counts() == {"failed": WORKERS}
+    assert "dry run refused" in result.node(victim.name).message
+    assert victim.address in result.node(victim.name).message
+
+
+@pytest.mark.slow
+def test_verify_over_a_long_node_list_checks_every_node_with_batched_gets(tmp_path: Path) -> None:
+    with sim_cluster(tmp_path, workers=60, scenario="gpu-ready", daemon=False) as (_p, ctx):
+        result = verify(ctx)
+        argvs = [e.argv for e in ctx.journal.entries]
+    assert result.counts() == {"ok": 60}
+    gets = [a for a in argvs if "get" in a]
+    reads = [a for a in argvs if "read" in a]
+    assert len(gets) == 3  # extensions, services, modules: one call each over all 60 nodes
+    assert len(reads) == 60  # talosctl refuses multi-node reads: one per node
+    assert all(n.data["driver"] for n in result.nodes)
+
+
+def test_simulated_talosctl_read_does_not_import_patching_or_the_image_catalog(tmp_path: Path) -> None:
+    """Each fleet-wide verify starts one simulated talosctl per node; what it imports is paid N times."""
+    with sim_cluster(tmp_path, workers=1, scenario="gpu-ready", daemon=False) as (_p, ctx):
+        probe = (
+            "import sys, runpy\n"
+            "sys.argv = ['talosctl', *sys.argv[1:]]\n"
+            "try:\n"
+            "    runpy.run_module('runbook_lib.sim.talosctl', run_name='__main__')\n"
+            "except SystemExit:\n"
+            "    pass\n"
+            "heavy = [m for m in ('yaml', 'jsonpatch', 'runbook_lib.sim.patching', 'runbook_lib.sim.catalog') "
+            "if m in sys.modules]\n"
+            "print('HEAVY', heavy, file=sys.stderr)\n"
+        )
+        talosctl(tmp_path, "-n", ctx.params.nodes[0].address, "version")  # first call: parses the YAML
+        done = subprocess.run(
+            [
+                *(sys.executable, "-c", probe, "--talosconfig", ctx.endpoints.talosconfig or ""),
+                *("-n", ctx.params.nodes[0].address, "read", "/proc/driver/nvidia/version"),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+            env={"RUNBOOK_SIM_STATE": str(tmp_path), "PATH": "/usr/bin:/bin"},
+        )
+    assert "NVRM version" in done.stdout, done.stderr
+    assert "HEAVY []" in done.stderr
+
+
+def talosctl(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(state / "bin" / "talosctl"), "--talosconfig", str(state / "talosconfig"), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def test_simulated_talosctl_follows_an_edited_talosconfig(tmp_path: Path) -> None:
+    """The talosconfig is read through a cache; editing the file must still change what talosctl does."""
+    with sim_cluster(tmp_path, workers=2, scenario="gpu-ready", daemon=False) as (_p, ctx):
+        first, second = (n.address for n in ctx.params.nodes)
+        config = tmp_path / "talosconfig"
+        data = yaml.safe_load(config.read_text())
+        for node in (first, second):
+            data["contexts"][data["context"]]["nodes"] = [node]
+            config.write_text(yaml.safe_dump(data))
+            done = talosctl(tmp_path, "get", "extensions")
+            assert done.returncode == 0, done.stderr
+            assert {line.split()[0] for line in done.stdout.splitlines()[1:]} == {node}
+        cache = (tmp_path / ".talosconfig-cache.json").read_text()
+    assert "key" in cache and "crt" not in cache and "ca" not in cache.replace("cache", "")
