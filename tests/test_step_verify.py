@@ -89,3 +89,21 @@ def test_preflight_fails_on_a_talos_version_other_than_planned(tmp_path):
         assert not result.ok
         check = next(c for n in result.nodes for c in n.checks if c.name == "Talos version")
         assert "v1.12.6" in check.message and "v1.12.7" in check.message
+
+
+@pytest.mark.slow
+def test_unsupported_gpu_is_not_mistaken_for_a_missing_patch(tmp_path):
+    with sim_cluster(tmp_path, daemon=False, scenario="unsupported-gpu", apply=True) as (params, ctx):
+        from runbook_lib.sim import faults
+
+        for node in params.nodes:  # every node: extensions in place, then the modules patch
+            faults.inject(tmp_path, node.address, "gpu_unsupported")
+        from runbook_lib.sim.scenarios import install_nvidia
+        from runbook_lib.sim.state import locked_node
+
+        for node in params.nodes:
+            with locked_node(tmp_path, node.address) as sim_node:
+                install_nvidia(tmp_path, sim_node, patch_modules=True)
+        result = verify(ctx)
+        modules = next(c for c in result.nodes[0].checks if c.name == "modules")
+        assert not modules.ok and "failed to load" in modules.message and "dmesg" in modules.fix

@@ -127,3 +127,14 @@ def duplicate_modules(current: list[Doc]) -> list[str]:
         if isinstance(m, dict)
     ]
     return sorted({n for n in names if n and names.count(n) > 1})
+
+
+def configured_modules(current: list[Doc]) -> set[str]:
+    """Kernel modules the config asks Talos to load (``machine.kernel.modules`` or ``KernelModuleConfig``)."""
+    names = {
+        str(m.get("name"))
+        for m in (_get(_v1alpha1(current), "machine", "kernel", "modules") or [])
+        if isinstance(m, dict)
+    }
+    names |= {str(d.get("name")) for d in current if d.get("kind") == "KernelModuleConfig"}
+    return names

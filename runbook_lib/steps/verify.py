@@ -13,7 +13,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from runbook_lib.model.diagnosis import Evidence, NodeContext, diagnose
+from runbook_lib.model.diagnosis import Evidence, NodeContext, diagnose, known_failure
+from runbook_lib.model.machineconfig import configured_modules
+from runbook_lib.model.params import Node
 from runbook_lib.model.parsers import (
     DriverInfo,
     OutputParseError,
@@ -27,6 +29,7 @@ from runbook_lib.model.parsers import (
 )
 
 from .context import Context
+from .patch import read_configs
 from .results import Check, NodeResult, StepResult, checks_from_findings
 
 DRIVER_VERSION_FILE = "/proc/driver/nvidia/version"
@@ -73,6 +76,7 @@ def verify(
     ext_by_node = extensions.by_node()
     svc_by_node = services.by_node()
 
+    unconfigured: list[tuple[Node, NodeResult]] = []
     for index, node in enumerate(nodes, start=1):
         res = NodeResult(node=node.name, address=node.address)
         result.nodes.append(res)
@@ -107,6 +111,8 @@ def verify(
             planned_schematic=planned,
         )
         res.checks = checks_from_findings(findings)
+        if any(f.failure == "modules-not-configured" for f in findings):
+            unconfigured.append((node, res))
         if driver_check is not None:
             res.checks.append(driver_check)
         res.data = {
@@ -119,7 +125,34 @@ def verify(
         res.message = "all checks passed" if not failed else "failed: " + ", ".join(failed)
         if progress:
             progress(index, len(nodes))
+    if unconfigured:
+        _configured_but_not_loaded(ctx, unconfigured)
     return result.finish()
+
+
+def _configured_but_not_loaded(ctx: Context, suspects: list[tuple[Node, NodeResult]]) -> None:
+    """Tell "modules not in the config" from "in the config but the driver did not load".
+
+    Only nodes whose modules are missing are read (one fan-out call), so a healthy fleet pays nothing.  When
+    the config already lists the modules, patching again cannot help: the driver failed to load (an
+    unsupported GPU, or no GPU), which the kernel log shows.
+    """
+    configs, _errors = read_configs(ctx, [node for node, _res in suspects])
+    entry = known_failure("gpu-unsupported")
+    for node, res in suspects:
+        docs = configs.get(node.address)
+        if docs is None or not set(ctx.params.profile(node).modules) <= configured_modules(docs):
+            continue
+        for index, check in enumerate(res.checks):
+            if check.name == "modules" and not check.ok:
+                res.checks[index] = Check(
+                    "modules",
+                    False,
+                    "the machine config lists the NVIDIA modules, but they are not loaded: the driver failed to "
+                    f"load (likely cause: {entry.cause}, or no NVIDIA GPU in the node)",
+                    cause=entry.cause,
+                    fix=f"talosctl -n {node.address} dmesg | grep NVRM   # shows why; then: {entry.fix}",
+                )
 
 
 def _driver(text: str | None) -> tuple[DriverInfo | None, Check | None]:
