@@ -172,7 +172,8 @@ def test_fault_stops_at_the_right_step_with_the_diagnosis(
     assert data["steps"][-1]["name"] == step
     error = data["steps"][-1]["error"]
     assert error["ename"] == "StepFailed" and diagnosis in error["evalue"]
-    failed = [n["node"] for n in data["steps"][-1]["result"]["nodes"] if n["status"] == "failed"]
+    groups = data["steps"][-1]["result"]["node_groups"]
+    failed = sorted(name for g in groups if g["status"] == "failed" for name in g["nodes"])
     assert failed == (failing or ["gpu-worker-1", "gpu-worker-2", "gpu-worker-3"])
     record_dir = records.resolve(sim_env["records"], None)
     executed = nbformat.read(record_dir / next(s.notebook for s in STEPS if s.name == step), as_version=4)

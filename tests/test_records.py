@@ -183,3 +183,43 @@ def test_list_and_show(chain: tuple[Path, list[Path]], capsys: pytest.CaptureFix
     shown = capsys.readouterr().out
     assert paths[1].name in shown and "preflight" in shown
     assert main(["records", "show", "nope", "--dir", str(root)]) == 2
+
+
+def test_identical_read_commands_fold_into_one_entry_per_step_but_changes_never_do():
+    from runbook_lib.notebook.runner import fold_commands
+
+    reads = [
+        {"step": "verify", "argv": ["talosctl", "-n", f"10.0.0.{i}", "read", "/proc/x"], "exit_code": 0}
+        for i in range(3)
+    ]
+    change = {
+        "step": "config-patch",
+        "argv": ["talosctl", "-n", "10.0.0.1", "patch", "mc"],
+        "exit_code": 0,
+        "changes_cluster": True,
+    }
+    failed = {"step": "verify", "argv": ["talosctl", "-n", "10.0.0.9", "read", "/proc/x"], "exit_code": 1}
+    folded = fold_commands([*reads, change, failed])
+    assert folded[0]["nodes"] == ["10.0.0.0", "10.0.0.1", "10.0.0.2"] and "<nodes>" in folded[0]["argv"]
+    assert change in folded and failed in folded and len(folded) == 3
+
+
+def test_identical_node_outcomes_are_grouped_and_every_node_appears_once():
+    from runbook_lib.notebook.runner import abbreviate_node_lists, group_nodes
+
+    result = {
+        "step": "verify",
+        "nodes": [
+            {"node": "a", "address": "1", "status": "ok", "passed": ["modules"]},
+            {"node": "b", "address": "2", "status": "failed", "failed": [{"name": "modules"}]},
+            {"node": "c", "address": "3", "status": "ok", "passed": ["modules"]},
+        ],
+    }
+    grouped = group_nodes(result)
+    assert "nodes" not in grouped
+    assert [g["nodes"] for g in grouped["node_groups"]] == [["a", "c"], ["b"]]
+    many = ",".join(f"10.0.0.{i}" for i in range(20))
+    read = {"argv": ["talosctl", "-n", many, "get", "extensions"], "exit_code": 0}
+    change = {"argv": ["talosctl", "-n", many, "patch", "mc"], "exit_code": 0, "changes_cluster": True}
+    short, kept = abbreviate_node_lists([read, change])
+    assert short["argv"][2] == "<20 nodes: 10.0.0.0 … 10.0.0.19>" and kept["argv"][2] == many

@@ -252,7 +252,7 @@ def seal(path: Path, record: dict[str, Any], *, secrets: Iterable[str] = ()) -> 
             {"record": previous.name, "sha256sums": sha256_file(previous / MANIFEST)} if previous else None
         )
         (path / RECORD_JSON).write_text(
-            json.dumps(record, indent=2, sort_keys=False, default=str) + "\n", encoding="utf-8"
+            json.dumps(record, indent=1, sort_keys=False, default=str) + "\n", encoding="utf-8"
         )
         scrub_tree(path, values)
         return write_manifest(path)

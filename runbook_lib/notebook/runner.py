@@ -72,7 +72,7 @@ class StepOutcome:
             "summary": self.summary,
         }
         if self.result is not None:
-            out["result"] = self.result
+            out["result"] = group_nodes(self.result)
         if self.plan_shown is not None:
             out["plan_shown"] = self.plan_shown
         if self.error is not None:
@@ -247,6 +247,100 @@ def _journal_record(step: str, entry: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _node_of(argv: list[str]) -> tuple[list[str], str | None]:
+    """argv with the ``-n`` value replaced by a placeholder, and that value."""
+    if "-n" in argv:
+        i = argv.index("-n")
+        if i + 1 < len(argv):
+            return [*argv[: i + 1], "<nodes>", *argv[i + 2 :]], argv[i + 1]
+    return argv, None
+
+
+def fold_commands(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per distinct successful read-only command of a step, listing the nodes it ran on.
+
+    Why: talosctl refuses ``read`` for several nodes, so a fleet-wide verify journals one identical command
+    per node; at 1,000 nodes that would dominate the record.  Changes and failures are never folded.
+    """
+    out: list[dict[str, Any]] = []
+    folded: dict[tuple[str, str], dict[str, Any]] = {}
+    for entry in entries:
+        argv = entry.get("argv")
+        if not argv or entry.get("changes_cluster") or entry.get("exit_code") not in (0, None):
+            out.append(entry)
+            continue
+        generic, node = _node_of(list(argv))
+        if node is None or "," in node:
+            out.append(entry)
+            continue
+        key = (entry["step"], json.dumps(generic))
+        if key in folded:
+            folded[key]["nodes"].append(node)
+            folded[key]["duration_s"] = round(
+                folded[key].get("duration_s", 0.0) + entry.get("duration_s", 0.0), 3
+            )
+            continue
+        item = {**entry, "argv": generic, "nodes": [node]}
+        folded[key] = item
+        out.append(item)
+    return out
+
+
+#: Read-only commands naming more nodes than this keep a summary of their ``-n`` list in the record.
+NODE_LIST_LIMIT = 10
+
+
+def abbreviate_node_lists(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Read-only fan-out calls name every node in ``-n``: keep the count and ends, not 1,000 addresses.
+
+    Commands that changed the cluster keep their full argv: those are the ones a reviewer re-runs.
+    """
+    out = []
+    for entry in entries:
+        argv = entry.get("argv")
+        kept = entry
+        if argv and not entry.get("changes_cluster") and "-n" in argv:
+            i = argv.index("-n")
+            nodes = argv[i + 1].split(",") if i + 1 < len(argv) else []
+            if len(nodes) > NODE_LIST_LIMIT:
+                summary = f"<{len(nodes)} nodes: {nodes[0]} … {nodes[-1]}>"
+                kept = {**entry, "argv": [*argv[: i + 1], summary, *argv[i + 2 :]]}
+        out.append(kept)
+    return out
+
+
+def group_nodes(result: dict[str, Any]) -> dict[str, Any]:
+    """A step result with nodes whose outcome is identical stored once, with the list of their names.
+
+    Why: at fleet scale most nodes report the same thing; the record keeps every node's outcome (each
+    name appears in exactly one group) at a fraction of the size.  Addresses are in ``params``.
+    """
+    nodes = result.get("nodes")
+    if not isinstance(nodes, list):
+        return result
+    groups: dict[str, dict[str, Any]] = {}
+    for node in nodes:
+        common = {k: v for k, v in node.items() if k not in ("node", "address")}
+        key = json.dumps(common, sort_keys=True, default=str)
+        groups.setdefault(key, {"nodes": [], **common})["nodes"].append(node.get("node"))
+    out = {k: v for k, v in result.items() if k != "nodes"}
+    out["node_groups"] = list(groups.values())
+    return out
+
+
+def _compact_plan(plan: dict[str, Any]) -> dict[str, Any]:
+    """The plan with per-node fields dropped where they equal the cluster-wide ones (said once)."""
+    nodes = []
+    for node in plan.get("nodes", []):
+        same = (
+            node.get("schematic_id") == plan.get("schematic_id")
+            and node.get("installer_image") == plan.get("installer_image")
+            and node.get("extensions") == plan.get("extensions")
+        )
+        nodes.append({"name": node["name"], "address": node["address"]} if same else node)
+    return {**plan, "nodes": nodes}
+
+
 def run(
     params_file: str | Path | None,
     steps: Sequence[str] | None = None,
@@ -334,7 +428,9 @@ def run(
     if html:
         _html(record, [o.notebook for o in outcomes if o.status != "skipped"])
     changes = [_journal_record(o.name, e) for o in outcomes for e in o.journal if e.get("changes_cluster")]
-    commands = [_journal_record(o.name, e) for o in outcomes for e in o.journal]
+    commands = abbreviate_node_lists(
+        fold_commands([_journal_record(o.name, e) for o in outcomes for e in o.journal])
+    )
     if interrupted is not None:
         outcome_word = "interrupted"
     elif failed_step:
@@ -367,13 +463,20 @@ def run(
         "failed_step": failed_step,
         "note": note,
         "params": params.public_dict(),
-        "plan": build_plan(params).to_dict(),
+        "plan": _compact_plan(build_plan(params).to_dict()),
         "versions": versions,
         "steps": [o.to_record() for o in outcomes],
         "changes": changes,
         "commands": commands,
+        # The full per-node results are in "steps"; this is the verdict a reader looks for first.
         "verification": {
-            o.name: o.result for o in outcomes if o.name in ("verify", "cuda-test") and o.result
+            o.name: {
+                "status": o.result.get("status"),
+                "counts": o.result.get("counts"),
+                "failing": [n["node"] for n in o.result.get("nodes", []) if n.get("status") == "failed"],
+            }
+            for o in outcomes
+            if o.name in ("verify", "cuda-test") and o.result
         },
     }
     digest = records.seal(record, record_data, secrets=secrets)
