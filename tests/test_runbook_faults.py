@@ -1,0 +1,57 @@
+"""Every fault scenario of the simulator, through the library's steps in runbook order: the run stops at
+the step a real cluster would fail at, on the faulty node only, with a diagnosis that names the cause."""
+
+from __future__ import annotations
+
+import pytest
+
+from runbook_lib.steps.image import image_upgrade
+from runbook_lib.steps.patch import config_patch
+from runbook_lib.steps.preflight import preflight
+from runbook_lib.steps.verify import verify
+from tests.simcluster import sim_cluster
+
+pytestmark = pytest.mark.slow
+STEPS = [
+    ("preflight", preflight),
+    ("image", image_upgrade),
+    ("config-patch", config_patch),
+    ("verify", verify),
+]
+
+# scenario → (step that fails or None for all green, text the failing node's diagnosis must contain)
+CASES = {
+    "fresh": (None, ""),
+    "extensions-no-patch": (None, ""),
+    "mixed-fleet": (None, ""),
+    "unreachable-node": ("preflight", "connection refused"),
+    "chaos": ("preflight", "no route to host"),
+    "upgrade-fails": ("image", "rolled back"),
+    "upgrade-hangs": ("image", 'service "ext-nvidia-persistenced" to be "up"'),
+    "unsupported-gpu": ("image", 'service "ext-nvidia-persistenced" to be "up"'),
+    "toolkit-missing": ("image", "missing extensions siderolabs/nvidia-container-toolkit-lts"),
+    "driver-mismatch": ("image", "missing extensions siderolabs/nvidia-container-toolkit-lts"),
+}
+
+
+@pytest.mark.parametrize("scenario", sorted(CASES))
+def test_runbook_stops_at_the_right_step_with_the_right_diagnosis(tmp_path, scenario):
+    expected_step, needle = CASES[scenario]
+    timeouts = {"upgrade_seconds": 10, "node_ready_seconds": 5}
+    with sim_cluster(
+        tmp_path, scenario=scenario, workers=3, apply=True, rollout_concurrency=3, timeouts=timeouts
+    ) as (params, ctx):
+        failed_at = None
+        for name, step in STEPS:
+            result = step(ctx)
+            if not result.ok:
+                failed_at = name
+                break
+        assert failed_at == expected_step, result.to_dict()
+        if failed_at is None:
+            return
+        failing = result.failing()
+        assert len(failing) == 1, "only the faulty node fails; the others carry on"
+        evidence = " ".join([failing[0].message] + [c.message + " " + c.fix for c in failing[0].checks])
+        assert needle in evidence
+        assert all(c.fix for c in failing[0].failed_checks), "every failed check says what to do"
