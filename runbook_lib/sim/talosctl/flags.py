@@ -68,8 +68,8 @@ def flag_specs(command: str, client_minor: tuple[int, int]) -> tuple[list[FlagSp
     table = command_table(command, client_minor)
     if table is None:
         return [], []
-    local = [FlagSpec(*f) for f in table["flags"]]
-    inherited = [FlagSpec(*f) for f in table["inherited"]]
+    local = [FlagSpec(short, name, typ, "", default) for short, name, typ, default in table["flags"]]
+    inherited = [FlagSpec(short, name, typ, "", default) for short, name, typ, default in table["inherited"]]
     return local, inherited
 
 
@@ -200,7 +200,7 @@ def strip_flags_for_lookup(argv: list[str], client_minor: tuple[int, int]) -> li
     """Positional words, skipping flag values, as cobra's ``stripFlags`` does to find the subcommand."""
     value_flags: set[str] = set()
     for table in TABLES[table_version(client_minor)].values():
-        for short, name, typ, _h, _d in table["flags"] + table["inherited"]:
+        for short, name, typ, _default in table["flags"] + table["inherited"]:
             if typ:
                 value_flags.add(f"--{name}")
                 if short:
