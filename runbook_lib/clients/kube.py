@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+import urllib3
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
@@ -77,6 +78,26 @@ class Kube:
             return fn()
         except ApiException as exc:
             raise _api_error(exc, what) from None
+        except urllib3.exceptions.HTTPError as exc:
+            # Connection refused / timeouts surface as urllib3 errors, not ApiException, in client 37.
+            raise RetryableError(
+                f"{what}: the Kubernetes API did not answer: {exc}",
+                hint="check the kubeconfig parameter and that the API server is reachable from here",
+            ) from None
+
+    def _read_or_none(self, what: str, fn: Callable[[], Any]) -> Obj | None:
+        """A GET whose 404 means "not there yet" rather than an error."""
+
+        def guarded() -> Any:
+            try:
+                return fn()
+            except ApiException as exc:
+                if exc.status == 404:
+                    return None
+                raise
+
+        obj = self._call(what, guarded)
+        return None if obj is None else self.to_dict(obj)
 
     # -- reads -------------------------------------------------------------------------------------------
     def server_version(self) -> str:
@@ -88,20 +109,10 @@ class Kube:
         return [self.to_dict(n) for n in result.items]
 
     def namespace(self, name: str) -> Obj | None:
-        try:
-            return self.to_dict(self.core.read_namespace(name))
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise _api_error(exc, f"read namespace {name}") from None
+        return self._read_or_none(f"read namespace {name}", lambda: self.core.read_namespace(name))
 
     def runtime_class(self, name: str) -> Obj | None:
-        try:
-            return self.to_dict(self.node_api.read_runtime_class(name))
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise _api_error(exc, f"read runtimeclass {name}") from None
+        return self._read_or_none(f"read runtimeclass {name}", lambda: self.node_api.read_runtime_class(name))
 
     def daemonsets(self, namespace: str, label_selector: str | None = None) -> list[Obj]:
         result = self._call(
@@ -111,12 +122,9 @@ class Kube:
         return [self.to_dict(d) for d in result.items]
 
     def pod(self, namespace: str, name: str) -> Obj | None:
-        try:
-            return self.to_dict(self.core.read_namespaced_pod(name, namespace))
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise _api_error(exc, f"read pod {namespace}/{name}") from None
+        return self._read_or_none(
+            f"read pod {namespace}/{name}", lambda: self.core.read_namespaced_pod(name, namespace)
+        )
 
     def pods(self, namespace: str, label_selector: str | None = None) -> list[Obj]:
         result = self._call(
@@ -260,7 +268,8 @@ class Kube:
                 if exc.status == 410:  # resourceVersion too old: start over from the current state
                     continue
                 raise _api_error(exc, "watch") from None
-            except (ConnectionError, OSError):
+            except (ConnectionError, OSError, urllib3.exceptions.HTTPError):
+                # A watch cut by the server or a load balancer (ProtocolError, read timeout): re-establish.
                 time.sleep(0.2)
 
     @staticmethod
