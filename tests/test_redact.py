@@ -58,3 +58,27 @@ def test_journal_redacts_output_and_diffs():
     (entry,) = journal.entries
     assert "s3cr3tvalue" not in entry.stderr and "t0ken" not in (entry.diff or "")
     assert journal.changes() == [entry]
+
+
+def test_talos_secret_fields_beyond_the_obvious_ones():
+    text = (
+        "            - wireguard:\n                privateKey: ABCDEF123=\n"
+        "                    - presharedKey: PSK999=\n                    passphrase: hunter2\n"
+        "                    auth: dXNlcjpwYXNz\n                    identityToken: idtok\n"
+        "    ca: {crt: LS0tCRT, key: LS0tKEY}\n"
+        "+   key: |\n+       -----BEGIN PRIVATE KEY-----\n+       MIIEvQ\n    kernel:\n        modules: []\n"
+    )
+    out = redact(text)
+    for secret in (
+        "ABCDEF123",
+        "PSK999",
+        "hunter2",
+        "dXNlcjpwYXNz",
+        "idtok",
+        "LS0tCRT",
+        "LS0tKEY",
+        "MIIEvQ",
+        "BEGIN",
+    ):
+        assert secret not in out, secret
+    assert "    kernel:\n        modules: []" in out and out.count("\n") == text.count("\n")

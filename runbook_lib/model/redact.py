@@ -10,29 +10,32 @@ from __future__ import annotations
 
 import re
 
-#: Keys whose values are secrets in Talos machine configs, talosconfigs and kubeconfigs.
+#: Keys whose values are secrets in Talos machine configs, talosconfigs and kubeconfigs: any key ending in one
+#: of these words (``privateKey``, ``presharedKey``, ``bootstraptoken``, ``aescbcEncryptionSecret``, ...) ...
+SECRET_SUFFIXES = ("key", "token", "secret", "password", "passphrase")
+#: ... and these exact keys (certificates, registry ``auth``, kubeconfig data fields).
 SECRET_KEYS = (
-    "secret",
-    "token",
-    "key",
-    "password",
-    "bootstraptoken",
-    "secretboxEncryptionSecret",
-    "aescbcEncryptionSecret",
+    "crt",
+    "ca",
+    "auth",
     "client-key-data",
     "client-certificate-data",
     "certificate-authority-data",
     "id-token",
     "refresh-token",
-    "crt",
-    "ca",
 )
 MASK = "***REDACTED***"
-_KEYS = "|".join(re.escape(k) for k in sorted(SECRET_KEYS, key=len, reverse=True))
+_KEYS = r"[A-Za-z0-9_.-]*(?:" + "|".join(SECRET_SUFFIXES) + ")|" + "|".join(re.escape(k) for k in SECRET_KEYS)
 _YAML = re.compile(
-    rf"^(?P<lead>[ \t+\-]*(?:- )?(?P<key>{_KEYS}):[ \t]+)(?P<value>(?![|>]\s*$)[^\s#{{\[].*?)[ \t]*$",
+    rf"^(?P<lead>[ \t+\-]*(?:- )?(?P<key>{_KEYS}):[ \t]+)(?P<value>(?![|>][-+]?\s*$)[^\s#{{\[].*?)[ \t]*$",
     re.MULTILINE | re.IGNORECASE,
 )
+#: A secret key introducing a block scalar (``key: |``): its more-indented lines are the secret.
+_BLOCK = re.compile(
+    rf"^(?P<indent>[ \t+\-]*?)(?P<pad>[ \t]*)(?:- )?(?:{_KEYS}):[ \t]*[|>][-+]?[ \t]*$", re.IGNORECASE
+)
+#: Flow mappings: ``ca: {crt: abc, key: def}``.
+_FLOW = re.compile(rf"(?P<lead>[{{,][ \t]*(?P<key>{_KEYS}):[ \t]*)(?P<value>[^,}}\s][^,}}]*)", re.IGNORECASE)
 _JSON = re.compile(rf'(?P<lead>"(?P<key>{_KEYS})"\s*:\s*)"(?P<value>[^"]*)"', re.IGNORECASE)
 #: YAML embedded in a JSON string (``"spec": "machine:\\n    token: abc\\n"``), as ``talosctl -o json`` prints it.
 _ESCAPED = re.compile(
@@ -48,6 +51,31 @@ def redact(text: str) -> str:
     text = _YAML.sub(
         lambda m: m.group("lead") + MASK if m.group("value") not in ('""', "''") else m.group(0), text
     )
+    text = _mask_blocks(text)
+    text = _FLOW.sub(lambda m: m.group("lead") + MASK, text)
     text = _JSON.sub(lambda m: m.group("lead") + f'"{MASK}"' if m.group("value") else m.group(0), text)
     text = _ESCAPED.sub(lambda m: m.group("lead") + MASK, text)
     return _BEARER.sub(lambda m: m.group(1) + MASK, text)
+
+
+def _indent_of(line: str) -> int:
+    body = line[1:] if line[:1] in "+- " and line[1:2] == " " else line  # unified-diff prefix
+    return len(body) - len(body.lstrip(" \t"))
+
+
+def _mask_blocks(text: str) -> str:
+    """Mask the lines of block scalars under secret keys (PEM keys written as ``key: |``)."""
+    lines = text.split("\n")
+    out: list[str] = []
+    block_indent: int | None = None
+    for line in lines:
+        if block_indent is not None:
+            if line.strip() and _indent_of(line) > block_indent:
+                prefix = re.match(r"^[+\- ]?[ \t]*", line)
+                out.append((prefix.group(0) if prefix else "") + MASK)
+                continue
+            block_indent = None
+        if _BLOCK.match(line):
+            block_indent = _indent_of(line)
+        out.append(line)
+    return "\n".join(out)

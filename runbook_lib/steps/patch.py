@@ -22,6 +22,8 @@ from .context import Context
 from .results import Check, NodeResult, StepResult
 
 Progress = Callable[[int, int], None]
+#: The MachineConfig resource talosctl patch acts on (``config.ActiveID``).
+ACTIVE_CONFIG_ID = "v1alpha1"
 
 
 def wanted_documents(ctx: Context, node: Node) -> list[dict[str, Any]]:
@@ -41,7 +43,8 @@ def read_configs(ctx: Context, nodes: list[Node]) -> tuple[dict[str, list[dict[s
     configs: dict[str, list[dict[str, Any]]] = {}
     for node, resources in fan.by_node().items():
         docs: list[dict[str, Any]] = []
-        for resource in resources:
+        # Real nodes also expose the "persistent" (and "maintenance") config; patches apply to the active one.
+        for resource in [r for r in resources if r.id == ACTIVE_CONFIG_ID] or resources:
             docs += config_documents(resource.spec_text if resource.spec_text is not None else resource.spec)
         configs[node] = docs
     return configs, fan.errors
@@ -98,7 +101,9 @@ def config_patch(
             res.data["group"] = index
             if not dry.ok:
                 res.status = "failed"
-                res.message = "dry run refused: " + (group_errors.get(node.address) or dry.stderr.strip())
+                res.message = "dry run refused: " + redact(
+                    group_errors.get(node.address) or dry.stderr.strip()
+                )
             elif "with a reboot" in dry.stderr:
                 res.needs_reboot = True
     if not do_apply:
@@ -142,12 +147,18 @@ def _apply_in_batches(
             failures = node_errors(applied.stderr, addresses) if not applied.ok else {}
             if not applied.ok and not failures:
                 failures = dict.fromkeys(addresses, applied.stderr.strip() or f"exit {applied.exit_code}")
-            for node in members:
+            # talosctl patches the nodes of one call in order and returns at the first error: the nodes
+            # after the first failure were never touched.
+            first_failure = next((i for i, n in enumerate(members) if n.address in failures), None)
+            for index, node in enumerate(members):
                 res = by_address[node.address]
                 if node.address in failures:
                     res.status = "failed"
-                    res.message = f"patch failed: {failures[node.address]}"
+                    res.message = f"patch failed: {redact(failures[node.address])}"
                     stopped_by = stopped_by or node.name
+                elif first_failure is not None and index > first_failure:
+                    res.status = "skipped"
+                    res.message = f"not touched: talosctl stopped at {members[first_failure].name}"
                 else:
                     res.status = "changed"
                     res.needs_reboot = res.needs_reboot or "with a reboot" in applied.stderr
