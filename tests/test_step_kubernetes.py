@@ -113,3 +113,12 @@ def test_cuda_test_compares_nvidia_smi_with_the_nodes_extension_driver(tmp_path)
         smi = next(c for c in result.nodes[0].checks if c.name == "nvidia-smi (runtimeClass nvidia)")
         assert not smi.ok and "1.2.3" in smi.message
         assert cuda_test(ctx, only=[node]).ok  # drivers read from the node's extensions agree
+
+
+def test_cuda_test_waits_for_approval_and_its_plan_is_stable(tmp_path):
+    with sim_cluster(tmp_path, scenario="gpu-ready") as (params, ctx):
+        first, second = cuda_test(ctx), cuda_test(ctx)
+        assert first.status == "planned" and first.counts() == {"planned": 2}
+        strip = lambda r: {k: v for k, v in r.to_dict().items() if k != "duration_s"}  # noqa: E731
+        assert strip(first) == strip(second)
+        assert ctx.kube.pods(TEST_NAMESPACE) == []

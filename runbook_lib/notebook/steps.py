@@ -56,7 +56,7 @@ STEPS: tuple[StepSpec, ...] = (
     StepSpec("config-patch", "03-config-patch.ipynb", "patch", "config_patch", "Config patch", True),
     StepSpec("verify", "04-verify.ipynb", "verify", "verify", "Verification", False),
     StepSpec("kubernetes", "05-kubernetes.ipynb", "kubernetes", "kubernetes_layer", "Kubernetes layer", True),
-    StepSpec("cuda-test", "06-cuda-test.ipynb", "cudatest", "cuda_test", "CUDA test", False),
+    StepSpec("cuda-test", "06-cuda-test.ipynb", "cudatest", "cuda_test", "CUDA test", True),
 )
 STEP_NAMES: tuple[str, ...] = tuple(s.name for s in STEPS)
 

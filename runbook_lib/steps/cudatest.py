@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from runbook_lib.errors import RunbookError
 from runbook_lib.model.diagnosis import NodeContext, match_failures
 from runbook_lib.model.params import Node
 from runbook_lib.model.parsers import extensions_from_resources, parse_nvidia_smi
@@ -93,14 +94,31 @@ def cuda_test(
     ctx: Context,
     *,
     only: list[str] | None = None,
+    apply: bool | None = None,
     progress: Callable[[int, int], None] | None = None,
     run_id: str | None = None,
     node_drivers: dict[str, str] | None = None,
 ) -> StepResult:
-    """Run the test pods on each GPU node (or ``only`` those), wait, parse, compare, clean up."""
-    run_id = run_id or secrets.token_hex(3)
+    """Run the test pods on each GPU node (or ``only`` those), wait, parse, compare, clean up.
+
+    The pods pull images and run on the GPU nodes, so they too wait for approval: with ``apply`` off the
+    step only lists the pods it would create.
+    """
     nodes = ctx.nodes(only)
-    result = StepResult(step="cuda-test", applied=True)
+    do_apply = ctx.apply if apply is None else apply
+    result = StepResult(step="cuda-test", applied=do_apply)
+    if not do_apply:
+        # Deterministic (no run id): the approval gate compares this plan with a fresh one before applying.
+        kinds = sorted({p.kind for p in build_pods(ctx, nodes[:1], "plan")})
+        for node in nodes:
+            result.nodes.append(
+                NodeResult(
+                    node.name, node.address, status="planned", message="would run pods: " + ", ".join(kinds)
+                )
+            )
+        result.notes.append("plan only (apply is off): no test pod was created")
+        return result.finish()
+    run_id = run_id or secrets.token_hex(3)
     result.data["run_id"] = run_id
     if node_drivers is None:
         node_drivers = extension_drivers(ctx, nodes)
@@ -180,7 +198,10 @@ def _judge(ctx: Context, pod: TestPod, obj: dict[str, Any] | None, node_driver: 
     phase = ((obj or {}).get("status") or {}).get("phase", "Unknown")
     log = ""
     if phase in ("Succeeded", "Failed"):
-        log = ctx.kube.pod_log(TEST_NAMESPACE, pod.name)
+        try:
+            log = ctx.kube.pod_log(TEST_NAMESPACE, pod.name)
+        except RunbookError as exc:  # a pod rejected before any container ran has no log (HTTP 400)
+            log = f"(no log: {exc.message})"
     if phase == "Succeeded":
         if pod.kind == "vectoradd":
             ok = "Test PASSED" in log

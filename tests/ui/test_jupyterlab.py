@@ -252,7 +252,16 @@ def test_kubernetes_layer_approved_then_cuda_test_in_jupyterlab(
     nb.follow_link("CUDA test", "06-cuda-test.ipynb")
     nb.run_all()
     nb.assert_no_error_outputs()
-    cuda = nb.step_output("cuda-test")
+    # The test pods run on the GPU nodes, so they too wait for Approve.
+    expect(nb.step_output("cuda-test", "plan").locator("h3")).to_contain_text("planned")
+    approve = nb.button(APPROVE)
+    expect(approve).to_be_enabled()
+    approve.click()
+    expect(nb.panel.locator(".widget-hprogress .progress-bar").last).to_have_class(
+        re.compile(r"progress-bar-success"), timeout=120_000
+    )
+    cuda = nb.step_output("cuda-test", "applied")
+    expect(cuda).to_have_count(1, timeout=10_000)
     expect(cuda.locator("h3")).to_contain_text("ok")
     assert nb.open_node_table(cuda) == dict.fromkeys(ui_workspace.node_names, "ok")
     nb.center(cuda)
