@@ -48,7 +48,9 @@ def resolve_endpoints(params: Params, state_dir: Path | None = None) -> Endpoint
             talosctl=params.tools.talosctl,
             helm=params.tools.helm,
             talosconfig=_expand(params.talosconfig),
-            kubeconfig=_expand(params.kubeconfig) or os.environ.get("KUBECONFIG"),
+            # Only a single path: helm takes --kubeconfig as one file, while $KUBECONFIG may list several
+            # (then helm and the Python client both read $KUBECONFIG themselves).
+            kubeconfig=_expand(params.kubeconfig) or _single_path(os.environ.get("KUBECONFIG")),
             image_factory_url=params.image_factory_url,
         )
     state = state_dir or sim_state_dir()
@@ -66,6 +68,10 @@ def resolve_endpoints(params: Params, state_dir: Path | None = None) -> Endpoint
         kubeconfig=str(state / "kubeconfig"),
         image_factory_url=str(published.get("factory") or params.image_factory_url),
     )
+
+
+def _single_path(value: str | None) -> str | None:
+    return value if value and os.pathsep not in value else None
 
 
 def _expand(path: str | None) -> str | None:
