@@ -106,3 +106,13 @@ def test_sim_node_state_is_what_talosctl_reports(tmp_path):
             config_documents(load_node(tmp_path, node.address).machine_config)[0]["machine"]["type"]
             == configs[node.address][0]["machine"]["type"]
         )
+
+
+@pytest.mark.slow
+def test_default_runtime_patch_applied_node_by_node_waits_for_each_reboot(tmp_path):
+    with sim_cluster(tmp_path, daemon=False, default_runtime_patch=True, apply=True) as (params, ctx):
+        result = config_patch(ctx)
+        assert result.status == "changed" and all(n.needs_reboot for n in result.nodes)
+        versions = [e for e in ctx.journal.entries if "version" in e.argv]
+        assert len(versions) >= 2, "after each rebooting batch the step waits for the node to answer"
+        assert config_patch(ctx).counts() == {"unchanged": 2}

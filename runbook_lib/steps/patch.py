@@ -9,6 +9,7 @@ second run finds nothing missing and changes nothing.  Applying goes in batches 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -162,10 +163,36 @@ def _apply_in_batches(
                 else:
                     res.status = "changed"
                     res.needs_reboot = res.needs_reboot or "with a reboot" in applied.stderr
+        rebooting = [
+            n.address
+            for _p, n in batch
+            if by_address[n.address].status == "changed" and by_address[n.address].needs_reboot
+        ]
+        if rebooting:
+            # auto mode reboots for a machine.files change (Talos <= 1.13): the next batch starts only once
+            # these nodes answer again, so rollout_concurrency also bounds how many GPU nodes are down.
+            for address in wait_for_nodes(ctx, rebooting, float(ctx.params.timeouts.node_ready_seconds)):
+                res = by_address[address]
+                res.status = "failed"
+                res.message = "patched, but the node did not answer again after its reboot"
+                stopped_by = stopped_by or res.node
         done += len(batch)
         if progress:
             progress(done, len(todo))
     _confirm(ctx, result, by_address)
+
+
+def wait_for_nodes(ctx: Context, addresses: list[str], timeout: float, interval: float = 2.0) -> list[str]:
+    """Wait until the nodes answer ``talosctl version`` again; returns those that did not within the timeout."""
+    deadline = time.monotonic() + timeout
+    pending = list(addresses)
+    while pending:
+        _client, servers, _errors = ctx.talosctl.version(pending)
+        pending = [a for a in pending if a not in servers]
+        if not pending or time.monotonic() >= deadline:
+            break
+        time.sleep(interval)
+    return pending
 
 
 def _confirm(ctx: Context, result: StepResult, by_address: dict[str, NodeResult]) -> None:
