@@ -193,3 +193,18 @@ def test_minor_upgrade_plan_warns_about_the_1_13_switch(sim: tuple[Path, factory
     assert (
         result.data["boot_assets"][gpu_113]["iso"] == f"{server.url}/image/{gpu_113}/v1.13.2/metal-amd64.iso"
     )
+
+
+@pytest.mark.slow
+def test_before_the_image_factory_the_upgrade_waits_for_the_install_extensions_patch(tmp_path):
+    from runbook_lib.steps.patch import config_patch
+    from tests.simcluster import sim_cluster
+
+    with sim_cluster(tmp_path, talos_version="v1.4.8", apply=True) as (params, ctx):
+        result = image_upgrade(ctx)
+        assert not result.ok and all(n.status == "failed" for n in result.nodes)
+        assert "run the config-patch step first" in result.nodes[0].message
+        assert not any("upgrade" in e.argv for e in ctx.journal.changes())
+        assert config_patch(ctx).ok  # adds machine.install.extensions (and the modules)
+        planned = image_upgrade(ctx, apply=False)
+        assert all("ghcr.io/siderolabs/installer:v1.4.8" in c for c in planned.data["commands"])

@@ -24,6 +24,7 @@ from typing import Any
 from runbook_lib.clients.factory import FactoryClient
 from runbook_lib.errors import PermanentError, RunbookError
 from runbook_lib.model.boot_assets import boot_asset_urls, installer_image
+from runbook_lib.model.machineconfig import contains
 from runbook_lib.model.params import Node
 from runbook_lib.model.parsers import TalosResource
 from runbook_lib.model.plan import node_extensions, node_schematic
@@ -31,6 +32,7 @@ from runbook_lib.model.schematic import Schematic
 from runbook_lib.model.versions import TalosVersion
 
 from .context import Context
+from .patch import read_configs, wanted_documents
 from .results import Check, NodeResult, StepResult
 
 Progress = Callable[[int, int], None]
@@ -158,6 +160,24 @@ def image_upgrade(
     schematics = {p.schematic_id: p.schematic for p in plans.values() if p.schematic is not None}
     result.data["schematics"] = {sid: s.canonical_yaml() for sid, s in schematics.items() if s is not None}
 
+    if ctx.params.profile().extension_delivery == "install-extensions" and do_apply:
+        missing = _install_extensions_missing(ctx, nodes)
+        if missing:
+            # Talos < 1.5: the stock installer brings the extensions only if machine.install.extensions
+            # already lists them, i.e. after the config-patch step.  Upgrading first would install nothing.
+            for node in nodes:
+                res = NodeResult(
+                    node=node.name, address=node.address, status="failed" if node in missing else "skipped"
+                )
+                res.message = (
+                    "machine.install.extensions does not list the NVIDIA images yet: run the config-patch step "
+                    "first (runbook run --steps config-patch --apply), then this step"
+                    if node in missing
+                    else "not touched: another node's config lacks machine.install.extensions"
+                )
+                result.nodes.append(res)
+            return _finish(result)
+
     states = read_states(ctx, [n.address for n in nodes])
     todo: list[NodeImage] = []
     results: dict[str, NodeResult] = {}
@@ -248,6 +268,21 @@ def image_upgrade(
                     )
             break
     return _finish(result)
+
+
+def _install_extensions_missing(ctx: Context, nodes: list[Node]) -> list[Node]:
+    """Nodes whose machine config lacks the extension images the stock installer must install (Talos < 1.5)."""
+    configs, _errors = read_configs(ctx, nodes)
+    missing = []
+    for node in nodes:
+        images = [
+            {"machine": {"install": d["machine"]["install"]}}
+            for d in wanted_documents(ctx, node)
+            if "install" in (d.get("machine") or {})
+        ]
+        if node.address not in configs or not contains(configs[node.address], images):
+            missing.append(node)
+    return missing
 
 
 def _minor(version: str | None) -> tuple[int, int]:
