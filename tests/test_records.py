@@ -223,3 +223,12 @@ def test_identical_node_outcomes_are_grouped_and_every_node_appears_once():
     change = {"argv": ["talosctl", "-n", many, "patch", "mc"], "exit_code": 0, "changes_cluster": True}
     short, kept = abbreviate_node_lists([read, change])
     assert short["argv"][2] == "<20 nodes: 10.0.0.0 … 10.0.0.19>" and kept["argv"][2] == many
+
+
+def test_scrubbing_covers_the_tools_default_config_locations(monkeypatch, tmp_path):
+    from runbook_lib.notebook.runner import config_paths
+
+    monkeypatch.setenv("TALOSCONFIG", str(tmp_path / "tc"))
+    monkeypatch.setenv("KUBECONFIG", f"{tmp_path / 'a'}:{tmp_path / 'b'}")
+    assert config_paths(None, None) == [str(tmp_path / "tc"), str(tmp_path / "a"), str(tmp_path / "b")]
+    assert config_paths("/x/talos", "/y/kube") == ["/x/talos", "/y/kube"]

@@ -239,6 +239,21 @@ def collect_versions(params: Params) -> dict[str, Any]:
     return versions
 
 
+def config_paths(talosconfig: str | None, kubeconfig: str | None) -> list[str]:
+    """Every file talosctl and the Kubernetes client may have read credentials from, for scrubbing.
+
+    Unset parameters fall back the way the tools do: ``$TALOSCONFIG`` or ``~/.talos/config``, and each path of
+    ``$KUBECONFIG`` or ``~/.kube/config``.
+    """
+    paths = [talosconfig or os.environ.get("TALOSCONFIG") or os.path.expanduser("~/.talos/config")]
+    if kubeconfig:
+        paths.append(kubeconfig)
+    else:
+        env = os.environ.get("KUBECONFIG")
+        paths += env.split(os.pathsep) if env else [os.path.expanduser("~/.kube/config")]
+    return [p for p in paths if p]
+
+
 def _journal_record(step: str, entry: dict[str, Any]) -> dict[str, Any]:
     keep = {"kind", "summary", "argv", "exit_code", "duration_s", "changes_cluster", "diff", "at"}
     out = {"step": step, **{k: v for k, v in entry.items() if k in keep and v not in (None, "", [])}}
@@ -389,7 +404,7 @@ def run(
         )
         with contextlib.suppress(RunbookError):
             endpoints = resolve_endpoints(params)
-            secrets = records.secret_values(endpoints.talosconfig, endpoints.kubeconfig)
+            secrets = records.secret_values(*config_paths(endpoints.talosconfig, endpoints.kubeconfig))
         bar = tqdm(total=len(selected), unit="step", disable=not progress, desc="runbook")
         for index, item in enumerate(selected):
             bar.set_description(item.name)
