@@ -109,17 +109,3 @@ class Helm:
         if dry_run:
             args.append("--dry-run")
         return self.run(args, timeout=timeout_s + 60, changes_cluster=not dry_run, journal_output=not dry_run)
-
-
-def flatten_values(values: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
-    """``{"driver": {"enabled": False}}`` → ``{"driver.enabled": "false"}`` (the ``--set`` form)."""
-    out: dict[str, str] = {}
-    for key, value in values.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            out.update(flatten_values(value, dotted + "."))
-        elif isinstance(value, bool):
-            out[dotted] = "true" if value else "false"
-        else:
-            out[dotted] = str(value)
-    return out
