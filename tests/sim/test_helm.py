@@ -8,7 +8,7 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ from kubernetes import client, config
 from runbook_lib.sim import cluster, scenarios
 from runbook_lib.sim.kubeapi import server
 from runbook_lib.sim.state import load_node, locked_node, runtime, sim_paths, v1alpha1_doc
+from tests.sim.waiting import wait_for
 
 DOCS_INSTALL = [
     "install",
@@ -71,17 +72,6 @@ def _sim(tmp_path: Path, **spec: Any) -> Iterator[Sim]:
 @pytest.fixture
 def sim(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Sim]:
     yield from _sim(tmp_path, **getattr(request, "param", {}))
-
-
-def wait_for(fn: Callable[[], Any], timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s (last value: {value!r})")
-        time.sleep(0.05)
 
 
 def runtime_class(sim: Sim) -> None:

@@ -21,6 +21,7 @@ from kubernetes.client.rest import ApiException
 from runbook_lib.sim import cluster
 from runbook_lib.sim.kubeapi import server
 from runbook_lib.sim.state import KUBERNETES_FOR_TALOS, save_cluster_faults, sim_paths
+from tests.sim import waiting
 
 
 class Sim:
@@ -49,14 +50,7 @@ def sim(tmp_path: Path) -> Iterator[Sim]:
 
 
 def wait_for(fn: Callable[[], Any], timeout: float = 8.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s (last value: {value!r})")
-        time.sleep(0.05)
+    return waiting.wait_for(fn, timeout)
 
 
 def rc(name: str = "nvidia") -> client.V1RuntimeClass:

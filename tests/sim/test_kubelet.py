@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from runbook_lib.sim.state import (
     sim_paths,
     v1alpha1_doc,
 )
+from tests.sim.waiting import wait_for
 
 WORKERS = ("talos-worker-1", "talos-worker-2")
 
@@ -58,17 +59,6 @@ def sim(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Sim]:
         srv.shutdown()
         srv.server_close()
         assert srv.controllers.errors == []
-
-
-def wait_for(fn: Callable[[], Any], timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s (last value: {value!r})")
-        time.sleep(0.05)
 
 
 def install_gpu_stack(state: Path, node: str, *, patch_modules: bool = True) -> None:
