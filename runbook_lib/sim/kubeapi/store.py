@@ -242,6 +242,13 @@ class Store:
         self._emit("MODIFIED", res, ns, new)
         return copy.deepcopy(new)
 
+    def _existing(self, res: Resource, ns: str, name: str) -> dict[str, Any]:
+        """The stored object (caller holds the lock), or the apiserver's 404."""
+        old = self.objects[res.key].get((ns, name))
+        if old is None:
+            raise not_found(res, name)
+        return old
+
     def replace(
         self,
         res: Resource,
@@ -254,9 +261,7 @@ class Store:
     ) -> dict[str, Any]:
         ns = ns if res.namespaced else ""
         with self.lock:
-            old = self.objects[res.key].get((ns, name))
-            if old is None:
-                raise not_found(res, name)
+            old = self._existing(res, ns, name)
             return self._write(res, ns, name, copy.deepcopy(obj), old, subresource, dry_run=dry_run)
 
     def patch(  # noqa: PLR0917
@@ -272,9 +277,7 @@ class Store:
     ) -> dict[str, Any]:
         ns = ns if res.namespaced else ""
         with self.lock:
-            old = self.objects[res.key].get((ns, name))
-            if old is None:
-                raise not_found(res, name)
+            old = self._existing(res, ns, name)
             new = apply_patch(copy.deepcopy(old), content_type, body)
             # A patch that carries no resourceVersion must not conflict.
             if not ((body if isinstance(body, dict) else {}).get("metadata") or {}).get("resourceVersion"):
@@ -287,9 +290,7 @@ class Store:
         """Read-modify-write under the lock, for controllers (no conflicts possible)."""
         ns = ns if res.namespaced else ""
         with self.lock:
-            old = self.objects[res.key].get((ns, name))
-            if old is None:
-                raise not_found(res, name)
+            old = self._existing(res, ns, name)
             new = copy.deepcopy(old)
             fn(new)
             return self._write(res, ns, name, new, old, subresource)
