@@ -330,3 +330,10 @@ def test_keys_go_yaml_writes_as_complex_keys_are_refused_not_guessed() -> None:
         with pytest.raises(SchematicInvalid, match="offline schematic ID"):
             schematic_for(LTS, overlay=Overlay("img", "name", {key: 1})).canonical_yaml()
     assert schematic_for(LTS, overlay=Overlay("img", "name", {"k" * 128: 1})).id
+
+
+def test_the_simulator_names_the_same_vanilla_schematic():
+    from runbook_lib.model.schematic import VANILLA_SCHEMATIC_ID, schematic_for
+    from runbook_lib.sim.state import VANILLA_SCHEMATIC
+
+    assert VANILLA_SCHEMATIC == VANILLA_SCHEMATIC_ID == schematic_for([]).id

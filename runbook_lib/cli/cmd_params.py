@@ -15,7 +15,8 @@ from runbook_lib.model.params import load_params, parameters_markdown
 from runbook_lib.model.plan import build_plan
 
 
-def _add_params_args(parser: argparse.ArgumentParser) -> None:
+def add_params_args(parser: argparse.ArgumentParser) -> None:
+    """``-p FILE`` and repeatable ``--set KEY=VALUE``: the same options wherever a command reads parameters."""
     parser.add_argument(
         "-p", "--params", required=True, metavar="FILE", help="parameter file (params/*.yaml)"
     )
@@ -49,7 +50,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     plan = sub.add_parser(
         "plan", help="print the resolved plan for a parameter file, without touching a cluster"
     )
-    _add_params_args(plan)
+    add_params_args(plan)
     plan.add_argument("--format", choices=["yaml", "json"], default="yaml")
     plan.set_defaults(handler=_plan)
 

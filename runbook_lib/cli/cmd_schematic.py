@@ -17,6 +17,8 @@ from runbook_lib.model.params import load_params
 from runbook_lib.model.plan import node_extensions, node_schematic
 from runbook_lib.model.schematic import Schematic, parse_schematic
 
+from .cmd_params import add_params_args
+
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     group = sub.add_parser("schematic", help="Image Factory schematics: canonical form and ID, offline")
@@ -31,15 +33,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     show = actions.add_parser(
         "show", help="print the canonical YAML, ID and installer image of the plan's GPU schematic"
     )
-    show.add_argument("-p", "--params", required=True, metavar="FILE", help="parameter file (params/*.yaml)")
-    show.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override one parameter; repeatable",
-    )
+    add_params_args(show)
     show.add_argument("--node", metavar="NAME", help="the schematic of one node (with its overrides)")
     show.add_argument("--format", choices=["yaml", "json"], default="yaml")
     show.add_argument(

@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 STATE_ENV = "RUNBOOK_SIM_STATE"
+# The empty schematic (= model.schematic.VANILLA_SCHEMATIC_ID), spelt out: importing the schematic module
+# would cost every simulated talosctl process its YAML emitter (benchmarks/bench_fleet.py).
 VANILLA_SCHEMATIC = "376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba"
 
 # Kubernetes version shipped by default with each Talos minor (Talos support matrix).
