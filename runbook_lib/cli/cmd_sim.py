@@ -134,7 +134,7 @@ def _up(args: argparse.Namespace) -> int:
     out.write(f"talosconfig: {paths.talosconfig}\n")
     if paths.kubeconfig.exists() and endpoints.get("kube"):
         out.write(f"kubeconfig:  {paths.kubeconfig}\n")
-    for key in ("kube", "factory"):
+    for key in ("kube", "factory", "tools"):
         if key in endpoints:
             out.write(f"{key + ':':<12} {endpoints[key]}\n")
     out.write("nodes:\n")

@@ -31,7 +31,7 @@ from typing import Any
 import yaml
 
 from runbook_lib.model.params import Params
-from runbook_lib.sim import machineconfig
+from runbook_lib.sim import machineconfig, toolserver
 from runbook_lib.sim.scenarios import apply_scenario
 from runbook_lib.sim.state import (
     KUBERNETES_FOR_TALOS,
@@ -110,21 +110,29 @@ def talosconfig_text(endpoints: list[str], nodes: list[str]) -> str:
     return yaml.safe_dump(doc, sort_keys=False, indent=4)
 
 
-def _wrapper(module: str, state_dir: Path) -> str:
-    """A tiny executable bound to this state dir, runnable wherever the library expects the real binary."""
-    return (
-        "#!/bin/sh\n"
-        f"# simulated {module.rsplit('.', 1)[-1]} for the cluster in {state_dir}\n"
-        f"RUNBOOK_SIM_STATE='{state_dir}' exec '{sys.executable}' -m {module} \"$@\"\n"
+def _wrapper(module: str, state_dir: Path, client: Path | None) -> str:
+    """A tiny executable bound to this state dir, runnable wherever the library expects the real binary.
+
+    With a compiled ``simtool`` it hands the call to the daemon's tool server (a Go binary's start-up cost
+    instead of a Python interpreter's); ``simtool`` itself falls back to ``python -m`` when no server
+    listens, so the wrapper works with or without the daemon.
+    """
+    tool = module.rsplit(".", 1)[-1]
+    head = (
+        f"#!/bin/sh\n# simulated {tool} for the cluster in {state_dir}\nRUNBOOK_SIM_STATE='{state_dir}' exec "
     )
+    if client is None:
+        return f"{head}'{sys.executable}' -m {module} \"$@\"\n"
+    return f"{head}'{client}' '{toolserver.socket_name(state_dir)}' '{sys.executable}' {module} \"$@\"\n"
 
 
 def write_binaries(state_dir: Path) -> None:
     paths = sim_paths(state_dir)
     paths.bin_dir.mkdir(parents=True, exist_ok=True)
+    client = toolserver.client_binary()
     for name, module in (("talosctl", "runbook_lib.sim.talosctl"), ("helm", "runbook_lib.sim.helm")):
         target = paths.bin_dir / name
-        atomic_write(target, _wrapper(module, state_dir.resolve()))
+        atomic_write(target, _wrapper(module, state_dir.resolve(), client))
         target.chmod(target.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
 
 
@@ -231,8 +239,11 @@ def daemon_pid(state_dir: Path) -> int | None:
     return pid if _pid_alive(pid) else None
 
 
-def start_daemon(state_dir: Path, timeout: float = 15.0) -> dict[str, Any]:
-    """Start the rooms' HTTP servers in one detached process; return its ``endpoints.json``."""
+def start_daemon(state_dir: Path, timeout: float = 15.0, rooms: list[str] | None = None) -> dict[str, Any]:
+    """Start the rooms' HTTP servers and the tool server in one detached process; return its ``endpoints.json``.
+
+    ``rooms`` limits the HTTP rooms (``[]``: the tool server only, what talosctl-only benchmarks need).
+    """
     paths = sim_paths(state_dir)
     pid = daemon_pid(state_dir)
     if pid is not None:
@@ -241,7 +252,8 @@ def start_daemon(state_dir: Path, timeout: float = 15.0) -> dict[str, Any]:
         paths.endpoints.unlink()
     log = open(paths.log, "ab")  # noqa: SIM115 - handed to the child, which outlives this process
     proc = subprocess.Popen(
-        [sys.executable, "-m", "runbook_lib.sim.daemon", "--state", str(state_dir)],
+        [sys.executable, "-m", "runbook_lib.sim.daemon", "--state", str(state_dir)]
+        + ([] if rooms is None else ["--rooms", ",".join(rooms)]),
         stdin=subprocess.DEVNULL,
         stdout=log,
         stderr=log,
@@ -312,7 +324,7 @@ def status(state_dir: Path) -> dict[str, Any]:
         "kubeconfig": str(paths.kubeconfig) if paths.kubeconfig.exists() else None,
         "bin_dir": str(paths.bin_dir),
         "daemon_pid": pid,
-        "endpoints": {k: v for k, v in endpoints.items() if k != "pid"} if pid else {},
+        "endpoints": {k: v for k, v in endpoints.items() if not k.endswith("pid")} if pid else {},
         "talos_version": cluster.get("talos_version"),
         "scenario": cluster.get("scenario"),
         "nodes": nodes,

@@ -20,6 +20,7 @@ from pathlib import Path
 from types import FrameType, ModuleType
 from typing import Any
 
+from runbook_lib.sim import toolserver
 from runbook_lib.sim.state import atomic_write, sim_paths
 
 ROOMS = {"kube": "runbook_lib.sim.kubeapi.server", "factory": "runbook_lib.sim.factory"}
@@ -50,12 +51,17 @@ def _close(server: socketserver.BaseServer) -> None:
     server.server_close()
 
 
-def run(state_dir: Path) -> int:
+def run(state_dir: Path, rooms: list[str] | None = None) -> int:
+    """Serve the rooms named in ``rooms`` (default: all) plus the tool server until SIGTERM."""
     paths = sim_paths(state_dir)
+    # First, while this process has no thread: fork() and threads do not mix.
+    tools_pid = toolserver.start(state_dir)
     servers: list[socketserver.BaseServer] = []
     endpoints: dict[str, Any] = {}
     started: list[tuple[ModuleType, str]] = []
     for key, module_name in ROOMS.items():
+        if rooms is not None and key not in rooms:
+            continue
         module = _load_room(module_name)
         if module is None or not hasattr(module, "make_server"):
             continue
@@ -76,12 +82,19 @@ def run(state_dir: Path) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGINT, _terminate)
     endpoints["pid"] = os.getpid()
+    if tools_pid is not None:
+        endpoints["tools"] = f"unix:@{toolserver.socket_name(state_dir)}"
+        endpoints["tools_pid"] = tools_pid
     atomic_write(paths.pid, str(os.getpid()))
     atomic_write(paths.endpoints, json.dumps(endpoints, indent=1))
     log.info(
-        "simulator daemon %d serving %s", os.getpid(), {k: v for k, v in endpoints.items() if k != "pid"}
+        "simulator daemon %d serving %s",
+        os.getpid(),
+        {k: v for k, v in endpoints.items() if not k.endswith("pid")},
     )
     stop.wait()
+    if tools_pid is not None:
+        toolserver.stop(tools_pid)
     # Shut the rooms down in parallel (each ``shutdown`` waits out a poll interval), but never hang on one.
     closers = [threading.Thread(target=_close, args=(server,), daemon=True) for server in servers]
     for t in closers:
@@ -99,9 +112,18 @@ def run(state_dir: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m runbook_lib.sim.daemon")
     parser.add_argument("--state", required=True, type=Path)
+    parser.add_argument(
+        "--rooms",
+        default=",".join(ROOMS),
+        help=f"comma-separated rooms to serve (default: all of {', '.join(ROOMS)}); the tool server always runs",
+    )
     args = parser.parse_args(argv)
+    rooms = [r for r in args.rooms.split(",") if r]
+    unknown = sorted(set(rooms) - set(ROOMS))
+    if unknown:
+        parser.error(f"unknown room(s) {', '.join(unknown)}; valid: {', '.join(ROOMS)}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    return run(args.state)
+    return run(args.state, rooms)
 
 
 if __name__ == "__main__":
