@@ -43,7 +43,7 @@ import yaml
 from jupyter_client.manager import start_new_kernel
 
 from runbook_lib.model.params import Params, validate
-from runbook_lib.sim import cluster
+from runbook_lib.sim import cluster, toolserver
 from runbook_lib.sim.state import SimPaths, load_nodes, sim_paths
 from runbook_lib.steps.context import connect
 from runbook_lib.steps.patch import config_patch
@@ -69,10 +69,41 @@ TARGET_RUN8 = 1.5
 # ---------------------------------------------------------------------------------------------- helpers
 
 
+# Tool servers of the running fleets: their forked calls are not this process's children, so their CPU is
+# read from /proc (the server reaps each call, which adds the call's CPU to the server's own figures).
+TOOL_SERVERS: set[int] = set()
+
+
+@contextmanager
+def tool_server(state: Path) -> Iterator[None]:
+    """The simulator's daemon with its tool server and no HTTP room, its CPU counted by ``children_cpu``."""
+    server = cluster.start_daemon(state, rooms=[]).get("tools_pid")
+    if isinstance(server, int):
+        TOOL_SERVERS.add(server)
+    try:
+        yield
+    finally:
+        cluster.stop_daemon(state)
+        if isinstance(server, int):
+            TOOL_SERVERS.discard(server)
+
+
+def tool_server_cpu() -> float:
+    ticks = 0
+    for pid in TOOL_SERVERS:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, IndexError):
+            continue
+        ticks += sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def children_cpu() -> float:
-    """CPU seconds of every reaped child so far: the simulated talosctl processes the measurements start."""
+    """CPU seconds of the simulated talosctl calls so far: reaped children (the `simtool` clients, or the
+    whole Python tool without a tool server) plus what the fleets' tool servers spent on their calls."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+    return usage.ru_utime + usage.ru_stime + tool_server_cpu()
 
 
 @dataclass
@@ -107,7 +138,7 @@ class Fleet:
 
 @contextmanager
 def fleet(n: int, scenario: str, latency_ms: float) -> Iterator[Fleet]:
-    """A simulated cluster of ``n`` GPU workers; only the talosctl room (no daemon: verify and the patch
+    """A simulated cluster of ``n`` GPU workers with its tool server but no HTTP room (verify and the patch
     dry-run never talk to Kubernetes or the factory)."""
     with tempfile.TemporaryDirectory(prefix=f"bench-fleet-{n}-") as tmp:
         state = Path(tmp)
@@ -115,19 +146,19 @@ def fleet(n: int, scenario: str, latency_ms: float) -> Iterator[Fleet]:
             state,
             cluster.ClusterSpec(workers=n, talos_version=TALOS, scenario=scenario, latency_ms=latency_ms),
         )
-        (state / "endpoints.json").write_text("{}")
-        gpu = [node for node in load_nodes(state) if node.gpus]
-        params = validate(
-            {
-                "cluster": f"bench-{n}",
-                "target": "simulated",
-                "talos_version": TALOS,
-                "track": "lts",
-                "nodes": [{"name": node.name, "address": node.address} for node in gpu],
-            },
-            source="bench_fleet",
-        )
-        yield Fleet(state, sim_paths(state), params, [node.address for node in gpu])
+        with tool_server(state):
+            gpu = [node for node in load_nodes(state) if node.gpus]
+            params = validate(
+                {
+                    "cluster": f"bench-{n}",
+                    "target": "simulated",
+                    "talos_version": TALOS,
+                    "track": "lts",
+                    "nodes": [{"name": node.name, "address": node.address} for node in gpu],
+                },
+                source="bench_fleet",
+            )
+            yield Fleet(state, sim_paths(state), params, [node.address for node in gpu])
 
 
 def paired(
@@ -215,24 +246,33 @@ def patch_loop(f: Fleet, nodes: Sequence[str], patch_file: Path) -> int:
 # ---------------------------------------------------------------------------------------------- runs
 
 
-def simulator_startup() -> Timing:
-    """One simulated talosctl process that contacts no node: interpreter + imports + config parsing."""
+def simulator_startup(*, plain: bool = False) -> Timing:
+    """One simulated talosctl call that contacts no node: the per-call cost of the simulator itself.
+
+    Served (default): ``simtool`` hands the call to the tool server, which forks a warm process, as in
+    every fleet measured here.  ``plain``: a fresh Python interpreter per call (no tool server), shown
+    for comparison.
+    """
     with tempfile.TemporaryDirectory(prefix="bench-startup-") as tmp:
         state = Path(tmp)
         cluster.create(state, cluster.ClusterSpec(workers=1, talos_version=TALOS))
-        paths = sim_paths(state)
-        argv = [
-            str(paths.bin_dir / "talosctl"),
-            "--talosconfig",
-            str(paths.talosconfig),
-            "version",
-            "--client",
-        ]
+        with tool_server(state):
+            paths = sim_paths(state)
+            argv = [
+                str(paths.bin_dir / "talosctl"),
+                "--talosconfig",
+                str(paths.talosconfig),
+                "version",
+                "--client",
+            ]
+            env = {**os.environ, "RUNBOOK_SIM_TOOLSERVER": "0"} if plain else None
 
-        def once() -> Timing:
-            return timed(lambda: subprocess.run(argv, capture_output=True, check=True).returncode + 1)
+            def once() -> Timing:
+                return timed(
+                    lambda: subprocess.run(argv, capture_output=True, check=True, env=env).returncode + 1
+                )
 
-        return median_of(7, once)
+            return median_of(7, once)
 
 
 @dataclass
@@ -551,11 +591,17 @@ def main(argv: Sequence[str]) -> int:
     rows: list[tuple[str, str, str, str]] = []
 
     startup = simulator_startup()
+    plain = simulator_startup(plain=True)
     results["sim_startup_ms"] = round(startup.wall_s * 1000, 1)
     results["sim_startup_cpu_ms"] = round(startup.sim_cpu_s * 1000, 1)
+    results["sim_startup_plain_ms"] = round(plain.wall_s * 1000, 1)
+    results["sim_startup_plain_cpu_ms"] = round(plain.sim_cpu_s * 1000, 1)
+    results["sim_tool_server"] = toolserver.client_binary() is not None
     print(
         f"simulated talosctl start-up (no node contacted): {startup.wall_s * 1000:.0f} ms wall, "
-        f"{startup.sim_cpu_s * 1000:.0f} ms CPU per process (a real talosctl is a Go binary)",
+        f"{startup.sim_cpu_s * 1000:.0f} ms CPU per call through the tool server; "
+        f"{plain.wall_s * 1000:.0f} ms wall, {plain.sim_cpu_s * 1000:.0f} ms CPU as a plain Python process "
+        "(a real talosctl is a Go binary)",
         flush=True,
     )
 
