@@ -8,7 +8,9 @@ to bring one up, so it hands the runner a start/stop pair.
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
+import gc
 import json
 import signal
 import sys
@@ -150,6 +152,11 @@ def _terminate(signum: int, _frame: object) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _terminate)
+    # At exit, the interpreter's last garbage collection walks every object the run left (the notebook
+    # tooling, the Kubernetes client): ~0.15 s of every `runbook run`.  Freezing them first skips that walk;
+    # the process ends right after, and nothing of the record is left to write by then (it is sealed, and
+    # atexit handlers registered before this one, such as temporary-directory clean-up, still run).
+    atexit.register(gc.freeze)
     steps = [s.strip() for s in args.steps.split(",") if s.strip()] if args.steps else None
     params_file: str | None = args.params
     resume_values: dict[str, Any] | None = None

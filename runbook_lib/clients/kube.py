@@ -8,6 +8,7 @@ against the simulated API server and a real cluster.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -46,16 +47,36 @@ def _api_error(exc: ApiException, what: str) -> PermanentError | RetryableError:
 
 
 class Kube:
-    """Kubernetes operations the runbook needs, journalled, with dry-run support on writes."""
+    """Kubernetes operations the runbook needs, journalled, with dry-run support on writes.
+
+    The API groups are built on first use: the 37.x client validates every API method with pydantic when
+    its module is imported, which costs ~0.5 s for ``CoreV1Api`` and ~0.4 s for ``AppsV1Api`` (measured
+    for issue 8).  A version check or a RuntimeClass read then pays only for the groups it calls.
+    """
 
     def __init__(self, api_client: client.ApiClient, journal: Journal | None = None) -> None:
         self.api = api_client
-        self.core = client.CoreV1Api(api_client)
-        self.apps = client.AppsV1Api(api_client)
-        self.node_api = client.NodeV1Api(api_client)
-        self.version_api = client.VersionApi(api_client)
-        self.custom = client.CustomObjectsApi(api_client)
         self.journal = journal if journal is not None else Journal()
+
+    @functools.cached_property
+    def core(self) -> client.CoreV1Api:
+        return client.CoreV1Api(self.api)
+
+    @functools.cached_property
+    def apps(self) -> client.AppsV1Api:
+        return client.AppsV1Api(self.api)
+
+    @functools.cached_property
+    def node_api(self) -> client.NodeV1Api:
+        return client.NodeV1Api(self.api)
+
+    @functools.cached_property
+    def version_api(self) -> client.VersionApi:
+        return client.VersionApi(self.api)
+
+    @functools.cached_property
+    def custom(self) -> client.CustomObjectsApi:
+        return client.CustomObjectsApi(self.api)
 
     @classmethod
     def from_kubeconfig(cls, path: str | None, journal: Journal | None = None) -> Kube:

@@ -14,6 +14,7 @@ cluster without those changes and report failures that the plan already explains
 from __future__ import annotations
 
 import contextlib
+import importlib
 import importlib.metadata
 import json
 import os
@@ -21,23 +22,23 @@ import platform
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import nbformat
+import nbformat  # papermill imports it anyway
 import papermill
 import yaml
 from jupyter_client.manager import KernelManager
-from nbconvert import HTMLExporter
 from tqdm import tqdm
 
 from runbook_lib.clients.proc import Journal
 from runbook_lib.errors import PermanentError, RunbookError
 from runbook_lib.model.params import Params, load_params
 from runbook_lib.model.plan import build_plan
-from runbook_lib.steps.context import connect, resolve_endpoints
+from runbook_lib.steps.context import Context, connect, resolve_endpoints
 
 from . import records
 from .steps import RESULT_FILE_ENV, STEP_NAMES, STEPS, StepSpec
@@ -139,16 +140,110 @@ def _no_cluster(_params: Params) -> AbstractContextManager[Mapping[str, str]]:
     return contextlib.nullcontext({})
 
 
+class _Background:
+    """Work for the record that need not hold up the next notebook, on worker threads.
+
+    Why: ``runbook run`` is bound by fixed costs per notebook, not by the cluster (benchmarks/README.md, the
+    8-node run).  Stopping a finished kernel waits ~0.1 s for the process to go; nbconvert's import and
+    templates cost ~0.7 s and each export some more.  Done in line, both added to every run's wall time;
+    here they overlap the next kernel's start-up and the steps, which mostly wait on other processes.
+
+    Everything submitted is finished by :meth:`wait`, which the runner calls before it seals the record, so
+    the record holds exactly what it held when this work was done in line.  One thread per kind of work:
+    HTML copies are made in step order by one reused exporter (its templates are loaded once).
+    """
+
+    def __init__(self) -> None:
+        self._kernels = ThreadPoolExecutor(max_workers=1, thread_name_prefix="runbook-kernel-stop")
+        self._html = ThreadPoolExecutor(max_workers=1, thread_name_prefix="runbook-html")
+        self._jobs: list[Future[None]] = []
+        self._exporter: Any = None
+
+    def early(self, read: Callable[[], dict[str, Any] | None]) -> Future[dict[str, Any] | None]:
+        """Start a read-only call that the end of the run needs, on the kernel-stop thread (idle until the
+        first notebook ends)."""
+        return self._kernels.submit(read)
+
+    @staticmethod
+    def result_or_none(job: Future[dict[str, Any] | None]) -> dict[str, Any] | None:
+        """The early call's result, or None when it raised (the caller then makes the call itself)."""
+        try:
+            return job.result()
+        except Exception:  # any failure: read it again the ordinary way, which reports it as before
+            return None
+
+    def preload(self, load: Callable[[], None]) -> None:
+        """Warm an import on the kernel-stop thread (idle until the first notebook ends); never fails."""
+
+        def guarded() -> None:
+            with contextlib.suppress(Exception):  # the real import later reports any problem
+                load()
+
+        self._kernels.submit(guarded)
+
+    def stop_kernel(self, stop: Callable[[], None]) -> None:
+        self._jobs.append(self._kernels.submit(stop))
+
+    def export_html(self, record: Path, notebook: str) -> None:
+        self._jobs.append(self._html.submit(self._export, record, notebook))
+
+    def _export(self, record: Path, name: str) -> None:
+        path = record / name
+        if not path.exists():
+            return
+        if self._exporter is None:
+            # Imported here, on the worker: nbconvert (~0.2 s) is not needed before the first notebook ran.
+            from nbconvert import HTMLExporter  # noqa: PLC0415 - lazy (run start-up)
+
+            self._exporter = HTMLExporter()  # type: ignore[no-untyped-call]
+        notebook = nbformat.read(path, as_version=4)  # type: ignore[no-untyped-call]
+        body, _ = self._exporter.from_notebook_node(notebook)
+        (record / "html" / (Path(name).stem + ".html")).write_text(body, encoding="utf-8")
+
+    def wait(self) -> None:
+        """Finish everything submitted; the first failure is raised (the record is then not sealed).
+
+        Safe to call again: the runner calls it before sealing and, on the way out, after any error.
+        """
+        jobs, self._jobs = self._jobs, []
+        try:
+            for job in jobs:
+                job.result()
+        finally:
+            self._kernels.shutdown(wait=True)
+            self._html.shutdown(wait=True)
+
+
+def _stop_kernel(km: KernelManager, sockets: tempfile.TemporaryDirectory[str]) -> None:
+    try:
+        if km.has_kernel:  # nbclient leaves a kernel it did not start running
+            km.shutdown_kernel(now=True)
+    finally:
+        sockets.cleanup()
+
+
 def _execute(
-    item: StepSpec, *, record: Path, params_path: Path, apply: bool, notebooks: Path, results: Path
+    item: StepSpec,
+    *,
+    record: Path,
+    params_path: Path,
+    apply: bool,
+    notebooks: Path,
+    results: Path,
+    background: _Background | None = None,
 ) -> StepOutcome:
+    """Execute one step notebook into the record.
+
+    The kernel is stopped on ``background`` when given: its result file is complete once papermill returns.
+    """
     result_file = results / f"{item.name}.json"
     out_nb = record / item.notebook
     started = time.monotonic()
     error: dict[str, Any] | None = None
-    with _environment({RESULT_FILE_ENV: str(result_file)}), tempfile.TemporaryDirectory() as sockets:
-        # IPC sockets in a private directory: the kernel (cluster data, outputs) is not reachable over TCP.
-        km = KernelManager(kernel_name=KERNEL, transport="ipc", ip=str(Path(sockets) / "kernel"))
+    # IPC sockets in a private directory: the kernel (cluster data, outputs) is not reachable over TCP.
+    sockets = tempfile.TemporaryDirectory()
+    km = KernelManager(kernel_name=KERNEL, transport="ipc", ip=str(Path(sockets.name) / "kernel"))
+    with _environment({RESULT_FILE_ENV: str(result_file)}):
         try:
             papermill.execute_notebook(
                 str(notebooks / item.notebook),
@@ -172,8 +267,10 @@ def _execute(
         except Exception as exc:  # a dead kernel, a missing notebook: the record must still be written
             error = {"ename": type(exc).__name__, "evalue": str(exc), "notebook": item.notebook}
         finally:
-            if km.has_kernel:  # nbclient leaves a kernel it did not start running
-                km.shutdown_kernel(now=True)
+            if background is None:
+                _stop_kernel(km, sockets)
+            else:
+                background.stop_kernel(lambda: _stop_kernel(km, sockets))
     outcome = StepOutcome(item.name, item.notebook, "failed", time.monotonic() - started, error=error)
     if result_file.exists():
         data = json.loads(result_file.read_text(encoding="utf-8"))
@@ -189,18 +286,6 @@ def _execute(
     return outcome
 
 
-def _html(record: Path, notebooks: list[str]) -> None:
-    exporter = HTMLExporter()  # type: ignore[no-untyped-call]
-    html_dir = record / "html"
-    html_dir.mkdir(exist_ok=True)
-    for name in notebooks:
-        path = record / name
-        if not path.exists():
-            continue
-        body, _ = exporter.from_notebook_node(nbformat.read(path, as_version=4))  # type: ignore[no-untyped-call]
-        (html_dir / (Path(name).stem + ".html")).write_text(body, encoding="utf-8")
-
-
 def _package_versions() -> dict[str, str]:
     out = {"python": platform.python_version()}
     for pkg in ("talos-gpu-runbooks", "papermill", "nbclient", "ipykernel", "kubernetes"):
@@ -209,34 +294,80 @@ def _package_versions() -> dict[str, str]:
     return out
 
 
-def collect_versions(params: Params) -> dict[str, Any]:
-    """Tool and cluster versions, read-only; a failure to read one is recorded, never fatal."""
-    versions: dict[str, Any] = {"packages": _package_versions()}
+def _talos_versions(ctx: Context, addresses: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
     try:
-        ctx = connect(params, journal=Journal())
-    except RunbookError as exc:
-        versions["error"] = exc.message
-        return versions
-    try:
-        client, servers, errors = ctx.talosctl.version([n.address for n in params.nodes])
-        versions["talosctl"] = client
+        client, servers, errors = ctx.talosctl.version(addresses)
+        out["talosctl"] = client
         counts: dict[str, int] = {}
         for version in servers.values():
             counts[version] = counts.get(version, 0) + 1
-        versions["talos_nodes"] = counts
+        out["talos_nodes"] = counts
         if errors:
-            versions["talos_unreachable"] = sorted(errors)
+            out["talos_unreachable"] = sorted(errors)
     except RunbookError as exc:
-        versions["talosctl_error"] = exc.message
+        out["talosctl_error"] = exc.message
+    return out
+
+
+def _helm_version(ctx: Context) -> dict[str, Any]:
     try:
-        versions["helm"] = ctx.helm.version()
+        return {"helm": ctx.helm.version()}
     except RunbookError as exc:
-        versions["helm_error"] = exc.message
+        return {"helm_error": exc.message}
+
+
+def _kubernetes_version(ctx: Context) -> dict[str, Any]:
     try:
-        versions["kubernetes_server"] = ctx.kube.server_version()
+        return {"kubernetes_server": ctx.kube.server_version()}
     except (RunbookError, OSError) as exc:
-        versions["kubernetes_error"] = str(exc).splitlines()[0]
+        return {"kubernetes_error": str(exc).splitlines()[0]}
+
+
+def collect_versions(params: Params, *, helm: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Tool and cluster versions, read-only; a failure to read one is recorded, never fatal.
+
+    The reads (talosctl, helm, the Kubernetes API) are independent, so they run at the same time: one after
+    the other they were three round trips plus the Kubernetes client's import in a row at the end of every
+    run.  ``helm`` is the helm part read earlier (:func:`early_helm_version`): it is the local client's
+    version, which a run does not change.  The result has the same keys in the same order either way.
+    """
+    try:
+        ctx = connect(params, journal=Journal())
+    except RunbookError as exc:
+        return {"packages": _package_versions(), "error": exc.message}
+    addresses = [n.address for n in params.nodes]
+    with ThreadPoolExecutor(max_workers=3, thread_name_prefix="runbook-versions") as pool:
+        talos = pool.submit(_talos_versions, ctx, addresses)
+        helm_part = pool.submit(_helm_version, ctx) if helm is None else None
+        kubernetes = pool.submit(_kubernetes_version, ctx)
+        versions: dict[str, Any] = {"packages": _package_versions()}  # while the tools answer
+        versions.update(talos.result())
+        versions.update(helm_part.result() if helm_part is not None else helm or {})
+        versions.update(kubernetes.result())
     return versions
+
+
+def early_helm_version(params: Params) -> dict[str, Any] | None:
+    """The helm client's version, read while the first notebook runs; None when it cannot be read here.
+
+    Why early: the simulated helm is a Python process (~0.35 s), and read at the end it was the longest of
+    the version reads, in line after the last step.  None makes :func:`collect_versions` read it itself,
+    so a failure is still recorded exactly as before.
+    """
+    try:
+        ctx = connect(params, journal=Journal())
+    except RunbookError:
+        return None
+    return _helm_version(ctx)
+
+
+def _preload_kubernetes_client() -> None:
+    """Import the Kubernetes client while the first notebook runs; :func:`collect_versions` needs it.
+
+    Only the import (~0.4 s of CPU) moves earlier; nothing is contacted until the versions are read.
+    """
+    importlib.import_module("runbook_lib.clients.kube")
 
 
 def config_paths(talosconfig: str | None, kubeconfig: str | None) -> list[str]:
@@ -391,7 +522,12 @@ def run(
     secrets: list[str] = []
     interrupted: BaseException | None = None
     hook = cluster if (cluster is not None and params.target == "simulated") else _no_cluster
-    with hook(params) as env, _environment(dict(env)):
+    background = _Background()
+    with contextlib.ExitStack() as stack:
+        # Whatever happens, no worker thread outlives the run (an early failure leaves nothing to wait for).
+        stack.callback(background.wait)
+        env = stack.enter_context(hook(params))
+        stack.enter_context(_environment(dict(env)))
         # Created only once the cluster is up: a cluster that cannot start leaves no half record behind.
         record = records.create_record_dir(root, params.cluster)
         results = record / "results"
@@ -405,6 +541,10 @@ def run(
         with contextlib.suppress(RunbookError):
             endpoints = resolve_endpoints(params)
             secrets = records.secret_values(*config_paths(endpoints.talosconfig, endpoints.kubeconfig))
+        if html:
+            (record / "html").mkdir()
+        helm_version = background.early(lambda: early_helm_version(params))
+        background.preload(_preload_kubernetes_client)
         bar = tqdm(total=len(selected), unit="step", disable=not progress, desc="runbook")
         for index, item in enumerate(selected):
             bar.set_description(item.name)
@@ -416,12 +556,15 @@ def run(
                     apply=params.apply,
                     notebooks=notebooks,
                     results=results,
+                    background=background,
                 )
             except (KeyboardInterrupt, SystemExit) as exc:  # Ctrl-C or SIGTERM: seal what happened
                 interrupted = exc
                 error = {"ename": "Interrupted", "evalue": f"the run was interrupted ({type(exc).__name__})"}
                 outcome = StepOutcome(item.name, item.notebook, "failed", error=error)
             outcomes.append(outcome)
+            if html:
+                background.export_html(record, outcome.notebook)
             bar.update(1)
             if outcome.status == "failed":
                 failed_step = item.name
@@ -438,10 +581,11 @@ def run(
                     ]
                 break
         bar.close()
-        if interrupted is None:
-            versions = collect_versions(params)
-    if html:
-        _html(record, [o.notebook for o in outcomes if o.status != "skipped"])
+        try:
+            if interrupted is None:
+                versions = collect_versions(params, helm=background.result_or_none(helm_version))
+        finally:
+            background.wait()  # HTML copies written, kernels stopped: before the cluster goes and the seal
     changes = [_journal_record(o.name, e) for o in outcomes for e in o.journal if e.get("changes_cluster")]
     commands = abbreviate_node_lists(
         fold_commands([_journal_record(o.name, e) for o in outcomes for e in o.journal])

@@ -19,9 +19,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from html import escape
 from pathlib import Path
-from typing import Any
-
-from IPython import get_ipython
+from typing import TYPE_CHECKING, Any
 
 from runbook_lib.clients.proc import Journal
 from runbook_lib.errors import ParameterProblem, ParametersInvalid, PermanentError
@@ -30,8 +28,10 @@ from runbook_lib.model.plan import build_plan
 from runbook_lib.steps.context import Context, connect
 from runbook_lib.steps.results import StepResult
 
-from .gates import ApprovalGate, Progress, gated
 from .render import failure_text, render_html, show_html
+
+if TYPE_CHECKING:  # imported when a step changes the cluster: see run_step
+    from .gates import ApprovalGate, Progress
 
 #: Set by ``runbook run``: where this step's result, plan and journal go (JSON), for the change record.
 RESULT_FILE_ENV = "RUNBOOK_RESULT_FILE"
@@ -132,6 +132,9 @@ def check_notebook_parameters(names: Iterable[str], declared: Sequence[str] = NO
 
 
 def _kernel_history() -> list[str]:
+    # Imported here: in a kernel IPython is loaded already, and ``runbook run`` need not load it.
+    from IPython import get_ipython  # noqa: PLC0415 - lazy (CLI start-up)
+
     shell = get_ipython()
     if shell is None:
         return []
@@ -199,6 +202,9 @@ def run_step(
     plan: StepResult | None = None
 
     if item.changes_cluster:
+        # Only the gated steps import the gate (and ipywidgets, ~0.08 s): every step notebook pays its
+        # imports in a fresh kernel, so a read-only step should not pay for widgets it never shows.
+        from .gates import gated  # noqa: PLC0415 - lazy (kernel start-up)
 
         def plan_fn(chosen: list[str] | None) -> StepResult:
             return _call(fn, ctx, only=chosen, apply=False)

@@ -12,14 +12,17 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from runbook_lib.clients.helm import Helm
-from runbook_lib.clients.kube import Kube
 from runbook_lib.clients.proc import Journal, Runner
 from runbook_lib.clients.talosctl import Talosctl
 from runbook_lib.errors import PermanentError
 from runbook_lib.model.params import Node, Params
 from runbook_lib.model.plan import Plan, build_plan
+
+if TYPE_CHECKING:  # imported on first use: see Context.kube
+    from runbook_lib.clients.kube import Kube
 
 #: Where the simulator keeps its state unless told otherwise (kept in step with ``runbook sim``).
 SIM_STATE_ENV = "RUNBOOK_SIM_STATE"
@@ -90,8 +93,14 @@ class Context:
 
     @property
     def kube(self) -> Kube:
-        """Connected on first use: preflight and patch steps need no Kubernetes API."""
+        """Connected on first use: the image, patch and verify steps need no Kubernetes API.
+
+        The Kubernetes client is also *imported* only here: it costs ~0.4 s per process, which every step
+        notebook's kernel (and ``runbook run`` itself) would otherwise pay at ``import`` time.
+        """
         if self._kube is None:
+            from runbook_lib.clients.kube import Kube  # noqa: PLC0415 - lazy (kernel start-up)
+
             self._kube = Kube.from_kubeconfig(self.endpoints.kubeconfig, self.journal)
         return self._kube
 

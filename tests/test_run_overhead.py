@@ -1,0 +1,73 @@
+"""The fixed costs of ``runbook run`` stay out of the places every run pays them (issue 8, the 8-node run).
+
+Each step notebook starts a fresh kernel that imports the step code, and ``runbook run`` itself starts a
+Python process: an import added to either is paid once per notebook or once per run.  These tests pin
+what must stay lazy, and that work moved to worker threads still finishes, or fails, before the seal.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from runbook_lib.clients.kube import Kube
+from runbook_lib.notebook import runner
+
+HEAVY = ("kubernetes", "nbconvert", "IPython", "ipywidgets")
+
+
+def _loaded_after(statement: str) -> dict[str, bool]:
+    code = f"import json, sys\n{statement}\nprint(json.dumps({{m: m in sys.modules for m in {HEAVY!r}}}))"
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    loaded: dict[str, bool] = json.loads(out.stdout)
+    return loaded
+
+
+def test_the_cli_starts_without_the_kubernetes_client_nbconvert_or_ipython():
+    assert _loaded_after("import runbook_lib.cli") == dict.fromkeys(HEAVY, False)
+
+
+def test_a_kernel_imports_no_kubernetes_client_or_widgets_for_the_step_code():
+    loaded = _loaded_after(
+        "import runbook_lib.notebook.steps, runbook_lib.steps.verify, runbook_lib.steps.patch"
+    )
+    assert not loaded["kubernetes"] and not loaded["ipywidgets"]
+
+
+def test_kube_builds_only_the_api_groups_it_calls():
+    kube = Kube(client.ApiClient())
+    assert not {"core", "apps", "node_api", "version_api", "custom"} & set(vars(kube))
+    assert kube.version_api is kube.version_api  # built once, on first use
+    assert not {"core", "apps", "node_api", "custom"} & set(vars(kube))
+
+
+def test_background_work_is_finished_by_wait_and_a_failure_is_raised_once(tmp_path: Path):
+    background = runner._Background()
+    done: list[str] = []
+    background.stop_kernel(lambda: done.append("kernel"))
+
+    def broken() -> None:
+        raise OSError("disk full")
+
+    background.stop_kernel(broken)
+    with pytest.raises(OSError, match="disk full"):
+        background.wait()
+    assert done == ["kernel"]
+    background.wait()  # the runner calls it again on the way out: nothing left, nothing raised
+
+
+def test_an_early_read_that_failed_is_read_again(tmp_path: Path):
+    background = runner._Background()
+
+    def failing() -> dict[str, str] | None:
+        raise RuntimeError("no helm")
+
+    job = background.early(failing)
+    assert background.result_or_none(job) is None
+    assert background.result_or_none(background.early(lambda: {"helm": "v3"})) == {"helm": "v3"}
+    background.wait()
