@@ -4,6 +4,7 @@ through `runbook run` (healthy, fault scenarios, plan-only default, resume), wit
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,25 @@ def assert_no_secrets(env: dict[str, Path]) -> None:
             assert not leaked, f"{file} contains secret material {leaked}"
 
 
+def kernel_children() -> list[int]:
+    """Kernels this test process (``runbook run`` in-process) still has running."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == os.getpid() and b"ipykernel" in cmdline:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def code_execution_counts(notebook: Path) -> list[int | None]:
+    nb = nbformat.read(notebook, as_version=4)
+    return [c.get("execution_count") for c in nb.cells if c.cell_type == "code"]
+
+
 @pytest.mark.slow
 def test_healthy_cluster_end_to_end_then_a_second_run_changes_nothing(
     sim_env: dict[str, Path], capsys: pytest.CaptureFixture[str]
@@ -110,6 +130,10 @@ def test_healthy_cluster_end_to_end_then_a_second_run_changes_nothing(
         assert (record_dir / step.notebook).exists() and (
             record_dir / "html" / f"{Path(step.notebook).stem}.html"
         ).exists()
+        # kernels are started and warmed ahead of their step: the warm-up leaves no trace in the notebook
+        counts = code_execution_counts(record_dir / step.notebook)
+        assert counts == list(range(1, len(counts) + 1)), (step.notebook, counts)
+    assert kernel_children() == []
 
     assert run(sim_env, "-p", PARAMS, "--apply") == 0
     second = latest(sim_env)
@@ -135,6 +159,8 @@ def test_default_run_only_plans_and_changes_nothing(sim_env: dict[str, Path]) ->
     statuses = {s["name"]: s["status"] for s in plan["steps"]}
     assert statuses["image"] == "planned" and statuses["verify"] == "skipped"
     assert "run with --apply" in str(plan["note"])
+    # kernels started ahead for the steps that did not run are stopped too
+    assert kernel_children() == []
     # the cluster is as it was: the image is still planned on every node
     assert run(sim_env, "-p", PARAMS, "--steps", "image") == 0
     again = latest(sim_env)

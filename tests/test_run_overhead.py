@@ -17,6 +17,7 @@ from kubernetes import client
 
 from runbook_lib.clients.kube import Kube
 from runbook_lib.notebook import runner
+from runbook_lib.notebook.steps import STEPS, StepSpec
 
 HEAVY = ("kubernetes", "nbconvert", "IPython", "ipywidgets")
 
@@ -71,3 +72,14 @@ def test_an_early_read_that_failed_is_read_again(tmp_path: Path):
     assert background.result_or_none(job) is None
     assert background.result_or_none(background.early(lambda: {"helm": "v3"})) == {"helm": "v3"}
     background.wait()
+
+
+@pytest.mark.parametrize("step", STEPS, ids=[s.name for s in STEPS])
+def test_kernel_warm_up_imports_the_step_code_and_leaves_no_names(step: StepSpec) -> None:
+    """A pre-started kernel runs this before its notebook: the notebook must find its namespace untouched."""
+    namespace: dict[str, object] = {}
+    exec(runner.warm_code(step), namespace)  # the code the runner sends to a kernel
+    assert set(namespace) == {"__builtins__"}
+    assert f"runbook_lib.steps.{step.module}" in sys.modules
+    if step.uses_kubernetes:
+        assert "kubernetes.client.api.core_v1_api" in sys.modules

@@ -87,6 +87,10 @@ def test_cuda_test_passes_on_ready_nodes_and_cleans_up(tmp_path):
         assert "NVIDIA L4" in node.checks[0].message
         run_id = result.data["run_id"]
         assert ctx.kube.pods(TEST_NAMESPACE, f"{RUN_LABEL}={run_id}") == []
+        # the record shows how long the cluster took to run the pods, apart from the runbook's own time
+        waits = [e for e in ctx.journal.entries if e.summary.startswith("wait:") and run_id in e.summary]
+        assert len(waits) == 1 and "until every test pod finished" in waits[0].summary
+        assert "not reached" not in waits[0].summary and waits[0].duration_s > 0
         again = cuda_test(ctx)
         assert again.data["run_id"] != run_id and again.ok
 

@@ -262,18 +262,39 @@ class Kube:
         done: Callable[[Obj], bool],
         *,
         timeout: float,
+        until: str = "done",
         **kwargs: Any,
     ) -> Obj | None:
         """Watch a list endpoint until ``done(object)`` or the timeout; returns the last object seen.
 
-        Re-establishes the watch when the server closes it early (watches drop on real clusters too).
+        Re-establishes the watch when the server closes it early (watches drop on real clusters too).  The
+        wait goes to the journal with its duration and whether it ended in time (``until`` says what it
+        waited for): a record then shows how long the cluster took, apart from the runbook's own time.
         """
-        deadline = time.monotonic() + timeout
+        started = time.monotonic()
+        reached = False
+        try:
+            last, reached = self._watch(list_fn, done, started + timeout, **kwargs)
+            return last
+        finally:
+            selector = kwargs.get("label_selector")
+            where = f" {selector}" if selector else ""
+            verdict = "" if reached else " (not reached: timed out or failed)"
+            self.journal.record_api(
+                f"wait: {list_fn.__name__}{where} until {until}{verdict}",
+                changes_cluster=False,
+                duration_s=time.monotonic() - started,
+            )
+
+    def _watch(
+        self, list_fn: Callable[..., Any], done: Callable[[Obj], bool], deadline: float, **kwargs: Any
+    ) -> tuple[Obj | None, bool]:
+        """The last object seen, and whether ``done`` said so before the deadline."""
         last: Obj | None = None
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                return last
+                return last, False
             stream = watch.Watch()  # type: ignore[no-untyped-call]
             try:
                 for event in self._events(stream, list_fn, max(1, int(remaining)), **kwargs):
@@ -281,10 +302,10 @@ class Kube:
                     last = obj
                     if done(obj):
                         stream.stop()  # type: ignore[no-untyped-call]
-                        return obj
+                        return obj, True
                     if time.monotonic() >= deadline:
                         stream.stop()  # type: ignore[no-untyped-call]
-                        return last
+                        return last, False
             except ApiException as exc:
                 if exc.status == 410:  # resourceVersion too old: start over from the current state
                     continue

@@ -118,13 +118,16 @@ class Journal:
             )
         )
 
-    def record_api(self, summary: str, *, diff: str | None = None, changes_cluster: bool = True) -> None:
+    def record_api(
+        self, summary: str, *, diff: str | None = None, changes_cluster: bool = True, duration_s: float = 0.0
+    ) -> None:
         self.add(
             JournalEntry(
                 kind="api",
                 summary=summary,
                 changes_cluster=changes_cluster,
                 diff=redact(diff) if diff else diff,
+                duration_s=round(duration_s, 3),
             )
         )
 

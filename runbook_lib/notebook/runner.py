@@ -46,6 +46,8 @@ from .steps import RESULT_FILE_ENV, STEP_NAMES, STEPS, StepSpec
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = REPO / "notebooks"
 KERNEL = "python3"
+#: How many steps ahead ``runbook run`` starts kernels (see prestart_kernel); each holds ~100 MB.
+PRESTART_AHEAD = 2
 #: Seconds a single notebook cell may run (a whole-fleet rollout is one cell).
 CELL_TIMEOUT = 6 * 3600
 
@@ -156,6 +158,10 @@ class _Background:
     def __init__(self) -> None:
         self._kernels = ThreadPoolExecutor(max_workers=1, thread_name_prefix="runbook-kernel-stop")
         self._html = ThreadPoolExecutor(max_workers=1, thread_name_prefix="runbook-html")
+        self._starts = ThreadPoolExecutor(
+            max_workers=PRESTART_AHEAD, thread_name_prefix="runbook-kernel-start"
+        )
+        self._pending: list[Future[_Kernel]] = []
         self._jobs: list[Future[None]] = []
         self._exporter: Any = None
 
@@ -184,6 +190,21 @@ class _Background:
     def stop_kernel(self, stop: Callable[[], None]) -> None:
         self._jobs.append(self._kernels.submit(stop))
 
+    def prestart(self, start: Callable[[], _Kernel]) -> Future[_Kernel]:
+        """Start the next step's kernel on its own thread; :meth:`take` hands it over."""
+        job = self._starts.submit(start)
+        self._pending.append(job)
+        return job
+
+    def take(self, job: Future[_Kernel]) -> _Kernel | None:
+        """The pre-started kernel, or None when it could not start (the step then starts its own, which
+        reports the problem in the record as before)."""
+        self._pending.remove(job)
+        try:
+            return job.result()
+        except Exception:
+            return None
+
     def export_html(self, record: Path, notebook: str) -> None:
         self._jobs.append(self._html.submit(self._export, record, notebook))
 
@@ -205,11 +226,16 @@ class _Background:
 
         Safe to call again: the runner calls it before sealing and, on the way out, after any error.
         """
+        unused, self._pending = self._pending, []
+        for pending in unused:  # a kernel started for a step that did not run (failure, plan only)
+            with contextlib.suppress(Exception):
+                self.stop_kernel(pending.result().stop)
         jobs, self._jobs = self._jobs, []
         try:
             for job in jobs:
                 job.result()
         finally:
+            self._starts.shutdown(wait=True)
             self._kernels.shutdown(wait=True)
             self._html.shutdown(wait=True)
 
@@ -222,6 +248,91 @@ def _stop_kernel(km: KernelManager, sockets: tempfile.TemporaryDirectory[str]) -
         sockets.cleanup()
 
 
+@dataclass
+class _Kernel:
+    """A started kernel for one step: its manager and the private directory of its IPC sockets."""
+
+    km: KernelManager
+    sockets: tempfile.TemporaryDirectory[str]
+
+    def stop(self) -> None:
+        _stop_kernel(self.km, self.sockets)
+
+
+def _new_kernel() -> _Kernel:
+    # IPC sockets in a private directory: the kernel (cluster data, outputs) is not reachable over TCP.
+    sockets = tempfile.TemporaryDirectory()
+    km = KernelManager(kernel_name=KERNEL, transport="ipc", ip=str(Path(sockets.name) / "kernel"))
+    return _Kernel(km, sockets)
+
+
+def warm_code(item: StepSpec) -> str:
+    """What a pre-started kernel imports before its notebook runs: the step code the notebook's first cell
+    imports, the approval gate for steps that change the cluster, and the Kubernetes client's API classes for
+    steps that call the API (the 37.x client builds validators for every method of a class on first use,
+    ~1 s for all five).  Inside a function, so the notebook's namespace stays as the notebook makes it."""
+    modules = ["runbook_lib.notebook.steps", f"runbook_lib.steps.{item.module}"]
+    if item.changes_cluster:
+        modules.append("runbook_lib.notebook.gates")
+    apis = (
+        ("CoreV1Api", "AppsV1Api", "NodeV1Api", "VersionApi", "CustomObjectsApi")
+        if item.uses_kubernetes
+        else ()
+    )
+    return (
+        "def _runbook_warm():\n"
+        "    import importlib\n"
+        f"    for name in {modules!r}:\n"
+        "        importlib.import_module(name)\n"
+        f"    if {list(apis)!r}:\n"
+        "        client = importlib.import_module('kubernetes.client')\n"
+        f"        for api in {list(apis)!r}:\n"
+        "            getattr(client, api)\n"
+        "try:\n"
+        "    _runbook_warm()\n"
+        "finally:\n"
+        "    del _runbook_warm\n"
+    )
+
+
+def prestart_kernel(
+    item: StepSpec, *, result_file: Path, notebooks: Path, warm_timeout: float = 120.0
+) -> _Kernel:
+    """Start the kernel of a later step and import its step code, while the current step runs.
+
+    Why: each notebook runs in a fresh kernel (a step's state never leaks into the next), and starting one
+    plus importing the step code costs ~1 s, ~2 s for steps that call the Kubernetes API (issue 8's 8-node
+    run).  Started during the previous notebook, that cost overlaps the cluster work instead of adding to it.
+    The kernel gets what papermill would give it: the notebooks directory as working directory, this
+    step's result file in its environment, an in-memory IPython history.  The warm-up runs silently and
+    outside the history, so the executed notebook (outputs, execution counts) is the same; an import error
+    here is ignored and surfaces, as before, when the notebook's own cell runs.
+    """
+    kernel = _new_kernel()
+    try:
+        kernel.km.start_kernel(
+            cwd=str(notebooks),
+            env={**os.environ, RESULT_FILE_ENV: str(result_file)},
+            extra_arguments=["--HistoryManager.hist_file=:memory:"],
+        )
+        kc = kernel.km.client()
+        kc.start_channels()
+        try:
+            kc.wait_for_ready(timeout=60)
+            msg_id = kc.execute(warm_code(item), silent=True, store_history=False)
+            deadline = time.monotonic() + warm_timeout
+            while time.monotonic() < deadline:
+                reply = kc.get_shell_msg(timeout=max(0.1, deadline - time.monotonic()))
+                if reply.get("parent_header", {}).get("msg_id") == msg_id:
+                    break
+        finally:
+            kc.stop_channels()
+    except BaseException:
+        kernel.stop()
+        raise
+    return kernel
+
+
 def _execute(
     item: StepSpec,
     *,
@@ -231,8 +342,9 @@ def _execute(
     notebooks: Path,
     results: Path,
     background: _Background | None = None,
+    kernel: _Kernel | None = None,
 ) -> StepOutcome:
-    """Execute one step notebook into the record.
+    """Execute one step notebook into the record, in ``kernel`` when one was pre-started for it.
 
     The kernel is stopped on ``background`` when given: its result file is complete once papermill returns.
     """
@@ -240,9 +352,9 @@ def _execute(
     out_nb = record / item.notebook
     started = time.monotonic()
     error: dict[str, Any] | None = None
-    # IPC sockets in a private directory: the kernel (cluster data, outputs) is not reachable over TCP.
-    sockets = tempfile.TemporaryDirectory()
-    km = KernelManager(kernel_name=KERNEL, transport="ipc", ip=str(Path(sockets.name) / "kernel"))
+    if kernel is None:
+        kernel = _new_kernel()
+    km = kernel.km
     with _environment({RESULT_FILE_ENV: str(result_file)}):
         try:
             papermill.execute_notebook(
@@ -268,9 +380,9 @@ def _execute(
             error = {"ename": type(exc).__name__, "evalue": str(exc), "notebook": item.notebook}
         finally:
             if background is None:
-                _stop_kernel(km, sockets)
+                kernel.stop()
             else:
-                background.stop_kernel(lambda: _stop_kernel(km, sockets))
+                background.stop_kernel(kernel.stop)
     outcome = StepOutcome(item.name, item.notebook, "failed", time.monotonic() - started, error=error)
     if result_file.exists():
         data = json.loads(result_file.read_text(encoding="utf-8"))
@@ -546,8 +658,20 @@ def run(
         helm_version = background.early(lambda: early_helm_version(params))
         background.preload(_preload_kubernetes_client)
         bar = tqdm(total=len(selected), unit="step", disable=not progress, desc="runbook")
+
+        def start_for(step: StepSpec) -> Future[_Kernel]:
+            return background.prestart(
+                lambda: prestart_kernel(step, result_file=results / f"{step.name}.json", notebooks=notebooks)
+            )
+
+        # Kernels are started PRESTART_AHEAD steps ahead: one start (~0.8 s of CPU) plus its warm-up can
+        # outlast a short step, and a second one in flight keeps the next step from waiting for it.
+        upcoming = [start_for(step) for step in selected[:PRESTART_AHEAD]]
         for index, item in enumerate(selected):
             bar.set_description(item.name)
+            kernel = background.take(upcoming.pop(0)) if upcoming else None
+            if index + PRESTART_AHEAD < len(selected):
+                upcoming.append(start_for(selected[index + PRESTART_AHEAD]))
             try:
                 outcome = _execute(
                     item,
@@ -557,6 +681,7 @@ def run(
                     notebooks=notebooks,
                     results=results,
                     background=background,
+                    kernel=kernel,
                 )
             except (KeyboardInterrupt, SystemExit) as exc:  # Ctrl-C or SIGTERM: seal what happened
                 interrupted = exc

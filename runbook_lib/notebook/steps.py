@@ -48,15 +48,19 @@ class StepSpec:
     title: str
     changes_cluster: bool
     """Runs behind the approval gate (plan first; apply only when approved)."""
+    uses_kubernetes: bool = False
+    """Talks to the Kubernetes API: ``runbook run`` warms the client's API classes in its kernel."""
 
 
 STEPS: tuple[StepSpec, ...] = (
-    StepSpec("preflight", "01-preflight.ipynb", "preflight", "preflight", "Preflight", False),
+    StepSpec("preflight", "01-preflight.ipynb", "preflight", "preflight", "Preflight", False, True),
     StepSpec("image", "02-image.ipynb", "image", "image_upgrade", "Image and upgrade", True),
     StepSpec("config-patch", "03-config-patch.ipynb", "patch", "config_patch", "Config patch", True),
     StepSpec("verify", "04-verify.ipynb", "verify", "verify", "Verification", False),
-    StepSpec("kubernetes", "05-kubernetes.ipynb", "kubernetes", "kubernetes_layer", "Kubernetes layer", True),
-    StepSpec("cuda-test", "06-cuda-test.ipynb", "cudatest", "cuda_test", "CUDA test", True),
+    StepSpec(
+        "kubernetes", "05-kubernetes.ipynb", "kubernetes", "kubernetes_layer", "Kubernetes layer", True, True
+    ),
+    StepSpec("cuda-test", "06-cuda-test.ipynb", "cudatest", "cuda_test", "CUDA test", True, True),
 )
 STEP_NAMES: tuple[str, ...] = tuple(s.name for s in STEPS)
 

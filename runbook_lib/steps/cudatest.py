@@ -179,6 +179,7 @@ def _wait(
         ctx.kube.core.list_namespaced_pod,
         finished,
         timeout=timeout,
+        until="every test pod finished",
         namespace=TEST_NAMESPACE,
         label_selector=f"{RUN_LABEL}={run_id}",
     )

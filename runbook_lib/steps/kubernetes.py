@@ -200,7 +200,12 @@ def _wait_for_gpus(ctx: Context, result: StepResult, gpu_nodes: list[Any], *, ti
         return ready >= names
 
     if timeout_s > 0 and not ready >= names:
-        ctx.kube.watch_until(ctx.kube.core.list_node, all_ready, timeout=timeout_s)
+        ctx.kube.watch_until(
+            ctx.kube.core.list_node,
+            all_ready,
+            timeout=timeout_s,
+            until="every GPU node Ready with nvidia.com/gpu",
+        )
     by_name = {n["metadata"]["name"]: n for n in ctx.kube.nodes()}
     for node in gpu_nodes:
         obj = by_name.get(node.name)
