@@ -25,11 +25,18 @@ def sim_cluster(
     workers: int = 2,
     scenario: str = "fresh",
     daemon: bool = True,
+    latency_ms: float = 0.0,
     **params: Any,
 ) -> Iterator[tuple[Params, Context]]:
-    """Create a simulated cluster, start its servers, and yield validated params + a connected context."""
+    """Create a simulated cluster, start its servers, and yield validated params + a connected context.
+
+    ``latency_ms`` is every node's simulated round trip per talosctl call (what makes serial calls visible).
+    """
     cluster.create(
-        state_dir, cluster.ClusterSpec(workers=workers, talos_version=talos_version, scenario=scenario)
+        state_dir,
+        cluster.ClusterSpec(
+            workers=workers, talos_version=talos_version, scenario=scenario, latency_ms=latency_ms
+        ),
     )
     if daemon:
         cluster.start_daemon(state_dir)

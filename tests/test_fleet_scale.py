@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 import yaml
 
-from runbook_lib.clients.talosctl import DRY_RUN_CHUNK, FanOut
+from runbook_lib.clients.talosctl import PATCH_CALLS, FanOut, patch_chunk_size
 from runbook_lib.sim.state import locked_node
 from runbook_lib.steps.patch import config_patch
 from runbook_lib.steps.verify import verify
 from tests.simcluster import sim_cluster
 
-WORKERS = 2 * DRY_RUN_CHUNK + 7  # three dry-run chunks, the last one short
+WORKERS = 2 * PATCH_CALLS + 7  # dry-run chunks of 3 nodes, the last one short
 
 
 @pytest.mark.slow
@@ -28,7 +28,9 @@ def test_dry_run_over_a_long_node_list_answers_for_every_node_in_a_few_calls(tmp
         dry_runs = [e for e in ctx.journal.entries if "--dry-run" in e.argv]
     assert result.counts() == {"planned": WORKERS}
     assert len(result.data["groups"]) == 1
-    assert len(dry_runs) == -(-WORKERS // DRY_RUN_CHUNK)
+    # concurrent chunk calls (talosctl patches the nodes of one call in a row), never more than 32 of them
+    assert len(dry_runs) <= PATCH_CALLS
+    assert all(len(e.argv[e.argv.index("-n") + 1].split(",")) <= patch_chunk_size(WORKERS) for e in dry_runs)
     covered = [node for e in dry_runs for node in e.argv[e.argv.index("-n") + 1].split(",")]
     assert sorted(covered) == sorted(n.address for n in ctx.params.nodes)
     # the merged dry-run output is the per-node summaries of every chunk, as a single call would print them
@@ -39,7 +41,7 @@ def test_dry_run_over_a_long_node_list_answers_for_every_node_in_a_few_calls(tmp
 @pytest.mark.slow
 def test_a_node_failing_its_dry_run_fails_the_group_as_one_call_would(tmp_path: Path) -> None:
     with sim_cluster(tmp_path, workers=WORKERS, scenario="extensions-no-patch", daemon=False) as (_p, ctx):
-        victim = ctx.params.nodes[DRY_RUN_CHUNK + 3]
+        victim = ctx.params.nodes[PATCH_CALLS + 3]
         read_configs = ctx.talosctl.get
 
         def read_then_lose_the_victim(resource: str, nodes: Sequence[str], **kw: Any) -> FanOut:

@@ -7,11 +7,21 @@ import pytest
 import yaml
 
 from runbook_lib.model.machineconfig import config_documents, duplicate_modules
-from runbook_lib.sim.state import load_node
+from runbook_lib.sim.state import load_node, locked_node
 from runbook_lib.steps.patch import config_patch, read_configs
 from tests.simcluster import sim_cluster
 
 MODULES = ["nvidia", "nvidia_uvm", "nvidia_drm", "nvidia_modeset"]
+
+
+def nodes_of(entry):
+    return entry.argv[entry.argv.index("-n") + 1].split(",")
+
+
+def overlap(entries):
+    """True when every journalled command was running at one common moment (entries are stamped at the end)."""
+    starts = [e.at - e.duration_s for e in entries]
+    return max(starts) < min(e.at for e in entries)
 
 
 def modules_of(ctx, node):
@@ -48,7 +58,9 @@ def test_apply_then_second_run_changes_nothing_and_never_duplicates(tmp_path):
             configs, _ = read_configs(ctx, [node])
             assert duplicate_modules(configs[node.address]) == []
         changes = ctx.journal.changes()
-        assert len(changes) == 1 and "--dry-run" not in changes[0].argv  # a batch of 2: one call
+        # a batch of 2: both nodes at once, one single-node call each (talosctl patches a -n list in a row)
+        assert sorted(nodes_of(c) for c in changes) == sorted([n.address] for n in params.nodes)
+        assert not any("--dry-run" in c.argv for c in changes)
 
 
 @pytest.mark.slow
@@ -116,3 +128,49 @@ def test_default_runtime_patch_applied_node_by_node_waits_for_each_reboot(tmp_pa
         versions = [e for e in ctx.journal.entries if "version" in e.argv]
         assert len(versions) >= 2, "after each rebooting batch the step waits for the node to answer"
         assert config_patch(ctx).counts() == {"unchanged": 2}
+
+
+@pytest.mark.slow
+def test_a_batch_of_eight_nodes_is_patched_at_once_not_node_after_node(tmp_path):
+    """Issue 8: talosctl patches the nodes of ``-n a,b,c`` one after the other, so one call over a batch of 8
+    paid 8 latencies; the batch's nodes (dry run and apply) now go in concurrent single-node calls."""
+    with sim_cluster(tmp_path, workers=8, daemon=False, apply=True, rollout_concurrency=8, latency_ms=50) as (
+        params,
+        ctx,
+    ):
+        result = config_patch(ctx)
+        patches = [e for e in ctx.journal.entries if "patch" in e.argv]
+    assert result.counts() == {"changed": 8}
+    dry_runs = [e for e in patches if "--dry-run" in e.argv]
+    applies = [e for e in patches if e.changes_cluster]
+    for calls in (dry_runs, applies):
+        assert sorted(nodes_of(e) for e in calls) == sorted([n.address] for n in params.nodes)
+        assert overlap(calls), "the batch's patch calls ran one after the other"
+    # every change is journalled with its full argv and the patch applied
+    assert all(e.diff and "nvidia_uvm" in e.diff for e in applies)
+
+
+@pytest.mark.slow
+def test_a_node_failing_its_patch_fails_alone_in_its_batch_and_stops_later_batches(tmp_path):
+    with sim_cluster(tmp_path, workers=4, daemon=False, apply=True, rollout_concurrency=2) as (params, ctx):
+        victim, sibling, *later = params.nodes
+        patch = ctx.talosctl.patch_machineconfigs
+
+        def lose_the_victim_before_applying(patches, *, dry_run, **kw):
+            if not dry_run:  # reachable for the read and the dry run, gone when the change is applied
+                with locked_node(tmp_path, victim.name) as node:
+                    node.faults["unreachable"] = "refused"
+            return patch(patches, dry_run=dry_run, **kw)
+
+        ctx.talosctl.patch_machineconfigs = lose_the_victim_before_applying
+        result = config_patch(ctx)
+        sibling_modules = modules_of(ctx, sibling)
+        changes = ctx.journal.changes()
+    failed = result.node(victim.name)
+    assert failed.status == "failed" and "patch failed" in failed.message and "refused" in failed.message
+    # the victim was first in its batch: its sibling was still attempted (and changed), not left behind
+    assert result.node(sibling.name).status == "changed" and sibling_modules == MODULES
+    for node in later:
+        res = result.node(node.name)
+        assert res.status == "skipped" and f"after {victim.name} failed" in res.message
+    assert sorted(nodes_of(c) for c in changes) == sorted([[victim.address], [sibling.address]])

@@ -5,17 +5,21 @@ Why fan-out is built in: a per-node loop over 1,000 nodes costs 1,000 round trip
 still printing the answers of the nodes that replied.  So every multi-node read here is one call per chunk
 of nodes (chunks run concurrently), and per-node errors are parsed out of stderr instead of failing the
 whole call.  ``read`` is the exception: talosctl refuses it for several nodes
-(``command "read" is not supported with multiple nodes``), so it runs per node, concurrently.
+(``command "read" is not supported with multiple nodes``), so it runs per node, concurrently.  ``patch``
+is the other: talosctl visits its nodes one after the other and stops at the first failure, so a patch
+runs as concurrent calls over small chunks (:meth:`Talosctl.patch_machineconfigs`), and per-node outcomes
+(patched, failed, never touched) are worked out per call (:class:`PatchCall`).
 """
 
 from __future__ import annotations
 
 import re
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from runbook_lib.errors import PermanentError
 from runbook_lib.model.parsers import TalosResource, parse_talosctl_get
@@ -24,9 +28,11 @@ from .proc import CommandResult, Runner, is_transient
 
 #: Nodes per talosctl call; keeps argv short and lets chunks run in parallel on very long node lists.
 DEFAULT_CHUNK = 250
-#: Nodes per ``patch --dry-run`` call when a long list is split (talosctl patches node after node).
-DRY_RUN_CHUNK = 50
+#: At most this many talosctl processes at once for per-node reads and patches (``Talosctl.parallel``).
+PATCH_CALLS = 32
 _MULTIERROR_HEAD = re.compile(r"^\d+ errors? occurred:$")
+_Job = TypeVar("_Job")
+_Out = TypeVar("_Out")
 
 
 @dataclass
@@ -42,6 +48,85 @@ class FanOut:
         for resource in self.resources:
             out.setdefault(resource.node or "", []).append(resource)
         return out
+
+
+@dataclass(frozen=True)
+class PatchCall:
+    """One ``talosctl patch mc`` process: the nodes it was given (in order) and what it did."""
+
+    nodes: tuple[str, ...]
+    result: CommandResult
+
+    def outcome(self) -> tuple[dict[str, str], dict[str, str]]:
+        """(failed node -> error, untouched node -> the node talosctl stopped at) for this call.
+
+        talosctl patches the nodes of one call in order and returns at the first error, so the nodes after
+        the failing one were never touched; the ones before it were patched.  Per-node errors come as
+        talosctl's multierror lines or as ``<node>: <error>``; an error naming no node of the call (a bad
+        flag, an unreadable patch file) failed before any node was touched, so it is every node's error.
+        """
+        if self.result.ok:
+            return {}, {}
+        failed = node_errors(self.result.stderr, self.nodes) or _prefixed_node_error(
+            self.result.stderr, self.nodes
+        )
+        if not failed:
+            message = self.result.stderr.strip() or f"exit {self.result.exit_code}"
+            return dict.fromkeys(self.nodes, message), {}
+        first = next(i for i, node in enumerate(self.nodes) if node in failed)
+        return failed, dict.fromkeys(
+            (node for node in self.nodes[first + 1 :] if node not in failed), self.nodes[first]
+        )
+
+
+@dataclass(frozen=True)
+class PatchResult:
+    """One logical patch over many nodes, run as concurrent :class:`PatchCall` chunks (see ``patch_machineconfigs``)."""
+
+    calls: tuple[PatchCall, ...]
+
+    @property
+    def ok(self) -> bool:
+        return all(call.result.ok for call in self.calls)
+
+    @property
+    def stderr(self) -> str:
+        """Every call's stderr in node order: what one call over all the nodes would have printed."""
+        return "".join(call.result.stderr for call in self.calls)
+
+    @property
+    def failure_text(self) -> str:
+        """The stderr of the calls that failed only (the others' dry-run summaries are not the reason)."""
+        return "".join(call.result.stderr for call in self.calls if not call.result.ok).strip()
+
+    def outcomes(self) -> tuple[dict[str, str], dict[str, str]]:
+        """(failed node -> error, untouched node -> node its call stopped at) over all calls."""
+        failed: dict[str, str] = {}
+        untouched: dict[str, str] = {}
+        for call in self.calls:
+            call_failed, call_untouched = call.outcome()
+            failed.update(call_failed)
+            untouched.update(call_untouched)
+        return failed, untouched
+
+    def stderr_of(self, node: str) -> str:
+        """The stderr of the call that patched ``node`` (e.g. to see whether it applied "with a reboot")."""
+        return next((call.result.stderr for call in self.calls if node in call.nodes), "")
+
+
+def patch_chunk_size(nodes: int, calls: int = PATCH_CALLS) -> int:
+    """Nodes per patch call so that ``nodes`` take at most ``calls`` calls (8 -> 1 each, 1,000 -> 32)."""
+    return max(1, -(-nodes // max(1, calls)))
+
+
+def _prefixed_node_error(stderr: str, nodes: Sequence[str]) -> dict[str, str]:
+    """A ``<node>: <error>`` line (how ``talosctl patch`` reports the node it stopped at), as {node: error}."""
+    wanted = sorted(set(nodes), key=len, reverse=True)
+    for line in stderr.splitlines():
+        node = next((n for n in wanted if line.startswith(n + ": ")), None)
+        if node is not None:
+            return {node: line[len(node) + 2 :].strip()}
+    return {}
 
 
 @dataclass(frozen=True)
@@ -80,6 +165,18 @@ def chunks(items: Sequence[str], size: int) -> list[list[str]]:
     return [list(items[i : i + size]) for i in range(0, len(items), size)] or [[]]
 
 
+def concurrently(fn: Callable[[_Job], _Out], jobs: Sequence[_Job], limit: int) -> list[_Out]:
+    """``fn`` over ``jobs`` on at most ``limit`` threads, results in job order.
+
+    The one place this client fans talosctl processes out: each job is one process, so ``limit`` bounds how
+    many run at once (the simulator and a real endpoint both pay per process).
+    """
+    if len(jobs) <= 1:
+        return [fn(job) for job in jobs]
+    with ThreadPoolExecutor(max_workers=max(1, min(limit, len(jobs)))) as pool:
+        return list(pool.map(fn, jobs))
+
+
 class Talosctl:
     """Builds and runs talosctl argv; knows nothing about the simulator."""
 
@@ -90,7 +187,7 @@ class Talosctl:
         talosconfig: str | None = None,
         runner: Runner | None = None,
         chunk_size: int = DEFAULT_CHUNK,
-        parallel: int = 32,
+        parallel: int = PATCH_CALLS,
     ) -> None:
         self.binary = binary
         self.talosconfig = talosconfig
@@ -120,8 +217,7 @@ class Talosctl:
         if namespace:
             args += ["--namespace", namespace]
         groups = chunks(list(nodes), self.chunk_size)
-        with ThreadPoolExecutor(max_workers=min(len(groups), 8)) as pool:
-            results = list(pool.map(lambda group: self.run(args, group, journal_output=False), groups))
+        results = concurrently(lambda group: self.run(args, group, journal_output=False), groups, 8)
         fan = FanOut(results=results)
         for group, result in zip(groups, results, strict=True):
             errors = node_errors(result.stderr, group)
@@ -143,8 +239,7 @@ class Talosctl:
                 return NodeRead(node, result.stdout)
             return NodeRead(node, None, result.stderr.strip() or f"exit {result.exit_code}")
 
-        with ThreadPoolExecutor(max_workers=max(1, min(self.parallel, len(nodes)))) as pool:
-            return {r.node: r for r in pool.map(one, nodes)}
+        return {r.node: r for r in concurrently(one, list(nodes), self.parallel)}
 
     def version(self, nodes: Sequence[str]) -> tuple[str | None, dict[str, str], dict[str, str]]:
         """Client tag, server tag per node, and per-node errors, from one ``talosctl version`` call."""
@@ -168,44 +263,61 @@ class Talosctl:
         dry_run: bool,
         mode: str | None = None,
         timeout: float = 300.0,
-    ) -> CommandResult:
-        """``talosctl patch mc --patch @file`` (``@file`` works on every talosctl; bare names only from 1.12)."""
-        with tempfile.TemporaryDirectory(prefix="runbook-patch-") as tmp:
-            patch_file = Path(tmp) / "patch.yaml"
-            patch_file.write_text(patch_yaml, encoding="utf-8")
-            args = ["patch", "machineconfig", "--patch", f"@{patch_file}"]
-            if mode:
-                args += ["--mode", mode]
-            if dry_run:
-                args.append("--dry-run")
-            if dry_run and len(nodes) > DRY_RUN_CHUNK:
-                return self._chunked_dry_run(args, list(nodes), patch_yaml, timeout)
-            result = self.run(args, nodes, timeout=timeout, changes_cluster=not dry_run, diff=patch_yaml)
+    ) -> PatchResult:
+        """``talosctl patch mc --patch @file`` on ``nodes``, as concurrent calls over small chunks of them."""
+        (result,) = self.patch_machineconfigs(
+            [(patch_yaml, nodes)], dry_run=dry_run, mode=mode, timeout=timeout
+        )
         return result
 
-    def _chunked_dry_run(
-        self, args: list[str], nodes: list[str], patch_yaml: str, timeout: float
-    ) -> CommandResult:
-        """The dry run of a long node list as concurrent chunks, merged into one result.
+    def patch_machineconfigs(
+        self,
+        patches: Sequence[tuple[str, Sequence[str]]],
+        *,
+        dry_run: bool,
+        mode: str | None = None,
+        timeout: float = 300.0,
+    ) -> list[PatchResult]:
+        """Several patches (each with its nodes) at once; one :class:`PatchResult` per patch, in order.
 
-        Why: talosctl's ``patch`` visits the nodes of ``-n a,b,c`` one after the other (and stops at the
-        first failure), so one call over 1,000 nodes costs 1,000 round trips in a row
-        (benchmarks/bench_fleet.py, "patch dry-run").  A dry run changes nothing, so splitting it is safe;
-        real patches keep going through the rollout batches.
+        Why chunks: talosctl's ``patch`` visits the nodes of ``-n a,b,c`` one after the other (and stops
+        at the first failure), so one call over N nodes pays N round trips in a row
+        (benchmarks/bench_fleet.py, "patch dry-run"; the 8-node ``runbook run --apply``).  Every node list
+        is therefore split into chunks of ``ceil(total / parallel)`` nodes, all chunks of all patches run
+        concurrently, and at most ``parallel`` talosctl processes run at once: 8 nodes are 8 single-node
+        calls, 1,000 nodes are 32 calls of ~32 nodes.  Splitting does not widen a change: only the nodes
+        given here are patched, and the caller's rollout batches decide which those are.  It does mean that
+        every node given is attempted (talosctl's stop-at-the-first-failure now holds within one chunk
+        only), which is what a batch means; :meth:`PatchCall.outcome` tells patched, failed and untouched
+        nodes apart.  Each chunk is its own journal entry with its full argv and the patch as its diff.
+
+        ``@file`` works on every talosctl (bare file names only from 1.12).
         """
-        groups = chunks(nodes, DRY_RUN_CHUNK)
-        with ThreadPoolExecutor(max_workers=min(len(groups), self.parallel // 4 or 1)) as pool:
-            results = list(
-                pool.map(lambda group: self.run(args, group, timeout=timeout, diff=patch_yaml), groups)
+        total = sum(len(nodes) for _patch, nodes in patches)
+        size = patch_chunk_size(total, self.parallel)
+        with tempfile.TemporaryDirectory(prefix="runbook-patch-") as tmp:
+            jobs: list[tuple[int, list[str], list[str], str]] = []
+            for index, (patch_yaml, nodes) in enumerate(patches):
+                patch_file = Path(tmp) / f"patch-{index}.yaml"
+                patch_file.write_text(patch_yaml, encoding="utf-8")
+                args = ["patch", "machineconfig", "--patch", f"@{patch_file}"]
+                if mode:
+                    args += ["--mode", mode]
+                if dry_run:
+                    args.append("--dry-run")
+                if nodes:  # never an empty -n: talosctl would fall back to the talosconfig's nodes
+                    jobs += [(index, args, group, patch_yaml) for group in chunks(list(nodes), size)]
+            results = concurrently(
+                lambda job: self.run(
+                    job[1], job[2], timeout=timeout, changes_cluster=not dry_run, diff=job[3]
+                ),
+                jobs,
+                self.parallel,
             )
-        failed = next((r for r in results if not r.ok), None)
-        return CommandResult(
-            argv=tuple(self.argv(args, nodes)),
-            exit_code=failed.exit_code if failed else 0,
-            stdout="".join(r.stdout for r in results),
-            stderr="".join(r.stderr for r in results),
-            duration_s=max(r.duration_s for r in results),
-        )
+        calls: list[list[PatchCall]] = [[] for _ in patches]
+        for (index, _args, group, _patch), result in zip(jobs, results, strict=True):
+            calls[index].append(PatchCall(tuple(group), result))
+        return [PatchResult(tuple(c)) for c in calls]
 
     def upgrade(self, node: str, image: str, *, wait: bool = True, timeout: float = 1800.0) -> CommandResult:
         """``talosctl upgrade --image <installer>``: never without ``--image`` (that drops the extensions)."""

@@ -4,7 +4,9 @@ Why it is computed per node and grouped: each node gets only what its config lac
 appends lists, so a blind re-apply duplicates modules), but on a healthy fleet most nodes lack the same
 thing, so nodes with an identical remaining patch share one ``talosctl patch mc -n a,b,c`` call.  A
 second run finds nothing missing and changes nothing.  Applying goes in batches of
-``rollout_concurrency`` nodes and stops starting batches at the first failure.
+``rollout_concurrency`` nodes and stops starting batches at the first failure.  Within a batch (and for the
+dry run) the nodes are patched concurrently, in small chunk calls (``Talosctl.patch_machineconfigs``),
+because talosctl patches the nodes of one ``-n a,b,c`` call one after the other.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from runbook_lib.clients.talosctl import node_errors
 from runbook_lib.model.machineconfig import FileConflict, config_documents, contains, remaining_patch
 from runbook_lib.model.params import Node
 from runbook_lib.model.profiles import render_documents
@@ -91,9 +92,14 @@ def config_patch(
         groups.setdefault(render_documents(remaining), []).append(node)
 
     result.data["groups"] = []
-    for index, (patch_yaml, members) in enumerate(groups.items()):
-        dry = ctx.talosctl.patch_machineconfig([n.address for n in members], patch_yaml, dry_run=True)
-        group_errors = node_errors(dry.stderr, [n.address for n in members]) if not dry.ok else {}
+    # Every group's dry run at once: the groups are independent and a dry run changes nothing.
+    dry_runs = ctx.talosctl.patch_machineconfigs(
+        [(patch_yaml, [n.address for n in members]) for patch_yaml, members in groups.items()], dry_run=True
+    )
+    for index, ((patch_yaml, members), dry) in enumerate(zip(groups.items(), dry_runs, strict=True)):
+        # A refused dry run fails the whole group, as one call over the group would: the group shares one
+        # patch, so what one node refuses is not applied to its siblings either.
+        group_errors = dry.outcomes()[0] if not dry.ok else {}
         result.data["groups"].append(
             {"nodes": [n.name for n in members], "patch": patch_yaml, "dry_run": redact(dry.stderr.strip())}
         )
@@ -102,10 +108,8 @@ def config_patch(
             res.data["group"] = index
             if not dry.ok:
                 res.status = "failed"
-                res.message = "dry run refused: " + redact(
-                    group_errors.get(node.address) or dry.stderr.strip()
-                )
-            elif "with a reboot" in dry.stderr:
+                res.message = "dry run refused: " + redact(group_errors.get(node.address) or dry.failure_text)
+            elif "with a reboot" in dry.stderr_of(node.address):
                 res.needs_reboot = True
     if not do_apply:
         result.notes.append("plan only (apply is off): nothing was changed")
@@ -128,6 +132,7 @@ def _apply_in_batches(
         for node in members
         if by_address[node.address].status == "planned"
     ]
+    names = {node.address: node.name for _patch, node in todo}
     size = ctx.params.rollout_concurrency
     done = 0
     stopped_by: str | None = None
@@ -142,27 +147,27 @@ def _apply_in_batches(
         per_patch: dict[str, list[Node]] = {}
         for patch, node in batch:
             per_patch.setdefault(patch, []).append(node)
-        for patch, members in per_patch.items():
-            addresses = [n.address for n in members]
-            applied = ctx.talosctl.patch_machineconfig(addresses, patch, dry_run=False)
-            failures = node_errors(applied.stderr, addresses) if not applied.ok else {}
-            if not applied.ok and not failures:
-                failures = dict.fromkeys(addresses, applied.stderr.strip() or f"exit {applied.exit_code}")
-            # talosctl patches the nodes of one call in order and returns at the first error: the nodes
-            # after the first failure were never touched.
-            first_failure = next((i for i, n in enumerate(members) if n.address in failures), None)
-            for index, node in enumerate(members):
+        # The whole batch at once: every node of every patch in concurrent chunk calls, so a batch costs
+        # about one node's round trip instead of one per node (talosctl patches the nodes of a call in a row).
+        applied = ctx.talosctl.patch_machineconfigs(
+            [(patch, [n.address for n in members]) for patch, members in per_patch.items()], dry_run=False
+        )
+        for members, outcome in zip(per_patch.values(), applied, strict=True):
+            failures, untouched = outcome.outcomes()
+            for node in members:
                 res = by_address[node.address]
                 if node.address in failures:
                     res.status = "failed"
                     res.message = f"patch failed: {redact(failures[node.address])}"
                     stopped_by = stopped_by or node.name
-                elif first_failure is not None and index > first_failure:
+                elif node.address in untouched:
+                    # talosctl returns at the first failing node of a call: the rest of that call was never
+                    # touched (only possible when a chunk holds several nodes, i.e. batches over 32 nodes).
                     res.status = "skipped"
-                    res.message = f"not touched: talosctl stopped at {members[first_failure].name}"
+                    res.message = f"not touched: talosctl stopped at {names[untouched[node.address]]}"
                 else:
                     res.status = "changed"
-                    res.needs_reboot = res.needs_reboot or "with a reboot" in applied.stderr
+                    res.needs_reboot = res.needs_reboot or "with a reboot" in outcome.stderr_of(node.address)
         rebooting = [
             n.address
             for _p, n in batch
