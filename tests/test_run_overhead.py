@@ -76,6 +76,7 @@ def test_an_early_read_that_failed_is_read_again(tmp_path: Path):
 
 @pytest.mark.parametrize("step", STEPS, ids=[s.name for s in STEPS])
 def test_kernel_warm_up_imports_the_step_code_and_leaves_no_names(step: StepSpec) -> None:
+    assert "kubernetes.client" not in runner.warm_code(step, kubernetes=False)
     """A pre-started kernel runs this before its notebook: the notebook must find its namespace untouched."""
     namespace: dict[str, object] = {}
     exec(runner.warm_code(step), namespace)  # the code the runner sends to a kernel
