@@ -273,19 +273,16 @@ def _new_kernel() -> _Kernel:
     return _Kernel(km, sockets)
 
 
-KUBERNETES_APIS = ("CoreV1Api", "AppsV1Api", "NodeV1Api", "VersionApi", "CustomObjectsApi")
-
-
 def warm_code(item: StepSpec, *, kubernetes: bool = True) -> str:
     """What a pre-started kernel imports before its notebook runs: the step code the notebook's first cell
     imports, the approval gate for steps that change the cluster, and (``kubernetes``) the Kubernetes
-    client's API classes for steps that call the API: the 37.x client builds validators for every method
-    of a class on first use, ~1 s and ~35 MB for all five.  Inside a function, so the notebook's namespace
+    client's API classes the step calls: the 37.x client builds validators for every method of a class on
+    first use, ~1 s and ~35 MB for all five.  Inside a function, so the notebook's namespace
     stays as the notebook makes it."""
     modules = ["runbook_lib.notebook.steps", f"runbook_lib.steps.{item.module}"]
     if item.changes_cluster:
         modules.append("runbook_lib.notebook.gates")
-    apis = list(KUBERNETES_APIS) if kubernetes and item.uses_kubernetes else []
+    apis = list(item.kubernetes_apis) if kubernetes else []
     body = f"    for name in {modules!r}:\n        importlib.import_module(name)\n"
     if apis:
         body += f"    client = importlib.import_module('kubernetes.client')\n    for api in {apis!r}:\n"

@@ -48,19 +48,37 @@ class StepSpec:
     title: str
     changes_cluster: bool
     """Runs behind the approval gate (plan first; apply only when approved)."""
-    uses_kubernetes: bool = False
-    """Talks to the Kubernetes API: ``runbook run`` warms the client's API classes in its kernel."""
+    kubernetes_apis: tuple[str, ...] = ()
+    """The Kubernetes client's API classes the step calls: ``runbook run`` builds them in its kernel ahead."""
+
+    @property
+    def uses_kubernetes(self) -> bool:
+        return bool(self.kubernetes_apis)
 
 
 STEPS: tuple[StepSpec, ...] = (
-    StepSpec("preflight", "01-preflight.ipynb", "preflight", "preflight", "Preflight", False, True),
+    StepSpec(
+        "preflight",
+        "01-preflight.ipynb",
+        "preflight",
+        "preflight",
+        "Preflight",
+        False,
+        ("VersionApi", "NodeV1Api"),
+    ),
     StepSpec("image", "02-image.ipynb", "image", "image_upgrade", "Image and upgrade", True),
     StepSpec("config-patch", "03-config-patch.ipynb", "patch", "config_patch", "Config patch", True),
     StepSpec("verify", "04-verify.ipynb", "verify", "verify", "Verification", False),
     StepSpec(
-        "kubernetes", "05-kubernetes.ipynb", "kubernetes", "kubernetes_layer", "Kubernetes layer", True, True
+        "kubernetes",
+        "05-kubernetes.ipynb",
+        "kubernetes",
+        "kubernetes_layer",
+        "Kubernetes layer",
+        True,
+        ("CoreV1Api", "AppsV1Api", "NodeV1Api", "CustomObjectsApi"),
     ),
-    StepSpec("cuda-test", "06-cuda-test.ipynb", "cudatest", "cuda_test", "CUDA test", True, True),
+    StepSpec("cuda-test", "06-cuda-test.ipynb", "cudatest", "cuda_test", "CUDA test", True, ("CoreV1Api",)),
 )
 STEP_NAMES: tuple[str, ...] = tuple(s.name for s in STEPS)
 
