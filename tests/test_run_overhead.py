@@ -84,3 +84,32 @@ def test_kernel_warm_up_imports_the_step_code_and_leaves_no_names(step: StepSpec
     assert f"runbook_lib.steps.{step.module}" in sys.modules
     for api in step.kubernetes_apis:  # the classes the step calls are the ones built ahead
         assert api in runner.warm_code(step) and getattr(client, api).__module__ in sys.modules
+
+
+@pytest.mark.slow
+def test_first_cell_output_is_kept_with_the_quick_ready_client(tmp_path: Path) -> None:
+    """ReadyClient skips jupyter_client's 0.2 s IOPub flush: the first cell's output must still be captured."""
+    import nbformat
+    import papermill
+
+    source = tmp_path / "first.ipynb"
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell("print('first output')"),
+        nbformat.v4.new_code_cell("print('second')"),
+    ]
+    nbformat.write(nb, source)
+    for attempt in range(3):
+        kernel = runner._new_kernel()
+        try:
+            assert isinstance(kernel.km.client(), runner.ReadyClient)
+            kernel.km.start_kernel(extra_arguments=["--HistoryManager.hist_file=:memory:"])
+            out = tmp_path / f"out{attempt}.ipynb"
+            papermill.execute_notebook(
+                str(source), str(out), kernel_name=runner.KERNEL, progress_bar=False, km=kernel.km
+            )
+        finally:
+            kernel.stop()
+        cells = nbformat.read(out, as_version=4).cells
+        assert [o.get("text") for o in cells[0].outputs] == ["first output\n"]
+        assert [o.get("text") for o in cells[1].outputs] == ["second\n"]
