@@ -30,8 +30,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import nbformat  # papermill imports it anyway
-import papermill
 import yaml
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager
@@ -226,6 +224,8 @@ class _Background:
             from nbconvert import HTMLExporter  # noqa: PLC0415 - lazy (run start-up)
 
             self._exporter = HTMLExporter()  # type: ignore[no-untyped-call]
+        import nbformat  # noqa: PLC0415 - lazy (run start-up; papermill has loaded it by now)
+
         notebook = nbformat.read(path, as_version=4)  # type: ignore[no-untyped-call]
         body, _ = self._exporter.from_notebook_node(notebook)
         (record / "html" / (Path(name).stem + ".html")).write_text(body, encoding="utf-8")
@@ -414,6 +414,10 @@ def _execute(
     out_nb = record / item.notebook
     started = time.monotonic()
     error: dict[str, Any] | None = None
+    # papermill (~0.2 s of imports) is not imported at `runbook run` start-up: run() imports it while the
+    # first kernel starts in the background, so the import overlaps that start instead of preceding it.
+    import papermill  # noqa: PLC0415 - lazy (run start-up)
+
     if kernel is None:
         kernel = _new_kernel()
     km = kernel.km
@@ -735,6 +739,7 @@ def run(
         # outlast a short step, and a second one in flight keeps the next step from waiting for it.  Only
         # the next step's kernel gets the Kubernetes API classes (memory: see prestart_kernel).
         upcoming = [start_for(step, kubernetes=i == 0) for i, step in enumerate(selected[:PRESTART_AHEAD])]
+        importlib.import_module("papermill")  # while the first kernel starts (see _execute)
         for index, item in enumerate(selected):
             bar.set_description(item.name)
             kernel = background.take(upcoming.pop(0)) if upcoming else None
