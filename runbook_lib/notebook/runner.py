@@ -742,14 +742,16 @@ def run(
         importlib.import_module("papermill")  # while the first kernel starts (see _execute)
         for index, item in enumerate(selected):
             bar.set_description(item.name)
-            kernel = background.take(upcoming.pop(0)) if upcoming else None
-            if upcoming:
-                upcoming[0] = background.then(
-                    upcoming[0], functools.partial(warm_api_of, selected[index + 1])
-                )
-            if index + PRESTART_AHEAD < len(selected):
-                upcoming.append(start_for(selected[index + PRESTART_AHEAD], kubernetes=PRESTART_AHEAD == 1))
-            try:
+            try:  # waiting for this step's kernel is part of the step: Ctrl-C here is sealed like any other
+                kernel = background.take(upcoming.pop(0)) if upcoming else None
+                if upcoming:
+                    upcoming[0] = background.then(
+                        upcoming[0], functools.partial(warm_api_of, selected[index + 1])
+                    )
+                if index + PRESTART_AHEAD < len(selected):
+                    upcoming.append(
+                        start_for(selected[index + PRESTART_AHEAD], kubernetes=PRESTART_AHEAD == 1)
+                    )
                 outcome = _execute(
                     item,
                     record=record,
