@@ -249,14 +249,6 @@ class _Background:
             self._html.shutdown(wait=True)
 
 
-def _stop_kernel(km: KernelManager, sockets: tempfile.TemporaryDirectory[str]) -> None:
-    try:
-        if km.has_kernel:  # nbclient leaves a kernel it did not start running
-            km.shutdown_kernel(now=True)
-    finally:
-        sockets.cleanup()
-
-
 @dataclass
 class _Kernel:
     """A started kernel for one step: its manager and the private directory of its IPC sockets."""
@@ -265,7 +257,11 @@ class _Kernel:
     sockets: tempfile.TemporaryDirectory[str]
 
     def stop(self) -> None:
-        _stop_kernel(self.km, self.sockets)
+        try:
+            if self.km.has_kernel:  # nbclient leaves a kernel it did not start running
+                self.km.shutdown_kernel(now=True)
+        finally:
+            self.sockets.cleanup()
 
 
 class ReadyClient(BlockingKernelClient):
