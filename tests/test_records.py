@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -232,3 +233,72 @@ def test_scrubbing_covers_the_tools_default_config_locations(monkeypatch, tmp_pa
     monkeypatch.setenv("KUBECONFIG", f"{tmp_path / 'a'}:{tmp_path / 'b'}")
     assert config_paths(None, None) == [str(tmp_path / "tc"), str(tmp_path / "a"), str(tmp_path / "b")]
     assert config_paths("/x/talos", "/y/kube") == ["/x/talos", "/y/kube"]
+
+
+def test_helm_namespace_flag_is_not_folded_as_a_node_list() -> None:
+    """F15: helm's ``-n`` is ``--namespace`` (helm/helm pkg/cli/environment.go at commit 00249a3, helm v3, AddFlags:
+    ``fs.StringVarP(&s.namespace, "namespace", "n", ...)``); only talosctl's ``-n`` is ``--nodes``
+    (/work/shared/reference/talos/talosctl-cli.v1.12.md: ``-n, --nodes strings``)."""
+    from runbook_lib.notebook.runner import fold_commands
+
+    helm = {"step": "kubernetes", "argv": ["/x/bin/helm", "list", "-n", "kube-system", "-o", "json"]}
+    talos = [
+        {"step": "verify", "argv": ["/x/bin/talosctl", "-n", f"10.0.0.{i}", "read", "/p"], "exit_code": 0}
+        for i in (1, 2)
+    ]
+    folded = fold_commands([helm, dict(helm), *talos])
+    assert [e["argv"] for e in folded[:2]] == [helm["argv"], helm["argv"]]
+    assert all("nodes" not in e for e in folded[:2])
+    assert folded[2]["nodes"] == ["10.0.0.1", "10.0.0.2"] and len(folded) == 3
+
+
+def _sealed_chain(tmp_path: Path) -> tuple[Path, list[Path]]:
+    root = tmp_path / "records"
+    return root, [write_record(root, run_id=f"0000000{i}") for i in range(2)]
+
+
+@pytest.mark.parametrize(
+    ("what", "tamper", "problem"),
+    [
+        ("list", lambda p: (p / records.RECORD_JSON).write_text("[1, 2]\n"), "not a JSON object"),
+        ("bytes", lambda p: (p / records.MANIFEST).write_bytes(b"\xff\xfe  x\n"), "not UTF-8"),
+        (
+            "previous",
+            lambda p: (p / records.RECORD_JSON).write_text(json.dumps({"previous": "x"})),
+            "previous",
+        ),
+        (
+            "steps",
+            lambda p: (p / records.RECORD_JSON).write_text(json.dumps({"steps": "x", "who": 3})),
+            None,
+        ),
+        ("binary", lambda p: (p / records.RECORD_JSON).write_bytes(b"\xff{}"), "not UTF-8"),
+    ],
+)
+@pytest.mark.parametrize("command", ["verify", "list", "show"])
+def test_malformed_record_is_named_never_a_crash(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    command: str,
+    what: str,
+    tamper: Any,
+    problem: str | None,
+) -> None:
+    """F10 T24/T25/T30: a record.json that is a list, non-UTF-8 bytes, ``previous`` that is a string."""
+    root, paths = _sealed_chain(tmp_path)
+    tamper(paths[1])
+    args = ["records", command, "--dir", str(root)] + ([paths[1].name] if command == "show" else [])
+    code = main(args)
+    captured = capsys.readouterr()
+    text = captured.out + captured.err
+    if command == "list":  # list reads only record.json: a bad one is named, the others are listed
+        assert code == 0 and paths[1].name in text
+        assert ("malformed" in text) == (what in ("list", "binary")), text
+        return
+    if command == "show" and what not in ("list", "binary"):  # show reads record.json only
+        assert code == 0 and paths[1].name in text
+        return
+    assert code == (1 if command == "verify" else 2), text
+    assert paths[1].name in text and "Traceback" not in text
+    if problem:
+        assert problem in text, text

@@ -196,10 +196,19 @@ def _list(args: argparse.Namespace) -> int:
         sys.stdout.write(f"no records in {_root(args.dir)}\n")
         return 0
     for row in rows:
+        if row.problem:
+            sys.stdout.write(f"{row.name}  malformed: {row.problem}\n")
+            continue
         mode = "apply" if row.apply else "plan"
         steps = " ".join(f"{name}:{status}" for name, status in row.steps)
         sys.stdout.write(f"{row.name}  {row.outcome:<10} {mode:<5} {row.changes:>3} changes  {steps}\n")
     return 0
+
+
+def _mapping(data: dict[str, Any], key: str) -> dict[str, Any]:
+    """``data[key]`` if it is a mapping: ``show`` prints what a malformed record has, never crashes on it."""
+    value = data.get(key)
+    return value if isinstance(value, dict) else {}
 
 
 def _show(args: argparse.Namespace) -> int:
@@ -209,8 +218,8 @@ def _show(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(data, indent=2) + "\n")
         return 0
     out = sys.stdout
-    who = data.get("who", {})
-    git = data.get("runbook", {})
+    who = _mapping(data, "who")
+    git = _mapping(data, "runbook")
     out.write(f"record:   {path.name}\n")
     out.write(f"path:     {path}\n")
     out.write(f"cluster:  {data.get('cluster')} ({data.get('target')})\n")
@@ -218,25 +227,36 @@ def _show(args: argparse.Namespace) -> int:
     dirty = " (dirty tree)" if git.get("dirty") else ""
     out.write(f"runbook:  {git.get('commit') or 'unknown commit'}{dirty}\n")
     out.write(f"mode:     {'apply' if data.get('apply') else 'plan only'}; outcome {data.get('outcome')}\n")
-    out.write("steps:\n")
-    for step in data.get("steps", []):
-        line = f"  {step.get('name'):<13} {step.get('status'):<10} {step.get('duration_s', 0):>7.1f} s"
-        if step.get("summary"):
-            line += f"  {step['summary']}"
-        out.write(line + "\n")
-        if step.get("error"):
-            out.write(f"    error: {step['error'].get('ename')}: {step['error'].get('evalue')}\n")
-    changes = data.get("changes", [])
-    out.write(f"changes to the cluster: {len(changes) or 'none'}\n")
-    for change in changes:
-        argv = " ".join(change.get("argv") or []) or change.get("summary", "")
-        code = change.get("exit_code")
-        out.write(
-            f"  [{change.get('step')}] {argv}" + (f"  (exit {code})" if code is not None else "") + "\n"
-        )
+    _show_steps(records.listed(data, "steps"))
+    _show_changes(records.listed(data, "changes"))
     if data.get("note"):
         out.write(f"note: {data['note']}\n")
     return 0
+
+
+def _show_steps(steps: list[dict[str, Any]]) -> None:
+    sys.stdout.write("steps:\n")
+    for step in steps:
+        duration = step.get("duration_s", 0)
+        seconds = f"{duration:>7.1f}" if isinstance(duration, int | float) else f"{'?':>7}"
+        line = f"  {step.get('name')!s:<13} {step.get('status')!s:<10} {seconds} s"
+        if step.get("summary"):
+            line += f"  {step['summary']}"
+        sys.stdout.write(line + "\n")
+        error = step.get("error")
+        if isinstance(error, dict):
+            sys.stdout.write(f"    error: {error.get('ename')}: {error.get('evalue')}\n")
+
+
+def _show_changes(changes: list[dict[str, Any]]) -> None:
+    sys.stdout.write(f"changes to the cluster: {len(changes) or 'none'}\n")
+    for change in changes:
+        argv = change.get("argv")
+        text = " ".join(map(str, argv)) if isinstance(argv, list) and argv else str(change.get("summary", ""))
+        code = change.get("exit_code")
+        sys.stdout.write(
+            f"  [{change.get('step')}] {text}" + (f"  (exit {code})" if code is not None else "") + "\n"
+        )
 
 
 def _verify(args: argparse.Namespace) -> int:

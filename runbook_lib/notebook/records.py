@@ -61,6 +61,7 @@ _SECRET_KEYS = frozenset(
 #: Values shorter than this are not treated as secrets (they would redact ordinary words).
 _MIN_SECRET_LEN = 8
 _NAME_RE = re.compile(r"^\d{8}T\d{6}Z-[a-z0-9-]+-[0-9a-f]{8}$")
+_DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
 def default_root() -> Path:
@@ -203,13 +204,32 @@ def write_manifest(path: Path) -> str:
 
 
 def read_manifest(path: Path) -> dict[str, str]:
+    """The manifest's ``{file: sha256}``; a manifest that is not UTF-8 or has a malformed line is an error
+    naming the record (a tampered manifest must be reported, never crash ``verify``)."""
+    text = _read_text(path, MANIFEST)
     entries: dict[str, str] = {}
-    for line in (path / MANIFEST).read_text(encoding="utf-8").splitlines():
+    for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         digest, _, rel = line.partition("  ")
+        if not _DIGEST_RE.match(digest) or not rel:
+            raise PermanentError(
+                f"{path.name}: {MANIFEST} line {number} is not '<64 hex digits>  <file>' (found {line[:80]!r})"
+            )
         entries[rel] = digest
     return entries
+
+
+def _read_text(path: Path, name: str) -> str:
+    """A record file as text, or an error naming the record and the file."""
+    try:
+        return (path / name).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise PermanentError(f"{path.name}: no {name} (the run did not finish)") from None
+    except UnicodeDecodeError as exc:
+        raise PermanentError(f"{path.name}: {name} is not UTF-8 (byte {exc.start})") from None
+    except OSError as exc:
+        raise PermanentError(f"{path.name}: {name} cannot be read ({exc.strerror or exc})") from None
 
 
 def sealed_records(root: Path) -> list[Path]:
@@ -272,30 +292,45 @@ class RecordSummary:
     apply: bool | None = None
     steps: list[tuple[str, str]] = field(default_factory=list)
     changes: int = 0
+    problem: str = ""
 
 
 def load_record(path: Path) -> dict[str, Any]:
+    """``record.json`` as a mapping; anything else (missing, not UTF-8, not JSON, not an object) is an error
+    naming the record, so ``list``, ``show``, ``verify`` and ``run --from`` report it instead of crashing."""
+    text = _read_text(path, RECORD_JSON)
     try:
-        data: dict[str, Any] = json.loads((path / RECORD_JSON).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise PermanentError(f"{path.name}: no {RECORD_JSON} (the run did not finish)") from None
+        data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise PermanentError(f"{path.name}: {RECORD_JSON} is not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise PermanentError(
+            f"{path.name}: {RECORD_JSON} is not a JSON object (found a {type(data).__name__})"
+        )
     return data
+
+
+def listed(data: dict[str, Any], key: str) -> list[dict[str, Any]]:
+    """The mappings in ``data[key]``; a malformed record must not crash the reader."""
+    value = data.get(key)
+    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
 
 
 def summarize(path: Path) -> RecordSummary:
     summary = RecordSummary(name=path.name, path=path)
     try:
         data = load_record(path)
-    except PermanentError:
+    except PermanentError as exc:
+        if (path / RECORD_JSON).exists():
+            summary.outcome = "malformed"
+            summary.problem = str(exc)
         return summary
     summary.cluster = str(data.get("cluster", "?"))
     summary.started = str(data.get("started", "?"))
     summary.outcome = str(data.get("outcome", "?"))
-    summary.apply = data.get("apply")
-    summary.steps = [(str(s.get("name")), str(s.get("status"))) for s in data.get("steps", [])]
-    summary.changes = len(data.get("changes", []))
+    summary.apply = data.get("apply") if isinstance(data.get("apply"), bool) else None
+    summary.steps = [(str(s.get("name")), str(s.get("status"))) for s in listed(data, "steps")]
+    summary.changes = len(listed(data, "changes"))
     return summary
 
 
@@ -325,8 +360,11 @@ def verify_record(path: Path) -> list[str]:
     name = path.name
     if not (path / MANIFEST).exists():
         return [f"{name}: {MANIFEST} is missing (an unfinished run, or the manifest was removed)"]
+    try:
+        manifest = read_manifest(path)
+    except PermanentError as exc:
+        return [str(exc)]
     problems: list[str] = []
-    manifest = read_manifest(path)
     present = set(_record_files(path))
     for rel, digest in manifest.items():
         if rel not in present:
@@ -335,6 +373,26 @@ def verify_record(path: Path) -> list[str]:
             problems.append(f"{name}: edited file {rel}")
     problems += [f"{name}: inserted file {rel}" for rel in sorted(present - set(manifest))]
     return problems
+
+
+def _previous_of(path: Path) -> tuple[dict[str, str] | None, str | None]:
+    """The record's ``previous`` link, or the problem that makes it unreadable."""
+    try:
+        previous = load_record(path).get("previous")
+    except PermanentError as exc:
+        return None, str(exc)
+    if previous is None:
+        return None, None
+    if (
+        not isinstance(previous, dict)
+        or not isinstance(previous.get("record"), str)
+        or not isinstance(previous.get("sha256sums"), str)
+    ):
+        return None, (
+            f"{path.name}: {RECORD_JSON} 'previous' is not an object with 'record' and 'sha256sums' "
+            f"(found {json.dumps(previous)[:80]})"
+        )
+    return {"record": previous["record"], "sha256sums": previous["sha256sums"]}, None
 
 
 def verify_chain(root: Path) -> list[str]:
@@ -346,10 +404,9 @@ def verify_chain(root: Path) -> list[str]:
         before = records[index - 1] if index else None
         if not (path / RECORD_JSON).exists():
             continue  # reported by verify_record (unfinished run or removed files)
-        try:
-            previous = load_record(path).get("previous")
-        except PermanentError as exc:
-            problems.append(str(exc))
+        previous, problem = _previous_of(path)
+        if problem:
+            problems.append(problem)
             continue
         if previous is None:
             if before is not None:
@@ -358,7 +415,7 @@ def verify_chain(root: Path) -> list[str]:
                     "(an inserted record, or the chain was restarted)"
                 )
             continue
-        claimed = str(previous.get("record"))
+        claimed = previous["record"]
         if claimed not in names:
             problems.append(f"{claimed}: record removed (the chain in {path.name} points to it)")
             continue
@@ -368,7 +425,7 @@ def verify_chain(root: Path) -> list[str]:
                 "(an inserted record)"
             )
             continue
-        if not (before / MANIFEST).exists() or sha256_file(before / MANIFEST) != previous.get("sha256sums"):
+        if not (before / MANIFEST).exists() or sha256_file(before / MANIFEST) != previous["sha256sums"]:
             problems.append(f"{before.name}: {MANIFEST} changed after {path.name} was recorded")
     return problems
 

@@ -568,8 +568,11 @@ def _journal_record(step: str, entry: dict[str, Any]) -> dict[str, Any]:
 
 
 def _node_of(argv: list[str]) -> tuple[list[str], str | None]:
-    """argv with the ``-n`` value replaced by a placeholder, and that value."""
-    if "-n" in argv:
+    """A talosctl argv with the ``-n`` value replaced by a placeholder, and that value.
+
+    Only talosctl's ``-n`` is ``--nodes``; helm's (and kubectl's) ``-n`` is ``--namespace``, which must stay.
+    """
+    if Path(argv[0]).name.startswith("talosctl") and "-n" in argv:
         i = argv.index("-n")
         if i + 1 < len(argv):
             return [*argv[: i + 1], "<nodes>", *argv[i + 2 :]], argv[i + 1]
