@@ -319,13 +319,19 @@ class Talosctl:
             calls[index].append(PatchCall(tuple(group), result))
         return [PatchResult(tuple(c)) for c in calls]
 
-    def upgrade(self, node: str, image: str, *, wait: bool = True, timeout: float = 1800.0) -> CommandResult:
-        """``talosctl upgrade --image <installer>``: never without ``--image`` (that drops the extensions)."""
+    def upgrade(
+        self, node: str, image: str, *, wait: bool = True, timeout: float = 1800.0, preserve: bool = False
+    ) -> CommandResult:
+        """``talosctl upgrade --image <installer>``: never without ``--image`` (that drops the extensions).
+
+        ``preserve``: pass ``--preserve``, which Talos before 1.8 needs to keep EPHEMERAL (see
+        :func:`upgrade_flags`).
+        """
         if not image:
             raise PermanentError(
                 "refusing to run talosctl upgrade without --image: it would drop the NVIDIA extensions"
             )
-        args = ["upgrade", "--image", image, f"--wait={'true' if wait else 'false'}"]
+        args = ["upgrade", *upgrade_flags(image, preserve=preserve), f"--wait={'true' if wait else 'false'}"]
         if wait:
             # talosctl's own timeout first, so its error text (not a killed process) tells what hung
             args.append(f"--timeout={int(timeout)}s")
@@ -334,6 +340,17 @@ class Talosctl:
     def machineconfig_text(self, node: str) -> CommandResult:
         """The node's current machine config as YAML (``get machineconfig -o yaml``)."""
         return self.run(["get", "machineconfig", "-o", "yaml"], [node])
+
+
+def upgrade_flags(image: str, *, preserve: bool) -> list[str]:
+    """``--image`` and, when asked, ``--preserve``: the flags the upgrade runs with and the plan shows.
+
+    Why ``--preserve``: Talos up to 1.7 wipes the EPHEMERAL partition (/var, local volumes) and makes a
+    control-plane node leave etcd on upgrade unless it is set (talos@v1.7.0:internal/pkg/install/
+    install.go:292 ``WithForce(!in.GetPreserve())``; docs v1.7 upgrading-talos).  From 1.8 the disk is
+    never wiped and the flag is hidden (1.13: deprecated), so callers set it only below 1.8.
+    """
+    return ["--image", image, *(["--preserve"] if preserve else [])]
 
 
 def transient(result: CommandResult) -> bool:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runbook_lib.clients.factory import FactoryClient
+from runbook_lib.clients.talosctl import upgrade_flags
 from runbook_lib.errors import PermanentError, RunbookError
 from runbook_lib.model.boot_assets import boot_asset_urls, installer_image
 from runbook_lib.model.machineconfig import contains
@@ -85,7 +86,13 @@ def planned_image(ctx: Context, node: Node) -> NodeImage:
 
 def upgrade_command(ctx: Context, plan: NodeImage) -> list[str]:
     """The exact argv the step runs for a node (always with ``--image``)."""
-    return ctx.talosctl.argv(["upgrade", "--image", plan.image, "--wait=true"], [plan.node.address])
+    flags = upgrade_flags(plan.image, preserve=needs_preserve(ctx))
+    return ctx.talosctl.argv(["upgrade", *flags, "--wait=true"], [plan.node.address])
+
+
+def needs_preserve(ctx: Context) -> bool:
+    """Talos before 1.8 wipes EPHEMERAL on upgrade without ``--preserve`` (see ``upgrade_flags``)."""
+    return not ctx.params.talos.at_least(1, 8)
 
 
 def read_states(ctx: Context, addresses: Sequence[str]) -> dict[str, NodeState]:
@@ -375,7 +382,9 @@ def _run_batch(
     """Upgrade one batch concurrently, then confirm each node; True when any node of the batch failed."""
 
     def upgrade(plan: NodeImage) -> tuple[NodeImage, str | None]:
-        run = ctx.talosctl.upgrade(plan.node.address, plan.image, wait=True, timeout=upgrade_timeout)
+        run = ctx.talosctl.upgrade(
+            plan.node.address, plan.image, wait=True, timeout=upgrade_timeout, preserve=needs_preserve(ctx)
+        )
         if run.ok:
             return plan, None
         return plan, run.stderr.strip() or f"talosctl upgrade exited {run.exit_code}"

@@ -328,3 +328,14 @@ def test_every_fault_on_every_version(tmp_path: Path, minor: str) -> None:
     assert ext_versions(w[5]) == healthy
     assert talosctl(tmp_path, "version", "-n", w[6]).returncode == 1
     assert list(ext_versions(w[7])) == ["schematic"]
+
+
+def test_preserve_is_accepted_but_hidden(tmp_path: Path) -> None:
+    """``--preserve`` is registered in every talosctl, hidden from help from v1.8 (``MarkHidden``) and
+    deprecated from v1.13 (talos@v1.8.0, v1.13.0: cmd/talosctl/cmd/talos/upgrade.go)."""
+    create(tmp_path, ClusterSpec(workers=1, talos_version="1.12"))
+    r = talosctl(
+        tmp_path, "upgrade", "-n", W1, "--preserve", "-i", gpu_image(tmp_path, "v1.12.11", "v1.12.11")
+    )
+    assert r.returncode == 0, r.stderr
+    assert "preserve" not in talosctl(tmp_path, "upgrade", "--help").stdout

@@ -64,6 +64,12 @@ def command_table(command: str, client_minor: tuple[int, int]) -> dict[str, Any]
     return table
 
 
+#: Flags the real binary registers but hides from its help, so the CLI reference (and the tables) omit
+#: them: accepted, never listed.  ``upgrade --preserve``: ``MarkHidden`` from talos@v1.8.0 to v1.12,
+#: ``MarkDeprecated`` (also hidden) from v1.13 (cmd/talosctl/cmd/talos/upgrade.go); visible before 1.8.
+HIDDEN_FLAGS: dict[str, list[tuple[str, str, str, str | None]]] = {"upgrade": [("p", "preserve", "", None)]}
+
+
 def flag_specs(command: str, client_minor: tuple[int, int]) -> tuple[list[FlagSpec], list[FlagSpec]]:
     table = command_table(command, client_minor)
     if table is None:
@@ -140,7 +146,8 @@ def _set(spec: FlagSpec, raw: str, parsed: Parsed) -> None:
 def parse(command: str, argv: list[str], client_minor: tuple[int, int]) -> Parsed:
     """Parse flags anywhere in ``argv`` (pflag interspersed mode); positional arguments are kept in order."""
     local, inherited = flag_specs(command, client_minor)
-    specs = local + inherited
+    hidden = [FlagSpec(s, name, typ, "", default) for s, name, typ, default in HIDDEN_FLAGS.get(command, [])]
+    specs = local + hidden + inherited
     by_name = {s.name: s for s in specs}
     by_short = {s.short: s for s in specs if s.short}
     parsed = Parsed(command=command, args=[])

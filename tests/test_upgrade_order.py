@@ -1,0 +1,37 @@
+"""Config patch, then image upgrade, on the simulated cluster: what a real Talos node needs from that order.
+
+Issue 13 (real-cluster correctness), shared/docs/reality-gaps.md §1 findings 3 and 4.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+
+from runbook_lib.steps.image import image_upgrade
+from runbook_lib.steps.patch import config_patch
+from tests.simcluster import sim_cluster
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize(("version", "preserve"), [("v1.7.7", True), ("v1.8.4", False)])
+def test_upgrade_keeps_the_ephemeral_partition_below_talos_1_8(
+    tmp_path: Path, version: str, preserve: bool
+) -> None:
+    """Talos <= 1.7 wipes EPHEMERAL (/var, local PVs) on upgrade unless ``--preserve`` is passed.
+
+    talos@v1.7.0:internal/pkg/install/install.go:292 ``WithForce(!in.GetPreserve())``; siderolabs/docs
+    public/talos/v1.7/.../upgrading-talos.mdx:23,72-74.  From v1.8 the disk is never wiped
+    (talos@v1.8.0:hack/release.toml), so the flag (hidden since 1.8) is left out there.
+    """
+    with sim_cluster(tmp_path / "sim", talos_version=version, workers=1) as (_params, ctx):
+        plan = image_upgrade(ctx, apply=False)
+        assert [("--preserve" in shlex.split(c)) for c in plan.data["commands"]] == [preserve]
+        assert config_patch(ctx, apply=True).ok
+        applied = image_upgrade(ctx, apply=True, settle_timeout=10.0, poll_interval=0.1)
+        assert applied.ok, applied.summary()
+        runs = [e.argv for e in ctx.journal.entries if "upgrade" in e.argv]
+        assert runs and all(("--preserve" in argv) == preserve for argv in runs)
