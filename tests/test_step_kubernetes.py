@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from runbook_lib.model.params import validate
+from runbook_lib.steps.context import connect
 from runbook_lib.steps.cudatest import RUN_LABEL, TEST_NAMESPACE, cuda_test
 from runbook_lib.steps.kubernetes import allocatable_gpus, kubernetes_layer
 from tests.simcluster import sim_cluster
@@ -126,3 +128,82 @@ def test_cuda_test_waits_for_approval_and_its_plan_is_stable(tmp_path):
         strip = lambda r: {k: v for k, v in r.to_dict().items() if k != "duration_s"}  # noqa: E731
         assert strip(first) == strip(second)
         assert ctx.kube.pods(TEST_NAMESPACE) == []
+
+
+def _on_release(params, version, state_dir, *, apply):
+    """The same simulated cluster seen with other parameters (what a user does when moving to 1.13)."""
+    data = {
+        "cluster": params.cluster,
+        "target": "simulated",
+        "talos_version": version,
+        "apply": apply,
+        "nodes": [{"name": n.name, "address": n.address} for n in params.nodes],
+    }
+    return connect(validate(data, source="test"), state_dir=state_dir)
+
+
+def test_migration_to_1_13_removes_the_device_plugin_and_its_runtime_class_first(tmp_path):
+    """Talos 1.13 upgrade notes: "Before upgrading to Talos 1.13, uninstall the nvidia-device-plugin helm
+    chart and delete the nvidia runtimeclass" (siderolabs/docs public/talos/v1.13/configure-your-talos-cluster/
+    lifecycle-management/upgrading-talos.mdx:53-70). The operator deploys its own device plugin
+    (gpu-operator@v26.3.3 deployments/gpu-operator/values.yaml `devicePlugin.enabled: true`) and its own
+    RuntimeClass `nvidia`, owned by the ClusterPolicy (gpu-operator assets/pre-requisites)."""
+    with sim_cluster(tmp_path, scenario="gpu-ready", apply=True) as (params, ctx):
+        assert kubernetes_layer(ctx, timeout_s=60).ok  # Talos 1.12: the device plugin and RuntimeClass nvidia
+        planned = kubernetes_layer(_on_release(params, "v1.13.2", tmp_path, apply=False))
+        changes = "\n".join(planned.data["changes"])
+        assert "helm uninstall nvidia-device-plugin -n kube-system" in changes
+        assert "delete RuntimeClass nvidia" in changes
+        assert ctx.helm.release("nvidia-device-plugin", "kube-system") is not None  # a plan changes nothing
+        assert ctx.kube.runtime_class("nvidia") is not None
+
+        ctx13 = _on_release(params, "v1.13.2", tmp_path, apply=True)
+        result = kubernetes_layer(ctx13, timeout_s=60)
+        assert result.ok, result.to_dict()
+        assert ctx13.helm.release("nvidia-device-plugin", "kube-system") is None
+        assert ctx13.helm.release("gpu-operator", "gpu-operator") is not None
+        owners = ctx13.kube.runtime_class("nvidia")["metadata"].get("ownerReferences") or []
+        assert [o["kind"] for o in owners] == ["ClusterPolicy"]  # the operator's own, not the old one
+        kinds = [c.summary for c in ctx13.journal.changes()]
+        assert any("helm uninstall nvidia-device-plugin" in s for s in kinds), kinds
+        assert any("delete RuntimeClass nvidia" in s for s in kinds), kinds
+
+
+def test_zero_desired_diagnosis_looks_at_the_releases_own_daemonset(tmp_path):
+    """A real Talos cluster always runs kube-proxy (and flannel) as DaemonSets in kube-system, with one desired
+    pod per node (reality-gaps.md §3 item 2): summing every DaemonSet of the namespace hides the device plugin's
+    0 desired pods. The chart labels its DaemonSet app.kubernetes.io/instance=<release> (k8s-device-plugin
+    deployments/helm/nvidia-device-plugin/templates/_helpers.tpl, "nvidia-device-plugin.labels")."""
+    with sim_cluster(tmp_path, scenario="gpu-ready", apply=True, device_plugin={"label_nodes": False}) as (
+        params,
+        ctx,
+    ):
+        kube_proxy = {
+            "metadata": {"name": "kube-proxy", "labels": {"k8s-app": "kube-proxy"}},
+            "spec": {
+                "selector": {"matchLabels": {"k8s-app": "kube-proxy"}},
+                "template": {
+                    "metadata": {"labels": {"k8s-app": "kube-proxy"}},
+                    "spec": {
+                        "containers": [{"name": "kube-proxy", "image": "registry.k8s.io/kube-proxy:v1.35.0"}]
+                    },
+                },
+            },
+        }
+        ctx.kube.apps.create_namespaced_daemon_set("kube-system", kube_proxy)
+        result = kubernetes_layer(ctx, timeout_s=3)
+        assert not result.ok
+        check = result.failing()[0].checks[0]
+        assert check.message == "the device-plugin DaemonSet has 0 desired pods", check
+        assert "nvidia.com/gpu.present=true" in check.fix
+
+
+def test_gpu_operator_no_gpu_hint_names_the_operators_device_plugin_daemonset(tmp_path):
+    """The operator's device plugin runs as DaemonSet nvidia-device-plugin-daemonset (gpu-operator@v26.3.3
+    assets/state-device-plugin/0500_daemonset.yaml), not ds/<release> (reality-gaps.md §1 finding 19)."""
+    with sim_cluster(tmp_path, scenario="fresh", talos_version="v1.13.2", apply=True) as (params, ctx):
+        result = kubernetes_layer(ctx, timeout_s=3)
+        assert not result.ok
+        fixes = " ".join(c.fix for n in result.failing() for c in n.checks)
+        assert "logs ds/nvidia-device-plugin-daemonset" in fixes, fixes
+        assert "ds/gpu-operator" not in fixes

@@ -60,7 +60,12 @@ class Helm:
         return self.run(["repo", "update", *([name] if name else [])]).check("helm repo update")
 
     def releases(self, namespace: str) -> list[Release]:
-        result = self.run(["list", "-n", namespace, "-o", "json"]).check("helm list")
+        return self._parse_list(
+            self.run(["list", "-n", namespace, "-o", "json"]).check("helm list"), namespace
+        )
+
+    @staticmethod
+    def _parse_list(result: CommandResult, namespace: str) -> list[Release]:
         try:
             data = json.loads(result.stdout or "[]")
         except ValueError:
@@ -77,6 +82,15 @@ class Helm:
             )
             for r in data
         ]
+
+    def releases_everywhere(self) -> list[Release]:
+        """Releases of every namespace (``helm list -A``): a device plugin may live outside the planned one."""
+        return self._parse_list(self.run(["list", "-A", "-o", "json"]).check("helm list -A"), "")
+
+    def uninstall(self, name: str, namespace: str, *, timeout_s: int = 300) -> CommandResult:
+        """Remove a release and wait until its objects are gone (``--wait``, helm >= 3.7)."""
+        args = ["uninstall", name, "-n", namespace, "--wait", "--timeout", f"{timeout_s}s"]
+        return self.run(args, timeout=timeout_s + 60, changes_cluster=True)
 
     def release(self, name: str, namespace: str) -> Release | None:
         return next((r for r in self.releases(namespace) if r.name == name), None)

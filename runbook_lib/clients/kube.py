@@ -192,6 +192,15 @@ class Kube:
         )
         return self.to_dict(created)
 
+    def delete_runtime_class(self, name: str, *, dry_run: bool) -> None:
+        self._call(
+            f"delete runtimeclass {name}",
+            lambda: self.node_api.delete_runtime_class(name, dry_run=self._dry(dry_run)),
+        )
+        self.journal.record_api(
+            f"delete RuntimeClass {name}" + (" [dry-run]" if dry_run else ""), changes_cluster=not dry_run
+        )
+
     def ensure_namespace(self, name: str, labels: Mapping[str, str], *, dry_run: bool) -> str:
         """Create the namespace or add missing labels; returns what was done (``created``/``labelled``/``ok``)."""
         current = self.namespace(name)

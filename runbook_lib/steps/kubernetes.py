@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runbook_lib.errors import RunbookError
+from runbook_lib.errors import PermanentError, RunbookError
 
 from .context import Context
 from .results import Check, NodeResult, StepResult
@@ -45,6 +45,8 @@ def kubernetes_layer(
     result.data["layer"] = plan.kubernetes_layer
     changed: list[str] = []
     try:
+        if plan.kubernetes_layer == "gpu-operator":
+            _retire_device_plugin(ctx, result, changed, dry_run=dry_run, timeout_s=timeout_s)
         _runtime_class(ctx, result, changed, dry_run=dry_run)
         if not result.ok:
             result.notes.append("stopped before the Helm release: fix the RuntimeClass first")
@@ -95,6 +97,45 @@ def _runtime_class(ctx: Context, result: StepResult, changed: list[str], *, dry_
     ctx.kube.create_runtime_class(RUNTIME_CLASS, RUNTIME_CLASS, dry_run=dry_run)
     changed.append("RuntimeClass nvidia (handler nvidia)")
     result.checks.append(Check("RuntimeClass nvidia", True, "created" if not dry_run else "would be created"))
+
+
+DEVICE_PLUGIN_CHART = "nvidia-device-plugin-"
+
+
+def _retire_device_plugin(
+    ctx: Context, result: StepResult, changed: list[str], *, dry_run: bool, timeout_s: float
+) -> None:
+    """Before the GPU Operator: remove the device-plugin releases and a RuntimeClass ``nvidia`` not the chart's.
+
+    The Talos 1.13 upgrade notes say "uninstall the nvidia-device-plugin helm chart and delete the nvidia
+    runtimeclass" (siderolabs/docs public/talos/v1.13/.../upgrading-talos.mdx:53-70): the operator runs its own
+    device plugin (gpu-operator@v26.3.3 values.yaml ``devicePlugin.enabled: true``), so two plugins would
+    advertise ``nvidia.com/gpu``; the operator creates RuntimeClass ``nvidia`` owned by its ClusterPolicy
+    (gpu-operator assets/pre-requisites/0200_runtime_class.yaml). A plan only lists what would be removed.
+    """
+    for rel in ctx.helm.releases_everywhere():
+        if not rel.chart.startswith(DEVICE_PLUGIN_CHART):
+            continue
+        what = f"helm uninstall {rel.name} -n {rel.namespace}"
+        if not dry_run:
+            run = ctx.helm.uninstall(rel.name, rel.namespace, timeout_s=int(timeout_s))
+            if not run.ok:
+                raise PermanentError(f"{what} failed: {run.stderr.strip()}", hint=what)
+        changed.append(what + " (the GPU Operator brings its own device plugin)")
+        result.checks.append(Check(f"device-plugin release {rel.name} removed", True, _did(what, dry_run)))
+    existing = ctx.kube.runtime_class(RUNTIME_CLASS)
+    owners = ((existing or {}).get("metadata") or {}).get("ownerReferences") or []
+    if existing is not None and not any(o.get("kind") == "ClusterPolicy" for o in owners):
+        ctx.kube.delete_runtime_class(RUNTIME_CLASS, dry_run=dry_run)
+        what = f"delete RuntimeClass {RUNTIME_CLASS} (the GPU Operator creates its own)"
+        changed.append(what)
+        result.checks.append(
+            Check(f"RuntimeClass {RUNTIME_CLASS} handed to the GPU Operator", True, _did(what, dry_run))
+        )
+
+
+def _did(what: str, dry_run: bool) -> str:
+    return ("would run: " if dry_run else "ran: ") + what
 
 
 def _label_nodes(ctx: Context, gpu_nodes: list[Any], changed: list[str], *, dry_run: bool) -> None:
@@ -232,7 +273,8 @@ def _wait_for_gpus(ctx: Context, result: StepResult, gpu_nodes: list[Any], *, ti
 def _no_gpu_diagnosis(ctx: Context, node: dict[str, Any]) -> Check:
     release = ctx.plan.helm
     labels = node["metadata"].get("labels") or {}
-    daemonsets = ctx.kube.daemonsets(release.namespace)
+    # Only the release's own DaemonSets: kube-proxy and flannel share kube-system on every Talos cluster.
+    daemonsets = ctx.kube.daemonsets(release.namespace, f"app.kubernetes.io/instance={release.release}")
     desired = sum(int((d.get("status") or {}).get("desiredNumberScheduled", 0)) for d in daemonsets)
     if ctx.plan.kubernetes_layer == "device-plugin" and desired == 0:
         return Check(
@@ -255,5 +297,13 @@ def _no_gpu_diagnosis(ctx: Context, node: dict[str, Any]) -> Check:
         "the device plugin runs but the node advertises no GPUs",
         cause="the driver is not loaded on the node, or the plugin does not run with the nvidia runtime",
         fix="run the verification step for this node; check `kubectl -n "
-        f"{release.namespace} logs ds/{release.release}` for 'Incompatible strategy' / NVML errors",
+        f"{release.namespace} logs ds/{_plugin_daemonset(ctx)}` for 'Incompatible strategy' / NVML errors",
     )
+
+
+def _plugin_daemonset(ctx: Context) -> str:
+    """The DaemonSet that runs the device plugin: the operator names its own ``nvidia-device-plugin-daemonset``
+    (gpu-operator assets/state-device-plugin/0500_daemonset.yaml); the chart names it after the release."""
+    if ctx.plan.kubernetes_layer == "gpu-operator":
+        return "nvidia-device-plugin-daemonset"
+    return ctx.plan.helm.release

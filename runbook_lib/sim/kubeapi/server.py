@@ -555,7 +555,7 @@ class Handler(BaseHTTPRequestHandler):
             )
         elif method == "DELETE" and r.name:
             self._body()
-            obj = store.delete(r.res, r.ns, r.name)
+            obj = store.delete(r.res, r.ns, r.name, dry_run=dry_run)
             if r.res.plural == "pods":
                 self._send(200, obj)
             else:

@@ -295,9 +295,15 @@ class Store:
             fn(new)
             return self._write(res, ns, name, new, old, subresource)
 
-    def delete(self, res: Resource, ns: str, name: str) -> dict[str, Any]:
+    def delete(self, res: Resource, ns: str, name: str, *, dry_run: bool = False) -> dict[str, Any]:
         ns = ns if res.namespaced else ""
         with self.lock:
+            if dry_run:
+                # kube-apiserver answers a dry-run delete (404 included) but keeps the object: Store.Delete
+                # passes dryrun.IsDryRun(options.DryRun) to DryRunnableStorage.Delete, which then only reads
+                # the object and validates (kubernetes staging/src/k8s.io/apiserver/pkg/registry/generic/
+                # registry/store.go and dryrun.go).
+                return self.get(res, ns, name)
             obj = self.objects[res.key].pop((ns, name), None)
             if obj is None:
                 raise not_found(res, name)
