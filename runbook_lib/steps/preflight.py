@@ -26,9 +26,7 @@ def preflight(ctx: Context, *, only: list[str] | None = None) -> StepResult:
     versions: dict[str, str] = {}
 
     client, servers, errors = ctx.talosctl.version(addresses)
-    result.checks.append(
-        Check("talosctl", client is not None, f"talosctl client {client or 'did not answer'}")
-    )
+    result.checks.append(_client_check(client, ctx.params.talos))
     versions["talosctl"] = client or "unknown"
     try:
         versions["helm"] = ctx.helm.version()
@@ -110,6 +108,36 @@ def preflight(ctx: Context, *, only: list[str] | None = None) -> StepResult:
     except RunbookError as exc:
         result.notes.append(f"Kubernetes state not read: {exc.message}")
     return result.finish()
+
+
+def _client_check(client: str | None, wanted: TalosVersion) -> Check:
+    """The talosctl client must be at least the target's minor release.
+
+    Why: ``talosctl patch`` loads and merges the patch documents client-side
+    (talos@v1.13.0:cmd/talosctl/cmd/talos/patch.go, ``configpatcher.LoadPatches``), so a client older than
+    the node cannot parse the documents of the newer release: talosctl 1.13 answers
+    ``"KernelModuleConfig" "v1alpha1": not registered`` for the 1.14 modules patch
+    (talos@v1.13.0:pkg/machinery/config/internal/registry/registry.go:79).  A newer client is supported.
+    """
+    if client is None:
+        return Check(
+            "talosctl", False, "talosctl client did not answer", fix="check the tools.talosctl parameter"
+        )
+    try:
+        minor = TalosVersion.parse(client).minor_line
+    except RunbookError:
+        return Check("talosctl", True, f"talosctl client {client} (version not recognised, not compared)")
+    if minor >= wanted.minor_line:
+        return Check("talosctl", True, f"talosctl client {client}")
+    line = f"v{wanted.major}.{wanted.minor}"
+    return Check(
+        "talosctl",
+        False,
+        f"talosctl client {client} is older than the target release {wanted}: it cannot read the {line} "
+        "machine-config documents the config-patch step sends",
+        fix=f"install talosctl {line} or newer (same minor as the nodes or later) and point tools.talosctl at it",
+        cause="talosctl parses and merges patches client-side",
+    )
 
 
 def _same_release(running: str, wanted: TalosVersion) -> bool:

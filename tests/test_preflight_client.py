@@ -1,0 +1,35 @@
+"""Preflight and the talosctl client version (issue 13, shared/docs/reality-gaps.md §1 finding 9)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from runbook_lib.steps.preflight import preflight
+from tests.simcluster import sim_cluster
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize(
+    ("target", "client", "ok"),
+    [("v1.14.0", "v1.13.9", False), ("v1.14.0", "v1.14.0", True), ("v1.12.7", "v1.13.9", True)],
+)
+def test_preflight_refuses_a_talosctl_older_than_the_target_release(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, target: str, client: str, ok: bool
+) -> None:
+    """talosctl loads and merges patches client-side (talos@v1.13.0:cmd/talosctl/cmd/talos/patch.go,
+    ``configpatcher.LoadPatches``), and 1.14's ``KernelModuleConfig`` is registered only in the 1.14
+    machinery: talosctl 1.13 answers ``"KernelModuleConfig" "v1alpha1": not registered``
+    (talos@v1.13.0:pkg/machinery/config/internal/registry/registry.go:79).  So an older client must stop
+    the run before the config-patch step; a newer client is fine."""
+    monkeypatch.setenv("RUNBOOK_SIM_TALOSCTL_VERSION", client)
+    with sim_cluster(tmp_path / "sim", talos_version=target, workers=1) as (_params, ctx):
+        result = preflight(ctx)
+    [check] = [c for c in result.checks if c.name == "talosctl"]
+    assert check.ok is ok, check
+    assert result.ok is ok
+    if not ok:
+        assert "v1.13.9" in check.message and "v1.14" in check.message
+        assert "v1.14" in check.fix and "tools.talosctl" in check.fix
