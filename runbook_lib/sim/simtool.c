@@ -8,8 +8,9 @@
  * Python process that has already imported the simulator; the copy runs the same main() the plain
  * `python -m` path runs, writes straight into this process's streams, and sends back the exit code.
  * Outputs, streams and exit codes are therefore the same as without the server.  When no server
- * listens (no daemon, or it stopped), or with RUNBOOK_SIM_TOOLSERVER=0 in the environment, the client
- * execs `PYTHON -m MODULE args...` as before.
+ * listens (no daemon, or it stopped), when the listener is not this user's (SO_PEERCRED: another user
+ * bound the name first), or with RUNBOOK_SIM_TOOLSERVER=0 in the environment, the client execs
+ * `PYTHON -m MODULE args...` as before.
  *
  * usage: simtool SOCKET-NAME PYTHON MODULE [args...]   (SOCKET-NAME: abstract unix socket, without '@')
  * wire:  16 ASCII digits (payload length), then the payload: NUL-terminated strings
@@ -42,6 +43,15 @@ static void fallback(char **argv, int argc) {
     execv(argv[2], args);
     fprintf(stderr, "simtool: cannot run %s: %s\n", argv[2], strerror(errno));
     exit(127);
+}
+
+/* An abstract socket name has no owner: any local user can bind it before the simulator's daemon does.
+   The kernel records who listens (SO_PEERCRED); only a server running as this user may see the call. */
+static int server_is_ours(int sock) {
+    struct ucred cred;
+    socklen_t len = sizeof cred;
+    if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0 || len != sizeof cred) return 0;
+    return cred.uid == geteuid();
 }
 
 struct buf { char *data; size_t len, cap; };
@@ -86,6 +96,12 @@ int main(int argc, char **argv) {
     int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (sock < 0) fallback(argv, argc);
     if (connect(sock, (struct sockaddr *)&addr, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + name_len)) < 0) {
+        close(sock);
+        fallback(argv, argc);
+    }
+    if (!server_is_ours(sock)) {
+        /* Another user bound the name first: it must get nothing (no environment, no streams) and answer
+           nothing.  The plain process gives the same result, without the server. */
         close(sock);
         fallback(argv, argc);
     }

@@ -6,7 +6,9 @@ node, where the real ``talosctl`` starts in a few ms.  At 1,000 nodes a fleet-wi
 (``benchmarks/README.md``).  A zygote fixes that without changing what a call does:
 
 - the daemon forks this server before it starts any thread; the server imports the simulated tools once
-  and listens on an abstract unix socket named after the state dir;
+  and listens on an abstract unix socket named after the state dir; it serves its own uid only, and
+  ``simtool`` talks only to a server of its own uid (``SO_PEERCRED`` on both ends: an abstract name has no
+  file permissions, so another local user could otherwise call it or bind the name first);
 - ``bin/talosctl`` runs ``simtool`` (``simtool.c``, compiled once per machine into the user's cache),
   which connects, sends argv, environment and working directory, and passes its own stdin, stdout and
   stderr as file descriptors;
@@ -34,6 +36,7 @@ import select
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -168,7 +171,11 @@ def _serve(state_dir: Path, ready_fd: int) -> int:
     try:
         listener.bind("\0" + socket_name(state_dir))
     except OSError as exc:
-        log.warning("tool server not started: %s", exc)
+        log.warning(
+            "tool server not started: %s%s; simulated tools run as plain processes",
+            exc,
+            _holder(socket_name(state_dir)),
+        )
         os.write(ready_fd, b"0")
         return 1
     listener.listen(256)
@@ -189,6 +196,9 @@ def _serve(state_dir: Path, ready_fd: int) -> int:
             conn, _ = listener.accept()
         except OSError:
             continue
+        if not _is_owner(conn):
+            conn.close()
+            continue
         if os.fork() == 0:
             listener.close()
             code = 0
@@ -201,6 +211,40 @@ def _serve(state_dir: Path, ready_fd: int) -> int:
                 os._exit(code)
         conn.close()
     return 0
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """The uid of the process at the other end of a connected unix socket (``SO_PEERCRED``, set by the kernel)."""
+    _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    return int(uid)
+
+
+def _holder(name: str) -> str:
+    """Who listens on ``name`` already (a user other than the owner squatting it is worth saying)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect("\0" + name)
+            uid = peer_uid(probe)
+        except OSError:
+            return ""
+    return f" (@{name} is held by uid {uid}{', another user' if uid != os.geteuid() else ''})"
+
+
+def _is_owner(conn: socket.socket) -> bool:
+    """Serve only the user the simulator belongs to.
+
+    An abstract socket has no file permissions: any local user can connect, and a call runs the tools as
+    the owner with the caller's argv, cwd and environment (it would hand another user the owner's
+    kubeconfig, or write files as the owner).  The kernel's record of the caller's uid decides.
+    """
+    try:
+        uid = peer_uid(conn)
+    except OSError:
+        return False
+    if uid != os.geteuid():
+        log.warning("tool server: refused a call from uid %d (serves uid %d only)", uid, os.geteuid())
+        return False
+    return True
 
 
 def _reap(_signum: int, _frame: object) -> None:

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -155,3 +158,134 @@ def test_without_a_compiler_the_wrapper_runs_the_python_tool(
     assert "-m runbook_lib.sim.talosctl" in wrapper
     done = tool(state, "talosctl", "-n", "10.5.0.3", "get", "extensions")
     assert done.returncode == 0 and "schematic" in done.stdout
+
+
+# ---------------------------------------------------------------- other local users (attack report F4)
+
+SYSTEM_PYTHON = Path("/usr/bin/python3")  # the venv's interpreter lives under /root, out of nobody's reach
+NOBODY = 65534
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0 or not SYSTEM_PYTHON.exists(),
+    reason="acting as another user (nobody) needs root and a system python3",
+)
+
+# What another user runs: the tool server's wire protocol (simtool.c's header), asking for the owner's
+# kubeconfig on its own stdout, as the attack report's evil_client.py did.
+EVIL_CLIENT = r"""
+import os, socket, sys
+name, state = sys.argv[1], sys.argv[2].encode()
+fields = [b"1", b"runbook_lib.sim.talosctl", b"/", b"4", b"-n", b"10.5.0.2", b"kubeconfig", b"-",
+          b"2", b"TALOSCONFIG=" + state + b"/talosconfig", b"RUNBOOK_SIM_STATE=" + state]
+payload = b"".join(f + b"\0" for f in fields)
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect("\0" + name)
+try:
+    socket.send_fds(s, [b"%016d" % len(payload)], [0, 1, 2])
+    s.sendall(payload)
+    reply = s.recv(32)
+except OSError as exc:
+    reply = repr(exc).encode()
+sys.stderr.write("reply=%r\n" % reply)
+"""
+
+# What a squatter runs: bind the owner's socket name first, then record what any caller sends and answer
+# with a forged output and exit code 0.
+SQUATTER = r"""
+import os, socket, sys
+name, capture = sys.argv[1], sys.argv[2]
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind("\0" + name)
+s.listen(8)
+print("ready", flush=True)
+while True:
+    conn, _ = s.accept()
+    try:
+        data, fds, _f, _a = socket.recv_fds(conn, 1 << 16, 3)
+        while True:
+            more = conn.recv(1 << 16)
+            if not more:
+                break
+            data += more
+            if len(data) >= 16 and len(data) >= 16 + int(data[:16] or b"0"):
+                break
+    except (OSError, ValueError):
+        data, fds = b"", []
+    with open(capture, "ab") as fh:
+        fh.write(b"CALL %d bytes %d fds\n" % (len(data), len(fds)) + data + b"\n")
+    for fd in fds[1:2]:
+        os.write(fd, b"FAKE OUTPUT FROM ANOTHER USER: everything is fine\n")
+    for fd in fds:
+        os.close(fd)
+    try:
+        conn.sendall(b"0")
+    except OSError:
+        pass
+    conn.close()
+"""
+
+
+def as_nobody(script: str, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [str(SYSTEM_PYTHON), "-c", script, *args],
+        user=NOBODY,
+        group=NOBODY,
+        extra_groups=[],
+        cwd="/",
+        env={"PATH": "/usr/bin:/bin"},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@needs_root
+@needs_compiler
+def test_another_user_cannot_use_the_owners_tool_server(sim: Path) -> None:
+    """As nobody, ask root's tool server for the kubeconfig: the server must refuse before running anything."""
+    assert listening(sim)
+    kubeconfig = (sim / "kubeconfig").read_text()
+    token_line = next(line for line in kubeconfig.splitlines() if "token" in line)
+    evil = as_nobody(EVIL_CLIENT, toolserver.socket_name(sim), str(sim))
+    out, err = evil.communicate(timeout=30)
+    assert evil.returncode == 0, err
+    assert token_line.strip() not in out
+    assert "clusters" not in out
+    assert "reply=" in err and not re.search(r"reply=b'\d", err)  # closed without an exit code: nothing ran
+
+
+@needs_root
+@needs_compiler
+def test_a_squatted_tool_server_name_captures_nothing_and_forges_nothing(tmp_path: Path) -> None:
+    """Another user binds the socket name before the owner's daemon: the owner's calls must not go to it."""
+    state = tmp_path / "sim"
+    cluster.create(state, cluster.ClusterSpec(workers=1, talos_version="v1.12.7"))
+    drop = Path(tempfile.mkdtemp(prefix="squat-"))
+    drop.chmod(0o777)
+    capture = drop / "capture"
+    squatter = as_nobody(SQUATTER, toolserver.socket_name(state), str(capture))
+    try:
+        assert squatter.stdout is not None and squatter.stdout.readline() == "ready\n"
+        cluster.start_daemon(state, rooms=[])
+        env = {k: v for k, v in os.environ.items() if k != "RUNBOOK_SIM_STATE"}
+        env["TALOSCONFIG"] = str(state / "talosconfig")
+        env["MARKER_SECRET"] = "MARKERAWSfromRootEnv"
+        done = subprocess.run(
+            [str(state / "bin" / "talosctl"), "-n", "10.5.0.3", "get", "extensions"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        cluster.stop_daemon(state)
+        squatter.kill()
+        squatter.communicate()
+    assert done.returncode == 0, done.stderr
+    assert "FAKE OUTPUT" not in done.stdout + done.stderr
+    assert "schematic" in done.stdout  # the real answer, from a plain process
+    captured = capture.read_bytes() if capture.exists() else b""
+    assert b"MARKERAWSfromRootEnv" not in captured
+    assert b"fds" not in captured or b" 0 bytes 0 fds" in captured  # at most a connect, never a request
+    shutil.rmtree(drop)
