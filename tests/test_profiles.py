@@ -10,7 +10,9 @@ import pytest
 import yaml
 
 from runbook_lib.errors import CompatibilityError
-from runbook_lib.model.profiles import profile_for, render_documents
+from runbook_lib.model.params import validate
+from runbook_lib.model.plan import build_plan
+from runbook_lib.model.profiles import DRIVER_TABLE, profile_for, render_documents
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "reference" / "talos"
 
@@ -266,3 +268,42 @@ def test_patched_sample_config_validates_against_the_real_talos_schema(minor):
     bad["machine"]["kernel"]["modules"].append({"nam": "typo"})
     assert errors_of(bad) - baseline, "the schema check must be able to fail"
     assert config["machine"]["kernel"]["modules"][-4:] == [{"name": m} for m in MODULES]
+
+
+# Minimum Linux driver for each CUDA major under minor-version compatibility (NVIDIA, "CUDA Compatibility",
+# https://docs.nvidia.com/deploy/cuda-compatibility/minor-version-compatibility.html: CUDA 12.x >= 525.60.13,
+# CUDA 11.x >= 450.80.02).
+CUDA_MIN_DRIVER = {11: (450, 80, 2), 12: (525, 60, 13)}
+
+
+def _driver(text):
+    return tuple(int(part) for part in text.split("."))
+
+
+@pytest.mark.parametrize("minor", sorted(FACTS))
+def test_default_vectoradd_image_runs_on_the_release_driver(minor):
+    """The default vectoradd sample must run on the oldest driver the release ships (its ``.0`` LTS driver).
+
+    Talos 1.3 ships 515.65.01 (extensions@v1.3.0:nvidia-gpu/vars.yaml), too old for any CUDA 12 image.
+    Talos CI ran nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda11.7.1 up to v1.10
+    (talos@v1.10.0:internal/integration/api/extensions_nvidia.go:106) and vectoradd-cuda12.5.0 from v1.11
+    (talos@v1.11.0:internal/integration/api/constants.go:15).
+    """
+    version = f"v1.{minor}.0"
+    nodes = [{"name": "n", "address": "10.0.0.1"}]
+    image = build_plan(
+        validate({"cluster": "c", "talos_version": version, "nodes": nodes}, source="test")
+    ).cuda_vectoradd_image
+    assert image is not None and image.startswith("nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda")
+    cuda_major = int(image.rsplit("vectoradd-cuda", 1)[1].split(".")[0])
+    lts_driver = DRIVER_TABLE[(1, minor)][0]
+    assert _driver(lts_driver) >= CUDA_MIN_DRIVER[cuda_major], (version, lts_driver, image)
+    ci_image = "vectoradd-cuda11.7.1" if minor <= 10 else "vectoradd-cuda12.5.0"
+    assert image.endswith(ci_image)
+
+
+def test_vectoradd_image_named_by_the_user_or_skipped():
+    base = {"cluster": "c", "talos_version": "v1.3.7", "nodes": [{"name": "n", "address": "10.0.0.1"}]}
+    mine = validate({**base, "cuda_test": {"vectoradd_image": "registry.local/vectoradd:11"}}, source="t")
+    assert build_plan(mine).cuda_vectoradd_image == "registry.local/vectoradd:11"
+    assert build_plan(validate({**base, "cuda_test": {"vectoradd_image": None}}, source="t")).cuda_vectoradd_image is None

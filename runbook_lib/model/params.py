@@ -100,8 +100,8 @@ class CudaTest(_Strict):
 
     smi_image: str | None = None
     """Image running ``nvidia-smi``; default: the image of the Talos docs for the release."""
-    vectoradd_image: str | None = "nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0"
-    """CUDA vectoradd sample image; ``null`` skips the vectoradd test."""
+    vectoradd_image: str | None = "auto"
+    """CUDA vectoradd sample image; ``auto``: the sample Talos CI runs for the release (CUDA 11.7 up to 1.10, 12.5 from 1.11), ``null`` skips the test."""
     request_gpu: bool = True
     """Also run a pod requesting ``nvidia.com/gpu: 1`` (the docs' test alone passes with a broken device plugin)."""
     timeout_seconds: int = Field(default=300, ge=10)

@@ -180,7 +180,9 @@ def build_plan(params: Params) -> Plan:
         module_check=profile.module_check,
         services=list(profile.services),
         cuda_smi_image=params.cuda_test.smi_image or profile.cuda_smi_image,
-        cuda_vectoradd_image=params.cuda_test.vectoradd_image,
+        cuda_vectoradd_image=profile.cuda_vectoradd_image
+        if params.cuda_test.vectoradd_image == "auto"
+        else params.cuda_test.vectoradd_image,
         apply=params.apply,
         rollout_concurrency=params.rollout_concurrency,
         nodes=nodes,

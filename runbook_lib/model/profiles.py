@@ -41,6 +41,11 @@ GPU_OPERATOR_CHART_DEFAULT = "v26.3.3"
 
 #: Images the CUDA test pods use (facts §1.5).  The vectoradd sample also proves CUDA compute works.
 CUDA_VECTORADD_IMAGE = "nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0"
+#: The CUDA 11 sample for releases whose driver predates CUDA 12: Talos 1.3 ships 515.65.01
+#: (extensions@v1.3.0:nvidia-gpu/vars.yaml) and CUDA 12 needs >= 525.60.13 (NVIDIA "CUDA Compatibility").
+#: Talos CI ran this image up to v1.10 (talos@v1.10.0:internal/integration/api/extensions_nvidia.go:106)
+#: and vectoradd-cuda12.5.0 from v1.11 (talos@v1.11.0:internal/integration/api/constants.go:15).
+CUDA11_VECTORADD_IMAGE = "nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda11.7.1"
 
 #: Driver (LTS / single), driver (production) and container toolkit at each ``.0`` extensions release
 #: (facts §1.2).  Used only where no Image Factory exists (Talos 1.3–1.4) to name extension images; elsewhere
@@ -87,6 +92,8 @@ class GpuProfile:
     """Extension services that must be up once the toolkit runs (checked by verify)."""
     device_plugin_chart_default: str
     cuda_smi_image: str
+    cuda_vectoradd_image: str
+    """The vectoradd sample Talos CI runs for the release, so it runs on the release's driver."""
     modules: tuple[str, ...] = NVIDIA_MODULES
     notes: tuple[str, ...] = field(default=())
 
@@ -250,6 +257,7 @@ def profile_for(
             if minor <= 7
             else "nvcr.io/nvidia/cuda:12.5.0-base-ubuntu22.04"
         ),
+        cuda_vectoradd_image=CUDA_VECTORADD_IMAGE if minor >= 11 else CUDA11_VECTORADD_IMAGE,
         notes=tuple(notes),
     )
 
