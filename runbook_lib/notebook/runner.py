@@ -32,6 +32,7 @@ from typing import Any
 
 import yaml
 from jupyter_client.blocking.client import BlockingKernelClient
+from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 from tqdm import tqdm
 
@@ -179,15 +180,6 @@ class _Background:
         except Exception:  # any failure: read it again the ordinary way, which reports it as before
             return None
 
-    def preload(self, load: Callable[[], None]) -> None:
-        """Warm an import on the kernel-stop thread (idle until the first notebook ends); never fails."""
-
-        def guarded() -> None:
-            with contextlib.suppress(Exception):  # the real import later reports any problem
-                load()
-
-        self._kernels.submit(guarded)
-
     def stop_kernel(self, stop: Callable[[], None]) -> None:
         self._jobs.append(self._kernels.submit(stop))
 
@@ -212,19 +204,30 @@ class _Background:
         except Exception:
             return None
 
+    def warm_exporter(self) -> None:
+        """Build the HTML exporter and render a sample notebook, on the calling (main) thread.
+
+        Why here and not on the HTML thread: nbconvert imports ~230 modules, and ~100 more on its first
+        export (lexers, filters, templates).  Imported on a worker thread they raced the main thread's
+        imports (F1: see :func:`import_before_threads`).  ``run`` calls this while the first kernels start
+        in their own processes, so it still overlaps them.
+        """
+        import nbformat  # noqa: PLC0415 - lazy (run start-up; papermill has loaded it by now)
+        from nbconvert import HTMLExporter  # noqa: PLC0415 - lazy (run start-up)
+
+        self._exporter = HTMLExporter()  # type: ignore[no-untyped-call]
+        self._exporter.from_notebook_node(nbformat.from_dict(_SAMPLE_NOTEBOOK))  # type: ignore[no-untyped-call]
+
     def export_html(self, record: Path, notebook: str) -> None:
+        if self._exporter is None:  # the HTML thread must import nothing (F1)
+            self.warm_exporter()
         self._jobs.append(self._html.submit(self._export, record, notebook))
 
     def _export(self, record: Path, name: str) -> None:
         path = record / name
         if not path.exists():
             return
-        if self._exporter is None:
-            # Imported here, on the worker: nbconvert (~0.2 s) is not needed before the first notebook ran.
-            from nbconvert import HTMLExporter  # noqa: PLC0415 - lazy (run start-up)
-
-            self._exporter = HTMLExporter()  # type: ignore[no-untyped-call]
-        import nbformat  # noqa: PLC0415 - lazy (run start-up; papermill has loaded it by now)
+        import nbformat  # noqa: PLC0415 - imported by warm_exporter on the main thread
 
         notebook = nbformat.read(path, as_version=4)  # type: ignore[no-untyped-call]
         body, _ = self._exporter.from_notebook_node(notebook)
@@ -302,6 +305,38 @@ class ReadyClient(BlockingKernelClient):
                 self.get_iopub_msg(timeout=0)
             except queue.Empty:
                 break
+
+
+#: Each kind of cell and output a step notebook has, rendered once by :meth:`_Background.warm_exporter`.
+_SAMPLE_NOTEBOOK: dict[str, Any] = {
+    "nbformat": 4,
+    "nbformat_minor": 5,
+    "metadata": {
+        "kernelspec": {"name": KERNEL, "display_name": "Python 3", "language": "python"},
+        "language_info": {"name": "python", "pygments_lexer": "ipython3"},
+    },
+    "cells": [
+        {"cell_type": "markdown", "id": "m", "metadata": {}, "source": "# Step\n`code`, [a link](x)"},
+        {
+            "cell_type": "code",
+            "id": "c",
+            "metadata": {"tags": ["parameters"]},
+            "execution_count": 1,
+            "source": "import x\nx.run()",
+            "outputs": [
+                {"output_type": "stream", "name": "stdout", "text": "ok\n"},
+                {"output_type": "display_data", "metadata": {}, "data": {"text/html": "<b>x</b>"}},
+                {
+                    "output_type": "execute_result",
+                    "execution_count": 1,
+                    "metadata": {},
+                    "data": {"text/plain": "1"},
+                },
+                {"output_type": "error", "ename": "E", "evalue": "e", "traceback": ["\x1b[0;31mE\x1b[0m: e"]},
+            ],
+        },
+    ],
+}
 
 
 def _new_kernel() -> _Kernel:
@@ -536,12 +571,28 @@ def early_helm_version(params: Params) -> dict[str, Any] | None:
     return _helm_version(ctx)
 
 
-def _preload_kubernetes_client() -> None:
-    """Import the Kubernetes client while the first notebook runs; :func:`collect_versions` needs it.
+def import_for_kernel_start() -> None:
+    """Look the kernel up as a kernel start does, on the main thread, before the threads that start kernels
+    exist: jupyter_client's first lookup imports IPython's paths and ``ipykernel.kernelspec`` (~80 modules),
+    which a worker thread must not (see :func:`import_before_threads`)."""
+    KernelSpecManager().get_kernel_spec(KERNEL)
 
-    Only the import (~0.4 s of CPU) moves earlier; nothing is contacted until the versions are read.
+
+def import_before_threads() -> None:
+    """Import, on the main thread, every module the run's worker threads would otherwise import first.
+
+    Why: two threads importing the same package at once can get a partially initialised module from
+    CPython's import deadlock avoidance.  ``runbook run`` died of it about one run in four (F1 of the
+    1 Dec attack: ``cannot import name 'parse_dict_header' from partially initialized module
+    'requests.utils'``: papermill here, the Kubernetes client on a worker, both importing requests).  So
+    worker threads import nothing: papermill, the Kubernetes client and the classes
+    :func:`collect_versions` uses are imported here, while the first kernels start in their own processes.
     """
+    importlib.import_module("papermill")
     importlib.import_module("runbook_lib.clients.kube")
+    kube = importlib.import_module("kubernetes.client")
+    for name in ("VersionApi", "VersionInfo"):  # built on first use by the 37.x client
+        getattr(kube, name)
 
 
 def config_paths(talosconfig: str | None, kubeconfig: str | None) -> list[str]:
@@ -720,8 +771,6 @@ def run(
             secrets = records.secret_values(*config_paths(endpoints.talosconfig, endpoints.kubeconfig))
         if html:
             (record / "html").mkdir()
-        helm_version = background.early(lambda: early_helm_version(params))
-        background.preload(_preload_kubernetes_client)
         bar = tqdm(total=len(selected), unit="step", disable=not progress, desc="runbook")
 
         def start_for(step: StepSpec, *, kubernetes: bool) -> Future[_Kernel]:
@@ -737,8 +786,12 @@ def run(
         # Kernels are started PRESTART_AHEAD steps ahead: one start (~0.8 s of CPU) plus its warm-up can
         # outlast a short step, and a second one in flight keeps the next step from waiting for it.  Only
         # the next step's kernel gets the Kubernetes API classes (memory: see prestart_kernel).
+        import_for_kernel_start()  # worker threads import nothing (F1): see import_before_threads
         upcoming = [start_for(step, kubernetes=i == 0) for i, step in enumerate(selected[:PRESTART_AHEAD])]
-        importlib.import_module("papermill")  # while the first kernel starts (see _execute)
+        import_before_threads()  # while the first kernels start (papermill: see _execute)
+        if html:
+            background.warm_exporter()
+        helm_version = background.early(lambda: early_helm_version(params))
         for index, item in enumerate(selected):
             bar.set_description(item.name)
             try:  # waiting for this step's kernel is part of the step: Ctrl-C here is sealed like any other
