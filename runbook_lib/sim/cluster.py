@@ -16,9 +16,9 @@ import hashlib
 import ipaddress
 import json
 import os
+import shlex
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import time
@@ -118,22 +118,50 @@ def _wrapper(module: str, state_dir: Path, client: Path | None) -> str:
     listens, so the wrapper works with or without the daemon.
     """
     tool = module.rsplit(".", 1)[-1]
+    quote = shlex.quote  # every path is the user's: a ' or $(...) in it must stay data
     head = (
-        f"#!/bin/sh\n# simulated {tool} for the cluster in {state_dir}\nRUNBOOK_SIM_STATE='{state_dir}' exec "
+        f"#!/bin/sh\n# simulated {tool} for the cluster in {quote(str(state_dir))}\n"
+        f"umask 077\nRUNBOOK_SIM_STATE={quote(str(state_dir))} exec "
     )
     if client is None:
-        return f"{head}'{sys.executable}' -m {module} \"$@\"\n"
-    return f"{head}'{client}' '{toolserver.socket_name(state_dir)}' '{sys.executable}' {module} \"$@\"\n"
+        return f'{head}{quote(sys.executable)} -m {module} "$@"\n'
+    name = toolserver.socket_name(state_dir)
+    return f'{head}{quote(str(client))} {quote(name)} {quote(sys.executable)} {module} "$@"\n'
+
+
+def check_state_path(state_dir: Path) -> None:
+    """Refuse a state path with a line break or another control character before anything is written.
+
+    The path goes into the ``bin/`` wrappers (a shell script) and into the ``export`` line ``sim up``
+    prints for a shell; quoting keeps ``'`` and ``$(...)`` inert, but a line break has no business in it.
+    """
+    bad = sorted({repr(ch) for ch in str(state_dir) if ord(ch) < 32 or ord(ch) == 127})
+    if bad:
+        kind = "a line break" if {"\n", "\r"} & set(str(state_dir)) else "a control character"
+        raise ValueError(
+            f"state directory {str(state_dir)!r} contains {kind} ({', '.join(bad)}); "
+            "choose a --state (or RUNBOOK_SIM_STATE) path without control characters"
+        )
+
+
+def private_dir(path: Path) -> None:
+    """Create ``path`` (if needed) readable, writable and enterable by its owner only, whatever the umask.
+
+    The runbook executes ``bin/talosctl`` from the state and trusts the node files: a directory another
+    local user can write (umask 000 made them 0777) would let that user run commands as the owner.
+    """
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path.chmod(0o700)
 
 
 def write_binaries(state_dir: Path) -> None:
     paths = sim_paths(state_dir)
-    paths.bin_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(paths.bin_dir)
     client = toolserver.client_binary()
     for name, module in (("talosctl", "runbook_lib.sim.talosctl"), ("helm", "runbook_lib.sim.helm")):
         target = paths.bin_dir / name
         atomic_write(target, _wrapper(module, state_dir.resolve(), client))
-        target.chmod(target.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+        target.chmod(0o700)
 
 
 def create(state_dir: Path, spec: ClusterSpec) -> list[SimNode]:
@@ -141,9 +169,11 @@ def create(state_dir: Path, spec: ClusterSpec) -> list[SimNode]:
     version = normalize_talos_version(spec.talos_version)
     minor = minor_of(version)
     paths = sim_paths(state_dir)
+    check_state_path(state_dir)
+    private_dir(state_dir)
     if paths.nodes_dir.exists():
         shutil.rmtree(paths.nodes_dir)
-    paths.nodes_dir.mkdir(parents=True)
+    private_dir(paths.nodes_dir)
     cp_address = str(FIRST_ADDRESS)
     endpoint = f"https://{cp_address}:6443"
     base = {
@@ -250,7 +280,8 @@ def start_daemon(state_dir: Path, timeout: float = 15.0, rooms: list[str] | None
         stop_daemon(state_dir)
     with contextlib.suppress(FileNotFoundError):
         paths.endpoints.unlink()
-    log = open(paths.log, "ab")  # noqa: SIM115 - handed to the child, which outlives this process
+    log = os.fdopen(os.open(paths.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")
+    os.fchmod(log.fileno(), 0o600)
     proc = subprocess.Popen(
         [sys.executable, "-m", "runbook_lib.sim.daemon", "--state", str(state_dir)]
         + ([] if rooms is None else ["--rooms", ",".join(rooms)]),
@@ -259,6 +290,7 @@ def start_daemon(state_dir: Path, timeout: float = 15.0, rooms: list[str] | None
         stderr=log,
         start_new_session=True,
         env={**os.environ, "RUNBOOK_SIM_STATE": str(state_dir)},
+        umask=0o077,  # what the daemon, its rooms and its tool server create is the owner's only
     )
     log.close()
     deadline = time.monotonic() + timeout

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 import threading
@@ -207,3 +208,79 @@ def test_running_context_manager_without_daemon(tmp_path: Path) -> None:
         assert (paths.bin_dir / "talosctl").exists()
         assert len(load_nodes(tmp_path)) == 2
     assert cluster.daemon_pid(tmp_path) is None
+
+
+def _modes_open_to_others(root: Path) -> list[str]:
+    """Everything under ``root`` that a user other than the owner could read, write or enter."""
+    found = []
+    for entry in [root, *root.rglob("*")]:
+        mode = entry.lstat().st_mode
+        if not stat.S_ISLNK(mode) and mode & 0o077:
+            found.append(f"{entry.relative_to(root.parent)} {stat.filemode(mode)}")
+    return found
+
+
+@pytest.mark.slow
+def test_state_is_private_to_its_owner_whatever_the_umask(tmp_path: Path) -> None:
+    """Attack report F14: under umask 000 the state, bin/, kube/ and nodes/ were 0777, so any local user
+    could replace bin/talosctl (which the runbook executes) or rewrite node state."""
+    state = tmp_path / "state"
+    up = subprocess.run(
+        [sys.executable, "-m", "runbook_lib", "sim", "up", "--state", str(state), "--nodes", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        umask=0,
+    )
+    try:
+        assert up.returncode == 0, up.stderr
+        call = subprocess.run(
+            [
+                str(state / "bin" / "talosctl"),
+                "-n",
+                "10.5.0.3",
+                "upgrade",
+                "--image",
+                "ghcr.io/siderolabs/installer:v1.12.7",
+                "--wait=false",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            umask=0,
+            env={**os.environ, "TALOSCONFIG": str(state / "talosconfig")},
+        )
+        assert call.returncode == 0, call.stderr
+    finally:
+        runbook("sim", "down", "--state", str(state))
+    assert _modes_open_to_others(state) == []
+
+
+def test_a_state_path_cannot_inject_a_command_into_the_wrappers(tmp_path: Path) -> None:
+    """Attack report F14: the wrapper put the state path in single quotes, so a ``'`` in it ended the quote
+    and ``$(...)`` ran on the first talosctl call."""
+    state = tmp_path / "q'$(touch INJECTED)'q"
+    up = runbook("sim", "up", "--state", str(state), "--no-daemon", "--nodes", "1")
+    assert up.returncode == 0, up.stderr
+    call = subprocess.run(
+        [str(state / "bin" / "talosctl"), "-n", "10.5.0.3", "version", "--short"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=tmp_path,
+        env={**os.environ, "TALOSCONFIG": str(state / "talosconfig"), "RUNBOOK_SIM_TOOLSERVER": "0"},
+    )
+    assert not (tmp_path / "INJECTED").exists()
+    assert call.returncode == 0, call.stderr
+    assert "v1.12" in call.stdout  # and the call reached this very state
+
+
+def test_a_state_path_with_a_line_break_is_refused(tmp_path: Path) -> None:
+    state = tmp_path / "a\ntouch INJECTED"
+    up = runbook("sim", "up", "--state", str(state), "--no-daemon", "--nodes", "1")
+    assert up.returncode == 2
+    assert "--state" in up.stderr and "line break" in up.stderr
+    assert not state.exists()
