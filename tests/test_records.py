@@ -134,12 +134,11 @@ def test_inserted_record_is_detected(chain: tuple[Path, list[Path]]) -> None:
     assert problems and any("inserted record" in p or forged.name in p for p in problems), problems
 
 
-def test_unsealed_record_is_reported(tmp_path: Path) -> None:
+def test_unsealed_record_is_an_aborted_run_not_a_problem(tmp_path: Path) -> None:
     root = tmp_path / "records"
     path = records.create_record_dir(root, "sim-gpu")
-    assert records.verify(root) == [
-        f"{path.name}: SHA256SUMS is missing (an unfinished run, or the manifest was removed)"
-    ]
+    assert records.verify(root) == []
+    assert records.check(root).aborted == [path]
 
 
 def test_seal_scrubs_secret_material_from_every_file(tmp_path: Path) -> None:
@@ -302,3 +301,142 @@ def test_malformed_record_is_named_never_a_crash(
     assert paths[1].name in text and "Traceback" not in text
     if problem:
         assert problem in text, text
+
+
+def _unsealed(root: Path, run_id: str, text: str = "partial notebook") -> Path:
+    path = records.create_record_dir(root, "sim-gpu", run_id=run_id)
+    (path / "01-preflight.ipynb").write_text(json.dumps({"cells": [{"source": text}]}))
+    return path
+
+
+def _seal(path: Path) -> str:
+    return records.seal(path, {"cluster": "sim-gpu", "outcome": "ok", "steps": []})
+
+
+def test_records_sealed_out_of_name_order_chain_in_seal_order(tmp_path: Path) -> None:
+    """F8 C3: a long run (older name) seals after a short run that started later (random run ids in the
+    same second sort either way); verify must follow the chain, and the next seal must chain to the head."""
+    root = tmp_path / "records"
+    long_run = _unsealed(root, "00000001")
+    short_run = _unsealed(root, "00000002")
+    _seal(short_run)
+    _seal(long_run)
+    assert records.load_record(long_run)["previous"]["record"] == short_run.name
+    assert records.verify(root) == []
+    later = _unsealed(root, "00000000")  # sorts first by name in the same second, sealed last
+    _seal(later)
+    assert records.load_record(later)["previous"]["record"] == long_run.name
+    assert records.verify(root) == []
+    assert records.resolve(root, None) == later
+
+
+def test_aborted_run_is_reported_as_aborted_never_as_tampering(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """F9: SIGKILL or a crash leaves a directory with no record.json and no SHA256SUMS; later records and
+    `records verify` must not be poisoned by it, and it must stay visible until sealed as aborted."""
+    root = tmp_path / "records"
+    first = write_record(root, run_id="00000001")
+    aborted = _unsealed(root, "00000002")
+    later = write_record(root, run_id="00000003")
+    assert records.load_record(later)["previous"]["record"] == first.name
+    assert records.verify(root) == []
+    assert main(["records", "verify", "--dir", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert f"aborted run, not sealed: {aborted.name}" in out
+    assert f"runbook records seal-aborted {aborted.name}" in out
+    assert main(["records", "list", "--dir", str(root)]) == 0
+    assert f"{aborted.name}  aborted" in capsys.readouterr().out
+
+
+def test_seal_aborted_records_what_the_aborted_run_left(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "records"
+    write_record(root, run_id="00000001")
+    aborted = _unsealed(root, "00000002")
+    later = write_record(root, run_id="00000003")
+    assert main(["records", "seal-aborted", aborted.name[-8:], "--dir", str(root)]) == 0
+    data = records.load_record(aborted)
+    assert data["aborted"] is True and data["outcome"] == "aborted"
+    assert [f["path"] for f in data["files"]] == ["01-preflight.ipynb"]
+    assert data["previous"]["record"] == later.name  # appended to the chain when sealed
+    capsys.readouterr()
+    assert main(["records", "verify", "--dir", str(root)]) == 0
+    assert "aborted run, not sealed" not in capsys.readouterr().out
+    assert main(["records", "show", aborted.name, "--dir", str(root)]) == 0
+    assert "aborted" in capsys.readouterr().out
+    assert main(["records", "seal-aborted", aborted.name, "--dir", str(root)]) == 2
+    assert "already sealed" in capsys.readouterr().err
+
+
+def test_a_sealed_record_stripped_to_look_aborted_is_tampering(chain: tuple[Path, list[Path]]) -> None:
+    root, paths = chain
+    (paths[1] / records.RECORD_JSON).unlink()
+    (paths[1] / records.MANIFEST).unlink()
+    problems = records.verify(root)
+    assert any(paths[1].name in p and paths[2].name in p for p in problems), problems
+
+
+def test_renamed_record_is_named(chain: tuple[Path, list[Path]]) -> None:
+    root, paths = chain
+    renamed = paths[2].with_name(paths[2].name[:-8] + "abcdef01")
+    paths[2].rename(renamed)
+    problems = records.verify(root)
+    assert any(renamed.name in p and "renamed" in p for p in problems), problems
+
+
+def test_removed_newest_record_is_detected_against_its_anchor(
+    chain: tuple[Path, list[Path]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """F10 T13: nothing after the newest record proves it, so only a hash kept elsewhere can."""
+    root, paths = chain
+    anchor = records.sha256_file(paths[2] / records.MANIFEST)
+    assert main(["records", "list", "--dir", str(root)]) == 0
+    assert f"SHA256SUMS {anchor}" in capsys.readouterr().out  # where a user finds the anchor
+    shutil.rmtree(paths[2])
+    assert main(["records", "verify", "--dir", str(root)]) == 0  # the limit the README states
+    capsys.readouterr()
+    assert main(["records", "verify", "--dir", str(root), "--expect", anchor]) == 1
+    assert f"anchor {anchor}: no record's SHA256SUMS has this hash" in capsys.readouterr().out
+
+
+def test_resealed_newest_record_is_detected_against_its_anchor(
+    chain: tuple[Path, list[Path]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """F10 T05/T22: edit (or delete) a file of the newest record and recompute its SHA256SUMS."""
+    root, paths = chain
+    anchor = records.sha256_file(paths[2] / records.MANIFEST)
+    (paths[2] / "html" / "01-preflight.html").unlink()
+    records.write_manifest(paths[2])
+    assert records.verify(root) == []
+    assert main(["records", "verify", "--dir", str(root), "--expect", anchor[:16]]) == 1
+    assert "re-sealed" in capsys.readouterr().out
+
+
+def test_anchor_of_an_older_head_still_holds_after_later_runs(
+    chain: tuple[Path, list[Path]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    root, paths = chain
+    anchor = records.sha256_file(paths[2] / records.MANIFEST)
+    later = write_record(root, run_id="00000009")
+    assert main(["records", "verify", "--dir", str(root), "--expect", anchor]) == 0
+    out = capsys.readouterr().out
+    assert "1 anchor(s) found" in out and f"head: {later.name}" in out
+
+
+@pytest.mark.parametrize("value", ["xyz", "abc123", "g" * 64])
+def test_anchor_that_is_not_a_hash_is_refused(
+    chain: tuple[Path, list[Path]], capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    root, _ = chain
+    assert main(["records", "verify", "--dir", str(root), "--expect", value]) == 2
+    assert "--expect" in capsys.readouterr().err
+
+
+def test_run_report_prints_the_full_anchor_and_how_to_check_it(tmp_path: Path) -> None:
+    from runbook_lib.notebook.runner import RunOutcome
+
+    digest = "ab" * 32
+    report = RunOutcome(tmp_path / "rec", "unchanged", [], digest, 0).report()
+    assert f"runbook records verify --expect {digest}" in report

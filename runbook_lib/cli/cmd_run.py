@@ -76,13 +76,32 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     show.add_argument("name", nargs="?", help="record name, or a unique prefix/suffix (default: latest)")
     show.add_argument("--json", action="store_true", help="print record.json")
     ver = rec_sub.add_parser("verify", help="check manifests and the chain; non-zero exit names what changed")
-    for parser in (lst, show, ver):
+    ver.add_argument(
+        "--expect",
+        action="append",
+        default=[],
+        metavar="SHA256",
+        help="a record's SHA256SUMS hash kept outside the folder (`runbook run` prints it): that record must "
+        "still be there, unchanged; repeatable",
+    )
+    aborted = rec_sub.add_parser(
+        "seal-aborted",
+        help="seal a run that was killed or crashed (no record.json, no SHA256SUMS) as aborted",
+        description="Only for a run that is no longer running: seals its directory as an aborted run, at "
+        "the end of the chain, listing the files it left; secrets from its configs are scrubbed first.",
+    )
+    aborted.add_argument("name", help="the unsealed record's name, or a unique prefix/suffix")
+    aborted.add_argument(
+        "--state", metavar="DIR", help="simulator state directory (target simulated; default .sim/default)"
+    )
+    for parser in (lst, show, ver, aborted):
         parser.add_argument(
             "--dir", metavar="DIR", help="records directory (default: $RUNBOOK_RECORDS or ./records)"
         )
     lst.set_defaults(handler=_list)
     show.set_defaults(handler=_show)
     ver.set_defaults(handler=_verify)
+    aborted.set_defaults(handler=_seal_aborted)
 
 
 def _root(value: str | None) -> Path:
@@ -199,9 +218,18 @@ def _list(args: argparse.Namespace) -> int:
         if row.problem:
             sys.stdout.write(f"{row.name}  malformed: {row.problem}\n")
             continue
+        if records.is_unsealed(row.path):
+            sys.stdout.write(
+                f"{row.name}  aborted?   not sealed (killed or crashed, or still running): "
+                f"runbook records seal-aborted {row.name}\n"
+            )
+            continue
         mode = "apply" if row.apply else "plan"
         steps = " ".join(f"{name}:{status}" for name, status in row.steps)
         sys.stdout.write(f"{row.name}  {row.outcome:<10} {mode:<5} {row.changes:>3} changes  {steps}\n")
+    head = records.read_chain(_root(args.dir)).head
+    if head is not None and (head / records.MANIFEST).is_file():
+        sys.stdout.write(_head_line(head))
     return 0
 
 
@@ -261,12 +289,45 @@ def _show_changes(changes: list[dict[str, Any]]) -> None:
 
 def _verify(args: argparse.Namespace) -> int:
     root = _root(args.dir)
-    problems = records.verify(root)
-    count = len(records.sealed_records(root))
-    if problems:
-        sys.stdout.write(f"{len(problems)} problem(s) in {root}:\n")
-        for problem in problems:
-            sys.stdout.write(f"  - {problem}\n")
+    chain = records.check(root, args.expect)
+    out = sys.stdout
+    for path in chain.aborted:
+        out.write(
+            f"aborted run, not sealed: {path.name} (killed or crashed, or still running); once it is not "
+            f"running: runbook records seal-aborted {path.name}\n"
+        )
+    if chain.problems:
+        out.write(f"{len(chain.problems)} problem(s) in {root}:\n")
+        for problem in chain.problems:
+            out.write(f"  - {problem}\n")
         return 1
-    sys.stdout.write(f"ok: {count} record(s) in {root}, manifests and chain intact\n")
+    anchored = f", {len(args.expect)} anchor(s) found" if args.expect else ""
+    out.write(f"ok: {len(chain.order)} record(s) in {root}, manifests and chain intact{anchored}\n")
+    if chain.head is not None:
+        out.write(_head_line(chain.head))
     return 0
+
+
+def _head_line(head: Path) -> str:
+    digest = records.sha256_file(head / records.MANIFEST)
+    return (
+        f"head: {head.name}  SHA256SUMS {digest}\n"
+        f"      keep it outside this folder; `runbook records verify --expect {digest}` checks it\n"
+    )
+
+
+def _seal_aborted(args: argparse.Namespace) -> int:
+    root = _root(args.dir)
+    path = records.resolve(root, args.name)
+    params = records.aborted_params(path) or {}
+    talosconfig, kubeconfig = params.get("talosconfig"), params.get("kubeconfig")
+    paths = runner.config_paths(
+        talosconfig if isinstance(talosconfig, str) else None,
+        kubeconfig if isinstance(kubeconfig, str) else None,
+    )
+    if params.get("target", "simulated") == "simulated":
+        state = Path(args.state) if args.state else sim_state.default_state_dir()
+        paths += [str(state / "talosconfig"), str(state / "kubeconfig")]
+    digest = records.seal_aborted(path, secrets=records.secret_values(*paths))
+    sys.stdout.write(f"sealed {path.name} as an aborted run\n" + _head_line(path))
+    return 0 if digest else 1

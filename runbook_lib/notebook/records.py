@@ -233,15 +233,15 @@ def _read_text(path: Path, name: str) -> str:
 
 
 def sealed_records(root: Path) -> list[Path]:
-    """Record directories (sealed or not) in chronological order."""
+    """Record directories (sealed or not) in name order; the chain order is :func:`read_chain`'s."""
     if not root.is_dir():
         return []
     return sorted(p for p in root.iterdir() if p.is_dir() and _NAME_RE.match(p.name))
 
 
-def _latest_sealed(root: Path, exclude: Path) -> Path | None:
-    sealed = [p for p in sealed_records(root) if p != exclude and (p / MANIFEST).exists()]
-    return sealed[-1] if sealed else None
+def is_unsealed(path: Path) -> bool:
+    """Neither ``record.json`` nor ``SHA256SUMS``: a run that was killed or crashed (or is still running)."""
+    return not (path / RECORD_JSON).exists() and not (path / MANIFEST).exists()
 
 
 @contextlib.contextmanager
@@ -264,7 +264,7 @@ def seal(path: Path, record: dict[str, Any], *, secrets: Iterable[str] = ()) -> 
     root = path.parent
     values = list(secrets)
     with _chain_lock(root):
-        previous = _latest_sealed(root, exclude=path)
+        previous = read_chain(root).head  # the last sealed, in seal order (names need not sort that way)
         record = dict(record)
         record["format"] = RECORD_FORMAT
         record["record"] = path.name
@@ -276,6 +276,54 @@ def seal(path: Path, record: dict[str, Any], *, secrets: Iterable[str] = ()) -> 
         )
         scrub_tree(path, values)
         return write_manifest(path)
+
+
+#: What a record sealed by :func:`seal_aborted` says about itself.
+ABORTED_NOTE = (
+    "this run ended without sealing its record (killed, crashed, or the machine stopped) and was sealed "
+    "afterwards by `runbook records seal-aborted`: what it ran and changed is known only from the files "
+    "listed here, so check the cluster before relying on it"
+)
+
+
+def seal_aborted(path: Path, *, secrets: Iterable[str] = ()) -> str:
+    """Seal a directory a killed or crashed run left, as an aborted run, at the end of the chain.
+
+    Why a separate seal: an unsealed directory is neither proof of tampering nor an intact record, and
+    deleting it would delete evidence; sealing it records that the run was aborted and what it left.
+    """
+    if not is_unsealed(path):
+        raise PermanentError(
+            f"{path.name} is already sealed (it has {RECORD_JSON} or {MANIFEST})",
+            hint="only a directory with neither, left by a run that was killed or crashed, can be sealed as aborted",
+        )
+    stamp, _, rest = path.name.partition("-")
+    cluster, _, run_id = rest.rpartition("-")
+    record: dict[str, Any] = {
+        "run_id": run_id,
+        "cluster": cluster,
+        "started": datetime.strptime(stamp, "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC).isoformat(),
+        "outcome": "aborted",
+        "aborted": True,
+        "note": ABORTED_NOTE,
+        "sealed_after_abort": {"at": now_iso(), **who()},
+        "files": [{"path": rel, "bytes": (path / rel).stat().st_size} for rel in _record_files(path)],
+        "steps": [],
+        "changes": [],
+    }
+    params = aborted_params(path)
+    if params is not None:
+        record["params"] = params
+    return seal(path, record, secrets=secrets)
+
+
+def aborted_params(path: Path) -> dict[str, Any] | None:
+    """The parameters an aborted run wrote before it started (``params.yaml``), if readable."""
+    try:
+        data = yaml.safe_load((path / "params.yaml").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -339,12 +387,13 @@ def list_records(root: Path) -> list[RecordSummary]:
 
 
 def resolve(root: Path, name: str | None) -> Path:
-    """A record by (a unique prefix or suffix of) its name; ``None`` or ``latest`` means the newest."""
+    """A record by (a unique prefix or suffix of) its name; ``None`` or ``latest`` means the last sealed
+    (in seal order), or the newest directory when none is sealed."""
     records = sealed_records(root)
     if not records:
         raise PermanentError(f"no records in {root}", hint="`runbook run` writes one per run")
     if name in (None, "latest"):
-        return records[-1]
+        return read_chain(root).head or records[-1]
     assert name is not None
     matches = [p for p in records if p.name == name or p.name.startswith(name) or p.name.endswith(name)]
     if len(matches) != 1:
@@ -375,67 +424,176 @@ def verify_record(path: Path) -> list[str]:
     return problems
 
 
-def _previous_of(path: Path) -> tuple[dict[str, str] | None, str | None]:
-    """The record's ``previous`` link, or the problem that makes it unreadable."""
+@dataclass
+class _Link:
+    """A sealed record's place in the chain: the record it says precedes it (``None``: the first)."""
+
+    path: Path
+    previous: dict[str, str] | None
+
+
+@dataclass
+class Chain:
+    """The records folder read as a chain: records in seal order, runs left unsealed, what breaks it.
+
+    Why seal order and not name order: names carry the start time and a random run id, and a run that
+    started earlier can seal later (a long apply beside a short plan), so only the ``previous`` links say
+    which record followed which.
+    """
+
+    order: list[Path] = field(default_factory=list)
+    aborted: list[Path] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def head(self) -> Path | None:
+        return self.order[-1] if self.order else None
+
+
+def _link_of(path: Path) -> tuple[_Link | None, list[str]]:
+    """The record's ``previous`` link, and what is wrong with it (unreadable, renamed)."""
     try:
-        previous = load_record(path).get("previous")
+        data = load_record(path)
     except PermanentError as exc:
-        return None, str(exc)
+        return None, [str(exc)]
+    problems = []
+    if data.get("record") not in (None, path.name):
+        problems.append(f"{path.name}: renamed (its {RECORD_JSON} says it is {str(data.get('record'))[:80]})")
+    previous = data.get("previous")
     if previous is None:
-        return None, None
-    if (
-        not isinstance(previous, dict)
-        or not isinstance(previous.get("record"), str)
-        or not isinstance(previous.get("sha256sums"), str)
+        return _Link(path, None), problems
+    if not (
+        isinstance(previous, dict)
+        and isinstance(previous.get("record"), str)
+        and isinstance(previous.get("sha256sums"), str)
     ):
-        return None, (
+        return None, [
+            *problems,
             f"{path.name}: {RECORD_JSON} 'previous' is not an object with 'record' and 'sha256sums' "
-            f"(found {json.dumps(previous)[:80]})"
-        )
-    return {"record": previous["record"], "sha256sums": previous["sha256sums"]}, None
+            f"(found {json.dumps(previous)[:80]})",
+        ]
+    return _Link(path, {"record": previous["record"], "sha256sums": previous["sha256sums"]}), problems
 
 
-def verify_chain(root: Path) -> list[str]:
-    """Problems between records: a removed, inserted or rewritten record."""
-    problems: list[str] = []
-    records = sealed_records(root)
-    names = {p.name for p in records}
-    for index, path in enumerate(records):
-        before = records[index - 1] if index else None
+def read_chain(root: Path) -> Chain:
+    """Follow the ``previous`` links from the first record; name what is removed, inserted or rewritten."""
+    chain = Chain()
+    dirs = sealed_records(root)
+    links: dict[str, _Link] = {}
+    for path in dirs:
         if not (path / RECORD_JSON).exists():
-            continue  # reported by verify_record (unfinished run or removed files)
-        previous, problem = _previous_of(path)
-        if problem:
-            problems.append(problem)
-            continue
-        if previous is None:
-            if before is not None:
-                problems.append(
-                    f"{path.name}: claims to be the first record, but {before.name} precedes it "
-                    "(an inserted record, or the chain was restarted)"
-                )
-            continue
-        claimed = previous["record"]
-        if claimed not in names:
-            problems.append(f"{claimed}: record removed (the chain in {path.name} points to it)")
-            continue
-        if before is None or claimed != before.name:
-            problems.append(
-                f"{path.name}: chains to {claimed}, but {before.name if before else 'nothing'} precedes it "
-                "(an inserted record)"
+            continue  # unsealed (judged below), or record.json removed (verify_record names it)
+        link, problems = _link_of(path)
+        chain.problems += problems
+        if link is not None:
+            links[path.name] = link
+    successors: dict[str, list[_Link]] = {}
+    for link in links.values():
+        if link.previous is not None:
+            successors.setdefault(link.previous["record"], []).append(link)
+    for path in filter(is_unsealed, dirs):
+        if path.name in successors:
+            after = successors[path.name][0].path.name
+            chain.problems.append(
+                f"{path.name}: {RECORD_JSON} and {MANIFEST} removed ({after} chains to it, so it was sealed)"
             )
+        else:
+            chain.aborted.append(path)
+    _walk(_starts(links, {p.name for p in dirs}, chain), successors, chain)
+    chain.problems += [
+        f"{name}: not reachable from the first record (records swapped, or inserted in a loop)"
+        for name in sorted(set(links) - {p.name for p in chain.order})
+    ]
+    return chain
+
+
+def _starts(links: dict[str, _Link], names: set[str], chain: Chain) -> list[_Link]:
+    """Where the chain (and, when broken, each piece of it) begins."""
+    ordered = sorted(links.values(), key=lambda link: link.path.name)
+    roots = [link for link in ordered if link.previous is None]
+    chain.problems += [
+        f"{extra.path.name}: claims to be the first record, but the chain starts at {roots[0].path.name} "
+        "(an inserted record, or the chain was restarted)"
+        for extra in roots[1:]
+    ]
+    pieces = []
+    for link in ordered:
+        claimed = link.previous["record"] if link.previous else None
+        if claimed is not None and claimed not in links:
+            if claimed not in names:
+                chain.problems.append(
+                    f"{claimed}: record removed (the chain in {link.path.name} points to it)"
+                )
+            pieces.append(link)
+    return roots + pieces
+
+
+def _walk(starts: list[_Link], successors: dict[str, list[_Link]], chain: Chain) -> None:
+    """Depth-first along the links, checking each record's manifest against the hash its successor kept."""
+    seen: set[str] = set()
+    stack = list(reversed(starts))
+    while stack:
+        link = stack.pop()
+        if link.path.name in seen:
             continue
-        if not (before / MANIFEST).exists() or sha256_file(before / MANIFEST) != previous["sha256sums"]:
-            problems.append(f"{before.name}: {MANIFEST} changed after {path.name} was recorded")
-    return problems
+        seen.add(link.path.name)
+        chain.order.append(link.path)
+        after = sorted(successors.get(link.path.name, []), key=lambda item: item.path.name)
+        if len(after) > 1:
+            chain.problems.append(
+                f"{', '.join(a.path.name for a in after)} all chain to {link.path.name} "
+                "(an inserted record, or two runs sealed at once)"
+            )
+        manifest = link.path / MANIFEST
+        digest = sha256_file(manifest) if manifest.is_file() else None
+        for successor in after:
+            if successor.previous is not None and digest != successor.previous["sha256sums"]:
+                chain.problems.append(
+                    f"{link.path.name}: {MANIFEST} changed after {successor.path.name} was recorded"
+                )
+        stack.extend(reversed(after))
+
+
+#: An anchor is a manifest hash: all 64 hex digits, or a prefix of at least this many.
+ANCHOR_MIN = 16
+_ANCHOR_RE = re.compile(rf"^[0-9a-f]{{{ANCHOR_MIN},64}}$")
+
+
+def check_anchors(root: Path, expect: Iterable[str], chain: Chain) -> list[str]:
+    """Problems with anchors: each expected manifest hash must still be the hash of a record's SHA256SUMS.
+
+    Why anchors: the chain proves each record against the one after it, so nothing proves the newest one;
+    its hash, printed by ``runbook run`` and kept outside the records folder (a CI log), does.  A hash
+    that no longer matches means the anchored record was removed or re-sealed.
+    """
+    wanted = [value.strip().lower() for value in expect]
+    bad = [value for value in wanted if not _ANCHOR_RE.match(value)]
+    if bad:
+        raise PermanentError(
+            f"--expect {bad[0]!r} is not a SHA256SUMS hash",
+            hint=f"give the hash `runbook run` printed: 64 hex digits (or at least the first {ANCHOR_MIN})",
+        )
+    hashes = [sha256_file(path / MANIFEST) for path in chain.order if (path / MANIFEST).is_file()]
+    return [
+        f"anchor {value}: no record's {MANIFEST} has this hash (the anchored record was removed, "
+        "or re-sealed after the anchor was taken)"
+        for value in wanted
+        if not any(digest.startswith(value) for digest in hashes)
+    ]
+
+
+def check(root: Path, expect: Iterable[str] = ()) -> Chain:
+    """The chain with every problem in the folder: inside each sealed record, between records, anchors."""
+    chain = read_chain(root)
+    anchors = check_anchors(root, expect, chain)
+    inside = [p for path in sealed_records(root) if path not in chain.aborted for p in verify_record(path)]
+    chain.problems = inside + chain.problems + anchors
+    return chain
 
 
 def verify(root: Path) -> list[str]:
-    """Every problem in the records directory; an empty list means intact."""
-    problems: list[str] = []
-    for path in sealed_records(root):
-        problems += verify_record(path)
-    return problems + verify_chain(root)
+    """Every problem in the records directory; an empty list means intact (aborted runs are not problems)."""
+    return check(root).problems
 
 
 def now_iso() -> str:
