@@ -136,3 +136,45 @@ def test_plan_before_the_image_factory_uses_the_stock_installer(capsys):
     plan = json.loads(capsys.readouterr().out)
     assert plan["schematic_id"] is None and plan["installer_image"] == "ghcr.io/siderolabs/installer:v1.3.7"
     assert "install" in yaml.safe_load(plan["machine_config_patches"][0])["machine"]
+
+
+# --- Issue 18: what a user sees for bad parameter input (attack report 2026-12-01, F3 and F12) -------------
+
+
+def _sim_with(tmp_path: Path, extra: str) -> Path:
+    path = tmp_path / "p.yaml"
+    path.write_text(Path(SIM).read_text(encoding="utf-8") + extra, encoding="utf-8")
+    return path
+
+
+def test_params_check_refuses_a_duplicated_apply_key(tmp_path, capsys):
+    path = _sim_with(tmp_path, "apply: true\n")  # the file says `apply: false` further up
+    lines = path.read_text().splitlines()
+    first, second = (n for n, line in enumerate(lines, 1) if line.startswith("apply:"))
+    assert main(["params", "check", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: apply: duplicate key on lines {first} and {second}" in err
+
+
+def test_run_with_apply_refuses_an_invalid_apply_in_the_file_and_records_nothing(tmp_path, capsys):
+    path = tmp_path / "p.yaml"
+    path.write_text(Path(SIM).read_text().replace("apply: false", 'apply: "yes please"'))
+    records = tmp_path / "records"
+    assert main(["run", "-p", str(path), "--apply", "--records", str(records)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: apply:" in err and "'yes please'" in err
+    assert not records.exists() or not any(records.iterdir())
+
+
+def test_plan_names_the_set_option_that_is_wrong(capsys):
+    assert main(["plan", "-p", SIM, "--set", "rollout_concurrency=zero"]) == 2
+    err = capsys.readouterr().err
+    assert "--set rollout_concurrency=zero: rollout_concurrency:" in err and SIM not in err
+
+
+def test_params_check_refuses_a_latin1_file_without_a_traceback(tmp_path, capsys):
+    path = tmp_path / "p.yaml"
+    path.write_bytes(Path(SIM).read_bytes() + "# café\n".encode("latin-1"))
+    assert main(["params", "check", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: (file): not UTF-8" in err and "Traceback" not in err

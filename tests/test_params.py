@@ -34,7 +34,12 @@ def problems(tmp_path, data, overrides=()) -> list[str]:
 
 
 @pytest.mark.parametrize("name", ["simulated.yaml", "example-cluster.yaml"])
-def test_shipped_parameter_files_are_valid(name):
+def test_shipped_parameter_files_are_valid(name, tmp_path, monkeypatch):
+    # The real-cluster template names ~/.talos/config and ~/.kube/config, which must exist to load it.
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for config in (tmp_path / ".talos" / "config", tmp_path / ".kube" / "config"):
+        config.parent.mkdir()
+        config.write_text("x")
     params = load_params(ROOT / "params" / name)
     assert params.nodes and params.apply is False
 
@@ -169,3 +174,182 @@ def test_notebook_values_override_file_and_set(tmp_path):
     path = write(tmp_path, GOOD)
     params = load_params(path, ["rollout_concurrency=3"], {"rollout_concurrency": 5})
     assert params.rollout_concurrency == 5
+
+
+# --- Issue 18: parameter files are read strictly (attack report 2026-12-01, F3 and F12) ----------------
+
+
+def test_a_duplicated_apply_key_is_refused_with_both_lines(tmp_path):
+    # PyYAML's safe_load keeps the last of two equal keys; a reviewer reading the top sees `apply: false`.
+    # YAML 1.2.2 §3.2.1.1: "each of the keys is unique" (https://yaml.org/spec/1.2.2/).
+    text = yaml.safe_dump(GOOD, sort_keys=False) + "apply: false\nrollout_concurrency: 2\napply: true\n"
+    path = write(tmp_path, text)
+    lines = text.splitlines()
+    first, second = (i + 1 for i, line in enumerate(lines) if line.startswith("apply:"))
+    with pytest.raises(ParametersInvalid) as err:
+        load_params(path)
+    (problem,) = [str(p) for p in err.value.problems]
+    assert problem.startswith(f"{path}: apply:")
+    assert f"lines {first} and {second}" in problem and "duplicate" in problem
+
+
+def test_a_duplicated_nested_key_is_refused_with_its_path(tmp_path):
+    text = (
+        "cluster: lab\ntalos_version: v1.12.7\nnodes:\n"
+        "  - {name: gpu-1, address: 10.5.0.11, address: 10.5.0.12}\n"
+        "device_plugin:\n  namespace: nvidia\n  namespace: kube-system\n"
+    )
+    with pytest.raises(ParametersInvalid) as err:
+        load_params(write(tmp_path, text))
+    found = [str(p) for p in err.value.problems]
+    assert any("device_plugin.namespace" in p and "lines 6 and 7" in p for p in found)
+    assert any("nodes[0].address" in p and "lines 4 and 4" in p for p in found)
+
+
+def test_an_invalid_file_value_is_refused_even_when_a_flag_overrides_it(tmp_path):
+    path = write(tmp_path, {**GOOD, "apply": "yes please", "rollout_concurrency": "many"})
+    with pytest.raises(ParametersInvalid) as err:
+        load_params(path, ["rollout_concurrency=2"], {"apply": True})  # what `runbook run --apply` passes
+    found = [str(p) for p in err.value.problems]
+    assert any(p.startswith(f"{path}: apply:") and "'yes please'" in p for p in found)
+    assert any(p.startswith(f"{path}: rollout_concurrency:") and "'many'" in p for p in found)
+
+
+def test_set_errors_name_the_set_option_not_the_file(tmp_path):
+    path = write(tmp_path, GOOD)
+    with pytest.raises(ParametersInvalid) as err:
+        load_params(path, ["rollout_concurrency=zero", "aply=true"])
+    found = [str(p) for p in err.value.problems]
+    assert any(p.startswith("--set rollout_concurrency=zero: rollout_concurrency:") for p in found)
+    assert any(p.startswith("--set aply=true: aply:") and "did you mean 'apply'" in p for p in found)
+    assert not any(p.startswith(str(path)) for p in found)
+
+
+def test_set_reaches_into_a_node_by_index(tmp_path):
+    path = write(tmp_path, GOOD)
+    params = load_params(path, ["nodes.0.address=10.5.0.99"])
+    assert params.nodes[0].address == "10.5.0.99" and params.nodes[0].name == "gpu-1"
+
+
+@pytest.mark.parametrize(
+    ("item", "needle"),
+    [("nodes.3.address=10.5.0.9", "index 0"), ("nodes.address=10.5.0.9", "a list index")],
+)
+def test_set_into_a_list_with_a_bad_index_is_a_clear_error(tmp_path, item, needle):
+    with pytest.raises(ParametersInvalid) as err:
+        load_params(write(tmp_path, GOOD), [item])
+    (problem,) = [str(p) for p in err.value.problems]
+    assert problem.startswith(f"--set {item}: nodes") and needle in problem
+    assert "tuple" not in problem
+
+
+@pytest.mark.parametrize(
+    "raw",
+    ["cluster: caf\xe9\n".encode("latin-1"), "cluster: lab\n".encode("utf-16")],
+    ids=["latin-1", "utf-16"],
+)
+def test_a_file_that_is_not_utf8_is_named_and_refused(tmp_path, raw):
+    path = tmp_path / "cluster.yaml"
+    path.write_bytes(raw)
+    with pytest.raises(ParametersInvalid) as err:
+        load_params(path)
+    assert str(path) in str(err.value) and "UTF-8" in str(err.value)
+
+
+def test_a_huge_parameter_file_is_refused_before_it_is_parsed(tmp_path):
+    path = write(tmp_path, yaml.safe_dump(GOOD) + "#" * (1024 * 1024) + "\n")
+    with pytest.raises(ParametersInvalid) as err:
+        load_params(path)
+    assert str(path) in str(err.value) and "1 MiB" in str(err.value)
+
+
+@pytest.mark.parametrize("key", ["talosconfig", "kubeconfig"])
+def test_missing_config_paths_of_a_real_cluster_are_refused_at_load(tmp_path, key):
+    present = tmp_path / "present"
+    present.write_text("x")
+    missing = tmp_path / "nowhere" / key
+    data = {
+        **GOOD,
+        "target": "cluster",
+        "talosconfig": str(present),
+        "kubeconfig": str(present),
+        key: str(missing),
+    }
+    (problem,) = problems(tmp_path, data)
+    assert problem.startswith(f"{tmp_path}/cluster.yaml: {key}:") and str(missing) in problem
+    assert "no such file" in problem
+    data["target"] = "simulated"  # the simulator brings its own configs
+    assert load_params(write(tmp_path, data)).target == "simulated"
+
+
+def test_a_tilde_config_path_is_expanded_when_checked(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / ".talos").mkdir()
+    (tmp_path / ".talos" / "config").write_text("x")
+    data = {**GOOD, "target": "cluster", "talosconfig": "~/.talos/config"}
+    assert load_params(write(tmp_path, data)).talosconfig == "~/.talos/config"
+
+
+def test_an_unknown_scenario_suggests_the_close_one_and_lists_all(tmp_path):
+    (problem,) = problems(tmp_path, {**GOOD, "simulation": {"scenario": "frsh"}})
+    assert problem.startswith(f"{tmp_path}/cluster.yaml: simulation.scenario:")
+    assert "did you mean 'fresh'" in problem and "gpu-ready" in problem and "chaos" in problem
+
+
+def test_the_models_scenario_list_is_the_simulators():
+    # The library may not import runbook_lib.sim (import-linter), so the model keeps its own copy.
+    from runbook_lib.model.params import SIM_SCENARIOS
+    from runbook_lib.sim.scenarios import SCENARIOS
+
+    assert list(SIM_SCENARIOS) == list(SCENARIOS)
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("simulation: {latency_ms: .inf}", "simulation.latency_ms"),
+        ("simulation: {latency_ms: .nan}", "simulation.latency_ms"),
+        ("simulation: {latency_ms: 1.0e+300}", "simulation.latency_ms"),
+        ("timeouts: {upgrade_seconds: 100000000000}", "timeouts.upgrade_seconds"),
+        ("timeouts: {kubernetes_seconds: 999999999}", "timeouts.kubernetes_seconds"),
+        ("cuda_test: {timeout_seconds: 99999999999999999999}", "cuda_test.timeout_seconds"),
+        ("rollout_concurrency: true", "rollout_concurrency"),
+        ("timeouts: {node_ready_seconds: true}", "timeouts.node_ready_seconds"),
+    ],
+)
+def test_infinite_absurd_or_boolean_numbers_are_refused(tmp_path, text, key):
+    (problem,) = problems(tmp_path, yaml.safe_dump(GOOD) + text + "\n")
+    assert problem.startswith(f"{tmp_path}/cluster.yaml: {key}:")
+
+
+@pytest.mark.parametrize(
+    ("address", "needle"),
+    [
+        ("10.5.0.11;touch${IFS}/x", "IPv4"),
+        ("../../../etc/x", "IPv4"),
+        ("--talosconfig=/x", "IPv4"),
+        ("[fd00::11]", "without brackets"),
+        ("10.5.0.256", "IPv4"),
+        ("-n", "IPv4"),
+    ],
+)
+def test_node_addresses_must_be_ip_addresses_or_hostnames(tmp_path, address, needle):
+    (problem,) = problems(tmp_path, {**GOOD, "nodes": [{"name": "gpu-1", "address": address}]})
+    assert problem.startswith(f"{tmp_path}/cluster.yaml: nodes[0].address:") and needle in problem
+
+
+@pytest.mark.parametrize("address", ["10.5.0.11", "fd00::11", "gpu-1.lab.example.com", "gpu1", "GPU-1.Lab"])
+def test_ip_addresses_and_hostnames_are_accepted(tmp_path, address):
+    params = load_params(write(tmp_path, {**GOOD, "nodes": [{"name": "gpu-1", "address": address}]}))
+    assert params.nodes[0].address == address
+
+
+@pytest.mark.parametrize("section", ["device_plugin", "gpu_operator"])
+def test_the_default_namespace_is_refused(tmp_path, section):
+    # NVIDIA/k8s-device-plugin deployments/helm/nvidia-device-plugin/templates/validation.yml (chart
+    # 0.13.0 on, incl. 0.17.2/0.18.0): "Running in the 'default' namespace is not recommended" unless
+    # allowDefaultNamespace=true; and the runbook labels the namespace enforce=privileged (reality-gaps §21),
+    # which must never happen to `default`.  The GPU Operator chart has no such check that we found: refusing
+    # it there is this project's choice, for the label.
+    (problem,) = problems(tmp_path, {**GOOD, section: {"namespace": "default"}})
+    assert problem.startswith(f"{tmp_path}/cluster.yaml: {section}.namespace:") and "'default'" in problem

@@ -11,24 +11,72 @@ on Talos < 1.8, the GPU Operator before 1.13, ...) are checked here via the GPU 
 
 from __future__ import annotations
 
+import copy
 import difflib
+import ipaddress
+import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from runbook_lib.errors import CompatibilityError, ParameterProblem, ParametersInvalid, PermanentError
 
+from . import safeload
 from .profiles import Flavor, GpuProfile, Track, profile_for
 from .versions import TalosVersion
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_HOSTNAME = re.compile(
+    r"^(?=.{1,253}$)[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?)*$"
+)
+MAX_FILE_BYTES = 1024 * 1024
+"""Largest parameter file read: a 1,000-node file is about 60 KB, so 1 MiB is a typo or an attack."""
+DAY_SECONDS = 86_400
+"""Upper bound of every timeout: longer is a typo (or an overflow waiting to happen), not a wish."""
+#: The simulator's scenarios (``runbook_lib/sim/scenarios.py``), copied because the library may not import
+#: the simulator; a test keeps the two equal.
+SIM_SCENARIOS = (
+    "fresh",
+    "gpu-ready",
+    "extensions-no-patch",
+    "driver-mismatch",
+    "toolkit-missing",
+    "unsupported-gpu",
+    "unreachable-node",
+    "upgrade-fails",
+    "upgrade-hangs",
+    "slow-node",
+    "mixed-fleet",
+    "chaos",
+)
 _SECRET_HINT = "give a path to the file, never its contents"
 #: Values never echoed back in an error: a pasted kubeconfig must not land in a log or a record.
 _SECRET_FIELDS = frozenset({"talosconfig", "kubeconfig"})
+
+
+def _check_namespace(value: str) -> str:
+    """A Kubernetes namespace the runbook may label ``enforce=privileged``: never ``default``.
+
+    The device-plugin chart refuses ``default`` unless ``allowDefaultNamespace=true``
+    (NVIDIA/k8s-device-plugin ``deployments/helm/nvidia-device-plugin/templates/validation.yml``, from
+    chart 0.13.0), and the runbook would first have relabelled ``default`` privileged (reality-gaps §21).
+    """
+    if not _DNS_LABEL.match(value):
+        raise ValueError("must be a DNS label: lowercase letters, digits and '-', at most 63 characters")
+    if value == "default":
+        raise ValueError(
+            "'default' is refused: the runbook labels the namespace pod-security enforce=privileged, and the "
+            "device-plugin chart refuses 'default'; use a namespace of its own, e.g. nvidia or gpu-operator"
+        )
+    return value
+
+
+Namespace = Annotated[str, AfterValidator(_check_namespace)]
+Seconds = Annotated[int, Field(strict=True, le=DAY_SECONDS)]
 
 
 class _Strict(BaseModel):
@@ -70,9 +118,21 @@ class Node(_Strict):
     @field_validator("address")
     @classmethod
     def _address(cls, value: str) -> str:
-        if not value or any(c.isspace() for c in value) or "," in value:
-            raise ValueError("must be one IP address or hostname, without spaces or commas")
-        return value
+        """One IPv4/IPv6 address or DNS hostname: the value goes into talosctl's argv as ``-n VALUE``."""
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            pass
+        else:
+            return value
+        if value.startswith("[") and value.endswith("]"):
+            raise ValueError(f"write the IPv6 address without brackets, e.g. {value[1:-1]}")
+        if _HOSTNAME.match(value) and not value.rsplit(".", 1)[-1].isdigit():
+            return value
+        raise ValueError(
+            "must be one IPv4 or IPv6 address or a DNS hostname (letters, digits, '-' and '.'), "
+            "e.g. 10.5.0.11, fd00::11 or gpu-1.example.com"
+        )
 
 
 class DevicePlugin(_Strict):
@@ -80,8 +140,8 @@ class DevicePlugin(_Strict):
 
     chart_version: str | None = None
     """Chart version to pin; default: the version Talos CI uses for the release (0.17.2, 0.18.0 from 1.12)."""
-    namespace: str = "kube-system"
-    """Namespace; Talos enforces Pod Security baseline elsewhere unless the namespace is labelled privileged."""
+    namespace: Namespace = "kube-system"
+    """Namespace (not ``default``); Talos enforces Pod Security baseline elsewhere unless the namespace is labelled privileged."""
     label_nodes: bool = True
     """Label GPU nodes ``nvidia.com/gpu.present=true`` (chart ≥0.15 schedules nowhere without it or NFD)."""
 
@@ -91,8 +151,8 @@ class GpuOperator(_Strict):
 
     chart_version: str = "v26.3.3"
     """Chart version to pin; the Talos docs require v26.3.1 or higher."""
-    namespace: str = "gpu-operator"
-    """Namespace; it is labelled ``pod-security.kubernetes.io/enforce=privileged``."""
+    namespace: Namespace = "gpu-operator"
+    """Namespace (not ``default``); it is labelled ``pod-security.kubernetes.io/enforce=privileged``."""
 
 
 class CudaTest(_Strict):
@@ -104,7 +164,7 @@ class CudaTest(_Strict):
     """CUDA vectoradd sample image; ``auto``: the sample Talos CI runs for the release (CUDA 11.7 up to 1.10, 12.5 from 1.11), ``null`` skips the test."""
     request_gpu: bool = True
     """Also run a pod requesting ``nvidia.com/gpu: 1`` (the docs' test alone passes with a broken device plugin)."""
-    timeout_seconds: int = Field(default=300, ge=10)
+    timeout_seconds: Seconds = Field(default=300, ge=10)
     """How long a test pod may take to finish."""
 
 
@@ -120,11 +180,11 @@ class Tools(_Strict):
 class Timeouts(_Strict):
     """How long the runbook waits for the cluster before it calls a node or a rollout failed."""
 
-    upgrade_seconds: int = Field(default=1800, ge=10)
+    upgrade_seconds: Seconds = Field(default=1800, ge=10)
     """One node's `talosctl upgrade --wait` (talosctl's own default is 30 minutes)."""
-    node_ready_seconds: int = Field(default=300, ge=5)
+    node_ready_seconds: Seconds = Field(default=300, ge=5)
     """A node answering again, on the planned schematic, after its upgrade."""
-    kubernetes_seconds: int = Field(default=300, ge=5)
+    kubernetes_seconds: Seconds = Field(default=300, ge=5)
     """The Helm release becoming ready and every GPU node advertising `nvidia.com/gpu`."""
 
 
@@ -133,8 +193,17 @@ class Simulation(_Strict):
 
     scenario: str = "fresh"
     """Starting state of the simulated cluster: `fresh` (GPU nodes on stock Talos), `gpu-ready`, or a fault scenario (`runbook sim scenarios`)."""
-    latency_ms: float = Field(default=0.0, ge=0)
-    """Simulated latency per talosctl call per node, in milliseconds."""
+    latency_ms: float = Field(default=0.0, ge=0, le=60_000, strict=True, allow_inf_nan=False)
+    """Simulated latency per talosctl call per node, in milliseconds (at most a minute)."""
+
+    @field_validator("scenario")
+    @classmethod
+    def _scenario(cls, value: str) -> str:
+        if value not in SIM_SCENARIOS:
+            close = difflib.get_close_matches(value, SIM_SCENARIOS, n=1)
+            suggestion = f"did you mean {close[0]!r}? " if close else ""
+            raise ValueError(f"unknown scenario; {suggestion}valid: {', '.join(SIM_SCENARIOS)}")
+        return value
 
 
 class Params(_Strict):
@@ -170,7 +239,7 @@ class Params(_Strict):
     """Use SecureBoot installer and boot assets."""
     apply: bool = False
     """Change the cluster. ``false`` (default) plans and dry-runs only."""
-    rollout_concurrency: int = Field(default=1, ge=1, le=1000)
+    rollout_concurrency: int = Field(default=1, ge=1, le=1000, strict=True)
     """How many nodes change at once; new batches stop at the first failure."""
     talosconfig: str | None = None
     """Path to the talosconfig (never its contents); default: talosctl's own default / the simulator's."""
@@ -283,6 +352,28 @@ def format_loc(loc: Iterable[str | int]) -> str:
     return out or "(top level)"
 
 
+Loc = tuple[str | int, ...]
+
+
+class _Sources:
+    """Which input each value came from, so every error names it: the file, ``--set KEY=VALUE`` or a
+    notebook/CLI parameter.  The last override covering a key path wins, as it does for the value."""
+
+    def __init__(self, default: str) -> None:
+        self.default = default
+        self.layers: list[tuple[Loc, str]] = []
+
+    def __call__(self, loc: Sequence[str | int]) -> str:
+        for parts, label in reversed(self.layers):
+            common = min(len(parts), len(loc))
+            if tuple(loc[:common]) == parts[:common]:
+                return label
+        return self.default
+
+    def overridden(self, loc: Sequence[str | int]) -> bool:
+        return self(loc) != self.default
+
+
 def _problem_from_pydantic(source: str, error: Mapping[str, Any]) -> ParameterProblem:
     loc = tuple(error["loc"])
     kind = error["type"]
@@ -306,14 +397,18 @@ def _problem_from_pydantic(source: str, error: Mapping[str, Any]) -> ParameterPr
     return ParameterProblem(source, format_loc(loc), message)
 
 
-def _compatibility_problems(source: str, params: Params) -> list[ParameterProblem]:
+def _compatibility_problems(src: _Sources, params: Params) -> list[ParameterProblem]:
     problems: list[ParameterProblem] = []
     seen: set[str] = set()
     for index, node in enumerate(params.nodes):
         for attr, value in (("name", node.name), ("address", node.address)):
             if f"{attr}:{value}" in seen:
                 problems.append(
-                    ParameterProblem(source, f"nodes[{index}].{attr}", f"duplicate node {attr} {value!r}")
+                    ParameterProblem(
+                        src(("nodes", index, attr)),
+                        f"nodes[{index}].{attr}",
+                        f"duplicate node {attr} {value!r}",
+                    )
                 )
             seen.add(f"{attr}:{value}")
     try:
@@ -325,7 +420,7 @@ def _compatibility_problems(source: str, params: Params) -> list[ParameterProble
             else ("driver_flavor" if "proprietary" in exc.message else "talos_version")
         )
         problems.append(
-            ParameterProblem(source, key, f"{exc.message} ({exc.hint})" if exc.hint else exc.message)
+            ParameterProblem(src((key,)), key, f"{exc.message} ({exc.hint})" if exc.hint else exc.message)
         )
         return problems
     for index, node in enumerate(params.nodes):
@@ -334,33 +429,59 @@ def _compatibility_problems(source: str, params: Params) -> list[ParameterProble
         try:
             params.profile(node)
         except CompatibilityError as exc:
-            problems.append(ParameterProblem(source, f"nodes[{index}].overrides", exc.message))
+            loc = ("nodes", index, "overrides")
+            problems.append(ParameterProblem(src(loc), format_loc(loc), exc.message))
     talos = params.talos
     if params.kubernetes_layer == "gpu-operator" and not talos.at_least(1, 13):
         problems.append(
             ParameterProblem(
-                source,
+                src(("kubernetes_layer",)),
                 "kubernetes_layer",
                 f"the GPU Operator path needs Talos ≥ v1.13 (CDI toolkit); Talos {talos} uses "
                 "'device-plugin' (or 'auto')",
             )
         )
-    if params.target == "cluster" and params.tools.talosctl == "talosctl" and params.talosconfig is None:
-        pass  # talosctl's own default (~/.talos/config, $TALOSCONFIG) is a sensible choice on a real cluster
     return problems
 
 
-def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
-    """Apply one ``--set a.b=value`` override onto raw parameter data."""
+def _list_index(items: list[Any], part: str, source: str, loc: Loc) -> int:
+    """``part`` as an index into ``items`` (``--set nodes.0.address=...``), or an error saying what is valid."""
+    if not items:
+        raise ParametersInvalid(
+            [ParameterProblem(source, format_loc(loc), "is an empty list: nothing to set")]
+        )
+    valid = f"index 0 to {len(items) - 1}" if len(items) > 1 else "index 0"
+    if not part.isdigit():
+        message = f"is a list: give a list index ({valid}) before {part!r}, e.g. {format_loc(loc)}.0.{part}"
+        raise ParametersInvalid([ParameterProblem(source, format_loc(loc), message.replace("[", ".["))])
+    if int(part) >= len(items):
+        message = f"has {len(items)} entr{'y' if len(items) == 1 else 'ies'}: {valid}, not {part}"
+        raise ParametersInvalid([ParameterProblem(source, format_loc(loc), message)])
+    return int(part)
+
+
+def set_dotted(data: dict[str, Any], dotted: str, value: Any, *, source: str = "--set") -> Loc:
+    """Apply one ``--set a.b=value`` override onto raw parameter data; return the key path it set.
+
+    Numbers index lists (``nodes.0.address``).  ``source`` names the override in errors.
+    """
     parts = dotted.split(".")
-    target = data
-    for part in parts[:-1]:
-        nxt = target.get(part)
-        if not isinstance(nxt, dict):
+    loc: list[str | int] = []
+    target: dict[str, Any] | list[Any] = data
+    for position, part in enumerate(parts):
+        key: str | int = _list_index(target, part, source, tuple(loc)) if isinstance(target, list) else part
+        loc.append(key)
+        if position == len(parts) - 1:
+            target[key] = value  # type: ignore[index]
+            break
+        nxt = target[key] if isinstance(target, list) else target.get(str(key))  # type: ignore[index]
+        if isinstance(nxt, tuple):
+            nxt = list(nxt)
+        if not isinstance(nxt, dict | list):
             nxt = {}
-            target[part] = nxt
+        target[key] = nxt  # type: ignore[index]
         target = nxt
-    target[parts[-1]] = value
+    return tuple(loc)
 
 
 def parse_set(item: str) -> tuple[str, Any]:
@@ -371,7 +492,7 @@ def parse_set(item: str) -> tuple[str, Any]:
         )
     key, raw = item.split("=", 1)
     try:
-        value = yaml.safe_load(raw) if raw else ""
+        value = safeload.load(raw) if raw else ""
     except yaml.YAMLError:
         value = raw
     if key == "talos_version" or (isinstance(value, float) and raw.count(".") != 1):
@@ -379,8 +500,12 @@ def parse_set(item: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
-def validate(data: Mapping[str, Any], *, source: str) -> Params:
-    """Validate raw parameter data; raise :class:`ParametersInvalid` listing every problem at once."""
+def validate(data: Mapping[str, Any], *, source: str, sources: _Sources | None = None) -> Params:
+    """Validate raw parameter data; raise :class:`ParametersInvalid` listing every problem at once.
+
+    ``sources`` says which keys came from overrides rather than ``source`` (see :func:`load_params`).
+    """
+    src = sources or _Sources(source)
     try:
         params = Params.model_validate(dict(data))
     except ValidationError as exc:
@@ -388,7 +513,7 @@ def validate(data: Mapping[str, Any], *, source: str) -> Params:
         located = {tuple(err["loc"][:1]) for err in errors if len(err["loc"]) > 1}
         # A tuple whose items failed is also reported as too short; that echo would only confuse.
         errors = [e for e in errors if not (e["type"] == "too_short" and tuple(e["loc"]) in located)]
-        problems = [_problem_from_pydantic(source, err) for err in errors]
+        problems = [_problem_from_pydantic(src(err["loc"]), err) for err in errors]
         # Report impossible combinations in the same pass when the rest of the file allows judging them.
         bad_keys = {err["loc"][0] for err in errors if err["loc"]}
         try:
@@ -396,27 +521,55 @@ def validate(data: Mapping[str, Any], *, source: str) -> Params:
         except ValidationError:
             pass
         else:
-            problems += _compatibility_problems(source, rest)
+            problems += _compatibility_problems(src, rest)
         raise ParametersInvalid(problems) from None
-    problems = _compatibility_problems(source, params)
+    problems = _compatibility_problems(src, params)
     if problems:
         raise ParametersInvalid(problems)
     return params
 
 
+def _decode(file: Path, raw: bytes) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        found = (
+            "UTF-16 text" if raw.startswith((b"\xff\xfe", b"\xfe\xff")) else f"not UTF-8 (byte {exc.start})"
+        )
+        raise ParametersInvalid(
+            [
+                ParameterProblem(
+                    str(file), "(file)", f"{found}: a parameter file must be UTF-8; save it as UTF-8"
+                )
+            ]
+        ) from None
+
+
 def read_params_file(path: str | Path) -> dict[str, Any]:
-    """Read a parameter file as raw data, with file-level errors that name the file."""
+    """Read a parameter file as raw data, with file-level errors that name the file.
+
+    Bounded (:data:`MAX_FILE_BYTES`), UTF-8 only, and read with :mod:`.safeload`, so a repeated key is an
+    error with both lines instead of the last one silently winning.
+    """
     file = Path(path)
     try:
-        text = file.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ParametersInvalid([ParameterProblem(str(file), "(file)", "file not found")]) from None
-    except OSError as exc:
-        raise ParametersInvalid(
-            [ParameterProblem(str(file), "(file)", f"cannot read: {exc.strerror}")]
-        ) from None
+        raw = safeload.read_regular_file(str(file), MAX_FILE_BYTES)
+    except safeload.NotReadable as exc:
+        raise ParametersInvalid([ParameterProblem(str(file), "(file)", str(exc))]) from None
     try:
-        data = yaml.safe_load(text)
+        data = safeload.load(_decode(file, raw))
+    except safeload.DuplicateKeys as exc:
+        raise ParametersInvalid(
+            [
+                ParameterProblem(
+                    str(file),
+                    format_loc(dup.path),
+                    f"duplicate key on lines {dup.lines[0]} and {dup.lines[1]}: each key may appear once "
+                    "(YAML readers disagree on which one wins); delete one",
+                )
+                for dup in exc.found
+            ]
+        ) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(file)"
@@ -430,6 +583,44 @@ def read_params_file(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def _overridden_file_problems(file_data: dict[str, Any], src: _Sources) -> list[ParameterProblem]:
+    """Invalid file values that an override hides: the file stays wrong for the next run without the flag."""
+    if not src.layers or not file_data:
+        return []
+    try:
+        Params.model_validate(file_data)
+    except ValidationError as exc:
+        return [
+            _problem_from_pydantic(src.default, err)
+            for err in exc.errors()
+            if err["type"] != "missing" and src.overridden(err["loc"])
+        ]
+    return []
+
+
+def _config_path_problems(params: Params, src: _Sources) -> list[ParameterProblem]:
+    """A real cluster's talosconfig/kubeconfig must exist before any tool runs (talosctl only says the
+    client "did not answer", after a record was started)."""
+    if params.target != "cluster":
+        return []
+    problems: list[ParameterProblem] = []
+    for key in ("talosconfig", "kubeconfig"):
+        value = getattr(params, key)
+        if value is None:
+            continue
+        path = Path(os.path.expanduser(value))
+        if not path.is_file():
+            what = "is not a regular file" if path.exists() else "no such file"
+            problems.append(
+                ParameterProblem(
+                    src((key,)),
+                    key,
+                    f"{what}: {value} (give the path of the {key}, or leave it unset for the default)",
+                )
+            )
+    return problems
+
+
 def load_params(
     path: str | Path | None = None,
     overrides: Iterable[str] = (),
@@ -437,17 +628,27 @@ def load_params(
 ) -> Params:
     """Load a parameter file, apply ``--set`` overrides and explicit values, and validate the result.
 
-    ``values`` (e.g. notebook parameters) win over ``overrides``, which win over the file.  Dotted keys are
-    accepted in both.  Errors name the file for file values and ``--set``/``parameters`` for the others.
+    ``values`` (e.g. notebook parameters, ``--apply``) win over ``overrides``, which win over the file.
+    Dotted keys are accepted in both.  Errors name the file for file values, ``--set KEY=VALUE`` and
+    ``parameters`` for the others; an invalid file value is an error even when an override hides it.
     """
-    data: dict[str, Any] = read_params_file(path) if path is not None else {}
-    source = str(path) if path is not None else "parameters"
+    file_data: dict[str, Any] = read_params_file(path) if path is not None else {}
+    data = copy.deepcopy(file_data)
+    src = _Sources(str(path) if path is not None else "parameters")
     for item in overrides:
         key, value = parse_set(item)
-        set_dotted(data, key, value)
+        src.layers.append((set_dotted(data, key, value, source=f"--set {item}"), f"--set {item}"))
     for key, value in (values or {}).items():
-        set_dotted(data, key, value)
-    return validate(data, source=source)
+        src.layers.append((set_dotted(data, key, value, source="parameters"), "parameters"))
+    hidden = _overridden_file_problems(file_data, src)
+    try:
+        params = validate(data, source=src.default, sources=src)
+    except ParametersInvalid as exc:
+        raise ParametersInvalid([*hidden, *exc.problems]) from None
+    problems = hidden + _config_path_problems(params, src)
+    if problems:
+        raise ParametersInvalid(problems)
+    return params
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -1,0 +1,197 @@
+"""YAML for text we did not write: parameter files and pasted ``talosctl`` outputs.
+
+Why not ``yaml.safe_load``: it is safe against code execution only.  It silently keeps the *last* of two
+equal keys (so a file whose reviewer sees ``apply: false`` can apply, attack report F3), and it builds
+whatever an alias graph describes: a 1 KB "billion laughs" file expands to gigabytes as soon as anything
+walks it, and a deeply nested one ends in ``RecursionError`` (attack report F11).  YAML itself says keys
+are unique ("each of the keys is unique", YAML 1.2.2 §3.2.1.1, https://yaml.org/spec/1.2.2/).
+
+This loader refuses, while composing and before anything is constructed:
+
+- a key repeated in one mapping (merge keys ``<<`` excepted: overriding them is their purpose);
+- nesting deeper than :data:`MAX_DEPTH`, counted through aliases;
+- more than :data:`MAX_NODES` nodes per stream, counted as if every alias were expanded (this bounds both
+  the alias bomb and the memory a merely huge file costs);
+- an alias to the node that contains it (a cycle).
+
+Every refusal is a :class:`yaml.MarkedYAMLError`, so callers that already report ``YAMLError`` with its
+line keep working.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+from typing import Any, cast
+
+import yaml
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+MAX_DEPTH = 64
+"""Deepest nesting accepted; talosctl resources and parameter files need fewer than 10 levels."""
+MAX_NODES = 2_000_000
+"""Nodes per stream with aliases expanded; 32 MiB of real talosctl YAML is about 1.5 million."""
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class YamlRefused(yaml.MarkedYAMLError):
+    """Well-formed YAML this loader will not build (duplicate key, too deep, too big, cyclic)."""
+
+
+@dataclass(frozen=True)
+class Duplicate:
+    """One repeated key: ``path`` (keys and list indexes, ending in the key) and the ``lines`` of both."""
+
+    path: tuple[str | int, ...]
+    lines: tuple[int, int]
+
+    def __str__(self) -> str:
+        where = f" in {'.'.join(map(str, self.path[:-1]))}" if len(self.path) > 1 else ""
+        return f"duplicate key {self.path[-1]!r}{where} on lines {self.lines[0]} and {self.lines[1]}"
+
+
+class DuplicateKeys(YamlRefused):
+    """Mappings repeat keys; ``found`` lists every one, so a file is fixed in one pass."""
+
+    def __init__(self, found: list[Duplicate], mark: Any) -> None:
+        self.found = found
+        super().__init__(problem="; ".join(map(str, found)), problem_mark=mark)
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """``SafeLoader`` with the refusals of the module docstring, checked in ``compose_node``."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._path: list[str | int] = []
+        self._depth: dict[int, int] = {}
+        self._weight: dict[int, int] = {}
+        self._total = 0
+        self.duplicates: list[Duplicate] = []
+        self._first_duplicate: Any = None
+
+    def compose_document(self) -> Node | None:
+        self._depth, self._weight = {}, {}
+        node: Node | None = super().compose_document()
+        return node
+
+    def _mark(self) -> Any:
+        """Where the next event starts (for the error's line and column)."""
+        return self.peek_event().start_mark  # type: ignore[no-untyped-call]
+
+    def compose_node(self, parent: Node | None, index: Any) -> Node:
+        mark = self._mark()
+        if self.check_event(yaml.AliasEvent):
+            target: Node | None = super().compose_node(parent, index)
+            if target is None or id(target) not in self._weight:
+                raise YamlRefused(problem="an alias refers to a node that contains it", problem_mark=mark)
+            self._count(self._weight[id(target)], self._depth[id(target)], mark)
+            return target
+        label = index.value if isinstance(index, ScalarNode) else index
+        if label is not None:
+            self._path.append(label if isinstance(label, int) else str(label))
+        if len(self._path) > MAX_DEPTH:
+            raise YamlRefused(problem=f"nested deeper than {MAX_DEPTH} levels", problem_mark=mark)
+        node = cast(Node, super().compose_node(parent, index))
+        if isinstance(node, MappingNode):
+            self._check_unique(node)
+        if label is not None:
+            self._path.pop()
+        children = _children(node)
+        self._depth[id(node)] = 1 + max((self._depth[id(c)] for c in children), default=0)
+        self._weight[id(node)] = 1 + sum(self._weight[id(c)] for c in children)
+        self._count(1, self._depth[id(node)], mark)
+        return node
+
+    def _check_unique(self, node: MappingNode) -> None:
+        seen: dict[tuple[str, str], Node] = {}
+        for key, _value in node.value:
+            if not isinstance(key, ScalarNode) or key.tag == _MERGE_TAG:
+                continue
+            first = seen.setdefault((key.tag, key.value), key)
+            if first is not key:
+                lines = (first.start_mark.line + 1, key.start_mark.line + 1)
+                self.duplicates.append(Duplicate((*self._path, key.value), lines))
+                self._first_duplicate = self._first_duplicate or key.start_mark
+
+    def raise_duplicates(self) -> None:
+        if self.duplicates:
+            raise DuplicateKeys(self.duplicates, self._first_duplicate)
+
+    def _count(self, weight: int, depth: int, mark: Any) -> None:
+        self._total += weight
+        if self._total > MAX_NODES:
+            raise YamlRefused(
+                problem=f"more than {MAX_NODES} values (aliases expanded): refused as too big",
+                problem_mark=mark,
+            )
+        if depth + len(self._path) > MAX_DEPTH:
+            raise YamlRefused(
+                problem=f"nested deeper than {MAX_DEPTH} levels (aliases expanded)",
+                problem_mark=mark,
+            )
+
+
+def _children(node: Node) -> list[Node]:
+    if isinstance(node, SequenceNode):
+        return list(node.value)
+    if isinstance(node, MappingNode):
+        return [part for pair in node.value for part in pair]
+    return []
+
+
+def load(text: str) -> Any:
+    """One YAML document, with the refusals of the module docstring."""
+    loader = _StrictLoader(text)
+    try:
+        data = loader.get_single_data()
+        loader.raise_duplicates()
+        return data
+    finally:
+        loader.dispose()
+
+
+def load_all(text: str) -> list[Any]:
+    """Every document of a YAML stream (``talosctl get -o yaml`` prints one per resource)."""
+    loader = _StrictLoader(text)
+    try:
+        docs: list[Any] = []
+        while loader.check_data():  # type: ignore[no-untyped-call]
+            docs.append(loader.get_data())
+        loader.raise_duplicates()
+        return docs
+    finally:
+        loader.dispose()
+
+
+class NotReadable(Exception):
+    """A file that is not a regular file, cannot be opened, or is larger than the caller accepts."""
+
+
+def read_regular_file(path: str, limit: int) -> bytes:
+    """At most ``limit`` bytes of a regular file; anything else is :class:`NotReadable`, never a hang.
+
+    Opened non-blocking and checked with ``fstat`` on the open descriptor: a FIFO with no writer would
+    block ``open`` forever, ``/dev/zero`` would fill memory, and a check before ``open`` could be raced.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except FileNotFoundError:
+        raise NotReadable("file not found") from None
+    except OSError as exc:
+        raise NotReadable(f"cannot read: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "rb") as handle:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO, socket or device"
+            raise NotReadable(f"not a regular file ({kind})")
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise NotReadable(f"larger than {_size(limit)}; refused")
+    return data
+
+
+def _size(limit: int) -> str:
+    return f"{limit // (1024 * 1024)} MiB" if limit % (1024 * 1024) == 0 else f"{limit} bytes"
