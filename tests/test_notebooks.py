@@ -145,7 +145,8 @@ def test_healthy_cluster_end_to_end_then_a_second_run_changes_nothing(
     assert run(sim_env, "--from", "verify") == 0  # resumes with the parameters of the latest record
     resumed = latest(sim_env)
     assert [s["name"] for s in resumed["steps"]] == ["verify", "kubernetes", "cuda-test"]
-    assert resumed["params"] == second["params"]
+    assert resumed["params"] == {**second["params"], "apply": False}  # never the approval (F3)
+    assert resumed["changes"] == []
     assert main(["records", "verify", "--dir", str(sim_env["records"])]) == 0
     assert_no_secrets(sim_env)
     capsys.readouterr()

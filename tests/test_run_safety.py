@@ -7,12 +7,19 @@ Issue 18; the attack report /work/shared/docs/attack-2026-12-01.md (F1, F2, F3, 
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
+
+from runbook_lib.cli import main
+from runbook_lib.model.params import Params, validate
+from runbook_lib.notebook import records, runner
 
 REPO = Path(__file__).resolve().parents[1]
 PARAMS = str(REPO / "params" / "simulated.yaml")
@@ -65,3 +72,82 @@ def test_run_worker_threads_import_nothing_so_no_import_race_is_possible(tmp_pat
     report = json.loads(proc.stdout.splitlines()[-1])
     assert report["exit"] == 0, proc.stdout
     assert report["off_main"] == [], report["off_main"][:40]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# F3: `--from` resumes with the parameters of the latest record, but never with its approval
+
+
+def _run(tmp_path: Path, *args: str) -> int:
+    return main(
+        [
+            "run",
+            "--records",
+            str(tmp_path / "records"),
+            "--state",
+            str(tmp_path / "sim"),
+            "--no-progress",
+            *args,
+        ]
+    )
+
+
+def _latest(tmp_path: Path) -> dict[str, Any]:
+    return records.load_record(records.resolve(tmp_path / "records", None))
+
+
+@pytest.mark.slow
+def test_resume_without_apply_only_plans_even_after_an_applied_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """F3: after ``run --apply``, a bare ``run --from config-patch`` (the README's resume) patched every node,
+    because the latest record's parameters hold ``apply: true``."""
+    assert _run(tmp_path, "-p", PARAMS, "--apply", "--steps", "preflight") == 0
+    assert _latest(tmp_path)["apply"] is True
+    assert _run(tmp_path, "--from", "config-patch", "--steps", "config-patch") == 0
+    resumed = _latest(tmp_path)
+    assert resumed["apply"] is False and resumed["params"]["apply"] is False
+    assert resumed["changes"] == [] and resumed["steps"][0]["status"] == "planned"
+    assert "--apply" in capsys.readouterr().err  # says how to apply
+
+
+# ---------------------------------------------------------------------------------------------------------
+# F2: a version probe that fails in an unexpected way is recorded, generically, and never crashes the run
+
+TOKEN = "MARKERNLTOKENabcdefghij0123456789"
+
+
+def _cluster_params(tmp_path: Path, token_line: str, server: str) -> Params:
+    """Target ``cluster`` with a kubeconfig whose token is written as ``token_line``; the tools do not exist
+    (their probes fail the ordinary way)."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        textwrap.dedent(
+            f"""\
+            apiVersion: v1
+            kind: Config
+            clusters: [{{name: c, cluster: {{server: "{server}"}}}}]
+            users: [{{name: u, user: {{{token_line}}}}}]
+            contexts: [{{name: x, context: {{cluster: c, user: u}}}}]
+            current-context: x
+            """
+        )
+    )
+    data = yaml.safe_load(Path(PARAMS).read_text())
+    missing = str(tmp_path / "missing-tool")
+    data.update(target="cluster", kubeconfig=str(kubeconfig), tools={"talosctl": missing, "helm": missing})
+    return validate(data, source="test")
+
+
+def test_a_token_with_a_trailing_newline_is_a_recorded_probe_error_without_the_token(tmp_path: Path) -> None:
+    """F2: ``token: |`` (or a pasted token) leaves a newline in the bearer token; the Kubernetes client then
+    raises ``ValueError: Invalid header value b'Bearer …\\n'`` (http.client's header check), which escaped
+    ``collect_versions`` and left the record unsealed.  Its text quotes the token, so it is not stored."""
+    with socket.create_server(("127.0.0.1", 0)) as api:  # connections are accepted by the kernel's backlog
+        server = f"http://127.0.0.1:{api.getsockname()[1]}"
+        params = _cluster_params(tmp_path, f'token: "{TOKEN}\\n"', server)
+        versions = runner.collect_versions(params)
+    error = versions["kubernetes_error"]
+    assert "ValueError" in error and "Invalid header value" in error
+    assert TOKEN not in json.dumps(versions)
+    assert "talosctl_error" in versions and "helm_error" in versions  # the other probes still reported

@@ -169,6 +169,22 @@ def _terminate(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+def _resume_values(root: Path, *, apply: bool) -> dict[str, Any]:
+    """The parameters of the latest record, for ``--from`` without ``-p``; never its approval.
+
+    Why ``apply`` is reset: an approval is given for one command line.  The latest record of an applied run
+    holds ``apply: true``, and resuming with it changed the cluster on a bare ``runbook run --from STEP``
+    (F3 of the 1 Dec attack); the README shows ``runbook run --from verify`` as a harmless resume.
+    """
+    latest = records.load_record(records.resolve(root, None))
+    values = latest.get("params")
+    if not isinstance(values, dict):
+        raise PermanentError("the latest record holds no parameters to resume with", hint="give -p PARAMS")
+    mode = "and --apply" if apply else "plan only (add --apply to change the cluster)"
+    sys.stderr.write(f"resuming with the parameters of {latest.get('record')}, {mode}\n")
+    return {**values, "apply": False}
+
+
 def _run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     # At exit, the interpreter's last garbage collection walks every object the run left (the notebook
@@ -181,13 +197,7 @@ def _run(args: argparse.Namespace) -> int:
     resume_values: dict[str, Any] | None = None
     root = _root(args.records)
     if args.from_step and params_file is None:
-        latest = records.load_record(records.resolve(root, None))
-        resume_values = latest.get("params")
-        if not isinstance(resume_values, dict):
-            raise PermanentError(
-                "the latest record holds no parameters to resume with", hint="give -p PARAMS"
-            )
-        sys.stderr.write(f"resuming with the parameters of {latest.get('record')}\n")
+        resume_values = _resume_values(root, apply=args.apply)
     elif params_file is None:
         params_file = "params/simulated.yaml"
     outcome = runner.run(

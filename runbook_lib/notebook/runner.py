@@ -21,6 +21,7 @@ import json
 import os
 import platform
 import queue
+import re
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -516,23 +517,39 @@ def _talos_versions(ctx: Context, addresses: list[str]) -> dict[str, Any]:
         out["talos_nodes"] = counts
         if errors:
             out["talos_unreachable"] = sorted(errors)
-    except RunbookError as exc:
-        out["talosctl_error"] = exc.message
+    except Exception as exc:  # a version read never stops the run (see collect_versions)
+        out["talosctl_error"] = probe_failure(exc)
     return out
 
 
 def _helm_version(ctx: Context) -> dict[str, Any]:
     try:
         return {"helm": ctx.helm.version()}
-    except RunbookError as exc:
-        return {"helm_error": exc.message}
+    except Exception as exc:  # a version read never stops the run (see collect_versions)
+        return {"helm_error": probe_failure(exc)}
 
 
 def _kubernetes_version(ctx: Context) -> dict[str, Any]:
     try:
         return {"kubernetes_server": ctx.kube.server_version()}
-    except (RunbookError, OSError) as exc:
-        return {"kubernetes_error": str(exc).splitlines()[0]}
+    except Exception as exc:  # a version read never stops the run (see collect_versions)
+        return {"kubernetes_error": probe_failure(exc)}
+
+
+def probe_failure(exc: Exception) -> str:
+    """What the record keeps of a failed version read: our own errors in full, anything else only its type
+    and its text up to the first quoted value.
+
+    Why: a client's exception can quote what it was about to send.  For a kubeconfig token that ends in a
+    newline (``token: |``, a pasted token), the Kubernetes client raises ``ValueError: Invalid header value
+    b'Bearer <token>\\n'`` (CPython ``http.client.HTTPConnection.putheader``, Lib/http/client.py at v3.11.7),
+    which escaped this read, crashed the run before the seal and carried the token (F2 of the 1 Dec attack).
+    """
+    if isinstance(exc, RunbookError):
+        return exc.message
+    lines = str(exc).splitlines() or [""]
+    text = re.split(r"""b?['"]""", lines[0], maxsplit=1)[0].strip().rstrip(":")
+    return f"{type(exc).__name__}: {text} (the rest is not recorded: it can quote credentials)"
 
 
 def collect_versions(params: Params, *, helm: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -545,8 +562,8 @@ def collect_versions(params: Params, *, helm: Mapping[str, Any] | None = None) -
     """
     try:
         ctx = connect(params, journal=Journal())
-    except RunbookError as exc:
-        return {"packages": _package_versions(), "error": exc.message}
+    except Exception as exc:  # e.g. an unreadable endpoints.json: recorded, like a failed read
+        return {"packages": _package_versions(), "error": probe_failure(exc)}
     addresses = [n.address for n in params.nodes]
     with ThreadPoolExecutor(max_workers=3, thread_name_prefix="runbook-versions") as pool:
         talos = pool.submit(_talos_versions, ctx, addresses)
