@@ -181,6 +181,17 @@ def _status(args: argparse.Namespace) -> int:
 
 def _down(args: argparse.Namespace) -> int:
     state_dir = _state(args)
+    if args.purge and state_dir.exists() and not cluster.is_state_dir(state_dir):
+        raise PermanentError(
+            f"--state {state_dir} is not a simulator state directory (no {cluster.MARKER} file): not deleted",
+            hint="--purge deletes only a directory `runbook sim up` created; check --state / RUNBOOK_SIM_STATE",
+        )
+    foreign = cluster.foreign_pid(state_dir)
+    if foreign is not None:
+        sys.stderr.write(
+            f"{sim_paths(state_dir).pid} names process {foreign}, which is not this simulator's daemon "
+            "(stale pid file): left alone\n"
+        )
     stopped = cluster.stop_daemon(state_dir)
     sys.stdout.write("simulator stopped\n" if stopped else "simulator was not running\n")
     if args.purge and state_dir.exists():

@@ -31,7 +31,7 @@ from typing import Any
 import yaml
 
 from runbook_lib.model.params import Params
-from runbook_lib.sim import machineconfig, toolserver
+from runbook_lib.sim import machineconfig, pidfile, toolserver
 from runbook_lib.sim.scenarios import apply_scenario
 from runbook_lib.sim.state import (
     KUBERNETES_FOR_TALOS,
@@ -52,6 +52,9 @@ from runbook_lib.sim.state import (
 FIRST_ADDRESS = ipaddress.IPv4Address("10.5.0.2")
 CLUSTER_NAME = "talos-gpu-sim"
 DEFAULT_GPU = ("NVIDIA L4", 23034)
+# Written by ``create``: what makes a directory one ``sim down --purge`` may delete.
+MARKER = ".runbook-sim-state"
+MARKER_TEXT = "talos-gpu-runbooks simulated cluster state (runbook sim down --purge deletes this directory)\n"
 
 
 @dataclass
@@ -171,6 +174,7 @@ def create(state_dir: Path, spec: ClusterSpec) -> list[SimNode]:
     paths = sim_paths(state_dir)
     check_state_path(state_dir)
     private_dir(state_dir)
+    atomic_write(state_dir / MARKER, MARKER_TEXT)
     if paths.nodes_dir.exists():
         shutil.rmtree(paths.nodes_dir)
     private_dir(paths.nodes_dir)
@@ -251,22 +255,26 @@ def running(state_dir: Path, spec: ClusterSpec, *, daemon: bool = True) -> Itera
             stop_daemon(state_dir)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def daemon_pid(state_dir: Path) -> int | None:
-    try:
-        pid = int(sim_paths(state_dir).pid.read_text().strip())
-    except (FileNotFoundError, ValueError):
+    """The pid of this state dir's running daemon; None when ``daemon.pid`` is missing or names another process."""
+    recorded = pidfile.read(sim_paths(state_dir).pid)
+    if recorded is None or not pidfile.is_daemon(recorded[0], recorded[1], state_dir):
         return None
-    return pid if _pid_alive(pid) else None
+    return recorded[0]
+
+
+def is_state_dir(state_dir: Path) -> bool:
+    """True for a directory ``create`` made (its marker file is there), so deleting it loses no user data."""
+    marker = state_dir / MARKER
+    return state_dir.is_dir() and not state_dir.is_symlink() and marker.is_file() and not marker.is_symlink()
+
+
+def foreign_pid(state_dir: Path) -> int | None:
+    """A live pid in ``daemon.pid`` that is not this simulator's daemon (stale file, pid reused): left alone."""
+    recorded = pidfile.read(sim_paths(state_dir).pid)
+    if recorded is None or pidfile.start_time(recorded[0]) is None or daemon_pid(state_dir) is not None:
+        return None
+    return recorded[0]
 
 
 def start_daemon(state_dir: Path, timeout: float = 15.0, rooms: list[str] | None = None) -> dict[str, Any]:
@@ -305,25 +313,43 @@ def start_daemon(state_dir: Path, timeout: float = 15.0, rooms: list[str] | None
     raise RuntimeError(f"simulator daemon did not start within {timeout:.0f}s; see {paths.log}")
 
 
+def _terminate(pid: int, started: str | None, state_dir: Path, timeout: float) -> bool:
+    """SIGTERM, then SIGKILL after ``timeout``, the daemon ``pid``, and only if it is this state dir's daemon.
+
+    The pid is pinned with a pidfd before it is checked, so the signals reach the process that was checked
+    even if it exits and its pid is reused in between.
+    """
+    try:
+        pinned = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return False
+    try:
+        if not pidfile.is_daemon(pid, started, state_dir):
+            return False
+        signal.pidfd_send_signal(pinned, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and pidfile.start_time(pid) is not None:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)  # our own child (runbook run, tests) would stay a zombie
+            time.sleep(0.05)
+        if pidfile.start_time(pid) is not None:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(pinned, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        return True
+    finally:
+        os.close(pinned)
+
+
 def stop_daemon(state_dir: Path, timeout: float = 10.0) -> bool:
     """Stop the daemon of this state dir by its pid; True if one was running."""
     paths = sim_paths(state_dir)
-    pid = daemon_pid(state_dir)
-    if pid is None:
-        with contextlib.suppress(FileNotFoundError):
-            paths.pid.unlink()
-        return False
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and _pid_alive(pid):
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)
-        time.sleep(0.05)
-    if _pid_alive(pid):
-        os.kill(pid, signal.SIGKILL)
+    recorded = pidfile.read(paths.pid)
+    stopped = recorded is not None and _terminate(recorded[0], recorded[1], state_dir, timeout)
     with contextlib.suppress(FileNotFoundError):
         paths.pid.unlink()
-    return True
+    return stopped
 
 
 def status(state_dir: Path) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from pathlib import Path
 from types import FrameType, ModuleType
 from typing import Any
 
-from runbook_lib.sim import toolserver
+from runbook_lib.sim import pidfile, toolserver
 from runbook_lib.sim.state import atomic_write, sim_paths
 
 ROOMS = {"kube": "runbook_lib.sim.kubeapi.server", "factory": "runbook_lib.sim.factory"}
@@ -85,7 +85,7 @@ def run(state_dir: Path, rooms: list[str] | None = None) -> int:
     if tools_pid is not None:
         endpoints["tools"] = f"unix:@{toolserver.socket_name(state_dir)}"
         endpoints["tools_pid"] = tools_pid
-    atomic_write(paths.pid, str(os.getpid()))
+    pidfile.write(paths.pid)
     atomic_write(paths.endpoints, json.dumps(endpoints, indent=1))
     log.info(
         "simulator daemon %d serving %s",
@@ -101,11 +101,9 @@ def run(state_dir: Path, rooms: list[str] | None = None) -> int:
         t.start()
     for t in closers:
         t.join(timeout=2.0)
-    try:
-        if int(paths.pid.read_text()) == os.getpid():
-            paths.pid.unlink()
-    except (FileNotFoundError, ValueError):
-        pass
+    recorded = pidfile.read(paths.pid)
+    if recorded is not None and recorded[0] == os.getpid():
+        paths.pid.unlink(missing_ok=True)
     return 0
 
 

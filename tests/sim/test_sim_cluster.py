@@ -284,3 +284,38 @@ def test_a_state_path_with_a_line_break_is_refused(tmp_path: Path) -> None:
     assert up.returncode == 2
     assert "--state" in up.stderr and "line break" in up.stderr
     assert not state.exists()
+
+
+def test_sim_down_never_signals_a_process_it_did_not_start(tmp_path: Path) -> None:
+    """Attack report F7: a stale daemon.pid naming another process (pid reused after a crash or reboot)
+    got that process SIGTERMed, then SIGKILLed, and ``sim status`` called it the simulator."""
+    cluster.create(tmp_path, cluster.ClusterSpec(workers=1))
+    victim = subprocess.Popen(["sleep", "1000"])
+    try:
+        sim_paths(tmp_path).pid.write_text(f"{victim.pid}\n")
+        status = json.loads(runbook("sim", "status", "--state", str(tmp_path), "--json").stdout)
+        down = runbook("sim", "down", "--state", str(tmp_path))
+        time.sleep(0.2)
+        assert victim.poll() is None, "sim down signalled a process that is not the simulator"
+    finally:
+        victim.kill()
+        victim.wait()
+    assert status["daemon_pid"] is None
+    assert down.returncode == 0 and down.stdout == "simulator was not running\n"
+    assert str(victim.pid) in down.stderr  # says which pid it left alone
+
+
+def test_purge_deletes_only_a_simulator_state_directory(tmp_path: Path) -> None:
+    """Attack report F7: ``sim down --purge --state <dir>`` deleted any directory, e.g. a mistyped one."""
+    decoy = tmp_path / "decoy"
+    (decoy / "important").mkdir(parents=True)
+    (decoy / "important" / "data.txt").write_text("keep me\n")
+    down = runbook("sim", "down", "--state", str(decoy), "--purge")
+    assert down.returncode == 2
+    assert str(decoy) in down.stderr and "not a simulator state directory" in down.stderr
+    assert (decoy / "important" / "data.txt").read_text() == "keep me\n"
+    state = tmp_path / "state"
+    cluster.create(state, cluster.ClusterSpec(workers=1))
+    down = runbook("sim", "down", "--state", str(state), "--purge")
+    assert down.returncode == 0, down.stderr
+    assert not state.exists()
