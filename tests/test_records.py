@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import html
 import json
 import shutil
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -440,3 +442,65 @@ def test_run_report_prints_the_full_anchor_and_how_to_check_it(tmp_path: Path) -
     digest = "ab" * 32
     report = RunOutcome(tmp_path / "rec", "unchanged", [], digest, 0).report()
     assert f"runbook records verify --expect {digest}" in report
+
+
+#: A static kubeconfig token written as a block scalar (``token: |``), so its value ends in a newline (F2).
+#: '+', '/' and '=' exercise the escaped forms; MRKR and ZQ9XW mark its two ends for grepping.
+NL_TOKEN = "MRKRSECRET0123456789+abc/def=ZQ9XW"
+
+
+def _kubeconfig_with_block_token(tmp_path: Path) -> Path:
+    path = tmp_path / "kubeconfig-nl"
+    path.write_text(
+        f"apiVersion: v1\nkind: Config\nusers:\n- name: u\n  user:\n    token: |\n      {NL_TOKEN}\n"
+    )
+    return path
+
+
+def _leaky_files(token: str) -> dict[str, str]:
+    """The token as a run's files would hold it (F2): a traceback (ANSI colours, bytes repr) inside
+    notebook JSON, JSON with \\u escapes (as Go's encoder or ensure_ascii writers emit), JSON in JSON, the
+    HTML rendering with entities, and a URL-encoded query."""
+    header = f"ValueError: Invalid header value b'Bearer {token}\\n'"
+    traceback = f"\x1b[0;31mValueError\x1b[0m{header[10:]}"
+    escaped = "".join(c if c.isalnum() else f"\\u{ord(c):04x}" for c in token)
+    entities = "".join(c if c.isalnum() else f"&#{ord(c)};" for c in token)
+    hexed = "".join(c if c.isalnum() else f"&#x{ord(c):X};" for c in token)
+    return {
+        "01-preflight.ipynb": json.dumps({"outputs": [{"evalue": header, "traceback": [traceback]}]}),
+        "results/preflight.json": '{"error": "' + escaped + '"}',
+        "results/nested.json": json.dumps({"log": json.dumps({"token": token + "\n"})}),
+        "html/01-preflight.html": f"<pre>{html.escape(header)} {entities} {hexed}</pre>",
+        "log.txt": f"GET /api?token={urllib.parse.quote(token, safe='')}",
+    }
+
+
+def test_a_token_with_a_trailing_newline_leaves_no_trace_in_any_form(tmp_path: Path) -> None:
+    """F2: the token is collected with its newline, while files hold it escaped; grep every file."""
+    secrets = records.secret_values(_kubeconfig_with_block_token(tmp_path))
+    root = tmp_path / "records"
+    path = records.create_record_dir(root, "sim-gpu")
+    for rel, text in _leaky_files(NL_TOKEN).items():
+        (path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (path / rel).write_text(text)
+    (path / "binary.bin").write_bytes(b"\xff\xfe" + NL_TOKEN.encode() + b"\x00")
+    records.seal(path, {"cluster": "sim-gpu", "leak": f"Bearer {NL_TOKEN}\n"}, secrets=secrets)
+    for file in (p for p in path.rglob("*") if p.is_file()):
+        data = file.read_bytes()
+        assert b"MRKR" not in data and b"ZQ9XW" not in data, (file.name, data[:300])
+    assert records.REDACTED in (path / "html" / "01-preflight.html").read_text()
+    assert records.verify(root) == []
+
+
+def test_params_yaml_holds_config_paths_never_their_contents(tmp_path: Path) -> None:
+    """params.yaml is written from ``public_dict()``: the talosconfig/kubeconfig are paths only."""
+    from runbook_lib.model.params import load_params
+
+    kubeconfig, talosconfig = make_configs(tmp_path)
+    params = load_params(
+        "params/simulated.yaml",
+        values={"target": "cluster", "kubeconfig": str(kubeconfig), "talosconfig": str(talosconfig)},
+    )
+    dumped = yaml.safe_dump(params.public_dict())
+    assert str(kubeconfig) in dumped and str(talosconfig) in dumped
+    assert TOKEN not in dumped and TALOS_KEY not in dumped and "users" not in dumped

@@ -17,8 +17,10 @@ import base64
 import binascii
 import contextlib
 import fcntl
+import functools
 import getpass
 import hashlib
+import html.entities
 import json
 import os
 import re
@@ -154,26 +156,86 @@ def _walk_secrets(node: Any) -> Iterator[str]:
 
 
 def redact(text: str, secrets: Iterable[str]) -> str:
+    """The text with every secret blanked, in every written form (see :func:`_secret_pattern`)."""
     for value in secrets:
-        if value in text:
-            text = text.replace(value, REDACTED)
+        pattern = _secret_pattern(value)
+        if pattern is not None and _may_hold(text, value):
+            text = pattern.sub(REDACTED, text)
     return text
 
 
+def _may_hold(text: str, value: str) -> bool:
+    """A cheap pre-check: letters and digits are never escaped, so the secret's longest run of them is in
+    any text that holds the secret in any form."""
+    runs = re.findall(r"[A-Za-z0-9]+", value)
+    longest = max(runs, key=len, default="")
+    return len(longest) < 4 or longest in text
+
+
+@functools.lru_cache(maxsize=1024)
+def _secret_pattern(value: str) -> re.Pattern[str] | None:
+    """A pattern for the secret as files may hold it, not only verbatim.
+
+    Why: a value is collected as the config file parses it (a ``token: |`` block ends in a newline), but a
+    notebook or record holds it inside JSON (``\\n``, ``\\u002b``, ``\\/``, escaped again in JSON in JSON), a
+    ``bytes`` repr in a traceback, HTML (``&#43;``, ``&plus;``) or a URL (``%2B``).  Surrounding whitespace
+    is dropped, and each other character matches any of its escaped forms.
+    """
+    value = value.strip()
+    if len(value) < _MIN_SECRET_LEN:
+        return None
+    return re.compile("".join(_char_forms(char) for char in value))
+
+
+def _char_forms(char: str) -> str:
+    if char.isascii() and char.isalnum():
+        return char
+    code = ord(char)
+    forms = [
+        re.escape(char),
+        rf"\\+u{_hex(f'{code:04x}')}",  # JSON \u escapes, once or nested
+        rf"\\+x{_hex(f'{code:02x}')}" if code < 0x100 else "",  # Python repr
+        rf"&#0*{code};",
+        rf"&#[xX]0*{_hex(f'{code:x}')};",
+        f"%{_hex(f'{code:02x}')}" if code < 0x80 else "",  # URL encoding
+        *(f"&{re.escape(name)}" for name in _ENTITIES.get(char, ())),
+    ]
+    if char in "\"\\/'":
+        forms.append(rf"\\+{re.escape(char)}")  # JSON's short escapes
+    if char in _SHORT_ESCAPES:
+        forms.append(r"\\+" + _SHORT_ESCAPES[char])
+    return "(?:" + "|".join(f for f in forms if f) + ")"
+
+
+_SHORT_ESCAPES = {"\n": "n", "\t": "t", "\r": "r"}
+
+
+def _hex(digits: str) -> str:
+    """Hex digits in either case."""
+    return "".join(f"[{d.lower()}{d.upper()}]" if d.isalpha() else d for d in digits)
+
+
+#: HTML named character references by character (``+`` -> ``plus;``), for the HTML renderings.
+_ENTITIES: dict[str, list[str]] = {}
+for _name, _char in html.entities.html5.items():
+    if len(_char) == 1 and _name.endswith(";"):
+        _ENTITIES.setdefault(_char, []).append(_name)
+
+
 def scrub_tree(path: Path, secrets: Iterable[str]) -> list[str]:
-    """Redact secrets in every file under ``path``; returns the files that needed it."""
+    """Redact secrets in every file under ``path``; returns the files that needed it.
+
+    Bytes that are not UTF-8 are kept as they are (surrogate escapes), so a binary file is scrubbed too.
+    """
     values = list(secrets)
     touched: list[str] = []
     if not values:
         return touched
     for file in sorted(p for p in path.rglob("*") if p.is_file()):
-        try:
-            text = file.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            continue
+        text = file.read_bytes().decode("utf-8", "surrogateescape")
         clean = redact(text, values)
         if clean != text:
-            file.write_text(clean, encoding="utf-8")
+            file.write_bytes(clean.encode("utf-8", "surrogateescape"))
             touched.append(file.relative_to(path).as_posix())
     return touched
 
