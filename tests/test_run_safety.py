@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from runbook_lib.cli import main
+from runbook_lib.clients.talosctl import Talosctl
 from runbook_lib.model.params import Params, validate
 from runbook_lib.notebook import records, runner
 
@@ -151,3 +152,31 @@ def test_a_token_with_a_trailing_newline_is_a_recorded_probe_error_without_the_t
     assert "ValueError" in error and "Invalid header value" in error
     assert TOKEN not in json.dumps(versions)
     assert "talosctl_error" in versions and "helm_error" in versions  # the other probes still reported
+
+
+# ---------------------------------------------------------------------------------------------------------
+# F12: a fleet whose node list is longer than one argument may be
+
+#: Prints what ``talosctl version`` prints (siderolabs/talos v1.12.0 cmd/talosctl/cmd/talos/version.go: a
+#: ``Client:`` block, then one ``Server:`` block with ``NODE:`` and ``Tag:`` per node) for the ``-n`` list.
+_FAKE_TALOSCTL = """#!/bin/sh
+while [ "$1" != "-n" ]; do shift; done
+printf 'Client:\\n\\tTag:         v1.12.7\\n'
+echo "$2" | tr ',' '\\n' | while read -r node; do
+    printf 'Server:\\n\\tNODE:        %s\\n\\tTag:         v1.12.7\\n' "$node"
+done
+"""
+
+
+def test_talosctl_version_of_twenty_thousand_nodes_is_not_one_oversized_argument(tmp_path: Path) -> None:
+    """F12: 20,000 nodes made ``-n a,b,…`` ~280 KB, over Linux's 128 KiB limit for one argument
+    (MAX_ARG_STRLEN), so ``talosctl version`` died with ``OSError: [Errno 7] Argument list too long`` in
+    ``collect_versions``, after the steps ran, leaving the record unsealed."""
+    fake = tmp_path / "talosctl"
+    fake.write_text(_FAKE_TALOSCTL)
+    fake.chmod(0o755)
+    nodes = [f"10.{i // 65536}.{i // 256 % 256}.{i % 256}" for i in range(20_000)]
+    assert len(",".join(nodes)) > 128 * 1024
+    client, servers, errors = Talosctl(str(fake)).version(nodes)
+    assert client == "v1.12.7" and errors == {}
+    assert servers == dict.fromkeys(nodes, "v1.12.7")

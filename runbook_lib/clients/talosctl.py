@@ -242,8 +242,24 @@ class Talosctl:
         return {r.node: r for r in concurrently(one, list(nodes), self.parallel)}
 
     def version(self, nodes: Sequence[str]) -> tuple[str | None, dict[str, str], dict[str, str]]:
-        """Client tag, server tag per node, and per-node errors, from one ``talosctl version`` call."""
-        result = self.run(["version"], list(nodes))
+        """Client tag, server tag per node, and per-node errors: one ``talosctl version`` call per chunk of
+        nodes, chunks concurrently.
+
+        Why chunks: one ``-n`` list of 20,000 addresses is longer than Linux lets one argument be (128 KiB,
+        MAX_ARG_STRLEN), and the call died with ``OSError: [Errno 7] Argument list too long`` (F12).
+        """
+        groups = chunks(list(nodes), self.chunk_size)
+        client: str | None = None
+        servers: dict[str, str] = {}
+        errors: dict[str, str] = {}
+        for part_client, part_servers, part_errors in concurrently(self._version_chunk, groups, 8):
+            client = client or part_client
+            servers.update(part_servers)
+            errors.update(part_errors)
+        return client, servers, errors
+
+    def _version_chunk(self, nodes: list[str]) -> tuple[str | None, dict[str, str], dict[str, str]]:
+        result = self.run(["version"], nodes)
         client, servers = parse_version(result.stdout)
         errors = node_errors(result.stderr, nodes)
         for line in result.stderr.splitlines():  # talosctl version reports some node failures as warnings
