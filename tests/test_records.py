@@ -504,3 +504,26 @@ def test_params_yaml_holds_config_paths_never_their_contents(tmp_path: Path) -> 
     dumped = yaml.safe_dump(params.public_dict())
     assert str(kubeconfig) in dumped and str(talosconfig) in dumped
     assert TOKEN not in dumped and TALOS_KEY not in dumped and "users" not in dumped
+
+
+@pytest.mark.parametrize(
+    "content", [b"[1, 2]\n", b"\xff\xfe{}", json.dumps({"previous": "x", "params": "x"}).encode()]
+)
+def test_run_from_a_malformed_latest_record_is_refused_naming_it(tmp_path: Path, content: bytes) -> None:
+    """F10: `run --from` crashed like verify did; it must exit 2 before anything runs, naming the record."""
+    import subprocess
+    import sys
+
+    root, paths = _sealed_chain(tmp_path)
+    (paths[1] / records.RECORD_JSON).write_bytes(content)
+    proc = subprocess.run(
+        [sys.executable, "-m", "runbook_lib", "run", "--from", "verify", "--records", str(root)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    if b"params" not in content:  # valid JSON without parameters: `_run` says so (without the name)
+        assert paths[1].name in proc.stderr, proc.stderr

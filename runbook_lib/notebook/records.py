@@ -449,13 +449,20 @@ def list_records(root: Path) -> list[RecordSummary]:
 
 
 def resolve(root: Path, name: str | None) -> Path:
-    """A record by (a unique prefix or suffix of) its name; ``None`` or ``latest`` means the last sealed
-    (in seal order), or the newest directory when none is sealed."""
+    """A record by (a unique prefix or suffix of) its name; ``None`` or ``latest`` means the newest.
+
+    The newest is the chain's head (seal order).  When the chain is broken it is the newest sealed one by
+    name instead, so a malformed newest record is reported (not silently skipped for an older one).
+    """
     records = sealed_records(root)
     if not records:
         raise PermanentError(f"no records in {root}", hint="`runbook run` writes one per run")
     if name in (None, "latest"):
-        return read_chain(root).head or records[-1]
+        chain = read_chain(root)
+        if chain.head is not None and not chain.problems:
+            return chain.head
+        sealed = [path for path in records if not is_unsealed(path)]
+        return (sealed or records)[-1]
     assert name is not None
     matches = [p for p in records if p.name == name or p.name.startswith(name) or p.name.endswith(name)]
     if len(matches) != 1:
