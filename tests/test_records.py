@@ -528,3 +528,34 @@ def test_run_from_a_malformed_latest_record_is_refused_naming_it(tmp_path: Path,
     assert "Traceback" not in proc.stderr
     if b"params" not in content:  # valid JSON without parameters: `_run` says so (without the name)
         assert paths[1].name in proc.stderr, proc.stderr
+
+
+def test_verify_waits_for_a_seal_in_progress_instead_of_reporting_it(chain: tuple[Path, list[Path]]) -> None:
+    """A run sealing while `records verify` reads must not show up as a record without its manifest."""
+    import fcntl
+    import threading
+
+    root, _ = chain
+    sealing = records.create_record_dir(root, "sim-gpu", run_id="0000000a")
+    result: list[list[str]] = []
+    with (root / ".lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # what seal() holds while it writes record.json, then SHA256SUMS
+        (sealing / records.RECORD_JSON).write_text("{}")
+        reader = threading.Thread(target=lambda: result.append(records.verify(root)))
+        reader.start()
+        reader.join(0.5)
+        assert reader.is_alive(), f"verify read a half-sealed record: {result}"
+        (sealing / records.RECORD_JSON).unlink()
+        fcntl.flock(lock, fcntl.LOCK_UN)
+    reader.join(10)
+    assert result == [[]]
+
+
+def test_deeply_nested_record_json_is_named_not_a_crash(
+    chain: tuple[Path, list[Path]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    root, paths = chain
+    (paths[2] / records.RECORD_JSON).write_text("[" * 200_000 + "]" * 200_000)
+    assert main(["records", "verify", "--dir", str(root)]) == 1
+    assert f"{paths[2].name}: {records.RECORD_JSON} is not valid JSON" in capsys.readouterr().out
+    assert main(["records", "show", paths[2].name, "--dir", str(root)]) == 2

@@ -318,6 +318,25 @@ def _chain_lock(root: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+@contextlib.contextmanager
+def _reading(root: Path) -> Iterator[None]:
+    """Readers wait for a seal in progress, so a half-written record is never reported as tampered.
+
+    A folder that cannot be locked (read-only: a downloaded CI artifact, a mount) is read as it is.
+    """
+    try:
+        handle = (root / ".lock").open("a")
+    except OSError:
+        yield
+        return
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def seal(path: Path, record: dict[str, Any], *, secrets: Iterable[str] = ()) -> str:
     """Write ``record.json`` (chained to the previous record), scrub secrets, write the manifest.
 
@@ -413,6 +432,8 @@ def load_record(path: Path) -> dict[str, Any]:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise PermanentError(f"{path.name}: {RECORD_JSON} is not valid JSON ({exc})") from None
+    except RecursionError:
+        raise PermanentError(f"{path.name}: {RECORD_JSON} is not valid JSON (nested too deeply)") from None
     if not isinstance(data, dict):
         raise PermanentError(
             f"{path.name}: {RECORD_JSON} is not a JSON object (found a {type(data).__name__})"
@@ -653,9 +674,14 @@ def check_anchors(root: Path, expect: Iterable[str], chain: Chain) -> list[str]:
 
 def check(root: Path, expect: Iterable[str] = ()) -> Chain:
     """The chain with every problem in the folder: inside each sealed record, between records, anchors."""
-    chain = read_chain(root)
-    anchors = check_anchors(root, expect, chain)
-    inside = [p for path in sealed_records(root) if path not in chain.aborted for p in verify_record(path)]
+    if not root.is_dir():
+        return Chain()
+    with _reading(root):
+        chain = read_chain(root)
+        anchors = check_anchors(root, expect, chain)
+        inside = [
+            p for path in sealed_records(root) if path not in chain.aborted for p in verify_record(path)
+        ]
     chain.problems = inside + chain.problems + anchors
     return chain
 
