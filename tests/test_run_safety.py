@@ -180,3 +180,32 @@ def test_talosctl_version_of_twenty_thousand_nodes_is_not_one_oversized_argument
     client, servers, errors = Talosctl(str(fake)).version(nodes)
     assert client == "v1.12.7" and errors == {}
     assert servers == dict.fromkeys(nodes, "v1.12.7")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# F12 (CLI rows): bad arguments are exit 2 with a clear message, before the simulator starts
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--steps", "preflight,verfy"], "unknown step(s) verfy in --steps (did you mean 'verify'?)"),
+        (["--from", "verfy"], "unknown step verfy in --from (did you mean 'verify'?)"),
+        (["--from", "config"], "did you mean 'config-patch'?"),
+        (["--records", "/dev/null"], "--records /dev/null: not a directory"),
+        (["--records", "/proc/self"], "--records /proc/self: cannot create a record there"),
+        (["--records", "/dev/null/records"], "--records /dev/null/records: /dev/null is not a directory"),
+    ],
+)
+def test_bad_run_arguments_are_refused_before_the_simulator_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], expected: str
+) -> None:
+    """F12: ``--records /dev/null`` and ``/proc/self`` died with FileExistsError/FileNotFoundError after the
+    simulator started; ``--steps …,verfy`` had no "did you mean" and ``--from verfy`` was argparse's usage."""
+    argv = ["run", "-p", PARAMS, "--state", str(tmp_path / "sim"), "--no-progress", *args]
+    if "--records" not in args:
+        argv += ["--records", str(tmp_path / "records")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert expected in err
+    assert not (tmp_path / "sim").exists() and not (tmp_path / "records").exists()

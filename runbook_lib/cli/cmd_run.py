@@ -10,10 +10,12 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import difflib
 import gc
 import json
 import signal
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -48,7 +50,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--from",
         dest="from_step",
         metavar="STEP",
-        choices=STEP_NAMES,
         help="resume at STEP; without -p it reuses the parameters of the latest record",
     )
     run.add_argument("--apply", action="store_true", help="change the cluster (default: plan and dry-run)")
@@ -169,6 +170,53 @@ def _terminate(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+def _unknown_steps(names: list[str], flag: str) -> str:
+    """``unknown step(s) X in --steps (did you mean 'Y'?)`` for the names that are not steps, or ""."""
+    unknown = [name for name in names if name not in STEP_NAMES]
+    if not unknown:
+        return ""
+    close = [match for name in unknown for match in difflib.get_close_matches(name, STEP_NAMES, n=1)]
+    guess = f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
+    return f"unknown step{'(s)' if flag == '--steps' else ''} {', '.join(unknown)} in {flag}{guess}"
+
+
+def _checked_steps(steps: str | None, from_step: str | None) -> list[str] | None:
+    """``--steps`` as a list, checked with ``--from`` before anything starts (exit 2, "did you mean")."""
+    names = [s.strip() for s in steps.split(",") if s.strip()] if steps else None
+    problems = [
+        _unknown_steps(names or [], "--steps"),
+        _unknown_steps([from_step] if from_step else [], "--from"),
+    ]
+    if any(problems):
+        raise PermanentError("; ".join(p for p in problems if p), hint=f"steps: {', '.join(STEP_NAMES)}")
+    return names
+
+
+def _checked_records_root(value: str | None) -> Path:
+    """The records folder, checked before the simulator starts: a directory this user can create a record
+    in, or one that can be created.
+
+    Why: ``--records /dev/null`` or ``/proc/self`` died with a traceback once the simulator was up (F12).
+    The check creates and removes an empty directory where the first record directory would go.
+    """
+    root = _root(value)
+    name = f"--records {value}" if value else f"records folder {root} ($RUNBOOK_RECORDS or ./records)"
+    existing = root.absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        what = "not a directory" if existing == root.absolute() else f"{existing} is not a directory"
+        raise PermanentError(f"{name}: {what}", hint="give a directory for the change records")
+    try:
+        Path(tempfile.mkdtemp(prefix=".runbook-check-", dir=existing)).rmdir()
+    except OSError as exc:
+        raise PermanentError(
+            f"{name}: cannot create a record there ({exc.strerror})",
+            hint="give a directory you can write for the change records",
+        ) from None
+    return root
+
+
 def _resume_values(root: Path, *, apply: bool) -> dict[str, Any]:
     """The parameters of the latest record, for ``--from`` without ``-p``; never its approval.
 
@@ -192,10 +240,10 @@ def _run(args: argparse.Namespace) -> int:
     # the process ends right after, and nothing of the record is left to write by then (it is sealed, and
     # atexit handlers registered before this one, such as temporary-directory clean-up, still run).
     atexit.register(gc.freeze)
-    steps = [s.strip() for s in args.steps.split(",") if s.strip()] if args.steps else None
+    steps = _checked_steps(args.steps, args.from_step)
     params_file: str | None = args.params
     resume_values: dict[str, Any] | None = None
-    root = _root(args.records)
+    root = _checked_records_root(args.records)
     if args.from_step and params_file is None:
         resume_values = _resume_values(root, apply=args.apply)
     elif params_file is None:
@@ -322,7 +370,7 @@ def _head_line(head: Path) -> str:
     digest = records.sha256_file(head / records.MANIFEST)
     return (
         f"head: {head.name}  SHA256SUMS {digest}\n"
-        f"      keep it outside this folder; `runbook records verify --expect {digest}` checks it\n"
+        f"anchor (keep it outside this folder): runbook records verify --expect {digest}\n"
     )
 
 
