@@ -147,6 +147,22 @@ def check_state_path(state_dir: Path) -> None:
         )
 
 
+def _check_replaceable(state_dir: Path) -> None:
+    """``create`` replaces ``nodes/`` and the config files: refuse a directory that holds something else.
+
+    A directory from before the marker existed still counts as state when it has ``cluster.json``.
+    """
+    if not state_dir.exists() and not state_dir.is_symlink():
+        return
+    legacy = sim_paths(state_dir).cluster.is_file()
+    if state_dir.is_dir() and (is_state_dir(state_dir) or legacy or not any(state_dir.iterdir())):
+        return
+    raise ValueError(
+        f"--state {state_dir} is not a simulator state directory (no {MARKER} file) and is not empty: "
+        "nothing written; choose a new or empty directory"
+    )
+
+
 def private_dir(path: Path) -> None:
     """Create ``path`` (if needed) readable, writable and enterable by its owner only, whatever the umask.
 
@@ -173,6 +189,7 @@ def create(state_dir: Path, spec: ClusterSpec) -> list[SimNode]:
     minor = minor_of(version)
     paths = sim_paths(state_dir)
     check_state_path(state_dir)
+    _check_replaceable(state_dir)
     private_dir(state_dir)
     atomic_write(state_dir / MARKER, MARKER_TEXT)
     if paths.nodes_dir.exists():

@@ -319,3 +319,15 @@ def test_purge_deletes_only_a_simulator_state_directory(tmp_path: Path) -> None:
     down = runbook("sim", "down", "--state", str(state), "--purge")
     assert down.returncode == 0, down.stderr
     assert not state.exists()
+
+
+def test_sim_up_refuses_a_directory_that_is_not_simulator_state(tmp_path: Path) -> None:
+    """``create`` replaces ``nodes/`` in the state dir: pointed at a user's directory it deleted theirs."""
+    mine = tmp_path / "project"
+    (mine / "nodes").mkdir(parents=True)
+    (mine / "nodes" / "inventory.txt").write_text("keep me\n")
+    up = runbook("sim", "up", "--state", str(mine), "--no-daemon", "--nodes", "1")
+    assert up.returncode == 2
+    assert str(mine) in up.stderr and "not a simulator state directory" in up.stderr
+    assert (mine / "nodes" / "inventory.txt").read_text() == "keep me\n"
+    assert sorted(p.name for p in mine.iterdir()) == ["nodes"]
