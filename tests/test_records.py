@@ -367,9 +367,39 @@ def test_seal_aborted_records_what_the_aborted_run_left(
     assert main(["records", "verify", "--dir", str(root)]) == 0
     assert "aborted run, not sealed" not in capsys.readouterr().out
     assert main(["records", "show", aborted.name, "--dir", str(root)]) == 0
-    assert "aborted" in capsys.readouterr().out
+    shown = capsys.readouterr().out
+    assert "outcome aborted" in shown and "files it left: 01-preflight.ipynb" in shown
     assert main(["records", "seal-aborted", aborted.name, "--dir", str(root)]) == 2
     assert "already sealed" in capsys.readouterr().err
+
+
+def test_seal_aborted_keeps_the_steps_and_changes_the_aborted_run_finished(tmp_path: Path) -> None:
+    """A killed --apply run: the steps that finished wrote results/<step>.json (with their journal), the
+    step in flight only its notebook.  The sealed record must say which changes are known, and that it
+    applied."""
+    root = tmp_path / "records"
+    aborted = _unsealed(root, "00000002")
+    (aborted / "02-image.ipynb").write_text("{}")
+    (aborted / "params.yaml").write_text("cluster: sim-gpu\ntarget: simulated\napply: true\n")
+    (aborted / "results").mkdir()
+    patch = {"kind": "command", "argv": ["talosctl", "-n", "10.5.0.11", "patch", "mc"], "exit_code": 0}
+    journal = [{**patch, "changes_cluster": True}, {"kind": "command", "argv": ["talosctl", "get", "x"]}]
+    result = {"step": "preflight", "status": "ok", "summary": "3 ok", "journal": journal}
+    (aborted / "results" / "preflight.json").write_text(json.dumps(result))
+    records.seal_aborted(aborted)
+    data = records.load_record(aborted)
+    assert data["apply"] is True
+    assert data["steps"] == [
+        {"name": "preflight", "status": "ok", "summary": "3 ok"},
+        {
+            "name": "image",
+            "status": "aborted",
+            "summary": "running when the run ended: its changes are unknown",
+        },
+    ]
+    assert [c["argv"] for c in data["changes"]] == [patch["argv"]] and data["changes"][0][
+        "step"
+    ] == "preflight"
 
 
 def test_a_sealed_record_stripped_to_look_aborted_is_tampering(chain: tuple[Path, list[Path]]) -> None:

@@ -309,10 +309,17 @@ def _show(args: argparse.Namespace) -> int:
     out.write(f"record:   {path.name}\n")
     out.write(f"path:     {path}\n")
     out.write(f"cluster:  {data.get('cluster')} ({data.get('target')})\n")
-    out.write(f"by:       {who.get('user')}@{who.get('host')} at {data.get('started')}\n")
+    out.write(f"by:       {who.get('user', '?')}@{who.get('host', '?')} at {data.get('started')}\n")
     dirty = " (dirty tree)" if git.get("dirty") else ""
     out.write(f"runbook:  {git.get('commit') or 'unknown commit'}{dirty}\n")
     out.write(f"mode:     {'apply' if data.get('apply') else 'plan only'}; outcome {data.get('outcome')}\n")
+    if data.get("aborted"):
+        late = _mapping(data, "sealed_after_abort")
+        files = ", ".join(str(f.get("path")) for f in records.listed(data, "files"))
+        out.write(
+            f"aborted:  sealed afterwards by {late.get('user')}@{late.get('host')} at {late.get('at')}\n"
+        )
+        out.write(f"          files it left: {files or 'none'}\n")
     _show_steps(records.listed(data, "steps"))
     _show_changes(records.listed(data, "changes"))
     if data.get("note"):

@@ -389,13 +389,41 @@ def seal_aborted(path: Path, *, secrets: Iterable[str] = ()) -> str:
         "note": ABORTED_NOTE,
         "sealed_after_abort": {"at": now_iso(), **who()},
         "files": [{"path": rel, "bytes": (path / rel).stat().st_size} for rel in _record_files(path)],
-        "steps": [],
-        "changes": [],
     }
+    record["steps"], record["changes"] = _aborted_steps(path)
     params = aborted_params(path)
     if params is not None:
-        record["params"] = params
+        record.update(params=params, apply=params.get("apply"), target=params.get("target"))
     return seal(path, record, secrets=secrets)
+
+
+def _aborted_steps(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The steps an aborted run finished (``results/<step>.json``) or was running (a notebook without a
+    result), and the cluster changes the finished steps journalled."""
+    steps: list[dict[str, Any]] = []
+    changes: list[dict[str, Any]] = []
+    for notebook in sorted(path.glob("[0-9][0-9]-*.ipynb")):
+        name = notebook.stem.split("-", 1)[1]
+        try:
+            result = json.loads((path / "results" / f"{name}.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError, RecursionError):
+            result = None
+        if not isinstance(result, dict):
+            steps.append({"name": name, "status": "aborted", "summary": _IN_FLIGHT})
+            continue
+        steps.append(
+            {"name": name, "status": str(result.get("status")), "summary": str(result.get("summary"))}
+        )
+        changes += [
+            {"step": name, **{k: v for k, v in entry.items() if k in _CHANGE_KEYS}}
+            for entry in listed(result, "journal")
+            if entry.get("changes_cluster")
+        ]
+    return steps, changes
+
+
+_IN_FLIGHT = "running when the run ended: its changes are unknown"
+_CHANGE_KEYS = ("kind", "summary", "argv", "exit_code", "duration_s", "diff", "at")
 
 
 def aborted_params(path: Path) -> dict[str, Any] | None:
