@@ -589,3 +589,16 @@ def test_deeply_nested_record_json_is_named_not_a_crash(
     assert main(["records", "verify", "--dir", str(root)]) == 1
     assert f"{paths[2].name}: {records.RECORD_JSON} is not valid JSON" in capsys.readouterr().out
     assert main(["records", "show", paths[2].name, "--dir", str(root)]) == 2
+
+
+def test_file_replaced_by_a_symlink_to_an_identical_copy_is_named(
+    chain: tuple[Path, list[Path]], tmp_path: Path
+) -> None:
+    """F10 T16: the bytes still hash the same, but the record no longer holds them (the target outside can
+    change at any time)."""
+    root, paths = chain
+    outside = tmp_path / "copy.html"
+    shutil.copy(paths[1] / "html" / "01-preflight.html", outside)
+    (paths[1] / "html" / "01-preflight.html").unlink()
+    (paths[1] / "html" / "01-preflight.html").symlink_to(outside)
+    assert records.verify(root) == [f"{paths[1].name}: html/01-preflight.html is a symbolic link, not a file"]
