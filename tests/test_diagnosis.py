@@ -417,3 +417,63 @@ def test_diagnose_reports_log_symptoms():
     checks = by_check(findings)
     assert checks["modules"].failure == "gpu-unsupported"
     assert checks["log"].failure == "gpu-unsupported"
+
+
+# --- real-cluster shapes (reality-gaps.md §1 findings 1, 2, 15, 22) ---------------------------------------------
+
+
+def test_talos_1_14_kernel_module_status_lowercase_live_passes():
+    """1.14 ``get modules`` is KernelModuleStatus: state ``live`` (talos v1.14.0-rc.1
+    pkg/machinery/resources/runtime/kernelmodulestate_enumer.go), not LoadedKernelModule's ``Live``."""
+    states = {name: m.state for name, m in p.parse_modules(read("modules_json_1.14.json")).items()}
+    assert set(states.values()) == {"live"}
+    assert d.check_modules(states, LTS, ctx("v1.14.0")).ok
+
+
+def test_built_in_modules_count_as_loaded_and_loading_does_not():
+    built_in = {**dict.fromkeys(p.NVIDIA_MODULES, "live"), "nvidia_drm": "built-in"}
+    assert d.check_modules(built_in, LTS, ctx("v1.14.0")).ok
+    loading = {**dict.fromkeys(p.NVIDIA_MODULES, "live"), "nvidia_drm": "loading"}
+    finding = d.check_modules(loading, LTS, ctx("v1.14.0"))
+    assert not finding.ok and "nvidia_drm (loading)" in finding.message
+
+
+def test_persistenced_is_expected_from_talos_1_3():
+    """The toolkit ships ext-nvidia-persistenced from siderolabs/extensions v1.3.0
+    (nvidia-gpu/nvidia-container-toolkit/nvidia-persistenced.yaml), not only from 1.8."""
+    assert by_check(d.check_services({}, ctx("v1.3.0")))["service-persistenced"].ok is False
+    running = {"ext-nvidia-persistenced": p.ServiceStatus(id="ext-nvidia-persistenced", running=True)}
+    assert by_check(d.check_services(running, ctx("v1.5.0")))["service-persistenced"].ok
+
+
+def test_fabric_manager_service_is_checked_when_its_extension_is_installed():
+    """``nvidia-fabricmanager`` runs as service ``ext-nvidia-fabricmanager`` (``name: nvidia-fabricmanager``,
+    ``restart: always``: siderolabs/extensions v1.13.0 nvidia-gpu/nvidia-fabricmanager/lts/
+    nvidia-fabricmanager.yaml, the same at v1.3.0; talos v1.13.0 internal/app/machined/pkg/system/services/
+    extension.go:48 prefixes ``ext-``)."""
+    fm = {**LTS, "nvidia-fabricmanager-lts": "580.105.08"}
+    base = {
+        "ext-nvidia-persistenced": p.ServiceStatus(
+            id="ext-nvidia-persistenced", state="Running", running=True
+        )
+    }
+    waiting = {
+        **base,
+        "ext-nvidia-fabricmanager": p.ServiceStatus(id="ext-nvidia-fabricmanager", state="Waiting"),
+    }
+    evidence = d.Evidence(extensions=fm, services=waiting)
+    finding = by_check(d.diagnose(evidence, ctx()))["service-fabricmanager"]
+    assert not finding.ok and "Waiting" in finding.message and "talosctl" in finding.fix
+    missing = by_check(d.diagnose(d.Evidence(extensions=fm, services=base), ctx()))
+    assert not missing["service-fabricmanager"].ok
+    running = {
+        **base,
+        "ext-nvidia-fabricmanager": p.ServiceStatus(id="ext-nvidia-fabricmanager", state="Running"),
+    }
+    assert by_check(d.diagnose(d.Evidence(extensions=fm, services=running), ctx()))[
+        "service-fabricmanager"
+    ].ok
+    # no fabric manager extension (no NVSwitch): no check
+    assert "service-fabricmanager" not in by_check(
+        d.diagnose(d.Evidence(extensions=LTS, services=base), ctx())
+    )

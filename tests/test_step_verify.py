@@ -107,3 +107,35 @@ def test_unsupported_gpu_is_not_mistaken_for_a_missing_patch(tmp_path):
         result = verify(ctx)
         modules = next(c for c in result.nodes[0].checks if c.name == "modules")
         assert not modules.ok and "failed to load" in modules.message and "dmesg" in modules.fix
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("talos", ["v1.13.2", "v1.14.0"])
+def test_healthy_nodes_pass_on_talos_1_13_and_1_14(tmp_path, talos):
+    """reality-gaps.md §1 findings 1 and 2: the simulated nodes now behave as real ones do — no Service
+    resource for the Finished ``ext-nvidia-cdi-gen`` (talos v1.13.0 internal/app/machined/pkg/controllers/
+    v1alpha1/service.go:73-92) and, on 1.14, KernelModuleStatus with state ``live`` (talos v1.14.0-rc.1
+    pkg/machinery/resources/runtime/kernelmodulestate_enumer.go) — and a healthy node still passes."""
+    with sim_cluster(tmp_path, daemon=False, scenario="gpu-ready", talos_version=talos) as (params, ctx):
+        result = verify(ctx)
+        assert result.ok, result.to_dict()
+        checks = {c.name: c for c in result.nodes[0].checks}
+        assert "Finished" in checks["service-cdi-gen"].message and checks["service-persistenced"].ok
+        assert checks["modules"].ok
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dead", [0, 1, 2])
+def test_one_dead_node_fails_only_itself_wherever_it_is(tmp_path, dead):
+    """Real ``talosctl get`` names no node in its errors and fails the whole call when the first node is
+    down (talos v1.12.0 cmd/talosctl/cmd/talos/get.go:185-209, helpers/resources.go:49); the simulated
+    talosctl now prints them that way."""
+    from runbook_lib.sim import faults
+
+    with sim_cluster(tmp_path, daemon=False, scenario="gpu-ready", workers=3) as (params, ctx):
+        down = params.nodes[dead]
+        faults.inject(tmp_path, down.address, "unreachable")
+        result = verify(ctx)
+        by_name = {n.node: n for n in result.nodes}
+        assert by_name[down.name].status == "failed" and "connection refused" in by_name[down.name].message
+        assert all(by_name[n.name].status == "ok" for n in params.nodes if n is not down), result.to_dict()

@@ -111,3 +111,135 @@ def test_multierror_lines_and_whole_call_errors_are_attributed() -> None:
     # 10.0.0.1 is a prefix of 10.0.0.10: the longer address wins
     prefix = call("10.0.0.10: refused\n", "10.0.0.1", "10.0.0.10", "10.0.0.11")
     assert prefix.outcome() == ({"10.0.0.10": "refused"}, {"10.0.0.11": "10.0.0.10"})
+
+
+# -- get over many nodes: errors as the real talosctl prints them ------------------------------------------
+
+
+def _dial_error(node: str) -> str:
+    """A dead node's error as gRPC reports it through apid (one-to-one for COSI calls)."""
+    return (
+        'rpc error: code = Unavailable desc = connection error: desc = "transport: Error while dialing: '
+        f'dial tcp {node}:50000: connect: connection refused"'
+    )
+
+
+def _multierror(errors: list[str]) -> str:
+    """hashicorp/go-multierror's format, then talosctl's root.go ``fmt.Fprintln(os.Stderr, err.Error())``."""
+    points = "\n\t".join(f"* {e}" for e in errors)
+    noun = "error" if len(errors) == 1 else "errors"
+    return f"{len(errors)} {noun} occurred:\n\t{points}\n\n\n"
+
+
+class RealShapedTalosctl(Runner):
+    """``talosctl get`` and ``talosctl version`` with some nodes down, shaped as talosctl v1.12.0 prints them.
+
+    * ``get`` (cmd/talosctl/cmd/talos/get.go:185-209 at siderolabs/talos v1.12.0): each node's COSI error is
+      appended to a multierror *raw*, with no node prefix (COSI calls go one-to-one through apid,
+      internal/app/apid/pkg/director/director.go); and ``helpers.ForEachResource`` first resolves the
+      resource type on the FIRST ``-n`` node (cmd/talosctl/pkg/talos/helpers/resources.go:49), so when that
+      node is down the whole call fails with the bare error before anything is printed.
+    * ``version`` (cmd/talosctl/cmd/talos/version.go at v1.12.0) is one-to-many: ``FilterMessages``
+      (pkg/machinery/client/reply.go) wraps each node's error as ``<node>: <error>`` and talosctl prints
+      them as ``WARNING: <multierror>`` while still printing the nodes that answered.
+    """
+
+    def __init__(self, down: set[str]) -> None:
+        super().__init__()
+        self.down = down
+        self.calls: list[tuple[str, list[str]]] = []
+        self._lock = threading.Lock()
+
+    def run(self, argv: Sequence[str], **kwargs: Any) -> CommandResult:
+        nodes = argv[argv.index("-n") + 1].split(",")
+        command = argv[argv.index("-n") + 2]
+        with self._lock:
+            self.calls.append((command, nodes))
+        if command == "version":
+            return self._version(argv, nodes)
+        if command == "service":
+            return self._services(argv, nodes)
+        if nodes[0] in self.down:
+            return CommandResult(tuple(argv), 1, "", _dial_error(nodes[0]) + "\n", 0.0)
+        stdout = "".join(
+            '{\n    "metadata": {\n        "id": "0",\n        "type": "ExtensionStatuses.runtime.talos.dev"\n'
+            f'    }},\n    "node": "{n}",\n    "spec": {{\n        "metadata": {{\n'
+            '            "name": "nvidia-container-toolkit-lts",\n            "version": "580.95.05-v1.17.8"\n'
+            "        }\n    }\n}\n"
+            for n in nodes
+            if n not in self.down
+        )
+        errors = [_dial_error(n) for n in nodes if n in self.down]
+        return CommandResult(
+            tuple(argv), 1 if errors else 0, stdout, _multierror(errors) if errors else "", 0.0
+        )
+
+    def _version(self, argv: Sequence[str], nodes: list[str]) -> CommandResult:
+        stdout = "Client:\n\tTag:         v1.12.0\n"
+        up = [n for n in nodes if n not in self.down]
+        errors = [f"{n}: {_dial_error(n)}" for n in nodes if n in self.down]
+        if not up:
+            return CommandResult(tuple(argv), 1, stdout, f"error getting version: {_multierror(errors)}", 0.0)
+        stdout += "Server:\n" + "".join(f"\tNODE:        {n}\n\tTag:         v1.12.0\n" for n in up)
+        return CommandResult(tuple(argv), 0, stdout, f"WARNING: {_multierror(errors)}" if errors else "", 0.0)
+
+    def _services(self, argv: Sequence[str], nodes: list[str]) -> CommandResult:
+        """``talosctl services``: the ServiceList API, one-to-many like ``version``, as talos v1.13.0
+        cmd/talosctl/cmd/talos/service.go:73-100 prints it (tabwriter, padding 3; ``%s ago``)."""
+        errors = [f"{n}: {_dial_error(n)}" for n in nodes if n in self.down]
+        up = [n for n in nodes if n not in self.down]
+        if not up:
+            return CommandResult(tuple(argv), 1, "", f"error listing services: {_multierror(errors)}", 0.0)
+        rows = "".join(
+            f"{n}   ext-nvidia-cdi-gen        Finished   ?        11m50s ago    Service finished successfully\n"
+            f"{n}   ext-nvidia-persistenced   Running    ?        11m52s ago    Started task "
+            "ext-nvidia-persistenced (PID 2417) for container ext-nvidia-persistenced\n"
+            for n in up
+        )
+        header = (
+            "NODE"
+            + " " * (len(up[0]) - 1)
+            + "SERVICE                   STATE      HEALTH   LAST CHANGE   LAST EVENT\n"
+        )
+        return CommandResult(
+            tuple(argv), 0, header + rows, f"WARNING: {_multierror(errors)}" if errors else "", 0.0
+        )
+
+
+def test_services_read_finished_one_shots_and_name_the_dead_node() -> None:
+    nodes = NODES[:5]
+    runner = RealShapedTalosctl(down={nodes[0]})
+    services, errors = Talosctl(runner=runner).services(nodes)
+    assert set(errors) == {nodes[0]} and "connection refused" in errors[nodes[0]]
+    assert sorted(services) == sorted(nodes[1:])
+    assert services[nodes[3]]["ext-nvidia-cdi-gen"].state == "Finished"
+    assert services[nodes[3]]["ext-nvidia-persistenced"].running is True
+    assert [command for command, _nodes in runner.calls] == ["service"]  # one call: errors name their node
+    _services, all_down = Talosctl(runner=RealShapedTalosctl(down={nodes[0]})).services(nodes[:1])
+    assert set(all_down) == {nodes[0]}
+
+
+@pytest.mark.parametrize("dead", [0, 1, 125, 249], ids=["head", "second", "middle", "end"])
+def test_one_dead_node_fails_only_itself_wherever_it_is_in_the_chunk(dead: int) -> None:
+    nodes = NODES[:250]
+    runner = RealShapedTalosctl(down={nodes[dead]})
+    fan = Talosctl(runner=runner).get("extensions", nodes)
+    assert set(fan.errors) == {nodes[dead]}
+    assert "connection refused" in fan.errors[nodes[dead]]
+    assert sorted(fan.by_node()) == sorted(n for n in nodes if n != nodes[dead])
+    assert all(len(rows) == 1 for rows in fan.by_node().values())  # no node's answer counted twice
+
+
+def test_a_thousand_nodes_with_dead_ones_cost_a_few_calls_not_one_per_node() -> None:
+    dead = {NODES[0], NODES[600], NODES[999]}
+    runner = RealShapedTalosctl(down=dead)
+    fan = Talosctl(runner=runner).get("extensions", NODES)
+    assert set(fan.errors) == dead
+    assert len(fan.by_node()) == 1000 - len(dead)
+    assert len(runner.calls) <= 4 * 3  # per chunk: the get, one version probe, the get of the live nodes
+
+
+def test_every_node_down_is_every_node_failed() -> None:
+    nodes = NODES[:3]
+    fan = Talosctl(runner=RealShapedTalosctl(down=set(nodes))).get("extensions", nodes)
+    assert set(fan.errors) == set(nodes) and not fan.resources

@@ -1,10 +1,10 @@
 """The library's talosctl client: the same argv against the simulator's binary or the real one.
 
-Why fan-out is built in: a per-node loop over 1,000 nodes costs 1,000 round trips; talosctl itself fans a
-``-n a,b,c`` call out concurrently and aggregates per-node failures into one multierror on stderr while
-still printing the answers of the nodes that replied.  So every multi-node read here is one call per chunk
-of nodes (chunks run concurrently), and per-node errors are parsed out of stderr instead of failing the
-whole call.  ``read`` is the exception: talosctl refuses it for several nodes
+Why fan-out is built in: a per-node loop over 1,000 nodes costs 1,000 processes; one talosctl call takes
+``-n a,b,c`` and prints the answers of the nodes that replied.  So every multi-node read here is one call
+per chunk of nodes (chunks run concurrently).  Per-node errors: ``version`` and ``service`` (one-to-many
+APIs) name the node in each error; ``get`` does not, so a failed ``get`` chunk is resolved with a
+``version`` probe (:meth:`Talosctl._get_chunk`).  ``read`` is the exception: talosctl refuses it for several nodes
 (``command "read" is not supported with multiple nodes``), so it runs per node, concurrently.  ``patch``
 is the other: talosctl visits its nodes one after the other and stops at the first failure, so a patch
 runs as concurrent calls over small chunks (:meth:`Talosctl.patch_machineconfigs`), and per-node outcomes
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from runbook_lib.errors import PermanentError
-from runbook_lib.model.parsers import TalosResource, parse_talosctl_get
+from runbook_lib.model.parsers import ServiceStatus, TalosResource, parse_services_by_node, parse_talosctl_get
 
 from .proc import CommandResult, Runner, is_transient
 
@@ -42,6 +42,12 @@ class FanOut:
     resources: list[TalosResource] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)
     results: list[CommandResult] = field(default_factory=list)
+
+    def add(self, other: FanOut) -> None:
+        """Fold another call's answers and errors into this one."""
+        self.resources += other.resources
+        self.errors.update(other.errors)
+        self.results += other.results
 
     def by_node(self) -> dict[str, list[TalosResource]]:
         out: dict[str, list[TalosResource]] = {}
@@ -216,19 +222,61 @@ class Talosctl:
         args = ["get", resource, "-o", "json"]
         if namespace:
             args += ["--namespace", namespace]
-        groups = chunks(list(nodes), self.chunk_size)
-        results = concurrently(lambda group: self.run(args, group, journal_output=False), groups, 8)
-        fan = FanOut(results=results)
-        for group, result in zip(groups, results, strict=True):
-            errors = node_errors(result.stderr, group)
-            if result.stdout.strip():
-                fan.resources += parse_talosctl_get(result.stdout)
-            if result.exit_code != 0 and not errors:
-                # The whole call failed (bad flag, bad config): every node in the chunk is affected.
-                message = result.stderr.strip() or f"exit {result.exit_code}"
-                errors = dict.fromkeys(group, message)
-            fan.errors.update(errors)
+        fan = FanOut()
+        for part in concurrently(
+            lambda group: self._get_chunk(args, group), chunks(list(nodes), self.chunk_size), 8
+        ):
+            fan.add(part)
         return fan
+
+    def _get_chunk(self, args: list[str], group: list[str]) -> FanOut:
+        """One ``get`` call over ``group``; when it fails, which of its nodes failed.
+
+        The real ``talosctl get`` cannot say: it appends each node's error with no node prefix
+        (siderolabs/talos v1.12.0 cmd/talosctl/cmd/talos/get.go:185-209), and when the FIRST ``-n`` node is
+        down it fails before printing anything (``ResolveResourceKind`` on ``Nodes()[0]``,
+        cmd/talosctl/pkg/talos/helpers/resources.go:49).  So a failed call is followed by one
+        ``talosctl version`` over the same nodes (one-to-many: its errors do name the node) and the get is
+        re-run on the nodes that answered; when they all answer and the get still fails (an error that is
+        not a dead node, e.g. a resource type one node does not know), each node is asked on its own.
+        """
+        if not group:
+            return FanOut()
+        result = self.run(args, group, journal_output=False)
+        rows = parse_talosctl_get(result.stdout) if result.stdout.strip() else []
+        if result.ok or len(group) == 1:
+            errors = {} if result.ok else {group[0]: _failure(result)}
+            return FanOut(resources=rows, errors=errors, results=[result])
+        _client, _servers, down = self.version(group)
+        live = [node for node in group if node not in down]
+        if len(live) == len(group):
+            parts = concurrently(lambda node: self._get_chunk(args, [node]), live, self.parallel)
+        else:
+            parts = [self._get_chunk(args, live)]
+        fan = FanOut(errors={node: down[node] for node in group if node in down}, results=[result])
+        for part in parts:
+            fan.add(part)
+        return fan
+
+    def services(self, nodes: Sequence[str]) -> tuple[dict[str, dict[str, ServiceStatus]], dict[str, str]]:
+        """``talosctl service`` (the ServiceList API): services by ID per node, and per-node errors.
+
+        Why not ``get services``: the Service resource exists only while a service runs (siderolabs/talos
+        v1.13.0 internal/app/machined/pkg/controllers/v1alpha1/service.go:73-92), so a one-shot that
+        Finished, such as ``ext-nvidia-cdi-gen``, would look missing.  ServiceList is one-to-many: each
+        error names its node (``client.FilterMessages``), printed as a ``WARNING`` while the others answer.
+        """
+        groups = chunks(list(nodes), self.chunk_size)
+        results = concurrently(lambda group: self.run(["service"], group, journal_output=False), groups, 8)
+        services: dict[str, dict[str, ServiceStatus]] = {}
+        errors: dict[str, str] = {}
+        for group, result in zip(groups, results, strict=True):
+            services.update(parse_services_by_node(result.stdout))
+            group_errors = node_errors(result.stderr, group)
+            if not result.ok and not group_errors:
+                group_errors = dict.fromkeys(group, _failure(result))
+            errors.update(group_errors)
+        return services, errors
 
     def read(self, path: str, nodes: Sequence[str]) -> dict[str, NodeRead]:
         """``talosctl read <path>`` on each node, concurrently (talosctl refuses multi-node reads)."""
@@ -237,7 +285,7 @@ class Talosctl:
             result = self.run(["read", path], [node])
             if result.ok:
                 return NodeRead(node, result.stdout)
-            return NodeRead(node, None, result.stderr.strip() or f"exit {result.exit_code}")
+            return NodeRead(node, None, _failure(result))
 
         return {r.node: r for r in concurrently(one, list(nodes), self.parallel)}
 
@@ -267,7 +315,7 @@ class Talosctl:
             if match and match.group(1) in set(nodes):
                 errors.setdefault(match.group(1), match.group(2))
         if not result.ok and not errors and not servers:
-            errors = dict.fromkeys(nodes, result.stderr.strip() or f"exit {result.exit_code}")
+            errors = dict.fromkeys(nodes, _failure(result))
         return client, servers, errors
 
     # -- changes ---------------------------------------------------------------------------------------
@@ -367,6 +415,11 @@ def upgrade_flags(image: str, *, preserve: bool) -> list[str]:
     never wiped and the flag is hidden (1.13: deprecated), so callers set it only below 1.8.
     """
     return ["--image", image, *(["--preserve"] if preserve else [])]
+
+
+def _failure(result: CommandResult) -> str:
+    """What a failed call printed, or its exit status when it printed nothing."""
+    return result.stderr.strip() or f"exit {result.exit_code}"
 
 
 def transient(result: CommandResult) -> bool:

@@ -342,6 +342,21 @@ FAILURES: tuple[KnownFailure, ...] = (
         ),
     ),
     KnownFailure(
+        key="fabricmanager-not-running",
+        title="ext-nvidia-fabricmanager is not running",
+        symptoms=(),
+        cause="on NVSwitch systems (HGX/DGX) CUDA cannot use the GPUs until the fabric manager runs; it "
+        "refuses to start when its version differs from the loaded driver, or waits while the driver is "
+        "not loaded",
+        fix="read the service log; the fabric manager extension must carry the same driver version as the "
+        "kernel modules (upgrade with one schematic that has both)",
+        command="talosctl -n {node} logs ext-nvidia-fabricmanager",
+        sources=(
+            "https://github.com/siderolabs/extensions/blob/v1.13.0/nvidia-gpu/nvidia-fabricmanager/lts/nvidia-fabricmanager.yaml",
+            "https://docs.siderolabs.com/talos/v1.12/configure-your-talos-cluster/hardware-and-drivers/nvidia-fabricmanager",
+        ),
+    ),
+    KnownFailure(
         key="schematic-differs",
         title="the node runs another schematic than planned",
         symptoms=(),
@@ -732,7 +747,7 @@ def check_modules(
         (e.key for e in match_failures(kernel_log or "") if e.key in _DRIVER_LOAD_FAILURES), None
     )
     missing = [m for m in NVIDIA_MODULES if m not in modules]
-    not_live = [f"{m} ({modules[m]})" for m in NVIDIA_MODULES if m in modules and modules[m] != "Live"]
+    not_live = [f"{m} ({modules[m]})" for m in NVIDIA_MODULES if m in modules and not _loaded(modules[m])]
     if not missing and not not_live:
         return _finding("modules", True, "nvidia, nvidia_uvm, nvidia_drm and nvidia_modeset are Live", ctx)
     parts = []
@@ -792,6 +807,13 @@ def check_modules(
         )
     # Listed but stuck in Loading/Unloading: the module is there but its probe did not finish.
     return _finding("modules", False, message, ctx, "gpu-unsupported")
+
+
+def _loaded(state: str) -> bool:
+    """``Live`` (/proc/modules, LoadedKernelModule) or, from Talos 1.14, KernelModuleStatus's lowercase
+    ``live`` and ``built-in`` (siderolabs/talos v1.14.0-rc.1 pkg/machinery/resources/runtime/
+    kernelmodulestate_enumer.go: live, loading, unloading, built-in)."""
+    return state.lower() in ("live", "built-in")
 
 
 def _kmod_built_for(tag: str) -> str | None:
@@ -895,67 +917,64 @@ def check_nvidia_smi(
 
 
 def check_services(
-    services: Mapping[str, ServiceStatus], ctx: NodeContext | None = None, *, cdi: bool | None = None
+    services: Mapping[str, ServiceStatus],
+    ctx: NodeContext | None = None,
+    *,
+    cdi: bool | None = None,
+    fabricmanager: bool = False,
 ) -> list[Finding]:
-    """``ext-nvidia-persistenced`` running; on Talos >= 1.13 (``cdi``) ``ext-nvidia-cdi-gen`` finished."""
+    """``ext-nvidia-persistenced`` running; on Talos >= 1.13 (``cdi``) ``ext-nvidia-cdi-gen`` finished; with
+    the fabric manager extension (``fabricmanager``) ``ext-nvidia-fabricmanager`` running.
+
+    ``services`` should come from ``talosctl services`` (the ServiceList API): the ``Service`` resource of
+    ``talosctl get services`` exists only while a service runs (siderolabs/talos v1.13.0
+    internal/app/machined/pkg/controllers/v1alpha1/service.go:73-92), so it never shows a Finished one-shot.
+    """
     ctx = ctx or NodeContext()
     if cdi is None:
         cdi = ctx.talos.at_least(1, 13) if ctx.talos is not None else "ext-nvidia-cdi-gen" in services
     findings: list[Finding] = []
-    persistenced = services.get("ext-nvidia-persistenced")
-    # Derived (profiles.py): persistenced ships with the track-split toolkit from Talos 1.8; before that
-    # its absence is not a fault.
-    if persistenced is None and ctx.talos is not None and not ctx.talos.at_least(1, 8):
-        pass
-    elif persistenced is None:
+    # The toolkit ships persistenced from siderolabs/extensions v1.3.0 on
+    # (nvidia-gpu/nvidia-container-toolkit/nvidia-persistenced.yaml, restart: always).
+    if ctx.talos is None or ctx.talos.at_least(1, 3) or "ext-nvidia-persistenced" in services:
         findings.append(
-            _finding(
-                "service-persistenced",
-                False,
-                "service ext-nvidia-persistenced does not exist",
-                ctx,
-                "no-runtime-handler",
-            )
-        )
-    elif persistenced.running:
-        findings.append(_finding("service-persistenced", True, "ext-nvidia-persistenced is running", ctx))
-    else:
-        state = persistenced.state or "not running"
-        findings.append(
-            _finding(
-                "service-persistenced",
-                False,
-                f"ext-nvidia-persistenced is {state}",
-                ctx,
-                "persistenced-never-up",
+            _running_service(
+                services, "persistenced", ctx, missing="no-runtime-handler", down="persistenced-never-up"
             )
         )
     if cdi:
-        cdi_gen = services.get("ext-nvidia-cdi-gen")
-        if cdi_gen is None:
-            findings.append(
-                _finding(
-                    "service-cdi-gen",
-                    False,
-                    "service ext-nvidia-cdi-gen does not exist",
-                    ctx,
-                    "cdi-gen-not-finished",
-                )
-            )
-        elif cdi_gen.state is not None and cdi_gen.state not in ("Finished", "Running"):
-            findings.append(
-                _finding(
-                    "service-cdi-gen",
-                    False,
-                    f"ext-nvidia-cdi-gen is {cdi_gen.state}",
-                    ctx,
-                    "cdi-gen-not-finished",
-                )
-            )
-        else:
-            how = cdi_gen.state or "present (use `talosctl services` to see Finished)"
-            findings.append(_finding("service-cdi-gen", True, f"ext-nvidia-cdi-gen is {how}", ctx))
+        findings.append(_cdi_gen(services.get("ext-nvidia-cdi-gen"), ctx))
+    if fabricmanager:
+        key = "fabricmanager-not-running"
+        findings.append(_running_service(services, "fabricmanager", ctx, missing=key, down=key))
     return findings
+
+
+def _running_service(
+    services: Mapping[str, ServiceStatus], short: str, ctx: NodeContext, *, missing: str, down: str
+) -> Finding:
+    """Finding ``service-<short>`` for the long-running extension service ``ext-nvidia-<short>``."""
+    name = f"ext-nvidia-{short}"
+    service = services.get(name)
+    if service is None:
+        return _finding(f"service-{short}", False, f"service {name} does not exist", ctx, missing)
+    if (service.state == "Running") if service.state is not None else service.running:
+        return _finding(f"service-{short}", True, f"{name} is running", ctx)
+    return _finding(f"service-{short}", False, f"{name} is {service.state or 'not running'}", ctx, down)
+
+
+def _cdi_gen(service: ServiceStatus | None, ctx: NodeContext) -> Finding:
+    """The one-shot ``ext-nvidia-cdi-gen`` (``restart: untilSuccess``) is healthy once Finished."""
+    if service is None:
+        return _finding(
+            "service-cdi-gen", False, "service ext-nvidia-cdi-gen does not exist", ctx, "cdi-gen-not-finished"
+        )
+    if service.state is not None and service.state not in ("Finished", "Running"):
+        return _finding(
+            "service-cdi-gen", False, f"ext-nvidia-cdi-gen is {service.state}", ctx, "cdi-gen-not-finished"
+        )
+    how = service.state or "present (use `talosctl services` to see Finished)"
+    return _finding("service-cdi-gen", True, f"ext-nvidia-cdi-gen is {how}", ctx)
 
 
 def diagnose_text(text: str, ctx: NodeContext | None = None, *, check: str = "symptoms") -> list[Finding]:
@@ -1016,7 +1035,9 @@ def diagnose(
             check_nvidia_smi(evidence.smi, driver=evidence.driver, extensions=evidence.extensions, ctx=ctx)
         )
     if evidence.services is not None:
-        findings.extend(check_services(evidence.services, ctx))
+        stack = classify_extensions(evidence.extensions or {})
+        fabricmanager = any(ext.kind == "fabricmanager" for ext in stack.others)
+        findings.extend(check_services(evidence.services, ctx, fabricmanager=fabricmanager))
     if evidence.log is not None:
         findings.extend(diagnose_text(evidence.log, ctx, check="log"))
     return findings

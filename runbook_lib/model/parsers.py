@@ -435,7 +435,11 @@ def parse_talos_modules(text: str, node: str | None = None) -> dict[str, KernelM
     when the output covers several nodes, or the last node's row wins.
     """
     resources = _for_node(parse_talosctl_get(text), node)
-    _require_type(resources, ("LoadedKernelModule", "LoadedKernelModules", "KernelModuleStatus"), "modules")
+    _require_type(
+        resources,
+        ("LoadedKernelModule", "LoadedKernelModules", "KernelModuleStatus", "KernelModuleStatuses"),
+        "modules",
+    )
     return modules_from_resources(resources)
 
 
@@ -512,6 +516,20 @@ def parse_services(text: str, node: str | None = None) -> dict[str, ServiceStatu
     resources = _for_node(parse_talosctl_get(text), node)
     _require_type(resources, ("Service", "Services"), "services")
     return services_from_resources(resources)
+
+
+def parse_services_by_node(text: str) -> dict[str, dict[str, ServiceStatus]]:
+    """``talosctl services`` over several nodes: services by ID, per node (the NODE column).
+
+    The list comes from the ServiceList API, which shows every state (Finished one-shots included),
+    unlike the ``Service`` resource of ``talosctl get services``.
+    """
+    out: dict[str, dict[str, ServiceStatus]] = {}
+    if not text.strip():
+        return out
+    for svc in _parse_services_command(text.lstrip()):
+        out.setdefault(svc.node or "", {})[svc.id] = svc
+    return out
 
 
 def services_from_resources(resources: Iterable[TalosResource]) -> dict[str, ServiceStatus]:

@@ -1,8 +1,9 @@
 """Step: verification — is the NVIDIA stack on each node what the plan says, and if not, why?
 
 Why evidence first, judgement second: every check is one fan-out call over all nodes (``get extensions``,
-``get services``, ``get modules`` — ``read /proc/modules`` before Talos 1.11, and the driver version file,
-which talosctl only reads per node, concurrently), so 1,000 nodes cost a handful of calls, not thousands.
+``services`` — the ServiceList API, which shows Finished one-shots that have no Service resource —
+``get modules`` — ``read /proc/modules`` before Talos 1.11, and the driver version file, which talosctl only
+reads per node, concurrently), so 1,000 nodes cost a handful of calls, not thousands.
 The judgement is the failure table of the facts file (``runbook_lib.model.diagnosis``): a failed check
 carries the likely cause and the command that fixes it, not just "failed".
 """
@@ -11,21 +12,23 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
+from runbook_lib.clients.talosctl import FanOut, NodeRead
 from runbook_lib.model.diagnosis import Evidence, NodeContext, diagnose, known_failure
 from runbook_lib.model.machineconfig import configured_modules
 from runbook_lib.model.params import Node
 from runbook_lib.model.parsers import (
     DriverInfo,
     OutputParseError,
+    ServiceStatus,
     extension_versions,
     extensions_from_resources,
     modules_from_resources,
     parse_driver_version,
     parse_proc_modules,
     schematic_id,
-    services_from_resources,
 )
 
 from .context import Context
@@ -33,6 +36,51 @@ from .patch import read_configs
 from .results import Check, NodeResult, StepResult, checks_from_findings
 
 DRIVER_VERSION_FILE = "/proc/driver/nvidia/version"
+
+
+@dataclass
+class _Collected:
+    """Every node's evidence, as the fan-out calls returned it."""
+
+    extensions: FanOut
+    services: dict[str, dict[str, ServiceStatus]]
+    service_errors: dict[str, str]
+    drivers: dict[str, NodeRead]
+    modules: dict[str, dict[str, str]]
+    module_errors: dict[str, str]
+
+
+def _collect(ctx: Context, addresses: list[str]) -> _Collected:
+    """The checks are independent: all of them at once, so the step costs its slowest check (the per-node
+    driver reads at 1,000 nodes), not their sum (benchmarks/bench_fleet.py, "verify ÷ floor")."""
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        extensions_call = pool.submit(ctx.talosctl.get, "extensions", addresses)
+        services_call = pool.submit(ctx.talosctl.services, addresses)
+        drivers_call = pool.submit(ctx.talosctl.read, DRIVER_VERSION_FILE, addresses)
+        if ctx.params.profile().module_check == "get modules":
+            module_fan = pool.submit(ctx.talosctl.get, "modules", addresses).result()
+            module_errors = module_fan.errors
+            module_state = {
+                n: {m.name: m.state for m in modules_from_resources(r).values()}
+                for n, r in module_fan.by_node().items()
+            }
+        else:
+            reads = pool.submit(ctx.talosctl.read, "/proc/modules", addresses).result()
+            module_errors = {n: r.error or "" for n, r in reads.items() if r.text is None}
+            module_state = {
+                n: {m.name: m.state for m in parse_proc_modules(r.text).values()}
+                for n, r in reads.items()
+                if r.text is not None
+            }
+        services, service_errors = services_call.result()
+        return _Collected(
+            extensions_call.result(),
+            services,
+            service_errors,
+            drivers_call.result(),
+            module_state,
+            module_errors,
+        )
 
 
 def verify(
@@ -43,66 +91,29 @@ def verify(
 ) -> StepResult:
     """Collect the evidence of every GPU node in a few fan-out calls, then diagnose each node."""
     nodes = ctx.nodes(only)
-    addresses = [n.address for n in nodes]
     result = StepResult(step="verify", applied=False)
-    profile = ctx.params.profile()
-
-    # The checks are independent: all of them at once, so the step costs its slowest check (the per-node
-    # driver reads at 1,000 nodes), not their sum (benchmarks/bench_fleet.py, "verify ÷ floor").
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        extensions_call = pool.submit(ctx.talosctl.get, "extensions", addresses)
-        services_call = pool.submit(ctx.talosctl.get, "services", addresses)
-        drivers_call = pool.submit(ctx.talosctl.read, DRIVER_VERSION_FILE, addresses)
-        if profile.module_check == "get modules":
-            module_fan = pool.submit(ctx.talosctl.get, "modules", addresses).result()
-            modules_by_node = {n: modules_from_resources(r) for n, r in module_fan.by_node().items()}
-            module_errors = module_fan.errors
-            module_state = {
-                n: {m.name: m.state for m in mods.values()} for n, mods in modules_by_node.items()
-            }
-        else:
-            reads = pool.submit(ctx.talosctl.read, "/proc/modules", addresses).result()
-            module_errors = {n: r.error or "" for n, r in reads.items() if r.text is None}
-            module_state = {
-                n: {m.name: m.state for m in parse_proc_modules(r.text).values()}
-                for n, r in reads.items()
-                if r.text is not None
-            }
-        extensions, services, drivers = (
-            extensions_call.result(),
-            services_call.result(),
-            drivers_call.result(),
-        )
-    ext_by_node = extensions.by_node()
-    svc_by_node = services.by_node()
-
+    seen = _collect(ctx, [n.address for n in nodes])
+    ext_by_node = seen.extensions.by_node()
     unconfigured: list[tuple[Node, NodeResult]] = []
     for index, node in enumerate(nodes, start=1):
         res = NodeResult(node=node.name, address=node.address)
         result.nodes.append(res)
-        unreachable = extensions.errors.get(node.address) or module_errors.get(node.address)
+        unreachable = seen.extensions.errors.get(node.address) or seen.module_errors.get(node.address)
         if unreachable:
-            res.status = "failed"
-            res.message = f"node did not answer: {unreachable.splitlines()[0]}"
-            res.checks.append(
-                Check(
-                    "reachable",
-                    False,
-                    res.message,
-                    cause="the node is down, rebooting, or port 50000 is not reachable from here",
-                    fix=f"talosctl -n {node.address} version   # then re-run the verification",
-                )
-            )
+            _unreachable(res, unreachable)
             continue
         exts = extensions_from_resources(ext_by_node.get(node.address, []))
         ext_versions = extension_versions(exts)
-        driver, driver_check = _driver(drivers[node.address].text if node.address in drivers else None)
+        driver, driver_check = _driver(
+            seen.drivers[node.address].text if node.address in seen.drivers else None
+        )
+        service_error = seen.service_errors.get(node.address)
         evidence = Evidence(
-            modules=module_state.get(node.address, {}),
+            modules=seen.modules.get(node.address, {}),
             driver=driver,
             extensions=ext_versions,
             schematic=schematic_id(exts),
-            services=services_from_resources(svc_by_node.get(node.address, [])),
+            services=None if service_error else seen.services.get(node.address, {}),
         )
         planned = next((p.schematic_id for p in ctx.plan.nodes if p.name == node.name), ctx.plan.schematic_id)
         findings = diagnose(
@@ -115,6 +126,10 @@ def verify(
             unconfigured.append((node, res))
         if driver_check is not None:
             res.checks.append(driver_check)
+        if service_error:
+            res.checks.append(
+                Check("services", False, f"talosctl services failed: {service_error.splitlines()[0]}")
+            )
         res.data = {
             "extensions": ext_versions,
             "schematic": evidence.schematic,
@@ -128,6 +143,20 @@ def verify(
     if unconfigured:
         _configured_but_not_loaded(ctx, unconfigured)
     return result.finish()
+
+
+def _unreachable(res: NodeResult, error: str) -> None:
+    res.status = "failed"
+    res.message = f"node did not answer: {error.splitlines()[0]}"
+    res.checks.append(
+        Check(
+            "reachable",
+            False,
+            res.message,
+            cause="the node is down, rebooting, or port 50000 is not reachable from here",
+            fix=f"talosctl -n {res.address} version   # then re-run the verification",
+        )
+    )
 
 
 def _configured_but_not_loaded(ctx: Context, suspects: list[tuple[Node, NodeResult]]) -> None:

@@ -22,6 +22,7 @@ COMMANDS = [
     "patch",
     "read",
     "reboot",
+    "service",
     "upgrade",
     "version",
 ]

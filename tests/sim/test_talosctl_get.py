@@ -1,4 +1,4 @@
-"""``version``, ``get``, ``read`` of the simulated talosctl on Talos 1.7, 1.8, 1.12 and 1.13 nodes."""
+"""``version``, ``get``, ``read``, ``services`` of the simulated talosctl on Talos 1.7, 1.8, 1.12, 1.13 and 1.14."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from runbook_lib.sim.cluster import ClusterSpec, create
 from runbook_lib.sim.faults import inject
 from tests.sim.talosctl_run import talosctl
 
-VERSIONS = ["1.7", "1.8", "1.12", "1.13"]
+VERSIONS = ["1.7", "1.8", "1.12", "1.13", "1.14"]
 W1, W2 = "10.5.0.3", "10.5.0.4"
 
 
@@ -122,14 +122,35 @@ def test_modules_live_only_from_1_11(ready: tuple[str, Path]) -> None:
     version, state = ready
     r = talosctl(state, "get", "modules", "-n", W1)
     if version in ("1.7", "1.8"):
-        assert r.returncode == 1
-        assert r.stderr.startswith(
-            f'1 error occurred:\n\t* {W1}: rpc error: code = NotFound desc = resource "modules"'
-        )
+        # ResolveResourceKind on the first node fails the call with the bare error, before any output
+        # (siderolabs/talos v1.12.0 cmd/talosctl/pkg/talos/helpers/resources.go:48-52,
+        # pkg/machinery/client/resources.go "resource %q is not registered")
+        assert r.returncode == 1 and r.stdout == ""
+        assert r.stderr == 'rpc error: code = NotFound desc = resource "modules" is not registered\n'
         return
     assert r.returncode == 0, r.stderr
     rows = [line.split() for line in r.stdout.splitlines()[1:]]
     assert {row[3] for row in rows} == {"nvidia", "nvidia_uvm", "nvidia_drm", "nvidia_modeset"}
+    if version == "1.14":
+        # KernelModuleStatus with TYPE and a lowercase STATE (talos v1.14.0-rc.1
+        # pkg/machinery/resources/runtime/kernel_module_status.go:53-66, kernelmodulestate_enumer.go)
+        assert r.stdout.splitlines()[0].split() == [
+            "NODE",
+            "NAMESPACE",
+            "TYPE",
+            "ID",
+            "VERSION",
+            "TYPE",
+            "STATE",
+        ]
+        assert {row[2] for row in rows} == {"KernelModuleStatus"}
+        assert {(row[5], row[6]) for row in rows} == {("dynamic", "live")}
+        spec = json_stream(talosctl(state, "get", "modules", "nvidia", "-n", W1, "-o", "json").stdout)[0][
+            "spec"
+        ]
+        assert spec["state"] == "live" and "name" not in spec  # type: ignore[index,operator]
+        return
+    assert {row[2] for row in rows} == {"LoadedKernelModule"}
     assert {row[5] for row in rows} == {"Live"}
 
 
@@ -147,19 +168,46 @@ def test_proc_files_show_the_open_driver(ready: tuple[str, Path]) -> None:
 def test_bpf_jit_harden_follows_the_patch(ready: tuple[str, Path]) -> None:
     version, state = ready
     value = talosctl(state, "read", "/proc/sys/net/core/bpf_jit_harden", "-n", W1).stdout.strip()
-    assert value == ("2" if version == "1.13" else "1")
+    assert value == ("2" if version in ("1.13", "1.14") else "1")
 
 
 def test_services_depend_on_toolkit_and_version(ready: tuple[str, Path], fresh: tuple[str, Path]) -> None:
     version, state = ready
+    r = talosctl(state, "services", "-n", W1)
+    assert r.returncode == 0, r.stderr
+    # siderolabs/talos v1.13.0 cmd/talosctl/cmd/talos/service.go:86-100: tabwriter, padding 3
+    assert re.match(r"NODE +SERVICE +STATE +HEALTH +LAST CHANGE +LAST EVENT\n", r.stdout)
+    states = {line.split()[1]: line.split()[2] for line in r.stdout.splitlines()[1:]}
+    assert states["ext-nvidia-persistenced"] == "Running"
+    cdi = version in ("1.13", "1.14")
+    assert states.get("ext-nvidia-cdi-gen") == ("Finished" if cdi else None)
+    if cdi:
+        assert re.search(
+            r"ext-nvidia-cdi-gen +Finished +\? +\S+ ago +Service finished successfully\n", r.stdout
+        )
+    # the Service resource exists only while the service runs: a Finished one-shot has none
+    # (talos v1.13.0 internal/app/machined/pkg/controllers/v1alpha1/service.go:73-92)
     ids = [line.split()[3] for line in talosctl(state, "get", "services", "-n", W1).stdout.splitlines()[1:]]
-    assert "ext-nvidia-persistenced" in ids
-    assert ("ext-nvidia-cdi-gen" in ids) == (version == "1.13")
+    assert "ext-nvidia-persistenced" in ids and "ext-nvidia-cdi-gen" not in ids
     _v, fresh_state = fresh
-    ids = [
-        line.split()[3] for line in talosctl(fresh_state, "get", "services", "-n", W1).stdout.splitlines()[1:]
-    ]
-    assert not [i for i in ids if i.startswith("ext-nvidia")]
+    listed = talosctl(fresh_state, "service", "-n", W1).stdout.splitlines()[1:]
+    assert listed and not [line for line in listed if line.split()[1].startswith("ext-nvidia")]
+
+
+def test_services_of_a_dead_node_are_a_warning_named_after_it(tmp_path: Path) -> None:
+    """ServiceList is one-to-many: ``FilterMessages`` prefixes each error with its node and talosctl prints
+    them with ``cli.Warning`` (talos v1.13.0 cmd/talosctl/cmd/talos/service.go:76-83,
+    pkg/machinery/client/reply.go)."""
+    create(tmp_path, ClusterSpec(workers=2, talos_version="1.13", scenario="gpu-ready"))
+    inject(tmp_path, W1, "unreachable")
+    r = talosctl(tmp_path, "services", "-n", f"{W1},{W2}")
+    assert r.returncode == 0
+    assert r.stderr.startswith(f"WARNING: 1 error occurred:\n\t* {W1}: rpc error: code = Unavailable")
+    assert {line.split()[0] for line in r.stdout.splitlines()[1:]} == {W2}
+    alone = talosctl(tmp_path, "services", "-n", W1)
+    assert alone.returncode == 1 and alone.stderr.startswith(
+        f"error listing services: 1 error occurred:\n\t* {W1}: "
+    )
 
 
 def test_members_list_the_cluster(fresh: tuple[str, Path]) -> None:
@@ -176,7 +224,8 @@ def test_machineconfig_yaml_spec_is_the_config(fresh: tuple[str, Path]) -> None:
     assert doc["metadata"]["id"] == "v1alpha1"
 
 
-def test_unreachable_node_is_aggregated_while_others_answer(tmp_path: Path) -> None:
+def test_unreachable_nodes_errors_name_no_node(tmp_path: Path) -> None:
+    """talos v1.12.0 cmd/talosctl/cmd/talos/get.go:185-209 appends each node's COSI error raw."""
     create(tmp_path, ClusterSpec(workers=3, talos_version="1.12"))
     inject(tmp_path, W2, "unreachable", "no_route")
     inject(tmp_path, "10.5.0.5", "unreachable")
@@ -185,10 +234,23 @@ def test_unreachable_node_is_aggregated_while_others_answer(tmp_path: Path) -> N
     assert [line.split()[0] for line in r.stdout.splitlines()[1:]] == [W1]
     assert r.stderr == (
         "2 errors occurred:\n"
-        f'\t* {W2}: rpc error: code = Unavailable desc = connection error: desc = "transport: Error while dialing: '
+        '\t* rpc error: code = Unavailable desc = connection error: desc = "transport: Error while dialing: '
         f'dial tcp {W2}:50000: connect: no route to host"\n'
-        '\t* 10.5.0.5: rpc error: code = Unavailable desc = connection error: desc = "transport: Error while '
+        '\t* rpc error: code = Unavailable desc = connection error: desc = "transport: Error while '
         'dialing: dial tcp 10.5.0.5:50000: connect: connection refused"\n\n\n'
+    )
+
+
+def test_a_dead_first_node_fails_the_whole_get_before_any_output(tmp_path: Path) -> None:
+    """The type is resolved on the first ``-n`` node only (talos v1.12.0
+    cmd/talosctl/pkg/talos/helpers/resources.go:48-52): no header, no rows of the live nodes."""
+    create(tmp_path, ClusterSpec(workers=2, talos_version="1.12"))
+    inject(tmp_path, W1, "unreachable")
+    r = talosctl(tmp_path, "get", "extensions", "-n", f"{W1},{W2}")
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr == (
+        'rpc error: code = Unavailable desc = connection error: desc = "transport: Error while dialing: '
+        f'dial tcp {W1}:50000: connect: connection refused"\n'
     )
 
 

@@ -570,6 +570,9 @@ def _build() -> dict[str, dict[str, dict[str, Any]]]:
     for version, (changed, removed) in CHANGES.items():
         current = {c: e for c, e in {**current, **changed}.items() if c not in removed}
         tables[version] = current
+    for table in tables.values():
+        # ``service`` takes exactly the flags of ``read`` in every reference (v1.10-v1.13)
+        table["service"] = {**table["read"], "use": "talosctl service [<id> [start|stop|restart|status]] [flags]"}
     return tables
 
 

@@ -275,6 +275,21 @@ def cmd_version(env: Env, p: fl.Parsed) -> int:
     return 0
 
 
+def _resolve_kind(env: Env, first: str, name: str) -> res.ResourceType:
+    """``ResolveResourceKind`` on the FIRST ``-n`` node only, before anything is printed: when that node is
+    down or lacks the type, the whole call fails with the bare error and no other node is asked
+    (siderolabs/talos v1.12.0 cmd/talosctl/pkg/talos/helpers/resources.go:48-52;
+    pkg/machinery/client/resources.go for the NotFound text)."""
+    try:
+        node = _load_reachable(env, first)
+    except NodeError as exc:
+        raise CommandError(str(exc)) from None
+    rtype = res.find_type(name, node.minor)
+    if rtype is None:
+        raise CommandError(f'rpc error: code = NotFound desc = resource "{name}" is not registered')
+    return rtype
+
+
 def cmd_get(env: Env, p: fl.Parsed) -> int:
     if not 1 <= len(p.args) <= 2:
         raise fl.UsageError(f"accepts between 1 and 2 arg(s), received {len(p.args)}", "get")
@@ -285,17 +300,14 @@ def cmd_get(env: Env, p: fl.Parsed) -> int:
         )
     if output not in ("table", "yaml", "json") and not output.startswith("jsonpath"):
         raise CommandError(f"output mode {output!r} is not supported")
-    rtype = res.find_type(p.args[0])
     rid = p.args[1] if len(p.args) == 2 else None
     target = resolve_target(env, p)
-    state_dir = env.state_dir
-    peers: list[SimNode] = []
-    if rtype is not None and rtype.node_scoped_members:
-        peers = load_nodes(state_dir)
+    rtype = _resolve_kind(env, target.nodes[0], p.args[0])
+    peers: list[SimNode] = load_nodes(env.state_dir) if rtype.node_scoped_members else []
 
     def fetch(node: SimNode) -> list[res.Resource]:
-        if rtype is None or node.minor < rtype.since:
-            raise NodeError(f'rpc error: code = NotFound desc = resource "{p.args[0]}" is not registered')
+        if not res.serves(rtype.type, node.minor):  # wording not checked against a real node
+            raise NodeError(f'rpc error: code = NotFound desc = resource "{rtype.type}" is not registered')
         items = res.resources_for(rtype, node, peers)
         if rid is not None:
             items = [r for r in items if r["metadata"]["id"] == rid]
@@ -306,31 +318,55 @@ def cmd_get(env: Env, p: fl.Parsed) -> int:
                 )
         return items
 
-    results = fan_out(env, target.nodes, fetch)
     rows: list[tuple[str, res.ResourceType, res.Resource]] = []
     errors: list[str] = []
-    for address, items, err in results:
+    # Each node's error is appended raw, with no node prefix (siderolabs/talos v1.12.0
+    # cmd/talosctl/cmd/talos/get.go:185-209: COSI calls go one-to-one through apid).
+    for address, items, err in fan_out(env, target.nodes, fetch):
         if err:
-            errors.append(f"{address}: {err}")
+            errors.append(err)
             continue
-        assert rtype is not None and items is not None
+        assert items is not None
         rows.extend((address, rtype, r) for r in items)
-    if rtype is not None:
-        if output == "table":
-            env.stdout.write(res.render_table(rtype, rows))
-        elif output == "yaml":
-            env.stdout.write(res.render_yaml(rows))
-        elif output == "json":
-            env.stdout.write(res.render_json(rows))
-        else:
-            expr = output.split("=", 1)[1] if "=" in output else ""
-            try:
-                env.stdout.write(res.render_jsonpath(expr, rows))
-            except ValueError as exc:
-                raise CommandError(f"error parsing jsonpath: {exc}") from None
+    if output == "table":
+        env.stdout.write(res.render_table(rtype, rows))
+    elif output == "yaml":
+        env.stdout.write(res.render_yaml(rows))
+    elif output == "json":
+        env.stdout.write(res.render_json(rows))
+    else:
+        expr = output.split("=", 1)[1] if "=" in output else ""
+        try:
+            env.stdout.write(res.render_jsonpath(expr, rows))
+        except ValueError as exc:
+            raise CommandError(f"error parsing jsonpath: {exc}") from None
     env.stdout.flush()
     if errors:
         raise CommandError(multierror(errors))
+    return 0
+
+
+def cmd_service(env: Env, p: fl.Parsed) -> int:
+    """``talosctl service`` (alias ``services``) without arguments: the ServiceList API, one-to-many.
+
+    As siderolabs/talos v1.13.0 cmd/talosctl/cmd/talos/service.go:73-100 (the same at v1.3.0): errors come
+    back per node as ``<node>: <error>`` (``client.FilterMessages``) and are printed as a ``WARNING:`` while
+    the nodes that answered are listed; only when no node answered does the call fail.  Unlike the Service
+    resource, the list shows services in every state, Finished one-shots included.
+    """
+    if p.args:
+        raise CommandError("talosctl simulator: 'service <id> [start|stop|restart|status]' is not simulated")
+    target = resolve_target(env, p)
+    results = fan_out(env, target.nodes, res.service_rows)
+    errors = [f"{a}: {e}" for a, _r, e in results if e]
+    if len(errors) == len(results):
+        raise CommandError(f"error listing services: {multierror(errors)}")
+    if errors:
+        env.stderr.write(f"WARNING: {multierror(errors)}\n")
+    table = [["NODE", "SERVICE", "STATE", "HEALTH", "LAST CHANGE", "LAST EVENT"]]
+    for address, rows, _err in results:
+        table += [[address, *row[:3], f"{_go_duration(row[3])} ago", row[4]] for row in rows or []]
+    env.stdout.write(res.tabwrite(table))
     return 0
 
 
@@ -787,6 +823,7 @@ COMMANDS: dict[str, Callable[[Env, fl.Parsed], int]] = {
     "version": cmd_version,
     "get": cmd_get,
     "read": cmd_read,
+    "service": cmd_service,
     "patch": cmd_patch,
     "machineconfig patch": cmd_machineconfig_patch,
     "upgrade": cmd_upgrade,
@@ -794,7 +831,7 @@ COMMANDS: dict[str, Callable[[Env, fl.Parsed], int]] = {
     "health": cmd_health,
     "kubeconfig": cmd_kubeconfig,
 }
-ALIASES = {"mc": "machineconfig"}
+ALIASES = {"mc": "machineconfig", "services": "service"}
 
 
 def _suggest(word: str, options: list[str]) -> list[str]:

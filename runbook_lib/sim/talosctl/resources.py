@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from runbook_lib.sim.state import SimNode, minor_of, runtime
@@ -43,8 +44,22 @@ class ResourceType:
     """Extra print columns: (header, dotted path in spec)."""
     since: tuple[int, int] = (1, 0)
     node_scoped_members: bool = False
+    until: tuple[int, int] = (99, 0)
+    """First Talos minor whose nodes no longer serve this entry (its aliases moved to another type)."""
+
+    def served_by(self, minor: tuple[int, int]) -> bool:
+        return self.since <= minor < self.until
 
 
+_LOADED_MODULES = ResourceType(
+    "LoadedKernelModules.runtime.talos.dev",
+    "LoadedKernelModule",
+    "runtime",
+    ("loadedkernelmodule", "loadedkernelmodules", "module", "modules"),
+    (("STATE", "state"),),
+    since=(1, 11),
+    until=(1, 14),
+)
 TYPES: tuple[ResourceType, ...] = (
     ResourceType(
         "ExtensionStatuses.runtime.talos.dev",
@@ -53,14 +68,20 @@ TYPES: tuple[ResourceType, ...] = (
         ("extensionstatus", "extensionstatuses", "extension", "extensions", "es"),
         (("NAME", "metadata.name"), ("VERSION", "metadata.version")),
     ),
+    _LOADED_MODULES,
+    # Talos 1.14 moved the ``module``/``modules`` aliases to KernelModuleStatus, whose state is an enumer
+    # ``-text`` type printed lowercase: live, loading, unloading, built-in (siderolabs/talos v1.14.0-rc.1
+    # pkg/machinery/resources/runtime/kernel_module_status.go:25-60, kernelmodulestate_enumer.go); the
+    # deprecated LoadedKernelModule is still served, without the aliases (loaded_kernel_module.go).
     ResourceType(
-        "LoadedKernelModules.runtime.talos.dev",
-        "LoadedKernelModule",
+        "KernelModuleStatuses.runtime.talos.dev",
+        "KernelModuleStatus",
         "runtime",
-        ("loadedkernelmodule", "loadedkernelmodules", "module", "modules"),
-        (("STATE", "state"),),
-        since=(1, 11),
+        ("kernelmodulestatus", "kernelmodulestatuses", "module", "modules"),
+        (("TYPE", "type"), ("STATE", "state")),
+        since=(1, 14),
     ),
+    replace(_LOADED_MODULES, aliases=_LOADED_MODULES.aliases[:2], since=(1, 14), until=(99, 0)),
     ResourceType(
         "MachineConfigs.config.talos.dev",
         "MachineConfig",
@@ -91,10 +112,16 @@ TYPES: tuple[ResourceType, ...] = (
 )
 
 
-def find_type(name: str) -> ResourceType | None:
+def serves(type_name: str, minor: tuple[int, int]) -> bool:
+    """Whether a node of Talos ``minor`` has resource type ``type_name`` registered at all."""
+    return any(t.type == type_name and t.served_by(minor) for t in TYPES)
+
+
+def find_type(name: str, minor: tuple[int, int] = (1, 13)) -> ResourceType | None:
+    """The type ``name`` resolves to on a node of Talos ``minor`` (``ResolveResourceKind``), if any."""
     low = name.lower()
     for t in TYPES:
-        if low in t.aliases or low == t.type.lower() or low == t.short.lower():
+        if t.served_by(minor) and (low in t.aliases or low == t.type.lower() or low == t.short.lower()):
             return t
     return None
 
@@ -102,6 +129,7 @@ def find_type(name: str) -> ResourceType | None:
 _OWNERS = {
     "ExtensionStatuses.runtime.talos.dev": "runtime.ExtensionStatusController",
     "LoadedKernelModules.runtime.talos.dev": "runtime.KernelModuleStatusController",
+    "KernelModuleStatuses.runtime.talos.dev": "runtime.KernelModuleStatusController",
     "MachineConfigs.config.talos.dev": "",
     "Services.v1alpha1.talos.dev": "v1alpha1.ServiceController",
     "Members.cluster.talos.dev": "cluster.MemberController",
@@ -160,15 +188,17 @@ MODULE_ADDRS = {
 
 
 def modules(t: ResourceType, node: SimNode, _peers: list[SimNode]) -> list[Resource]:
+    """LoadedKernelModule (1.11+) or KernelModuleStatus (1.14): the spec has no name, the ID is the module."""
     rt = runtime(node)
+    status = t.short == "KernelModuleStatus"
     out: list[Resource] = []
     for name, state in sorted(rt.modules_live.items()):
-        spec = {
-            "name": name,
-            "size": MODULE_SIZES.get(name, 65536),
-            "referenceCount": 0,
-            "dependencies": ["nvidia"] if name != "nvidia" else [],
-            "state": state,
+        spec: dict[str, Any] = {"type": "dynamic"} if status else {}
+        spec |= {"size": MODULE_SIZES.get(name, 65536), "referenceCount": 0}
+        if name != "nvidia":
+            spec["dependencies"] = ["nvidia"]  # omitempty
+        spec |= {
+            "state": state.lower() if status else state,
             "address": MODULE_ADDRS.get(name, "0xffffffffc0000000"),
         }
         out.append({"metadata": _meta(t, node, name), "spec": spec})
@@ -188,11 +218,43 @@ def services(t: ResourceType, node: SimNode, _peers: list[SimNode]) -> list[Reso
     rt = runtime(node)
     out: list[Resource] = []
     for name, state in rt.services.items():
-        if state not in ("Running", "Finished"):
-            continue  # a service resource exists only once the service has started
-        spec = {"running": state == "Running", "healthy": state in ("Running", "Finished"), "unknown": False}
+        if state != "Running":
+            # The resource exists only while the service runs: every other state (Finished included)
+            # destroys it (siderolabs/talos v1.13.0 internal/app/machined/pkg/controllers/v1alpha1/service.go:73-92).
+            continue
+        spec = {"running": True, "healthy": True, "unknown": False}
         out.append({"metadata": _meta(t, node, name), "spec": spec})
     return out
+
+
+#: The last event of a service in each state, as machined words it (siderolabs/talos v1.13.0:
+#: system.go:191 "Service finished successfully", runner/containerd/containerd.go:225 "Started task …",
+#: service_runner.go:162 "Waiting for %s" with pkg/conditions/files.go:43 "file %q to exist").
+_LAST_EVENT = {
+    "Finished": "Service finished successfully",
+    "Waiting": 'Waiting for file "/sys/bus/pci/drivers/nvidia" to exist',
+}
+
+
+def service_rows(node: SimNode) -> list[tuple[str, str, str, float, str]]:
+    """(service, state, health, seconds since the last change, last event) as ``talosctl services`` lists them.
+
+    Extension services have no health check, so their health is unknown (``?``, formatters.go:271-281).
+    """
+    since = max(
+        0.0,
+        (datetime.now(UTC) - datetime.fromisoformat(node.booted_at.replace("Z", "+00:00"))).total_seconds(),
+    )
+    rows: list[tuple[str, str, str, float, str]] = []
+    for name, state in runtime(node).services.items():
+        health = "?" if name.startswith("ext-") or state != "Running" else "OK"
+        event = _LAST_EVENT.get(state) or (
+            f"Started task {name} (PID {1000 + len(rows)}) for container {name}"
+            if name.startswith("ext-")
+            else "Health check successful"
+        )
+        rows.append((name, state, health, since, event))
+    return rows
 
 
 def members(t: ResourceType, node: SimNode, peers: list[SimNode]) -> list[Resource]:
@@ -212,6 +274,7 @@ def members(t: ResourceType, node: SimNode, peers: list[SimNode]) -> list[Resour
 BUILDERS: dict[str, Callable[[ResourceType, SimNode, list[SimNode]], list[Resource]]] = {
     "ExtensionStatuses.runtime.talos.dev": extensions,
     "LoadedKernelModules.runtime.talos.dev": modules,
+    "KernelModuleStatuses.runtime.talos.dev": modules,
     "MachineConfigs.config.talos.dev": machineconfig,
     "Services.v1alpha1.talos.dev": services,
     "Members.cluster.talos.dev": members,
@@ -243,11 +306,16 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def render_table(rtype: ResourceType, rows: list[tuple[str, ResourceType, Resource]]) -> str:
-    """Go ``tabwriter`` (minwidth 0, padding 3): every column but the last padded to its widest cell.
+def tabwrite(table: list[list[str]]) -> str:
+    """Go ``tabwriter`` (minwidth 0, padding 3): every column but the last padded to its widest cell."""
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+    lines = ["".join(c.ljust(widths[i] + 3) for i, c in enumerate(r[:-1])) + r[-1] for r in table]
+    return "\n".join(lines) + "\n"
 
-    The header comes from the resource definition, so it is printed even when no resource matched.
-    """
+
+def render_table(rtype: ResourceType, rows: list[tuple[str, ResourceType, Resource]]) -> str:
+    """``get`` as a table; the header comes from the resource definition, so it is printed even when no
+    resource matched."""
     header = ["NODE", "NAMESPACE", "TYPE", "ID", "VERSION", *(h for h, _ in rtype.columns)]
     table = [header]
     for node, t, res in rows:
@@ -255,12 +323,7 @@ def render_table(rtype: ResourceType, rows: list[tuple[str, ResourceType, Resour
         spec = res["spec"]
         extra = [_cell(_dig(spec, p)) for _, p in t.columns]
         table.append([node, meta["namespace"], t.short, meta["id"], str(meta["version"]), *extra])
-    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
-    lines = []
-    for r in table:
-        cells = [c.ljust(widths[i] + 3) for i, c in enumerate(r[:-1])]
-        lines.append("".join(cells) + r[-1])
-    return "\n".join(lines) + "\n"
+    return tabwrite(table)
 
 
 def render_yaml(rows: list[tuple[str, ResourceType, Resource]]) -> str:
