@@ -13,13 +13,14 @@ known and stay ``<placeholders>`` when not, so a fix is always a command the use
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from runbook_lib.errors import PermanentError
 
 from .parsers import NVIDIA_MODULES, DriverInfo, NvidiaSmi, ServiceStatus
+from .pci import PciDevice, nvidia_gpus
 from .versions import TalosVersion, parse_kmod_tag, parse_toolkit_tag
 
 ExtensionKind = Literal["kmod-open", "kmod-proprietary", "toolkit", "fabricmanager", "gdrdrv"]
@@ -981,6 +982,26 @@ def diagnose_text(text: str, ctx: NodeContext | None = None, *, check: str = "sy
     """Failed findings for every table row whose symptom appears in free text (logs, pod events)."""
     ctx = ctx or NodeContext()
     return [_finding(check, False, f"seen: {entry.title}", ctx, entry.key) for entry in match_failures(text)]
+
+
+def check_gpu_present(devices: Sequence[PciDevice], ctx: NodeContext | None = None) -> Finding:
+    """The node's PCI bus (``talosctl get pcidevices``, Talos >= 1.8) must show an NVIDIA GPU."""
+    ctx = ctx or NodeContext()
+    gpus = nvidia_gpus(devices)
+    if gpus:
+        return _finding("nvidia-gpu", True, "; ".join(g.describe() for g in gpus), ctx)
+    return _finding(
+        "nvidia-gpu",
+        False,
+        f"no NVIDIA GPU among the node's {len(devices)} PCI devices (none with vendor 10de and class 03)",
+        ctx,
+        "no-nvidia-gpu",
+    )
+
+
+def finding(key: str, check: str, message: str, ctx: NodeContext | None = None) -> Finding:
+    """A failed finding for table row ``key`` when the evidence, not a symptom text, points at it."""
+    return _finding(check, False, message, ctx or NodeContext(), key)
 
 
 def failed(findings: Iterable[Finding]) -> list[Finding]:

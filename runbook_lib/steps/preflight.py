@@ -1,7 +1,9 @@
 """Step: preflight — can the runbook act on this cluster, and how much of the procedure is already done?
 
 Read-only.  Why it fails on what it fails on: an unreachable node or a node on another Talos release than
-the plan would get the wrong installer and kernel-module tag, so those stop the run before any change;
+the plan would get the wrong installer and kernel-module tag, and a listed node without an NVIDIA GPU
+(Talos >= 1.8 shows the PCI bus) would get the GPU installer and hang in its boot, so those stop the run
+before any change;
 everything else (extensions present, config patched, RuntimeClass, Helm release) is reported as progress,
 so a re-run shows at a glance which steps will be no-ops.
 """
@@ -14,6 +16,7 @@ from runbook_lib.model.parsers import extension_versions, extensions_from_resour
 from runbook_lib.model.versions import TalosVersion
 
 from .context import Context
+from .gpu_presence import gpu_check, not_checked_note, read_pci
 from .patch import read_configs, wanted_documents
 from .results import Check, NodeResult, StepResult
 
@@ -46,6 +49,7 @@ def preflight(ctx: Context, *, only: list[str] | None = None) -> StepResult:
 
     extensions = ctx.talosctl.get("extensions", addresses)
     ext_by_node = extensions.by_node()
+    pci = read_pci(ctx, [a for a in addresses if a in servers])
     configs, config_errors = read_configs(ctx, nodes)
     wanted_talos = ctx.params.talos
     for node in nodes:
@@ -84,6 +88,8 @@ def preflight(ctx: Context, *, only: list[str] | None = None) -> StepResult:
             (p.schematic_id for p in plan.nodes if p.name == node.name), plan.schematic_id
         )
         res.data["nvidia_extensions"] = nvidia
+        if node.address in pci:
+            res.checks.append(gpu_check(ctx, node, pci[node.address], has_gpu_image=bool(nvidia)))
         res.data["image_done"] = bool(planned_schematic) and schematic_id(exts) == planned_schematic
         res.data["config_done"] = node.address in configs and contains(
             configs[node.address], wanted_documents(ctx, node)
@@ -100,6 +106,9 @@ def preflight(ctx: Context, *, only: list[str] | None = None) -> StepResult:
     }
     if config_errors:
         result.notes.append(f"machine config unreadable on {len(config_errors)} node(s)")
+    unchecked = not_checked_note(ctx)
+    if unchecked:
+        result.notes.append(unchecked)
     try:
         runtime_class = ctx.kube.runtime_class("nvidia")
         result.data["done"]["runtimeclass"] = runtime_class is not None

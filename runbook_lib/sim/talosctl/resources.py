@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from runbook_lib.sim.state import SimNode, minor_of, runtime
+from runbook_lib.sim.talosctl import hardware
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -61,6 +62,15 @@ _LOADED_MODULES = ResourceType(
     until=(1, 14),
 )
 TYPES: tuple[ResourceType, ...] = (
+    ResourceType(
+        # talos@v1.8.0:pkg/machinery/resources/hardware/pcidevice.go (see hardware.py)
+        "PCIDevices.hardware.talos.dev",
+        "PCIDevice",
+        "hardware",
+        ("pcidevice", "pcidevices"),
+        (("CLASS", "class"), ("SUBCLASS", "subclass"), ("VENDOR", "vendor"), ("PRODUCT", "product")),
+        since=(1, 8),
+    ),
     ResourceType(
         "ExtensionStatuses.runtime.talos.dev",
         "ExtensionStatus",
@@ -127,6 +137,7 @@ def find_type(name: str, minor: tuple[int, int] = (1, 13)) -> ResourceType | Non
 
 
 _OWNERS = {
+    "PCIDevices.hardware.talos.dev": "hardware.PCIDevicesController",
     "ExtensionStatuses.runtime.talos.dev": "runtime.ExtensionStatusController",
     "LoadedKernelModules.runtime.talos.dev": "runtime.KernelModuleStatusController",
     "KernelModuleStatuses.runtime.talos.dev": "runtime.KernelModuleStatusController",
@@ -272,6 +283,9 @@ def members(t: ResourceType, node: SimNode, peers: list[SimNode]) -> list[Resour
 
 
 BUILDERS: dict[str, Callable[[ResourceType, SimNode, list[SimNode]], list[Resource]]] = {
+    "PCIDevices.hardware.talos.dev": lambda t, node, _peers: [
+        {"metadata": _meta(t, node, rid), "spec": spec} for rid, spec in hardware.pci_specs(node)
+    ],
     "ExtensionStatuses.runtime.talos.dev": extensions,
     "LoadedKernelModules.runtime.talos.dev": modules,
     "KernelModuleStatuses.runtime.talos.dev": modules,

@@ -1,0 +1,65 @@
+"""The image step's diagnosis of a node that fails its upgrade: the real cause from the failure table
+(``runbook_lib.model.diagnosis``), the same one verify gives, and a fix that is the command that fixes it.
+
+Attack report 2026-12-01 F13: on driver-mismatch, unsupported-gpu and mixed-fleet the image step said
+"missing extensions ..." or "timeout waiting for ext-nvidia-persistenced" with ``talosctl get extensions`` /
+``talosctl dmesg`` as the fix, while verify named the cause on the same node.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from runbook_lib.steps.preflight import preflight
+from runbook_lib.steps.results import Check, StepResult
+from tests.simcluster import sim_cluster
+
+pytestmark = pytest.mark.slow
+#: The three workers of a 3-worker simulated cluster, all listed as GPU nodes (as params/simulated.yaml
+#: lists its workers); in mixed-fleet the third has no GPU.
+ALL_WORKERS = [{"name": f"talos-worker-{i}", "address": f"10.5.0.{i + 2}"} for i in (1, 2, 3)]
+TIMEOUTS = {"upgrade_seconds": 10, "node_ready_seconds": 5}
+# talosctl subcommands that only read: a fix made of them alone fixes nothing.
+READ_ONLY = re.compile(r"^\s*talosctl\s+(?:-n\s+\S+\s+)?(?:get|read|dmesg|version|logs|services)\b")
+
+
+def failed_checks(result: StepResult) -> tuple[str, list[Check]]:
+    failing = result.failing()
+    assert len(failing) == 1, result.to_dict()
+    return failing[0].node, failing[0].failed_checks
+
+
+def assert_fixes_change_something(checks: list[Check]) -> None:
+    for check in checks:
+        assert check.fix, check
+        assert not READ_ONLY.match(check.fix.splitlines()[-1]), f"read-only fix: {check.fix}"
+
+
+def test_preflight_names_a_listed_node_without_an_nvidia_gpu(tmp_path: Path) -> None:
+    """mixed-fleet: talos-worker-3 has no GPU; preflight must say so before anything is upgraded."""
+    with sim_cluster(tmp_path, scenario="mixed-fleet", workers=3, nodes=ALL_WORKERS) as (_params, ctx):
+        result = preflight(ctx)
+    node, checks = failed_checks(result)
+    assert node == "talos-worker-3"
+    [check] = checks
+    assert check.name == "nvidia-gpu" and "no NVIDIA GPU" in check.message
+    assert "remove talos-worker-3 (10.5.0.5) from `nodes:`" in check.fix
+    passed = {n.node: [c.message for c in n.checks if c.name == "nvidia-gpu"] for n in result.nodes}
+    assert passed["talos-worker-2"] == [
+        "NVIDIA Corporation GH100 [H100 SXM5 80GB] (10de:2330) at 0000:18:00.0"
+    ]
+
+
+def test_preflight_says_gpu_presence_cannot_be_checked_before_talos_1_8(tmp_path: Path) -> None:
+    with sim_cluster(
+        tmp_path, talos_version="v1.7.7", scenario="mixed-fleet", workers=3, nodes=ALL_WORKERS
+    ) as (
+        _params,
+        ctx,
+    ):
+        result = preflight(ctx)
+    assert not any(c.name == "nvidia-gpu" for n in result.nodes for c in n.checks)
+    assert any("GPU presence not checked" in note and "1.8" in note for note in result.notes)
