@@ -167,6 +167,9 @@ def test_profile_matches_facts_for_every_minor(minor):
     assert profile.installer_kind == installer
     assert profile.module_check == module_check
     assert ("ext-nvidia-cdi-gen" in profile.services) == (minor >= 13)
+    # the toolkit ships persistenced from siderolabs/extensions v1.3.0 (nvidia-gpu/nvidia-container-toolkit/
+    # nvidia-persistenced.yaml), not only with the 1.8 track split
+    assert "ext-nvidia-persistenced" in profile.services
 
 
 def test_production_track_and_proprietary_flavor_names():

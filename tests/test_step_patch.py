@@ -174,3 +174,19 @@ def test_a_node_failing_its_patch_fails_alone_in_its_batch_and_stops_later_batch
         res = result.node(node.name)
         assert res.status == "skipped" and f"after {victim.name} failed" in res.message
     assert sorted(nodes_of(c) for c in changes) == sorted([[victim.address], [sibling.address]])
+
+
+@pytest.mark.slow
+def test_talosctl_1_3_reboot_is_seen_on_stdout(tmp_path):
+    """talosctl 1.3 prints ``patched …`` and the apply result on stdout (siderolabs/talos v1.3.0
+    cmd/talosctl/cmd/talos/patch.go:74-79, helpers/mode.go:122-131 ``fmt.Println``); 1.4+ on stderr.  Reading
+    stderr only, the default-runtime patch's "with a reboot" was missed and the next batch started while
+    the nodes rebooted."""
+    with sim_cluster(tmp_path, daemon=False, talos_version="v1.3.7", default_runtime_patch=True) as (
+        params,
+        ctx,
+    ):
+        result = config_patch(ctx)
+        (group,) = result.data["groups"]
+        assert "Dry run summary:" in group["dry_run"]
+        assert all(n.needs_reboot for n in result.nodes), result.to_dict()

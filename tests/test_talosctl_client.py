@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from runbook_lib.clients.proc import CommandResult, Runner
-from runbook_lib.clients.talosctl import PATCH_CALLS, PatchCall, Talosctl, patch_chunk_size
+from runbook_lib.clients.talosctl import PATCH_CALLS, PatchCall, PatchResult, Talosctl, patch_chunk_size
 
 NODES = [f"10.5.{i // 250}.{i % 250 + 1}" for i in range(1000)]
 
@@ -243,3 +243,61 @@ def test_every_node_down_is_every_node_failed() -> None:
     nodes = NODES[:3]
     fan = Talosctl(runner=RealShapedTalosctl(down=set(nodes))).get("extensions", nodes)
     assert set(fan.errors) == set(nodes) and not fan.resources
+
+
+# -- patch outcomes from the `patched ... at the node X` lines (reality-gaps.md §1 findings 13, 14) -----------
+
+PATCHED = "patched MachineConfigs.config.talos.dev/v1alpha1 at the node {}\n"
+
+
+def _patch_call(nodes: Sequence[str], exit_code: int, stdout: str, stderr: str) -> PatchCall:
+    return PatchCall(tuple(nodes), CommandResult(("talosctl", "patch"), exit_code, stdout, stderr, 0.0))
+
+
+def test_an_unprefixed_patch_error_fails_the_next_node_not_the_ones_already_patched() -> None:
+    """talosctl patch visits its nodes in order (talos v1.12.0 cmd/talosctl/cmd/talos/patch.go:139-144) and
+    prints ``patched … at the node X`` for each one done (:100-104).  A node that is down fails in
+    ``ForEachResource``'s ``ResolveResourceKind`` (helpers/resources.go:49), whose error carries no node."""
+    a, b, c = NODES[:3]
+    stderr = PATCHED.format(a) + "Applied configuration without a reboot\n" + _dial_error(b) + "\n"
+    failed, untouched = _patch_call((a, b, c), 1, "", stderr).outcome()
+    assert failed == {b: _dial_error(b)}
+    assert untouched == {c: b}
+
+
+def test_an_unprefixed_error_after_every_node_printed_is_the_last_nodes() -> None:
+    """``patchFn`` prints ``patched … at the node X`` before it returns the ApplyConfiguration error
+    (talos v1.12.0 patch.go:87-111), so when every node printed and the call still failed, the last one failed."""
+    a, b = NODES[:2]
+    stderr = PATCHED.format(a) + "Applied configuration without a reboot\n" + PATCHED.format(b) + "boom\n"
+    assert _patch_call((a, b), 1, "", stderr).outcome() == ({b: "boom"}, {})
+
+
+def test_talosctl_1_3_prints_patch_results_on_stdout() -> None:
+    """talos v1.3.0 cmd/talosctl/cmd/talos/patch.go:74-79 and helpers/mode.go:122-131 use fmt.Println and
+    fmt.Printf: results go to stdout (stderr from v1.4.0)."""
+    a, b = NODES[:2]
+    stdout = (
+        PATCHED.format(a)
+        + "Applied configuration with a reboot\n"
+        + "Apply was skipped: no changes detected.\n"
+    )
+    result = PatchResult((_patch_call((a, b), 0, stdout, ""),))
+    assert "with a reboot" in result.details_of(a)
+    assert "with a reboot" not in result.details_of(b)
+    assert "patched MachineConfigs" in result.output
+    # and on 1.3 a failure still leaves the printed node patched
+    failing = _patch_call((a, b), 1, PATCHED.format(a) + "Applied configuration with a reboot\n", "boom\n")
+    assert failing.outcome() == ({b: "boom"}, {})
+
+
+def test_reboot_is_read_per_node_not_per_call() -> None:
+    a, b = NODES[:2]
+    stderr = (
+        PATCHED.format(a)
+        + "Applied configuration without a reboot\n"
+        + PATCHED.format(b)
+        + "Applied configuration with a reboot\n"
+    )
+    result = PatchResult((_patch_call((a, b), 0, "", stderr),))
+    assert "with a reboot" not in result.details_of(a) and "with a reboot" in result.details_of(b)

@@ -56,6 +56,13 @@ class FanOut:
         return out
 
 
+#: ``patched <type>/<id> at the node <node>`` (talos v1.12.0 cmd/talosctl/cmd/talos/patch.go:100-104).
+_PATCHED_LINE = re.compile(r"^patched \S+ at the node (\S+)$")
+_SKIPPED_LINE = "Apply was skipped: no changes detected."
+#: How a node's apply result (``ModeDetails``) starts, as opposed to an error.
+_RESULT_STARTS = ("Applied configuration", "Staged configuration", _SKIPPED_LINE)
+
+
 @dataclass(frozen=True)
 class PatchCall:
     """One ``talosctl patch mc`` process: the nodes it was given (in order) and what it did."""
@@ -63,26 +70,64 @@ class PatchCall:
     nodes: tuple[str, ...]
     result: CommandResult
 
+    @property
+    def output(self) -> str:
+        """Both streams: talosctl 1.3 prints the patch results on stdout (talos v1.3.0
+        cmd/talosctl/cmd/talos/patch.go:74-79, helpers/mode.go:122-131), 1.4 and later on stderr."""
+        return self.result.stdout + self.result.stderr
+
+    def reports(self) -> list[tuple[str | None, str]]:
+        """(node, what followed its line) for each node talosctl got through, in order.
+
+        Each node it reaches prints ``patched … at the node X`` and the apply result (the dry-run summary
+        and diff), or ``Apply was skipped: no changes detected.`` (which names no node: ``None``).
+        """
+        reports: list[tuple[str | None, str]] = []
+        for line in self.output.splitlines():
+            match = _PATCHED_LINE.match(line.strip())
+            if match or line.strip() == _SKIPPED_LINE:
+                reports.append((match.group(1) if match else None, ""))
+            elif reports:
+                node, details = reports[-1]
+                reports[-1] = (node, details + line + "\n")
+        return reports
+
     def outcome(self) -> tuple[dict[str, str], dict[str, str]]:
         """(failed node -> error, untouched node -> the node talosctl stopped at) for this call.
 
         talosctl patches the nodes of one call in order and returns at the first error, so the nodes after
-        the failing one were never touched; the ones before it were patched.  Per-node errors come as
-        talosctl's multierror lines or as ``<node>: <error>``; an error naming no node of the call (a bad
-        flag, an unreadable patch file) failed before any node was touched, so it is every node's error.
+        the failing one were never touched and the ones before it were patched.  The failing node is the one
+        the error names (``<node>: …`` or a multierror line, e.g. ApplyConfiguration's), else the first
+        node that printed no result: a node that is down fails in ``ResolveResourceKind`` and a patch that
+        does not merge in ``configpatcher.Apply``, both with no node in the error (talos v1.12.0 patch.go:58-111,
+        helpers/resources.go:49); when every node printed one, the last node's apply failed after its line.
+        An error before any node printed (a bad flag, an unreadable patch file) is every node's error.
         """
         if self.result.ok:
             return {}, {}
+        message = self.result.stderr.strip() or f"exit {self.result.exit_code}"
         failed = node_errors(self.result.stderr, self.nodes) or _prefixed_node_error(
             self.result.stderr, self.nodes
         )
-        if not failed:
-            message = self.result.stderr.strip() or f"exit {self.result.exit_code}"
+        done = len(self.reports())
+        if not failed and done == 0:
             return dict.fromkeys(self.nodes, message), {}
+        if not failed:
+            failed = {self.nodes[min(done, len(self.nodes) - 1)]: _error_lines(self.result.stderr) or message}
         first = next(i for i, node in enumerate(self.nodes) if node in failed)
         return failed, dict.fromkeys(
             (node for node in self.nodes[first + 1 :] if node not in failed), self.nodes[first]
         )
+
+
+def _error_lines(stderr: str) -> str:
+    """The error talosctl printed last, without the result lines before it (talosctl 1.4+ mixes them)."""
+    lines = stderr.strip().splitlines()
+    last = max((i for i, line in enumerate(lines) if _PATCHED_LINE.match(line.strip())), default=-1)
+    tail = lines[last + 1 :]
+    while tail and tail[0].startswith(_RESULT_STARTS):
+        tail = tail[1:]
+    return "\n".join(tail).strip()
 
 
 @dataclass(frozen=True)
@@ -96,9 +141,9 @@ class PatchResult:
         return all(call.result.ok for call in self.calls)
 
     @property
-    def stderr(self) -> str:
-        """Every call's stderr in node order: what one call over all the nodes would have printed."""
-        return "".join(call.result.stderr for call in self.calls)
+    def output(self) -> str:
+        """Every call's output in node order: what one call over all the nodes would have printed."""
+        return "".join(call.output for call in self.calls)
 
     @property
     def failure_text(self) -> str:
@@ -115,9 +160,12 @@ class PatchResult:
             untouched.update(call_untouched)
         return failed, untouched
 
-    def stderr_of(self, node: str) -> str:
-        """The stderr of the call that patched ``node`` (e.g. to see whether it applied "with a reboot")."""
-        return next((call.result.stderr for call in self.calls if node in call.nodes), "")
+    def details_of(self, node: str) -> str:
+        """What talosctl printed after ``node``'s ``patched`` line (e.g. whether it applied "with a reboot")."""
+        return next(
+            (details for call in self.calls if node in call.nodes for n, details in call.reports() if n == node),
+            "",
+        )
 
 
 def patch_chunk_size(nodes: int, calls: int = PATCH_CALLS) -> int:

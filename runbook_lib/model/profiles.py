@@ -263,11 +263,10 @@ def profile_for(
 
 
 def _services(minor: int) -> tuple[str, ...]:
-    # Derived: nvidia-persistenced ships with the track-split toolkit (1.8+); CDI generation with 1.13's
-    # CDI-based toolkit (facts §1.4, §1.5: Talos CI checks both on HEAD).
-    services: list[str] = []
-    if minor >= 8:
-        services.append("ext-nvidia-persistenced")
+    # nvidia-persistenced ships with the toolkit from siderolabs/extensions v1.3.0 on
+    # (nvidia-gpu/nvidia-container-toolkit/nvidia-persistenced.yaml); CDI generation with 1.13's CDI-based
+    # toolkit (nvidia-gpu/nvidia-container-toolkit/lts/nvidia-cdi-gen.yaml at v1.13.0; Talos CI checks both).
+    services = ["ext-nvidia-persistenced"]
     if minor >= 13:
         services.append("ext-nvidia-cdi-gen")
     return tuple(services)

@@ -101,7 +101,7 @@ def config_patch(
         # patch, so what one node refuses is not applied to its siblings either.
         group_errors = dry.outcomes()[0] if not dry.ok else {}
         result.data["groups"].append(
-            {"nodes": [n.name for n in members], "patch": patch_yaml, "dry_run": redact(dry.stderr.strip())}
+            {"nodes": [n.name for n in members], "patch": patch_yaml, "dry_run": redact(dry.output.strip())}
         )
         for node in members:
             res = by_address[node.address]
@@ -109,7 +109,7 @@ def config_patch(
             if not dry.ok:
                 res.status = "failed"
                 res.message = "dry run refused: " + redact(group_errors.get(node.address) or dry.failure_text)
-            elif "with a reboot" in dry.stderr_of(node.address):
+            elif "with a reboot" in dry.details_of(node.address):
                 res.needs_reboot = True
     if not do_apply:
         result.notes.append("plan only (apply is off): nothing was changed")
@@ -167,7 +167,7 @@ def _apply_in_batches(
                     res.message = f"not touched: talosctl stopped at {names[untouched[node.address]]}"
                 else:
                     res.status = "changed"
-                    res.needs_reboot = res.needs_reboot or "with a reboot" in outcome.stderr_of(node.address)
+                    res.needs_reboot = res.needs_reboot or "with a reboot" in outcome.details_of(node.address)
         rebooting = [
             n.address
             for _p, n in batch

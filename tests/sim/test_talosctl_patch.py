@@ -236,7 +236,8 @@ def test_files_change_reboots_in_auto_and_fails_in_no_reboot(ext_cluster: Path, 
     )
     r = talosctl(ext_cluster, "patch", "mc", "-n", W1, "--patch-file", str(patch), "--mode", "no-reboot")
     assert r.returncode == 1
-    assert r.stderr.startswith(f"{W1}: rpc error: code = InvalidArgument")
+    # ApplyConfiguration's error, after the node's ``patched`` line (talos v1.12.0 patch.go:87-111)
+    assert f"\n1 error occurred:\n\t* {W1}: rpc error: code = InvalidArgument" in r.stderr
     before = load_node(ext_cluster, W1).boot_count
     r = talosctl(ext_cluster, "patch", "mc", "-n", W1, "--patch-file", str(patch))
     assert r.returncode == 0, r.stderr
@@ -257,11 +258,42 @@ def test_staged_mode_applies_at_next_reboot(ext_cluster: Path) -> None:
 
 
 def test_patch_stops_at_the_first_failing_node(ext_cluster: Path) -> None:
+    """A node that is down fails in ``ResolveResourceKind``, whose error names no node (talos v1.12.0
+    cmd/talosctl/cmd/talos/patch.go:139-144 -> helpers/resources.go:49)."""
     inject(ext_cluster, W1, "unreachable")
     r = talosctl(ext_cluster, "patch", "mc", "-n", f"{W1},10.5.0.4", "-p", yaml.safe_dump(MODULES))
     assert r.returncode == 1
-    assert r.stderr.startswith(f"{W1}: rpc error: code = Unavailable")
+    assert r.stderr.startswith("rpc error: code = Unavailable")
     assert runtime(load_node(ext_cluster, "10.5.0.4")).configured_modules == []
+
+
+def test_a_patch_after_a_patched_node_names_the_node_only_in_refusals(ext_cluster: Path) -> None:
+    """The first node is patched (its ``patched … at the node`` line), then the second is down: the error
+    names no node.  A node refusing ApplyConfiguration prints its ``patched`` line first and its error is
+    named (talos v1.12.0 patch.go:87-111, pkg/machinery/client/reply.go ``FilterMessages``)."""
+    inject(ext_cluster, "10.5.0.4", "unreachable")
+    r = talosctl(ext_cluster, "patch", "mc", "-n", f"{W1},10.5.0.4", "-p", yaml.safe_dump(MODULES))
+    assert r.returncode == 1
+    assert r.stderr.startswith(f"patched MachineConfigs.config.talos.dev/v1alpha1 at the node {W1}\n")
+    assert "\nrpc error: code = Unavailable" in r.stderr and "* 10.5.0.4" not in r.stderr
+    bad = "machine:\n  kernel:\n    modules:\n      - parameters: [a=1]\n"
+    refused = talosctl(ext_cluster, "patch", "mc", "-n", W1, "-p", bad)
+    assert refused.stderr.startswith(
+        f"patched MachineConfigs.config.talos.dev/v1alpha1 at the node {W1}\n1 error occurred:\n\t* {W1}: rpc error: "
+        "code = InvalidArgument desc = configuration validation failed"
+    )
+
+
+def test_talosctl_1_3_prints_patch_results_on_stdout(tmp_path: Path) -> None:
+    """talos v1.3.0 cmd/talosctl/cmd/talos/patch.go:74-79 (``fmt.Printf``) and helpers/mode.go:122-131
+    (``fmt.Println``); from v1.4.0 both go to stderr."""
+    create(tmp_path, ClusterSpec(workers=1, talos_version="1.3", scenario="extensions-no-patch"))
+    r = talosctl(tmp_path, "patch", "mc", "-n", W1, "-p", yaml.safe_dump(MODULES), "--dry-run")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(
+        f"patched MachineConfigs.config.talos.dev/v1alpha1 at the node {W1}\nDry run summary:\n"
+    )
+    assert "patched" not in r.stderr
 
 
 def test_invalid_result_is_rejected(ext_cluster: Path) -> None:

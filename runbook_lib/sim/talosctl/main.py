@@ -534,7 +534,11 @@ def cmd_patch(env: Env, p: fl.Parsed) -> int:
         try:
             _patch_one(env, address, patches, p)
         except NodeError as exc:
-            raise CommandError(f"{address}: {exc}") from None
+            # A node that is down fails in ResolveResourceKind and a patch that does not merge in
+            # configpatcher.Apply, both unprefixed; ApplyConfiguration's errors come back through
+            # client.FilterMessages, named after their node (talos v1.12.0 cmd/talosctl/cmd/talos/patch.go:58-111,
+            # helpers/resources.go:49, pkg/machinery/client/reply.go).
+            raise CommandError(str(exc)) from None
     return 0
 
 
@@ -542,6 +546,9 @@ def _patch_one(env: Env, address: str, patches: list[patching.Patch], p: fl.Pars
     from runbook_lib.sim import patching  # noqa: PLC0415 - lazy (process start-up)
 
     mode = p.get("mode") or "auto"
+    # talosctl 1.3 prints the results on stdout (talos v1.3.0 cmd/talosctl/cmd/talos/patch.go:74-79,
+    # helpers/mode.go:122-131); 1.4 and later on stderr (v1.4.0 patch.go:73-78, mode.go:99-109)
+    out = env.stdout if env.client_minor < (1, 4) else env.stderr
     dry_run = bool(p.get("dry-run"))
     node = _load_reachable(env, address)
     with locked_node(env.state_dir, node.name) as node:
@@ -553,12 +560,13 @@ def _patch_one(env: Env, address: str, patches: list[patching.Patch], p: fl.Pars
         new_text = patching.encode_config(new_config)
         problems = validate_config(new_config, node.minor)
         if problems:
-            raise NodeError(
-                "rpc error: code = InvalidArgument desc = configuration validation failed: "
-                + multierror(problems)
+            _apply_refused(
+                out,
+                address,
+                "rpc error: code = InvalidArgument desc = configuration validation failed: " + multierror(problems),
             )
         if old_text.strip() == new_text.strip():
-            env.stderr.write("Apply was skipped: no changes detected.\n")
+            out.write("Apply was skipped: no changes detected.\n")
             return
         immediate = can_apply_immediately(node.machine_config, new_config) or node.minor >= (1, 14)
         if mode == "staged":
@@ -566,22 +574,24 @@ def _patch_one(env: Env, address: str, patches: list[patching.Patch], p: fl.Pars
         elif mode == "reboot" or (mode == "auto" and not immediate):
             details = "Applied configuration with a reboot"
         elif mode == "no-reboot" and not immediate:
-            raise NodeError(
+            _apply_refused(
+                out,
+                address,
                 "rpc error: code = InvalidArgument desc = apply configuration failed: "
-                "the config change can't be applied without a reboot"
+                "the config change can't be applied without a reboot",
             )
         elif mode == "try":
             timeout = p.get("timeout") or 60.0
             details = f"Applied configuration without a reboot; configuration will be rolled back in {_go_duration(timeout)}"
         else:
             details = "Applied configuration without a reboot"
-        env.stderr.write(f"patched MachineConfigs.config.talos.dev/v1alpha1 at the node {address}\n")
+        out.write(f"patched MachineConfigs.config.talos.dev/v1alpha1 at the node {address}\n")
         if dry_run:
-            env.stderr.write(
+            out.write(
                 f"Dry run summary:\n{details} (skipped in dry-run).\nConfig diff:\n\n{_diff(old_text, new_text)}\n"
             )
             return
-        env.stderr.write(details + "\n")
+        out.write(details + "\n")
         if mode == "staged":
             node.staged_config = new_config
             return
@@ -589,6 +599,13 @@ def _patch_one(env: Env, address: str, patches: list[patching.Patch], p: fl.Pars
         node.config_version += 1
         if details.startswith("Applied configuration with a reboot"):
             _reboot_effects(node)
+
+
+def _apply_refused(out: IO[str], address: str, message: str) -> None:
+    """The node refused ApplyConfiguration: talosctl has already printed ``patched … at the node X`` (it
+    prints it before returning the error, talos v1.12.0 patch.go:94-111) and the error names the node."""
+    out.write(f"patched MachineConfigs.config.talos.dev/v1alpha1 at the node {address}\n")
+    raise NodeError(multierror([f"{address}: {message}"]))
 
 
 def _go_duration(seconds: float) -> str:
