@@ -180,3 +180,24 @@ def test_canonical_text_mismatch_alone_is_reported() -> None:
     with pytest.raises(PermanentError, match="canonical schematic differs") as caught:
         check_registration("http://factory.example", registration)
     assert "+++ factory" in str(caught.value)
+
+
+def _info(name: str, tag: str) -> ExtensionInfo:
+    return ExtensionInfo(name, f"ghcr.io/{name}:{tag}", "sha256:0")
+
+
+def test_fabric_manager_of_another_driver_is_refused_before_any_change() -> None:
+    """The fabric manager "has to match with the NVIDIA driver version in use" (siderolabs/talos v1.9.0
+    website/content/v1.9/talos-guides/configuration/nvidia-fabricmanager.md:13; the same in
+    siderolabs/docs public/talos/v1.12/.../nvidia-fabricmanager.mdx).  Its tag is the driver alone
+    (``VERSION: "{{ .NVIDIA_DRIVER_LTS_VERSION }}"``, siderolabs/extensions v1.13.0
+    nvidia-gpu/nvidia-fabricmanager/lts/vars.yaml)."""
+    kmod = _info(LTS[0], "580.105.08-v1.12.7")
+    toolkit = _info(LTS[1], "580.105.08-v1.18.1")
+    other = _info("siderolabs/nvidia-fabricmanager-production", "590.44.01")
+    wanted = [LTS[0], LTS[1], other.name]
+    with pytest.raises(CompatibilityError, match=r"nvidia-fabricmanager-production 590\.44\.01"):
+        resolve_against([kmod, toolkit, other], wanted, "v1.12.7")
+    same = _info("siderolabs/nvidia-fabricmanager-lts", "580.105.08")
+    resolved = resolve_against([kmod, toolkit, same], [LTS[0], LTS[1], same.name], "v1.12.7")
+    assert resolved.driver == "580.105.08"

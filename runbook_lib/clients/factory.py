@@ -272,6 +272,14 @@ def resolve_against(
             f"{kmods[0].name} without the NVIDIA container toolkit: pods cannot use the GPU "
             "(add the toolkit of the same track)"
         )
+    # The fabric manager's tag is the driver alone, and it "has to match with the NVIDIA driver version in
+    # use" (talos website/content/v1.9/talos-guides/configuration/nvidia-fabricmanager.md at v1.9.0).
+    problems += [
+        f"{e.name} {e.tag} is for another NVIDIA driver than the kernel modules ({driver}): the fabric manager "
+        "must carry the same driver (pick the fabric manager of the same track)"
+        for e in resolved
+        if "nvidia-fabricmanager" in e.name and driver and e.tag.split("-")[0] != driver
+    ]
     if problems:
         raise CompatibilityError(
             f"the extensions {source} offers for Talos {talos_version} cannot work together: "
