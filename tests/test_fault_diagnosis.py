@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from runbook_lib.steps.image import image_upgrade
+from runbook_lib.steps.patch import config_patch
 from runbook_lib.steps.preflight import preflight
 from runbook_lib.steps.results import Check, StepResult
 from tests.simcluster import sim_cluster
@@ -36,6 +38,49 @@ def assert_fixes_change_something(checks: list[Check]) -> None:
     for check in checks:
         assert check.fix, check
         assert not READ_ONLY.match(check.fix.splitlines()[-1]), f"read-only fix: {check.fix}"
+
+
+# scenario -> what the failing node's diagnosis must say after the image step (the failure-table row verify
+# also gives for that node)
+AFTER_UPGRADE = {
+    "driver-mismatch": "tracks lts and production are mixed",
+    "toolkit-missing": "no nvidia-container-toolkit extension",
+}
+
+
+@pytest.mark.parametrize("scenario", sorted(AFTER_UPGRADE))
+def test_the_image_step_names_the_cause_on_the_faulty_node(tmp_path: Path, scenario: str) -> None:
+    with sim_cluster(tmp_path, scenario=scenario, workers=2, apply=True, timeouts=TIMEOUTS) as (_p, ctx):
+        assert config_patch(ctx).ok  # the modules patch goes before the upgrade
+        node, checks = failed_checks(image_upgrade(ctx))
+    assert node == "talos-worker-2"
+    assert AFTER_UPGRADE[scenario] in " ".join(c.message for c in checks)
+    assert any("upgrade --image" in c.fix for c in checks)
+    assert_fixes_change_something(checks)
+
+
+# scenario -> what the diagnosis of the node whose upgrade hung must say (preflight skipped for mixed-fleet,
+# as when its nodes run a Talos without PCIDevices or the step is run on its own)
+UPGRADE_HANGS = {
+    "unsupported-gpu": ("GPU is not supported by this driver branch", "upgrade --image"),
+    "mixed-fleet": ("no NVIDIA GPU", "remove talos-worker-3 (10.5.0.5) from `nodes:`"),
+}
+
+
+@pytest.mark.parametrize("scenario", sorted(UPGRADE_HANGS))
+def test_the_image_step_names_why_the_upgrade_hung(tmp_path: Path, scenario: str) -> None:
+    cause, fix = UPGRADE_HANGS[scenario]
+    with sim_cluster(
+        tmp_path, scenario=scenario, workers=3, nodes=ALL_WORKERS, apply=True, timeouts=TIMEOUTS
+    ) as (_p, ctx):
+        assert config_patch(ctx).ok
+        node, checks = failed_checks(image_upgrade(ctx))
+    assert node == "talos-worker-3"
+    upgrade = next(c for c in checks if c.name == "upgrade")
+    assert 'service "ext-nvidia-persistenced" to be "up"' in upgrade.message  # the tool's own words stay
+    assert cause in " ".join(c.message + " " + c.cause for c in checks)
+    assert fix in upgrade.fix
+    assert_fixes_change_something(checks)
 
 
 def test_preflight_names_a_listed_node_without_an_nvidia_gpu(tmp_path: Path) -> None:

@@ -32,6 +32,7 @@ from runbook_lib.model.plan import node_extensions, node_schematic
 from runbook_lib.model.schematic import Schematic
 from runbook_lib.model.versions import TalosVersion
 
+from . import image_diagnosis
 from .context import Context
 from .patch import read_configs, wanted_documents
 from .results import Check, NodeResult, StepResult
@@ -392,12 +393,15 @@ def _run_batch(
     with ThreadPoolExecutor(max_workers=min(len(batch), MAX_PARALLEL_UPGRADES)) as pool:
         outcomes = list(pool.map(upgrade, batch))
     pending: list[NodeImage] = []
+    diagnosed = image_diagnosis.upgrade_failures(
+        ctx, {plan.node.address: (plan.node, error) for plan, error in outcomes if error}
+    )
     for plan, error in outcomes:
         res = results[plan.node.address]
         if error:
             res.status = "failed"
             res.message = f"talosctl upgrade failed: {error}"
-            res.checks.append(Check("upgrade", False, error, fix=f"talosctl -n {plan.node.address} dmesg"))
+            res.checks += diagnosed[plan.node.address]
         else:
             res.checks.append(Check("upgrade", True, "the installer was accepted and the node rebooted"))
             pending.append(plan)
@@ -417,6 +421,7 @@ def _confirm(
     """Wait until each upgraded node answers with the planned version, schematic and NVIDIA extensions."""
     deadline = time.monotonic() + settle_timeout
     last: dict[str, list[str]] = {}
+    last_state: dict[str, NodeState] = {}
     while pending:
         states = read_states(ctx, [p.node.address for p in pending])
         still: list[NodeImage] = []
@@ -425,6 +430,7 @@ def _confirm(
             problems = [f"does not answer: {state.error}"] if state.error else mismatches(plan, state, target)
             if problems:
                 last[plan.node.address] = problems
+                last_state[plan.node.address] = state
                 still.append(plan)
                 continue
             res = results[plan.node.address]
@@ -441,12 +447,12 @@ def _confirm(
         res.message = "after the upgrade the node " + "; ".join(
             last.get(plan.node.address, ["did not settle"])
         )
-        res.checks.append(
-            Check(
-                "schematic and extensions",
-                False,
-                res.message,
-                fix=f"talosctl -n {plan.node.address} get extensions",
-                cause="the node rolled back or booted an image without the GPU extensions",
-            )
+        left = last_state.get(plan.node.address)
+        res.checks += image_diagnosis.confirm_failure(
+            ctx,
+            plan.node,
+            res.message,
+            planned_schematic=plan.schematic_id,
+            found=None if left is None or left.error else (left.extensions, left.schematic_id),
+            retry=shlex.join(upgrade_command(ctx, plan)),
         )

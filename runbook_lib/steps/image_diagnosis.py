@@ -1,0 +1,131 @@
+"""Why a node failed the image step: the failure table's likely cause and the command that fixes it.
+
+Why a module of its own: verify already turns a node's evidence into a cause through the failure table
+(:mod:`runbook_lib.model.diagnosis`), while the image step reported only the raw symptom ("timeout waiting
+for ext-nvidia-persistenced", "missing extensions …") with a read-only command as the fix (attack report
+2026-12-01, F13).  The image step has two kinds of failed nodes, and each gets the evidence that tells
+the causes apart, read only from the failed nodes (a healthy rollout pays nothing):
+
+- the upgrade itself failed: its error text matched against the table, plus the node's PCI bus (Talos >=
+  1.8) and, when the boot hung on ``ext-nvidia-persistenced``, its machine config.  That service waits for
+  the nvidia driver to bind (siderolabs/extensions nvidia-persistenced.yaml, ``depends: path``), which it
+  never does without an NVIDIA GPU, without the modules in the config, or on a GPU the driver branch does
+  not support;
+- the node came back but not as planned: its extensions, checked as verify checks them (mixed tracks, a
+  missing toolkit, another schematic).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from runbook_lib.model.diagnosis import (
+    Evidence,
+    Finding,
+    NodeContext,
+    diagnose,
+    diagnose_text,
+    failed,
+    finding,
+)
+from runbook_lib.model.machineconfig import configured_modules
+from runbook_lib.model.params import Node
+from runbook_lib.model.pci import PciDevice, nvidia_gpus
+
+from .context import Context
+from .gpu_presence import gpu_check, read_pci
+from .patch import read_configs
+from .results import Check, checks_from_findings
+
+PERSISTENCED_ROW = "persistenced-never-up"
+
+
+def upgrade_failures(ctx: Context, errors: Mapping[str, tuple[Node, str]]) -> dict[str, list[Check]]:
+    """The checks of each node whose ``talosctl upgrade`` failed (``errors``: address -> (node, error))."""
+    if not errors:
+        return {}
+    pci = read_pci(ctx, list(errors))
+    hung = [
+        node
+        for address, (node, error) in errors.items()
+        if _hung(ctx, node, error) and nvidia_gpus(pci.get(address, []))
+    ]
+    configs, _unread = read_configs(ctx, hung) if hung else ({}, {})
+    return {
+        address: _upgrade_checks(ctx, node, error, pci.get(address), configs.get(address))
+        for address, (node, error) in errors.items()
+    }
+
+
+def _context(ctx: Context, node: Node) -> NodeContext:
+    return NodeContext(node=node.address, talos=ctx.params.talos)
+
+
+def _hung(ctx: Context, node: Node, error: str) -> bool:
+    return any(f.failure == PERSISTENCED_ROW for f in diagnose_text(error, _context(ctx, node)))
+
+
+def _upgrade_checks(
+    ctx: Context, node: Node, error: str, devices: list[PciDevice] | None, config: list[dict[str, Any]] | None
+) -> list[Check]:
+    """The failed ``upgrade`` check (the tool's own words) carrying the cause's fix, then the cause itself."""
+    if devices is not None and not nvidia_gpus(devices):
+        cause = gpu_check(ctx, node, devices, has_gpu_image=False)
+    else:
+        found = _cause(ctx, node, error, devices, config)
+        if found is None:
+            return [Check("upgrade", False, error, fix=f"talosctl -n {node.address} dmesg")]
+        [cause] = checks_from_findings([found])
+    return [Check("upgrade", False, error, fix=cause.fix, cause=cause.cause), cause]
+
+
+def _cause(
+    ctx: Context, node: Node, error: str, devices: list[PciDevice] | None, config: list[dict[str, Any]] | None
+) -> Finding | None:
+    """The table row the evidence points at; for a boot hung on persistenced, which of its three causes."""
+    nctx = _context(ctx, node)
+    seen = diagnose_text(error, nctx, check="upgrade-cause")
+    if not any(f.failure == PERSISTENCED_ROW for f in seen) or not devices or config is None:
+        return seen[0] if seen else None
+    if not set(ctx.params.profile(node).modules) <= configured_modules(config):
+        return finding(
+            "modules-not-configured",
+            "modules",
+            "the machine config does not load the NVIDIA modules, so the driver never binds and "
+            "ext-nvidia-persistenced waits for it",
+            nctx,
+        )
+    gpus = "; ".join(g.describe() for g in nvidia_gpus(devices))
+    return finding(
+        "gpu-unsupported",
+        "driver-binding",
+        f"the node has {gpus} and its machine config loads the NVIDIA modules, yet the nvidia driver never "
+        f"bound to it in the new boot (`talosctl -n {node.address} dmesg | grep NVRM` shows why while the "
+        "node boots the new image)",
+        nctx,
+    )
+
+
+def confirm_failure(
+    ctx: Context,
+    node: Node,
+    message: str,
+    *,
+    planned_schematic: str | None,
+    found: tuple[Mapping[str, str], str | None] | None,
+    retry: str,
+) -> list[Check]:
+    """A node that came back from its upgrade but not as planned: the failed ``schematic and extensions``
+    check, with the fix of the first cause the table finds in the extensions it reports (``found``:
+    extensions and schematic, None when it did not answer), then those causes as verify gives them.
+    Without a known cause, the fix is to run the node's upgrade again once it answers (``retry``)."""
+    causes: list[Check] = []
+    if found is not None:
+        nctx = NodeContext(node=node.address, talos=ctx.params.talos, schematic=planned_schematic)
+        evidence = Evidence(extensions=dict(found[0]), schematic=found[1])
+        causes = checks_from_findings(failed(diagnose(evidence, nctx, planned_schematic=planned_schematic)))
+    fix, cause = retry, "the node rolled back or booted an image without the GPU extensions"
+    if causes:
+        fix, cause = causes[0].fix, causes[0].cause
+    return [Check("schematic and extensions", False, message, fix=fix, cause=cause), *causes]
