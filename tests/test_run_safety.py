@@ -6,11 +6,14 @@ Issue 18; the attack report /work/shared/docs/attack-2026-12-01.md (F1, F2, F3, 
 
 from __future__ import annotations
 
+import getpass
 import json
+import os
 import socket
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +23,8 @@ import yaml
 from runbook_lib.cli import main
 from runbook_lib.clients.talosctl import Talosctl
 from runbook_lib.model.params import Params, validate
-from runbook_lib.notebook import records, runner
+from runbook_lib.notebook import lock, records, runner
+from runbook_lib.sim import cluster as sim_cluster
 
 REPO = Path(__file__).resolve().parents[1]
 PARAMS = str(REPO / "params" / "simulated.yaml")
@@ -209,3 +213,122 @@ def test_bad_run_arguments_are_refused_before_the_simulator_starts(
     err = capsys.readouterr().err
     assert expected in err
     assert not (tmp_path / "sim").exists() and not (tmp_path / "records").exists()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# F8: concurrent runs: one applying run per records folder and per cluster; the simulator outlives a run
+# that another run still uses
+
+#: Every talosctl call pays this per node, so a run is still in its first step when the next one starts.
+SLOW = ["--set", "simulation.latency_ms=1500"]
+
+
+def _start(records_dir: Path, state: Path, *args: str) -> subprocess.Popen[str]:
+    argv = [sys.executable, "-m", "runbook_lib", "run", "-p", PARAMS, "--no-progress", *SLOW, *args]
+    argv += ["--records", str(records_dir), "--state", str(state)]
+    return subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_until_running(proc: subprocess.Popen[str], records_dir: Path) -> None:
+    """Until ``proc`` is in its steps: its record directory exists once its cluster is up."""
+    deadline = time.monotonic() + 120
+    while not (records_dir.is_dir() and any(p.is_dir() for p in records_dir.iterdir())):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the run did not reach its steps"
+        time.sleep(0.1)
+
+
+def _finish(proc: subprocess.Popen[str]) -> tuple[int, str]:
+    out, err = proc.communicate(timeout=300)
+    return proc.returncode, out + err
+
+
+@pytest.mark.slow
+def test_a_second_applying_run_on_the_same_records_or_cluster_stops_and_names_the_first(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """F8 (C2, C3): two ``--apply`` runs on one simulator both upgraded and patched every node."""
+    state = tmp_path / "sim"
+    first = _start(tmp_path / "records", state, "--apply", "--steps", "preflight")
+    try:
+        _wait_until_running(first, tmp_path / "records")
+        for records_dir, sim, what in (
+            (tmp_path / "records", tmp_path / "sim2", "records folder"),  # another cluster, same records
+            (tmp_path / "other", state, "simulated cluster"),  # the same cluster, other records
+        ):
+            argv = ["run", "-p", PARAMS, "--apply", "--steps", "preflight", "--no-progress", *SLOW]
+            assert main([*argv, "--records", str(records_dir), "--state", str(sim)]) == 2
+            err = capsys.readouterr().err
+            assert what in err and f"pid {first.pid}," in err and "nothing was started" in err
+        assert not (tmp_path / "other").exists() and not (tmp_path / "sim2").exists()
+        # a plan-only run only reads: it may run alongside
+        assert (
+            main(
+                [
+                    "run",
+                    "-p",
+                    PARAMS,
+                    "--steps",
+                    "preflight",
+                    "--no-progress",
+                    "--state",
+                    str(state),
+                    "--records",
+                    str(tmp_path / "plan"),
+                ]
+            )
+            == 0
+        )
+    finally:
+        code, output = _finish(first)
+    assert code == 0, output
+
+
+@pytest.mark.slow
+def test_a_run_that_ends_first_leaves_the_simulator_to_the_run_still_using_it(tmp_path: Path) -> None:
+    """F8 (C6): the run that started the simulator stopped it when it ended, and the concurrent run failed
+    with "Image Factory … did not answer".  Now the last run out stops it."""
+    state = tmp_path / "sim"
+    starter = _start(tmp_path / "a", state, "--steps", "preflight")
+    try:
+        _wait_until_running(starter, tmp_path / "a")
+        joiner = _start(tmp_path / "b", state, "--steps", "preflight,image")
+        try:
+            _wait_until_running(joiner, tmp_path / "b")
+            assert _finish(starter)[0] == 0
+            code, output = _finish(joiner)
+            assert code == 0, output
+        finally:
+            joiner.kill()
+    finally:
+        starter.kill()
+    assert sim_cluster.daemon_pid(state) is None  # stopped by the last run out
+
+
+def _take(path: Path) -> None:
+    with lock.exclusive(path, "the cluster 'a'"):
+        pass
+
+
+def test_a_held_lock_names_its_holder_but_not_set_values(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The refusal says who to wait for: user, host, pid, start time and command; a ``--set`` value may be
+    a secret, so only its key is shown."""
+    monkeypatch.setattr(sys, "argv", ["runbook", "run", "--apply", "--set", "registry_token=s3cr3t-value"])
+    with lock.exclusive(tmp_path / "x.lock", "the cluster 'a'"), pytest.raises(lock.Busy) as info:
+        _take(tmp_path / "x.lock")
+    text = str(info.value)
+    assert f"{getpass.getuser()}@{socket.gethostname()}, pid {os.getpid()}, since 20" in text
+    assert "runbook run --apply --set 'registry_token=…'" in text and "s3cr3t" not in text
+    _take(tmp_path / "x.lock")  # released with the block
+
+
+def test_a_killed_runs_lease_is_not_counted_and_is_removed(tmp_path: Path) -> None:
+    leases = tmp_path / "leases"
+    leases.mkdir()
+    (leases / "4242-dead.lease").write_text("{}")  # what a SIGKILLed run leaves: the file, no lock
+    with lock.lease(leases) as mine, lock.lease(leases):
+        assert len(lock.live_leases(leases, own=mine)) == 1  # the other live one, not mine, not the dead
+    assert not (leases / "4242-dead.lease").exists()
+    assert lock.live_leases(leases) == [] and list(leases.iterdir()) == []

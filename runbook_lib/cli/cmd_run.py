@@ -17,12 +17,13 @@ import signal
 import sys
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from runbook_lib.errors import PermanentError
 from runbook_lib.model.params import Params
-from runbook_lib.notebook import records, runner
+from runbook_lib.notebook import lock, records, runner
 from runbook_lib.notebook.steps import STEP_NAMES
 from runbook_lib.sim import cluster as sim_cluster
 from runbook_lib.sim import scenarios
@@ -128,41 +129,98 @@ def _sim_matches(state_dir: Path, params: Params, scenario: str) -> bool:
     )
 
 
+@dataclass(frozen=True)
+class _SimLeases:
+    """Where runs that share one simulator meet (owner-only files under ``lock.locks_dir()``): a lock that
+    orders bringing it up and stopping it, one lease per run using it, and a mark saying a run started it
+    (with the daemon's pid), so the last run out stops only a simulator a run started."""
+
+    lifecycle: Path
+    leases: Path
+    started: Path
+
+    @classmethod
+    def of(cls, state_dir: Path) -> _SimLeases:
+        key = str(state_dir)
+        return cls(
+            lock.key_path("sim", key, ".lock"),
+            lock.key_path("sim", key, ".leases"),
+            lock.key_path("sim", key, ".started-by-run"),
+        )
+
+
+def _state_dir(state: str | Path | None) -> Path:
+    return Path(state).resolve() if state else sim_state.default_state_dir().resolve()
+
+
 @contextlib.contextmanager
-def _simulated_cluster(params: Params, state: str | None) -> Iterator[dict[str, str]]:
-    """Bring the simulated cluster up for this run and stop its servers afterwards (state is kept).
+def _simulated_cluster(params: Params, state: str | Path | None) -> Iterator[dict[str, str]]:
+    """Bring the simulated cluster up for this run; the last run using it stops it (state is kept).
 
     The state is reused when it was made for these parameters, so a second run sees what the first left.
+    Why leases: a run that ended stopped the simulator under a concurrent run, which then failed with a
+    misleading "Image Factory did not answer" (F8 of the 1 Dec attack).
     """
-    state_dir = Path(state).resolve() if state else sim_state.default_state_dir()
+    state_dir = _state_dir(state)
     scenario = params.simulation.scenario
     if scenario not in scenarios.SCENARIOS:
         raise PermanentError(
             f"unknown simulation.scenario {params.simulation.scenario!r}",
             hint=f"scenarios: {', '.join(sorted(scenarios.SCENARIOS))} (`runbook sim scenarios`)",
         )
+    files = _SimLeases.of(state_dir)
+    with contextlib.ExitStack() as held_lease:
+        with lock.held(files.lifecycle):
+            own = held_lease.enter_context(lock.lease(files.leases))
+            _bring_up(params, state_dir, scenario, files, own)
+        try:
+            yield {SIM_STATE_ENV: str(state_dir)}
+        finally:
+            with lock.held(files.lifecycle):
+                last = not lock.live_leases(files.leases, own=own)
+                held_lease.close()
+                if last:
+                    _stop_if_a_run_started_it(state_dir, files)
+
+
+def _bring_up(params: Params, state_dir: Path, scenario: str, files: _SimLeases, own: Path) -> None:
+    """Use the simulator as it runs when it was made for these parameters, else (re)create and start it;
+    never under another run that uses it (exit 2 naming that run)."""
     matches = _sim_matches(state_dir, params, scenario)
     if matches and sim_cluster.daemon_pid(state_dir) is not None:
-        # Already up for these parameters (e.g. `runbook sim up -p` for a JupyterLab session): use it as is
-        # and leave it running, as found.
-        yield {SIM_STATE_ENV: str(state_dir)}
+        # Already up for these parameters (another run's, or `runbook sim up -p` for a JupyterLab session).
         return
+    others = [] if matches else lock.live_leases(files.leases, own=own)
+    if others:
+        raise lock.Busy(
+            f"the simulated cluster at {state_dir} is used by another run with other parameters "
+            f"({others[0]}); nothing was started",
+            hint="wait for that run to finish, or give this run its own --state DIR",
+        )
     sim_cluster.stop_daemon(state_dir)
     if not matches:
-        spec = sim_cluster.spec_from_params(params)
         try:
-            sim_cluster.create(state_dir, spec)
+            sim_cluster.create(state_dir, sim_cluster.spec_from_params(params))
         except ValueError as exc:
             raise PermanentError(str(exc)) from None
         sys.stderr.write(f"simulated cluster created in {state_dir} (scenario {scenario})\n")
     try:
-        sim_cluster.start_daemon(state_dir)
+        info = sim_cluster.start_daemon(state_dir)
     except RuntimeError as exc:
         raise PermanentError(str(exc)) from None
+    files.started.write_text(str(info.get("pid")), encoding="utf-8")
+
+
+def _stop_if_a_run_started_it(state_dir: Path, files: _SimLeases) -> None:
+    """Stop the daemon when a run started it (its pid is in the mark); one started by ``runbook sim up``
+    is left running, as found."""
     try:
-        yield {SIM_STATE_ENV: str(state_dir)}
-    finally:
+        mark = files.started.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        return
+    if mark == str(sim_cluster.daemon_pid(state_dir)):
         sim_cluster.stop_daemon(state_dir)
+    files.started.unlink(missing_ok=True)
 
 
 def _terminate(signum: int, _frame: object) -> None:
@@ -244,6 +302,7 @@ def _run(args: argparse.Namespace) -> int:
     params_file: str | None = args.params
     resume_values: dict[str, Any] | None = None
     root = _checked_records_root(args.records)
+    state_dir = _state_dir(args.state)
     if args.from_step and params_file is None:
         resume_values = _resume_values(root, apply=args.apply)
     elif params_file is None:
@@ -256,7 +315,8 @@ def _run(args: argparse.Namespace) -> int:
         overrides=args.overrides,
         values=resume_values,
         records_root=root,
-        cluster=lambda params: _simulated_cluster(params, args.state),
+        cluster=lambda params: _simulated_cluster(params, state_dir),
+        cluster_key=str(state_dir),
         progress=not args.no_progress,
     )
     sys.stdout.write(outcome.report())

@@ -41,9 +41,9 @@ from runbook_lib.clients.proc import Journal
 from runbook_lib.errors import PermanentError, RunbookError
 from runbook_lib.model.params import Params, load_params
 from runbook_lib.model.plan import build_plan
-from runbook_lib.steps.context import Context, connect, resolve_endpoints
+from runbook_lib.steps.context import Context, connect, resolve_endpoints, sim_state_dir
 
-from . import records
+from . import lock, records
 from .steps import RESULT_FILE_ENV, STEP_NAMES, STEPS, StepSpec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -734,6 +734,24 @@ def _compact_plan(plan: dict[str, Any]) -> dict[str, Any]:
     return {**plan, "nodes": nodes}
 
 
+def lock_for_apply(stack: contextlib.ExitStack, params: Params, root: Path, cluster_key: str | None) -> None:
+    """Hold, for the rest of ``stack``, the records folder's and the cluster's apply locks (exit 2 naming
+    the holder when another run has one), before the cluster is brought up.
+
+    Why: two ``--apply`` runs against one cluster both upgraded and rebooted every node (F8 of the 1 Dec
+    attack).  The cluster is the simulator's state directory (``cluster_key``, default ``$RUNBOOK_SIM_STATE``)
+    for ``target: simulated``, else the ``cluster`` parameter: two parameter files that name one real
+    cluster differently are not kept apart.
+    """
+    if params.target == "simulated":
+        what = f"the simulated cluster at {cluster_key or sim_state_dir().resolve()}"
+    else:
+        what = f"the cluster {params.cluster!r}"
+    stack.enter_context(lock.exclusive(lock.key_path("cluster", what, ".lock"), what))
+    root.mkdir(parents=True, exist_ok=True)  # only now: a refused run leaves no records folder behind
+    stack.enter_context(lock.exclusive(root / lock.RECORDS_LOCK, f"the records folder {root}"))
+
+
 def run(
     params_file: str | Path | None,
     steps: Sequence[str] | None = None,
@@ -747,12 +765,14 @@ def run(
     progress: bool = True,
     notebooks_dir: Path | None = None,
     html: bool = True,
+    cluster_key: str | None = None,
 ) -> RunOutcome:
     """Run the selected step notebooks into a new record; stop at the first failing step.
 
     ``values`` (validated parameters of an earlier record) replace the parameter file for ``--from``.
     ``cluster`` brings a cluster up for the run (the CLI passes the simulator for ``target: simulated``)
-    and yields environment variables the kernels need.
+    and yields environment variables the kernels need.  ``cluster_key`` names the simulated cluster for
+    the apply lock (see :func:`lock_for_apply`; the CLI passes its state directory).
     """
     merged = dict(values or {})
     if apply is not None:
@@ -773,6 +793,8 @@ def run(
     with contextlib.ExitStack() as stack:
         # Whatever happens, no worker thread outlives the run (an early failure leaves nothing to wait for).
         stack.callback(background.wait)
+        if params.apply:
+            lock_for_apply(stack, params, root, cluster_key)
         env = stack.enter_context(hook(params))
         stack.enter_context(_environment(dict(env)))
         # Created only once the cluster is up: a cluster that cannot start leaves no half record behind.

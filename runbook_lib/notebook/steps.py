@@ -66,8 +66,13 @@ STEPS: tuple[StepSpec, ...] = (
         False,
         ("VersionApi", "NodeV1Api"),
     ),
-    StepSpec("image", "02-image.ipynb", "image", "image_upgrade", "Image and upgrade", True),
-    StepSpec("config-patch", "03-config-patch.ipynb", "patch", "config_patch", "Config patch", True),
+    # The modules patch before the upgrade: booting the kmod extension (which blacklists the NVIDIA
+    # modules) without a config that loads them hangs the boot on ext-nvidia-persistenced for BootTimeout
+    # (70 min) and rolls the node back (talos@v1.12.0 v1alpha1_sequencer_tasks.go:419-490, constants.go:956;
+    # siderolabs/extensions#888, siderolabs/talos#9149).  Without the extension the modules patch only
+    # makes KernelModuleSpecController retry (talos@v1.12.0 .../controllers/runtime/kernel_module_spec.go).
+    StepSpec("config-patch", "02-config-patch.ipynb", "patch", "config_patch", "Config patch", True),
+    StepSpec("image", "03-image.ipynb", "image", "image_upgrade", "Image and upgrade", True),
     StepSpec("verify", "04-verify.ipynb", "verify", "verify", "Verification", False),
     StepSpec(
         "kubernetes",
