@@ -40,6 +40,28 @@ def test_every_step_has_its_notebook_in_order() -> None:
     assert all(f"({s.notebook})" in text for s in STEPS)
 
 
+def test_the_modules_patch_comes_before_the_image_upgrade() -> None:
+    """Upgrading first boots the kmod extension, which blacklists the NVIDIA modules
+    (extensions@v1.12.0:nvidia-gpu/nvidia-modules/lts/files/nvidia.conf), with no config that loads them:
+    ``ext-nvidia-persistenced`` waits for ``/sys/bus/pci/drivers/nvidia`` and the boot rolls back after
+    ``BootTimeout`` = 70 min (talos@v1.12.0 v1alpha1_sequencer_tasks.go:419-490, constants.go:956;
+    siderolabs/extensions#888, siderolabs/talos#9149).  The v1.3-v1.5 docs also patch first."""
+    names = [s.name for s in STEPS]
+    assert names.index("config-patch") < names.index("image")
+    assert [s.notebook for s in STEPS][:4] == [
+        "01-preflight.ipynb",
+        "02-config-patch.ipynb",
+        "03-image.ipynb",
+        "04-verify.ipynb",
+    ]
+    for index, step in enumerate(STEPS, start=1):
+        nb = nbformat.read(NOTEBOOKS / step.notebook, as_version=4)
+        assert nb.cells[0].source.startswith(f"# {index} · {step.title}\n"), step.notebook
+        if index < len(STEPS):
+            following = STEPS[index]
+            assert f"[{index + 1} · {following.title}]({following.notebook})" in nb.cells[-1].source
+
+
 @pytest.mark.parametrize("step", STEPS, ids=lambda s: s.name)
 def test_parameters_cell_is_typed_and_documented(step: StepSpec) -> None:
     import papermill
@@ -158,7 +180,7 @@ def test_default_run_only_plans_and_changes_nothing(sim_env: dict[str, Path]) ->
     plan = latest(sim_env)
     assert plan["apply"] is False and plan["outcome"] == "planned" and plan["changes"] == []
     statuses = {s["name"]: s["status"] for s in plan["steps"]}
-    assert statuses["image"] == "planned" and statuses["verify"] == "skipped"
+    assert statuses["config-patch"] == "planned" and statuses["image"] == "skipped"
     assert "run with --apply" in str(plan["note"])
     # kernels started ahead for the steps that did not run are stopped too
     assert kernel_children() == []

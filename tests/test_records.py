@@ -379,7 +379,7 @@ def test_seal_aborted_keeps_the_steps_and_changes_the_aborted_run_finished(tmp_p
     applied."""
     root = tmp_path / "records"
     aborted = _unsealed(root, "00000002")
-    (aborted / "02-image.ipynb").write_text("{}")
+    (aborted / "02-config-patch.ipynb").write_text("{}")
     (aborted / "params.yaml").write_text("cluster: sim-gpu\ntarget: simulated\napply: true\n")
     (aborted / "results").mkdir()
     patch = {"kind": "command", "argv": ["talosctl", "-n", "10.5.0.11", "patch", "mc"], "exit_code": 0}
@@ -392,7 +392,7 @@ def test_seal_aborted_keeps_the_steps_and_changes_the_aborted_run_finished(tmp_p
     assert data["steps"] == [
         {"name": "preflight", "status": "ok", "summary": "3 ok"},
         {
-            "name": "image",
+            "name": "config-patch",
             "status": "aborted",
             "summary": "running when the run ended: its changes are unknown",
         },

@@ -14,8 +14,8 @@ from tests.simcluster import sim_cluster
 pytestmark = pytest.mark.slow
 STEPS = [
     ("preflight", preflight),
-    ("image", image_upgrade),
     ("config-patch", config_patch),
+    ("image", image_upgrade),
     ("verify", verify),
 ]
 

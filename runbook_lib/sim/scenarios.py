@@ -48,15 +48,18 @@ def install_nvidia(state_dir: Path, node: SimNode, *, track: str = "lts", patch_
     node.extensions = [images.to_installed(available[n]) for n in names if n in available]
     node.extensions = images.apply_extension_faults(node.extensions, node.talos_version, node.faults)
     if patch_modules:
-        machine: dict[str, Any] = {
-            "kernel": {
-                "modules": [{"name": m} for m in ("nvidia", "nvidia_uvm", "nvidia_drm", "nvidia_modeset")]
-            }
-        }
-        if minor_of(node.talos_version) <= (1, 12):
-            machine["sysctls"] = {"net.core.bpf_jit_harden": 1}
-        node.machine_config = apply_strategic(node.machine_config, StrategicPatch([{"machine": machine}]))
-        node.config_version += 1
+        configure_modules(node)
+
+
+def configure_modules(node: SimNode) -> None:
+    """The config-patch step's modules patch (and the sysctl up to 1.12), as a node keeps it."""
+    machine: dict[str, Any] = {
+        "kernel": {"modules": [{"name": m} for m in ("nvidia", "nvidia_uvm", "nvidia_drm", "nvidia_modeset")]}
+    }
+    if minor_of(node.talos_version) <= (1, 12):
+        machine["sysctls"] = {"net.core.bpf_jit_harden": 1}
+    node.machine_config = apply_strategic(node.machine_config, StrategicPatch([{"machine": machine}]))
+    node.config_version += 1
 
 
 H100 = Gpu(model="NVIDIA H100 80GB HBM3", memory_mib=81559, bus_id="0000:18:00.0", uuid="")
@@ -87,6 +90,12 @@ def _gpu_ready(state_dir: Path, nodes: list[SimNode]) -> None:
     for n in _workers(nodes):
         if n.gpus:
             install_nvidia(state_dir, n)
+
+
+def _config_patched(_state_dir: Path, nodes: list[SimNode]) -> None:
+    for n in _workers(nodes):
+        if n.gpus:
+            configure_modules(n)
 
 
 def _extensions_without_patch(state_dir: Path, nodes: list[SimNode]) -> None:
@@ -142,6 +151,10 @@ SCENARIOS: dict[str, Scenario] = {
     ),
     "gpu-ready": Scenario(
         "every GPU worker already runs the NVIDIA schematic with the modules patch", _gpu_ready
+    ),
+    "config-patched": Scenario(
+        "GPU workers on the vanilla schematic with the modules patch applied (the config-patch step done)",
+        _config_patched,
     ),
     "extensions-no-patch": Scenario(
         "NVIDIA extensions installed but the modules are not in the machine config (nothing is Live)",

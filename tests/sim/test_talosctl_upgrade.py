@@ -26,10 +26,13 @@ def gpu_image(state: Path, version: str, talos: str, track: str = "lts") -> str:
 @pytest.mark.parametrize(
     ("minor", "version"), [("1.7", "v1.7.7"), ("1.8", "v1.8.4"), ("1.12", "v1.12.11"), ("1.13", "v1.13.9")]
 )
-def test_upgrade_boots_the_schematic_and_patch_loads_the_driver(
+def test_patch_then_upgrade_boots_the_schematic_and_loads_the_driver(
     tmp_path: Path, minor: str, version: str
 ) -> None:
     create(tmp_path, ClusterSpec(workers=1, talos_version=minor))
+    r = talosctl(tmp_path, "patch", "mc", "-n", W1, "-p", MODULES_PATCH)
+    assert r.returncode == 0, r.stderr
+    assert runtime(load_node(tmp_path, W1)).modules_live == {}  # no kmod extension yet: nothing to load
     r = talosctl(tmp_path, "upgrade", "-n", W1, "--image", gpu_image(tmp_path, version, version))
     assert r.returncode == 0, r.stderr
     assert r.stderr == f"watching nodes: [{W1}]\n    * {W1}: post check passed\n"
@@ -38,9 +41,6 @@ def test_upgrade_boots_the_schematic_and_patch_loads_the_driver(
     assert kmod is not None and toolkit is not None
     assert kmod.version.endswith(f"-{version}")
     assert driver_of(kmod.version) == driver_of(toolkit.version)
-    assert runtime(node).modules_live == {}  # blacklisted until the machine config lists them
-    r = talosctl(tmp_path, "patch", "mc", "-n", W1, "-p", MODULES_PATCH)
-    assert r.returncode == 0, r.stderr
     drv = talosctl(tmp_path, "read", "/proc/driver/nvidia/version", "-n", W1).stdout
     assert f"  {driver_of(kmod.version)}  " in drv
 
@@ -66,7 +66,7 @@ def test_minor_upgrade_changes_driver_and_services(tmp_path: Path) -> None:
 
 
 def test_no_wait_prints_the_ack_table(tmp_path: Path) -> None:
-    create(tmp_path, ClusterSpec(workers=2, talos_version="1.12"))
+    create(tmp_path, ClusterSpec(workers=2, talos_version="1.12", scenario="config-patched"))
     img = gpu_image(tmp_path, "v1.12.11", "v1.12.11")
     r = talosctl(tmp_path, "upgrade", "-n", f"{W1},{W2}", "-i", img, "--wait=false")
     assert r.returncode == 0, r.stderr
@@ -77,7 +77,7 @@ def test_no_wait_prints_the_ack_table(tmp_path: Path) -> None:
 
 
 def test_staged_upgrade_waits_for_reboot(tmp_path: Path) -> None:
-    create(tmp_path, ClusterSpec(workers=1, talos_version="1.12"))
+    create(tmp_path, ClusterSpec(workers=1, talos_version="1.12", scenario="config-patched"))
     r = talosctl(tmp_path, "upgrade", "-n", W1, "-i", gpu_image(tmp_path, "v1.12.11", "v1.12.11"), "--stage")
     assert r.returncode == 0, r.stderr
     assert load_node(tmp_path, W1).extensions == []
@@ -107,11 +107,40 @@ def test_unknown_schematic_and_unavailable_extension(tmp_path: Path) -> None:
 
 def test_upgrade_fails_and_rolls_back(tmp_path: Path) -> None:
     create(tmp_path, ClusterSpec(workers=1, talos_version="1.12", scenario="upgrade-fails"))
+    assert talosctl(tmp_path, "patch", "mc", "-n", W1, "-p", MODULES_PATCH).returncode == 0
     r = talosctl(tmp_path, "upgrade", "-n", W1, "-i", gpu_image(tmp_path, "v1.13.9", "v1.13.9"))
     assert r.returncode == 1
     assert r.stderr.startswith(f"watching nodes: [{W1}]\n")
     assert "1 error occurred:\n\t* 10.5.0.3: upgrade failed" in r.stderr
     assert load_node(tmp_path, W1).talos_version == "v1.12.11"
+
+
+def test_upgrade_before_the_modules_patch_hangs_at_boot_and_rolls_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kmod extension blacklists the NVIDIA modules (extensions@v1.12.0:nvidia-gpu/nvidia-modules/lts/
+    files/nvidia.conf), so without ``machine.kernel.modules`` the driver never binds;
+    ``ext-nvidia-persistenced`` depends on ``/sys/bus/pci/drivers/nvidia`` (nvidia-persistenced.yaml), and
+    ``StartAllServices`` waits ``BootTimeout`` = 70 min for it (talos@v1.12.0:internal/app/machined/pkg/
+    runtime/v1alpha1/v1alpha1_sequencer_tasks.go:419-490, pkg/machinery/constants/constants.go:956), then
+    the node reboots into its previous image (siderolabs/extensions#888, siderolabs/talos#9149).  The
+    simulator's time scale shrinks the 70 minutes to 0.5 s here."""
+    monkeypatch.setenv("RUNBOOK_SIM_TIME_SCALE", str(0.5 / (70 * 60)))
+    create(tmp_path, ClusterSpec(workers=1, talos_version="1.12"))
+    before = load_node(tmp_path, W1)
+    start = time.monotonic()
+    r = talosctl(tmp_path, "upgrade", "-n", W1, "-i", gpu_image(tmp_path, "v1.12.11", "v1.12.11"))
+    assert 0.5 <= time.monotonic() - start < 30
+    assert r.returncode == 1
+    assert 'service "ext-nvidia-persistenced" to be "up"' in r.stderr and "rolled back" in r.stderr
+    after = load_node(tmp_path, W1)
+    assert after.extensions == before.extensions and after.talos_version == before.talos_version
+    assert after.boot_count == before.boot_count + 1
+    # the same upgrade after the modules patch boots
+    assert talosctl(tmp_path, "patch", "mc", "-n", W1, "-p", MODULES_PATCH).returncode == 0
+    r = talosctl(tmp_path, "upgrade", "-n", W1, "-i", gpu_image(tmp_path, "v1.12.11", "v1.12.11"))
+    assert r.returncode == 0, r.stderr
+    assert runtime(load_node(tmp_path, W1)).driver_version is not None
 
 
 def test_upgrade_hangs_until_timeout(tmp_path: Path) -> None:
@@ -126,7 +155,7 @@ def test_upgrade_hangs_until_timeout(tmp_path: Path) -> None:
 
 
 def test_driver_mismatch_and_toolkit_missing(tmp_path: Path) -> None:
-    create(tmp_path, ClusterSpec(workers=2, talos_version="1.12"))
+    create(tmp_path, ClusterSpec(workers=2, talos_version="1.12", scenario="config-patched"))
     inject(tmp_path, W1, "driver_mismatch")
     inject(tmp_path, W2, "toolkit_missing")
     r = talosctl(tmp_path, "upgrade", "-n", f"{W1},{W2}", "-i", gpu_image(tmp_path, "v1.12.11", "v1.12.11"))
@@ -248,7 +277,7 @@ def test_cluster_wide_faults(tmp_path: Path) -> None:
 
 
 def test_no_reboot_upgrade_and_watch(tmp_path: Path) -> None:
-    create(tmp_path, ClusterSpec(workers=1, talos_version="1.13"))
+    create(tmp_path, ClusterSpec(workers=1, talos_version="1.13", scenario="config-patched"))
     r = talosctl(
         tmp_path, "upgrade", "-n", W1, "-i", gpu_image(tmp_path, "v1.13.9", "v1.13.9"), "--no-reboot"
     )
@@ -273,7 +302,7 @@ def test_toolkit_on_a_gpu_less_node_never_finishes_booting(tmp_path: Path) -> No
 @pytest.mark.parametrize("minor", ["1.7", "1.8", "1.12", "1.13"])
 def test_every_fault_on_every_version(tmp_path: Path, minor: str) -> None:
     """One GPU rollout over eight workers, each with one fault, seen only through talosctl."""
-    create(tmp_path, ClusterSpec(workers=8, talos_version=minor))
+    create(tmp_path, ClusterSpec(workers=8, talos_version=minor, scenario="config-patched"))
     version = load_node(tmp_path, W1).talos_version
     w = [f"10.5.0.{i}" for i in range(3, 11)]
     faults = [
@@ -334,7 +363,7 @@ def test_every_fault_on_every_version(tmp_path: Path, minor: str) -> None:
 def test_preserve_is_accepted_but_hidden(tmp_path: Path) -> None:
     """``--preserve`` is registered in every talosctl, hidden from help from v1.8 (``MarkHidden``) and
     deprecated from v1.13 (talos@v1.8.0, v1.13.0: cmd/talosctl/cmd/talos/upgrade.go)."""
-    create(tmp_path, ClusterSpec(workers=1, talos_version="1.12"))
+    create(tmp_path, ClusterSpec(workers=1, talos_version="1.12", scenario="config-patched"))
     r = talosctl(
         tmp_path, "upgrade", "-n", W1, "--preserve", "-i", gpu_image(tmp_path, "v1.12.11", "v1.12.11")
     )

@@ -120,12 +120,12 @@ def test_config_patch_approved_in_jupyterlab_changes_the_nodes(
     expect(overview).to_contain_text(ui_workspace.node_names[0])
     nb.center(overview)
     _to_docs(nb.screenshot("01-overview"), "00-overview.png")
-    nb.follow_link("Config patch", "03-config-patch.ipynb")
+    nb.follow_link("Config patch", "02-config-patch.ipynb")
 
     # apply false: plan, diff and gate render; nothing changes.
     approve, patch = _plan_and_gate(nb, ui_workspace, fresh_cluster)
     nb.center(approve)
-    _to_docs(nb.screenshot("02-config-patch-plan"), "03-config-patch.png")
+    _to_docs(nb.screenshot("02-config-patch-plan"), "02-config-patch.png")
     check_clean(console)
 
     # The button applies the plan shown.
@@ -135,8 +135,8 @@ def test_config_patch_approved_in_jupyterlab_changes_the_nodes(
     for address, config in fresh_cluster.all_configs().items():
         _assert_carries(config, patch, address)
 
-    # The verification notebook, reached from the "Next" link, is green on every node.
-    nb.follow_link("Verification", "04-verify.ipynb")
+    # The verification notebook is green on every node (its "Next" link comes after the image step).
+    nb.open(lab, "notebooks/04-verify.ipynb")
     nb.run_all()
     nb.assert_no_error_outputs()
     verify = nb.step_output("verify")
@@ -154,12 +154,12 @@ def test_config_patch_approved_in_jupyterlab_changes_the_nodes(
 
 def _break_approve(ws: Workspace) -> str:
     """A copy of the config-patch notebook whose Approve handler does nothing (the mutation to catch)."""
-    src = ws.root / "notebooks" / "03-config-patch.ipynb"
+    src = ws.root / "notebooks" / "02-config-patch.ipynb"
     nb = nbformat.read(src, as_version=4)  # type: ignore[no-untyped-call]
     nb.cells.insert(0, nbformat.v4.new_code_cell(BREAK_APPROVE))  # type: ignore[no-untyped-call]
     # Beside notebooks/, not in it: the other tests' screenshots show the notebooks folder.  The notebook's
     # ../params/simulated.yaml still resolves.
-    target = ws.root / "mutants" / "03-config-patch-broken-approve.ipynb"
+    target = ws.root / "mutants" / "02-config-patch-broken-approve.ipynb"
     target.parent.mkdir(exist_ok=True)
     nbformat.write(nb, target)  # type: ignore[no-untyped-call]
     return f"mutants/{target.name}"
@@ -204,7 +204,8 @@ def test_preflight_and_image_plan_in_jupyterlab(
     nb.center(preflight)
     _to_docs(nb.screenshot("10-preflight"), "01-preflight.png")
 
-    nb.follow_link("Image and upgrade", "02-image.ipynb")
+    nb.follow_link("Config patch", "02-config-patch.ipynb")  # the next step after preflight
+    nb.open(lab, "notebooks/03-image.ipynb")
     nb.run_all()
     nb.assert_no_error_outputs()
     plan = nb.step_output("image-upgrade", "plan")
@@ -213,7 +214,7 @@ def test_preflight_and_image_plan_in_jupyterlab(
     approve = nb.button(APPROVE)
     expect(approve).to_be_enabled()
     nb.center(approve)
-    _to_docs(nb.screenshot("11-image-plan"), "02-image.png")
+    _to_docs(nb.screenshot("11-image-plan"), "03-image.png")
     assert nodes.all_configs() == before, "planning the image upgrade changed a node"
     check_clean(console)
 

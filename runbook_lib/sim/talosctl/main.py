@@ -27,6 +27,7 @@ from runbook_lib.sim.state import (
     InstalledExtension,
     SimNode,
     atomic_write,
+    configured_modules,
     default_state_dir,
     load_cluster,
     load_cluster_faults,
@@ -645,15 +646,56 @@ def _progress(env: Env, nodes: list[str], outcome: dict[str, str | None]) -> Non
         env.stderr.write(f"    * {address}: {'post check passed' if err is None else err}\n")
 
 
+#: ``StartAllServices`` gives up after ``BootTimeout`` = 70 min and the boot fails; the node then reboots
+#: into its previous image (talos@v1.12.0:internal/app/machined/pkg/runtime/v1alpha1/
+#: v1alpha1_sequencer_tasks.go:419-490, pkg/machinery/constants/constants.go:956).
+BOOT_TIMEOUT_S = 70 * 60.0
+#: The simulator's time factor: simulated durations (the boot timeout) are real durations times it.
+TIME_SCALE_ENV = "RUNBOOK_SIM_TIME_SCALE"
+
+
+def time_scale() -> float:
+    """``$RUNBOOK_SIM_TIME_SCALE`` (default 1: real durations); tests shrink it to keep real orderings fast."""
+    raw = os.environ.get(TIME_SCALE_ENV, "").strip()
+    if not raw:
+        return 1.0
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise CommandError(f"{TIME_SCALE_ENV}={raw!r}: expected a number > 0 (1 = real durations)")
+    return value
+
+
 def persistenced_never_starts(node: SimNode, exts: list[InstalledExtension]) -> bool:
-    """extensions#888: with the toolkit but a driver that cannot bind (no GPU, no kmod, unsupported GPU),
-    ``ext-nvidia-persistenced`` waits for ``/sys/bus/pci/drivers/nvidia`` forever, the boot never
-    finishes and the node rolls back.  (A merely missing modules patch is not modelled as a hang: the
-    documented flow upgrades first and patches afterwards.)
+    """extensions#888, talos#9149: with the toolkit but a driver that cannot bind,
+    ``ext-nvidia-persistenced`` waits for ``/sys/bus/pci/drivers/nvidia`` (its ``depends: path``) forever,
+    the boot never finishes and the node rolls back.  The driver cannot bind without a GPU, without the
+    kmod, on an unsupported GPU, or when the machine config does not load ``nvidia``: the kmod extension
+    blacklists every NVIDIA module (extensions@v1.12.0:nvidia-gpu/nvidia-modules/lts/files/nvidia.conf),
+    so only ``machine.kernel.modules`` / ``KernelModuleConfig`` loads it.  This is why the runbook patches
+    the config before the upgrade.
     """
     has_toolkit = any(e.name.startswith(TOOLKIT_PREFIX) for e in exts)
     has_kmod = any(e.name.startswith(KMOD_PREFIXES) for e in exts)
-    return has_toolkit and (not has_kmod or not node.gpus or bool(node.faults.get("gpu_unsupported")))
+    unbound = not has_kmod or not node.gpus or bool(node.faults.get("gpu_unsupported"))
+    return has_toolkit and (unbound or "nvidia" not in configured_modules(node.machine_config))
+
+
+def _boot_hang(timeout: float) -> NodeError:
+    """What ``--wait`` sees of a boot that never finishes: its own ``--timeout``, or, when the boot
+    timeout comes first, the node back on its previous image.  (The talosctl wording of either case is
+    not taken from a real capture: no source shows it.)"""
+    boot = BOOT_TIMEOUT_S * time_scale()
+    time.sleep(min(timeout, boot))
+    stuck = 'task startAllServices: service "ext-nvidia-persistenced" to be "up"'
+    if timeout < boot:
+        return NodeError(f"timeout waiting for the node to boot: {stuck}: context deadline exceeded")
+    return NodeError(
+        f"boot failed after {BOOT_TIMEOUT_S / 60:.0f}m0s: {stuck}: context deadline exceeded; "
+        "the node rolled back to the previous image"
+    )
 
 
 def cmd_upgrade(env: Env, p: fl.Parsed) -> int:
@@ -687,11 +729,7 @@ def cmd_upgrade(env: Env, p: fl.Parsed) -> int:
                 if not stage:
                     _reboot_effects(n)
         if hangs and wait:
-            time.sleep(timeout)
-            raise NodeError(
-                "timeout waiting for the node to boot: task startAllServices: "
-                'service "ext-nvidia-persistenced" to be "up": context deadline exceeded'
-            )
+            raise _boot_hang(timeout)
         if fails and wait:
             raise NodeError(
                 f"upgrade failed: booted version {n.talos_version} does not match the expected {ref.version} "
