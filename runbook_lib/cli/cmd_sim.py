@@ -16,7 +16,7 @@ from typing import Any
 
 from runbook_lib.errors import PermanentError
 from runbook_lib.model.params import load_params
-from runbook_lib.sim import cluster, faults, scenarios
+from runbook_lib.sim import cluster, faults, scenarios, toolserver
 from runbook_lib.sim.state import default_state_dir, sim_paths
 
 
@@ -137,6 +137,8 @@ def _up(args: argparse.Namespace) -> int:
     for key in ("kube", "factory", "tools"):
         if key in endpoints:
             out.write(f"{key + ':':<12} {endpoints[key]}\n")
+    if endpoints and "tools" not in endpoints and toolserver.client_binary() is not None:
+        out.write(f"tools:       not listening, tools run as plain processes (why: {paths.log})\n")
     out.write("nodes:\n")
     for n in nodes:
         gpus = f"{len(n.gpus)}x {n.gpus[0].model}" if n.gpus else "no GPU"

@@ -14,6 +14,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -283,9 +284,37 @@ def test_a_squatted_tool_server_name_captures_nothing_and_forges_nothing(tmp_pat
         squatter.kill()
         squatter.communicate()
     assert done.returncode == 0, done.stderr
+    assert "held by uid 65534, another user" in (state / "daemon.log").read_text()
     assert "FAKE OUTPUT" not in done.stdout + done.stderr
     assert "schematic" in done.stdout  # the real answer, from a plain process
     captured = capture.read_bytes() if capture.exists() else b""
     assert b"MARKERAWSfromRootEnv" not in captured
     assert b"fds" not in captured or b" 0 bytes 0 fds" in captured  # at most a connect, never a request
     shutil.rmtree(drop)
+
+
+@needs_root
+@needs_compiler
+def test_sim_up_says_when_the_tool_server_is_not_listening(tmp_path: Path) -> None:
+    state = tmp_path / "sim"
+    drop = Path(tempfile.mkdtemp(prefix="squat-"))
+    drop.chmod(0o777)
+    squatter = as_nobody(SQUATTER, toolserver.socket_name(state), str(drop / "capture"))
+    try:
+        assert squatter.stdout is not None and squatter.stdout.readline() == "ready\n"
+        up = subprocess.run(
+            [sys.executable, "-m", "runbook_lib", "sim", "up", "--state", str(state), "--nodes", "1"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        cluster.stop_daemon(state)
+        squatter.kill()
+        squatter.communicate()
+        shutil.rmtree(drop)
+    assert up.returncode == 0, up.stderr
+    assert (
+        f"tools:       not listening, tools run as plain processes (why: {state / 'daemon.log'})" in up.stdout
+    )
