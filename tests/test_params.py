@@ -107,7 +107,7 @@ def test_per_node_override_combinations_are_checked(tmp_path):
         "nodes": [{"name": "a", "address": "1.1.1.1", "overrides": {"driver_flavor": "proprietary"}}],
     }
     (problem,) = problems(tmp_path, data)
-    assert "nodes[0].overrides" in problem and "1.4.8" in problem
+    assert "nodes[0].overrides" in problem and "v1.5.0" in problem
 
 
 def test_duplicate_nodes_and_bad_names(tmp_path):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from runbook_lib.errors import CompatibilityError
+from runbook_lib.errors import CompatibilityError, ParametersInvalid
 from runbook_lib.model.params import validate
 from runbook_lib.model.plan import build_plan
 from runbook_lib.model.profiles import DRIVER_TABLE, profile_for, render_documents
@@ -219,8 +219,8 @@ def test_pre_factory_releases_install_extensions_through_machine_config():
     ("version", "flavor", "track", "needle"),
     [
         ("v1.7.4", "oss", "lts", "tracks start with Talos 1.8"),
-        ("v1.3.7", "proprietary", None, "1.4.8"),
-        ("v1.4.7", "proprietary", None, "1.4.8"),
+        ("v1.3.7", "proprietary", None, "extensions v1.5.0"),
+        ("v1.4.8", "proprietary", None, "extensions v1.5.0"),
         ("v1.2.9", "oss", None, "outside the supported range"),
         ("v1.15.0", "oss", None, "outside the supported range"),
     ],
@@ -309,4 +309,21 @@ def test_vectoradd_image_named_by_the_user_or_skipped():
     base = {"cluster": "c", "talos_version": "v1.3.7", "nodes": [{"name": "n", "address": "10.0.0.1"}]}
     mine = validate({**base, "cuda_test": {"vectoradd_image": "registry.local/vectoradd:11"}}, source="t")
     assert build_plan(mine).cuda_vectoradd_image == "registry.local/vectoradd:11"
-    assert build_plan(validate({**base, "cuda_test": {"vectoradd_image": None}}, source="t")).cuda_vectoradd_image is None
+    skipped = validate({**base, "cuda_test": {"vectoradd_image": None}}, source="t")
+    assert build_plan(skipped).cuda_vectoradd_image is None
+
+
+def test_proprietary_before_talos_1_5_is_refused_naming_the_parameter():
+    """No nonfree-kmod-nvidia image is published before extensions v1.5.0 (the v1.4.x tags have no
+    nvidia-gpu/nonfree; it appears in v1.5.0, commit ee8df92), and the Talos 1.4 proprietary guide builds a
+    custom kernel and installer instead (talos@v1.4.8:website/content/v1.4/talos-guides/configuration/
+    nvidia-gpu-proprietary.md), which this runbook does not manage."""
+    base = {"cluster": "c", "nodes": [{"name": "n", "address": "10.0.0.1"}], "driver_flavor": "proprietary"}
+    with pytest.raises(ParametersInvalid) as err:
+        validate({**base, "talos_version": "v1.4.8"}, source="p.yaml")
+    (problem,) = err.value.problems
+    assert problem.path == "driver_flavor"
+    assert "v1.5.0" in problem.message and "oss" in problem.message
+    assert validate({**base, "talos_version": "v1.5.0"}, source="p.yaml").profile().kmod_extension == (
+        "siderolabs/nonfree-kmod-nvidia"
+    )

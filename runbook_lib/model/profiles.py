@@ -206,7 +206,7 @@ def profile_for(
     """The GPU profile for one exact Talos release (e.g. ``v1.12.7``), flavour and track.
 
     Raises :class:`CompatibilityError` for combinations that do not exist (a track before 1.8, proprietary
-    modules before 1.4.8, a release outside the researched range) with what would be valid.
+    modules before 1.5.0, a release outside the researched range) with what would be valid.
     """
     talos = talos_version if isinstance(talos_version, TalosVersion) else TalosVersion.parse(talos_version)
     if talos.minor_line not in SUPPORTED_MINORS:
@@ -216,11 +216,17 @@ def profile_for(
             hint="profiles exist for every Talos minor from v1.3 to v1.14",
         )
     effective_track = resolve_track(talos, track)
-    if flavor == "proprietary" and not talos.at_least(1, 4, 8):
+    if flavor == "proprietary" and not talos.at_least(1, 5):
+        # The extensions v1.4.x tags have no nvidia-gpu/nonfree: nonfree-kmod-nvidia first ships with
+        # extensions v1.5.0 (commit ee8df92).  The Talos 1.3/1.4 proprietary guides build a custom kernel
+        # and installer instead (talos@v1.4.8:website/content/v1.4/talos-guides/configuration/
+        # nvidia-gpu-proprietary.md): modules must be signed by the kernel they load into.
         raise CompatibilityError(
             f"no proprietary NVIDIA kernel-module extension is published for Talos {talos} "
-            "(the nonfree-kmod-nvidia extension starts with Talos 1.4.8)",
-            hint="use driver_flavor: oss, or target Talos v1.4.8 or newer",
+            "(nonfree-kmod-nvidia starts with extensions v1.5.0, for Talos v1.5.0)",
+            hint="use driver_flavor: oss, or target Talos v1.5.0 or newer; before 1.5 the proprietary driver "
+            "needs a custom-built kernel and installer (Talos guide 'NVIDIA GPU (proprietary drivers)'), "
+            "which this runbook does not manage",
         )
     kmod, toolkit = _extension_names(talos, flavor, effective_track)
     minor = talos.minor
