@@ -29,9 +29,15 @@ from runbook_lib.sim.state import (
 from runbook_lib.sim.talosctl import images
 
 
-def runbook(*args: str) -> subprocess.CompletedProcess[str]:
+def runbook(*args: str, umask: int = -1) -> subprocess.CompletedProcess[str]:
+    """``runbook ARGS`` in a fresh process (``umask``: the child's, -1 for this process's)."""
     return subprocess.run(
-        [sys.executable, "-m", "runbook_lib", *args], capture_output=True, text=True, timeout=60, check=False
+        [sys.executable, "-m", "runbook_lib", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        umask=umask,
     )
 
 
@@ -225,14 +231,7 @@ def test_state_is_private_to_its_owner_whatever_the_umask(tmp_path: Path) -> Non
     """Attack report F14: under umask 000 the state, bin/, kube/ and nodes/ were 0777, so any local user
     could replace bin/talosctl (which the runbook executes) or rewrite node state."""
     state = tmp_path / "state"
-    up = subprocess.run(
-        [sys.executable, "-m", "runbook_lib", "sim", "up", "--state", str(state), "--nodes", "1"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        umask=0,
-    )
+    up = runbook("sim", "up", "--state", str(state), "--nodes", "1", umask=0)
     try:
         assert up.returncode == 0, up.stderr
         call = subprocess.run(

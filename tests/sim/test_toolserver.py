@@ -7,6 +7,7 @@ processes left behind after ``runbook sim down``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -14,7 +15,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from runbook_lib.sim import cluster, toolserver
+from tests.sim.test_sim_cluster import runbook
 
 pytestmark = pytest.mark.slow
 
@@ -255,18 +256,29 @@ def test_another_user_cannot_use_the_owners_tool_server(sim: Path) -> None:
     assert "reply=" in err and not re.search(r"reply=b'\d", err)  # closed without an exit code: nothing ran
 
 
+@contextlib.contextmanager
+def squatted(state: Path) -> Iterator[Path]:
+    """Another user (nobody) holds the tool server's name of ``state``; yields where it records calls."""
+    drop = Path(tempfile.mkdtemp(prefix="squat-"))
+    drop.chmod(0o777)
+    squatter = as_nobody(SQUATTER, toolserver.socket_name(state), str(drop / "capture"))
+    try:
+        assert squatter.stdout is not None and squatter.stdout.readline() == "ready\n"
+        yield drop / "capture"
+    finally:
+        cluster.stop_daemon(state)
+        squatter.kill()
+        squatter.communicate()
+        shutil.rmtree(drop)
+
+
 @needs_root
 @needs_compiler
 def test_a_squatted_tool_server_name_captures_nothing_and_forges_nothing(tmp_path: Path) -> None:
     """Another user binds the socket name before the owner's daemon: the owner's calls must not go to it."""
     state = tmp_path / "sim"
     cluster.create(state, cluster.ClusterSpec(workers=1, talos_version="v1.12.7"))
-    drop = Path(tempfile.mkdtemp(prefix="squat-"))
-    drop.chmod(0o777)
-    capture = drop / "capture"
-    squatter = as_nobody(SQUATTER, toolserver.socket_name(state), str(capture))
-    try:
-        assert squatter.stdout is not None and squatter.stdout.readline() == "ready\n"
+    with squatted(state) as capture:
         cluster.start_daemon(state, rooms=[])
         env = {k: v for k, v in os.environ.items() if k != "RUNBOOK_SIM_STATE"}
         env["TALOSCONFIG"] = str(state / "talosconfig")
@@ -279,41 +291,21 @@ def test_a_squatted_tool_server_name_captures_nothing_and_forges_nothing(tmp_pat
             timeout=60,
             check=False,
         )
-    finally:
-        cluster.stop_daemon(state)
-        squatter.kill()
-        squatter.communicate()
+        captured = capture.read_bytes() if capture.exists() else b""
     assert done.returncode == 0, done.stderr
     assert "held by uid 65534, another user" in (state / "daemon.log").read_text()
     assert "FAKE OUTPUT" not in done.stdout + done.stderr
     assert "schematic" in done.stdout  # the real answer, from a plain process
-    captured = capture.read_bytes() if capture.exists() else b""
     assert b"MARKERAWSfromRootEnv" not in captured
     assert b"fds" not in captured or b" 0 bytes 0 fds" in captured  # at most a connect, never a request
-    shutil.rmtree(drop)
 
 
 @needs_root
 @needs_compiler
 def test_sim_up_says_when_the_tool_server_is_not_listening(tmp_path: Path) -> None:
     state = tmp_path / "sim"
-    drop = Path(tempfile.mkdtemp(prefix="squat-"))
-    drop.chmod(0o777)
-    squatter = as_nobody(SQUATTER, toolserver.socket_name(state), str(drop / "capture"))
-    try:
-        assert squatter.stdout is not None and squatter.stdout.readline() == "ready\n"
-        up = subprocess.run(
-            [sys.executable, "-m", "runbook_lib", "sim", "up", "--state", str(state), "--nodes", "1"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-    finally:
-        cluster.stop_daemon(state)
-        squatter.kill()
-        squatter.communicate()
-        shutil.rmtree(drop)
+    with squatted(state):
+        up = runbook("sim", "up", "--state", str(state), "--nodes", "1")
     assert up.returncode == 0, up.stderr
     assert (
         f"tools:       not listening, tools run as plain processes (why: {state / 'daemon.log'})" in up.stdout
