@@ -477,3 +477,75 @@ def test_fabric_manager_service_is_checked_when_its_extension_is_installed():
     assert "service-fabricmanager" not in by_check(
         d.diagnose(d.Evidence(extensions=LTS, services=base), ctx())
     )
+
+
+# --- CDI spec completeness (reality-gaps.md §1 finding 23) ---------------------------------------------------
+
+#: The nine ``Could not locate`` lines Talos CI quotes from ``talosctl logs ext-nvidia-cdi-gen`` on an LTS node
+#: (siderolabs/talos v1.13.0 internal/integration/api/extensions_nvidia.go:160-169); nvidia-container-toolkit
+#: logs them with ``Warningf("Could not locate %v: %v", …)`` (logrus text format: ``level=warning``).
+CI_MISSING = [
+    "libnvidia-vulkan-producer.so.580.126.20: libnvidia-vulkan-producer.so.580.126.20: not found\\n"
+    "libnvidia-vulkan-producer.so.580.126.20: not found",
+    "X11/xorg.conf.d/10-nvidia.conf: X11/xorg.conf.d/10-nvidia.conf: not found",
+    "X11/xorg.conf.d/nvidia-drm-outputclass.conf: X11/xorg.conf.d/nvidia-drm-outputclass.conf: not found",
+    "vulkan/implicit_layer.d/nvidia_layers.json: vulkan/implicit_layer.d/nvidia_layers.json: not found\\n"
+    "vulkan/implicit_layer.d/nvidia_layers.json: not found",
+    "vulkan/icd.d/nvidia_icd.x86_64.json: vulkan/icd.d/nvidia_icd.x86_64.json: not found\\n"
+    "vulkan/icd.d/nvidia_icd.x86_64.json: not found",
+    "/nvidia-fabricmanager/socket: /nvidia-fabricmanager/socket: not found",
+    "/tmp/nvidia-mps: /tmp/nvidia-mps: not found",
+    "nvidia-imex: nvidia-imex: not found",
+    "nvidia-imex-ctl: nvidia-imex-ctl: not found",
+]
+
+
+def cdi_log(missing: list[str]) -> str:
+    lines = ['time="2026-11-29T10:00:04Z" level=info msg="Using driver version 580.126.20"']
+    lines += [f'time="2026-11-29T10:00:05Z" level=warning msg="Could not locate {m}"' for m in missing]
+    lines.append('time="2026-11-29T10:00:06Z" level=info msg="Generated CDI spec with version 0.8.0"')
+    return "\n".join(lines) + "\n"
+
+
+def test_cdi_spec_with_the_ci_baseline_of_missing_files_is_complete():
+    """Talos CI's baseline at v1.13.0: 9 for the LTS kernel modules on amd64 (extensions_nvidia.go:91-104)."""
+    finding = d.check_cdi_spec(
+        cdi_log(CI_MISSING), "nvidia-open-gpu-kernel-modules-lts", ctx("v1.13.0"), arch="amd64"
+    )
+    assert finding is not None and finding.ok and "9" in finding.message
+
+
+def test_cdi_spec_missing_more_files_than_ci_allows_is_a_failure_naming_them():
+    log = cdi_log([*CI_MISSING, "libcuda.so.580.126.20: libcuda.so.580.126.20: not found"])
+    finding = d.check_cdi_spec(log, "nvidia-open-gpu-kernel-modules-lts", ctx("v1.13.0"), arch="amd64")
+    assert finding is not None and not finding.ok
+    assert "libcuda.so.580.126.20" in finding.message and "10" in finding.message and "9" in finding.message
+    assert "talosctl -n 10.5.0.3 logs ext-nvidia-cdi-gen" in finding.fix
+
+
+def test_cdi_baseline_follows_the_talos_release_and_architecture():
+    """v1.13.4 raised the LTS baseline to 11 (extensions_nvidia.go at v1.13.4, the same at v1.14.0-rc.1);
+    production stays at 13 on amd64 and 11 on arm64."""
+    eleven = cdi_log(CI_MISSING + ["a: not found", "b: not found"])
+    assert not d.check_cdi_spec(eleven, "nvidia-open-gpu-kernel-modules-lts", ctx("v1.13.3"), arch="amd64").ok
+    assert d.check_cdi_spec(eleven, "nvidia-open-gpu-kernel-modules-lts", ctx("v1.13.4"), arch="amd64").ok
+    assert d.check_cdi_spec(
+        eleven, "nvidia-open-gpu-kernel-modules-lts", ctx("v1.14.0-rc.1"), arch="arm64"
+    ).ok
+    assert d.check_cdi_spec(eleven, "nonfree-kmod-nvidia-production", ctx("v1.13.0"), arch="arm64").ok
+
+
+def test_cdi_check_is_skipped_where_ci_has_no_baseline():
+    """No baseline is published for Talos 1.14.0 final (not in the source snapshot), nor before 1.13."""
+    assert (
+        d.check_cdi_spec(
+            cdi_log(CI_MISSING), "nvidia-open-gpu-kernel-modules-lts", ctx("v1.14.0"), arch="amd64"
+        )
+        is None
+    )
+    assert (
+        d.check_cdi_spec(
+            cdi_log(CI_MISSING), "nvidia-open-gpu-kernel-modules-lts", ctx("v1.12.7"), arch="amd64"
+        )
+        is None
+    )

@@ -602,3 +602,20 @@ def test_file_replaced_by_a_symlink_to_an_identical_copy_is_named(
     (paths[1] / "html" / "01-preflight.html").unlink()
     (paths[1] / "html" / "01-preflight.html").symlink_to(outside)
     assert records.verify(root) == [f"{paths[1].name}: html/01-preflight.html is a symbolic link, not a file"]
+
+
+def test_sealing_reads_only_the_head_of_earlier_records(
+    chain: tuple[Path, list[Path]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fleet run's record.json is megabytes: sealing the next record must not parse each earlier one
+    (100 such records made every seal take seconds)."""
+    root, paths = chain
+
+    def parse_whole(path: Path) -> dict[str, Any]:
+        raise AssertionError(f"seal parsed all of {path.name}/record.json")
+
+    monkeypatch.setattr(records, "load_record", parse_whole)
+    later = write_record(root, run_id="0000000b")
+    monkeypatch.undo()
+    assert records.load_record(later)["previous"]["record"] == paths[2].name
+    assert records.verify(root) == []

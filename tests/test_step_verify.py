@@ -122,6 +122,23 @@ def test_healthy_nodes_pass_on_talos_1_13_and_1_14(tmp_path, talos):
         checks = {c.name: c for c in result.nodes[0].checks}
         assert "Finished" in checks["service-cdi-gen"].message and checks["service-persistenced"].ok
         assert checks["modules"].ok
+        # Talos CI's CDI baseline exists for v1.13.2, none for 1.14.0 final (extensions_nvidia.go)
+        assert checks["cdi-spec"].ok if talos == "v1.13.2" else "cdi-spec" not in checks
+
+
+@pytest.mark.slow
+def test_cdi_spec_missing_the_driver_libraries_is_named(tmp_path):
+    """Talos CI counts ``Could not locate`` in ``talosctl logs ext-nvidia-cdi-gen`` against a baseline
+    (siderolabs/talos v1.13.0 internal/integration/api/extensions_nvidia.go:91-176); a toolkit of another
+    driver leaves the loaded driver's libraries out of the spec (simulated, derived)."""
+    with sim_cluster(tmp_path, daemon=False, scenario="driver-mismatch", talos_version="v1.13.2") as (
+        params,
+        ctx,
+    ):
+        result = verify(ctx)
+        cdi = [c for n in result.nodes for c in n.checks if c.name == "cdi-spec"]
+        assert cdi and not any(c.ok for c in cdi)
+        assert "libcuda.so." in cdi[0].message and "logs ext-nvidia-cdi-gen" in cdi[0].fix
 
 
 @pytest.mark.slow

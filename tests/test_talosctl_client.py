@@ -301,3 +301,22 @@ def test_reboot_is_read_per_node_not_per_call() -> None:
     )
     result = PatchResult((_patch_call((a, b), 0, "", stderr),))
     assert "with a reboot" not in result.details_of(a) and "with a reboot" in result.details_of(b)
+
+
+class LogsRunner(Runner):
+    """``talosctl logs``: one-to-many, each line printed as ``<node>: <line>`` (talos v1.13.0
+    cmd/talosctl/cmd/talos/logs.go:92)."""
+
+    def run(self, argv: Sequence[str], **kwargs: Any) -> CommandResult:
+        stdout = (
+            '10.0.0.10: level=warning msg="Could not locate a: not found"\n10.0.0.1: level=info msg="x"\n'
+        )
+        return CommandResult(tuple(argv), 0, stdout, "", 0.0)
+
+
+def test_logs_lines_go_to_their_node_even_when_one_address_prefixes_another() -> None:
+    logs = Talosctl(runner=LogsRunner()).logs("ext-nvidia-cdi-gen", ["10.0.0.1", "10.0.0.10"])
+    assert logs == {
+        "10.0.0.10": 'level=warning msg="Could not locate a: not found"\n',
+        "10.0.0.1": 'level=info msg="x"\n',
+    }

@@ -163,7 +163,13 @@ class PatchResult:
     def details_of(self, node: str) -> str:
         """What talosctl printed after ``node``'s ``patched`` line (e.g. whether it applied "with a reboot")."""
         return next(
-            (details for call in self.calls if node in call.nodes for n, details in call.reports() if n == node),
+            (
+                details
+                for call in self.calls
+                if node in call.nodes
+                for n, details in call.reports()
+                if n == node
+            ),
             "",
         )
 
@@ -325,6 +331,23 @@ class Talosctl:
                 group_errors = dict.fromkeys(group, _failure(result))
             errors.update(group_errors)
         return services, errors
+
+    def logs(self, service: str, nodes: Sequence[str]) -> dict[str, str]:
+        """``talosctl logs <service>`` per node, one call per chunk: the API is one-to-many and talosctl prints
+        every line as ``<node>: <line>`` (siderolabs/talos v1.13.0 cmd/talosctl/cmd/talos/logs.go:74-92).
+        A node whose log could not be read has no entry (its error line names no node)."""
+        groups = chunks(list(nodes), self.chunk_size)
+        results = concurrently(
+            lambda group: self.run(["logs", service], group, journal_output=False), groups, 8
+        )
+        logs: dict[str, str] = {}
+        for group, result in zip(groups, results, strict=True):
+            wanted = sorted(group, key=len, reverse=True)
+            for line in result.stdout.splitlines():
+                node = next((n for n in wanted if line.startswith(n + ": ")), None)
+                if node is not None:
+                    logs[node] = logs.get(node, "") + line[len(node) + 2 :] + "\n"
+        return logs
 
     def read(self, path: str, nodes: Sequence[str]) -> dict[str, NodeRead]:
         """``talosctl read <path>`` on each node, concurrently (talosctl refuses multi-node reads)."""

@@ -343,6 +343,20 @@ FAILURES: tuple[KnownFailure, ...] = (
         ),
     ),
     KnownFailure(
+        key="cdi-spec-incomplete",
+        title="the CDI spec misses files Talos CI expects it to find",
+        symptoms=(),
+        cause="nvidia-ctk could not locate more driver files than the Talos release's CI baseline: the kernel "
+        "modules and the toolkit come from different builds, or the extension is broken; a pod using the CDI "
+        "spec lacks those files",
+        fix="read the names it could not locate in the service log; re-install the matching kernel-module and "
+        "toolkit extensions of one track (upgrade with the planned schematic)",
+        command="talosctl -n {node} logs ext-nvidia-cdi-gen",
+        sources=(
+            "https://github.com/siderolabs/talos/blob/v1.13.4/internal/integration/api/extensions_nvidia.go",
+        ),
+    ),
+    KnownFailure(
         key="fabricmanager-not-running",
         title="ext-nvidia-fabricmanager is not running",
         symptoms=(),
@@ -976,6 +990,51 @@ def _cdi_gen(service: ServiceStatus | None, ctx: NodeContext) -> Finding:
         )
     how = service.state or "present (use `talosctl services` to see Finished)"
     return _finding("service-cdi-gen", True, f"ext-nvidia-cdi-gen is {how}", ctx)
+
+
+#: How many ``Could not locate`` lines Talos CI expects in the ``ext-nvidia-cdi-gen`` log, per architecture and
+#: kernel-module extension: files the CDI generator looks for that the extensions do not ship (Vulkan, X11,
+#: IMEX, the fabric manager socket …), "manually verified" (siderolabs/talos
+#: internal/integration/api/extensions_nvidia.go ``missingCDIFilesData``).  The table changed once: v1.13.0-v1.13.3
+#: (and v1.14.0-alpha.0/1) vs v1.13.4-v1.13.9 and v1.14.0-alpha.2-rc.1; no later tag is in the sources checked.
+_CDI_BASELINE_A = {"amd64": {"production": 13, "lts": 9}, "arm64": {"production": 11, "lts": 9}}
+_CDI_BASELINE_B = {"amd64": {"production": 13, "lts": 11}, "arm64": {"production": 11, "lts": 11}}
+_CDI_BASELINES = {
+    **{f"v1.13.{patch}": _CDI_BASELINE_A for patch in range(4)},
+    **{f"v1.13.{patch}": _CDI_BASELINE_B for patch in range(4, 10)},
+    "v1.14.0-rc.1": _CDI_BASELINE_B,
+}
+_COULD_NOT_LOCATE = re.compile(r'msg="Could not locate ([^:"]+)')
+
+
+def check_cdi_spec(log: str, kmod: str, ctx: NodeContext, *, arch: str | None) -> Finding | None:
+    """Is the CDI spec ``ext-nvidia-cdi-gen`` wrote as complete as Talos CI requires?
+
+    CI counts ``Could not locate`` in the service log and expects exactly its baseline; more means the
+    generator missed files the spec should list (a library a CUDA pod would lack), fewer is more complete.
+    ``None`` where CI publishes no baseline (another Talos tag, an unknown architecture or extension).
+    """
+    table = _CDI_BASELINES.get(str(ctx.talos)) if ctx.talos is not None else None
+    match = _EXT_RE.match(kmod)
+    baseline = (table or {}).get(arch or "", {}).get((match["track"] or "") if match else "")
+    if baseline is None:
+        return None
+    count = log.count("Could not locate")
+    if count <= baseline:
+        return _finding(
+            "cdi-spec",
+            True,
+            f"ext-nvidia-cdi-gen could not locate {count} files (Talos CI allows {baseline})",
+            ctx,
+        )
+    names = ", ".join(dict.fromkeys(_COULD_NOT_LOCATE.findall(log)))
+    return _finding(
+        "cdi-spec",
+        False,
+        f"ext-nvidia-cdi-gen could not locate {count} files, Talos CI allows {baseline} for {kmod} on {arch}: {names}",
+        ctx,
+        "cdi-spec-incomplete",
+    )
 
 
 def diagnose_text(text: str, ctx: NodeContext | None = None, *, check: str = "symptoms") -> list[Finding]:

@@ -345,13 +345,16 @@ def seal(path: Path, record: dict[str, Any], *, secrets: Iterable[str] = ()) -> 
     root = path.parent
     values = list(secrets)
     with _chain_lock(root):
-        previous = read_chain(root).head  # the last sealed, in seal order (names need not sort that way)
-        record = dict(record)
-        record["format"] = RECORD_FORMAT
-        record["record"] = path.name
-        record["previous"] = (
-            {"record": previous.name, "sha256sums": sha256_file(previous / MANIFEST)} if previous else None
-        )
+        # The last sealed, in seal order (names need not sort that way).
+        previous = read_chain(root, quick=True).head
+        link = {"record": previous.name, "sha256sums": sha256_file(previous / MANIFEST)} if previous else None
+        # The chain fields first, so the next seal reads them from the file's head (see _quick_link).
+        record = {
+            "format": RECORD_FORMAT,
+            "record": path.name,
+            "previous": link,
+            **{k: v for k, v in record.items() if k not in ("format", "record", "previous")},
+        }
         (path / RECORD_JSON).write_text(
             json.dumps(record, indent=1, sort_keys=False, default=str) + "\n", encoding="utf-8"
         )
@@ -507,7 +510,7 @@ def resolve(root: Path, name: str | None) -> Path:
     if not records:
         raise PermanentError(f"no records in {root}", hint="`runbook run` writes one per run")
     if name in (None, "latest"):
-        chain = read_chain(root)
+        chain = read_chain(root, quick=True)
         if chain.head is not None and not chain.problems:
             return chain.head
         sealed = [path for path in records if not is_unsealed(path)]
@@ -570,8 +573,37 @@ class Chain:
         return self.order[-1] if self.order else None
 
 
-def _link_of(path: Path) -> tuple[_Link | None, list[str]]:
+#: The head of a record.json as :func:`seal` writes it: the chain fields before everything else.
+_QUICK_LINK = re.compile(
+    r'\A\{\n "format": \d+,\n "record": "(?P<record>[^"\\]*)",\n "previous": (?:null|\{\n'
+    r'  "record": "(?P<previous>[^"\\]*)",\n  "sha256sums": "(?P<sha>[0-9a-f]{64})"\n \})[,\n]'
+)
+
+
+def _quick_link(path: Path) -> _Link | None:
+    """The chain link from the first bytes of record.json, or ``None`` when it is not in seal's layout.
+
+    Why: record.json of a fleet run is megabytes, and sealing must find the chain's head without parsing
+    every earlier record.  ``verify`` always parses the whole file.
+    """
+    try:
+        with (path / RECORD_JSON).open("rb") as handle:
+            head = handle.read(1024).decode("utf-8", "replace")
+    except OSError:
+        return None
+    match = _QUICK_LINK.match(head)
+    if match is None or match["record"] != path.name:
+        return None
+    if match["previous"] is None:
+        return _Link(path, None)
+    return _Link(path, {"record": match["previous"], "sha256sums": match["sha"]})
+
+
+def _link_of(path: Path, *, quick: bool = False) -> tuple[_Link | None, list[str]]:
     """The record's ``previous`` link, and what is wrong with it (unreadable, renamed)."""
+    fast = _quick_link(path) if quick else None
+    if fast is not None:
+        return fast, []
     try:
         data = load_record(path)
     except PermanentError as exc:
@@ -595,15 +627,19 @@ def _link_of(path: Path) -> tuple[_Link | None, list[str]]:
     return _Link(path, {"record": previous["record"], "sha256sums": previous["sha256sums"]}), problems
 
 
-def read_chain(root: Path) -> Chain:
-    """Follow the ``previous`` links from the first record; name what is removed, inserted or rewritten."""
+def read_chain(root: Path, *, quick: bool = False) -> Chain:
+    """Follow the ``previous`` links from the first record; name what is removed, inserted or rewritten.
+
+    ``quick`` reads the links from the head of each record.json where seal's layout allows (to find the
+    head); ``verify`` parses every file whole.
+    """
     chain = Chain()
     dirs = sealed_records(root)
     links: dict[str, _Link] = {}
     for path in dirs:
         if not (path / RECORD_JSON).exists():
             continue  # unsealed (judged below), or record.json removed (verify_record names it)
-        link, problems = _link_of(path)
+        link, problems = _link_of(path, quick=quick)
         chain.problems += problems
         if link is not None:
             links[path.name] = link

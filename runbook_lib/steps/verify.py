@@ -16,7 +16,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from runbook_lib.clients.talosctl import FanOut, NodeRead
-from runbook_lib.model.diagnosis import Evidence, NodeContext, diagnose, known_failure
+from runbook_lib.model.diagnosis import (
+    Evidence,
+    Finding,
+    NodeContext,
+    check_cdi_spec,
+    classify_extensions,
+    diagnose,
+    known_failure,
+)
 from runbook_lib.model.machineconfig import configured_modules
 from runbook_lib.model.params import Node
 from runbook_lib.model.parsers import (
@@ -48,6 +56,8 @@ class _Collected:
     drivers: dict[str, NodeRead]
     modules: dict[str, dict[str, str]]
     module_errors: dict[str, str]
+    cdi_logs: dict[str, str] | None
+    """``ext-nvidia-cdi-gen``'s log per node (Talos >= 1.13), for Talos CI's CDI-spec check."""
 
 
 def _collect(ctx: Context, addresses: list[str]) -> _Collected:
@@ -57,6 +67,8 @@ def _collect(ctx: Context, addresses: list[str]) -> _Collected:
         extensions_call = pool.submit(ctx.talosctl.get, "extensions", addresses)
         services_call = pool.submit(ctx.talosctl.services, addresses)
         drivers_call = pool.submit(ctx.talosctl.read, DRIVER_VERSION_FILE, addresses)
+        cdi = "ext-nvidia-cdi-gen" in ctx.params.profile().services
+        logs_call = pool.submit(ctx.talosctl.logs, "ext-nvidia-cdi-gen", addresses) if cdi else None
         if ctx.params.profile().module_check == "get modules":
             module_fan = pool.submit(ctx.talosctl.get, "modules", addresses).result()
             module_errors = module_fan.errors
@@ -80,6 +92,7 @@ def _collect(ctx: Context, addresses: list[str]) -> _Collected:
             drivers_call.result(),
             module_state,
             module_errors,
+            logs_call.result() if logs_call else None,
         )
 
 
@@ -121,7 +134,10 @@ def verify(
             NodeContext(node=node.address, talos=ctx.params.talos, schematic=planned),
             planned_schematic=planned,
         )
-        res.checks = checks_from_findings(findings)
+        cdi = _cdi_spec(
+            seen, node.address, ext_versions, driver, NodeContext(node=node.address, talos=ctx.params.talos)
+        )
+        res.checks = checks_from_findings([*findings, *([cdi] if cdi else [])])
         if any(f.failure == "modules-not-configured" for f in findings):
             unconfigured.append((node, res))
         if driver_check is not None:
@@ -143,6 +159,22 @@ def verify(
     if unconfigured:
         _configured_but_not_loaded(ctx, unconfigured)
     return result.finish()
+
+
+#: ``/proc/driver/nvidia/version``'s architecture as Talos CI names it (``Version.Arch``).
+_GO_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
+
+
+def _cdi_spec(
+    seen: _Collected, address: str, extensions: dict[str, str], driver: DriverInfo | None, ctx: NodeContext
+) -> Finding | None:
+    """Talos CI's CDI-spec completeness check, where CI publishes a baseline for the node's release."""
+    kmod = classify_extensions(extensions).kmod
+    if seen.cdi_logs is None or kmod is None or driver is None:
+        return None
+    return check_cdi_spec(
+        seen.cdi_logs.get(address, ""), kmod.name, ctx, arch=_GO_ARCH.get(driver.arch or "")
+    )
 
 
 def _unreachable(res: NodeResult, error: str) -> None:

@@ -18,6 +18,7 @@ COMMANDS = [
     "get",
     "health",
     "kubeconfig",
+    "logs",
     "machineconfig patch",
     "patch",
     "read",

@@ -266,3 +266,18 @@ def test_missing_resource_id(fresh: tuple[str, Path]) -> None:
     r = talosctl(state, "get", "extensions", "7", "-n", W1)
     assert r.returncode == 1
     assert "resource ExtensionStatuses.runtime.talos.dev(runtime/7@undefined) doesn't exist" in r.stderr
+
+
+def test_cdi_gen_log_lists_what_the_generator_could_not_locate(ready: tuple[str, Path]) -> None:
+    """``talosctl logs`` prints ``<node>: <line>`` (talos v1.13.0 cmd/talosctl/cmd/talos/logs.go:92); the
+    Could-not-locate lines are the ones Talos CI quotes (internal/integration/api/extensions_nvidia.go:160-169)."""
+    version, state = ready
+    r = talosctl(state, "logs", "ext-nvidia-cdi-gen", "-n", W1)
+    assert r.returncode == 0, r.stderr
+    if version not in ("1.13", "1.14"):
+        assert r.stdout == ""  # no CDI generator before 1.13
+        return
+    lines = r.stdout.splitlines()
+    assert all(line.startswith(f"{W1}: time=") for line in lines)
+    assert sum("Could not locate" in line for line in lines) == 9
+    assert f'{W1}: time="' in lines[0] and "X11/xorg.conf.d/10-nvidia.conf: not found" in r.stdout

@@ -371,6 +371,19 @@ def cmd_service(env: Env, p: fl.Parsed) -> int:
     return 0
 
 
+def cmd_logs(env: Env, p: fl.Parsed) -> int:
+    """``talosctl logs <service>``: one-to-many, every line printed as ``<node>: <line>`` and a node's error as
+    ``ERROR: <error>`` on stderr (siderolabs/talos v1.13.0 cmd/talosctl/cmd/talos/logs.go:74-92)."""
+    if len(p.args) != 1:
+        raise fl.UsageError(f"accepts 1 arg(s), received {len(p.args)}", "logs")
+    target = resolve_target(env, p)
+    for address, lines, err in fan_out(env, target.nodes, lambda n: res.service_log(n, p.args[0])):
+        if err:
+            env.stderr.write(f"ERROR: {err}\n")
+        env.stdout.write("".join(f"{address}: {line}\n" for line in lines or []))
+    return 0
+
+
 NVIDIA_VERSION_OPEN = (
     "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {v}  Release Build  "
     "(dvs-builder@U22-I3-AF03-09-1)  Thu Oct 30 06:09:39 UTC 2025\n"
@@ -879,6 +892,7 @@ COMMANDS: dict[str, Callable[[Env, fl.Parsed], int]] = {
     "get": cmd_get,
     "read": cmd_read,
     "service": cmd_service,
+    "logs": cmd_logs,
     "patch": cmd_patch,
     "machineconfig patch": cmd_machineconfig_patch,
     "upgrade": cmd_upgrade,

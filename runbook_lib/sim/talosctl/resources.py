@@ -268,6 +268,46 @@ def service_rows(node: SimNode) -> list[tuple[str, str, str, float, str]]:
     return rows
 
 
+#: What ``nvidia-ctk cdi generate`` could not locate on a healthy node: the lines Talos CI quotes (siderolabs/talos
+#: v1.13.0 internal/integration/api/extensions_nvidia.go:160-169), logged with ``Warningf("Could not locate %v:
+#: %v")`` by nvidia-container-toolkit (logrus text format).
+_CDI_NOT_SHIPPED = (
+    "libnvidia-vulkan-producer.so.{v}",
+    "X11/xorg.conf.d/10-nvidia.conf",
+    "X11/xorg.conf.d/nvidia-drm-outputclass.conf",
+    "vulkan/implicit_layer.d/nvidia_layers.json",
+    "vulkan/icd.d/nvidia_icd.x86_64.json",
+    "/nvidia-fabricmanager/socket",
+    "/tmp/nvidia-mps",
+    "nvidia-imex",
+    "nvidia-imex-ctl",
+)
+#: Derived, not observed: with a toolkit of another driver the generator finds no user-space libraries of the
+#: loaded driver's version.
+_CDI_DRIVER_LIBS = (
+    "libcuda.so.{v}",
+    "libnvidia-ml.so.{v}",
+    "libnvidia-ptxjitcompiler.so.{v}",
+    "libnvidia-nvvm.so.{v}",
+)
+
+
+def service_log(node: SimNode, service: str) -> list[str]:
+    """The lines ``talosctl logs <service>`` shows; only ``ext-nvidia-cdi-gen`` says anything here."""
+    rt = runtime(node)
+    if service != "ext-nvidia-cdi-gen" or rt.services.get(service) != "Finished" or not rt.driver_version:
+        return []
+    missing = list(_CDI_NOT_SHIPPED)
+    if rt.toolkit_driver_version != rt.driver_version:
+        missing += _CDI_DRIVER_LIBS
+    stamp = f'time="{node.booted_at}"'
+    lines = [f'{stamp} level=info msg="Using driver version {rt.driver_version}"']
+    for name in (m.format(v=rt.driver_version) for m in missing):
+        lines.append(f'{stamp} level=warning msg="Could not locate {name}: {name}: not found"')
+    lines.append(f'{stamp} level=info msg="Generated CDI spec with version 0.8.0"')
+    return lines
+
+
 def members(t: ResourceType, node: SimNode, peers: list[SimNode]) -> list[Resource]:
     out: list[Resource] = []
     for peer in peers:
