@@ -315,12 +315,13 @@ def test_a_held_lock_names_its_holder_but_not_set_values(
 ) -> None:
     """The refusal says who to wait for: user, host, pid, start time and command; a ``--set`` value may be
     a secret, so only its key is shown."""
-    monkeypatch.setattr(sys, "argv", ["runbook", "run", "--apply", "--set", "registry_token=s3cr3t-value"])
+    argv = ["runbook", "run", "--apply", "--set", "registry_token=s3cr3t-value", "--set=b=s3cr3t-2"]
+    monkeypatch.setattr(sys, "argv", argv)
     with lock.exclusive(tmp_path / "x.lock", "the cluster 'a'"), pytest.raises(lock.Busy) as info:
         _take(tmp_path / "x.lock")
     text = str(info.value)
     assert f"{getpass.getuser()}@{socket.gethostname()}, pid {os.getpid()}, since 20" in text
-    assert "runbook run --apply --set 'registry_token=…'" in text and "s3cr3t" not in text
+    assert "runbook run --apply --set 'registry_token=…' '--set=b=…'" in text and "s3cr3t" not in text
     _take(tmp_path / "x.lock")  # released with the block
 
 

@@ -63,18 +63,26 @@ def key_path(kind: str, key: str, suffix: str) -> Path:
 def _command() -> str:
     """This process's command line, with ``--set`` values left out (a value may be a secret)."""
     words = ["runbook", *sys.argv[1:]]
-    for index, word in enumerate(words[:-1]):
-        if word == "--set":
+    for index, word in enumerate(words):
+        if word.startswith("--set="):
+            words[index] = "--set=" + word[len("--set=") :].split("=", 1)[0] + "=…"
+        elif word == "--set" and index + 1 < len(words):
             words[index + 1] = words[index + 1].split("=", 1)[0] + "=…"
     return shlex.join(words)
 
 
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):  # no name for this uid (a container's arbitrary user)
+        return f"uid {os.getuid()}"
+
+
 def _holder_text() -> str:
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    user = getpass.getuser()
     return json.dumps(
         {
-            "user": user,
+            "user": _user(),
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "started": started,
@@ -93,8 +101,7 @@ def describe_holder(fd: int) -> str:
 
 
 def _open(path: Path) -> int:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    return fd
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
 
 
 def _claim(fd: int) -> None:
