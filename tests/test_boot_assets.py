@@ -111,3 +111,12 @@ def test_markdown_has_links_and_copyable_installer() -> None:
     assert f"[metal-amd64.iso]({urls['iso']})" in text
     assert f"```\n{urls['installer']}\n```" in text
     assert f"pxe: {urls['pxe']}" in text
+
+
+def test_parse_installer_image_with_a_dashed_platform() -> None:
+    """``digital-ocean`` is a Talos platform name (talos@v1.13.0:internal/app/machined/pkg/runtime/v1alpha1/
+    platform/digitalocean/digitalocean.go:35) and the factory serves ``digital-ocean-installer``
+    (image-factory@26b95ca:internal/profile/profile.go:54-56)."""
+    image = installer_image(PUBLIC, GPU, "v1.12.7", platform="digital-ocean", secureboot=True)
+    ref = parse_installer_image(image)
+    assert (ref.kind, ref.secureboot, ref.schematic_id) == ("digital-ocean-installer", True, GPU)

@@ -14,7 +14,7 @@ from runbook_lib.model.schematic import schematic_for
 from runbook_lib.sim import factory
 from runbook_lib.sim.cluster import ClusterSpec, create
 from runbook_lib.sim.faults import inject
-from runbook_lib.sim.state import VANILLA_SCHEMATIC, load_node
+from runbook_lib.sim.state import VANILLA_SCHEMATIC, InstalledExtension, load_node, locked_node
 from runbook_lib.steps.context import Context, connect
 from runbook_lib.steps.image import image_upgrade
 from runbook_lib.steps.results import StepResult
@@ -27,12 +27,12 @@ pytestmark = pytest.mark.slow
 
 
 def _sim(
-    tmp_path: Path, scenario: str = "config-patched"
+    tmp_path: Path, scenario: str = "config-patched", version: str = "v1.12.7"
 ) -> Iterator[tuple[Path, factory.FactoryServer]]:
     # config-patched: the runbook's config-patch step runs before the image step (an upgrade of a node
     # whose config does not load the NVIDIA modules hangs at boot and rolls back; see notebook/steps.py)
     state = tmp_path / "sim"
-    create(state, ClusterSpec(workers=3, talos_version="v1.12.7", scenario=scenario))
+    create(state, ClusterSpec(workers=3, talos_version=version, scenario=scenario))
     with factory.running(state) as server:
         (state / "endpoints.json").write_text(json.dumps({"factory": server.url}))
         yield state, server
@@ -43,7 +43,9 @@ def sim(tmp_path: Path) -> Iterator[tuple[Path, factory.FactoryServer]]:
     yield from _sim(tmp_path)
 
 
-def _ctx(state: Path, *, apply: bool, concurrency: int = 1, version: str = "v1.12.7") -> Context:
+def _ctx(
+    state: Path, *, apply: bool, concurrency: int = 1, version: str = "v1.12.7", **extra: object
+) -> Context:
     nodes = [{"name": f"talos-worker-{i}", "address": f"10.5.0.{2 + i}"} for i in (1, 2, 3)]
     data = {
         "cluster": "sim-gpu",
@@ -53,6 +55,7 @@ def _ctx(state: Path, *, apply: bool, concurrency: int = 1, version: str = "v1.1
         "track": "lts",
         "apply": apply,
         "rollout_concurrency": concurrency,
+        **extra,
     }
     path = state.parent / "params.yaml"
     path.write_text(yaml.safe_dump(data))
@@ -212,3 +215,88 @@ def test_before_the_image_factory_the_upgrade_waits_for_the_install_extensions_p
         assert config_patch(ctx).ok  # adds machine.install.extensions (and the modules)
         planned = image_upgrade(ctx, apply=False)
         assert all("ghcr.io/siderolabs/installer:v1.4.8" in c for c in planned.data["commands"])
+
+
+def _add_extensions(state: Path, node: str, names: list[str]) -> None:
+    """Extensions a node already runs besides the GPU ones, as ``get extensions`` names them (manifest name)."""
+    with locked_node(state, node) as sim_node:
+        for name in names:
+            image = f"ghcr.io/siderolabs/{name}:v0.1.6"
+            sim_node.extensions.append(InstalledExtension(name, "v0.1.6", image))
+
+
+def test_extensions_the_plan_lacks_block_the_upgrade_with_the_line_that_keeps_them(
+    sim: tuple[Path, factory.FactoryServer],
+) -> None:
+    """docs:public/talos/v1.12/platform-specific-installations/boot-assets.mdx:236-250: after an upgrade to
+    another schematic the node runs exactly that schematic's extensions, so iscsi-tools would be gone."""
+    state, _server = sim
+    _add_extensions(state, "talos-worker-2", ["iscsi-tools", "qemu-guest-agent"])
+    keep = "extra_extensions: [siderolabs/iscsi-tools, siderolabs/qemu-guest-agent]"
+    plan = image_upgrade(_ctx(state, apply=False))
+    node = plan.node("talos-worker-2")
+    assert node.status == "failed"
+    assert "siderolabs/iscsi-tools, siderolabs/qemu-guest-agent" in node.message
+    assert [c.fix for c in node.checks if not c.ok] == [f"add to the parameters: {keep}"]
+    assert plan.data["dropped_extensions"] == {
+        "talos-worker-2": ["siderolabs/iscsi-tools", "siderolabs/qemu-guest-agent"]
+    }
+    ctx = _ctx(state, apply=True)
+    refused = _run(ctx)
+    assert not ctx.journal.changes()  # nothing half-applied: no node was upgraded
+    assert refused.data["untouched"] == ["talos-worker-1", "talos-worker-3"]
+    kept = _run(_ctx(state, apply=True, extra_extensions=[e.strip() for e in keep[19:-1].split(",")]))
+    assert kept.ok, kept.to_dict()
+    names = {e.name for e in load_node(state, "talos-worker-2").extensions}
+    assert {"iscsi-tools", "qemu-guest-agent", "nvidia-open-gpu-kernel-modules-lts"} <= names
+
+
+def _set_platform(state: Path, node: str, platform: str) -> None:
+    with locked_node(state, node) as sim_node:
+        sim_node.platform = platform
+
+
+def test_cloud_node_is_upgraded_with_the_installer_of_its_platform(
+    sim: tuple[Path, factory.FactoryServer],
+) -> None:
+    """docs v1.12 boot-assets.mdx:243-249 upgrade AWS nodes with ``factory.talos.dev/aws-installer/<id>``;
+    the platform is ``spec.platform`` of the node's PlatformMetadata (talos@v1.13.0:pkg/machinery/resources/
+    runtime/platform_metadata.go)."""
+    state, server = sim
+    _set_platform(state, "talos-worker-1", "aws")
+    host = server.url.removeprefix("http://")
+    plan = image_upgrade(_ctx(state, apply=False))
+    assert plan.data["installer_images"]["talos-worker-1"] == f"{host}/aws-installer/{GPU_ID}:v1.12.7"
+    assert plan.data["installer_images"]["talos-worker-2"] == f"{host}/metal-installer/{GPU_ID}:v1.12.7"
+    ctx = _ctx(state, apply=True)
+    assert _run(ctx).ok
+    images = {
+        e.argv[e.argv.index("-n") + 1]: e.argv[e.argv.index("--image") + 1] for e in ctx.journal.changes()
+    }
+    assert images["10.5.0.3"] == f"{host}/aws-installer/{GPU_ID}:v1.12.7"
+    assert images["10.5.0.4"].startswith(f"{host}/metal-installer/")
+
+
+def _config_from_before_1_12(state: Path, node: str) -> None:
+    """The node's config was generated by Talos 1.11 (no grubUseUKICmdline) and sets kernel arguments."""
+    with locked_node(state, node) as sim_node:
+        install = sim_node.machine_config[0]["machine"]["install"]
+        install.pop("grubUseUKICmdline", None)
+        install["extraKernelArgs"] = ["intel_iommu=on", "iommu=pt"]
+
+
+def test_grub_node_with_kernel_args_is_upgraded_with_legacy_on_talos_1_13(tmp_path: Path) -> None:
+    """docs:public/talos/v1.13/.../upgrading-talos.mdx:121-137: talosctl 1.13's new upgrade API does not
+    pass ``extraKernelArgs``, and with ``grubUseUKICmdline`` false GRUB boots without them, silently;
+    ``--legacy`` keeps them (flag in talos@v1.13.0:cmd/talosctl/cmd/talos/upgrade.go:368)."""
+    for state, _server in _sim(tmp_path, version="v1.13.2"):
+        _config_from_before_1_12(state, "talos-worker-2")
+        plan = image_upgrade(_ctx(state, apply=False, version="v1.13.3"))
+        legacy = [c for c in plan.data["commands"] if " --legacy" in c]
+        assert len(legacy) == 1 and "-n 10.5.0.4" in legacy[0]
+        assert any("extraKernelArgs" in n and "--legacy" in n for n in plan.notes)
+        ctx = _ctx(state, apply=True, version="v1.13.3")
+        assert _run(ctx).ok
+        argvs = {e.argv[e.argv.index("-n") + 1]: e.argv for e in ctx.journal.changes()}
+        assert "--legacy" in argvs["10.5.0.4"]
+        assert "--legacy" not in argvs["10.5.0.3"]  # generated by 1.13: grubUseUKICmdline true

@@ -455,18 +455,26 @@ class Talosctl:
         return [PatchResult(tuple(c)) for c in calls]
 
     def upgrade(
-        self, node: str, image: str, *, wait: bool = True, timeout: float = 1800.0, preserve: bool = False
+        self,
+        node: str,
+        image: str,
+        *,
+        wait: bool = True,
+        timeout: float = 1800.0,
+        preserve: bool = False,
+        legacy: bool = False,
     ) -> CommandResult:
         """``talosctl upgrade --image <installer>``: never without ``--image`` (that drops the extensions).
 
-        ``preserve``: pass ``--preserve``, which Talos before 1.8 needs to keep EPHEMERAL (see
-        :func:`upgrade_flags`).
+        ``preserve``: pass ``--preserve``, which Talos before 1.8 needs to keep EPHEMERAL; ``legacy``: pass
+        ``--legacy`` (see :func:`upgrade_flags`).
         """
         if not image:
             raise PermanentError(
                 "refusing to run talosctl upgrade without --image: it would drop the NVIDIA extensions"
             )
-        args = ["upgrade", *upgrade_flags(image, preserve=preserve), f"--wait={'true' if wait else 'false'}"]
+        flags = upgrade_flags(image, preserve=preserve, legacy=legacy)
+        args = ["upgrade", *flags, f"--wait={'true' if wait else 'false'}"]
         if wait:
             # talosctl's own timeout first, so its error text (not a killed process) tells what hung
             args.append(f"--timeout={int(timeout)}s")
@@ -477,15 +485,21 @@ class Talosctl:
         return self.run(["get", "machineconfig", "-o", "yaml"], [node])
 
 
-def upgrade_flags(image: str, *, preserve: bool) -> list[str]:
-    """``--image`` and, when asked, ``--preserve``: the flags the upgrade runs with and the plan shows.
+def upgrade_flags(image: str, *, preserve: bool, legacy: bool = False) -> list[str]:
+    """``--image`` and, when asked, ``--preserve`` and ``--legacy``: the flags the upgrade runs with and the
+    plan shows.
 
     Why ``--preserve``: Talos up to 1.7 wipes the EPHEMERAL partition (/var, local volumes) and makes a
     control-plane node leave etcd on upgrade unless it is set (talos@v1.7.0:internal/pkg/install/
     install.go:292 ``WithForce(!in.GetPreserve())``; docs v1.7 upgrading-talos).  From 1.8 the disk is
     never wiped and the flag is hidden (1.13: deprecated), so callers set it only below 1.8.
+
+    Why ``--legacy``: talosctl 1.13+ upgrades through the LifecycleService API, which does not pass
+    ``machine.install.extraKernelArgs`` (docs v1.13 upgrading-talos.mdx:121-137); the flag exists in
+    talosctl 1.13 and 1.14 (talos@v1.13.0 cmd/talosctl/cmd/talos/upgrade.go:368), so callers set it only
+    for such clients (``steps.image_risks``).
     """
-    return ["--image", image, *(["--preserve"] if preserve else [])]
+    return ["--image", image, *(["--preserve"] if preserve else []), *(["--legacy"] if legacy else [])]
 
 
 def _failure(result: CommandResult) -> str:

@@ -35,7 +35,7 @@ ARCHES = ("amd64", "arm64")
 # The model layer stays free of I/O modules (urllib included), so URLs are split with a regex.
 _URL_RE = re.compile(r"^(?:[a-zA-Z][a-zA-Z0-9+.-]*://)?(?:[^@/\s]*@)?(?P<host>[^/\s?#@]+)")
 _INSTALLER_RE = re.compile(
-    r"^(?P<host>[^/]+)/(?:(?P<platform>[a-z0-9]+)-)?installer(?P<secureboot>-secureboot)?/"
+    r"^(?P<host>[^/]+)/(?:(?P<platform>[a-z0-9]+(?:-[a-z0-9]+)*)-)?installer(?P<secureboot>-secureboot)?/"
     r"(?P<id>[0-9a-f]{64}):(?P<version>\S+)$"
 )
 
@@ -68,10 +68,27 @@ def _base(factory_url: str) -> str:
     return url.rstrip("/")
 
 
+#: An image repository path component (OCI distribution spec): lowercase letters and digits, '-' inside.
+_PLATFORM_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
+
+
 def installer_kind(talos_version: TalosVersion | str, platform: str = "metal") -> str:
-    """``installer`` (Talos 1.5–1.9 docs) or ``<platform>-installer`` (1.10 and later), facts §2.1."""
+    """``installer`` (Talos 1.5–1.9 docs) or ``<platform>-installer`` (1.10 and later), facts §2.1.
+
+    The platform is the node's (``talosctl get platformmetadata``): the factory serves any
+    ``<platform>-installer`` (image-factory internal/frontend/http/registry.go:74-100), e.g.
+    ``aws-installer`` as the docs upgrade AWS nodes with (docs v1.12 boot-assets.mdx:243-249).
+    """
     talos = _release(talos_version)
-    return f"{platform}-installer" if talos.at_least(1, 10) else "installer"
+    if not talos.at_least(1, 10):
+        return "installer"
+    if not _PLATFORM_RE.match(platform):
+        raise PermanentError(
+            f"no Image Factory installer can be named for platform {platform!r}: an image name has only "
+            "lowercase letters, digits and '-'",
+            hint="upgrade this node by hand with the installer its platform documents",
+        )
+    return f"{platform}-installer"
 
 
 def installer_image(

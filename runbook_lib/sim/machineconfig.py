@@ -68,6 +68,8 @@ def worker_config(
             host_dns["forwardKubeDNSToHost"] = True
         features["hostDNS"] = host_dns
     install: dict[str, Any] = {"disk": "/dev/sda", "image": installer_image(talos_version), "wipe": False}
+    if minor >= (1, 12):  # the 1.12 contract turns it on (talos@v1.12.0:.../config/generate/worker.go:58-59)
+        install["grubUseUKICmdline"] = True
     machine: dict[str, Any] = {
         "type": "worker",
         "token": f"{_token(seed, 'mt', 6)}.{_token(seed, 'mt2', 16)}",

@@ -127,6 +127,8 @@ class SimNode:
     booted_at: str = "2026-11-29T10:00:00Z"
     install_image: str = ""
     """The image the node was last installed/upgraded from (what ``upgrade`` history would show)."""
+    platform: str = "metal"
+    """Talos platform the node booted on (``PlatformMetadata`` ``spec.platform``: ``metal``, ``aws``…)."""
 
     @property
     def minor(self) -> tuple[int, int]:

@@ -18,7 +18,7 @@ import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from runbook_lib.clients.factory import FactoryClient
@@ -30,10 +30,12 @@ from runbook_lib.model.params import Node
 from runbook_lib.model.parsers import TalosResource
 from runbook_lib.model.plan import node_extensions, node_schematic
 from runbook_lib.model.schematic import Schematic
+from runbook_lib.model.upgrade_risks import dropped_extensions
 from runbook_lib.model.versions import TalosVersion
 
-from . import image_diagnosis
+from . import image_diagnosis, image_risks
 from .context import Context
+from .image_risks import NodeFacts
 from .patch import read_configs, wanted_documents
 from .results import Check, NodeResult, StepResult
 
@@ -52,6 +54,8 @@ class NodeImage:
     image: str
     extensions: tuple[str, ...]
     """Official names the node must report (``siderolabs/`` prefix included)."""
+    legacy: bool = False
+    """Upgrade with ``--legacy`` so GRUB keeps ``machine.install.extraKernelArgs`` (see ``image_risks``)."""
 
     @property
     def schematic_id(self) -> str | None:
@@ -66,12 +70,15 @@ class NodeState:
     schematic_id: str | None = None
     extensions: dict[str, str] = field(default_factory=dict)
     error: str | None = None
+    client_version: str | None = None
+    """The talosctl client's own tag (it decides which upgrade API is used)."""
 
 
-def planned_image(ctx: Context, node: Node) -> NodeImage:
+def planned_image(ctx: Context, node: Node, platform: str = "metal") -> NodeImage:
     """The node's GPU schematic (the plan's, see ``model.plan.node_schematic``) and the installer carrying it.
 
-    The installer host is the factory this run talks to (the simulator's URL on a simulated target).
+    The installer host is the factory this run talks to (the simulator's URL on a simulated target), and
+    its platform is the node's (``aws-installer`` on AWS, see ``image_risks``).
     """
     params = ctx.params
     names = tuple(node_extensions(params, params.profile(node), node.overrides.extra_extensions))
@@ -80,14 +87,18 @@ def planned_image(ctx: Context, node: Node) -> NodeImage:
         # Talos 1.3–1.4: no factory; the stock installer plus machine.install.extensions (patch step).
         return NodeImage(node, None, installer_image(None, "", params.talos), names)
     image = installer_image(
-        ctx.endpoints.image_factory_url, schematic.id, params.talos, secureboot=params.secureboot
+        ctx.endpoints.image_factory_url,
+        schematic.id,
+        params.talos,
+        secureboot=params.secureboot,
+        platform=platform,
     )
     return NodeImage(node, schematic, image, names)
 
 
 def upgrade_command(ctx: Context, plan: NodeImage) -> list[str]:
     """The exact argv the step runs for a node (always with ``--image``)."""
-    flags = upgrade_flags(plan.image, preserve=needs_preserve(ctx))
+    flags = upgrade_flags(plan.image, preserve=needs_preserve(ctx), legacy=plan.legacy)
     return ctx.talosctl.argv(["upgrade", *flags, "--wait=true"], [plan.node.address])
 
 
@@ -101,11 +112,12 @@ def read_states(ctx: Context, addresses: Sequence[str]) -> dict[str, NodeState]:
     states = {a: NodeState() for a in addresses}
     if not addresses:
         return states
-    _client, servers, version_errors = ctx.talosctl.version(list(addresses))
+    client, servers, version_errors = ctx.talosctl.version(list(addresses))
     fan = ctx.talosctl.get("extensions", list(addresses))
     for address in addresses:
         state = states[address]
         state.version = servers.get(address)
+        state.client_version = client
         state.error = fan.errors.get(address) or version_errors.get(address)
     for address, resources in fan.by_node().items():
         if address not in states:
@@ -163,7 +175,10 @@ def image_upgrade(
     target = ctx.params.talos_version
     result = StepResult(step=STEP, applied=do_apply)
     nodes = ctx.nodes(only)
-    plans = {n.address: planned_image(ctx, n) for n in nodes}
+    facts = image_risks.read_facts(ctx, nodes)
+    plans = {
+        n.address: planned_image(ctx, n, image_risks.installer_platform(ctx, facts[n.address])) for n in nodes
+    }
     result.data["installer_images"] = {n.name: plans[n.address].image for n in nodes}
     schematics = {p.schematic_id: p.schematic for p in plans.values() if p.schematic is not None}
     result.data["schematics"] = {sid: s.canonical_yaml() for sid, s in schematics.items() if s is not None}
@@ -221,11 +236,18 @@ def image_upgrade(
             res.status = "unchanged"
             res.message = f"already on {plan.schematic_id or 'the planned image'} at {target}"
             continue
+        guarded = _guard(ctx, result, res, plan, state=state, fact=facts[node.address])
+        if guarded is None:
+            continue
+        plan = plans[node.address] = guarded
         res.data["before"] = {"version": state.version, "schematic_id": state.schematic_id}
         res.message = "; ".join(problems)
         res.diff = shlex.join(upgrade_command(ctx, plan))
         todo.append(plan)
     result.data["commands"] = [shlex.join(upgrade_command(ctx, p)) for p in todo]
+    legacy = [p.node.name for p in todo if p.legacy]
+    if legacy:
+        result.notes.append(image_risks.legacy_note(legacy))
     result.data["boot_assets"] = {
         sid: boot_asset_urls(ctx.endpoints.image_factory_url, sid, target, secureboot=ctx.params.secureboot)
         for sid in schematics
@@ -247,7 +269,7 @@ def image_upgrade(
             results[plan.node.address].status = "planned"
         return _finish(result)
     if blocked or not factory_ok:
-        reason = "a node cannot be read" if blocked else "the Image Factory checks failed"
+        reason = "a node cannot be read or upgraded safely" if blocked else "the Image Factory checks failed"
         for plan in todo:
             _untouched(results[plan.node.address], f"not touched: {reason}, nothing was changed")
         return _finish(result)
@@ -276,6 +298,23 @@ def image_upgrade(
                     )
             break
     return _finish(result)
+
+
+def _guard(
+    ctx: Context, result: StepResult, res: NodeResult, plan: NodeImage, *, state: NodeState, fact: NodeFacts
+) -> NodeImage | None:
+    """The node's plan with ``--legacy`` when it needs it, or None (and the node failed) when the upgrade
+    would silently drop extensions or cannot name the node's platform installer (``image_risks``)."""
+    dropped = dropped_extensions(state.extensions, plan.extensions)
+    if dropped:
+        result.data.setdefault("dropped_extensions", {})[plan.node.name] = dropped
+    refused = image_risks.refusals(ctx, plan.node, fact, plan.extensions, list(state.extensions))
+    if refused:
+        res.status = "failed"
+        res.message = "; ".join(c.message for c in refused)
+        res.checks += refused
+        return None
+    return replace(plan, legacy=image_risks.legacy_needed(fact, state.client_version))
 
 
 def _install_extensions_missing(ctx: Context, nodes: list[Node]) -> list[Node]:
@@ -384,7 +423,12 @@ def _run_batch(
 
     def upgrade(plan: NodeImage) -> tuple[NodeImage, str | None]:
         run = ctx.talosctl.upgrade(
-            plan.node.address, plan.image, wait=True, timeout=upgrade_timeout, preserve=needs_preserve(ctx)
+            plan.node.address,
+            plan.image,
+            wait=True,
+            timeout=upgrade_timeout,
+            preserve=needs_preserve(ctx),
+            legacy=plan.legacy,
         )
         if run.ok:
             return plan, None

@@ -8,6 +8,7 @@ leading ``node:`` key, and JSON as a *stream* of 4-space-indented objects with G
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Callable
@@ -107,6 +108,15 @@ TYPES: tuple[ResourceType, ...] = (
         (("RUNNING", "running"), ("HEALTHY", "healthy"), ("HEALTH UNKNOWN", "unknown")),
     ),
     ResourceType(
+        # talos@v1.13.0:pkg/machinery/resources/runtime/platform_metadata.go:17-76 (type, ID, print columns;
+        # the aliases are COSI's automatic ones: singular and plural of the lowercased name).
+        "PlatformMetadatas.talos.dev",
+        "PlatformMetadata",
+        "runtime",
+        ("platformmetadata", "platformmetadatas"),
+        (("PLATFORM", "platform"), ("TYPE", "instanceType"), ("REGION", "region"), ("ZONE", "zone")),
+    ),
+    ResourceType(
         "Members.cluster.talos.dev",
         "Member",
         "cluster",
@@ -144,6 +154,7 @@ _OWNERS = {
     "MachineConfigs.config.talos.dev": "",
     "Services.v1alpha1.talos.dev": "v1alpha1.ServiceController",
     "Members.cluster.talos.dev": "cluster.MemberController",
+    "PlatformMetadatas.talos.dev": "network.PlatformConfigApplyController",
 }
 
 
@@ -236,6 +247,30 @@ def services(t: ResourceType, node: SimNode, _peers: list[SimNode]) -> list[Reso
         spec = {"running": True, "healthy": True, "unknown": False}
         out.append({"metadata": _meta(t, node, name), "spec": spec})
     return out
+
+
+def platform_metadata(t: ResourceType, node: SimNode, _peers: list[SimNode]) -> list[Resource]:
+    """What the node's platform reported at boot; empty fields are left out (``omitempty``).
+
+    Metal sets only ``platform`` (talos@v1.13.0:.../platform/metal/metal.go:190-191); AWS fills the
+    instance fields from IMDS (.../platform/aws/aws.go:96-108).  Before 1.12 the owner was
+    ``network.PlatformConfigController`` (platform_config.go at v1.11.0).
+    """
+    spec: dict[str, Any] = {"platform": node.platform}
+    if node.platform == "aws":
+        instance = "i-0" + hashlib.sha256(node.name.encode()).hexdigest()[:16]
+        spec.update(
+            hostname=f"ip-{node.address.replace('.', '-')}.ec2.internal",
+            region="us-east-1",
+            zone="us-east-1a",
+            instanceType="g4dn.xlarge",
+            instanceId=instance,
+            providerId=f"aws:///us-east-1a/{instance}",
+        )
+    meta = _meta(t, node, "platformmetadata")
+    if minor_of(node.talos_version) < (1, 12):
+        meta["owner"] = "network.PlatformConfigController"
+    return [{"metadata": meta, "spec": spec}]
 
 
 #: The last event of a service in each state, as machined words it (siderolabs/talos v1.13.0:
@@ -332,6 +367,7 @@ BUILDERS: dict[str, Callable[[ResourceType, SimNode, list[SimNode]], list[Resour
     "MachineConfigs.config.talos.dev": machineconfig,
     "Services.v1alpha1.talos.dev": services,
     "Members.cluster.talos.dev": members,
+    "PlatformMetadatas.talos.dev": platform_metadata,
 }
 
 

@@ -1,0 +1,110 @@
+"""What an upgrade to the GPU schematic would silently take away from a node, worked out before it runs.
+
+Why: ``talosctl upgrade`` reports success in each of these cases, and the loss shows only later.
+
+- Extensions: a factory installer installs exactly its schematic's extensions, so a node that runs
+  iscsi-tools, drbd or qemu-guest-agent and is upgraded to the NVIDIA schematic loses them: storage and
+  agents break (docs:public/talos/v1.12/platform-specific-installations/boot-assets.mdx:236-250,
+  "upgrade to a new schematic").
+- Kernel arguments: talosctl 1.13+ upgrades through ``LifecycleService.Upgrade``
+  (talos@v1.14.0-rc.1:cmd/talosctl/cmd/talos/upgrade.go:88-130), which does not pass
+  ``.machine.install.extraKernelArgs``; a GRUB node whose ``grubUseUKICmdline`` is not true reboots without
+  them (docs:public/talos/v1.13/configure-your-talos-cluster/lifecycle-management/upgrading-talos.mdx:121-137).
+- Platform: from Talos 1.10 the factory installer is per platform (``aws-installer``…), read from the node's
+  ``PlatformMetadata`` resource (talos@v1.13.0:pkg/machinery/resources/runtime/platform_metadata.go).
+
+Pure: the step reads the node, this module decides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .parsers import TalosResource
+from .versions import TalosVersion
+
+#: Extensions the plan replaces rather than drops: the kernel modules and toolkit of any flavour or track.
+NVIDIA_REPLACED_PREFIXES = (
+    "nvidia-open-gpu-kernel-modules",
+    "nonfree-kmod-nvidia",
+    "nvidia-container-toolkit",
+)
+#: The virtual extension that carries the schematic ID (image-factory internal/artifacts/schematic.go).
+SCHEMATIC_EXTENSION = "schematic"
+#: talosctl uses the LifecycleService upgrade API from 1.13 (upgrade.go ``talosUpgradeAPIVersionRange``).
+UPGRADE_API_CLIENT = (1, 13)
+
+
+def dropped_extensions(current: Iterable[str], planned: Iterable[str]) -> list[str]:
+    """Official names (``siderolabs/<name>``) of the node's extensions that the planned schematic lacks.
+
+    ``current`` are the names ``talosctl get extensions`` shows (the manifest name, which is the official
+    name without ``siderolabs/``, e.g. extensions@v1.12.0:storage/iscsi-tools/manifest.yaml.tmpl).  The
+    NVIDIA kernel modules and toolkit are left out: changing their flavour or track is the plan itself.
+    """
+    wanted = {name.removeprefix("siderolabs/") for name in planned}
+    out: list[str] = []
+    for name in current:
+        bare = name.removeprefix("siderolabs/")
+        if bare in wanted or bare == SCHEMATIC_EXTENSION or bare.startswith(NVIDIA_REPLACED_PREFIXES):
+            continue
+        if f"siderolabs/{bare}" not in out:
+            out.append(f"siderolabs/{bare}")
+    return out
+
+
+def keep_extensions_line(extra: Sequence[str], dropped: Sequence[str]) -> str:
+    """The ``extra_extensions`` parameter line that keeps ``dropped`` besides what ``extra`` already asks."""
+    names = list(dict.fromkeys([*extra, *dropped]))
+    return f"extra_extensions: [{', '.join(names)}]"
+
+
+@dataclass(frozen=True)
+class InstallSettings:
+    """The kernel-argument settings of a node's ``machine.install``."""
+
+    extra_kernel_args: tuple[str, ...] = ()
+    grub_use_uki_cmdline: bool | None = None
+    """``None`` when the config does not set it: false, as in every config generated before Talos 1.12
+    (talos@v1.12.0:pkg/machinery/config/generate/worker.go:58-59 sets it only from the 1.12 contract)."""
+
+
+def install_settings(documents: Sequence[Mapping[str, Any]]) -> InstallSettings:
+    """``machine.install.extraKernelArgs`` and ``grubUseUKICmdline`` of the v1alpha1 document, if any."""
+    for doc in documents:
+        if "kind" in doc or doc.get("version") != "v1alpha1":
+            continue
+        install = (doc.get("machine") or {}).get("install") or {}
+        args = install.get("extraKernelArgs") or []
+        flag = install.get("grubUseUKICmdline")
+        return InstallSettings(
+            extra_kernel_args=tuple(str(a) for a in args if isinstance(args, list)),
+            grub_use_uki_cmdline=flag if isinstance(flag, bool) else None,
+        )
+    return InstallSettings()
+
+
+def legacy_upgrade_needed(settings: InstallSettings, client: TalosVersion) -> bool:
+    """True when the new upgrade API of this talosctl would drop the node's ``extraKernelArgs``.
+
+    Nodes booting systemd-boot are unaffected (their command line comes from the UKI), but the boot loader
+    is not in the machine config; ``--legacy`` is harmless there, so it is asked for whenever the config
+    says GRUB would build the command line from ``extraKernelArgs``.
+    """
+    if not settings.extra_kernel_args or settings.grub_use_uki_cmdline is True:
+        return False
+    return client.minor_line >= UPGRADE_API_CLIENT
+
+
+def node_platform(resources: Sequence[TalosResource]) -> str | None:
+    """``spec.platform`` of the node's ``PlatformMetadata`` (``talosctl get platformmetadata``), or None.
+
+    Table output carries it in the ``PLATFORM`` print column (platform_metadata.go print columns).
+    """
+    for resource in resources:
+        value = (resource.spec or {}).get("platform") or resource.columns.get("PLATFORM")
+        if value:
+            return str(value)
+    return None
