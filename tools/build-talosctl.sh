@@ -20,7 +20,8 @@ command -v go >/dev/null || { echo "go is not installed (needed to build talosct
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work"
-export GOFLAGS=-mod=mod GONOSUMDB='github.com/siderolabs/*,github.com/smira/*' GOTOOLCHAIN=local
+# Caller's GOFLAGS (e.g. -p=1 on a shared machine) are kept.
+export GOFLAGS="-mod=mod${GOFLAGS:+ $GOFLAGS}" GONOSUMDB='github.com/siderolabs/*,github.com/smira/*' GOTOOLCHAIN=local
 go mod init talosctl-build >/dev/null 2>&1
 go mod download -json "github.com/siderolabs/talos@$version" >download.json
 python3 - "$version" >go.mod <<'PY'
