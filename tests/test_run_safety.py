@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from runbook_lib.cli import main
+from runbook_lib.cli import cmd_run, main
 from runbook_lib.clients.talosctl import Talosctl
 from runbook_lib.model.params import Params, validate
 from runbook_lib.notebook import lock, records, runner
@@ -333,3 +333,15 @@ def test_a_killed_runs_lease_is_not_counted_and_is_removed(tmp_path: Path) -> No
         assert len(lock.live_leases(leases, own=mine)) == 1  # the other live one, not mine, not the dead
     assert not (leases / "4242-dead.lease").exists()
     assert lock.live_leases(leases) == [] and list(leases.iterdir()) == []
+
+
+def test_a_run_needing_other_simulator_parameters_leaves_a_simulator_in_use_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run whose parameters do not match the simulator's state recreates it: never under another run
+    that uses it (here a lease held as that run would hold it)."""
+    state = tmp_path / "sim"
+    with lock.lease(cmd_run._SimLeases.of(state.resolve()).leases):
+        assert _run(tmp_path, "-p", PARAMS, "--steps", "preflight") == 2
+    assert "used by another run with other parameters" in capsys.readouterr().err
+    assert not state.exists() and not (tmp_path / "records").exists()
