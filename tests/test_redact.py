@@ -82,3 +82,18 @@ def test_talos_secret_fields_beyond_the_obvious_ones():
     ):
         assert secret not in out, secret
     assert "    kernel:\n        modules: []" in out and out.count("\n") == text.count("\n")
+
+
+def test_json_inside_a_json_string_loses_its_secret_values() -> None:
+    """``kubectl apply`` keeps the object as JSON in the ``kubectl.kubernetes.io/last-applied-configuration``
+    annotation (kubernetes/kubernetes staging/src/k8s.io/api/core/v1/annotation_key_constants.go,
+    LastAppliedConfigAnnotation), so an object printed as JSON holds JSON-in-JSON: ``\\"token\\":\\"...\\"``."""
+    applied = json.dumps({"kind": "Secret", "stringData": {"token": "nested-t0ken-value", "user": "bob"}})
+    text = json.dumps(
+        {"metadata": {"annotations": {"kubectl.kubernetes.io/last-applied-configuration": applied}}}, indent=2
+    )
+    out = redact(text)
+    assert "nested-t0ken-value" not in out and "bob" in out
+    assert json.loads(
+        json.loads(out)["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"]
+    )

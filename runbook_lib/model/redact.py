@@ -37,6 +37,11 @@ _BLOCK = re.compile(
 #: Flow mappings: ``ca: {crt: abc, key: def}``.
 _FLOW = re.compile(rf"(?P<lead>[{{,][ \t]*(?P<key>{_KEYS}):[ \t]*)(?P<value>[^,}}\s][^,}}]*)", re.IGNORECASE)
 _JSON = re.compile(rf'(?P<lead>"(?P<key>{_KEYS})"\s*:\s*)"(?P<value>[^"]*)"', re.IGNORECASE)
+#: JSON inside a JSON string (``\"token\": \"abc\"``), e.g. kubectl's last-applied-configuration annotation.
+_NESTED_JSON = re.compile(
+    rf'(?P<lead>(?P<q>\\+)"(?P<key>{_KEYS})(?P=q)"\s*:\s*(?P=q)")(?P<value>(?:(?!(?P=q)").)+)(?P<end>(?P=q)")',
+    re.IGNORECASE,
+)
 #: YAML embedded in a JSON string (``"spec": "machine:\\n    token: abc\\n"``), as ``talosctl -o json`` prints it.
 _ESCAPED = re.compile(
     rf"(?P<lead>\\n[ \t]*(?:- )?(?P<key>{_KEYS}):[ \t]+)(?P<value>[^\s\\\"|>][^\\\"]*)", re.IGNORECASE
@@ -54,6 +59,7 @@ def redact(text: str) -> str:
     text = _mask_blocks(text)
     text = _FLOW.sub(lambda m: m.group("lead") + MASK, text)
     text = _JSON.sub(lambda m: m.group("lead") + f'"{MASK}"' if m.group("value") else m.group(0), text)
+    text = _NESTED_JSON.sub(lambda m: m.group("lead") + MASK + m.group("end"), text)
     text = _ESCAPED.sub(lambda m: m.group("lead") + MASK, text)
     return _BEARER.sub(lambda m: m.group(1) + MASK, text)
 

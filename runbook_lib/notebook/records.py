@@ -3,8 +3,16 @@
 Why a hash chain and not just checksums: a SHA256SUMS file proves that nothing inside a record changed,
 but not that a whole record was deleted or slipped in later.  Each record therefore stores the SHA-256 of
 the previous record's manifest, so removing, replacing or inserting a record breaks the chain at a place
-``verify`` can name.  (The newest record can still be rewritten wholesale by someone with write access;
-copy the printed manifest hash somewhere else, e.g. a CI log, to anchor it.)
+``verify`` can name.  The chain is followed through those links (seal order), never by name: a run that
+started earlier may seal later.
+
+How far that goes: nothing after the newest record proves it, so removing or re-sealing it is detected only
+against an anchor, its manifest hash kept outside the folder (``runbook run`` prints it; ``records verify
+--expect`` checks it).  The chain is unkeyed: whoever can write the folder can forge a whole chain, or
+append a forged record after the anchor; only the anchor, held somewhere they cannot write, limits that.
+
+A directory with neither ``record.json`` nor ``SHA256SUMS`` is a run that was killed or crashed: reported
+as aborted (not as tampering) until ``seal_aborted`` seals it at the end of the chain, saying so.
 
 Why secrets are scrubbed here as well as kept out upstream: the record is the one artefact that leaves the
 machine, so every file is scrubbed of the talosconfig's and kubeconfig's key material right before it is
@@ -188,6 +196,8 @@ def _secret_pattern(value: str) -> re.Pattern[str] | None:
 
 
 def _char_forms(char: str) -> str:
+    """A regex alternation for one character: itself or any of its escaped forms (letters and digits are
+    never escaped by JSON, HTML or URL encoders, so they match themselves only)."""
     if char.isascii() and char.isalnum():
         return char
     code = ord(char)
@@ -479,6 +489,7 @@ def listed(data: dict[str, Any], key: str) -> list[dict[str, Any]]:
 
 
 def summarize(path: Path) -> RecordSummary:
+    """One line's worth of a record; a malformed record.json is kept as the problem, never raised."""
     summary = RecordSummary(name=path.name, path=path)
     try:
         data = load_record(path)
