@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import io
+import itertools
 import json
+import os
+import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -291,3 +294,130 @@ def test_kernel_log_explains_missing_modules(capsys):
     failed = failed_checks(report)
     assert "lts/production" in failed["modules"]["fix"] and "patch mc" not in failed["modules"]["fix"]
     assert "log" in failed
+
+
+# --- Issue 18 point 9: hostile or broken inputs are exit 2 naming the input, in bounded time and memory ---
+# (attack report 2026-12-01, F11 and area table 2; each input shaped as the attack built it)
+
+_EXT_HEAD = (
+    "node: 10.5.0.3\nmetadata:\n    namespace: runtime\n    type: ExtensionStatuses.runtime.talos.dev\n"
+    '    id: "0"\n    version: 1\n'
+)
+
+
+def run_bounded(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    """`runbook diagnose` in a child limited to 1 GiB of address space and 60 s: a hang or a memory blow-up
+    fails the test instead of the machine."""
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+    return subprocess.run(
+        [sys.executable, "-m", "runbook_lib", "diagnose", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+        check=False,
+        preexec_fn=limit,
+    )
+
+
+def write_input(tmp_path: Path, text: str, name: str = "input.txt") -> str:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "text", ["[" * 200_000 + "]" * 200_000, '{"a":' * 100_000 + "1" + "}" * 100_000], ids=["array", "object"]
+)
+def test_deeply_nested_json_is_refused_naming_the_input(capsys, tmp_path, text):
+    path = write_input(tmp_path, text, "ext.json")
+    code, out, err = run(capsys, "--extensions", path)
+    assert code == 2 and out == ""
+    assert f"--extensions {path}:" in err and "nest" in err
+
+
+def test_a_yaml_alias_bomb_is_refused_in_bounded_memory(tmp_path):
+    levels = "abcdefghi"
+    bomb = "lol: &a [" + ", ".join(['"lol"'] * 9) + "]\n"
+    for prev, name in itertools.pairwise(levels):
+        bomb += f"{name}{name}: &{name} [" + ", ".join([f"*{prev}"] * 9) + "]\n"
+    text = _EXT_HEAD + bomb + "spec:\n    metadata:\n        name: *i\n        version: 1.0.0\n"
+    assert len(text) < 2048
+    path = write_input(tmp_path, text, "bomb.yaml")
+    result = run_bounded("--extensions", path)
+    assert result.returncode == 2, result.stderr
+    assert f"--extensions {path}:" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("flag", ["--extensions", "--log"])
+def test_dev_zero_is_refused_as_not_a_regular_file(flag):
+    result = run_bounded(flag, "/dev/zero")
+    assert result.returncode == 2, result.stderr
+    assert f"{flag} /dev/zero:" in result.stderr and "not a regular file" in result.stderr
+
+
+def test_a_fifo_without_a_writer_is_refused_not_waited_for(tmp_path):
+    fifo = tmp_path / "ext.fifo"
+    os.mkfifo(fifo)
+    result = run_bounded("--extensions", str(fifo))
+    assert result.returncode == 2, result.stderr
+    assert f"--extensions {fifo}:" in result.stderr and "not a regular file" in result.stderr
+
+
+def test_a_two_million_digit_module_size_is_refused_naming_the_input(capsys, tmp_path):
+    line = f"nvidia {'9' * 2_000_000} 0 - Live 0xffffffffc1a8e000 (O)\n"
+    path = write_input(tmp_path, line, "modules.txt")
+    code, _, err = run(capsys, "--proc-modules", path)
+    assert code == 2 and f"--proc-modules {path}:" in err
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "spec:\n    metadata:\n        name: 123\n        version: 1.0.0\n",
+        "spec: hello\n",
+        "spec:\n    - metadata: {name: nvidia-container-toolkit-lts, version: 580.105.08-v1.12.7}\n",
+        "spec:\n    metadata:\n        name: nvidia-container-toolkit-lts\n        version: [580]\n",
+    ],
+    ids=["name-123", "spec-text", "spec-list", "version-list"],
+)
+def test_wrong_typed_extension_resources_are_refused_not_listed(capsys, tmp_path, spec):
+    path = write_input(tmp_path, _EXT_HEAD + spec, "ext.yaml")
+    code, out, err = run(capsys, "--extensions", path)
+    assert code == 2 and out == "", out
+    assert f"--extensions {path}:" in err
+
+
+@pytest.mark.parametrize("flag", ["--extensions", "--proc-modules", "--services", "--log"])
+@pytest.mark.parametrize("text", ["", "  \n\n\t\n"], ids=["empty", "whitespace"])
+def test_empty_input_is_an_error_never_a_diagnosis(capsys, tmp_path, flag, text):
+    # What a failed `talosctl -n <node> get extensions > ext.txt` leaves behind.
+    path = write_input(tmp_path, text)
+    code, out, err = run(capsys, flag, path)
+    assert code == 2 and out == ""
+    assert f"{flag} {path}: empty input" in err
+
+
+def test_empty_standard_input_is_an_error(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    code, out, err = run(capsys, "--extensions", "-")
+    assert code == 2 and out == "" and "--extensions -: empty input" in err
+
+
+def test_dev_null_is_refused(capsys):
+    code, out, err = run(capsys, "--extensions", "/dev/null")
+    assert code == 2 and out == "" and "--extensions /dev/null:" in err
+
+
+def test_an_input_larger_than_the_bound_is_refused_unread(capsys, tmp_path):
+    from runbook_lib.cli.cmd_diagnose import MAX_INPUT_BYTES
+
+    path = tmp_path / "dmesg.txt"
+    with path.open("wb") as handle:
+        handle.truncate(MAX_INPUT_BYTES + 1)  # sparse: costs no disk
+    code, out, err = run(capsys, "--log", str(path))
+    assert code == 2 and out == "" and f"--log {path}: cannot read it: larger than 32 MiB" in err

@@ -6,6 +6,11 @@ the exact command to run) is the one the runbook itself would give.
 
 Exit codes: 0 every finding ok, 1 some finding failed, 2 an input could not be read or parsed (the message
 names the file).
+
+Inputs are pasted by people and may be hostile or broken, so reading is bounded: regular files or ``-`` only
+(a FIFO with no writer would hang, ``/dev/zero`` would fill memory), at most :data:`MAX_INPUT_BYTES`, YAML
+through :mod:`runbook_lib.model.safeload` (no alias bombs, no deep nesting), and an empty input is an error:
+it is what a failed ``talosctl ... > file`` leaves, and "nothing loaded" read from it would be a lie.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from runbook_lib.errors import PermanentError
+from runbook_lib.model import safeload
 from runbook_lib.model.diagnosis import Evidence, Finding, NodeContext, classify_extensions, diagnose
 from runbook_lib.model.parsers import (
     NVIDIA_MODULES,
@@ -39,6 +45,9 @@ from runbook_lib.model.parsers import (
 from runbook_lib.model.versions import TalosVersion
 
 T = TypeVar("T")
+
+MAX_INPUT_BYTES = 32 * 1024 * 1024
+"""Largest input read: ``talosctl get extensions -o yaml`` for a 1,000-node fleet is about 10 MiB."""
 
 _INPUTS = (
     (
@@ -97,15 +106,30 @@ class _Collected:
     log: str | None = None
 
 
+def _read_bytes(path: str) -> bytes:
+    if path != "-":
+        return safeload.read_regular_file(path, MAX_INPUT_BYTES)
+    stream = getattr(sys.stdin, "buffer", None)
+    data = stream.read(MAX_INPUT_BYTES + 1) if stream is not None else sys.stdin.read(MAX_INPUT_BYTES + 1)
+    if len(data) > MAX_INPUT_BYTES:
+        raise safeload.NotReadable(f"larger than {MAX_INPUT_BYTES // (1024 * 1024)} MiB; refused")
+    return data if isinstance(data, bytes) else data.encode("utf-8")
+
+
 def _read(path: str, flag: str) -> str:
+    """The input as text: a bounded read of a regular file (or stdin), UTF-8, not blank."""
     try:
-        if path == "-":
-            return sys.stdin.read()
-        with open(path, encoding="utf-8") as handle:
-            return handle.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise InputUnreadable(f"{flag} {path}: cannot read it: {reason}") from exc
+        text = _read_bytes(path).decode("utf-8")
+    except (safeload.NotReadable, OSError) as exc:
+        raise InputUnreadable(f"{flag} {path}: cannot read it: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise InputUnreadable(f"{flag} {path}: cannot read it: not UTF-8 text (byte {exc.start})") from None
+    if not text.strip():
+        raise InputUnreadable(
+            f"{flag} {path}: empty input",
+            hint="the command that wrote it probably failed: run it again and check its exit status",
+        )
+    return text
 
 
 def _parse(path: str, flag: str, text: str, parser: Callable[[str], T]) -> T:
@@ -113,6 +137,11 @@ def _parse(path: str, flag: str, text: str, parser: Callable[[str], T]) -> T:
         return parser(text)
     except PermanentError as exc:
         raise InputUnreadable(f"{flag} {path}: {exc.message}", hint=exc.hint) from exc
+    except RecursionError:
+        raise InputUnreadable(f"{flag} {path}: nested too deeply to be a talosctl output") from None
+    except ValueError as exc:  # e.g. a 2,000,000-digit number: int() refuses more than 4,300 digits
+        reason = str(exc)[:120]
+        raise InputUnreadable(f"{flag} {path}: a value cannot be read ({reason})") from None
 
 
 def _pick_node(texts: Mapping[str, tuple[str, str]], wanted: str | None) -> str | None:

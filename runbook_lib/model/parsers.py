@@ -30,6 +30,8 @@ import yaml
 
 from runbook_lib.errors import PermanentError
 
+from . import safeload
+
 DriverFlavor = Literal["open", "proprietary"]
 
 #: The kernel modules the NVIDIA stack needs loaded (facts §1.3, Talos CI check 1).
@@ -324,7 +326,7 @@ def parse_talosctl_get(text: str) -> list[TalosResource]:
         return [_resource_from_doc(doc) for doc in _json_stream(text)]
     if fmt == "yaml":
         try:
-            docs = [doc for doc in yaml.safe_load_all(text) if doc is not None]
+            docs = [doc for doc in safeload.load_all(text) if doc is not None]
         except yaml.YAMLError as exc:
             raise OutputParseError(
                 f"invalid YAML: {exc}", hint="paste the complete output of `talosctl get … -o yaml`"
@@ -376,11 +378,11 @@ def extensions_from_resources(resources: Iterable[TalosResource]) -> list[Extens
     result: list[Extension] = []
     for res in resources:
         if res.spec is not None:
-            meta = res.spec.get("metadata") or {}
+            meta = _extension_metadata(res)
             result.append(
                 Extension(
-                    name=str(meta.get("name", "")),
-                    version=str(meta.get("version", "")),
+                    name=meta["name"],
+                    version=meta["version"],
                     id=res.id,
                     node=res.node,
                     image=str(res.spec["image"]) if res.spec.get("image") else None,
@@ -398,6 +400,25 @@ def extensions_from_resources(resources: Iterable[TalosResource]) -> list[Extens
                 )
             )
     return result
+
+
+def _extension_metadata(res: TalosResource) -> Mapping[str, Any]:
+    """``spec.metadata`` of an ExtensionStatus, whose ``name`` and ``version`` must be text.
+
+    talosctl prints them as strings (quoted when they look like numbers), so ``name: 123`` or ``spec: hello``
+    is an edited or foreign document; listing it as extension ``123`` would make every check below wrong.
+    """
+    meta = res.spec.get("metadata") if res.spec is not None and res.spec_text is None else None
+    name = meta.get("name") if isinstance(meta, dict) else None
+    version = meta.get("version") if isinstance(meta, dict) else None
+    if not isinstance(meta, dict) or not isinstance(name, str) or not name or not isinstance(version, str):
+        got = f"name {type(name).__name__}, version {type(version).__name__}"
+        raise OutputParseError(
+            f"extension {res.id!r}: spec.metadata needs a text name and version ({got}), so it is not "
+            "an ExtensionStatus as talosctl prints it",
+            hint="paste the complete, unedited output of `talosctl -n <node> get extensions -o yaml`",
+        )
+    return meta
 
 
 def extension_versions(extensions: Iterable[Extension], *, include_schematic: bool = False) -> dict[str, str]:
