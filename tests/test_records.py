@@ -619,3 +619,13 @@ def test_sealing_reads_only_the_head_of_earlier_records(
     monkeypatch.undo()
     assert records.load_record(later)["previous"]["record"] == paths[2].name
     assert records.verify(root) == []
+
+
+def test_a_run_still_seals_when_the_newest_record_lost_its_manifest(chain: tuple[Path, list[Path]]) -> None:
+    """Tampering with the folder must be reported by verify, never stop the next run from sealing."""
+    root, paths = chain
+    (paths[2] / records.MANIFEST).unlink()
+    later = write_record(root, run_id="0000000c")
+    assert (later / records.MANIFEST).is_file()
+    problems = records.verify(root)
+    assert any(paths[2].name in p and "SHA256SUMS is missing" in p for p in problems), problems

@@ -357,7 +357,7 @@ def seal(path: Path, record: dict[str, Any], *, secrets: Iterable[str] = ()) -> 
     with _chain_lock(root):
         # The last sealed, in seal order (names need not sort that way).
         previous = read_chain(root, quick=True).head
-        link = {"record": previous.name, "sha256sums": sha256_file(previous / MANIFEST)} if previous else None
+        link = {"record": previous.name, "sha256sums": _manifest_hash(previous)} if previous else None
         # The chain fields first, so the next seal reads them from the file's head (see _quick_link).
         record = {
             "format": RECORD_FORMAT,
@@ -370,6 +370,13 @@ def seal(path: Path, record: dict[str, Any], *, secrets: Iterable[str] = ()) -> 
         )
         scrub_tree(path, values)
         return write_manifest(path)
+
+
+def _manifest_hash(path: Path) -> str:
+    """The manifest's hash, or ``missing``: a tampered predecessor is for verify to report (it will), not a
+    reason to leave this run's record unsealed."""
+    manifest = path / MANIFEST
+    return sha256_file(manifest) if manifest.is_file() else "missing"
 
 
 #: What a record sealed by :func:`seal_aborted` says about itself.
