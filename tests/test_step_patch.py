@@ -83,7 +83,11 @@ def test_only_a_subset_of_nodes(tmp_path):
 
 @pytest.mark.slow
 def test_default_runtime_patch_reports_the_reboot_it_needs_before_1_14(tmp_path):
-    with sim_cluster(tmp_path, daemon=False, default_runtime_patch=True) as (params, ctx):
+    # extensions-no-patch: the toolkit (and its nvidia runtime) is there, so the default runtime is not deferred
+    with sim_cluster(tmp_path, daemon=False, scenario="extensions-no-patch", default_runtime_patch=True) as (
+        params,
+        ctx,
+    ):
         result = config_patch(ctx)
         (group,) = result.data["groups"]
         assert "/etc/cri/conf.d/20-customization.part" in group["patch"]
@@ -122,7 +126,9 @@ def test_sim_node_state_is_what_talosctl_reports(tmp_path):
 
 @pytest.mark.slow
 def test_default_runtime_patch_applied_node_by_node_waits_for_each_reboot(tmp_path):
-    with sim_cluster(tmp_path, daemon=False, default_runtime_patch=True, apply=True) as (params, ctx):
+    with sim_cluster(
+        tmp_path, daemon=False, scenario="extensions-no-patch", default_runtime_patch=True, apply=True
+    ) as (params, ctx):
         result = config_patch(ctx)
         assert result.status == "changed" and all(n.needs_reboot for n in result.nodes)
         versions = [e for e in ctx.journal.entries if "version" in e.argv]
@@ -182,10 +188,13 @@ def test_talosctl_1_3_reboot_is_seen_on_stdout(tmp_path):
     cmd/talosctl/cmd/talos/patch.go:74-79, helpers/mode.go:122-131 ``fmt.Println``); 1.4+ on stderr.  Reading
     stderr only, the default-runtime patch's "with a reboot" was missed and the next batch started while
     the nodes rebooted."""
-    with sim_cluster(tmp_path, daemon=False, talos_version="v1.3.7", default_runtime_patch=True) as (
-        params,
-        ctx,
-    ):
+    with sim_cluster(
+        tmp_path,
+        daemon=False,
+        talos_version="v1.3.7",
+        scenario="extensions-no-patch",
+        default_runtime_patch=True,
+    ) as (params, ctx):
         result = config_patch(ctx)
         (group,) = result.data["groups"]
         assert "Dry run summary:" in group["dry_run"]

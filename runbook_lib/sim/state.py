@@ -381,11 +381,18 @@ _DEFAULT_RUNTIME_RE = re.compile(r'default_runtime_name\s*=\s*"([^"]+)"')
 def _default_runtime(node: SimNode, handlers: set[str]) -> str:
     machine = v1alpha1_doc(node.machine_config).get("machine") or {}
     runtime_name = "runc"
-    for f in machine.get("files") or []:
-        if isinstance(f, dict) and str(f.get("path", "")).startswith("/etc/cri/conf.d/"):
-            m = _DEFAULT_RUNTIME_RE.search(str(f.get("content", "")))
-            if m:
-                runtime_name = m.group(1)
+    parts = [
+        str(f.get("content", ""))
+        for f in machine.get("files") or []
+        if isinstance(f, dict) and str(f.get("path", "")).startswith("/etc/cri/conf.d/")
+    ]
+    # Talos 1.14: CRICustomizationConfig documents carry the same TOML fragment (talos@v1.14.0-rc.1
+    # pkg/machinery/config/types/cri/customization.go).
+    parts += [str(d.get("content", "")) for d in node.machine_config if d.get("kind") == "CRICustomizationConfig"]
+    for content in parts:
+        m = _DEFAULT_RUNTIME_RE.search(content)
+        if m:
+            runtime_name = m.group(1)
     return runtime_name
 
 

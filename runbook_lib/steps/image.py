@@ -36,7 +36,7 @@ from runbook_lib.model.versions import TalosVersion
 from . import image_diagnosis, image_risks
 from .context import Context
 from .image_risks import NodeFacts
-from .patch import read_configs, wanted_documents
+from .patch import config_patch, read_configs, wanted_documents
 from .results import Check, NodeResult, StepResult
 
 Progress = Callable[[int, int], None]
@@ -267,6 +267,11 @@ def image_upgrade(
     if not do_apply:
         for plan in todo:
             results[plan.node.address].status = "planned"
+        if ctx.params.default_runtime_patch:
+            result.notes.append(
+                "after the upgrade, the default-runtime patch is applied to the upgraded nodes "
+                "(a reboot up to Talos 1.13): it needs the toolkit's nvidia runtime"
+            )
         return _finish(result)
     if blocked or not factory_ok:
         reason = "a node cannot be read or upgraded safely" if blocked else "the Image Factory checks failed"
@@ -297,7 +302,33 @@ def image_upgrade(
                         results[plan.node.address], "not touched: the rollout stopped at the first failure"
                     )
             break
-    return _finish(result)
+    return _finish(_default_runtime_after_upgrade(ctx, result))
+
+
+def _default_runtime_after_upgrade(ctx: Context, result: StepResult) -> StepResult:
+    """Apply the default-runtime patch the config-patch step deferred, now that the nodes run the toolkit.
+
+    Why here: containerd refuses a default runtime it has no definition for, and the ``nvidia`` runtime
+    comes with the toolkit extension this step installs (see ``patch.nodes_with_nvidia_runtime``).  Only
+    nodes on the planned image get it; ``config_patch`` applies only what a node lacks, so a re-run is a
+    no-op, and it waits for the reboot a ``machine.files`` change needs up to Talos 1.13.
+    """
+    ready = [r.node for r in result.nodes if r.status in ("changed", "unchanged")]
+    if not ctx.params.default_runtime_patch or not ready:
+        return result
+    follow = config_patch(ctx, only=ready, apply=True)
+    by_name = {r.node: r for r in result.nodes}
+    for patched in follow.nodes:
+        res = by_name[patched.node]
+        if patched.status == "changed":
+            res.status = "changed"
+            res.message = "; ".join(m for m in (res.message, "default runtime nvidia set") if m)
+        elif patched.status == "failed":
+            res.status = "failed"
+            res.message = f"upgraded, but the default-runtime patch failed: {patched.message}"
+            res.checks += patched.checks
+    result.data["default_runtime"] = follow.counts()
+    return result
 
 
 def _guard(

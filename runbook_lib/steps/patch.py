@@ -17,6 +17,7 @@ from typing import Any
 
 from runbook_lib.model.machineconfig import FileConflict, config_documents, contains, remaining_patch
 from runbook_lib.model.params import Node
+from runbook_lib.model.parsers import extension_versions, extensions_from_resources
 from runbook_lib.model.profiles import render_documents
 from runbook_lib.model.redact import redact
 
@@ -28,15 +29,42 @@ Progress = Callable[[int, int], None]
 ACTIVE_CONFIG_ID = "v1alpha1"
 
 
-def wanted_documents(ctx: Context, node: Node) -> list[dict[str, Any]]:
+def wanted_documents(ctx: Context, node: Node, *, default_runtime: bool = True) -> list[dict[str, Any]]:
+    """The patch documents the node should carry; ``default_runtime`` False leaves out the default-runtime
+    patch (see :func:`nodes_with_nvidia_runtime`)."""
     profile = ctx.params.profile(node)
     images = (
         profile.install_extension_images() if profile.extension_delivery == "install-extensions" else None
     )
     docs = profile.machine_config_patch_documents(install_images=images)
-    if ctx.params.default_runtime_patch:
+    if ctx.params.default_runtime_patch and default_runtime:
         docs += profile.default_runtime_documents()
     return docs
+
+
+def nodes_with_nvidia_runtime(ctx: Context, nodes: list[Node]) -> set[str]:
+    """Addresses of the nodes whose image has the container toolkit, i.e. a containerd ``nvidia`` runtime.
+
+    Why: containerd refuses a CRI config whose ``default_runtime_name`` names no configured runtime ("no
+    corresponding runtime configured in `containerd.runtimes`", containerd internal/cri/config/config.go
+    ``ValidateRuntimeConfig``), and the ``nvidia`` runtime comes with the toolkit extension
+    (extensions@v1.12.0:nvidia-gpu/nvidia-container-toolkit/nvidia-container-runtime/
+    10-nvidia-container-runtime.part).  The config patch runs before the image upgrade, so making ``nvidia``
+    the default there would take the node's CRI, and every pod on it, down until the upgrade: it waits
+    for the toolkit, and the image step applies it after the upgrade.  One ``get extensions`` call, made
+    only when the default-runtime patch is asked for.
+    """
+    if not ctx.params.default_runtime_patch:
+        return {n.address for n in nodes}
+    fan = ctx.talosctl.get("extensions", [n.address for n in nodes])
+    return {
+        address
+        for address, resources in fan.by_node().items()
+        if any(
+            "nvidia-container-toolkit" in name
+            for name in extension_versions(extensions_from_resources(resources))
+        )
+    }
 
 
 def read_configs(ctx: Context, nodes: list[Node]) -> tuple[dict[str, list[dict[str, Any]]], dict[str, str]]:
@@ -64,6 +92,7 @@ def config_patch(
     nodes = ctx.nodes(only)
     result = StepResult(step="config-patch", applied=do_apply)
     configs, errors = read_configs(ctx, nodes)
+    runtime_ready = nodes_with_nvidia_runtime(ctx, nodes)
     by_address: dict[str, NodeResult] = {}
     groups: dict[str, list[Node]] = {}
     for node in nodes:
@@ -78,7 +107,10 @@ def config_patch(
             )
             continue
         try:
-            remaining = remaining_patch(wanted_documents(ctx, node), configs[node.address])
+            if node.address not in runtime_ready:
+                res.data["default_runtime_deferred"] = True
+            wanted = wanted_documents(ctx, node, default_runtime=node.address in runtime_ready)
+            remaining = remaining_patch(wanted, configs[node.address])
         except FileConflict as exc:
             res.status = "failed"
             res.message = str(exc)
@@ -91,6 +123,14 @@ def config_patch(
         res.status = "planned"
         groups.setdefault(render_documents(remaining), []).append(node)
 
+    deferred = [n.name for n in nodes if by_address[n.address].data.get("default_runtime_deferred")]
+    if deferred:
+        result.data["default_runtime_deferred"] = deferred
+        result.notes.append(
+            f"default runtime nvidia deferred on {len(deferred)} node(s): their image has no NVIDIA container "
+            "toolkit yet, and containerd refuses a default runtime it has no definition for; the image step "
+            "applies it right after the upgrade"
+        )
     result.data["groups"] = []
     # Every group's dry run at once: the groups are independent and a dry run changes nothing.
     dry_runs = ctx.talosctl.patch_machineconfigs(
@@ -210,7 +250,8 @@ def _confirm(ctx: Context, result: StepResult, by_address: dict[str, NodeResult]
     configs, errors = read_configs(ctx, changed)
     for node in changed:
         res = by_address[node.address]
-        ok = node.address in configs and contains(configs[node.address], wanted_documents(ctx, node))
+        wanted = wanted_documents(ctx, node, default_runtime=not res.data.get("default_runtime_deferred"))
+        ok = node.address in configs and contains(configs[node.address], wanted)
         message = (
             "the node's config now contains the patch"
             if ok
