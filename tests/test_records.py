@@ -629,3 +629,15 @@ def test_a_run_still_seals_when_the_newest_record_lost_its_manifest(chain: tuple
     assert (later / records.MANIFEST).is_file()
     problems = records.verify(root)
     assert any(paths[2].name in p and "SHA256SUMS is missing" in p for p in problems), problems
+
+
+def test_seal_aborted_scrubs_the_credentials_of_the_aborted_run(tmp_path: Path) -> None:
+    """The aborted run never reached its seal-time scrub: seal-aborted does it, with the configs its
+    params.yaml names."""
+    kubeconfig = _kubeconfig_with_block_token(tmp_path)
+    root = tmp_path / "records"
+    aborted = _unsealed(root, "00000002", text=f"Invalid header value b'Bearer {NL_TOKEN}\\n'")
+    (aborted / "params.yaml").write_text(f"target: cluster\nkubeconfig: {kubeconfig}\napply: false\n")
+    assert main(["records", "seal-aborted", aborted.name, "--dir", str(root)]) == 0
+    for file in (p for p in aborted.rglob("*") if p.is_file()):
+        assert b"MRKR" not in file.read_bytes(), file.name
