@@ -388,7 +388,9 @@ def _default_runtime(node: SimNode, handlers: set[str]) -> str:
     ]
     # Talos 1.14: CRICustomizationConfig documents carry the same TOML fragment (talos@v1.14.0-rc.1
     # pkg/machinery/config/types/cri/customization.go).
-    parts += [str(d.get("content", "")) for d in node.machine_config if d.get("kind") == "CRICustomizationConfig"]
+    parts += [
+        str(d.get("content", "")) for d in node.machine_config if d.get("kind") == "CRICustomizationConfig"
+    ]
     for content in parts:
         m = _DEFAULT_RUNTIME_RE.search(content)
         if m:
