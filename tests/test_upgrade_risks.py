@@ -15,7 +15,9 @@ import pytest
 from runbook_lib.errors import PermanentError
 from runbook_lib.model.boot_assets import installer_image
 from runbook_lib.model.machineconfig import config_documents
+from runbook_lib.model.params import validate
 from runbook_lib.model.parsers import parse_talosctl_get
+from runbook_lib.model.plan import build_plan
 from runbook_lib.model.schematic import schematic_for
 from runbook_lib.model.upgrade_risks import (
     dropped_extensions,
@@ -197,3 +199,17 @@ def test_platform_that_cannot_name_an_image_is_refused() -> None:
     repository name cannot have (OCI distribution spec); the factory's answer for it is not known."""
     with pytest.raises(PermanentError, match="equinixMetal"):
         installer_image("https://factory.talos.dev", GPU, "v1.12.7", platform="equinixMetal")
+
+
+def _plan_notes(version: str) -> list[str]:
+    nodes = [{"name": "n", "address": "10.0.0.1"}]
+    return build_plan(validate({"cluster": "c", "talos_version": version, "nodes": nodes}, source="t")).notes
+
+
+def test_plan_says_the_installer_platform_and_the_extensions_are_the_nodes() -> None:
+    """The offline plan cannot read nodes: it says that the image step uses each node's platform installer
+    and refuses to drop extensions the node runs, so nobody approves ``metal-installer`` for AWS nodes."""
+    notes = " ".join(_plan_notes("v1.12.7"))
+    assert "<platform>-installer" in notes and "get platformmetadata" in notes
+    assert "extra_extensions" in notes
+    assert "<platform>-installer" not in " ".join(_plan_notes("v1.9.6"))  # one installer for every platform

@@ -51,6 +51,9 @@ SIM_SCENARIOS = (
     "upgrade-hangs",
     "slow-node",
     "mixed-fleet",
+    "aws",
+    "storage-extensions",
+    "kernel-args-before-1-12",
     "chaos",
 )
 _SECRET_HINT = "give a path to the file, never its contents"

@@ -128,6 +128,22 @@ def _installer(params: Params, schematic: Schematic | None) -> str:
     )
 
 
+def _image_notes(params: Params, profile: GpuProfile) -> list[str]:
+    """What the image step decides per node, which the offline plan cannot show (``steps.image_risks``)."""
+    if profile.extension_delivery != "image-factory":
+        return []
+    notes = [
+        "the image step refuses to upgrade a node that runs extensions this schematic lacks (iscsi-tools, "
+        "drbd…): the upgrade would remove them; it names the extra_extensions line that keeps them"
+    ]
+    if params.talos.at_least(1, 10):
+        notes.append(
+            "installer_image is the metal one: the image step upgrades each node with its own "
+            "<platform>-installer (talosctl get platformmetadata, e.g. aws-installer)"
+        )
+    return notes
+
+
 def build_plan(params: Params) -> Plan:
     """Resolve the parameters into the concrete plan (pure; the same parameters give the same plan)."""
     profile = params.profile()
@@ -143,6 +159,7 @@ def build_plan(params: Params) -> Plan:
             f"Talos {profile.talos} predates the Image Factory: extensions are installed through "
             "machine.install.extensions and an upgrade to the stock installer; check that the image tags exist"
         )
+    notes += _image_notes(params, profile)
     if layer == "device-plugin" and params.talos.at_least(1, 13):
         notes.append("Talos ≥ 1.13 docs use the GPU Operator; the device plugin is kept here by request")
     schematic = node_schematic(params)

@@ -14,7 +14,7 @@ from typing import Any
 
 from runbook_lib.sim import catalog
 from runbook_lib.sim.patching import StrategicPatch, apply_strategic, dump_yaml
-from runbook_lib.sim.state import Gpu, SimNode, minor_of
+from runbook_lib.sim.state import Gpu, SimNode, minor_of, v1alpha1_doc
 from runbook_lib.sim.talosctl import images
 
 
@@ -139,6 +139,27 @@ def _chaos(state_dir: Path, nodes: list[SimNode]) -> None:
             n.reachable = False
 
 
+def _on_aws(_state_dir: Path, nodes: list[SimNode]) -> None:
+    for n in nodes:
+        n.platform = "aws"
+
+
+def _storage_extensions(state_dir: Path, nodes: list[SimNode]) -> None:
+    """The last worker booted a schematic with iscsi-tools (as nodes serving Longhorn or iSCSI volumes do)."""
+    node = _first_worker(nodes)
+    names = ["siderolabs/iscsi-tools"]
+    available = {e["name"]: e for e in images.official_extensions(node.talos_version)}
+    node.schematic_id = register_schematic(state_dir, names)
+    node.extensions = [images.to_installed(available[n]) for n in names]
+
+
+def _kernel_args_before_1_12(_state_dir: Path, nodes: list[SimNode]) -> None:
+    """The last worker's config was generated before Talos 1.12 (no ``grubUseUKICmdline``) with kernel args."""
+    install = v1alpha1_doc(_first_worker(nodes).machine_config)["machine"]["install"]
+    install.pop("grubUseUKICmdline", None)
+    install["extraKernelArgs"] = ["intel_iommu=on", "iommu=pt"]
+
+
 @dataclass(frozen=True)
 class Scenario:
     description: str
@@ -172,6 +193,16 @@ SCENARIOS: dict[str, Scenario] = {
     "upgrade-hangs": Scenario("last worker: upgrade hangs until --timeout", _fault("upgrade_hangs")),
     "slow-node": Scenario("last worker answers 2 s late", _fault("slow_ms", 2000)),
     "mixed-fleet": Scenario("every third worker has no GPU, every other GPU is an H100", _mixed_fleet),
+    "aws": Scenario("every node runs on AWS (PlatformMetadata platform: aws)", _on_aws),
+    "storage-extensions": Scenario(
+        "last worker runs iscsi-tools, which the GPU schematic lacks unless extra_extensions keeps it",
+        _storage_extensions,
+    ),
+    "kernel-args-before-1-12": Scenario(
+        "last worker: config generated before Talos 1.12 with machine.install.extraKernelArgs (GRUB builds "
+        "the command line from them)",
+        _kernel_args_before_1_12,
+    ),
     "chaos": Scenario("unreachable, slow, unsupported-GPU and failing-upgrade workers at once", _chaos),
 }
 
