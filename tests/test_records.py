@@ -641,3 +641,19 @@ def test_seal_aborted_scrubs_the_credentials_of_the_aborted_run(tmp_path: Path) 
     assert main(["records", "seal-aborted", aborted.name, "--dir", str(root)]) == 0
     for file in (p for p in aborted.rglob("*") if p.is_file()):
         assert b"MRKR" not in file.read_bytes(), file.name
+
+
+def test_seal_aborted_refuses_while_a_run_applies_into_the_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A directory without record.json may belong to a run still applying: sealing it would race that
+    run's own seal.  An applying run holds the folder's apply lock (runbook_lib/notebook/lock.py)."""
+    from runbook_lib.notebook import lock
+
+    root = tmp_path / "records"
+    running = _unsealed(root, "00000002")
+    with lock.exclusive(root / lock.RECORDS_LOCK, f"the records folder {root}"):
+        assert main(["records", "seal-aborted", running.name, "--dir", str(root)]) == 2
+    assert "being changed by another run" in capsys.readouterr().err
+    assert records.is_unsealed(running)
+    assert main(["records", "seal-aborted", running.name, "--dir", str(root)]) == 0

@@ -453,6 +453,8 @@ def _seal_aborted(args: argparse.Namespace) -> int:
     if params.get("target", "simulated") == "simulated":
         state = Path(args.state) if args.state else sim_state.default_state_dir()
         paths += [str(state / "talosconfig"), str(state / "kubeconfig")]
-    digest = records.seal_aborted(path, secrets=records.secret_values(*paths))
+    # A run applying into this folder holds this lock: the directory may be its own, not an aborted one.
+    with lock.exclusive(root / lock.RECORDS_LOCK, f"the records folder {root}"):
+        digest = records.seal_aborted(path, secrets=records.secret_values(*paths))
     sys.stdout.write(f"sealed {path.name} as an aborted run\n" + _head_line(path))
     return 0 if digest else 1
