@@ -421,3 +421,40 @@ def test_an_input_larger_than_the_bound_is_refused_unread(capsys, tmp_path):
         handle.truncate(MAX_INPUT_BYTES + 1)  # sparse: costs no disk
     code, out, err = run(capsys, "--log", str(path))
     assert code == 2 and out == "" and f"--log {path}: cannot read it: larger than 32 MiB" in err
+
+
+def _resource(kind: str, rid: str, spec: str) -> str:
+    return (
+        f"node: 10.5.0.3\nmetadata:\n    namespace: runtime\n    type: {kind}\n    id: {rid}\n"
+        f"    version: 1\n{spec}"
+    )
+
+
+_MODULE = "LoadedKernelModules.runtime.talos.dev"
+_SERVICE = "Services.v1alpha1.talos.dev"
+
+
+@pytest.mark.parametrize(
+    ("flag", "text"),
+    [
+        ("--proc-modules", _resource(_MODULE, "nvidia", "spec: hello\n")),
+        ("--proc-modules", _resource(_MODULE, "nvidia", "spec: [Live]\n")),
+        ("--proc-modules", _resource(_MODULE, "nvidia", "spec:\n    name: 123\n    state: Live\n")),
+        ("--proc-modules", _resource(_MODULE, "nvidia", "spec:\n    state: [Live]\n")),
+        ("--services", _resource(_SERVICE, "ext-nvidia-persistenced", "spec: hello\n")),
+        ("--services", _resource(_SERVICE, "ext-nvidia-persistenced", "spec:\n    running: [true]\n")),
+    ],
+    ids=[
+        "module-spec-text",
+        "module-spec-list",
+        "module-name-123",
+        "module-state-list",
+        "service-text",
+        "service-list",
+    ],
+)
+def test_wrong_typed_module_and_service_resources_are_refused(capsys, tmp_path, flag, text):
+    path = write_input(tmp_path, text, "res.yaml")
+    code, out, err = run(capsys, flag, path)
+    assert code == 2 and out == "", out
+    assert f"{flag} {path}:" in err

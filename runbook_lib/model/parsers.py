@@ -234,6 +234,11 @@ def _resource_from_doc(doc: Any) -> TalosResource:
     meta = doc["metadata"]
     spec = doc.get("spec")
     node = doc.get("node")
+    if spec is not None and not isinstance(spec, dict | str):
+        raise OutputParseError(
+            f"resource {meta.get('id')!r}: 'spec' is a {type(spec).__name__}, not a mapping",
+            hint="paste the complete, unedited output of `talosctl get <type> -o yaml` or `-o json`",
+        )
     return TalosResource(
         node=str(node) if node not in (None, "") else None,
         namespace=str(meta.get("namespace", "")),
@@ -402,6 +407,24 @@ def extensions_from_resources(resources: Iterable[TalosResource]) -> list[Extens
     return result
 
 
+def _typed_spec(res: TalosResource, what: str, types: Mapping[str, type]) -> Mapping[str, Any]:
+    """The spec of a ``what`` resource, refused when it is text or a field has another type than talosctl
+    prints (``state: [Live]``, ``running: [true]``): a guess from such a document would be a wrong diagnosis."""
+    spec = res.spec if res.spec is not None and res.spec_text is None else None
+    bad = [
+        key
+        for key, kind in types.items()
+        if spec is not None and spec.get(key) is not None and not isinstance(spec[key], kind)
+    ]
+    if spec is None or bad:
+        problem = "'spec' is text" if spec is None else f"spec.{bad[0]} is not a {types[bad[0]].__name__}"
+        raise OutputParseError(
+            f"{what} {res.id!r}: {problem}, so it is not a resource as talosctl prints it",
+            hint=f"paste the complete, unedited output of `talosctl -n <node> get {what}s -o yaml`",
+        )
+    return spec
+
+
 def _extension_metadata(res: TalosResource) -> Mapping[str, Any]:
     """``spec.metadata`` of an ExtensionStatus, whose ``name`` and ``version`` must be text.
 
@@ -469,7 +492,7 @@ def modules_from_resources(resources: Iterable[TalosResource]) -> dict[str, Kern
     modules: dict[str, KernelModule] = {}
     for res in resources:
         if res.spec is not None:
-            spec = res.spec
+            spec = _typed_spec(res, "module", {"name": str, "state": str, "dependencies": list})
             name = str(spec.get("name") or res.id)
             ref = spec.get("referenceCount", spec.get("instances"))
             deps = spec.get("dependencies") or []
@@ -557,7 +580,11 @@ def services_from_resources(resources: Iterable[TalosResource]) -> dict[str, Ser
     """Services by ID from already-parsed ``Service`` resources."""
     services: dict[str, ServiceStatus] = {}
     for res in resources:
-        src: Mapping[str, Any] = res.spec if res.spec is not None else {}
+        src: Mapping[str, Any] = (
+            _typed_spec(res, "service", {"running": bool, "healthy": bool, "unknown": bool})
+            if res.spec is not None
+            else {}
+        )
         if res.spec is None:
             src = {
                 "running": res.columns.get("RUNNING"),
