@@ -238,7 +238,9 @@ def test_extensions_the_plan_lacks_block_the_upgrade_with_the_line_that_keeps_th
     node = plan.node("talos-worker-2")
     assert node.status == "failed"
     assert "siderolabs/iscsi-tools, siderolabs/qemu-guest-agent" in node.message
-    assert [c.fix for c in node.checks if not c.ok] == [f"add to the parameters: {keep}"]
+    assert [c.fix for c in node.checks if not c.ok] == [
+        f"add to the parameters: {keep} (every GPU node), or to this node's overrides: {keep}"
+    ]
     assert plan.data["dropped_extensions"] == {
         "talos-worker-2": ["siderolabs/iscsi-tools", "siderolabs/qemu-guest-agent"]
     }
@@ -309,4 +311,36 @@ def test_storage_extensions_scenario_is_refused_with_the_line_that_keeps_iscsi_t
         plan = image_upgrade(_ctx(state, apply=False))
         assert [n.status for n in plan.nodes] == ["planned", "planned", "failed"]
         fix = [c.fix for c in plan.nodes[2].checks if not c.ok]
-        assert fix == ["add to the parameters: extra_extensions: [siderolabs/iscsi-tools]"]
+        assert fix[0].startswith("add to the parameters: extra_extensions: [siderolabs/iscsi-tools] (every")
+
+
+def test_before_the_image_factory_other_extensions_are_kept_by_the_config_and_not_refused(
+    tmp_path: Path,
+) -> None:
+    """Talos 1.3-1.4 install what ``machine.install.extensions`` lists, and the patch appends the NVIDIA images
+    to that list (the field has no ``merge:"replace"``, talos@v1.4.8:pkg/machinery/config/types/v1alpha1/
+    v1alpha1_types.go:1317), so an iscsi-tools image listed there stays: no schematic replaces it."""
+    from tests.simcluster import sim_cluster
+
+    with sim_cluster(tmp_path, talos_version="v1.4.8") as (_params, ctx):
+        _add_extensions(tmp_path, "talos-worker-1", ["iscsi-tools"])
+        plan = image_upgrade(ctx, apply=False)
+        assert [n.status for n in plan.nodes] == ["planned", "planned"]
+        assert "dropped_extensions" not in plan.data
+
+
+def test_the_line_that_keeps_extensions_adds_to_what_the_parameters_already_ask(
+    sim: tuple[Path, factory.FactoryServer],
+) -> None:
+    state, _server = sim
+    _add_extensions(state, "talos-worker-2", ["iscsi-tools", "zfs"])
+    nodes = [{"name": f"talos-worker-{i}", "address": f"10.5.0.{2 + i}"} for i in (1, 2, 3)]
+    nodes[1]["overrides"] = {"extra_extensions": ["siderolabs/zfs"]}
+    plan = image_upgrade(
+        _ctx(state, apply=False, nodes=nodes, extra_extensions=["siderolabs/util-linux-tools"])
+    )
+    (check,) = [c for c in plan.node("talos-worker-2").checks if not c.ok]
+    assert check.fix == (
+        "add to the parameters: extra_extensions: [siderolabs/util-linux-tools, siderolabs/iscsi-tools] "
+        "(every GPU node), or to this node's overrides: extra_extensions: [siderolabs/zfs, siderolabs/iscsi-tools]"
+    )

@@ -336,10 +336,13 @@ def _guard(
 ) -> NodeImage | None:
     """The node's plan with ``--legacy`` when it needs it, or None (and the node failed) when the upgrade
     would silently drop extensions or cannot name the node's platform installer (``image_risks``)."""
-    dropped = dropped_extensions(state.extensions, plan.extensions)
+    # Before the Image Factory (no schematic) the stock installer installs what machine.install.extensions
+    # lists, and the patch appends the NVIDIA images to that list: the node's other extensions stay.
+    current = list(state.extensions) if plan.schematic is not None else []
+    dropped = dropped_extensions(current, plan.extensions)
     if dropped:
         result.data.setdefault("dropped_extensions", {})[plan.node.name] = dropped
-    refused = image_risks.refusals(ctx, plan.node, fact, plan.extensions, list(state.extensions))
+    refused = image_risks.refusals(ctx, plan.node, fact, plan.extensions, current)
     if refused:
         res.status = "failed"
         res.message = "; ".join(c.message for c in refused)

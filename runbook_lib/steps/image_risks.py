@@ -83,9 +83,10 @@ def refusals(
     checks += _platform_check(ctx, node, fact)
     dropped = dropped_extensions(current, planned)
     if dropped:
-        extra = [*ctx.params.extra_extensions, *node.overrides.extra_extensions]
+        every = keep_extensions_line(ctx.params.extra_extensions, dropped)
+        own = keep_extensions_line(node.overrides.extra_extensions, dropped)
         message = f"the upgrade would remove {', '.join(dropped)}: the new schematic has only the planned extensions"
-        fix = f"add to the parameters: {keep_extensions_line(extra, dropped)}"
+        fix = f"add to the parameters: {every} (every GPU node), or to this node's overrides: {own}"
         checks.append(
             Check("no extension dropped", False, message, fix=fix, cause="extensions not in the plan")
         )
