@@ -353,3 +353,9 @@ def test_the_default_namespace_is_refused(tmp_path, section):
     # it there is this project's choice, for the label.
     (problem,) = problems(tmp_path, {**GOOD, section: {"namespace": "default"}})
     assert problem.startswith(f"{tmp_path}/cluster.yaml: {section}.namespace:") and "'default'" in problem
+
+
+def test_a_boolean_where_a_number_belongs_says_so(tmp_path):
+    # YAML reads `true` as a bool and Python's bool is an int: pydantic's lax mode took it as 1.
+    (problem,) = problems(tmp_path, yaml.safe_dump(GOOD) + "rollout_concurrency: true\n")
+    assert "a whole number, not true or false" in problem

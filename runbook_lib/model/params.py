@@ -42,6 +42,7 @@ DAY_SECONDS = 86_400
 SIM_SCENARIOS = (
     "fresh",
     "gpu-ready",
+    "config-patched",
     "extensions-no-patch",
     "driver-mismatch",
     "toolkit-missing",
@@ -392,6 +393,8 @@ def _problem_from_pydantic(source: str, error: Mapping[str, Any]) -> ParameterPr
     if kind == "missing":
         return ParameterProblem(source, format_loc(loc), "required parameter is missing")
     message = error["msg"]
+    if kind == "int_type" and isinstance(error.get("input"), bool):
+        message = "must be a whole number, not true or false"
     if message.startswith("Value error, "):
         message = message.removeprefix("Value error, ")
     secret_field = bool(loc) and loc[-1] in _SECRET_FIELDS
