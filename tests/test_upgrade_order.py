@@ -10,9 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from runbook_lib.model.profiles import profile_for, render_documents
 from runbook_lib.sim.state import load_nodes, runtime
+from runbook_lib.steps.context import Context
 from runbook_lib.steps.image import image_upgrade
 from runbook_lib.steps.patch import config_patch
+from tests.sim.waiting import wait_for
 from tests.simcluster import sim_cluster
 
 pytestmark = pytest.mark.slow
@@ -67,3 +70,27 @@ def test_default_runtime_patch_waits_until_the_image_brings_the_nvidia_runtime(
         assert {runtime(n).default_runtime for n in gpu_nodes} == {"nvidia"}
         assert all(_cri_accepts_default_runtime(state).values())
         assert config_patch(ctx, apply=False).counts() == {"unchanged": 2}
+
+
+def _ready(ctx: Context, name: str) -> tuple[str, str]:
+    [node] = [n for n in ctx.kube.nodes() if n["metadata"]["name"] == name]
+    [cond] = [c for c in node["status"]["conditions"] if c["type"] == "Ready"]
+    return cond["status"], cond.get("message", "")
+
+
+def test_simulated_node_is_not_ready_while_containerd_lacks_its_default_runtime(tmp_path: Path) -> None:
+    """What the deferral above prevents, as a user would see it: containerd's CRI does not load with a
+    default runtime it has no definition for (containerd internal/cri/config/config.go
+    ``ValidateRuntimeConfig``), so the kubelet reports Ready=False "container runtime is down" (the message
+    users capture, e.g. ``kubectl describe node``; the kubelet source was not checked at a tag)."""
+    state = tmp_path / "sim"
+    with sim_cluster(state, talos_version="v1.12.7", workers=1) as (params, ctx):
+        name, address = params.nodes[0].name, params.nodes[0].address
+        wait_for(lambda: _ready(ctx, name)[0] == "True")
+        docs = profile_for("v1.12.7").default_runtime_documents()
+        patch = ctx.talosctl.patch_machineconfigs([(render_documents(docs), [address])], dry_run=False)
+        assert patch[0].ok
+        assert wait_for(lambda: _ready(ctx, name) == ("False", "container runtime is down"))
+        assert config_patch(ctx, apply=True).ok
+        assert image_upgrade(ctx, apply=True, settle_timeout=10.0, poll_interval=0.1).ok
+        assert wait_for(lambda: _ready(ctx, name)[0] == "True")

@@ -102,6 +102,38 @@ class NodeView:
     fingerprint: str
 
 
+def _cri_down(view: NodeView) -> bool:
+    """containerd's CRI does not load when its default runtime has no definition ("no corresponding runtime
+    configured in `containerd.runtimes`", containerd internal/cri/config/config.go ``ValidateRuntimeConfig``),
+    e.g. ``default_runtime_name = "nvidia"`` before the toolkit extension brings the ``nvidia`` runtime."""
+    return view.rt.default_runtime not in view.rt.cri_runtime_handlers
+
+
+def _ready_condition(unreachable: bool, cri_down: bool) -> dict[str, str]:
+    """The node's Ready condition: Unknown when the kubelet stopped posting, False while the CRI is down
+    (the kubelet's "container runtime is down", as users capture it; not checked in the kubelet source)."""
+    if unreachable:
+        return {
+            "type": "Ready",
+            "status": "Unknown",
+            "reason": "NodeStatusUnknown",
+            "message": "Kubelet stopped posting node status.",
+        }
+    if cri_down:
+        return {
+            "type": "Ready",
+            "status": "False",
+            "reason": "KubeletNotReady",
+            "message": "container runtime is down",
+        }
+    return {
+        "type": "Ready",
+        "status": "True",
+        "reason": "KubeletReady",
+        "message": "kubelet is posting ready status",
+    }
+
+
 def _gpu_access(view: NodeView, handler: str) -> tuple[bool, str | None, str]:
     """Can a container started with ``handler`` use the GPUs? Returns (visible, start_error, why-not).
 
@@ -598,21 +630,9 @@ class Controllers:
                 {"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule"},
                 {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"},
             ]
-        ready_cond = (
-            {
-                "type": "Ready",
-                "status": "Unknown",
-                "reason": "NodeStatusUnknown",
-                "message": "Kubelet stopped posting node status.",
-            }
-            if not_ready
-            else {
-                "type": "Ready",
-                "status": "True",
-                "reason": "KubeletReady",
-                "message": "kubelet is posting ready status",
-            }
-        )
+        elif _cri_down(view):
+            taints.append({"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"})
+        ready_cond = _ready_condition(not_ready, _cri_down(view))
         capacity = {
             "cpu": "16",
             "memory": "65851340Ki",

@@ -1,0 +1,67 @@
+package main
+
+import (
+	"context"
+
+	"github.com/siderolabs/talos/pkg/machinery/api/machine"
+	"google.golang.org/protobuf/types/known/emptypb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+)
+
+// machineServer is one node's MachineService: only the calls the runbook makes; the rest answer
+// Unimplemented, which a real node never does (so a test that hits one fails loudly).
+type machineServer struct {
+	machine.UnimplementedMachineServiceServer
+
+	node *NodeSpec
+}
+
+// Version answers like machined (talos@v1.12.0:internal/app/machined/internal/server/v1alpha1/v1alpha1_server.go:1178-1206):
+// one message without metadata (apid's backend appends the node's), platform, RBAC enabled once configured.
+// The build fields (SHA, Go version) are the nodes file's: simnode has no source for a release's values.
+func (s *machineServer) Version(context.Context, *emptypb.Empty) (*machine.VersionResponse, error) {
+	return &machine.VersionResponse{
+		Messages: []*machine.Version{{
+			Version: &machine.VersionInfo{
+				Tag:       s.node.TalosVersion,
+				Sha:       s.node.SHA,
+				GoVersion: s.node.GoVersion,
+				Os:        "linux",
+				Arch:      "amd64",
+			},
+			Platform: &machine.PlatformInfo{Name: "metal", Mode: "metal"},
+			Features: &machine.FeaturesInfo{Rbac: true},
+		}},
+	}, nil
+}
+
+// ServiceList answers like machined (same file, :707-719) with ServiceRunner.AsProto's fields
+// (talos@v1.12.0:internal/app/machined/pkg/system/service_runner.go:377-387).
+func (s *machineServer) ServiceList(context.Context, *emptypb.Empty) (*machine.ServiceListResponse, error) {
+	services := make([]*machine.ServiceInfo, 0, len(s.node.Services))
+
+	for _, svc := range s.node.Services {
+		services = append(services, serviceInfo(svc))
+	}
+
+	return &machine.ServiceListResponse{Messages: []*machine.ServiceList{{Services: services}}}, nil
+}
+
+func serviceInfo(svc ServiceSpec) *machine.ServiceInfo {
+	events := make([]*machine.ServiceEvent, 0, len(svc.Events))
+	for _, ev := range svc.Events {
+		events = append(events, &machine.ServiceEvent{Msg: ev.Msg, State: ev.State, Ts: timestamppb.New(ev.Ts)})
+	}
+
+	health := &machine.ServiceHealth{Unknown: svc.Healthy == nil, LastMessage: svc.LastMessage}
+	if svc.Healthy != nil {
+		health.Healthy = *svc.Healthy
+	}
+
+	return &machine.ServiceInfo{
+		Id:     svc.ID,
+		State:  svc.State,
+		Events: &machine.ServiceEvents{Events: events},
+		Health: health,
+	}
+}

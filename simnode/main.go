@@ -1,0 +1,157 @@
+// Command simnode serves the Talos API of simulated nodes to the real talosctl.
+//
+// One process plays apid on 127.0.0.1 (mTLS, routing by the "node"/"nodes" gRPC metadata) and, behind it,
+// one machined per node (MachineService and the COSI state) built from a JSON nodes file. See README.md.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+
+	cosiapi "github.com/cosi-project/runtime/api/v1alpha1"
+	"github.com/cosi-project/runtime/pkg/state/protobuf/server"
+	"github.com/siderolabs/grpc-proxy/proxy"
+	"github.com/siderolabs/talos/pkg/machinery/api/machine"
+	"github.com/siderolabs/talos/pkg/machinery/constants"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/test/bufconn"
+)
+
+// errUsage marks bad input: exit status 2.
+var errUsage = errors.New("usage")
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintf(os.Stderr, "simnode: %v\n", err)
+
+		if errors.Is(err, errUsage) {
+			os.Exit(2)
+		}
+
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	nodesPath := flag.String("nodes", "", "JSON file with the state of every simulated node (see README.md)")
+	stateDir := flag.String("state-dir", "", "owner-only directory for the talosconfig and the endpoint file")
+	listen := flag.String("listen", "127.0.0.1:0", "address of the simulated apid endpoint (127.0.0.1 only)")
+	flag.Parse()
+
+	if *nodesPath == "" || *stateDir == "" {
+		return fmt.Errorf("%w: -nodes and -state-dir are required", errUsage)
+	}
+
+	host, _, err := net.SplitHostPort(*listen)
+	if err != nil || host != "127.0.0.1" {
+		return fmt.Errorf("%w: -listen %q must be 127.0.0.1:<port> (the server certificate is for 127.0.0.1)", errUsage, *listen)
+	}
+
+	nf, err := loadNodes(*nodesPath)
+	if err != nil {
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+
+	if err = ensureStateDir(*stateDir); err != nil {
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+
+	return serve(ctx, nf, *stateDir, *listen)
+}
+
+// serve starts every node, then the front; it writes the talosconfig and <state-dir>/endpoint only once
+// everything answers, so a caller waiting for the endpoint file never sees a half-started simulator.
+func serve(ctx context.Context, nf *NodesFile, stateDir, listen string) error {
+	backends, err := startNodes(ctx, nf)
+	if err != nil {
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+
+	lis, err := net.Listen("tcp", listen)
+	if err != nil {
+		return fmt.Errorf("-listen %s: %w", listen, err)
+	}
+
+	endpoint := lis.Addr().String()
+
+	keys, err := newPKI(stateDir, endpoint)
+	if err != nil {
+		return err
+	}
+
+	local, _ := backends.get(nf.Nodes[0].Address) //nolint:errcheck // validated addresses
+	front := newRouter(local, backends)
+
+	srv := grpc.NewServer(
+		grpc.Creds(credentials.NewTLS(keys.serverTLS)),
+		grpc.ForceServerCodecV2(proxy.Codec()),
+		grpc.UnknownServiceHandler(proxy.TransparentHandler(front.Director, proxy.WithStreamedDetector(front.StreamedDetector))),
+		grpc.MaxRecvMsgSize(constants.GRPCMaxMessageSize),
+	)
+
+	go func() {
+		<-ctx.Done()
+		srv.Stop()
+	}()
+
+	if err = writeEndpoint(stateDir, endpoint); err != nil {
+		return err
+	}
+
+	fmt.Printf("simnode: serving %d nodes on %s\n", len(nf.Nodes), endpoint)
+
+	return srv.Serve(lis)
+}
+
+// startNodes builds each node's state and serves its MachineService and COSI State on an in-memory listener.
+func startNodes(ctx context.Context, nf *NodesFile) (*backendSet, error) {
+	set := &backendSet{byTarget: map[string]*nodeBackend{}, nodes: map[string]*simNode{}}
+
+	for i := range nf.Nodes {
+		spec := &nf.Nodes[i]
+
+		st, err := newNodeState(ctx)
+		if err != nil {
+			return nil, err
+		}
+
+		if err = populate(ctx, st, spec); err != nil {
+			return nil, err
+		}
+
+		node := &simNode{spec: spec, lis: bufconn.Listen(1 << 20)}
+		node.down.Store(spec.Down)
+
+		srv := grpc.NewServer()
+		machine.RegisterMachineServiceServer(srv, &machineServer{node: spec})
+		cosiapi.RegisterStateServer(srv, server.NewState(st))
+
+		go srv.Serve(node.lis) //nolint:errcheck // stops with the process
+
+		set.nodes[spec.Address] = node
+	}
+
+	return set, nil
+}
+
+func writeEndpoint(stateDir, endpoint string) error {
+	path := filepath.Join(stateDir, "endpoint")
+	tmp := path + ".tmp"
+
+	if err := os.WriteFile(tmp, []byte(endpoint+"\n"), 0o600); err != nil {
+		return err
+	}
+
+	return os.Rename(tmp, path)
+}

@@ -1,0 +1,159 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/siderolabs/net"
+)
+
+// NodesFile is the JSON document simnode reads at start (-nodes): the Talos state of every simulated node.
+//
+// Field names are ours; the values are what the real resources and API replies carry, so they are named
+// after the Talos field they fill (see README.md in this directory for the full schema).
+type NodesFile struct {
+	Nodes []NodeSpec `json:"nodes"`
+}
+
+// NodeSpec is one simulated node.
+type NodeSpec struct {
+	Name          string          `json:"name"`
+	Address       string          `json:"address"`
+	TalosVersion  string          `json:"talos_version"`
+	SHA           string          `json:"sha,omitempty"`
+	GoVersion     string          `json:"go_version,omitempty"`
+	Down          string          `json:"down,omitempty"`
+	Extensions    []ExtensionSpec `json:"extensions,omitempty"`
+	KernelModules []ModuleSpec    `json:"kernel_modules,omitempty"`
+	Services      []ServiceSpec   `json:"services,omitempty"`
+	MachineConfig string          `json:"machine_config,omitempty"`
+}
+
+// ExtensionSpec is one ExtensionStatus (talos@v1.12.0:pkg/machinery/extensions/config.go Layer and metadata.go Metadata).
+type ExtensionSpec struct {
+	Image         string `json:"image,omitempty"`
+	Name          string `json:"name"`
+	Version       string `json:"version"`
+	Author        string `json:"author,omitempty"`
+	Description   string `json:"description,omitempty"`
+	Compatibility string `json:"compatibility,omitempty"`
+}
+
+// ModuleSpec is one LoadedKernelModule (talos@v1.12.0:pkg/machinery/resources/runtime/loaded_kernel_module.go).
+type ModuleSpec struct {
+	Name           string   `json:"name"`
+	Size           int      `json:"size,omitempty"`
+	ReferenceCount int      `json:"reference_count,omitempty"`
+	Dependencies   []string `json:"dependencies,omitempty"`
+	State          string   `json:"state,omitempty"`
+	Address        string   `json:"address,omitempty"`
+}
+
+// ServiceSpec is one entry of MachineService.ServiceList (talos@v1.12.0:api/machine/machine.proto ServiceInfo).
+type ServiceSpec struct {
+	ID          string      `json:"id"`
+	State       string      `json:"state"`
+	Healthy     *bool       `json:"healthy,omitempty"`
+	LastMessage string      `json:"last_message,omitempty"`
+	Events      []EventSpec `json:"events,omitempty"`
+}
+
+// EventSpec is one service event.
+type EventSpec struct {
+	Msg   string    `json:"msg"`
+	State string    `json:"state"`
+	Ts    time.Time `json:"ts"`
+}
+
+// Ways a node can be down, each failing the dial the way the kernel reports it to apid's backend.
+var downKinds = map[string]string{
+	"connection-refused": "apid not listening on a running host",
+	"no-route-to-host":   "host powered off or unreachable on the network",
+}
+
+// Service states a ServiceRunner reports (talos@v1.12.0:internal/app/machined/pkg/system/events/events.go).
+var serviceStates = []string{"Initialized", "Preparing", "Waiting", "Running", "Stopping", "Finished", "Failed", "Skipped", "Starting"}
+
+// loadNodes reads and validates the nodes file: every problem names the node and the field, and what is valid.
+func loadNodes(path string) (*NodesFile, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("-nodes %s: %w", path, err)
+	}
+
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+
+	var nf NodesFile
+	if err = dec.Decode(&nf); err != nil {
+		return nil, fmt.Errorf("-nodes %s: %w", path, err)
+	}
+
+	if len(nf.Nodes) == 0 {
+		return nil, fmt.Errorf("-nodes %s: no nodes (need at least one entry in \"nodes\")", path)
+	}
+
+	seen := map[string]string{}
+
+	for i := range nf.Nodes {
+		if err = validateNode(&nf.Nodes[i], i, seen); err != nil {
+			return nil, fmt.Errorf("-nodes %s: %w", path, err)
+		}
+	}
+
+	return &nf, nil
+}
+
+func validateNode(n *NodeSpec, i int, seen map[string]string) error {
+	label := fmt.Sprintf("nodes[%d] (%s)", i, n.Name)
+
+	switch {
+	case n.Name == "":
+		return fmt.Errorf("nodes[%d]: \"name\" is empty", i)
+	case n.Address == "" || net.AddressContainsPort(n.Address):
+		return fmt.Errorf("%s: \"address\" %q must be a host address without a port (apid dials it on port 50000)", label, n.Address)
+	case !strings.HasPrefix(n.TalosVersion, "v"):
+		return fmt.Errorf("%s: \"talos_version\" %q must be a Talos tag such as v1.12.0", label, n.TalosVersion)
+	}
+
+	if other, dup := seen[n.Address]; dup {
+		return fmt.Errorf("%s: \"address\" %s is also the address of %s", label, n.Address, other)
+	}
+
+	seen[n.Address] = n.Name
+
+	if _, ok := downKinds[n.Down]; n.Down != "" && !ok {
+		return fmt.Errorf("%s: \"down\" %q is not one of %v", label, n.Down, keys(downKinds))
+	}
+
+	for _, svc := range n.Services {
+		if !contains(serviceStates, svc.State) {
+			return fmt.Errorf("%s: service %q \"state\" %q is not one of %v", label, svc.ID, svc.State, serviceStates)
+		}
+	}
+
+	return nil
+}
+
+func keys(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+
+	return out
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+
+	return false
+}

@@ -1,0 +1,168 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/cosi-project/runtime/pkg/resource/meta"
+	"github.com/cosi-project/runtime/pkg/state"
+	"github.com/cosi-project/runtime/pkg/state/impl/inmem"
+	"github.com/cosi-project/runtime/pkg/state/impl/namespaced"
+	"github.com/cosi-project/runtime/pkg/state/registry"
+	"github.com/siderolabs/talos/pkg/machinery/config/configloader"
+	"github.com/siderolabs/talos/pkg/machinery/extensions"
+	"github.com/siderolabs/talos/pkg/machinery/resources/config"
+	"github.com/siderolabs/talos/pkg/machinery/resources/runtime"
+	"github.com/siderolabs/talos/pkg/machinery/resources/v1alpha1"
+)
+
+// Talos namespaces the resources below live in, with Talos's descriptions
+// (talos@v1.12.0:internal/app/machined/pkg/runtime/v1alpha2/v1alpha2_state.go:72-96, a subset).
+var talosNamespaces = []struct{ name, description string }{
+	{v1alpha1.NamespaceName, "Talos v1alpha1 subsystems glue resources."},
+	{config.NamespaceName, "Talos node configuration."},
+}
+
+// Resource types registered on every node: a subset of the ones Talos registers (same file, :98-250), so
+// their ResourceDefinitions (aliases, print columns) are the machinery's own. A type missing here answers
+// `resource "<type>" is not registered`, as it would on a Talos release without it.
+var talosResources = []meta.ResourceWithRD{
+	&config.MachineConfig{},
+	&runtime.ExtensionStatus{},
+	&runtime.KernelModuleSpec{},
+	&runtime.LoadedKernelModule{},
+	&runtime.PlatformMetadata{},
+	&v1alpha1.Service{},
+}
+
+// newNodeState builds one node's COSI state the way machined does (same file, :46-70): namespaced in-memory
+// states, the default COSI namespaces and resource definitions, then Talos's.
+func newNodeState(ctx context.Context) (state.State, error) {
+	st := state.WrapCore(namespaced.NewState(inmem.Build))
+
+	nsReg := registry.NewNamespaceRegistry(st)
+	resReg := registry.NewResourceRegistry(st)
+
+	if err := nsReg.RegisterDefault(ctx); err != nil {
+		return nil, err
+	}
+
+	if err := resReg.RegisterDefault(ctx); err != nil {
+		return nil, err
+	}
+
+	for _, ns := range talosNamespaces {
+		if err := nsReg.Register(ctx, ns.name, ns.description); err != nil {
+			return nil, err
+		}
+	}
+
+	for _, r := range talosResources {
+		if err := resReg.Register(ctx, r); err != nil {
+			return nil, err
+		}
+	}
+
+	return st, nil
+}
+
+// populate writes the node's resources from its spec.
+func populate(ctx context.Context, st state.State, n *NodeSpec) error {
+	for _, step := range []func(context.Context, state.State, *NodeSpec) error{
+		createExtensions, createModules, createServices, createMachineConfig,
+	} {
+		if err := step(ctx, st, n); err != nil {
+			return fmt.Errorf("node %s (%s): %w", n.Name, n.Address, err)
+		}
+	}
+
+	return nil
+}
+
+// Each resource is created with the owner Talos's controller gives it (its Name(): talos@v1.12.0:
+// internal/app/machined/pkg/controllers/runtime/extension_status.go:28, loaded_kernel_module.go:33,
+// v1alpha1/service.go:28); MachineConfig has none (set outside controllers, v1alpha2_state.go:297).
+
+// createExtensions: one ExtensionStatus per layer, ID = image name without ".sqsh", the layer's index when
+// the spec has no image (talos@v1.12.0:internal/app/machined/pkg/controllers/runtime/extension_status.go:66-75).
+func createExtensions(ctx context.Context, st state.State, n *NodeSpec) error {
+	for i, ext := range n.Extensions {
+		id := strings.TrimSuffix(ext.Image, ".sqsh")
+		if id == "" {
+			id = strconv.Itoa(i)
+		}
+
+		res := runtime.NewExtensionStatus(runtime.NamespaceName, id)
+		*res.TypedSpec() = runtime.ExtensionStatusSpec{
+			Image: ext.Image,
+			Metadata: extensions.Metadata{
+				Name:          ext.Name,
+				Version:       ext.Version,
+				Author:        ext.Author,
+				Description:   ext.Description,
+				Compatibility: extensions.Compatibility{Talos: extensions.Constraint{Version: ext.Compatibility}},
+			},
+		}
+
+		if err := st.Create(ctx, res, state.WithCreateOwner("runtime.ExtensionStatusController")); err != nil {
+			return fmt.Errorf("extension %q: %w", ext.Name, err)
+		}
+	}
+
+	return nil
+}
+
+func createModules(ctx context.Context, st state.State, n *NodeSpec) error {
+	for _, mod := range n.KernelModules {
+		res := runtime.NewLoadedKernelModule(runtime.NamespaceName, mod.Name)
+		*res.TypedSpec() = runtime.LoadedKernelModuleSpec{
+			Size:           mod.Size,
+			ReferenceCount: mod.ReferenceCount,
+			Dependencies:   mod.Dependencies,
+			State:          mod.State,
+			Address:        mod.Address,
+		}
+
+		if err := st.Create(ctx, res, state.WithCreateOwner("runtime.LoadedKernelModuleController")); err != nil {
+			return fmt.Errorf("kernel module %q: %w", mod.Name, err)
+		}
+	}
+
+	return nil
+}
+
+// createServices: a Service resource exists only while the service runs; any other state destroys it
+// (talos@v1.12.0:internal/app/machined/pkg/controllers/v1alpha1/service.go:73-91).
+func createServices(ctx context.Context, st state.State, n *NodeSpec) error {
+	for _, svc := range n.Services {
+		if svc.State != "Running" {
+			continue
+		}
+
+		res := v1alpha1.NewService(svc.ID)
+		*res.TypedSpec() = v1alpha1.ServiceSpec{Running: true, Healthy: svc.Healthy != nil && *svc.Healthy, Unknown: svc.Healthy == nil}
+
+		if err := st.Create(ctx, res, state.WithCreateOwner("v1alpha1.ServiceController")); err != nil {
+			return fmt.Errorf("service %q: %w", svc.ID, err)
+		}
+	}
+
+	return nil
+}
+
+// createMachineConfig decodes the config with Talos's own loader (strict: unknown keys are an error,
+// talos@v1.12.0:pkg/machinery/config/configloader/internal/decoder/decoder.go), as machined does on boot.
+func createMachineConfig(ctx context.Context, st state.State, n *NodeSpec) error {
+	if n.MachineConfig == "" {
+		return nil
+	}
+
+	provider, err := configloader.NewFromBytes([]byte(n.MachineConfig))
+	if err != nil {
+		return fmt.Errorf("\"machine_config\": %w", err)
+	}
+
+	return st.Create(ctx, config.NewMachineConfig(provider))
+}
