@@ -23,6 +23,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.sim.test_talosctl_get import json_stream  # one JSON document per resource, back to back
+
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -166,18 +168,6 @@ def sim(simnode_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     yield Sim(talosctl, state / "talosconfig")
     proc.terminate()
     proc.wait(timeout=10)
-
-
-def json_stream(text: str) -> list[dict[str, object]]:
-    """``talosctl get -o json`` prints one JSON document per resource, back to back."""
-    decoder, objs, idx, text = json.JSONDecoder(), [], 0, text.strip()
-    while idx < len(text):
-        obj, end = decoder.raw_decode(text, idx)
-        objs.append(obj)
-        idx = end
-        while idx < len(text) and text[idx].isspace():
-            idx += 1
-    return objs
 
 
 def table_nodes(stdout: str) -> list[str]:
