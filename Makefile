@@ -38,6 +38,14 @@ bench: $(STAMP)
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
 
+# The real talosctl of each release in TALOS_VERSIONS and simnode (the simulated Talos node API), both built
+# from Go modules and cached under ~/.cache/talos-gpu-runbooks/ (needs go; not yet part of `make test`).
+TALOS_VERSIONS ?= v1.12.0
+.PHONY: tools
+tools:
+	for v in $(TALOS_VERSIONS); do tools/build-talosctl.sh $$v; done
+	tools/build-simnode.sh
+
 # JupyterLab in headless Chromium (tests/ui): installs Debian's chromium (apt, needs root), playwright and
 # jupyterlab into the venv, then runs the browser test; the screenshot folder is printed at the end.
 .PHONY: test-ui
