@@ -292,9 +292,10 @@ def test_malformed_record_is_named_never_a_crash(
     code = main(args)
     captured = capsys.readouterr()
     text = captured.out + captured.err
-    if command == "list":  # list reads only record.json: a bad one is named, the others are listed
-        assert code == 0 and paths[1].name in text
+    if command == "list":  # list reads only record.json: a bad one is named (exit 2), the others listed
+        assert paths[0].name in text and paths[1].name in text
         assert ("malformed" in text) == (what in ("list", "binary")), text
+        assert code == (2 if what in ("list", "binary") else 0)
         return
     if command == "show" and what not in ("list", "binary"):  # show reads record.json only
         assert code == 0 and paths[1].name in text

@@ -348,6 +348,10 @@ def _list(args: argparse.Namespace) -> int:
     head = records.read_chain(_root(args.dir), quick=True).head
     if head is not None and (head / records.MANIFEST).is_file():
         sys.stdout.write(_head_line(head))
+    malformed = [row.name for row in rows if row.problem]
+    if malformed:  # every record is listed, but a script must notice
+        sys.stderr.write(f"error: malformed record(s): {', '.join(malformed)} (`runbook records verify`)\n")
+        return 2
     return 0
 
 
