@@ -359,3 +359,18 @@ def test_a_boolean_where_a_number_belongs_says_so(tmp_path):
     # YAML reads `true` as a bool and Python's bool is an int: pydantic's lax mode took it as 1.
     (problem,) = problems(tmp_path, yaml.safe_dump(GOOD) + "rollout_concurrency: true\n")
     assert "a whole number, not true or false" in problem
+
+
+@pytest.mark.parametrize("number", ["9" * 5000, "0x" + "f" * 50_000], ids=["decimal", "hex"])
+def test_a_number_too_long_to_be_a_parameter_is_refused_naming_its_line(tmp_path, number):
+    # Python refuses int() of more than 4,300 digits, and repr() of a bigger hex value: both were tracebacks.
+    path = write(tmp_path, yaml.safe_dump(GOOD) + f"rollout_concurrency: {number}\n")
+    with pytest.raises(ParametersInvalid) as err:
+        load_params(path)
+    (problem,) = [str(p) for p in err.value.problems]
+    assert problem.startswith(f"{path}: line 6") and "number" in problem
+
+
+def test_an_overlong_value_is_not_echoed_in_full(tmp_path):
+    (problem,) = problems(tmp_path, {**GOOD, "cluster": "x" * 100_000})
+    assert problem.startswith(f"{tmp_path}/cluster.yaml: cluster:") and len(problem) < 400

@@ -399,7 +399,8 @@ def _problem_from_pydantic(source: str, error: Mapping[str, Any]) -> ParameterPr
         message = message.removeprefix("Value error, ")
     secret_field = bool(loc) and loc[-1] in _SECRET_FIELDS
     if "input" in error and not secret_field and not isinstance(error["input"], dict | list):
-        message += f" (got {error['input']!r})"
+        shown = repr(error["input"])
+        message += f" (got {shown[:80]}…)" if len(shown) > 80 else f" (got {shown})"
     return ParameterProblem(source, format_loc(loc), message)
 
 
@@ -579,7 +580,9 @@ def read_params_file(path: str | Path) -> dict[str, Any]:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(file)"
-        raise ParametersInvalid([ParameterProblem(str(file), where, f"not valid YAML: {exc}")]) from None
+        refused = isinstance(exc, safeload.YamlRefused)
+        message = f"refused: {getattr(exc, 'problem', exc)}" if refused else f"not valid YAML: {exc}"
+        raise ParametersInvalid([ParameterProblem(str(file), where, message)]) from None
     if data is None:
         data = {}
     if not isinstance(data, dict):

@@ -12,7 +12,8 @@ This loader refuses, while composing and before anything is constructed:
 - nesting deeper than :data:`MAX_DEPTH`, counted through aliases;
 - more than :data:`MAX_NODES` nodes per stream, counted as if every alias were expanded (this bounds both
   the alias bomb and the memory a merely huge file costs);
-- an alias to the node that contains it (a cycle).
+- an alias to the node that contains it (a cycle);
+- an integer literal longer than :data:`MAX_NUMBER_CHARS` characters.
 
 Every refusal is a :class:`yaml.MarkedYAMLError`, so callers that already report ``YAMLError`` with its
 line keep working.
@@ -33,6 +34,8 @@ MAX_DEPTH = 64
 MAX_NODES = 2_000_000
 """Nodes per stream with aliases expanded; 32 MiB of real talosctl YAML is about 1.5 million."""
 
+MAX_NUMBER_CHARS = 64
+"""Longest integer literal accepted; no talosctl field or parameter comes close."""
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
@@ -120,6 +123,17 @@ class _StrictLoader(yaml.SafeLoader):
         if self.duplicates:
             raise DuplicateKeys(self.duplicates, self._first_duplicate)
 
+    def construct_bounded_int(self, node: ScalarNode) -> int:
+        """An integer of at most :data:`MAX_NUMBER_CHARS` characters: Python refuses ``int()`` of more than
+        4,300 digits and ``repr()`` of a bigger hex value, which would surface as a traceback."""
+        if len(node.value) > MAX_NUMBER_CHARS:
+            raise YamlRefused(
+                problem=f"a number of {len(node.value)} characters (at most {MAX_NUMBER_CHARS})",
+                problem_mark=node.start_mark,
+            )
+        value: int = self.construct_yaml_int(node)
+        return value
+
     def _count(self, weight: int, depth: int, mark: Any) -> None:
         self._total += weight
         if self._total > MAX_NODES:
@@ -132,6 +146,9 @@ class _StrictLoader(yaml.SafeLoader):
                 problem=f"nested deeper than {MAX_DEPTH} levels (aliases expanded)",
                 problem_mark=mark,
             )
+
+
+_StrictLoader.add_constructor("tag:yaml.org,2002:int", _StrictLoader.construct_bounded_int)
 
 
 def _children(node: Node) -> list[Node]:
