@@ -268,7 +268,7 @@ def test_bad_run_arguments_fail_before_anything_runs(
     assert run(sim_env, "-p", PARAMS, "--steps", "preflight,verfy") == 2
     assert "unknown step(s) verfy" in capsys.readouterr().err
     assert run(sim_env, "-p", PARAMS, "--set", "simulation.scenario=nope") == 2
-    assert "unknown simulation.scenario 'nope'" in capsys.readouterr().err
+    assert "--set simulation.scenario=nope: simulation.scenario: unknown scenario" in capsys.readouterr().err
     assert run(sim_env, "-p", PARAMS, "--set", "aply=true") == 2
     assert "did you mean 'apply'" in capsys.readouterr().err
     assert not sim_env["records"].exists()  # no half record
