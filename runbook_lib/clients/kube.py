@@ -8,6 +8,7 @@ against the simulated API server and a real cluster.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import time
@@ -94,9 +95,13 @@ class Kube:
         data: Obj = self.api.sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]
         return data
 
-    def _call(self, what: str, fn: Callable[[], Any]) -> Any:
+    def _call(self, what: str, fn: Callable[[], Any], *, changes: bool = False) -> Any:
+        """``fn`` with the client's errors turned into ours; ``changes``: a write, marked in flight in the
+        journal's sink while it runs (an interrupted step's record then says it may have reached the API)."""
+        in_flight = self.journal.pending("api", what) if changes else contextlib.nullcontext()
         try:
-            return fn()
+            with in_flight:
+                return fn()
         except ApiException as exc:
             raise _api_error(exc, what) from None
         except urllib3.exceptions.HTTPError as exc:
@@ -184,6 +189,7 @@ class Kube:
         created = self._call(
             f"create runtimeclass {name}",
             lambda: self.node_api.create_runtime_class(body, dry_run=self._dry(dry_run)),
+            changes=not dry_run,
         )
         self.journal.record_api(
             f"create RuntimeClass {name} (handler {handler})" + (" [dry-run]" if dry_run else ""),
@@ -196,6 +202,7 @@ class Kube:
         self._call(
             f"delete runtimeclass {name}",
             lambda: self.node_api.delete_runtime_class(name, dry_run=self._dry(dry_run)),
+            changes=not dry_run,
         )
         self.journal.record_api(
             f"delete RuntimeClass {name}" + (" [dry-run]" if dry_run else ""), changes_cluster=not dry_run
@@ -209,6 +216,7 @@ class Kube:
             self._call(
                 f"create namespace {name}",
                 lambda: self.core.create_namespace(body, dry_run=self._dry(dry_run)),
+                changes=not dry_run,
             )
             self.journal.record_api(
                 f"create Namespace {name} labels {dict(labels)}" + (" [dry-run]" if dry_run else ""),
@@ -223,6 +231,7 @@ class Kube:
         self._call(
             f"label namespace {name}",
             lambda: self.core.patch_namespace(name, patch, dry_run=self._dry(dry_run)),
+            changes=not dry_run,
         )
         self.journal.record_api(
             f"label Namespace {name} {missing}" + (" [dry-run]" if dry_run else ""),
@@ -234,7 +243,9 @@ class Kube:
     def label_node(self, name: str, labels: Mapping[str, str], *, dry_run: bool) -> None:
         patch = {"metadata": {"labels": dict(labels)}}
         self._call(
-            f"label node {name}", lambda: self.core.patch_node(name, patch, dry_run=self._dry(dry_run))
+            f"label node {name}",
+            lambda: self.core.patch_node(name, patch, dry_run=self._dry(dry_run)),
+            changes=not dry_run,
         )
         self.journal.record_api(
             f"label Node {name} {dict(labels)}" + (" [dry-run]" if dry_run else ""),

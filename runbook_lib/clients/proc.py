@@ -11,12 +11,15 @@ diff's context lines can carry the cluster secret), and callers can keep a comma
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import subprocess
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from runbook_lib.errors import PermanentError, RetryableError
@@ -83,15 +86,59 @@ class JournalEntry:
 
 
 class Journal:
-    """Thread-safe, append-only list of what the library ran and changed during one run."""
+    """Thread-safe, append-only list of what the library ran and changed during one run.
 
-    def __init__(self) -> None:
+    With a ``sink`` file, every entry is also appended to it as one JSON line the moment it is made, and
+    each call that changes the cluster marks its start and end there (:meth:`pending`).  Why: a step
+    interrupted by Ctrl-C or SIGTERM never returns its journal, yet the change record must list what reached
+    the cluster, including a call that was in flight (``runbook run`` reads the file then).
+    """
+
+    def __init__(self, sink: Path | None = None) -> None:
         self._entries: list[JournalEntry] = []
         self._lock = threading.Lock()
+        self._sink = sink
+        self._calls = 0
+
+    def _write(self, event: dict[str, Any]) -> None:
+        """Append one event to the sink (called with the lock held): one write, so lines never interleave."""
+        if self._sink is not None:
+            with self._sink.open("a", encoding="utf-8") as out:
+                out.write(json.dumps(event, default=str) + "\n")
 
     def add(self, entry: JournalEntry) -> None:
         with self._lock:
             self._entries.append(entry)
+            self._write({"event": "entry", **entry.to_dict()})
+
+    @contextlib.contextmanager
+    def pending(
+        self, kind: Literal["command", "api"], summary: str, argv: Sequence[str] = ()
+    ) -> Iterator[None]:
+        """Mark a call that changes the cluster as in flight in the sink until it returns or raises.
+
+        The end marker names an exception that ended the call: after ``KeyboardInterrupt`` (or no end
+        marker at all, the kernel killed) nobody knows whether the change reached the cluster.
+        """
+        if self._sink is None:
+            yield
+            return
+        with self._lock:
+            self._calls += 1
+            call = self._calls
+            self._write(
+                {"event": "start", "call": call, "kind": kind, "summary": summary, "argv": list(argv)}
+                | {"at": time.time()}
+            )
+        raised = None
+        try:
+            yield
+        except BaseException as exc:
+            raised = type(exc).__name__
+            raise
+        finally:
+            with self._lock:
+                self._write({"event": "end", "call": call, "raised": raised, "at": time.time()})
 
     def record_command(
         self, result: CommandResult, *, diff: str | None = None, keep_output: bool = True
@@ -159,10 +206,22 @@ class Runner:
     ) -> CommandResult:
         env = None if self._env is None else {**os.environ, **self._env}
         started = time.monotonic()
+        in_flight = (
+            self.journal.pending("command", " ".join(argv[:4]), argv)
+            if changes_cluster
+            else contextlib.nullcontext()
+        )
         try:
-            proc = subprocess.run(
-                list(argv), input=stdin, capture_output=True, text=True, timeout=timeout, env=env, check=False
-            )
+            with in_flight:
+                proc = subprocess.run(
+                    list(argv),
+                    input=stdin,
+                    capture_output=True,
+                    text=True,
+                    timeout=timeout,
+                    env=env,
+                    check=False,
+                )
             result = CommandResult(
                 argv=tuple(argv),
                 exit_code=proc.returncode,

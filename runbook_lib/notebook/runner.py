@@ -22,6 +22,7 @@ import os
 import platform
 import queue
 import re
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -43,8 +44,8 @@ from runbook_lib.model.params import Params, load_params
 from runbook_lib.model.plan import build_plan
 from runbook_lib.steps.context import Context, connect, resolve_endpoints, sim_state_dir
 
-from . import lock, records
-from .steps import RESULT_FILE_ENV, STEP_NAMES, STEPS, StepSpec
+from . import interrupts, lock, records
+from .steps import RESULT_FILE_ENV, RUN_ID_ENV, STEP_NAMES, STEPS, StepSpec, journal_file
 
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = REPO / "notebooks"
@@ -439,11 +440,18 @@ def _execute(
     results: Path,
     background: _Background | None = None,
     kernel: _Kernel | None = None,
+    signals: interrupts.SignalGuard | None = None,
 ) -> StepOutcome:
     """Execute one step notebook into the record, in ``kernel`` when one was pre-started for it.
 
     The kernel is stopped on ``background`` when given: its result file is complete once papermill returns.
+    Interrupted (the first Ctrl-C or SIGTERM, see :class:`~.interrupts.SignalGuard`), the cell is
+    interrupted so its ``finally`` blocks run, the kernel is stopped, and the step's journal is read from
+    the file its kernel appended it to.
     """
+    guard = signals or interrupts.SignalGuard()
+    interrupted_at: float | None = None
+    cell_ended = True
     result_file = results / f"{item.name}.json"
     out_nb = record / item.notebook
     started = time.monotonic()
@@ -457,17 +465,27 @@ def _execute(
     km = kernel.km
     with _environment({RESULT_FILE_ENV: str(result_file)}):
         try:
-            papermill.execute_notebook(
-                str(notebooks / item.notebook),
-                str(out_nb),
-                parameters={"params_file": str(params_path), "apply": apply, "nodes": [], "overrides": []},
-                kernel_name=KERNEL,
-                progress_bar=False,
-                log_output=False,
-                cwd=str(notebooks),
-                execution_timeout=CELL_TIMEOUT,
-                km=km,
-            )
+            with guard.armed():
+                papermill.execute_notebook(
+                    str(notebooks / item.notebook),
+                    str(out_nb),
+                    parameters={
+                        "params_file": str(params_path),
+                        "apply": apply,
+                        "nodes": [],
+                        "overrides": [],
+                    },
+                    kernel_name=KERNEL,
+                    progress_bar=False,
+                    log_output=False,
+                    cwd=str(notebooks),
+                    execution_timeout=CELL_TIMEOUT,
+                    km=km,
+                )
+        except (KeyboardInterrupt, SystemExit) as exc:
+            guard.note(exc)
+            interrupted_at = time.time()
+            cell_ended = interrupts.off_the_main_thread(lambda: interrupts.end_cell(km))
         except papermill.PapermillExecutionError as exc:
             error = {
                 "ename": exc.ename,
@@ -479,11 +497,21 @@ def _execute(
         except Exception as exc:  # a dead kernel, a missing notebook: the record must still be written
             error = {"ename": type(exc).__name__, "evalue": str(exc), "notebook": item.notebook}
         finally:
-            if background is None:
+            if interrupted_at is not None:  # gone before the runner removes any test pod left
+                interrupts.off_the_main_thread(kernel.stop)
+            elif background is None:
                 kernel.stop()
             else:
                 background.stop_kernel(kernel.stop)
-    outcome = StepOutcome(item.name, item.notebook, "failed", time.monotonic() - started, error=error)
+    duration = time.monotonic() - started
+    if interrupted_at is not None:
+        journal = interrupts.read_journal(journal_file(result_file), interrupted_at)
+        text = interrupts.summary(item.name, guard.name, journal, cell_ended)
+        error = {"ename": "Interrupted", "evalue": text, "notebook": item.notebook}
+        return StepOutcome(
+            item.name, item.notebook, "interrupted", duration, text, error=error, journal=journal
+        )
+    outcome = StepOutcome(item.name, item.notebook, "failed", duration, error=error)
     if result_file.exists():
         data = json.loads(result_file.read_text(encoding="utf-8"))
         outcome.status = "failed" if error else str(data.get("status"))
@@ -491,10 +519,13 @@ def _execute(
         outcome.result = data.get("result")
         outcome.plan_shown = data.get("plan_shown")
         outcome.journal = list(data.get("journal", []))
-    elif error:
-        outcome.summary = (
-            f"{error['ename']}: {str(error['evalue']).splitlines()[0] if error['evalue'] else ''}"
-        )
+        journal_file(result_file).unlink(missing_ok=True)  # the same entries, now in the result
+    else:  # the kernel died: what it had journalled is still in its journal file
+        outcome.journal = interrupts.read_journal(journal_file(result_file), float("inf"))
+        if error:
+            outcome.summary = (
+                f"{error['ename']}: {str(error['evalue']).splitlines()[0] if error['evalue'] else ''}"
+            )
     return outcome
 
 
@@ -631,6 +662,7 @@ def config_paths(talosconfig: str | None, kubeconfig: str | None) -> list[str]:
 
 def _journal_record(step: str, entry: dict[str, Any]) -> dict[str, Any]:
     keep = {"kind", "summary", "argv", "exit_code", "duration_s", "changes_cluster", "diff", "at"}
+    keep.add("interrupt")  # finished after the interrupt, or in flight then (see interrupts.read_journal)
     out = {"step": step, **{k: v for k, v in entry.items() if k in keep and v not in (None, "", [])}}
     if entry.get("exit_code") not in (0, None) and entry.get("stderr"):
         out["stderr"] = entry["stderr"]
@@ -790,7 +822,10 @@ def run(
     interrupted: BaseException | None = None
     hook = cluster if (cluster is not None and params.target == "simulated") else _no_cluster
     background = _Background()
+    signals = interrupts.SignalGuard()  # from here until sealed, Ctrl-C or SIGTERM ends in a sealed record
+    signals.install()
     with contextlib.ExitStack() as stack:
+        stack.push(signals.restore_on_error)
         # Whatever happens, no worker thread outlives the run (an early failure leaves nothing to wait for).
         stack.callback(background.wait)
         if params.apply:
@@ -799,6 +834,8 @@ def run(
         stack.enter_context(_environment(dict(env)))
         # Created only once the cluster is up: a cluster that cannot start leaves no half record behind.
         record = records.create_record_dir(root, params.cluster)
+        run_id = record.name.rsplit("-", 1)[-1]
+        stack.enter_context(_environment({RUN_ID_ENV: run_id}))  # labels the CUDA test pods
         results = record / "results"
         results.mkdir()
         params_path = record / "params.yaml"
@@ -834,6 +871,8 @@ def run(
             background.warm_exporter()
         helm_version = background.early(lambda: early_helm_version(params))
         for index, item in enumerate(selected):
+            if signals.received is not None:  # between two steps: the next one is not started
+                break
             bar.set_description(item.name)
             try:  # waiting for this step's kernel is part of the step: Ctrl-C here is sealed like any other
                 kernel = background.take(upcoming.pop(0)) if upcoming else None
@@ -854,16 +893,19 @@ def run(
                     results=results,
                     background=background,
                     kernel=kernel,
+                    signals=signals,
                 )
             except (KeyboardInterrupt, SystemExit) as exc:  # Ctrl-C or SIGTERM: seal what happened
-                interrupted = exc
-                error = {"ename": "Interrupted", "evalue": f"the run was interrupted ({type(exc).__name__})"}
-                outcome = StepOutcome(item.name, item.notebook, "failed", error=error)
+                signals.note(exc)
+                error = {"ename": "Interrupted", "evalue": f"the run was interrupted ({signals.name})"}
+                outcome = StepOutcome(item.name, item.notebook, "interrupted", error=error)
+            if item.name == "cuda-test" and params.apply:  # whatever happened: no test pod is left
+                outcome.journal += interrupts.remove_test_pods(params, run_id)
             outcomes.append(outcome)
             if html:
                 background.export_html(record, outcome.notebook)
             bar.update(1)
-            if outcome.status == "failed":
+            if outcome.status in ("failed", "interrupted"):
                 failed_step = item.name
                 break
             if outcome.status == "planned" and not params.apply:
@@ -878,6 +920,8 @@ def run(
                     ]
                 break
         bar.close()
+        if signals.received is not None:
+            interrupted = signals.exception()
         try:
             if interrupted is None:
                 versions = collect_versions(params, helm=background.result_or_none(helm_version))
@@ -935,7 +979,11 @@ def run(
             if o.name in ("verify", "cuda-test") and o.result
         },
     }
-    digest = records.seal(record, record_data, secrets=secrets)
+    try:
+        digest = records.seal(record, record_data, secrets=secrets)
+    finally:
+        signals.restore()
     if interrupted is not None:
+        sys.stderr.write(f"runbook run: {signals.name}: the record is sealed at {record}\n")
         raise interrupted
     return RunOutcome(record, outcome_word, outcomes, digest, len(changes), failed_step, note)

@@ -35,6 +35,8 @@ if TYPE_CHECKING:  # imported when a step changes the cluster: see run_step
 
 #: Set by ``runbook run``: where this step's result, plan and journal go (JSON), for the change record.
 RESULT_FILE_ENV = "RUNBOOK_RESULT_FILE"
+#: Set by ``runbook run``: its run id, which labels the CUDA test pods (so the run can remove leftovers).
+RUN_ID_ENV = "RUNBOOK_RUN_ID"
 #: The parameters every step notebook declares (its ``parameters`` cell).
 NOTEBOOK_PARAMETERS = ("params_file", "apply", "nodes", "overrides")
 
@@ -178,6 +180,20 @@ def load(params_file: str | None, *, apply: bool | None, overrides: Sequence[str
 # The step call
 
 
+def journal_file(result_file: Path) -> Path:
+    """Where a step's journal is appended as it happens (next to its result): read when it never ends."""
+    return result_file.with_name(result_file.stem + ".journal.jsonl")
+
+
+def _step_journal() -> Journal:
+    target = os.environ.get(RESULT_FILE_ENV)
+    if not target:
+        return Journal()
+    sink = journal_file(Path(target))
+    sink.parent.mkdir(parents=True, exist_ok=True)
+    return Journal(sink=sink)
+
+
 def _write_result(payload: dict[str, Any]) -> None:
     target = os.environ.get(RESULT_FILE_ENV)
     if not target:
@@ -220,7 +236,7 @@ def run_step(
     if check_injected:
         check_notebook_parameters(injected_parameter_names(_kernel_history()))
     params = load(params_file, apply=apply, overrides=overrides)
-    journal = Journal()
+    journal = _step_journal()
     ctx = connect(params, journal=journal)
     only = list(nodes) if nodes else None
     ctx.nodes(only)  # unknown node names fail here, before anything runs
@@ -237,7 +253,8 @@ def run_step(
             return _call(fn, ctx, only=chosen, apply=False)
 
         def apply_fn(chosen: list[str] | None, progress: Progress) -> StepResult:
-            return _call(fn, ctx, only=chosen, apply=True, progress=progress)
+            run_id = os.environ.get(RUN_ID_ENV) or None
+            return _call(fn, ctx, only=chosen, apply=True, progress=progress, run_id=run_id)
 
         def on_applied(applied: StepResult) -> None:
             _write_result(_payload(item, params, journal, applied, gate.shown if gate else None))

@@ -3,8 +3,11 @@
 Why two pods per node: the Talos docs' test (``runtimeClassName: nvidia`` running ``nvidia-smi``) requests
 no ``nvidia.com/gpu``, so it passes even when the device plugin is broken (facts §1.5).  The second pod
 requests one GPU, which only schedules where the device plugin advertises it.  The optional vectoradd pod
-shows CUDA compute, not just the driver.  Pods get per-run names and a run label, and are deleted in a
-``finally`` (also on error or Ctrl-C), so two runs never collide and nothing is left behind.
+shows CUDA compute, not just the driver.  Pods get per-run names and a run label (under ``runbook run``,
+its record's run id), and are deleted in a ``finally`` (also on error or Ctrl-C: ``runbook run`` interrupts
+the cell rather than killing its kernel), so two runs never collide.  Should the ``finally`` not get to
+run (the kernel died, or did not end within the grace time), ``runbook run`` deletes the pods carrying its
+run id itself (``runbook_lib.notebook.interrupts.remove_test_pods``): nothing is left behind.
 """
 
 from __future__ import annotations
