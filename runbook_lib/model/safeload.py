@@ -6,7 +6,8 @@ whatever an alias graph describes: a 1 KB "billion laughs" file expands to gigab
 walks it, and a deeply nested one ends in ``RecursionError`` (attack report F11).  YAML itself says keys
 are unique ("each of the keys is unique", YAML 1.2.2 §3.2.1.1, https://yaml.org/spec/1.2.2/).
 
-This loader refuses, while composing and before anything is constructed:
+This loader refuses (the size and depth limits while composing, before anything is constructed or
+expanded; repeated keys are all collected and reported together):
 
 - a key repeated in one mapping (merge keys ``<<`` excepted: overriding them is their purpose);
 - nesting deeper than :data:`MAX_DEPTH`, counted through aliases;
