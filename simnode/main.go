@@ -14,6 +14,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"syscall"
+	"time"
 
 	cosiapi "github.com/cosi-project/runtime/api/v1alpha1"
 	"github.com/cosi-project/runtime/pkg/state/protobuf/server"
@@ -133,7 +134,7 @@ func startNodes(ctx context.Context, nf *NodesFile) (*backendSet, error) {
 		node := &simNode{spec: spec, lis: bufconn.Listen(1 << 20)}
 		node.down.Store(spec.Down)
 
-		srv := grpc.NewServer()
+		srv := grpc.NewServer(latency(time.Duration(spec.LatencyMS) * time.Millisecond)...)
 		machine.RegisterMachineServiceServer(srv, &machineServer{node: spec})
 		cosiapi.RegisterStateServer(srv, server.NewState(st))
 
@@ -143,6 +144,27 @@ func startNodes(ctx context.Context, nf *NodesFile) (*backendSet, error) {
 	}
 
 	return set, nil
+}
+
+// latency delays every call a node answers, standing for the network round trip between apid and the node
+// (ours, no source: a parameter). It makes visible which talosctl commands visit nodes one after another.
+func latency(d time.Duration) []grpc.ServerOption {
+	if d == 0 {
+		return nil
+	}
+
+	return []grpc.ServerOption{
+		grpc.UnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+			time.Sleep(d)
+
+			return h(ctx, req)
+		}),
+		grpc.StreamInterceptor(func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+			time.Sleep(d)
+
+			return h(srv, ss)
+		}),
+	}
 }
 
 func writeEndpoint(stateDir, endpoint string) error {

@@ -27,6 +27,7 @@ type NodeSpec struct {
 	SHA           string          `json:"sha,omitempty"`
 	GoVersion     string          `json:"go_version,omitempty"`
 	Down          string          `json:"down,omitempty"`
+	LatencyMS     int             `json:"latency_ms,omitempty"`
 	Extensions    []ExtensionSpec `json:"extensions,omitempty"`
 	KernelModules []ModuleSpec    `json:"kernel_modules,omitempty"`
 	Services      []ServiceSpec   `json:"services,omitempty"`
@@ -125,6 +126,10 @@ func validateNode(n *NodeSpec, i int, seen map[string]string) error {
 	}
 
 	seen[n.Address] = n.Name
+
+	if n.LatencyMS < 0 {
+		return fmt.Errorf("%s: \"latency_ms\" %d must be 0 or more", label, n.LatencyMS)
+	}
 
 	if _, ok := downKinds[n.Down]; n.Down != "" && !ok {
 		return fmt.Errorf("%s: \"down\" %q is not one of %v", label, n.Down, keys(downKinds))

@@ -333,3 +333,89 @@ def test_bad_nodes_file_exits_2_naming_the_node_and_writes_nothing(
     assert proc.returncode == 2
     assert message in proc.stderr
     assert list(state.iterdir()) == []
+
+
+LATENCY_S = 0.5
+
+
+@pytest.fixture(scope="module")
+def slow_sim(simnode_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sim]:
+    """Four live nodes, each answering every call after LATENCY_S (standing for the network round trip)."""
+    talosctl = build("build-talosctl.sh", TALOS)
+    state = tmp_path_factory.mktemp("simnode-latency") / "state"
+    nodes = [
+        {**live_node(a, i), "latency_ms": int(LATENCY_S * 1000)} for i, a in enumerate([*LIVE, "10.5.0.6"], 1)
+    ]
+    proc = start_simnode(simnode_bin, state, {"nodes": nodes})
+    yield Sim(talosctl, state / "talosconfig")
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def timed(sim: Sim, *args: str) -> float:
+    start = time.monotonic()
+    proc = sim.run(*args)
+    assert proc.returncode == 0, proc.stderr
+    return time.monotonic() - start
+
+
+def test_get_visits_nodes_one_after_another_version_fans_out(slow_sim: Sim) -> None:
+    """reality-gaps §2 row 3: ``get -n a,b,c,d`` costs one round trip per node, in sequence (plus the type lookup
+    on the first node and the client version check), while ``version`` asks all nodes at once through apid."""
+    nodes = ",".join([*LIVE, "10.5.0.6"])
+    get_s = timed(slow_sim, "-n", nodes, "get", "extensions")
+    version_s = timed(slow_sim, "-n", nodes, "version")
+    assert get_s >= 4 * LATENCY_S
+    assert version_s < 3 * LATENCY_S
+
+
+FLEET = [f"10.6.{i // 250}.{i % 250 + 1}" for i in range(1000)]
+FLEET_DEAD = {"head": FLEET[0], "middle": FLEET[500], "end": FLEET[-1]}
+
+
+@pytest.fixture(scope="module")
+def fleet(simnode_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sim]:
+    """1,000 nodes with one extension each; the first, the 501st and the last are powered off."""
+    talosctl = build("build-talosctl.sh", TALOS)
+    state = tmp_path_factory.mktemp("simnode-fleet") / "state"
+    ext = [{"name": "nvidia-open-gpu-kernel-modules-production", "version": f"570.172.08-{TALOS}"}]
+    nodes = [
+        {"name": f"gpu-{i}", "address": a, "talos_version": TALOS, "extensions": ext}
+        | ({"down": "no-route-to-host"} if a in FLEET_DEAD.values() else {})
+        for i, a in enumerate(FLEET)
+    ]
+    proc = start_simnode(simnode_bin, state, {"nodes": nodes})
+    yield Sim(talosctl, state / "talosconfig")
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def fleet_order(position: str) -> tuple[str, list[str], list[str]]:
+    """The dead node of ``position``, the 999 live ones, and the ``-n`` list with the dead one there."""
+    dead = FLEET_DEAD[position]
+    others = [a for a in FLEET if a not in FLEET_DEAD.values()]
+    where = {"head": 0, "middle": 499, "end": len(others)}[position]
+    return dead, others, [*others[:where], dead, *others[where:]]
+
+
+@pytest.mark.parametrize("position", ["head", "middle", "end"])
+def test_fleet_version_fails_only_the_dead_node(fleet: Sim, position: str) -> None:
+    dead, others, order = fleet_order(position)
+    proc = fleet.run("-n", ",".join(order), "version")
+    assert proc.returncode == 0
+    assert version_nodes(proc.stdout) == sorted(others)
+    assert proc.stderr == f"WARNING: 1 error occurred:\n\t* {dead}: {unavailable(dead)}\n\n\n"
+
+
+@pytest.mark.parametrize("position", ["head", "middle", "end"])
+def test_fleet_get_with_a_dead_node(fleet: Sim, position: str) -> None:
+    """Only a dead node at the head of the list blanks the call; elsewhere the 999 others print, rc 1, and the
+    error names no node (so a caller must read the dial address to attribute it)."""
+    dead, others, order = fleet_order(position)
+    proc = fleet.run("-n", ",".join(order), "get", "extensions")
+    assert proc.returncode == 1
+    if position == "head":
+        assert (proc.stdout, proc.stderr) == ("", unavailable(dead) + "\n")
+    else:
+        assert table_nodes(proc.stdout) == others
+        assert proc.stderr == f"1 error occurred:\n\t* {unavailable(dead)}\n\n\n"
