@@ -183,84 +183,35 @@ def image_upgrade(
     schematics = {p.schematic_id: p.schematic for p in plans.values() if p.schematic is not None}
     result.data["schematics"] = {sid: s.canonical_yaml() for sid, s in schematics.items() if s is not None}
 
-    if ctx.params.profile().extension_delivery == "install-extensions" and do_apply:
-        missing = _install_extensions_missing(ctx, nodes)
+    if do_apply:
+        missing = _config_patch_missing(ctx, nodes)
         if missing:
-            # Talos < 1.5: the stock installer brings the extensions only if machine.install.extensions
-            # already lists them, i.e. after the config-patch step.  Upgrading first would install nothing.
+            # The config patch must come first: the kmod extension blacklists the NVIDIA modules, so a node
+            # booting it without them in its config hangs for BootTimeout and rolls back (see
+            # notebook/steps.py); before 1.5 the stock installer also installs only the extensions
+            # machine.install.extensions lists.  Nothing is upgraded, on any node.
             for node in nodes:
                 res = NodeResult(
                     node=node.name, address=node.address, status="failed" if node in missing else "skipped"
                 )
                 res.message = (
-                    "machine.install.extensions does not list the NVIDIA images yet: run the config-patch step "
-                    "first (runbook run --steps config-patch --apply), then this step"
+                    "the machine config does not carry the NVIDIA modules patch yet (upgrading now would hang "
+                    "the boot and roll back): run the config-patch step first "
+                    "(runbook run --steps config-patch --apply), then this step"
                     if node in missing
-                    else "not touched: another node's config lacks machine.install.extensions"
+                    else "not touched: another node's config lacks the modules patch"
                 )
                 result.nodes.append(res)
             return _finish(result)
 
-    states = read_states(ctx, [n.address for n in nodes])
-    todo: list[NodeImage] = []
-    results: dict[str, NodeResult] = {}
-    for node in nodes:
-        plan, state = plans[node.address], states[node.address]
-        res = NodeResult(node=node.name, address=node.address, data={"image": plan.image})
-        if plan.schematic_id:
-            res.data["schematic_id"] = plan.schematic_id
-        results[node.address] = res
-        result.nodes.append(res)
-        if state.error:
-            res.status = "failed"
-            res.message = f"cannot read the node: {state.error}"
-            res.checks.append(
-                Check("node answers", False, res.message, fix=f"talosctl -n {node.address} version")
-            )
-            continue
-        downgrade = _downgrade(state.version, target)
-        if downgrade:
-            res.status = "failed"
-            res.message = downgrade
-            res.checks.append(
-                Check(
-                    "no downgrade",
-                    False,
-                    downgrade,
-                    fix=f"set talos_version: {state.version} in the parameters (or upgrade the other nodes)",
-                )
-            )
-            continue
-        problems = mismatches(plan, state, target)
-        if not problems:
-            res.status = "unchanged"
-            res.message = f"already on {plan.schematic_id or 'the planned image'} at {target}"
-            continue
-        guarded = _guard(ctx, result, res, plan, state=state, fact=facts[node.address])
-        if guarded is None:
-            continue
-        plan = plans[node.address] = guarded
-        res.data["before"] = {"version": state.version, "schematic_id": state.schematic_id}
-        res.message = "; ".join(problems)
-        res.diff = shlex.join(upgrade_command(ctx, plan))
-        todo.append(plan)
+    todo, results, states = _sort_nodes(ctx, result, nodes, plans, facts)
     result.data["commands"] = [shlex.join(upgrade_command(ctx, p)) for p in todo]
-    legacy = [p.node.name for p in todo if p.legacy]
-    if legacy:
-        result.notes.append(image_risks.legacy_note(legacy))
     result.data["boot_assets"] = {
         sid: boot_asset_urls(ctx.endpoints.image_factory_url, sid, target, secureboot=ctx.params.secureboot)
         for sid in schematics
         if sid is not None
     }
-    if ctx.params.talos.at_least(1, 13) and any(
-        _minor(states[p.node.address].version) < (1, 13) for p in todo
-    ):
-        # siderolabs/docs v1.13 upgrading-talos.mdx (facts §1.5)
-        result.notes.append(
-            "Before upgrading to Talos 1.13, uninstall the nvidia-device-plugin Helm release and delete the "
-            "nvidia RuntimeClass: from 1.13 the GPU Operator provides both"
-        )
+    _plan_notes(ctx, result, todo, states)
 
     factory_ok = _factory_checks(ctx, result, todo, factory, register=do_apply)
     blocked = [r for r in result.nodes if r.status == "failed"]
@@ -331,6 +282,79 @@ def _default_runtime_after_upgrade(ctx: Context, result: StepResult) -> StepResu
     return result
 
 
+def _sort_nodes(
+    ctx: Context,
+    result: StepResult,
+    nodes: list[Node],
+    plans: dict[str, NodeImage],
+    facts: dict[str, NodeFacts],
+) -> tuple[list[NodeImage], dict[str, NodeResult], dict[str, NodeState]]:
+    """Read every node and sort it: failed (unreadable, newer than the plan, or the upgrade would lose
+    something, see ``_guard``), unchanged (already on the plan), or to do (the plans to run, in order)."""
+    target = ctx.params.talos_version
+    states = read_states(ctx, [n.address for n in nodes])
+    todo: list[NodeImage] = []
+    results: dict[str, NodeResult] = {}
+    for node in nodes:
+        plan, state = plans[node.address], states[node.address]
+        res = NodeResult(node=node.name, address=node.address, data={"image": plan.image})
+        if plan.schematic_id:
+            res.data["schematic_id"] = plan.schematic_id
+        results[node.address] = res
+        result.nodes.append(res)
+        if state.error:
+            res.status = "failed"
+            res.message = f"cannot read the node: {state.error}"
+            res.checks.append(
+                Check("node answers", False, res.message, fix=f"talosctl -n {node.address} version")
+            )
+            continue
+        downgrade = _downgrade(state.version, target)
+        if downgrade:
+            res.status = "failed"
+            res.message = downgrade
+            res.checks.append(
+                Check(
+                    "no downgrade",
+                    False,
+                    downgrade,
+                    fix=f"set talos_version: {state.version} in the parameters (or upgrade the other nodes)",
+                )
+            )
+            continue
+        problems = mismatches(plan, state, target)
+        if not problems:
+            res.status = "unchanged"
+            res.message = f"already on {plan.schematic_id or 'the planned image'} at {target}"
+            continue
+        guarded = _guard(ctx, result, res, plan, state=state, fact=facts[node.address])
+        if guarded is None:
+            continue
+        plan = plans[node.address] = guarded
+        res.data["before"] = {"version": state.version, "schematic_id": state.schematic_id}
+        res.message = "; ".join(problems)
+        res.diff = shlex.join(upgrade_command(ctx, plan))
+        todo.append(plan)
+    return todo, results, states
+
+
+def _plan_notes(
+    ctx: Context, result: StepResult, todo: list[NodeImage], states: dict[str, NodeState]
+) -> None:
+    """Notes the plan shows next to the commands: ``--legacy`` and its lasting fix, the 1.13 switch."""
+    legacy = [p.node.name for p in todo if p.legacy]
+    if legacy:
+        result.notes.append(image_risks.legacy_note(legacy))
+    if ctx.params.talos.at_least(1, 13) and any(
+        _minor(states[p.node.address].version) < (1, 13) for p in todo
+    ):
+        # siderolabs/docs v1.13 upgrading-talos.mdx (facts §1.5)
+        result.notes.append(
+            "Before upgrading to Talos 1.13, uninstall the nvidia-device-plugin Helm release and delete the "
+            "nvidia RuntimeClass: from 1.13 the GPU Operator provides both"
+        )
+
+
 def _guard(
     ctx: Context, result: StepResult, res: NodeResult, plan: NodeImage, *, state: NodeState, fact: NodeFacts
 ) -> NodeImage | None:
@@ -351,19 +375,17 @@ def _guard(
     return replace(plan, legacy=image_risks.legacy_needed(fact, state.client_version))
 
 
-def _install_extensions_missing(ctx: Context, nodes: list[Node]) -> list[Node]:
-    """Nodes whose machine config lacks the extension images the stock installer must install (Talos < 1.5)."""
+def _config_patch_missing(ctx: Context, nodes: list[Node]) -> list[Node]:
+    """Readable nodes whose machine config lacks the config-patch step's documents (modules, sysctl, and
+    before Talos 1.5 ``machine.install.extensions``); the default runtime waits for the image, so it is
+    not required here.  Unreadable nodes are left to the node checks that follow."""
     configs, _errors = read_configs(ctx, nodes)
-    missing = []
-    for node in nodes:
-        images = [
-            {"machine": {"install": d["machine"]["install"]}}
-            for d in wanted_documents(ctx, node)
-            if "install" in (d.get("machine") or {})
-        ]
-        if node.address not in configs or not contains(configs[node.address], images):
-            missing.append(node)
-    return missing
+    return [
+        node
+        for node in nodes
+        if node.address in configs
+        and not contains(configs[node.address], wanted_documents(ctx, node, default_runtime=False))
+    ]
 
 
 def _minor(version: str | None) -> tuple[int, int]:
