@@ -2,8 +2,13 @@ package main
 
 import (
 	"context"
+	"fmt"
 
+	"github.com/siderolabs/talos/pkg/machinery/api/common"
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/emptypb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
@@ -64,4 +69,26 @@ func serviceInfo(svc ServiceSpec) *machine.ServiceInfo {
 		Events: &machine.ServiceEvents{Events: events},
 		Health: health,
 	}
+}
+
+// readChunk is the default chunk size of the stream.Chunker machined reads files with
+// (talos@v1.12.0:pkg/chunker/stream/stream.go:51).
+const readChunk = 1024
+
+// Read streams a file of the nodes file's "files" (talos@v1.12.0:internal/app/machined/internal/server/v1alpha1/v1alpha1_server.go:1351-1387):
+// a missing path is NotFound with os.Stat's text.
+func (s *machineServer) Read(in *machine.ReadRequest, srv grpc.ServerStreamingServer[common.Data]) error {
+	content, ok := s.node.Files[in.GetPath()]
+	if !ok {
+		return status.Error(codes.NotFound, fmt.Sprintf("stat %s: no such file or directory", in.GetPath()))
+	}
+
+	data := []byte(content)
+	for start := 0; start < len(data); start += readChunk {
+		if err := srv.Send(&common.Data{Bytes: data[start:min(start+readChunk, len(data))]}); err != nil {
+			return err
+		}
+	}
+
+	return nil
 }

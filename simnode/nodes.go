@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/siderolabs/net"
+	"github.com/siderolabs/talos/pkg/machinery/resources/runtime"
 )
 
 // NodesFile is the JSON document simnode reads at start (-nodes): the Talos state of every simulated node.
@@ -32,6 +33,26 @@ type NodeSpec struct {
 	KernelModules []ModuleSpec    `json:"kernel_modules,omitempty"`
 	Services      []ServiceSpec   `json:"services,omitempty"`
 	MachineConfig string          `json:"machine_config,omitempty"`
+	// PlatformMetadata is Talos's own spec type: its JSON keys are the YAML keys talosctl prints.
+	PlatformMetadata *runtime.PlatformMetadataSpec `json:"platform_metadata,omitempty"`
+	PCIDevices       []PCIDeviceSpec               `json:"pci_devices,omitempty"`
+	// Files are what MachineService.Read returns, by absolute path (e.g. /proc/driver/nvidia/version).
+	Files map[string]string `json:"files,omitempty"`
+}
+
+// PCIDeviceSpec is one PCIDevice, hardware namespace (talos@v1.12.0:pkg/machinery/resources/hardware/pcidevice.go):
+// ID is the PCI address (0000:01:00.0), the names are what pcidb resolves for the IDs.
+type PCIDeviceSpec struct {
+	ID         string `json:"id"`
+	Class      string `json:"class,omitempty"`
+	Subclass   string `json:"subclass,omitempty"`
+	Vendor     string `json:"vendor,omitempty"`
+	Product    string `json:"product,omitempty"`
+	ClassID    string `json:"class_id"`
+	SubclassID string `json:"subclass_id"`
+	VendorID   string `json:"vendor_id"`
+	ProductID  string `json:"product_id"`
+	Driver     string `json:"driver,omitempty"`
 }
 
 // ExtensionSpec is one ExtensionStatus (talos@v1.12.0:pkg/machinery/extensions/config.go Layer and metadata.go Metadata).
@@ -133,6 +154,12 @@ func validateNode(n *NodeSpec, i int, seen map[string]string) error {
 
 	if _, ok := downKinds[n.Down]; n.Down != "" && !ok {
 		return fmt.Errorf("%s: \"down\" %q is not one of %v", label, n.Down, keys(downKinds))
+	}
+
+	for path := range n.Files {
+		if !strings.HasPrefix(path, "/") {
+			return fmt.Errorf("%s: \"files\" path %q must be absolute", label, path)
+		}
 	}
 
 	for _, svc := range n.Services {

@@ -14,6 +14,7 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/config/configloader"
 	"github.com/siderolabs/talos/pkg/machinery/extensions"
 	"github.com/siderolabs/talos/pkg/machinery/resources/config"
+	"github.com/siderolabs/talos/pkg/machinery/resources/hardware"
 	"github.com/siderolabs/talos/pkg/machinery/resources/runtime"
 	"github.com/siderolabs/talos/pkg/machinery/resources/v1alpha1"
 )
@@ -23,6 +24,7 @@ import (
 var talosNamespaces = []struct{ name, description string }{
 	{v1alpha1.NamespaceName, "Talos v1alpha1 subsystems glue resources."},
 	{config.NamespaceName, "Talos node configuration."},
+	{hardware.NamespaceName, "Hardware resources."},
 }
 
 // Resource types registered on every node: a subset of the ones Talos registers (same file, :98-250), so
@@ -30,6 +32,7 @@ var talosNamespaces = []struct{ name, description string }{
 // `resource "<type>" is not registered`, as it would on a Talos release without it.
 var talosResources = []meta.ResourceWithRD{
 	&config.MachineConfig{},
+	&hardware.PCIDevice{},
 	&runtime.ExtensionStatus{},
 	&runtime.KernelModuleSpec{},
 	&runtime.LoadedKernelModule{},
@@ -71,7 +74,7 @@ func newNodeState(ctx context.Context) (state.State, error) {
 // populate writes the node's resources from its spec.
 func populate(ctx context.Context, st state.State, n *NodeSpec) error {
 	for _, step := range []func(context.Context, state.State, *NodeSpec) error{
-		createExtensions, createModules, createServices, createMachineConfig,
+		createExtensions, createModules, createServices, createMachineConfig, createPlatformMetadata, createPCIDevices,
 	} {
 		if err := step(ctx, st, n); err != nil {
 			return fmt.Errorf("node %s (%s): %w", n.Name, n.Address, err)
@@ -165,4 +168,36 @@ func createMachineConfig(ctx context.Context, st state.State, n *NodeSpec) error
 	}
 
 	return st.Create(ctx, config.NewMachineConfig(provider))
+}
+
+// createPlatformMetadata: the single "platformmetadata" resource, owned by the controller that writes it
+// (talos@v1.12.0:internal/app/machined/pkg/controllers/network/platform_config_apply.go:33,399-408).
+func createPlatformMetadata(ctx context.Context, st state.State, n *NodeSpec) error {
+	if n.PlatformMetadata == nil {
+		return nil
+	}
+
+	res := runtime.NewPlatformMetadataSpec(runtime.NamespaceName, runtime.PlatformMetadataID)
+	*res.TypedSpec() = *n.PlatformMetadata
+
+	return st.Create(ctx, res, state.WithCreateOwner("network.PlatformConfigApplyController"))
+}
+
+// createPCIDevices: one PCIDevice per device, ID = PCI address
+// (talos@v1.12.0:internal/app/machined/pkg/controllers/hardware/pcidevices.go:36,142-147).
+func createPCIDevices(ctx context.Context, st state.State, n *NodeSpec) error {
+	for _, dev := range n.PCIDevices {
+		res := hardware.NewPCIDeviceInfo(dev.ID)
+		*res.TypedSpec() = hardware.PCIDeviceSpec{
+			Class: dev.Class, Subclass: dev.Subclass, Vendor: dev.Vendor, Product: dev.Product,
+			ClassID: dev.ClassID, SubclassID: dev.SubclassID, VendorID: dev.VendorID, ProductID: dev.ProductID,
+			Driver: dev.Driver,
+		}
+
+		if err := st.Create(ctx, res, state.WithCreateOwner("hardware.PCIDevicesController")); err != nil {
+			return fmt.Errorf("PCI device %q: %w", dev.ID, err)
+		}
+	}
+
+	return nil
 }

@@ -32,6 +32,22 @@ TALOS = "v1.12.0"
 LIVE = ["10.5.0.3", "10.5.0.4", "10.5.0.5"]
 DEAD = "10.5.0.9"  # powered off: the dial fails with EHOSTUNREACH
 REFUSED = "10.5.0.10"  # host up, apid not listening: ECONNREFUSED
+NVRM = (
+    "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.172.08  Release Build  (root@buildkitsandbox)  "
+    "Tue Jul  8 17:59:45 UTC 2025\nGCC version:  gcc version 14.2.0 (GCC) \n"
+)
+L40S = {
+    "id": "0000:01:00.0",
+    "class": "Display controller",
+    "subclass": "3D controller",
+    "vendor": "NVIDIA Corporation",
+    "product": "AD102GL [L40S]",
+    "class_id": "0x03",
+    "subclass_id": "0x02",
+    "vendor_id": "0x10de",
+    "product_id": "0x26b9",
+    "driver": "nvidia",
+}
 MODULES_PATCHED = (
     "version: v1alpha1\nmachine:\n  type: worker\n  kernel:\n    modules:\n      - name: nvidia\n"
 )
@@ -85,6 +101,9 @@ def live_node(address: str, index: int) -> dict[str, object]:
             },
         ],
         "machine_config": MODULES_PATCHED,
+        "platform_metadata": {"platform": "metal", "hostname": f"gpu-{index}"},
+        "pci_devices": [L40S],
+        "files": {"/proc/driver/nvidia/version": NVRM} if index == 1 else {},
     }
 
 
@@ -247,6 +266,31 @@ def test_get_machineconfig_yaml_returns_the_config(sim: Sim) -> None:
     assert doc["node"] == LIVE[1]
     assert doc["metadata"]["id"] == "v1alpha1"
     assert yaml.safe_load(doc["spec"]) == yaml.safe_load(MODULES_PATCHED)
+
+
+def test_read_streams_the_file_and_a_missing_one_is_not_found(sim: Sim) -> None:
+    """``read`` is one node at a time (talosctl refuses several); a missing file is NotFound with os.Stat's text."""
+    found = sim.run("-n", LIVE[0], "read", "/proc/driver/nvidia/version")
+    assert (found.returncode, found.stdout) == (0, NVRM)
+    missing = sim.run("-n", LIVE[1], "read", "/proc/driver/nvidia/version")
+    assert missing.returncode == 1
+    assert missing.stderr == (
+        "error reading: rpc error: code = NotFound desc = stat /proc/driver/nvidia/version: no such file or directory\n"
+    )
+    dead = sim.run("-n", DEAD, "read", "/proc/driver/nvidia/version")
+    assert dead.stderr == f"error reading: {unavailable(DEAD)}\n"
+
+
+def test_platformmetadata_and_pcidevices_carry_talos_types_and_owners(sim: Sim) -> None:
+    meta = yaml.safe_load(sim.run("-n", LIVE[2], "get", "platformmetadata", "-o", "yaml").stdout)
+    assert meta["metadata"]["type"] == "PlatformMetadatas.talos.dev"
+    assert meta["metadata"]["owner"] == "network.PlatformConfigApplyController"
+    assert meta["spec"] == {"platform": "metal", "hostname": "gpu-3"}
+    table = sim.run("-n", LIVE[0], "get", "pcidevices")
+    assert table.stdout.splitlines()[0].split()[-4:] == ["CLASS", "SUBCLASS", "VENDOR", "PRODUCT"]
+    (dev,) = json_stream(sim.run("-n", LIVE[0], "get", "pcidevices", "-o", "json").stdout)
+    assert dev["metadata"]["id"] == L40S["id"]  # type: ignore[index]
+    assert dev["spec"] == {k: v for k, v in L40S.items() if k != "id"}
 
 
 def test_get_with_the_first_node_dead_fails_the_whole_call(sim: Sim) -> None:
