@@ -94,3 +94,19 @@ def test_simulated_node_is_not_ready_while_containerd_lacks_its_default_runtime(
         assert config_patch(ctx, apply=True).ok
         assert image_upgrade(ctx, apply=True, settle_timeout=10.0, poll_interval=0.1).ok
         assert wait_for(lambda: _ready(ctx, name)[0] == "True")
+
+
+@pytest.mark.parametrize("version", ["v1.4.8", "v1.12.7"])
+def test_image_step_refuses_nodes_whose_config_does_not_load_the_modules(
+    tmp_path: Path, version: str
+) -> None:
+    """Run on its own (``--steps image``, or notebook 03 before 02), the upgrade would boot the kmod
+    extension with the modules blacklisted and hang for BootTimeout before rolling back (see
+    ``test_upgrade_before_the_modules_patch_hangs_at_boot_and_rolls_back`` in tests/sim); on Talos < 1.5
+    it would also install nothing without ``machine.install.extensions``.  Nothing is changed."""
+    timeouts = {"upgrade_seconds": 10, "node_ready_seconds": 5}
+    with sim_cluster(tmp_path / "sim", talos_version=version, workers=2, timeouts=timeouts) as (_p, ctx):
+        result = image_upgrade(ctx, apply=True, settle_timeout=5.0, poll_interval=0.1)
+        assert not result.ok and result.counts() == {"failed": 2}
+        assert all("run the config-patch step first" in n.message for n in result.nodes)
+        assert not [e for e in ctx.journal.entries if "upgrade" in e.argv]
