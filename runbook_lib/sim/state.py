@@ -129,6 +129,8 @@ class SimNode:
     """The image the node was last installed/upgraded from (what ``upgrade`` history would show)."""
     platform: str = "metal"
     """Talos platform the node booted on (``PlatformMetadata`` ``spec.platform``: ``metal``, ``aws``…)."""
+    kernel_args: list[str] | None = None
+    """Extra arguments on the booted command line; ``None``: the config's ``extraKernelArgs`` (as installed)."""
 
     @property
     def minor(self) -> tuple[int, int]:
@@ -364,6 +366,34 @@ def configured_modules(config: list[dict[str, Any]]) -> list[str]:
         if doc.get("kind") == "KernelModuleConfig" and doc.get("name"):
             names.append(str(doc["name"]))
     return names
+
+
+#: Talos' own arguments on a metal/cloud command line (image-factory internal/integration/pxe_test.go).
+TALOS_CMDLINE = (
+    "console=tty0 init_on_alloc=1 slab_nomerge pti=on consoleblank=0 nvme_core.io_timeout=4294967295 "
+    "printk.devkmsg=on ima_template=ima-ng ima_appraise=fix ima_hash=sha512"
+)
+
+
+def booted_kernel_args(node: SimNode) -> list[str]:
+    """The extra arguments the node booted with (``extraKernelArgs`` of its config until an upgrade says)."""
+    if node.kernel_args is not None:
+        return list(node.kernel_args)
+    return kernel_args_after_upgrade(node, legacy_api=True)  # the installer that installed it applied them
+
+
+def kernel_args_after_upgrade(node: SimNode, *, legacy_api: bool) -> list[str]:
+    """What GRUB boots after an upgrade: ``extraKernelArgs`` only through the legacy upgrade API.
+
+    talosctl 1.13+ upgrades through ``LifecycleService.Upgrade``, which does not pass
+    ``.machine.install.extraKernelArgs``: with ``grubUseUKICmdline`` false the node reboots without them and
+    nothing reports an error (docs:public/talos/v1.13/.../upgrading-talos.mdx:121-137).  With it true the
+    command line is the UKI's and ``extraKernelArgs`` never applied.  Derived from the docs, not observed.
+    """
+    install = (v1alpha1_doc(node.machine_config).get("machine") or {}).get("install") or {}
+    if install.get("grubUseUKICmdline") is True or not legacy_api:
+        return []
+    return [str(a) for a in install.get("extraKernelArgs") or []]
 
 
 def sysctls(config: list[dict[str, Any]]) -> dict[str, str]:

@@ -23,12 +23,15 @@ from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from runbook_lib.sim.state import (
     KMOD_PREFIXES,
+    TALOS_CMDLINE,
     TOOLKIT_PREFIX,
     InstalledExtension,
     SimNode,
     atomic_write,
+    booted_kernel_args,
     configured_modules,
     default_state_dir,
+    kernel_args_after_upgrade,
     load_cluster,
     load_cluster_faults,
     load_node,
@@ -419,6 +422,9 @@ def read_file(node: SimNode, path: str) -> str:
             f'[plugins."{plugin}".containerd.runtimes.nvidia.options]\n'
             '  BinaryName = "/usr/local/bin/nvidia-container-runtime"\n'
         )
+    if path == "/proc/cmdline":
+        args = " ".join([f"talos.platform={node.platform}", TALOS_CMDLINE, *booted_kernel_args(node)])
+        return f"{args}\n"
     if path == "/proc/version":
         return "Linux version 6.12.57-talos (@buildkitsandbox) #1 SMP Sat Nov  1 00:00:00 UTC 2025\n"
     raise NodeError(f"rpc error: code = Unknown desc = open {path}: no such file or directory")
@@ -522,6 +528,7 @@ def _reboot_effects(node: SimNode) -> None:
         node.schematic_id = node.staged_upgrade["schematic_id"]
         node.extensions = [images.to_installed_ext(e) for e in node.staged_upgrade["extensions"]]
         node.install_image = node.staged_upgrade["image"]
+        node.kernel_args = node.staged_upgrade.get("kernel_args", node.kernel_args)
         node.staged_upgrade = None
 
 
@@ -721,6 +728,11 @@ def cmd_upgrade(env: Env, p: fl.Parsed) -> int:
     wait = bool(p.get("wait")) or bool(p.get("debug"))
     stage = bool(p.get("stage")) or bool(p.get("no-reboot"))
     timeout = float(p.get("timeout") or 1800.0)
+    legacy = bool(p.get("legacy"))
+    if legacy:  # talos@v1.13.0:cmd/talosctl/cmd/talos/upgrade.go:96-97, pkg/cli/output.go:24 Warning
+        env.stderr.write(
+            "WARNING: Forcing use of legacy upgrade method. This flag is deprecated and will be removed in Talos 1.18.\n"
+        )
 
     def upgrade(node: SimNode) -> str:
         try:
@@ -738,6 +750,10 @@ def cmd_upgrade(env: Env, p: fl.Parsed) -> int:
                     "schematic_id": ref.schematic_id,
                     "extensions": [images.ext_to_dict(e) for e in exts],
                     "image": image,
+                    # the legacy MachineService.Upgrade: forced, or the only one this talosctl or node has
+                    "kernel_args": kernel_args_after_upgrade(
+                        n, legacy_api=legacy or env.client_minor < (1, 13) or n.minor < (1, 13)
+                    ),
                 }
                 if not stage:
                     _reboot_effects(n)
