@@ -658,3 +658,41 @@ def test_seal_aborted_refuses_while_a_run_applies_into_the_folder(
     assert "being changed by another run" in capsys.readouterr().err
     assert records.is_unsealed(running)
     assert main(["records", "seal-aborted", running.name, "--dir", str(root)]) == 0
+
+
+def test_seal_aborted_lists_the_changes_the_step_in_flight_journalled(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SIGKILL mid config-patch (F9, I3): the step never wrote its result, but its kernel appended each
+    change to results/<step>.journal.jsonl as it happened (runbook_lib/clients/proc.py Journal sink); the
+    aborted record must list the patch that returned and the one in flight."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    root = tmp_path / "records"
+    aborted = _unsealed(root, "00000002")
+    (aborted / "02-config-patch.ipynb").write_text("{}")
+    sink = aborted / "results" / "config-patch.journal.jsonl"
+    sink.parent.mkdir()
+    writer = (
+        "import sys, time\nfrom pathlib import Path\n"
+        "from runbook_lib.clients.proc import CommandResult, Journal\n"
+        "j = Journal(sink=Path(sys.argv[1]))\n"
+        "j.record_command(CommandResult(('talosctl', '-n', '10.5.0.11', 'patch', 'mc'), 0, '', '', 0.1,"
+        " changes_cluster=True))\n"
+        "with j.pending('command', 'talosctl patch', ['talosctl', '-n', '10.5.0.12', 'patch', 'mc']):\n"
+        "    print('in flight', flush=True); time.sleep(60)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", writer, str(sink)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline() == "in flight\n"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    assert main(["records", "seal-aborted", aborted.name, "--dir", str(root)]) == 0
+    data = records.load_record(aborted)
+    nodes = [c["argv"][2] for c in data["changes"]]
+    assert nodes == ["10.5.0.11", "10.5.0.12"], data["changes"]
+    assert "interrupt" not in data["changes"][0] and "in flight" in data["changes"][1]["interrupt"]
+    step = data["steps"][-1]
+    assert step["name"] == "config-patch" and step["status"] == "aborted" and "2 change" in step["summary"]

@@ -23,8 +23,8 @@ from typing import Any
 
 from runbook_lib.errors import PermanentError
 from runbook_lib.model.params import Params
-from runbook_lib.notebook import lock, records, runner
-from runbook_lib.notebook.steps import STEP_NAMES
+from runbook_lib.notebook import interrupts, lock, records, runner
+from runbook_lib.notebook.steps import STEP_NAMES, journal_file
 from runbook_lib.sim import cluster as sim_cluster
 from runbook_lib.sim import scenarios
 from runbook_lib.sim import state as sim_state
@@ -459,6 +459,10 @@ def _seal_aborted(args: argparse.Namespace) -> int:
         paths += [str(state / "talosconfig"), str(state / "kubeconfig")]
     # A run applying into this folder holds this lock: the directory may be its own, not an aborted one.
     with lock.exclusive(root / lock.RECORDS_LOCK, f"the records folder {root}"):
-        digest = records.seal_aborted(path, secrets=records.secret_values(*paths))
+        digest = records.seal_aborted(
+            path,
+            secrets=records.secret_values(*paths),
+            read_journal=lambda result: interrupts.read_journal(journal_file(result), float("inf")),
+        )
     sys.stdout.write(f"sealed {path.name} as an aborted run\n" + _head_line(path))
     return 0 if digest else 1

@@ -34,7 +34,7 @@ import os
 import re
 import socket
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -387,7 +387,9 @@ ABORTED_NOTE = (
 )
 
 
-def seal_aborted(path: Path, *, secrets: Iterable[str] = ()) -> str:
+def seal_aborted(
+    path: Path, *, secrets: Iterable[str] = (), read_journal: JournalReader | None = None
+) -> str:
     """Seal a directory a killed or crashed run left, as an aborted run, at the end of the chain.
 
     Why a separate seal: an unsealed directory is neither proof of tampering nor an intact record, and
@@ -410,40 +412,65 @@ def seal_aborted(path: Path, *, secrets: Iterable[str] = ()) -> str:
         "sealed_after_abort": {"at": now_iso(), **who()},
         "files": [{"path": rel, "bytes": (path / rel).stat().st_size} for rel in _record_files(path)],
     }
-    record["steps"], record["changes"] = _aborted_steps(path)
+    record["steps"], record["changes"] = _aborted_steps(path, read_journal)
     params = aborted_params(path)
     if params is not None:
         record.update(params=params, apply=params.get("apply"), target=params.get("target"))
     return seal(path, record, secrets=secrets)
 
 
-def _aborted_steps(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+#: Reads the journal a step's kernel appended while it ran, given the step's result file (which it never
+#: wrote): ``runbook_lib.notebook.interrupts.read_journal`` on ``steps.journal_file``.
+JournalReader = Callable[[Path], list[dict[str, Any]]]
+
+
+def _aborted_steps(
+    path: Path, read_journal: JournalReader | None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The steps an aborted run finished (``results/<step>.json``) or was running (a notebook without a
-    result), and the cluster changes the finished steps journalled."""
+    result), and the cluster changes their journals hold."""
     steps: list[dict[str, Any]] = []
     changes: list[dict[str, Any]] = []
     for notebook in sorted(path.glob("[0-9][0-9]-*.ipynb")):
         name = notebook.stem.split("-", 1)[1]
+        result_file = path / "results" / f"{name}.json"
         try:
-            result = json.loads((path / "results" / f"{name}.json").read_text(encoding="utf-8"))
+            result = json.loads(result_file.read_text(encoding="utf-8"))
         except (OSError, ValueError, RecursionError):
             result = None
-        if not isinstance(result, dict):
-            steps.append({"name": name, "status": "aborted", "summary": _IN_FLIGHT})
-            continue
-        steps.append(
-            {"name": name, "status": str(result.get("status")), "summary": str(result.get("summary"))}
-        )
+        if isinstance(result, dict):
+            step = {"name": name, "status": str(result.get("status")), "summary": str(result.get("summary"))}
+            entries = listed(result, "journal")
+        else:
+            step, entries = _in_flight_step(name, result_file, read_journal)
+        steps.append(step)
         changes += [
             {"step": name, **{k: v for k, v in entry.items() if k in _CHANGE_KEYS}}
-            for entry in listed(result, "journal")
+            for entry in entries
             if entry.get("changes_cluster")
         ]
     return steps, changes
 
 
-_IN_FLIGHT = "running when the run ended: its changes are unknown"
-_CHANGE_KEYS = ("kind", "summary", "argv", "exit_code", "duration_s", "diff", "at")
+def _in_flight_step(
+    name: str, result_file: Path, read_journal: JournalReader | None
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The step that was running when the run ended, with what its kernel journalled as it went."""
+    entries: list[dict[str, Any]] = []
+    if read_journal is not None:
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            entries = [e for e in read_journal(result_file) if isinstance(e, dict)]
+    count = sum(1 for entry in entries if entry.get("changes_cluster"))
+    summary = (
+        f"running when the run ended: {count} change(s) from its journal, a change in flight may or may not "
+        "have reached the cluster"
+        if entries
+        else "running when the run ended: its changes are unknown"
+    )
+    return {"name": name, "status": "aborted", "summary": summary}, entries
+
+
+_CHANGE_KEYS = ("kind", "summary", "argv", "exit_code", "duration_s", "diff", "at", "interrupt")
 
 
 def aborted_params(path: Path) -> dict[str, Any] | None:
