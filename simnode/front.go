@@ -9,8 +9,8 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/siderolabs/grpc-proxy/proxy"
 	sidnet "github.com/siderolabs/net"
@@ -18,11 +18,11 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/constants"
 	"github.com/siderolabs/talos/pkg/machinery/proto"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/encoding/protowire"
 )
 
@@ -134,13 +134,6 @@ func (s *backendSet) get(target string) (*nodeBackend, error) {
 	return b, nil
 }
 
-// simNode is a running simulated node: its gRPC server on an in-memory listener and whether it is down.
-type simNode struct {
-	spec *NodeSpec
-	lis  *bufconn.Listener
-	down atomic.Value // string: "" or a downKinds key
-}
-
 // nodeBackend is apid's APID backend (talos@v1.12.0:internal/app/apid/pkg/backend/apid.go) with the network
 // replaced by a dialer: a live node is reached in memory, a down one fails the dial as the kernel would.
 type nodeBackend struct {
@@ -184,6 +177,8 @@ func (b *nodeBackend) GetConnection(ctx context.Context, _ string) (context.Cont
 		fmt.Sprintf("%s:%d", sidnet.FormatAddress(b.target), constants.ApidPort),
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithContextDialer(b.dial),
+		// apid's backoff: at most 15 s between attempts, so a rebooted node is seen again soon (apid.go:95-118).
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: apidBackoff(), MinConnectTimeout: 20 * time.Second}),
 		grpc.WithDefaultCallOptions(
 			grpc.MaxCallRecvMsgSize(constants.GRPCMaxMessageSize),
 			grpc.ForceCodecV2(proxy.Codec()),
@@ -202,7 +197,7 @@ func (b *nodeBackend) dial(ctx context.Context, addr string) (net.Conn, error) {
 	if b.node != nil {
 		switch b.node.down.Load().(string) {
 		case "":
-			return b.node.lis.DialContext(ctx)
+			return b.node.listener().DialContext(ctx)
 		case "connection-refused":
 			errno = syscall.ECONNREFUSED
 		}
@@ -269,4 +264,11 @@ func (b *nodeBackend) BuildError(streaming bool, err error) ([]byte, error) {
 	}
 
 	return proto.Marshal(resp)
+}
+
+func apidBackoff() backoff.Config {
+	cfg := backoff.DefaultConfig
+	cfg.MaxDelay = 15 * time.Second
+
+	return cfg
 }

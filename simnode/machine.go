@@ -18,7 +18,7 @@ import (
 type machineServer struct {
 	machine.UnimplementedMachineServiceServer
 
-	node *NodeSpec
+	node *simNode
 }
 
 // Version answers like machined (talos@v1.12.0:internal/app/machined/internal/server/v1alpha1/v1alpha1_server.go:1178-1206):
@@ -28,9 +28,9 @@ func (s *machineServer) Version(context.Context, *emptypb.Empty) (*machine.Versi
 	return &machine.VersionResponse{
 		Messages: []*machine.Version{{
 			Version: &machine.VersionInfo{
-				Tag:       s.node.TalosVersion,
-				Sha:       s.node.SHA,
-				GoVersion: s.node.GoVersion,
+				Tag:       s.node.spec.TalosVersion,
+				Sha:       s.node.spec.SHA,
+				GoVersion: s.node.spec.GoVersion,
 				Os:        "linux",
 				Arch:      "amd64",
 			},
@@ -43,9 +43,9 @@ func (s *machineServer) Version(context.Context, *emptypb.Empty) (*machine.Versi
 // ServiceList answers like machined (same file, :707-719) with ServiceRunner.AsProto's fields
 // (talos@v1.12.0:internal/app/machined/pkg/system/service_runner.go:377-387).
 func (s *machineServer) ServiceList(context.Context, *emptypb.Empty) (*machine.ServiceListResponse, error) {
-	services := make([]*machine.ServiceInfo, 0, len(s.node.Services))
+	services := make([]*machine.ServiceInfo, 0, len(s.node.spec.Services))
 
-	for _, svc := range s.node.Services {
+	for _, svc := range s.node.spec.Services {
 		services = append(services, serviceInfo(svc))
 	}
 
@@ -78,7 +78,7 @@ const readChunk = 1024
 // Read streams a file of the nodes file's "files" (talos@v1.12.0:internal/app/machined/internal/server/v1alpha1/v1alpha1_server.go:1351-1387):
 // a missing path is NotFound with os.Stat's text.
 func (s *machineServer) Read(in *machine.ReadRequest, srv grpc.ServerStreamingServer[common.Data]) error {
-	content, ok := s.node.Files[in.GetPath()]
+	content, ok := s.node.spec.Files[in.GetPath()]
 	if !ok {
 		return status.Error(codes.NotFound, fmt.Sprintf("stat %s: no such file or directory", in.GetPath()))
 	}

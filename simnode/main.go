@@ -16,14 +16,10 @@ import (
 	"syscall"
 	"time"
 
-	cosiapi "github.com/cosi-project/runtime/api/v1alpha1"
-	"github.com/cosi-project/runtime/pkg/state/protobuf/server"
 	"github.com/siderolabs/grpc-proxy/proxy"
-	"github.com/siderolabs/talos/pkg/machinery/api/machine"
 	"github.com/siderolabs/talos/pkg/machinery/constants"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/test/bufconn"
 )
 
 // errUsage marks bad input: exit status 2.
@@ -115,32 +111,17 @@ func serve(ctx context.Context, nf *NodesFile, stateDir, listen string) error {
 	return srv.Serve(lis)
 }
 
-// startNodes builds each node's state and serves its MachineService and COSI State on an in-memory listener.
+// startNodes builds each node's state and starts its machined.
 func startNodes(ctx context.Context, nf *NodesFile) (*backendSet, error) {
 	set := &backendSet{byTarget: map[string]*nodeBackend{}, nodes: map[string]*simNode{}}
 
 	for i := range nf.Nodes {
-		spec := &nf.Nodes[i]
-
-		st, err := newNodeState(ctx)
+		node, err := newSimNode(ctx, &nf.Nodes[i])
 		if err != nil {
 			return nil, err
 		}
 
-		if err = populate(ctx, st, spec); err != nil {
-			return nil, err
-		}
-
-		node := &simNode{spec: spec, lis: bufconn.Listen(1 << 20)}
-		node.down.Store(spec.Down)
-
-		srv := grpc.NewServer(latency(time.Duration(spec.LatencyMS) * time.Millisecond)...)
-		machine.RegisterMachineServiceServer(srv, &machineServer{node: spec})
-		cosiapi.RegisterStateServer(srv, server.NewState(st))
-
-		go srv.Serve(node.lis) //nolint:errcheck // stops with the process
-
-		set.nodes[spec.Address] = node
+		set.nodes[node.spec.Address] = node
 	}
 
 	return set, nil

@@ -29,6 +29,7 @@ type NodeSpec struct {
 	GoVersion     string          `json:"go_version,omitempty"`
 	Down          string          `json:"down,omitempty"`
 	LatencyMS     int             `json:"latency_ms,omitempty"`
+	RebootMS      int             `json:"reboot_ms,omitempty"`
 	Extensions    []ExtensionSpec `json:"extensions,omitempty"`
 	KernelModules []ModuleSpec    `json:"kernel_modules,omitempty"`
 	Services      []ServiceSpec   `json:"services,omitempty"`
@@ -148,8 +149,8 @@ func validateNode(n *NodeSpec, i int, seen map[string]string) error {
 
 	seen[n.Address] = n.Name
 
-	if n.LatencyMS < 0 {
-		return fmt.Errorf("%s: \"latency_ms\" %d must be 0 or more", label, n.LatencyMS)
+	if n.LatencyMS < 0 || n.RebootMS < 0 {
+		return fmt.Errorf("%s: \"latency_ms\" (%d) and \"reboot_ms\" (%d) must be 0 or more", label, n.LatencyMS, n.RebootMS)
 	}
 
 	if _, ok := downKinds[n.Down]; n.Down != "" && !ok {

@@ -11,6 +11,7 @@ SIGINT ignored, and Python keeps it ignored, so the signal would test nothing (t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
@@ -220,6 +221,42 @@ def test_the_run_removes_test_pods_of_its_run_id_left_in_the_api(tmp_path: Path)
         deleted = sorted(e["summary"].split()[2].split("/")[1] for e in entries)
         assert deleted == sorted(p.name for p in build_pods(sim.ctx, nodes[:2], "0a1b2c3d"))
         assert all("left over: removed by runbook run" in e["summary"] for e in entries)
+
+
+def step_kernel(result_file: Path) -> int | None:
+    """The pid of the kernel running the step whose result file is ``result_file`` (from its environment)."""
+    wanted = f"RUNBOOK_RESULT_FILE={result_file}".encode()
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        with contextlib.suppress(OSError):
+            if wanted in environ.read_bytes().split(b"\0"):
+                return int(environ.parent.name)
+    return None
+
+
+@pytest.mark.slow
+def test_a_kernel_killed_mid_cuda_test_fails_the_step_and_the_run_removes_its_pods(tmp_path: Path) -> None:
+    """A kernel killed mid-step (out of memory, say) runs no ``finally``.  `runbook run` used to wait for
+    it for good (nbclient's wait for output blocked the loop that checks the kernel is alive); now the step
+    fails, the run deletes the pods labelled with its run id, and the record is sealed."""
+    with running_sim(tmp_path, "gpu-ready", latency_ms=0) as sim:
+        assert kubernetes_layer(sim.ctx, apply=True).ok
+        faults.inject(sim.state, "gpu-worker-3", "pods_pending", True)
+        proc = start_run(sim, "cuda-test")
+        wait_until(proc, lambda: len(sim.ctx.kube.pods(TEST_NAMESPACE, TEST_PODS)) == 9, "9 test pods")
+        kernel = step_kernel(next(sim.records.glob("*/results")) / "cuda-test.json")
+        assert kernel is not None, "the cuda-test kernel is running"
+        os.kill(kernel, signal.SIGKILL)
+        try:
+            _out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            pytest.fail("runbook run still waits for a dead kernel after 60 s")
+        assert proc.returncode == 1, err  # a step failed
+        assert main(["records", "verify", "--dir", str(sim.records)]) == 0
+        data = records.load_record(records.resolve(sim.records, None))
+        assert data["failed_step"] == "cuda-test" and "died" in data["steps"][-1]["error"]["evalue"]
+        deletions = assert_no_pod_left_and_deletions_recorded(sim, data)
+        assert all("removed by runbook run" in d for d in deletions), deletions
 
 
 def test_a_failure_to_remove_test_pods_is_recorded_not_raised(tmp_path: Path) -> None:

@@ -32,6 +32,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar
 
+from jupyter_client.channels import ZMQSocketChannel
 from jupyter_client.manager import KernelManager
 
 from runbook_lib.clients.proc import Journal
@@ -132,6 +133,39 @@ def off_the_main_thread(call: Callable[[], T]) -> T:
     """
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="runbook-interrupt") as pool:
         return pool.submit(call).result()
+
+
+class WatchedChannel(ZMQSocketChannel):
+    """A blocking kernel channel whose waits end, with an error, once the kernel process is gone.
+
+    Why: nbclient waits for a cell's output on IOPub with no timeout.  With the blocking client ``runbook
+    run`` gives it (see ``runner.ReadyClient``), that wait holds nbclient's event loop, so its own check
+    that the kernel is alive never runs: a kernel killed mid-step (out of memory, say) left the run
+    waiting for good, the record unsealed and the CUDA test pods in place.  Waits here are cut into 1 s
+    slices, and between two slices the kernel process is looked at.
+    """
+
+    kernel_alive: Callable[[], bool] = staticmethod(lambda: True)
+
+    def get_msg(self, timeout: float | None = None) -> dict[str, Any]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = 1.0 if deadline is None else min(1.0, max(0.0, deadline - time.monotonic()))
+            try:
+                message: dict[str, Any] = super().get_msg(timeout=left)
+            except queue.Empty:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise
+                if not self.kernel_alive():
+                    raise RuntimeError("Kernel died: its process ended while the step ran") from None
+                continue
+            return message
+
+
+def kernel_process_alive(km: object) -> bool:
+    """Whether ``km``'s kernel process still runs (True when it cannot tell: no local process)."""
+    process = getattr(getattr(km, "provisioner", None), "process", None)
+    return process is None or process.poll() is None
 
 
 def end_cell(km: KernelManager, grace_s: float = CELL_GRACE_S) -> bool:

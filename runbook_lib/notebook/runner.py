@@ -37,6 +37,7 @@ from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 from tqdm import tqdm
+from traitlets import Type
 
 from runbook_lib.clients.proc import Journal
 from runbook_lib.errors import PermanentError, RunbookError
@@ -281,7 +282,24 @@ class ReadyClient(BlockingKernelClient):
     is live so no output of the first cell can be lost.  Only the final flush changes: messages already
     queued are dropped without waiting for more; a late one belongs to the handshake, and nbclient keeps
     only IOPub messages whose parent is the request it made.
+
+    Its shell and IOPub channels notice a dead kernel (:class:`~.interrupts.WatchedChannel`).
     """
+
+    shell_channel_class = Type(interrupts.WatchedChannel)
+    iopub_channel_class = Type(interrupts.WatchedChannel)
+
+    @property
+    def shell_channel(self) -> Any:
+        return self._watched(super().shell_channel)
+
+    @property
+    def iopub_channel(self) -> Any:
+        return self._watched(super().iopub_channel)
+
+    def _watched(self, channel: Any) -> Any:
+        channel.kernel_alive = functools.partial(interrupts.kernel_process_alive, self.parent)
+        return channel
 
     def wait_for_ready(self, timeout: float | None = None) -> None:
         deadline = time.monotonic() + (timeout if timeout is not None else float("inf"))
