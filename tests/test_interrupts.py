@@ -320,3 +320,37 @@ def test_the_journal_of_an_interrupted_step_lists_the_change_in_flight(tmp_path:
     assert entries[2]["argv"] == ["talosctl", "patch"]
     text = interrupts.summary("config-patch", "SIGINT", entries, cell_ended=True)
     assert text.startswith("SIGINT during config-patch: 1 change(s) reached the cluster; 1 more in flight")
+
+
+@pytest.mark.slow
+def test_interrupted_kubernetes_step_records_the_runtime_class_labels_and_helm_release(
+    tmp_path: Path,
+) -> None:
+    """I4: SIGINT while the Kubernetes layer waits (one node's device-plugin pod stays Pending): the
+    RuntimeClass, the node labels and the Helm release that are in the API are all in the sealed record."""
+    with running_sim(tmp_path, "gpu-ready", latency_ms=0) as sim:
+        faults.inject(sim.state, "gpu-worker-3", "pods_pending", True)
+        names = {n.name for n in sim.ctx.params.nodes}
+
+        def labelled() -> set[str]:
+            return {
+                n["metadata"]["name"]
+                for n in sim.ctx.kube.nodes()
+                if (n["metadata"].get("labels") or {}).get("nvidia.com/gpu.present") == "true"
+            } & names
+
+        proc = start_run(sim, "kubernetes")
+        wait_until(proc, lambda: labelled() == names, "every GPU node labelled")
+        time.sleep(1.0)  # into the Helm install and its wait
+        status, err = interrupt(proc, [signal.SIGINT])
+        assert status == expected_status([signal.SIGINT]), err
+        data = sealed_record(sim)
+        summaries = [c.get("summary", "") for c in data["changes"] if c["step"] == "kubernetes"]
+        assert sim.ctx.kube.runtime_class("nvidia") is not None
+        assert any(s.startswith("create RuntimeClass nvidia") for s in summaries), summaries
+        for name in labelled():
+            assert any(s.startswith(f"label Node {name} ") for s in summaries), (name, summaries)
+        namespace = sim.ctx.plan.helm.namespace
+        if sim.ctx.helm.releases(namespace):
+            installs = [c for c in data["changes"] if "--install" in c.get("argv", [])]
+            assert installs, "the Helm release in the cluster is in the record"
