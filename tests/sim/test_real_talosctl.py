@@ -607,3 +607,20 @@ def test_patch_no_reboot_refuses_a_reboot_change_and_staged_keeps_it_for_later(
         ["Staged configuration to be applied after the next reboot"],
     )
     assert active_config(sim, node)[0] == 1
+
+
+def test_talosctl_1_13_reads_and_dry_runs_against_simnode(apply_sim: tuple[Sim, Path]) -> None:
+    """The 1.13 client speaks the same API for these calls: version, get, and patch --dry-run all work.
+
+    simnode serves pkg/machinery v1.12.0's API and resource definitions whatever talos_version a node reports;
+    1.13-only APIs (LifecycleService upgrade) are not served yet.
+    """
+    sim, patches = apply_sim
+    client = Sim(build("build-talosctl.sh", "v1.13.0"), sim.talosconfig)
+    node = APPLY["dry"]
+    version = client.run("-n", node, "version")
+    assert (version.returncode, version_nodes(version.stdout)) == (0, [node])
+    assert "Tag:         v1.13.0" in version.stdout  # the client's own tag
+    dry = patch(client, patches, node, "modules", "--dry-run")
+    assert dry.returncode == 0
+    assert "Applied configuration without a reboot (skipped in dry-run)." in dry.stderr
