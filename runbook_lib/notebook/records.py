@@ -461,12 +461,15 @@ def _in_flight_step(
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
             entries = [e for e in read_journal(result_file) if isinstance(e, dict)]
     count = sum(1 for entry in entries if entry.get("changes_cluster"))
-    summary = (
-        f"running when the run ended: {count} change(s) from its journal, a change in flight may or may not "
-        "have reached the cluster"
-        if entries
-        else "running when the run ended: its changes are unknown"
-    )
+    if not entries:
+        summary = "running when the run ended: its changes are unknown"
+    elif count:
+        summary = (
+            f"running when the run ended: {count} change(s) from its journal (one marked in flight may or "
+            "may not have reached the cluster)"
+        )
+    else:
+        summary = f"running when the run ended: its journal holds {len(entries)} read(s), no change"
     return {"name": name, "status": "aborted", "summary": summary}, entries
 
 
