@@ -18,6 +18,6 @@ command -v go >/dev/null || { echo "go is not installed (needed to build simnode
 
 export GOFLAGS="-mod=readonly${GOFLAGS:+ $GOFLAGS}" GONOSUMDB='github.com/siderolabs/*,github.com/smira/*' GOTOOLCHAIN=local
 mkdir -p "$cache"
-(cd "$src" && go build -trimpath -o "$out.tmp" .)
-mv "$out.tmp" "$out"
+(cd "$src" && go build -trimpath -o "$out.tmp.$$" .)
+mv "$out.tmp.$$" "$out"  # per-process temp name: concurrent builds never share a file
 echo "$out"
