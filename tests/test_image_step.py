@@ -365,3 +365,17 @@ def test_the_line_that_keeps_extensions_adds_to_what_the_parameters_already_ask(
         "add to the parameters: extra_extensions: [siderolabs/util-linux-tools, siderolabs/iscsi-tools] "
         "(every GPU node), or to this node's overrides: extra_extensions: [siderolabs/zfs, siderolabs/iscsi-tools]"
     )
+
+
+def test_extension_the_config_still_installs_on_talos_1_9_is_not_refused(tmp_path: Path) -> None:
+    """Up to Talos 1.9 the installer also pulls the images ``machine.install.extensions`` lists
+    (talos@v1.9.6:internal/pkg/install/install.go:59-104; gone in v1.10.0), so an extension listed there
+    survives the new schematic; one only in the old schematic does not."""
+    for state, _server in _sim(tmp_path, version="v1.9.6"):
+        _add_extensions(state, "talos-worker-1", ["iscsi-tools"])
+        _add_extensions(state, "talos-worker-2", ["iscsi-tools"])
+        with locked_node(state, "talos-worker-1") as node:
+            install = node.machine_config[0]["machine"]["install"]
+            install["extensions"] = [{"image": "ghcr.io/siderolabs/iscsi-tools:v0.1.6"}]
+        plan = image_upgrade(_ctx(state, apply=False, version="v1.9.6"))
+        assert [n.status for n in plan.nodes] == ["planned", "failed", "planned"]

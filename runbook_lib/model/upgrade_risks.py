@@ -66,6 +66,8 @@ class InstallSettings:
     """The kernel-argument settings of a node's ``machine.install``."""
 
     extra_kernel_args: tuple[str, ...] = ()
+    extension_images: tuple[str, ...] = ()
+    """``machine.install.extensions[].image``: the installer pulls them too up to Talos 1.9."""
     grub_use_uki_cmdline: bool | None = None
     """``None`` when the config does not set it: false, as in every config generated before Talos 1.12
     (talos@v1.12.0:pkg/machinery/config/generate/worker.go:58-59 sets it only from the 1.12 contract)."""
@@ -78,12 +80,34 @@ def install_settings(documents: Sequence[Mapping[str, Any]]) -> InstallSettings:
             continue
         install = (doc.get("machine") or {}).get("install") or {}
         args = install.get("extraKernelArgs") or []
+        images = [e.get("image") for e in install.get("extensions") or [] if isinstance(e, dict)]
         flag = install.get("grubUseUKICmdline")
         return InstallSettings(
             extra_kernel_args=tuple(str(a) for a in args if isinstance(args, list)),
+            extension_images=tuple(str(i) for i in images if i),
             grub_use_uki_cmdline=flag if isinstance(flag, bool) else None,
         )
     return InstallSettings()
+
+
+def config_installed_extensions(
+    settings: InstallSettings, node: TalosVersion, target: TalosVersion
+) -> set[str]:
+    """Extension names the installer keeps from ``machine.install.extensions`` whatever the schematic.
+
+    Up to Talos 1.9 the install pulls those images besides the installer's own
+    (talos@v1.9.6:internal/pkg/install/install.go:59-104); 1.10 no longer reads the field.  Between a 1.9
+    node and a 1.10 target it is unknown which side wins, so nothing is counted as kept there.  The name is
+    the image's repository name (``ghcr.io/siderolabs/iscsi-tools:v0.1.6`` → ``iscsi-tools``), which is the
+    manifest name of official extensions.
+    """
+    if node.at_least(1, 10) or target.at_least(1, 10):
+        return set()
+    names = set()
+    for image in settings.extension_images:
+        repository = image.split("@", 1)[0].rsplit("/", 1)[-1]
+        names.add(repository.split(":", 1)[0])
+    return names
 
 
 def legacy_upgrade_needed(settings: InstallSettings, client: TalosVersion) -> bool:

@@ -363,6 +363,8 @@ def _guard(
     # Before the Image Factory (no schematic) the stock installer installs what machine.install.extensions
     # lists, and the patch appends the NVIDIA images to that list: the node's other extensions stay.
     current = list(state.extensions) if plan.schematic is not None else []
+    kept = image_risks.kept_by_config(ctx, fact, state.version)
+    current = [name for name in current if name not in kept]
     dropped = dropped_extensions(current, plan.extensions)
     if dropped:
         result.data.setdefault("dropped_extensions", {})[plan.node.name] = dropped

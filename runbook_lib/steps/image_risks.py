@@ -17,6 +17,7 @@ from runbook_lib.model.boot_assets import installer_kind
 from runbook_lib.model.params import Node
 from runbook_lib.model.upgrade_risks import (
     InstallSettings,
+    config_installed_extensions,
     dropped_extensions,
     install_settings,
     keep_extensions_line,
@@ -106,9 +107,17 @@ def _platform_check(ctx: Context, node: Node, fact: NodeFacts) -> list[Check]:
     return []
 
 
+def kept_by_config(ctx: Context, fact: NodeFacts, node_version: str | None) -> set[str]:
+    """Extensions the node keeps through ``machine.install.extensions`` (Talos up to 1.9, see the model)."""
+    version = _version(node_version)
+    if version is None:
+        return set()
+    return config_installed_extensions(fact.install, version, ctx.params.talos)
+
+
 def legacy_needed(fact: NodeFacts, client: str | None) -> bool:
     """Whether this node's upgrade needs ``--legacy`` to keep its ``extraKernelArgs``."""
-    version = _client_version(client)
+    version = _version(client)
     return version is not None and legacy_upgrade_needed(fact.install, version)
 
 
@@ -122,9 +131,10 @@ def legacy_note(names: Sequence[str]) -> str:
     )
 
 
-def _client_version(client: str | None) -> TalosVersion | None:
+def _version(tag: str | None) -> TalosVersion | None:
+    """A talosctl or node version tag, or None when it is missing or unparsable."""
     try:
-        return TalosVersion.parse(client or "")
+        return TalosVersion.parse(tag or "")
     except PermanentError:
         return None
 
