@@ -324,7 +324,7 @@ def test_the_journal_of_an_interrupted_step_lists_the_change_in_flight(tmp_path:
 
 @pytest.mark.slow
 def test_interrupted_kubernetes_step_records_the_runtime_class_labels_and_helm_release(
-    tmp_path: Path,
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """I4: SIGINT while the Kubernetes layer waits (one node's device-plugin pod stays Pending): the
     RuntimeClass, the node labels and the Helm release that are in the API are all in the sealed record."""
@@ -354,3 +354,9 @@ def test_interrupted_kubernetes_step_records_the_runtime_class_labels_and_helm_r
         if sim.ctx.helm.releases(namespace):
             installs = [c for c in data["changes"] if "--install" in c.get("argv", [])]
             assert installs, "the Helm release in the cluster is in the record"
+        capsys.readouterr()
+        assert main(["records", "show", "--dir", str(sim.records)]) == 0
+        shown = capsys.readouterr().out
+        for change in data["changes"]:  # `records show` says which change may have happened
+            if change.get("interrupt"):
+                assert f"({change['interrupt']})" in shown

@@ -411,8 +411,12 @@ def _show_changes(changes: list[dict[str, Any]]) -> None:
         argv = change.get("argv")
         text = " ".join(map(str, argv)) if isinstance(argv, list) and argv else str(change.get("summary", ""))
         code = change.get("exit_code")
+        interrupt = change.get("interrupt")  # in flight at, or finished after, an interrupt (Ctrl-C)
         sys.stdout.write(
-            f"  [{change.get('step')}] {text}" + (f"  (exit {code})" if code is not None else "") + "\n"
+            f"  [{change.get('step')}] {text}"
+            + (f"  (exit {code})" if code is not None else "")
+            + (f"  ({interrupt})" if interrupt else "")
+            + "\n"
         )
 
 
