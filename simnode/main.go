@@ -9,6 +9,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log"
 	"net"
 	"os"
 	"os/signal"
@@ -64,12 +65,12 @@ func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
-	return serve(ctx, nf, *stateDir, *listen)
+	return serve(ctx, nf, *nodesPath, *stateDir, *listen)
 }
 
 // serve starts every node, then the front; it writes the talosconfig and <state-dir>/endpoint only once
 // everything answers, so a caller waiting for the endpoint file never sees a half-started simulator.
-func serve(ctx context.Context, nf *NodesFile, stateDir, listen string) error {
+func serve(ctx context.Context, nf *NodesFile, nodesPath, stateDir, listen string) error {
 	backends, err := startNodes(ctx, nf)
 	if err != nil {
 		return fmt.Errorf("%w: %w", errUsage, err)
@@ -102,6 +103,8 @@ func serve(ctx context.Context, nf *NodesFile, stateDir, listen string) error {
 		srv.Stop()
 	}()
 
+	go reloadOnHangup(ctx, nodesPath, backends)
+
 	if err = writeEndpoint(stateDir, endpoint); err != nil {
 		return err
 	}
@@ -125,6 +128,49 @@ func startNodes(ctx context.Context, nf *NodesFile) (*backendSet, error) {
 	}
 
 	return set, nil
+}
+
+// reloadOnHangup re-reads the nodes file on SIGHUP and applies each node's "down" (the only field that
+// changes at run time so far: a fault switched on or off). A file that does not load, or that adds,
+// removes or readdresses nodes, is refused as a whole and logged; the running nodes are left as they are.
+func reloadOnHangup(ctx context.Context, nodesPath string, backends *backendSet) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hup:
+		}
+
+		if err := reloadDown(nodesPath, backends); err != nil {
+			log.Printf("SIGHUP: nodes file not applied: %v", err)
+		}
+	}
+}
+
+func reloadDown(nodesPath string, backends *backendSet) error {
+	nf, err := loadNodes(nodesPath)
+	if err != nil {
+		return err
+	}
+
+	if len(nf.Nodes) != len(backends.nodes) {
+		return fmt.Errorf("%d nodes, simnode runs %d: only \"down\" may change while running", len(nf.Nodes), len(backends.nodes))
+	}
+
+	for _, spec := range nf.Nodes {
+		if backends.nodes[spec.Address] == nil {
+			return fmt.Errorf("node %s (%s) is not running: only \"down\" may change while running", spec.Name, spec.Address)
+		}
+	}
+
+	for _, spec := range nf.Nodes {
+		backends.nodes[spec.Address].setDown(spec.Down)
+	}
+
+	return nil
 }
 
 // latency delays every call a node answers, standing for the network round trip between apid and the node

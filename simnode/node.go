@@ -59,8 +59,13 @@ func (n *simNode) start() {
 	go srv.Serve(lis) //nolint:errcheck // ends when the server stops
 
 	n.mu.Lock()
+	old := n.srv
 	n.lis, n.srv = lis, srv
 	n.mu.Unlock()
+
+	if old != nil {
+		old.Stop() // a node never runs two machineds (a no-op when a reboot or a fault already stopped it)
+	}
 }
 
 func (n *simNode) listener() *bufconn.Listener {
@@ -89,7 +94,7 @@ func (n *simNode) reboot() {
 	}
 
 	n.start()
-	n.down.Store(n.spec.Down)
+	n.down.CompareAndSwap("connection-refused", "") // unless a fault took the node down meanwhile
 }
 
 // activeConfig is the config the node runs (the MachineConfig resource), nil when it has none.
@@ -142,5 +147,26 @@ func (n *simNode) cancelTry() {
 	if n.tryTimer != nil {
 		n.tryTimer.Stop()
 		n.tryTimer = nil
+	}
+}
+
+// setDown takes the node's API down the way kind says (closing its connections, as a powered-off node's
+// vanish) or, with kind "", brings it back. Used when the nodes file is re-read (SIGHUP).
+func (n *simNode) setDown(kind string) {
+	was, _ := n.down.Load().(string)
+	if was == kind {
+		return
+	}
+
+	n.down.Store(kind)
+
+	switch {
+	case was == "":
+		n.mu.Lock()
+		srv := n.srv
+		n.mu.Unlock()
+		srv.Stop()
+	case kind == "":
+		n.start()
 	}
 }

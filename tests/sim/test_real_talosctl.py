@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -624,3 +625,28 @@ def test_talosctl_1_13_reads_and_dry_runs_against_simnode(apply_sim: tuple[Sim, 
     dry = patch(client, patches, node, "modules", "--dry-run")
     assert dry.returncode == 0
     assert "Applied configuration without a reboot (skipped in dry-run)." in dry.stderr
+
+
+def test_a_node_switched_down_and_up_while_running(simnode_bin: Path, tmp_path: Path) -> None:
+    """SIGHUP re-reads the nodes file's "down": the node's open connections close and dials fail as for a
+    powered-off host; switched back, it answers again (after apid's reconnect back-off)."""
+    talosctl = build("build-talosctl.sh", TALOS)
+    nodes: dict[str, object] = {"nodes": [live_node(a, i) for i, a in enumerate(LIVE[:2], 1)]}
+    proc = start_simnode(simnode_bin, tmp_path / "state", nodes)
+    sim, target = Sim(talosctl, tmp_path / "state" / "talosconfig"), LIVE[1]
+    nodes_file = tmp_path / "state-nodes.json"
+    try:
+        assert sim.run("-n", target, "get", "extensions").returncode == 0  # a connection to the node is open
+        nodes["nodes"][1]["down"] = "no-route-to-host"  # type: ignore[index]
+        nodes_file.write_text(json.dumps(nodes))
+        proc.send_signal(signal.SIGHUP)
+        down = wait_for(lambda: sim.run("-n", target, "get", "extensions"), lambda p: p.returncode != 0)
+        assert down.stderr == unavailable(target) + "\n"
+        assert sim.run("-n", LIVE[0], "get", "extensions").returncode == 0
+        del nodes["nodes"][1]["down"]  # type: ignore[index]
+        nodes_file.write_text(json.dumps(nodes))
+        proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: sim.run("-n", target, "get", "extensions"), lambda p: p.returncode == 0, 20)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
