@@ -360,3 +360,35 @@ def test_interrupted_kubernetes_step_records_the_runtime_class_labels_and_helm_r
         for change in data["changes"]:  # `records show` says which change may have happened
             if change.get("interrupt"):
                 assert f"({change['interrupt']})" in shown
+
+
+@pytest.mark.slow
+def test_ctrl_c_after_the_last_step_still_seals_and_ends_the_run_as_interrupted(tmp_path: Path) -> None:
+    """Ctrl-C while the run reads the tool versions for the record (after its last step): the record is
+    sealed with every step as it ended, and the run still ends as Ctrl-C asked (exit 130 in a shell)."""
+
+    def versions_then_ctrl_c(*_args: object, **_kwargs: object) -> dict[str, Any]:
+        os.kill(os.getpid(), signal.SIGINT)
+        return {}
+
+    with running_sim(tmp_path, "gpu-ready", latency_ms=0) as sim:
+        argv = [
+            "run",
+            "-p",
+            PARAMS,
+            "--state",
+            str(sim.state),
+            "--records",
+            str(sim.records),
+            "--no-progress",
+        ]
+        argv += ["--steps", "preflight", *[a for o in sim.overrides for a in ("--set", o)]]
+        with (
+            mock.patch("runbook_lib.notebook.runner.collect_versions", versions_then_ctrl_c),
+            pytest.raises(KeyboardInterrupt),
+        ):
+            main(argv)
+        assert main(["records", "verify", "--dir", str(sim.records)]) == 0
+        data = records.load_record(records.resolve(sim.records, None))
+        assert [(s["name"], s["status"]) for s in data["steps"]] == [("preflight", "ok")]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

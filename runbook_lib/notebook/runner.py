@@ -1001,6 +1001,8 @@ def run(
         digest = records.seal(record, record_data, secrets=secrets)
     finally:
         signals.restore()
+    if interrupted is None and signals.received is not None:  # came after the last step: nothing cut short
+        interrupted = signals.exception()
     if interrupted is not None:
         sys.stderr.write(f"runbook run: {signals.name}: the record is sealed at {record}\n")
         raise interrupted
