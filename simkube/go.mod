@@ -1,0 +1,3 @@
+module github.com/talos-gpu-runbooks/simkube
+
+go 1.25.0

@@ -1,0 +1,196 @@
+// Command simkube runs a real Kubernetes control plane (etcd, kube-apiserver and optionally
+// kube-controller-manager and kube-scheduler, built by tools/build-kube.sh) on 127.0.0.1 for the simulated
+// cluster, configured as Talos configures it where a client can tell the difference.
+//
+//	simkube --state DIR --bin DIR [--components etcd,kube-apiserver,...]
+//
+// It writes certificates, tokens and kubeconfigs into DIR (0700), starts the processes with their logs in
+// DIR/logs, prints one JSON line (server, admin kubeconfig, pids; never a token) once the API server is ready,
+// and then supervises: SIGTERM/SIGINT stops everything; a component that exits stops the others. Children
+// get SIGKILL if simkube itself dies, so nothing is left running. Exit 2 is bad input, 1 a failed start.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+type options struct {
+	State, Bin string
+	Components []string
+	Timeout    time.Duration
+}
+
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+func parseOptions(args []string) (options, error) {
+	fs := flag.NewFlagSet("simkube", flag.ContinueOnError)
+	state := fs.String("state", "", "state directory (created 0700; must be empty or absent)")
+	bin := fs.String("bin", "", "directory holding etcd, kube-apiserver, ... (tools/build-kube.sh prints it, plus /bin)")
+	comps := fs.String("components", "etcd,kube-apiserver,kube-controller-manager,kube-scheduler", "components to run")
+	timeout := fs.Duration("timeout", 120*time.Second, "how long each component may take to become ready")
+
+	if err := fs.Parse(args); err != nil {
+		return options{}, usageError{err.Error()}
+	}
+
+	if *state == "" || *bin == "" {
+		return options{}, usageError{"--state and --bin are required"}
+	}
+
+	if entries, err := os.ReadDir(*state); err == nil && len(entries) > 0 {
+		return options{}, usageError{fmt.Sprintf("--state %s is not empty: give a new directory per control plane", *state)}
+	}
+
+	return options{State: *state, Bin: *bin, Components: strings.Split(*comps, ","), Timeout: *timeout}, nil
+}
+
+// prepare writes every file the components read and returns the layout and the admin kubeconfig's server.
+func prepare(o options, p ports) (layout, string, error) {
+	state, err := filepath.Abs(o.State)
+	if err != nil {
+		return layout{}, "", err
+	}
+
+	l := layout{
+		State: state, PKIDir: filepath.Join(state, "pki"), EtcdData: filepath.Join(state, "etcd"),
+		Logs: filepath.Join(state, "logs"), TokenFile: filepath.Join(state, "pki", "tokens.csv"),
+		AdmissionConfig: filepath.Join(state, "admission-control-config.yaml"),
+	}
+
+	for _, dir := range []string{state, l.Logs} {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return layout{}, "", err
+		}
+	}
+
+	if err := os.Chmod(state, 0o700); err != nil {
+		return layout{}, "", err
+	}
+
+	if l.PKI, err = writePKI(l.PKIDir); err != nil {
+		return layout{}, "", err
+	}
+
+	ids, err := identities()
+	if err != nil {
+		return layout{}, "", err
+	}
+
+	server := fmt.Sprintf("https://127.0.0.1:%d", p.APIServer)
+
+	if err := writeTokenFile(l.TokenFile, ids); err != nil {
+		return layout{}, "", err
+	}
+
+	if l.Kubeconfigs, err = writeKubeconfigs(state, server, l.PKI.CACert, ids); err != nil {
+		return layout{}, "", err
+	}
+
+	return l, server, writeJSON(l.AdmissionConfig, admissionConfiguration())
+}
+
+// ready is the line printed (and written to DIR/simkube.json) once the control plane serves requests.
+type ready struct {
+	Server         string         `json:"server"`
+	Kubeconfig     string         `json:"kubeconfig"`
+	Pids           map[string]int `json:"pids"`
+	Logs           string         `json:"logs"`
+	StartupSeconds float64        `json:"startup_seconds"`
+}
+
+// validate checks the components and their binaries before anything is written, so bad input leaves no
+// half-made state directory behind.
+func validate(o options) error {
+	comps, err := components(o.Components, layout{}, ports{})
+	if err != nil {
+		return usageError{err.Error()}
+	}
+
+	for _, c := range comps {
+		if info, statErr := os.Stat(filepath.Join(o.Bin, c.Name)); statErr != nil || info.IsDir() {
+			return usageError{fmt.Sprintf("--bin %s has no %s binary (build it with tools/build-kube.sh)", o.Bin, c.Name)}
+		}
+	}
+
+	return nil
+}
+
+func run(o options) error {
+	started := time.Now()
+
+	if err := validate(o); err != nil {
+		return err
+	}
+
+	p, err := freePorts()
+	if err != nil {
+		return err
+	}
+
+	l, server, err := prepare(o, p)
+	if err != nil {
+		return err
+	}
+
+	comps, err := components(o.Components, l, p)
+	if err != nil {
+		return err
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+
+	sup := &supervisor{bin: o.Bin, layout: l, ports: p}
+	defer sup.stopAll()
+
+	if err := sup.startAll(ctx, comps, server, o.Timeout); err != nil {
+		return err
+	}
+
+	r := ready{Server: server, Kubeconfig: l.Kubeconfigs["admin"], Pids: sup.pids(), Logs: l.Logs,
+		StartupSeconds: time.Since(started).Seconds()}
+
+	line, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+
+	if err := os.WriteFile(filepath.Join(l.State, "simkube.json"), append(line, '\n'), 0o600); err != nil {
+		return err
+	}
+
+	fmt.Println(string(line))
+
+	return sup.wait(ctx)
+}
+
+func main() {
+	o, err := parseOptions(os.Args[1:])
+	if err == nil {
+		err = run(o)
+	}
+
+	var usage usageError
+
+	switch {
+	case err == nil:
+	case errors.As(err, &usage):
+		fmt.Fprintln(os.Stderr, "simkube:", err)
+		os.Exit(2)
+	default:
+		fmt.Fprintln(os.Stderr, "simkube:", err)
+		os.Exit(1)
+	}
+}
