@@ -30,7 +30,7 @@ import pytest
 from runbook_lib.cli import main
 from runbook_lib.clients.proc import Journal, Runner
 from runbook_lib.model.params import Params, load_params
-from runbook_lib.notebook import interrupts, records
+from runbook_lib.notebook import interrupts, records, runner
 from runbook_lib.sim import cluster, faults
 from runbook_lib.sim.state import load_nodes
 from runbook_lib.steps.context import SIM_STATE_ENV, Context, connect
@@ -392,3 +392,15 @@ def test_ctrl_c_after_the_last_step_still_seals_and_ends_the_run_as_interrupted(
         data = records.load_record(records.resolve(sim.records, None))
         assert [(s["name"], s["status"]) for s in data["steps"]] == [("preflight", "ok")]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_cell_whose_kernel_died_is_reported_not_ended_without_an_error() -> None:
+    """Ctrl-C just after the kernel died: the run goes on to stop it and seal (end_cell must not raise)."""
+    kernel = runner._new_kernel()
+    kernel.km.start_kernel()
+    try:
+        kernel.km.provisioner.process.kill()
+        kernel.km.provisioner.process.wait()
+        assert interrupts.end_cell(kernel.km, grace_s=5.0) is False
+    finally:
+        kernel.stop()

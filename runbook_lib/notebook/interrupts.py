@@ -189,7 +189,7 @@ def end_cell(km: KernelManager, grace_s: float = CELL_GRACE_S) -> bool:
             reply = kc.get_shell_msg(timeout=left)
             if reply.get("parent_header", {}).get("msg_id") == msg_id:
                 return True
-    except queue.Empty:
+    except (queue.Empty, RuntimeError):  # no reply in time; the kernel died (WatchedChannel)
         pass
     finally:
         kc.stop_channels()
