@@ -138,7 +138,8 @@ def off_the_main_thread(call: Callable[[], T]) -> T:
 class WatchedChannel(ZMQSocketChannel):
     """A blocking kernel channel whose waits end, with an error, once the kernel process is gone.
 
-    Why: nbclient waits for a cell's output on IOPub with no timeout.  With the blocking client ``runbook
+    Why: nbclient waits for a cell's output on IOPub with no timeout (nbclient 0.11.0 ``client.py``,
+    ``_async_poll_output_msg``: ``iopub_channel.get_msg(timeout=None)``).  With the blocking client ``runbook
     run`` gives it (see ``runner.ReadyClient``), that wait holds nbclient's event loop, so its own check
     that the kernel is alive never runs: a kernel killed mid-step (out of memory, say) left the run
     waiting for good, the record unsealed and the CUDA test pods in place.  Waits here are cut into 1 s
@@ -171,8 +172,11 @@ def kernel_process_alive(km: object) -> bool:
 def end_cell(km: KernelManager, grace_s: float = CELL_GRACE_S) -> bool:
     """Interrupt the kernel's running cell and wait, at most ``grace_s``, until it has ended.
 
-    The kernel handles shell requests one after the other, so the reply to a ``kernel_info`` request sent
-    now comes once the interrupted cell (and its ``finally`` blocks) is done.  False when it did not end in
+    The kernel handles shell requests one after the other (ipykernel 7.4.0 ``kernelbase.py``,
+    ``shell_main``: "Whilst executing a shell message, do not accept any other shell messages"), so the
+    reply to a ``kernel_info`` request sent now comes once the interrupted cell (and its ``finally``
+    blocks) is done.  The interrupt is SIGINT to the kernel's process group (jupyter_client 8.10.0,
+    ``LocalProvisioner.send_signal``), so a ``talosctl`` or ``helm`` it runs gets it too.  False when it did not end in
     time or the kernel is gone; the caller then stops the kernel anyway.  Call it through
     :func:`off_the_main_thread`.
     """
