@@ -265,6 +265,7 @@ def test_a_failure_to_remove_test_pods_is_recorded_not_raised(tmp_path: Path) ->
         entries = interrupts.remove_test_pods(params, "0a1b2c3d")
     assert len(entries) == 1 and "could not remove the test pods of run 0a1b2c3d" in entries[0]["summary"]
     assert "no simulated cluster is running" in entries[0]["summary"]
+    assert "removed" not in entries[0]["summary"]
 
 
 def test_only_the_first_signal_interrupts_and_only_while_a_notebook_runs() -> None:

@@ -42,7 +42,7 @@ from runbook_lib.steps.cudatest import RUN_LABEL, TEST_NAMESPACE
 
 #: Seconds an interrupted cell gets to run its ``finally`` blocks (the CUDA test deletes its pods there).
 CELL_GRACE_S = 20.0
-IN_FLIGHT = "in flight when the step was interrupted: it may have reached the cluster"
+IN_FLIGHT = "in flight when the step was interrupted or its kernel died: it may have reached the cluster"
 AFTER = "finished after the interrupt"
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _INTERRUPTS = ("KeyboardInterrupt", "SystemExit")
@@ -254,8 +254,9 @@ def remove_test_pods(params: Params, run_id: str) -> list[dict[str, Any]]:
             f"could not remove the test pods of run {run_id} ({RUN_LABEL}={run_id}): {exc}".splitlines()[0],
             changes_cluster=False,
         )
+    left_over = " (left over: removed by runbook run)"
     return [
-        {**e.to_dict(), "summary": f"{e.summary} (left over: removed by runbook run)"}
+        {**e.to_dict(), "summary": e.summary + (left_over if e.summary.startswith("delete Pod ") else "")}
         for e in journal.entries
     ]
 
