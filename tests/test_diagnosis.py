@@ -526,7 +526,7 @@ def test_cdi_spec_missing_more_files_than_ci_allows_is_a_failure_naming_them():
 def test_cdi_baseline_follows_the_talos_release_and_architecture():
     """v1.13.4 raised the LTS baseline to 11 (extensions_nvidia.go at v1.13.4, the same at v1.14.0-rc.1);
     production stays at 13 on amd64 and 11 on arm64."""
-    eleven = cdi_log(CI_MISSING + ["a: not found", "b: not found"])
+    eleven = cdi_log([*CI_MISSING, "a: not found", "b: not found"])
     assert not d.check_cdi_spec(eleven, "nvidia-open-gpu-kernel-modules-lts", ctx("v1.13.3"), arch="amd64").ok
     assert d.check_cdi_spec(eleven, "nvidia-open-gpu-kernel-modules-lts", ctx("v1.13.4"), arch="amd64").ok
     assert d.check_cdi_spec(
