@@ -22,10 +22,12 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from runbook_lib.clients.kube import Kube
+from runbook_lib.errors import PermanentError
 from tests.sim.test_real_talosctl import build, find_go  # runs a tools/ build script, returns the binary
 
 pytestmark = pytest.mark.slow
@@ -194,6 +196,75 @@ def test_kubectl_create_server_side_apply_can_i_get(cp: ControlPlane) -> None:
         "--as=system:serviceaccount:x:default",
     )
     assert (denied.returncode, denied.stdout.strip()) == (1, "no")
+
+
+def test_kubectl_wait_and_namespace_deletion(cp: ControlPlane) -> None:
+    """kubectl 1.35 waits through a WatchList watch (the simulated API timed out: reality-gaps.md §3 item 5),
+    and deleting a namespace goes through the controller-manager's namespace controller until it is gone."""
+    cp.ok("kubectl", "create", "namespace", "wait-test")
+    cp.ok("kubectl", "create", "configmap", "w", "-n", "wait-test", "--from-literal=state=ready")
+    out = cp.ok(
+        "kubectl",
+        "wait",
+        "-n",
+        "wait-test",
+        "configmap/w",
+        "--for=jsonpath={.data.state}=ready",
+        "--timeout=20s",
+    )
+    assert out.strip() == "configmap/w condition met"
+    assert (
+        cp.ok("kubectl", "delete", "namespace", "wait-test", "--timeout=60s").strip()
+        == 'namespace "wait-test" deleted'
+    )
+    gone = cp.run("kubectl", "get", "namespace", "wait-test")
+    assert gone.stderr.strip() == 'Error from server (NotFound): namespaces "wait-test" not found'
+
+
+def gpu_pod(name: str, runtime_class: str) -> dict[str, Any]:
+    """The shape of the runbook's CUDA test pod: runtimeClassName and one nvidia.com/gpu."""
+    container = {
+        "name": "cuda",
+        "image": "nvcr.io/nvidia/cuda:12.5.0-base-ubuntu22.04",
+        "command": ["nvidia-smi"],
+        "resources": {"limits": {"nvidia.com/gpu": "1"}},  # as steps/cudatest.py writes it
+    }
+    return {
+        "metadata": {"name": name},
+        "spec": {"runtimeClassName": runtime_class, "containers": [container]},
+    }
+
+
+def test_runtime_class_admission_and_scheduler_answer_the_runbook_client(cp: ControlPlane) -> None:
+    """What the runbook's CUDA test sees from the real admission chain and scheduler, through its own client:
+    RuntimeClass admission (kubernetes@v1.35.0 plugin/pkg/admission/runtimeclass/admission.go:158) and, with no
+    node registered yet, the scheduler's ErrNoNodesAvailable (pkg/scheduler/scheduler.go:70)."""
+    kube = Kube.from_kubeconfig(str(cp.kubeconfig))
+    kube.ensure_namespace("cuda-test", {"pod-security.kubernetes.io/enforce": "privileged"}, dry_run=False)
+    wait_for(cp, "serviceaccount", "default", "-n", "cuda-test")
+    with pytest.raises(PermanentError) as refused:
+        kube.create_pod("cuda-test", gpu_pod("no-rc", "nvidia-missing"))
+    assert str(refused.value) == (
+        'create pod cuda-test/no-rc: HTTP 403 Forbidden: pods "no-rc" is forbidden: '
+        'pod rejected: RuntimeClass "nvidia-missing" not found'
+    )
+    kube.create_runtime_class("nvidia-sched", "nvidia", dry_run=False)
+    kube.create_pod("cuda-test", gpu_pod("gpu", "nvidia-sched"))
+
+    def unschedulable(pod: dict[str, Any]) -> bool:
+        conditions = (pod.get("status") or {}).get("conditions") or []
+        return any(c.get("reason") == "Unschedulable" for c in conditions)
+
+    pod = kube.watch_until(
+        kube.core.list_namespaced_pod,
+        unschedulable,
+        timeout=30,
+        namespace="cuda-test",
+        field_selector="metadata.name=gpu",
+    )
+    assert pod is not None and unschedulable(pod)
+    assert [c["message"] for c in pod["status"]["conditions"]] == ["no nodes available to schedule pods"]
+    assert kube.delete_pod("cuda-test", "gpu")
 
 
 CHART = {
