@@ -348,6 +348,47 @@ def test_stop_leaves_nothing_running(binaries: tuple[Path, Path, Path], tmp_path
     assert not [p for p in pids if alive(p)]
 
 
+def test_failed_start_stops_what_was_started(binaries: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    """An API server that cannot start (here: it rejects an unknown flag, as a wrong build would) fails the
+    start with exit 1 naming the component and its log, and the etcd already started is stopped."""
+    _, kube, simkube = binaries
+    broken = tmp_path / "bin"
+    broken.mkdir()
+    (broken / "etcd").symlink_to(kube / "etcd")
+    (broken / "kube-apiserver").write_text(
+        "#!/bin/sh\necho 'Error: unknown flag: --etcd-servers' >&2\nexit 1\n"
+    )
+    (broken / "kube-apiserver").chmod(0o755)
+    proc = subprocess.run(
+        [
+            str(simkube),
+            "--state",
+            str(tmp_path / "s"),
+            "--bin",
+            str(broken),
+            "--components",
+            "etcd,kube-apiserver",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    log = tmp_path / "s" / "logs" / "kube-apiserver.log"
+    assert proc.returncode == 1
+    assert f"simkube: kube-apiserver did not become ready: exited: exit status 1 (log: {log})" in proc.stderr
+    assert "Error: unknown flag: --etcd-servers" in proc.stderr  # the log's tail, so the cause is on screen
+    etcd_data = str(tmp_path / "s" / "etcd")
+    assert not [p for p in Path("/proc").glob("[0-9]*") if etcd_data in cmdline(p)]
+
+
+def cmdline(proc_dir: Path) -> str:
+    try:
+        return (proc_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def test_bad_input_exits_2_naming_what_is_wrong(binaries: tuple[Path, Path, Path], tmp_path: Path) -> None:
     _, _, simkube = binaries
     empty_bin = tmp_path / "bin"
