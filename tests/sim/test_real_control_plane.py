@@ -12,6 +12,7 @@ is missing; the first run builds the control plane (about 15 minutes on 2 cores)
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -137,11 +138,19 @@ def binaries() -> tuple[Path, Path, Path]:
 
 @pytest.fixture(scope="module")
 def cp(binaries: tuple[Path, Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    with running(binaries, tmp_path_factory.mktemp("simkube") / "state") as control_plane:
+        yield control_plane
+
+
+@contextlib.contextmanager
+def running(binaries: tuple[Path, Path, Path], state: Path) -> Iterator[ControlPlane]:
+    """A control plane of its own (for a test that changes what every other test sees, such as nodes)."""
     clients, kube, simkube = binaries
-    state = tmp_path_factory.mktemp("simkube") / "state"
     proc, ready = start(simkube, state, kube)
-    yield ControlPlane(ready.kubeconfig, ready.server, ready.pids, clients, ready.startup_seconds)
-    stop(proc)
+    try:
+        yield ControlPlane(ready.kubeconfig, ready.server, ready.pids, clients, ready.startup_seconds)
+    finally:
+        stop(proc)
 
 
 def wait_for(cp: ControlPlane, *args: str, timeout: float = 60) -> None:
@@ -322,6 +331,59 @@ def test_pod_security_enforces_baseline_as_talos_configures_it(cp: ControlPlane)
         cp.ok("kubectl", "apply", "-f", "-", stdin=PRIVILEGED_POD % "kube-system").strip()
         == "pod/priv created"
     )
+
+
+GPU_NODE = (
+    "apiVersion: v1\nkind: Node\nmetadata:\n  name: gpu-1\n"
+    "  labels: {kubernetes.io/hostname: gpu-1, kubernetes.io/os: linux}\n"
+)
+
+
+def node_status(allocatable: dict[str, str]) -> str:
+    """A Ready node status with this capacity, as the GPU node agent of the next slice will write it."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    ready = {
+        "type": "Ready",
+        "status": "True",
+        "reason": "KubeletReady",
+        "message": "kubelet is posting ready status",
+    }
+    ready |= {"lastHeartbeatTime": now, "lastTransitionTime": now}
+    status = {"capacity": allocatable, "allocatable": allocatable, "conditions": [ready]}
+    return json.dumps({"status": status})
+
+
+def test_scheduler_places_a_gpu_pod_only_once_the_node_advertises_a_gpu(
+    binaries: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    """A Node object whose status the test writes (what the GPU node agent will do): the real kube-scheduler
+    1.35 message while no GPU is advertised (reality-gaps.md §3 item 8: the simulated kubelet's differs), then
+    the pod is bound once nvidia.com/gpu appears. Sources, kubernetes@v1.35.0 pkg/scheduler: framework/types.go
+    (message format), framework/plugins/noderesources/fit.go ("Insufficient %v"),
+    framework/plugins/dynamicresources/dynamicresources.go ("no new claims to deallocate"),
+    framework/preemption/preemption.go ("Preemption is not helpful for scheduling")."""
+    with running(binaries, tmp_path / "state") as plane:
+        plane.ok("kubectl", "create", "-f", "-", stdin=GPU_NODE)
+        basics = {"cpu": "8", "memory": "32Gi", "pods": "110"}
+        patch = ["patch", "node", "gpu-1", "--subresource=status", "--type=merge", "-p"]
+        plane.ok("kubectl", *patch, node_status(basics))
+        kube = Kube.from_kubeconfig(str(plane.kubeconfig))
+        kube.create_runtime_class("nvidia", "nvidia", dry_run=False)
+        wait_for(plane, "serviceaccount", "default", "-n", "default")
+        kube.create_pod("default", gpu_pod("gpu", "nvidia"))
+        pending = [
+            "wait",
+            "pod/gpu",
+            "--for=jsonpath={.status.conditions[0].reason}=Unschedulable",
+            "--timeout=30s",
+        ]
+        plane.ok("kubectl", *pending)
+        assert plane.ok("kubectl", "get", "pod", "gpu", "-o", "jsonpath={.status.conditions[0].message}") == (
+            "0/1 nodes are available: 1 Insufficient nvidia.com/gpu. no new claims to deallocate, preemption: "
+            "0/1 nodes are available: 1 Preemption is not helpful for scheduling."
+        )
+        plane.ok("kubectl", *patch, node_status({**basics, "nvidia.com/gpu": "1"}))
+        plane.ok("kubectl", "wait", "pod/gpu", "--for=jsonpath={.spec.nodeName}=gpu-1", "--timeout=60s")
 
 
 def test_control_plane_starts_within_budget_and_reports_its_memory(cp: ControlPlane) -> None:
