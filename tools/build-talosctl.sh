@@ -53,6 +53,6 @@ chmod u+w go.sum
 printf '//go:build tools\n\npackage tools\n\nimport _ "github.com/siderolabs/talos/cmd/talosctl"\n' >tools.go
 go mod tidy >/dev/null
 mkdir -p "$cache"
-go build -trimpath -o "$out.tmp" github.com/siderolabs/talos/cmd/talosctl
-mv "$out.tmp" "$out"
+go build -trimpath -o "$out.tmp.$$" github.com/siderolabs/talos/cmd/talosctl
+mv "$out.tmp.$$" "$out"
 echo "$out"
