@@ -84,7 +84,8 @@ def test_cuda_test_passes_on_ready_nodes_and_cleans_up(tmp_path):
         assert {c.name for c in node.checks} == {
             "nvidia-smi (runtimeClass nvidia)",
             "nvidia-smi with nvidia.com/gpu: 1",
-            "CUDA vectoradd",
+            "CUDA vectoradd (runtimeClass nvidia)",
+            "CUDA vectoradd with nvidia.com/gpu: 1",
         }
         assert "NVIDIA L4" in node.checks[0].message
         run_id = result.data["run_id"]
@@ -95,6 +96,27 @@ def test_cuda_test_passes_on_ready_nodes_and_cleans_up(tmp_path):
         assert "not reached" not in waits[0].summary and waits[0].duration_s > 0
         again = cuda_test(ctx)
         assert again.data["run_id"] != run_id and again.ok
+
+
+def test_cuda_vectoradd_runs_with_the_runtime_class_only_as_talos_ci_does(tmp_path):
+    """Talos CI runs the vectoradd sample twice: "CUDA test" with `runtimeClassName: nvidia` and no GPU request
+    (the runtime hook path) and "CUDA CDI test" requesting `nvidia.com/gpu: 1` (the device plugin/CDI path)
+    (talos@v1.13.0 internal/integration/api/extensions_nvidia.go:368-465, nvidiaCUDATestJob and
+    nvidiaCDITestJob; up to v1.12.0 only the first). With no device plugin installed the runtime-class-only
+    run still computes, and only the GPU-requesting pods fail: the report tells the two paths apart."""
+    with sim_cluster(tmp_path, scenario="gpu-ready", apply=True, cuda_test={"timeout_seconds": 10}) as (
+        params,
+        ctx,
+    ):
+        ctx.kube.create_runtime_class("nvidia", "nvidia", dry_run=False)  # no device plugin
+        node = params.nodes[0].name
+        result = cuda_test(ctx, only=[node])
+        checks = {c.name: c for c in result.nodes[0].checks}
+        assert checks["CUDA vectoradd (runtimeClass nvidia)"].ok, checks
+        assert checks["CUDA vectoradd (runtimeClass nvidia)"].message == "Test PASSED"
+        assert not checks["CUDA vectoradd with nvidia.com/gpu: 1"].ok
+        assert not checks["nvidia-smi with nvidia.com/gpu: 1"].ok
+        assert ctx.kube.pods(TEST_NAMESPACE, f"{RUN_LABEL}={result.data['run_id']}") == []
 
 
 def test_cuda_test_without_the_toolkit_names_the_sandbox_error(tmp_path):

@@ -2,8 +2,11 @@
 
 Why two pods per node: the Talos docs' test (``runtimeClassName: nvidia`` running ``nvidia-smi``) requests
 no ``nvidia.com/gpu``, so it passes even when the device plugin is broken (facts §1.5).  The second pod
-requests one GPU, which only schedules where the device plugin advertises it.  The optional vectoradd pod
-shows CUDA compute, not just the driver.  Pods get per-run names and a run label (under ``runbook run``,
+requests one GPU, which only schedules where the device plugin advertises it.  The optional vectoradd sample
+shows CUDA compute, not just the driver, and runs on both paths as Talos CI does (talos@v1.13.0
+internal/integration/api/extensions_nvidia.go:368-465): with ``runtimeClassName: nvidia`` only (the runtime
+hook path, CI's "CUDA test") and, with ``request_gpu``, also requesting one GPU (the device plugin/CDI path,
+CI's "CUDA CDI test").  Pods get per-run names and a run label (under ``runbook run``,
 its record's run id), and are deleted in a ``finally`` (also on error or Ctrl-C: ``runbook run`` interrupts
 the cell rather than killing its kernel), so two runs never collide.  Should the ``finally`` not get to
 run (the kernel died, or did not end within the grace time), ``runbook run`` deletes the pods carrying its
@@ -35,7 +38,7 @@ _DNS_SAFE = re.compile(r"[^a-z0-9-]")
 @dataclass(frozen=True)
 class TestPod:
     kind: str
-    """``smi`` (runtime class only), ``gpu`` (also requests nvidia.com/gpu) or ``vectoradd``."""
+    """``smi``/``vectoradd`` (runtime class only) or ``gpu``/``vectoradd-gpu`` (also request nvidia.com/gpu)."""
     node: Node
     name: str
     manifest: dict[str, Any]
@@ -79,7 +82,9 @@ def build_pods(ctx: Context, nodes: list[Node], run_id: str) -> list[TestPod]:
         if params.request_gpu:
             wanted.append(("gpu", plan.cuda_smi_image, True, ["nvidia-smi"]))
         if plan.cuda_vectoradd_image:
-            wanted.append(("vectoradd", plan.cuda_vectoradd_image, params.request_gpu, None))
+            wanted.append(("vectoradd", plan.cuda_vectoradd_image, False, None))
+            if params.request_gpu:
+                wanted.append(("vectoradd-gpu", plan.cuda_vectoradd_image, True, None))
         for kind, image, gpu, command in wanted:
             name = f"cuda-{kind}-{base}-{run_id}"
             pods.append(
@@ -197,7 +202,8 @@ def _judge(ctx: Context, pod: TestPod, obj: dict[str, Any] | None, node_driver: 
     title = {
         "smi": "nvidia-smi (runtimeClass nvidia)",
         "gpu": "nvidia-smi with nvidia.com/gpu: 1",
-        "vectoradd": "CUDA vectoradd",
+        "vectoradd": "CUDA vectoradd (runtimeClass nvidia)",
+        "vectoradd-gpu": "CUDA vectoradd with nvidia.com/gpu: 1",
     }[pod.kind]
     phase = ((obj or {}).get("status") or {}).get("phase", "Unknown")
     log = ""
@@ -207,7 +213,7 @@ def _judge(ctx: Context, pod: TestPod, obj: dict[str, Any] | None, node_driver: 
         except RunbookError as exc:  # a pod rejected before any container ran has no log (HTTP 400)
             log = f"(no log: {exc.message})"
     if phase == "Succeeded":
-        if pod.kind == "vectoradd":
+        if pod.kind.startswith("vectoradd"):
             ok = "Test PASSED" in log
             return Check(
                 title,
