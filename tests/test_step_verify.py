@@ -156,3 +156,64 @@ def test_one_dead_node_fails_only_itself_wherever_it_is(tmp_path, dead):
         by_name = {n.node: n for n in result.nodes}
         assert by_name[down.name].status == "failed" and "connection refused" in by_name[down.name].message
         assert all(by_name[n.name].status == "ok" for n in params.nodes if n is not down), result.to_dict()
+
+
+# --- what verification checked (issue 17 point 3) -------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_verify_shows_what_it_checked_with_identical_nodes_on_one_line(tmp_path):
+    with sim_cluster(tmp_path, daemon=False, scenario="gpu-ready", workers=3) as (params, ctx):
+        result = verify(ctx)
+        [group] = result.data["inventory"]
+        assert group["count"] == 3 and group["nodes"] == sorted(n.name for n in params.nodes)
+        driver = group["driver"]
+        kmod = group["extensions"]["nvidia-open-gpu-kernel-modules-lts"]
+        assert group["line"].startswith(f"3 nodes: Talos v1.12.7, schematic {ctx.plan.schematic_id[:12]}…")
+        assert f"nvidia-open-gpu-kernel-modules-lts {kmod}" in group["line"] and kmod.startswith(driver)
+        # the GPU model from `talosctl get pcidevices`; no GFD labels without Kubernetes: memory unknown
+        assert f"modules live, driver {driver}, 1× AD104GL [L4] memory unknown" in group["line"]
+        assert "pcidevices" in result.data["inventory_sources"]["gpu model"]
+        assert result.nodes[0].data["modules"]["nvidia_uvm"] == "Live"
+
+
+@pytest.mark.slow
+def test_a_node_that_differs_is_listed_apart(tmp_path):
+    from runbook_lib.sim import faults
+    from runbook_lib.sim.scenarios import install_nvidia
+    from runbook_lib.sim.state import locked_node
+
+    with sim_cluster(tmp_path, daemon=False, scenario="gpu-ready", workers=3, apply=True) as (
+        params,
+        ctx,
+    ):
+        odd = params.nodes[1]
+        faults.inject(tmp_path, odd.address, "gpu_unsupported")
+        with locked_node(tmp_path, odd.address) as sim_node:
+            install_nvidia(tmp_path, sim_node, patch_modules=True)
+        lines = [g["line"] for g in verify(ctx).data["inventory"]]
+        assert len(lines) == 2 and lines[0].startswith("2 nodes: ") and "modules live" in lines[0]
+        assert lines[1].startswith(f"{odd.name}: ") and "nvidia not loaded" in lines[1]
+        assert "driver not loaded" in lines[1]
+
+
+@pytest.mark.slow
+def test_before_talos_1_8_the_gpus_are_unknown_not_guessed(tmp_path):
+    """Talos < 1.8 has no PCIDevices resource (talos v1.8.0 what-is-new:125) and no GFD runs yet."""
+    with sim_cluster(tmp_path, daemon=False, scenario="gpu-ready", talos_version="v1.7.7") as (params, ctx):
+        [group] = verify(ctx).data["inventory"]
+        assert group["gpus"] is None and "GPUs unknown" in group["line"]
+
+
+@pytest.mark.slow
+def test_with_the_kubernetes_layer_in_verify_shows_allocatable_and_gfd_memory(tmp_path):
+    from runbook_lib.steps.kubernetes import kubernetes_layer
+
+    with sim_cluster(tmp_path, scenario="gpu-ready", talos_version="v1.13.2", apply=True) as (params, ctx):
+        before = verify(ctx)
+        assert "not installed" in before.data["inventory_notes"][0]
+        assert "allocatable" not in before.data["inventory"][0]["line"]
+        assert kubernetes_layer(ctx, timeout_s=60).ok
+        [group] = verify(ctx).data["inventory"]
+        assert group["allocatable"] == 1 and group["gpus"][0]["memory_mib"] > 0
+        assert group["line"].endswith(" GiB, nvidia.com/gpu allocatable 1")

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runbook_lib.clients.talosctl import FanOut, NodeRead
+from runbook_lib.errors import RunbookError
 from runbook_lib.model.diagnosis import (
     Evidence,
     Finding,
@@ -24,6 +25,15 @@ from runbook_lib.model.diagnosis import (
     classify_extensions,
     diagnose,
     known_failure,
+)
+from runbook_lib.model.inventory import (
+    GPU_RESOURCE,
+    SOURCES,
+    KubeGpu,
+    NodeInventory,
+    group_inventory,
+    kube_gpu,
+    node_gpus,
 )
 from runbook_lib.model.machineconfig import configured_modules
 from runbook_lib.model.params import Node
@@ -38,8 +48,10 @@ from runbook_lib.model.parsers import (
     parse_proc_modules,
     schematic_id,
 )
+from runbook_lib.model.pci import PciDevice, nvidia_gpus
 
 from .context import Context
+from .gpu_presence import read_pci
 from .patch import read_configs
 from .results import Check, NodeResult, StepResult, checks_from_findings
 
@@ -58,32 +70,27 @@ class _Collected:
     module_errors: dict[str, str]
     cdi_logs: dict[str, str] | None
     """``ext-nvidia-cdi-gen``'s log per node (Talos >= 1.13), for Talos CI's CDI-spec check."""
+    talos: dict[str, str]
+    """The Talos version each node reports (``talosctl version``), for the inventory."""
+    pci: dict[str, list[PciDevice]]
+    """PCI devices per node (Talos >= 1.8; empty before), for the inventory's GPU models."""
+    kube: dict[str, KubeGpu] | None
+    """GPU facts of the Kubernetes Node objects by node name; ``None`` when the API did not answer."""
 
 
 def _collect(ctx: Context, addresses: list[str]) -> _Collected:
     """The checks are independent: all of them at once, so the step costs its slowest check (the per-node
     driver reads at 1,000 nodes), not their sum (benchmarks/bench_fleet.py, "verify ÷ floor")."""
-    with ThreadPoolExecutor(max_workers=4) as pool:
+    with ThreadPoolExecutor(max_workers=7) as pool:
         extensions_call = pool.submit(ctx.talosctl.get, "extensions", addresses)
+        version_call = pool.submit(ctx.talosctl.version, addresses)
+        pci_call = pool.submit(read_pci, ctx, addresses)
+        kube_call = pool.submit(_kube_gpus, ctx)
         services_call = pool.submit(ctx.talosctl.services, addresses)
         drivers_call = pool.submit(ctx.talosctl.read, DRIVER_VERSION_FILE, addresses)
         cdi = "ext-nvidia-cdi-gen" in ctx.params.profile().services
         logs_call = pool.submit(ctx.talosctl.logs, "ext-nvidia-cdi-gen", addresses) if cdi else None
-        if ctx.params.profile().module_check == "get modules":
-            module_fan = pool.submit(ctx.talosctl.get, "modules", addresses).result()
-            module_errors = module_fan.errors
-            module_state = {
-                n: {m.name: m.state for m in modules_from_resources(r).values()}
-                for n, r in module_fan.by_node().items()
-            }
-        else:
-            reads = pool.submit(ctx.talosctl.read, "/proc/modules", addresses).result()
-            module_errors = {n: r.error or "" for n, r in reads.items() if r.text is None}
-            module_state = {
-                n: {m.name: m.state for m in parse_proc_modules(r.text).values()}
-                for n, r in reads.items()
-                if r.text is not None
-            }
+        module_state, module_errors = _read_modules(ctx, addresses)
         services, service_errors = services_call.result()
         return _Collected(
             extensions_call.result(),
@@ -93,7 +100,42 @@ def _collect(ctx: Context, addresses: list[str]) -> _Collected:
             module_state,
             module_errors,
             logs_call.result() if logs_call else None,
+            version_call.result()[1],
+            pci_call.result(),
+            kube_call.result(),
         )
+
+
+def _read_modules(ctx: Context, addresses: list[str]) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
+    """Module name -> state per node, and per-node errors (``get modules`` from Talos 1.11, else
+    ``/proc/modules``)."""
+    if ctx.params.profile().module_check == "get modules":
+        module_fan = ctx.talosctl.get("modules", addresses)
+        state = {
+            n: {m.name: m.state for m in modules_from_resources(r).values()}
+            for n, r in module_fan.by_node().items()
+        }
+        return state, module_fan.errors
+    reads = ctx.talosctl.read("/proc/modules", addresses)
+    errors = {n: r.error or "" for n, r in reads.items() if r.text is None}
+    state = {
+        n: {m.name: m.state for m in parse_proc_modules(r.text).values()}
+        for n, r in reads.items()
+        if r.text is not None
+    }
+    return state, errors
+
+
+def _kube_gpus(ctx: Context) -> dict[str, KubeGpu] | None:
+    """The Kubernetes view of every node's GPUs, or ``None`` when the API cannot be read.
+
+    Why optional: verification is about the Talos nodes and must not fail because the Kubernetes API is
+    not reachable from here; the inventory then says the allocatable count is unknown.
+    """
+    try:
+        return {str(n["metadata"]["name"]): kube_gpu(n) for n in ctx.kube.nodes()}
+    except RunbookError:
+        return None
 
 
 def verify(
@@ -108,6 +150,7 @@ def verify(
     seen = _collect(ctx, [n.address for n in nodes])
     ext_by_node = seen.extensions.by_node()
     unconfigured: list[tuple[Node, NodeResult]] = []
+    inventories: dict[str, NodeInventory] = {}
     for index, node in enumerate(nodes, start=1):
         res = NodeResult(node=node.name, address=node.address)
         result.nodes.append(res)
@@ -151,6 +194,8 @@ def verify(
             "schematic": evidence.schematic,
             "driver": driver.version if driver else None,
         }
+        inventories[node.name] = _inventory(ctx, seen, node, evidence)
+        res.data |= inventories[node.name].to_dict()
         res.status = "ok" if all(c.ok for c in res.checks) else "failed"
         failed = [c.name for c in res.checks if not c.ok]
         res.message = "all checks passed" if not failed else "failed: " + ", ".join(failed)
@@ -158,7 +203,46 @@ def verify(
             progress(index, len(nodes))
     if unconfigured:
         _configured_but_not_loaded(ctx, unconfigured)
+    _add_inventory(result, inventories, seen.kube)
     return result.finish()
+
+
+def _allocatable_shown(kube: dict[str, KubeGpu] | None) -> bool:
+    """The allocatable count is shown once the Kubernetes layer is in, i.e. some node advertises it."""
+    return kube is not None and any(k.allocatable > 0 for k in kube.values())
+
+
+def _inventory(ctx: Context, seen: _Collected, node: Node, evidence: Evidence) -> NodeInventory:
+    """One node's facts for the "what was checked" view; each field's source is in ``SOURCES``."""
+    address = node.address
+    kube = seen.kube.get(node.name) if seen.kube is not None else None
+    pci = seen.pci.get(address)
+    loaded = evidence.modules or {}
+    return NodeInventory(
+        talos=seen.talos.get(address),
+        schematic=evidence.schematic,
+        extensions=tuple(sorted((evidence.extensions or {}).items())),
+        modules=tuple((m, loaded.get(m) or "not loaded") for m in ctx.params.profile(node).modules),
+        driver=evidence.driver.version if evidence.driver else None,
+        gpus=node_gpus(None if pci is None else [d.product for d in nvidia_gpus(pci)], kube),
+        allocatable=kube.allocatable if kube is not None and _allocatable_shown(seen.kube) else None,
+    )
+
+
+def _add_inventory(
+    result: StepResult, inventories: dict[str, NodeInventory], kube: dict[str, KubeGpu] | None
+) -> None:
+    """The grouped inventory (one entry per distinct set of facts) and where each fact came from."""
+    result.data["inventory"] = [group.to_dict() for group in group_inventory(inventories)]
+    result.data["inventory_sources"] = dict(SOURCES)
+    if kube is None:
+        result.data["inventory_notes"] = [
+            f"{GPU_RESOURCE} allocatable unknown: the Kubernetes API did not answer"
+        ]
+    elif not _allocatable_shown(kube):
+        result.data["inventory_notes"] = [
+            f"no node advertises {GPU_RESOURCE} yet: the Kubernetes layer (step 5) is not installed or not ready"
+        ]
 
 
 #: ``/proc/driver/nvidia/version``'s architecture as Talos CI names it (``Version.Arch``).
