@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from runbook_lib.model.inventory import SOURCES, Gpu, NodeInventory, group_inventory
 from runbook_lib.notebook.render import failure_text, render_html, render_markdown
 from runbook_lib.steps.results import Check, NodeResult, StepResult
 
@@ -100,3 +101,45 @@ def test_failure_text_carries_the_diagnosis_for_the_error_cell() -> None:
     assert "gpu-0092 (10.0.0.92): cannot read the machine config" in text
     assert "fix: talosctl -n 10.0.0.92 version" in text
     assert "3 more failing nodes" in text
+
+
+def verified_fleet(size: int = 1000) -> StepResult:
+    """A verify result as the step stores it: 1,000 identical nodes but one with an older Talos and one down."""
+    same = NodeInventory(
+        talos="v1.12.7",
+        schematic="ef35b8d5b5f2a0ef8dbc0b3bd1e0f2fb3e4e2d9e1d2b8c1c0a4f1a1b6f5c4d3e",
+        extensions=(("nvidia-open-gpu-kernel-modules-lts", "570.172.08-v1.12.7"),),
+        modules=(("nvidia", "Live"), ("nvidia_uvm", "Live")),
+        driver="570.172.08",
+        gpus=(Gpu("AD104GL [L4]", 23034),),
+    )
+    result = StepResult(step="verify", applied=False)
+    inventories = {}
+    for i in range(size):
+        name = f"gpu-{i:04d}"
+        result.nodes.append(
+            NodeResult(node=name, address=f"10.0.{i // 250}.{i % 250}", message="all checks passed")
+        )
+        inventories[name] = same
+    inventories["gpu-0007"] = NodeInventory(**{**vars(same), "talos": "v1.12.6 <b>"})
+    del inventories["gpu-0009"]
+    result.node("gpu-0009").status = "failed"
+    result.data["inventory"] = [g.to_dict() for g in group_inventory(inventories)]
+    result.data["inventory_sources"] = dict(SOURCES)
+    return result
+
+
+def test_verify_shows_what_it_checked_with_identical_nodes_on_one_line() -> None:
+    html = render_html(verified_fleet())
+    section = html[html.index("What was checked") :]
+    assert "998 nodes: Talos v1.12.7, schematic ef35b8d5b5f2…" in section
+    assert "modules live, driver 570.172.08, 1× AD104GL [L4] 22.5 GiB" in section
+    assert "gpu-0007: Talos v1.12.6 &lt;b&gt;" in section  # the node that differs, named and escaped
+    assert "1 node(s) did not answer" in section and "talosctl get pcidevices" in section
+    assert section.count("<li>") == 2
+
+
+def test_verify_inventory_in_markdown() -> None:
+    md = render_markdown(verified_fleet(10))
+    assert "- 8 nodes: Talos v1.12.7" in md and "- gpu-0007: Talos v1.12.6" in md
+    assert "Sources: talos: talosctl version" in md

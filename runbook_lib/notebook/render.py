@@ -18,6 +18,8 @@ from runbook_lib.steps.results import Check, NodeResult, StepResult
 TABLE_LIMIT = 50
 FAILING_LIMIT = 20
 DIFF_LIMIT = 10
+#: Distinct inventories ("what was checked" lines) shown before "N more in the record".
+INVENTORY_LIMIT = 20
 
 _COLOURS = {
     "failed": "#c62828",
@@ -81,6 +83,60 @@ def diff_groups(result: StepResult) -> list[tuple[str, list[str]]]:
     return sorted(groups.items(), key=lambda item: (-len(item[1]), item[0]))
 
 
+def _inventory(result: StepResult) -> list[dict[str, Any]]:
+    groups = result.data.get("inventory")
+    return [g for g in groups if isinstance(g, dict)] if isinstance(groups, list) else []
+
+
+def _inventory_notes(result: StepResult) -> list[str]:
+    """The inventory's own notes, and the nodes it leaves out (they did not answer: see the failing nodes)."""
+    groups = _inventory(result)
+    notes = [str(n) for n in result.data.get("inventory_notes") or []]
+    missing = len(result.nodes) - sum(int(g.get("count", 0)) for g in groups)
+    if missing > 0:
+        notes.append(f"{missing} node(s) did not answer and are not in this list (see the failing nodes)")
+    if len(groups) > INVENTORY_LIMIT:
+        notes.append(f"{len(groups) - INVENTORY_LIMIT} more distinct node inventories in the record")
+    return notes
+
+
+def _sources(result: StepResult) -> str:
+    sources = result.data.get("inventory_sources") or {}
+    return "; ".join(f"{field}: {source}" for field, source in sources.items())
+
+
+def _inventory_html(result: StepResult) -> list[str]:
+    """ "What was checked": one line per distinct set of node facts (1,000 identical nodes are one line),
+    the node names behind a fold, and where each fact came from."""
+    groups = _inventory(result)
+    if not groups:
+        return []
+    out = ['<h4>What was checked</h4><ul class="runbook-inventory">']
+    for group in groups[:INVENTORY_LIMIT]:
+        names = [str(n) for n in group.get("nodes", [])]
+        line = f"<li>{escape(str(group.get('line', '')))}"
+        if len(names) > 1:
+            line += f"<details><summary>nodes</summary>{escape(_nodes_text(names, 50))}</details>"
+        out.append(line + "</li>")
+    out.append("</ul>")
+    out += [f"<p>{escape(note)}</p>" for note in _inventory_notes(result)]
+    if _sources(result):
+        out.append(f'<p style="font-size:85%;color:#555">Sources: {escape(_sources(result))}</p>')
+    return out
+
+
+def _inventory_markdown(result: StepResult) -> list[str]:
+    groups = _inventory(result)
+    if not groups:
+        return []
+    lines = ["", "**What was checked**", ""]
+    lines += [f"- {group.get('line', '')}" for group in groups[:INVENTORY_LIMIT]]
+    lines += [f"- {note}" for note in _inventory_notes(result)]
+    if _sources(result):
+        lines += ["", f"Sources: {_sources(result)}"]
+    return lines
+
+
 def _check_html(check: Check) -> str:
     parts = [f"<b>{escape(check.name)}</b>: {escape(check.message)}"]
     if check.cause:
@@ -124,6 +180,7 @@ def render_html(result: StepResult, *, limit: int = TABLE_LIMIT, title: str | No
         out.append("</ul>")
         if len(failing) > FAILING_LIMIT:
             out.append(f"<p>{len(failing) - FAILING_LIMIT} more failing nodes in the record.</p>")
+    out += _inventory_html(result)
     groups = diff_groups(result)
     if groups:
         out.append("<h4>Changes</h4>")
@@ -183,6 +240,7 @@ def render_markdown(result: StepResult, *, limit: int = TABLE_LIMIT, title: str 
                 )
         if len(failing) > FAILING_LIMIT:
             lines.append(f"- … {len(failing) - FAILING_LIMIT} more failing nodes in the record")
+    lines += _inventory_markdown(result)
     for diff, names in diff_groups(result)[:DIFF_LIMIT]:
         lines += ["", f"{len(names)} node(s): {_nodes_text(names)}", "", "```diff", diff.rstrip("\n"), "```"]
     for note in result.notes:
