@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from runbook_lib.errors import CompatibilityError, ParametersInvalid
-from runbook_lib.model.params import validate
+from runbook_lib.model.params import parameter_rows, validate
 from runbook_lib.model.plan import build_plan
 from runbook_lib.model.profiles import DRIVER_TABLE, profile_for, render_documents
 
@@ -327,3 +327,83 @@ def test_proprietary_before_talos_1_5_is_refused_naming_the_parameter():
     assert validate({**base, "talos_version": "v1.5.0"}, source="p.yaml").profile().kmod_extension == (
         "siderolabs/nonfree-kmod-nvidia"
     )
+
+
+def test_plan_lists_the_fabric_manager_service_verify_checks_when_the_extension_is_added():
+    """The fabric manager extension runs as service ``nvidia-fabricmanager`` (extensions@v1.12.0
+    nvidia-gpu/nvidia-fabricmanager/lts/nvidia-fabricmanager.yaml, ``name: nvidia-fabricmanager``), which Talos
+    shows as ``ext-nvidia-fabricmanager``; verify checks it on nodes that carry the extension
+    (``diagnosis.check_services``), so the plan a person approves must list it too."""
+    base = {"cluster": "c", "talos_version": "v1.12.7", "track": "lts"}
+    nodes = [
+        {"name": "hgx-1", "address": "10.0.0.1"},
+        {
+            "name": "hgx-2",
+            "address": "10.0.0.2",
+            "overrides": {"extra_extensions": ["siderolabs/nvidia-fabricmanager-lts"]},
+        },
+    ]
+    plan = build_plan(validate({**base, "nodes": nodes}, source="t"))
+    assert "ext-nvidia-fabricmanager" not in plan.services
+    assert [n.services for n in plan.nodes] == [
+        ["ext-nvidia-persistenced"],
+        ["ext-nvidia-persistenced", "ext-nvidia-fabricmanager"],
+    ]
+    everywhere = {**base, "nodes": nodes[:1], "extra_extensions": ["siderolabs/nvidia-fabricmanager-lts"]}
+    assert build_plan(validate(everywhere, source="t")).services == [
+        "ext-nvidia-persistenced",
+        "ext-nvidia-fabricmanager",
+    ]
+    before_tracks = {**everywhere, "talos_version": "v1.7.7", "track": None}
+    before_tracks["extra_extensions"] = ["siderolabs/nvidia-fabricmanager"]
+    assert "ext-nvidia-fabricmanager" in build_plan(validate(before_tracks, source="t")).services
+
+
+def _description(key: str) -> str:
+    return next(desc for k, _typ, _default, desc in parameter_rows() if k == key)
+
+
+def test_device_plugin_default_is_not_credited_to_talos_ci_before_1_11():
+    """Talos CI installs chart v0.17.2 on 1.11 and v0.18.0 on 1.12 (talos@v1.11.0 and @v1.12.0
+    internal/integration/api/constants.go:12, NvidiaDevicePluginChartVersion); up to v1.10 it deployed its own
+    DaemonSet with image k8s-device-plugin:v0.14.1 (talos@v1.10.0 internal/integration/api/
+    extensions_nvidia.go:228), not a chart (reality-gaps.md §1 finding 16). The parameter documentation says
+    which chart each release gets and where that choice comes from."""
+    text = _description("device_plugin.chart_version")
+    assert "the version Talos CI uses for the release" not in text
+    for minor in (3, 10, 11, 12):
+        assert profile_for(f"v1.{minor}.0").device_plugin_chart_default in text
+    assert "v0.14.1" in text
+
+
+def test_nvidia_smi_image_description_names_each_default_and_where_it_comes_from():
+    """The docs' nvidia-smi test image is cuda:12.1.0-base up to the 1.7 docs and cuda:12.5.0-base in the 1.8-1.10
+    docs (siderolabs/docs public/talos/v1.7 and v1.8 .../hardware-and-drivers/nvidia-gpu.mdx:148 and :159),
+    but the 1.11-1.12 OSS docs run nvidia-smi in the vectoradd sample and the 1.13+ docs leave the test to the
+    GPU Operator (reality-gaps.md §1 finding 17): "the image of the Talos docs" is not true for every release."""
+    text = _description("cuda_test.smi_image")
+    assert "the image of the Talos docs for the release" not in text
+    for minor in (3, 7, 8, 14):
+        assert profile_for(f"v1.{minor}.0").cuda_smi_image.removeprefix("nvcr.io/nvidia/") in text
+
+
+def test_plan_says_extra_kernel_args_miss_the_installer_on_1_5_to_1_9_without_secureboot():
+    """The Image Factory puts a schematic's kernel arguments into an installer only with secure boot or from
+    Talos 1.10 (siderolabs/image-factory@26b95ca internal/profile/profile.go:593-597; talos@v1.10.0
+    pkg/machinery/imager/quirks/quirks.go:214, minTalosVersionUnifiedInstaller = 1.10.0): on 1.5-1.9 the
+    schematic ID changes but the node's cmdline does not (reality-gaps.md §1 finding 18)."""
+    base = {
+        "cluster": "c",
+        "nodes": [{"name": "n", "address": "10.0.0.1"}],
+        "extra_kernel_args": ["iommu=pt"],
+    }
+
+    def notes(version: str, **more: object) -> str:
+        return "\n".join(build_plan(validate({**base, "talos_version": version, **more}, source="t")).notes)
+
+    assert "never reach the node's kernel command line" in notes("v1.9.6")
+    assert "machine.install.extraKernelArgs" in notes("v1.5.0")
+    for quiet in (notes("v1.10.0"), notes("v1.9.6", secureboot=True), notes("v1.4.8")):
+        assert "never reach the node's kernel command line" not in quiet
+    no_args = validate({**base, "extra_kernel_args": [], "talos_version": "v1.9.6"}, source="t")
+    assert not any("kernel command line" in n for n in build_plan(no_args).notes)

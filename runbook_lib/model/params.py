@@ -143,7 +143,7 @@ class DevicePlugin(_Strict):
     """NVIDIA k8s-device-plugin Helm chart (the Kubernetes layer up to Talos 1.12)."""
 
     chart_version: str | None = None
-    """Chart version to pin; default: the version Talos CI uses for the release (0.17.2, 0.18.0 from 1.12)."""
+    """Chart version to pin; default: 0.17.2 up to Talos 1.11, 0.18.0 from 1.12 (the charts Talos CI installs on 1.11 and 1.12; up to 1.10 CI ran its own DaemonSet with k8s-device-plugin v0.14.1, not a chart)."""
     namespace: Namespace = "kube-system"
     """Namespace (not ``default``); Talos enforces Pod Security baseline elsewhere unless the namespace is labelled privileged."""
     label_nodes: bool = True
@@ -163,7 +163,7 @@ class CudaTest(_Strict):
     """The final proof: pods that run CUDA tools on each GPU node."""
 
     smi_image: str | None = None
-    """Image running ``nvidia-smi``; default: the image of the Talos docs for the release."""
+    """Image running ``nvidia-smi``; default: ``nvcr.io/nvidia/cuda:12.1.0-base-ubuntu22.04`` up to Talos 1.7, ``cuda:12.5.0-base-ubuntu22.04`` from 1.8 (the images of the 1.6–1.10 docs' test; the 1.11–1.12 OSS docs run ``nvidia-smi`` in the vectoradd sample, the 1.13+ docs leave the test to the GPU Operator)."""
     vectoradd_image: str | None = "auto"
     """CUDA vectoradd sample image; ``auto``: the sample Talos CI runs for the release (CUDA 11.7 up to 1.10, 12.5 from 1.11), ``null`` skips the test."""
     request_gpu: bool = True

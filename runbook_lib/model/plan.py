@@ -12,7 +12,7 @@ from typing import Any
 
 from .boot_assets import installer_image
 from .params import Node, Params
-from .profiles import GPU_OPERATOR_VALUES, GpuProfile, render_documents
+from .profiles import GPU_OPERATOR_VALUES, GpuProfile, render_documents, services_for
 from .schematic import Schematic, schematic_for
 
 
@@ -39,6 +39,8 @@ class NodePlan:
     schematic_id: str | None
     installer_image: str | None
     schematic_yaml: str | None = None
+    services: list[str] = field(default_factory=list)
+    """Extension services verify checks on this node (``profiles.services_for`` its extensions)."""
 
 
 @dataclass(frozen=True)
@@ -136,12 +138,26 @@ def _image_notes(params: Params, profile: GpuProfile) -> list[str]:
         "the image step refuses to upgrade a node that runs extensions this schematic lacks (iscsi-tools, "
         "drbd…): the upgrade would remove them; it names the extra_extensions line that keeps them"
     ]
+    if _kernel_args_miss_the_installer(params):
+        notes.append(
+            "extra_kernel_args change the schematic ID but never reach the node's kernel command line through "
+            f"the Talos {params.talos} installer (the Image Factory adds them to installers only with secure "
+            "boot or from Talos 1.10): set them in machine.install.extraKernelArgs instead"
+        )
     if params.talos.at_least(1, 10):
         notes.append(
             "installer_image is the metal one: the image step upgrades each node with its own "
             "<platform>-installer (talosctl get platformmetadata, e.g. aws-installer)"
         )
     return notes
+
+
+def _kernel_args_miss_the_installer(params: Params) -> bool:
+    """True when the factory installer leaves out the schematic's kernel arguments: Talos 1.5-1.9 without
+    secure boot (image-factory@26b95ca internal/profile/profile.go:593-597; talos@v1.10.0
+    pkg/machinery/imager/quirks/quirks.go:214 ``minTalosVersionUnifiedInstaller = 1.10.0``)."""
+    wanted = params.extra_kernel_args or any(n.overrides.extra_kernel_args for n in params.nodes)
+    return bool(wanted) and not params.secureboot and not params.talos.at_least(1, 10)
 
 
 def build_plan(params: Params) -> Plan:
@@ -166,14 +182,17 @@ def build_plan(params: Params) -> Plan:
     nodes = []
     for node in params.nodes:
         own = node_schematic(params, node)
+        own_profile = params.profile(node)
+        own_extensions = node_extensions(params, own_profile, node.overrides.extra_extensions)
         nodes.append(
             NodePlan(
                 name=node.name,
                 address=node.address,
-                extensions=node_extensions(params, params.profile(node), node.overrides.extra_extensions),
+                extensions=own_extensions,
                 schematic_id=own.id if own else None,
                 installer_image=_installer(params, own),
                 schematic_yaml=own.canonical_yaml() if own and own != schematic else None,
+                services=services_for(own_profile, own_extensions),
             )
         )
     return Plan(
@@ -195,7 +214,7 @@ def build_plan(params: Params) -> Plan:
         schematic_id=schematic.id if schematic else None,
         schematic_yaml=schematic.canonical_yaml() if schematic else None,
         module_check=profile.module_check,
-        services=list(profile.services),
+        services=services_for(profile, extensions),
         cuda_smi_image=params.cuda_test.smi_image or profile.cuda_smi_image,
         cuda_vectoradd_image=profile.cuda_vectoradd_image
         if params.cuda_test.vectoradd_image == "auto"

@@ -9,7 +9,7 @@ Nothing in this module does I/O.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -91,7 +91,12 @@ class GpuProfile:
     services: tuple[str, ...]
     """Extension services that must be up once the toolkit runs (checked by verify)."""
     device_plugin_chart_default: str
+    """Talos CI's chart on 1.11 (0.17.2) and 1.12 (0.18.0) (talos@v1.11.0/@v1.12.0 internal/integration/api/
+    constants.go:12); 0.17.2 is kept for older releases, where CI ran its own DaemonSet with
+    k8s-device-plugin v0.14.1 (talos@v1.10.0 extensions_nvidia.go:228) and the docs pin chart 0.13.0."""
     cuda_smi_image: str
+    """The image of the docs' ``nvidia-smi`` test in the 1.6-1.7 (12.1.0) and 1.8-1.10 (12.5.0) docs
+    (siderolabs/docs public/talos/v1.x/.../nvidia-gpu.mdx); other releases' docs have none of their own."""
     cuda_vectoradd_image: str
     """The vectoradd sample Talos CI runs for the release, so it runs on the release's driver."""
     modules: tuple[str, ...] = NVIDIA_MODULES
@@ -276,6 +281,21 @@ def _services(minor: int) -> tuple[str, ...]:
     if minor >= 13:
         services.append("ext-nvidia-cdi-gen")
     return tuple(services)
+
+
+#: Extension name prefix of the fabric manager (NVSwitch systems such as HGX H100/H200), any track.
+FABRICMANAGER_EXTENSION = "siderolabs/nvidia-fabricmanager"
+
+
+def services_for(profile: GpuProfile, extensions: Sequence[str]) -> list[str]:
+    """The extension services verify checks on a node with these extensions: the toolkit's, plus
+    ``ext-nvidia-fabricmanager`` when the image carries the fabric manager (its service is ``name:
+    nvidia-fabricmanager`` in extensions@v1.12.0 nvidia-gpu/nvidia-fabricmanager/lts/nvidia-fabricmanager.yaml;
+    verify checks it from the node's extensions, so the approved plan must name it too)."""
+    services = list(profile.services)
+    if any(name.startswith(FABRICMANAGER_EXTENSION) for name in extensions):
+        services.append("ext-nvidia-fabricmanager")
+    return services
 
 
 def expected_driver(talos: TalosVersion, track: Track | None) -> str:
