@@ -217,3 +217,40 @@ def test_with_the_kubernetes_layer_in_verify_shows_allocatable_and_gfd_memory(tm
         [group] = verify(ctx).data["inventory"]
         assert group["allocatable"] == 1 and group["gpus"][0]["memory_mib"] > 0
         assert group["line"].endswith(" GiB, nvidia.com/gpu allocatable 1")
+
+
+@pytest.mark.slow
+def test_the_notebook_and_the_record_show_what_verify_checked(tmp_path):
+    """Through ``runbook run`` on the simulated cluster as ``make demo`` starts it (fresh nodes: verify fails,
+    and still shows what it found)."""
+    import json
+    from pathlib import Path
+
+    from runbook_lib.cli import main
+    from runbook_lib.notebook import records
+
+    params = str(Path(__file__).parents[1] / "params" / "simulated.yaml")
+    argv = [
+        "run",
+        "-p",
+        params,
+        "--steps",
+        "verify",
+        "--records",
+        str(tmp_path / "r"),
+        "--state",
+        str(tmp_path / "s"),
+    ]
+    assert main([*argv, "--no-progress"]) == 1
+    record = records.resolve(tmp_path / "r", None)
+    [line] = records.load_record(record)["verification"]["verify"]["checked"]
+    assert (
+        line.startswith("3 nodes: Talos v1.12.7, schematic ")
+        and "no extensions, modules: nvidia not loaded" in line
+    )
+    stored = json.loads((record / "results" / "verify.json").read_text())["result"]["data"]["inventory"]
+    assert stored[0]["line"] == line and stored[0]["count"] == 3
+    assert (
+        "What was checked" in (record / "04-verify.ipynb").read_text()
+        and line.split(",")[0] in (record / "html" / "04-verify.html").read_text()
+    )

@@ -992,6 +992,8 @@ def run(
                 "status": o.result.get("status"),
                 "counts": o.result.get("counts"),
                 "failing": [n["node"] for n in o.result.get("nodes", []) if n.get("status") == "failed"],
+                # what verify saw, one line per distinct node inventory (the groups are in results/verify.json)
+                "checked": [g.get("line") for g in (o.result.get("data") or {}).get("inventory") or []],
             }
             for o in outcomes
             if o.name in ("verify", "cuda-test") and o.result
