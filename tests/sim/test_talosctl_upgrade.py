@@ -369,3 +369,24 @@ def test_preserve_is_accepted_but_hidden(tmp_path: Path) -> None:
     )
     assert r.returncode == 0, r.stderr
     assert "preserve" not in talosctl(tmp_path, "upgrade", "--help").stdout
+
+
+def test_stock_installer_installs_machine_install_extensions_before_the_factory(tmp_path: Path) -> None:
+    """Talos 1.3-1.4 have no Image Factory: the installer pulls the images ``machine.install.extensions``
+    lists (talos@v1.3.0:internal/pkg/install/install.go:58), so an upgrade to the stock installer after the
+    config patch boots the NVIDIA extensions."""
+    create(tmp_path, ClusterSpec(workers=1, talos_version="1.3"))
+    kmod = "ghcr.io/siderolabs/nvidia-open-gpu-kernel-modules:515.65.01-v1.3.7"
+    toolkit = "ghcr.io/siderolabs/nvidia-container-toolkit:515.65.01-v1.11.0"
+    patch = MODULES_PATCH + f"  install:\n    extensions:\n      - image: {kmod}\n      - image: {toolkit}\n"
+    assert talosctl(tmp_path, "patch", "mc", "-n", W1, "-p", patch).returncode == 0
+    r = talosctl(tmp_path, "upgrade", "-n", W1, "-i", "ghcr.io/siderolabs/installer:v1.3.7")
+    assert r.returncode == 0, r.stderr
+    node = load_node(tmp_path, W1)
+    assert sorted(e.image for e in node.extensions) == sorted([kmod, toolkit])
+    assert runtime(node).driver_version == "515.65.01"
+    missing = patch.replace("515.65.01-v1.11.0", "999.0-v0")
+    create(tmp_path / "b", ClusterSpec(workers=1, talos_version="1.3"))
+    assert talosctl(tmp_path / "b", "patch", "mc", "-n", W1, "-p", missing).returncode == 0
+    r = talosctl(tmp_path / "b", "upgrade", "-n", W1, "-i", "ghcr.io/siderolabs/installer:v1.3.7")
+    assert r.returncode == 1 and "nvidia-container-toolkit:999.0-v0" in r.stderr

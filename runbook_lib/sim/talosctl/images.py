@@ -16,7 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from runbook_lib.sim import catalog
-from runbook_lib.sim.state import VANILLA_SCHEMATIC, InstalledExtension, minor_of, normalize_talos_version
+from runbook_lib.sim.state import (
+    VANILLA_SCHEMATIC,
+    InstalledExtension,
+    minor_of,
+    normalize_talos_version,
+    v1alpha1_doc,
+)
 
 _FACTORY_PATH = re.compile(r"^(?:[a-z0-9]+-)?installer(?:-secureboot)?$")
 
@@ -109,6 +115,38 @@ def resolve(
             )
         installed.append(to_installed(info))
     return ref, apply_extension_faults(installed, ref.version, faults)
+
+
+def with_install_extensions(
+    state_dir: Path,
+    ref: InstallerRef,
+    installed: list[InstalledExtension],
+    config: list[dict[str, Any]],
+    faults: dict[str, Any],
+) -> list[InstalledExtension]:
+    """The installer also pulls the images ``machine.install.extensions`` lists
+    (talos@v1.3.0:internal/pkg/install/install.go:58, still at v1.5.0:60): before the Image Factory (Talos
+    1.3-1.4) that is how extensions reach a node.  An image the registry does not have fails the upgrade
+    (the wording is modelled on the installer-pull error above, not taken from a capture)."""
+    machine = v1alpha1_doc(config).get("machine") or {}
+    listed = (machine.get("install") or {}).get("extensions") or []
+    wanted = [str(e.get("image", "")) for e in listed if isinstance(e, dict)]
+    if not wanted:
+        return installed
+    by_ref = {e["ref"]: e for e in official_extensions(ref.version, state_dir)}
+    names = {e.name for e in installed}
+    added: list[InstalledExtension] = []
+    for image in wanted:
+        info = by_ref.get(image)
+        if info is None:
+            raise ImageError(
+                f'failed to pull extension image "{image}": failed to resolve reference "{image}": {image}: not found'
+            )
+        ext = to_installed(info)
+        if ext.name not in names:
+            added.append(ext)
+            names.add(ext.name)
+    return installed + apply_extension_faults(added, ref.version, faults)
 
 
 def apply_extension_faults(

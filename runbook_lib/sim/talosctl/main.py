@@ -737,6 +737,7 @@ def cmd_upgrade(env: Env, p: fl.Parsed) -> int:
     def upgrade(node: SimNode) -> str:
         try:
             ref, exts = images.resolve(env.state_dir, image, node.faults)
+            exts = images.with_install_extensions(env.state_dir, ref, exts, node.machine_config, node.faults)
         except images.ImageError as exc:
             raise NodeError(f"rpc error: code = Unknown desc = {exc}") from None
         hangs = bool(node.faults.get("upgrade_hangs")) or persistenced_never_starts(node, exts)
