@@ -21,7 +21,7 @@ from tests.simcluster import sim_cluster
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize(("version", "preserve"), [("v1.7.7", True), ("v1.8.4", False)])
+@pytest.mark.parametrize(("version", "preserve"), [("v1.3.7", True), ("v1.7.7", True), ("v1.8.4", False)])
 def test_upgrade_keeps_the_ephemeral_partition_below_talos_1_8(
     tmp_path: Path, version: str, preserve: bool
 ) -> None:
