@@ -220,7 +220,7 @@ def test_with_the_kubernetes_layer_in_verify_shows_allocatable_and_gfd_memory(tm
 
 
 @pytest.mark.slow
-def test_the_notebook_and_the_record_show_what_verify_checked(tmp_path):
+def test_the_notebook_and_the_record_show_what_verify_checked(tmp_path, capsys):
     """Through ``runbook run`` on the simulated cluster as ``make demo`` starts it (fresh nodes: verify fails,
     and still shows what it found)."""
     import json
@@ -254,3 +254,6 @@ def test_the_notebook_and_the_record_show_what_verify_checked(tmp_path):
         "What was checked" in (record / "04-verify.ipynb").read_text()
         and line.split(",")[0] in (record / "html" / "04-verify.html").read_text()
     )
+    capsys.readouterr()
+    assert main(["records", "show", "--dir", str(tmp_path / "r")]) == 0
+    assert f"verify checked:\n  {line}\n" in capsys.readouterr().out

@@ -385,6 +385,7 @@ def _show(args: argparse.Namespace) -> int:
         )
         out.write(f"          files it left: {files or 'none'}\n")
     _show_steps(records.listed(data, "steps"))
+    _show_checked(_mapping(_mapping(data, "verification"), "verify"))
     _show_changes(records.listed(data, "changes"))
     if data.get("note"):
         out.write(f"note: {data['note']}\n")
@@ -403,6 +404,13 @@ def _show_steps(steps: list[dict[str, Any]]) -> None:
         error = step.get("error")
         if isinstance(error, dict):
             sys.stdout.write(f"    error: {error.get('ename')}: {error.get('evalue')}\n")
+
+
+def _show_checked(verify: dict[str, Any]) -> None:
+    """What verify saw, one line per distinct node inventory (identical nodes share a line)."""
+    checked = verify.get("checked")
+    if isinstance(checked, list) and checked:
+        sys.stdout.write("verify checked:\n" + "".join(f"  {line}\n" for line in checked))
 
 
 def _show_changes(changes: list[dict[str, Any]]) -> None:
