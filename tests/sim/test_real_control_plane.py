@@ -386,6 +386,53 @@ def test_scheduler_places_a_gpu_pod_only_once_the_node_advertises_a_gpu(
         plane.ok("kubectl", "wait", "pod/gpu", "--for=jsonpath={.spec.nodeName}=gpu-1", "--timeout=60s")
 
 
+KWOK_NODE = (
+    "apiVersion: v1\nkind: Node\nmetadata:\n  name: gpu-kwok\n  labels: {type: kwok, kubernetes.io/os: linux}\n"
+    "status:\n  allocatable: {cpu: '8', memory: 32Gi, pods: '110', nvidia.com/gpu: '1'}\n"
+    "  capacity: {cpu: '8', memory: 32Gi, pods: '110', nvidia.com/gpu: '1'}\n"
+)
+
+
+def test_kwok_runs_the_node_and_the_pod_lifecycle(binaries: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    """Feasibility of the next slice's engine: kwok v0.8.0 (sigs.k8s.io/kwok, its own shipped stages) keeps a
+    Node Ready with lease heartbeats and runs a GPU pod scheduled to it through Running to its deletion, against
+    this control plane, as the runbook's client sees it. GPU behaviour (modules, runtime handler) is not here yet."""
+    if find_go() is None:
+        pytest.skip("go is not installed: kwok is built from its Go module")
+    kwok = build("build-kwok.sh")
+    with running(binaries, tmp_path / "state") as plane:
+        args = ["--kubeconfig", str(plane.kubeconfig), "--config", str(kwok / "stages.yaml")]
+        log = (tmp_path / "kwok.log").open("w")
+        engine = subprocess.Popen(
+            [str(kwok / "bin" / "kwok"), *args, "--manage-nodes-with-label-selector=type=kwok"],
+            stdout=log,
+            stderr=log,
+        )
+        try:
+            plane.ok("kubectl", "create", "-f", "-", stdin=KWOK_NODE)
+            plane.ok("kubectl", "wait", "node/gpu-kwok", "--for=condition=Ready", "--timeout=60s")
+            kube = Kube.from_kubeconfig(str(plane.kubeconfig))
+            kube.ensure_namespace(
+                "kwok-test", {"pod-security.kubernetes.io/enforce": "privileged"}, dry_run=False
+            )
+            kube.create_runtime_class("nvidia", "nvidia", dry_run=False)
+            wait_for(plane, "serviceaccount", "default", "-n", "kwok-test")
+            kube.create_pod("kwok-test", gpu_pod("smi", "nvidia"))
+            pod = kube.watch_until(
+                kube.core.list_namespaced_pod,
+                lambda p: (p.get("status") or {}).get("phase") == "Running",
+                timeout=60,
+                namespace="kwok-test",
+            )
+            assert pod is not None and pod["spec"]["nodeName"] == "gpu-kwok"
+            assert pod["status"]["phase"] == "Running"
+            plane.ok("kubectl", "delete", "pod", "smi", "-n", "kwok-test", "--timeout=60s")
+        finally:
+            engine.terminate()
+            engine.wait(timeout=30)
+            log.close()
+
+
 def test_control_plane_starts_within_budget_and_reports_its_memory(cp: ControlPlane) -> None:
     """Start-up time and resident memory of the control plane, printed for the notes (pytest -s)."""
     rss = {
