@@ -110,3 +110,17 @@ def test_image_step_refuses_nodes_whose_config_does_not_load_the_modules(
         assert not result.ok and result.counts() == {"failed": 2}
         assert all("run the config-patch step first" in n.message for n in result.nodes)
         assert not [e for e in ctx.journal.entries if "upgrade" in e.argv]
+
+
+def test_image_plan_shows_the_default_runtime_it_will_set_on_nodes_already_upgraded(tmp_path: Path) -> None:
+    """Approve applies exactly the plan shown: a node already on the GPU image whose default runtime is
+    still to set is planned (not "unchanged") by the image step that will set it."""
+    state = tmp_path / "sim"
+    with sim_cluster(state, scenario="gpu-ready", workers=2, default_runtime_patch=True) as (_p, ctx):
+        plan = image_upgrade(ctx, apply=False)
+        assert plan.counts() == {"planned": 2}
+        assert all("default runtime" in n.message for n in plan.nodes)
+        applied = image_upgrade(ctx, apply=True, settle_timeout=10.0, poll_interval=0.1)
+        assert applied.counts() == {"changed": 2}
+        assert {runtime(n).default_runtime for n in load_nodes(state) if n.gpus} == {"nvidia"}
+        assert image_upgrade(ctx, apply=False).counts() == {"unchanged": 2}

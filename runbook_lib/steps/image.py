@@ -223,7 +223,7 @@ def image_upgrade(
                 "after the upgrade, the default-runtime patch is applied to the upgraded nodes "
                 "(a reboot up to Talos 1.13): it needs the toolkit's nvidia runtime"
             )
-        return _finish(result)
+        return _finish(_default_runtime_after_upgrade(ctx, result, apply=False))
     if blocked or not factory_ok:
         reason = "a node cannot be read or upgraded safely" if blocked else "the Image Factory checks failed"
         for plan in todo:
@@ -253,25 +253,30 @@ def image_upgrade(
                         results[plan.node.address], "not touched: the rollout stopped at the first failure"
                     )
             break
-    return _finish(_default_runtime_after_upgrade(ctx, result))
+    return _finish(_default_runtime_after_upgrade(ctx, result, apply=True))
 
 
-def _default_runtime_after_upgrade(ctx: Context, result: StepResult) -> StepResult:
+def _default_runtime_after_upgrade(ctx: Context, result: StepResult, *, apply: bool) -> StepResult:
     """Apply the default-runtime patch the config-patch step deferred, now that the nodes run the toolkit.
 
     Why here: containerd refuses a default runtime it has no definition for, and the ``nvidia`` runtime
     comes with the toolkit extension this step installs (see ``patch.nodes_with_nvidia_runtime``).  Only
     nodes on the planned image get it; ``config_patch`` applies only what a node lacks, so a re-run is a
-    no-op, and it waits for the reboot a ``machine.files`` change needs up to Talos 1.13.
+    no-op, and it waits for the reboot a ``machine.files`` change needs up to Talos 1.13.  Planning
+    (``apply`` False) shows it on the nodes already on the image, so Approve applies what was shown.
     """
-    ready = [r.node for r in result.nodes if r.status in ("changed", "unchanged")]
+    statuses = ("changed", "unchanged") if apply else ("unchanged",)
+    ready = [r.node for r in result.nodes if r.status in statuses]
     if not ctx.params.default_runtime_patch or not ready:
         return result
-    follow = config_patch(ctx, only=ready, apply=True)
+    follow = config_patch(ctx, only=ready, apply=apply)
     by_name = {r.node: r for r in result.nodes}
     for patched in follow.nodes:
         res = by_name[patched.node]
-        if patched.status == "changed":
+        if patched.status == "planned":
+            res.status = "planned"
+            res.message = "on the planned image; default runtime nvidia to set (a reboot up to Talos 1.13)"
+        elif patched.status == "changed":
             res.status = "changed"
             res.message = "; ".join(m for m in (res.message, "default runtime nvidia set") if m)
         elif patched.status == "failed":
