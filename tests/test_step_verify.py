@@ -257,3 +257,33 @@ def test_the_notebook_and_the_record_show_what_verify_checked(tmp_path, capsys):
     capsys.readouterr()
     assert main(["records", "show", "--dir", str(tmp_path / "r")]) == 0
     assert f"verify checked:\n  {line}\n" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_a_kubernetes_api_that_never_answers_does_not_hang_verify(tmp_path):
+    """A black-holed API server (TCP accepted, no reply): the Kubernetes view is optional evidence, so verify
+    finishes and says the allocatable count is unknown.  The official client has no default request
+    timeout (kubernetes 37.0.2 kubernetes/client/rest.py: ``_request_timeout=None``), so without one it hangs."""
+    import socket
+    import threading
+
+    from runbook_lib.clients.kube import Kube
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        f"clusters: [{{name: c, cluster: {{server: 'http://127.0.0.1:{server.getsockname()[1]}'}}}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\nusers: [{name: u, user: {token: x}}]\n"
+    )
+    with sim_cluster(tmp_path / "sim", daemon=False, scenario="gpu-ready") as (params, ctx):
+        ctx._kube = Kube.from_kubeconfig(str(kubeconfig), ctx.journal)
+        box = {}
+        worker = threading.Thread(target=lambda: box.update(result=verify(ctx)), daemon=True)
+        worker.start()
+        worker.join(60)
+        server.close()
+        assert "result" in box, "verify hung on a Kubernetes API that does not answer"
+        assert box["result"].ok and "did not answer" in box["result"].data["inventory_notes"][0]

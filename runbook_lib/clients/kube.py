@@ -130,8 +130,15 @@ class Kube:
         info = self._call("get version", self.version_api.get_code)
         return str(info.git_version)
 
-    def nodes(self, label_selector: str | None = None) -> list[Obj]:
-        result = self._call("list nodes", lambda: self.core.list_node(label_selector=label_selector))
+    def nodes(
+        self, label_selector: str | None = None, *, timeout_s: tuple[float, float] | None = None
+    ) -> list[Obj]:
+        """``timeout_s``: (connect, read) seconds, for a caller that must not wait on an API that does not
+        answer (the official client waits forever by default)."""
+        result = self._call(
+            "list nodes",
+            lambda: self.core.list_node(label_selector=label_selector, _request_timeout=timeout_s),
+        )
         return [self.to_dict(n) for n in result.items]
 
     def namespace(self, name: str) -> Obj | None:

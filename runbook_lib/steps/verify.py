@@ -56,6 +56,10 @@ from .patch import read_configs
 from .results import Check, NodeResult, StepResult, checks_from_findings
 
 DRIVER_VERSION_FILE = "/proc/driver/nvidia/version"
+#: (connect, read) seconds for the optional Kubernetes view of the GPUs: a silent API must not hang verify
+#: (kubernetes 37.0.2 kubernetes/client/rest.py: ``_request_timeout=None`` by default, i.e. no timeout;
+#: urllib3 retries a timed-out GET 3 times, so a black-holed API costs about 4 x 5 s here).
+KUBE_READ_TIMEOUT_S = (3.0, 5.0)
 
 
 @dataclass
@@ -133,7 +137,9 @@ def _kube_gpus(ctx: Context) -> dict[str, KubeGpu] | None:
     not reachable from here; the inventory then says the allocatable count is unknown.
     """
     try:
-        return {str(n["metadata"]["name"]): kube_gpu(n) for n in ctx.kube.nodes()}
+        return {
+            str(n["metadata"]["name"]): kube_gpu(n) for n in ctx.kube.nodes(timeout_s=KUBE_READ_TIMEOUT_S)
+        }
     except RunbookError:
         return None
 
