@@ -23,7 +23,10 @@ cd "$work"
 # Caller's GOFLAGS (e.g. -p=1 on a shared machine) are kept.
 export GOFLAGS="-mod=mod${GOFLAGS:+ $GOFLAGS}" GONOSUMDB='github.com/siderolabs/*,github.com/smira/*' GOTOOLCHAIN=local
 go mod init talosctl-build >/dev/null 2>&1
-go mod download -json "github.com/siderolabs/talos@$version" >download.json
+if ! go mod download -json "github.com/siderolabs/talos@$version" >download.json; then
+    python3 -c 'import json; print(json.load(open("download.json")).get("Error", "download failed"))' >&2
+    exit 1
+fi
 python3 - "$version" >go.mod <<'PY'
 import json, re, sys
 version = sys.argv[1]
