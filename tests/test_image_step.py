@@ -196,7 +196,9 @@ def test_minor_upgrade_plan_warns_about_the_1_13_switch(sim: tuple[Path, factory
     state, server = sim
     result = image_upgrade(_ctx(state, apply=False, version="v1.13.2"))
     assert [n.status for n in result.nodes] == ["planned"] * 3
-    assert any("uninstall the nvidia-device-plugin" in note for note in result.notes)
+    # this simulator has no Kubernetes API: the device plugin cannot be looked up, which the plan says
+    handover = next(c for c in result.checks if "before the Talos 1.13 upgrade" in c.name)
+    assert not handover.ok and "kubectl delete runtimeclass nvidia" in handover.fix
     gpu_113 = next(iter(result.data["boot_assets"]))
     assert (
         result.data["boot_assets"][gpu_113]["iso"] == f"{server.url}/image/{gpu_113}/v1.13.2/metal-amd64.iso"
@@ -379,3 +381,65 @@ def test_extension_the_config_still_installs_on_talos_1_9_is_not_refused(tmp_pat
             install["extensions"] = [{"image": "ghcr.io/siderolabs/iscsi-tools:v0.1.6"}]
         plan = image_upgrade(_ctx(state, apply=False, version="v1.9.6"))
         assert [n.status for n in plan.nodes] == ["planned", "failed", "planned"]
+
+
+def _same_cluster_on(params: object, version: str, state: Path, *, apply: bool, **extra: object) -> Context:
+    """The simulated cluster of ``sim_cluster`` seen with parameters for another release (a user moving on)."""
+    from runbook_lib.model.params import validate
+
+    nodes = [{"name": n.name, "address": n.address} for n in params.nodes]  # type: ignore[attr-defined]
+    data = {
+        "cluster": "test",
+        "target": "simulated",
+        "talos_version": version,
+        "apply": apply,
+        "nodes": nodes,
+    }
+    return connect(validate({**data, **extra}, source="test"), state_dir=state)
+
+
+def test_upgrade_to_1_13_removes_the_device_plugin_and_its_runtime_class_first(tmp_path: Path) -> None:
+    """siderolabs/docs public/talos/v1.13/configure-your-talos-cluster/lifecycle-management/upgrading-talos.mdx
+    :53-70: "Before upgrading to Talos 1.13, uninstall the nvidia-device-plugin helm chart and delete the nvidia
+    runtimeclass" (found with ``helm list -A``), and only after the upgrade switch to the GPU Operator. The
+    Kubernetes step cannot do it first (it would install the operator onto 1.12 nodes), so the image step plans
+    the removal, shows it, and runs it, once approved, before the first node is upgraded."""
+    from runbook_lib.steps.kubernetes import kubernetes_layer
+    from tests.simcluster import sim_cluster
+
+    with sim_cluster(tmp_path, scenario="gpu-ready", apply=True) as (params, ctx):
+        assert kubernetes_layer(ctx, timeout_s=60).ok  # Talos 1.12: device plugin and RuntimeClass nvidia
+        plan = image_upgrade(_same_cluster_on(params, "v1.13.2", tmp_path, apply=False))
+        assert plan.data["before_upgrade"] == [
+            "helm uninstall nvidia-device-plugin -n kube-system",
+            "kubectl delete runtimeclass nvidia",
+        ]
+        assert ctx.helm.release("nvidia-device-plugin", "kube-system") is not None  # a plan changes nothing
+        assert ctx.kube.runtime_class("nvidia") is not None
+
+        ctx13 = _same_cluster_on(params, "v1.13.2", tmp_path, apply=True)
+        result = image_upgrade(ctx13, settle_timeout=10.0, poll_interval=0.1)
+        assert result.ok, result.to_dict()
+        assert ctx13.helm.release("nvidia-device-plugin", "kube-system") is None
+        assert ctx13.kube.runtime_class("nvidia") is None
+        order = [e.summary for e in ctx13.journal.changes()]
+        first_upgrade = next(i for i, s in enumerate(order) if "upgrade" in s and "helm" not in s)
+        removal = [i for i, s in enumerate(order) if "uninstall" in s or "delete RuntimeClass" in s]
+        assert len(removal) == 2 and max(removal) < first_upgrade, order
+        assert (
+            image_upgrade(_same_cluster_on(params, "v1.13.2", tmp_path, apply=False)).data.get(
+                "before_upgrade", []
+            )
+            == []
+        )  # nothing left to remove, nodes on 1.13
+
+
+def test_device_plugin_kept_on_1_13_by_request_is_not_removed_by_the_image_step(tmp_path: Path) -> None:
+    """`kubernetes_layer: device-plugin` keeps the device plugin on Talos 1.13+: nothing to remove."""
+    from runbook_lib.steps.kubernetes import kubernetes_layer
+    from tests.simcluster import sim_cluster
+
+    with sim_cluster(tmp_path, scenario="gpu-ready", apply=True) as (params, ctx):
+        assert kubernetes_layer(ctx, timeout_s=60).ok
+        keep = _same_cluster_on(params, "v1.13.2", tmp_path, apply=False, kubernetes_layer="device-plugin")
+        assert image_upgrade(keep).data.get("before_upgrade", []) == []

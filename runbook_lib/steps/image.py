@@ -33,7 +33,7 @@ from runbook_lib.model.schematic import Schematic
 from runbook_lib.model.upgrade_risks import dropped_extensions
 from runbook_lib.model.versions import TalosVersion
 
-from . import image_diagnosis, image_risks
+from . import gpu_operator_handover, image_diagnosis, image_risks
 from .context import Context
 from .image_risks import NodeFacts
 from .patch import config_patch, read_configs, wanted_documents
@@ -211,11 +211,13 @@ def image_upgrade(
         for sid in schematics
         if sid is not None
     }
-    _plan_notes(ctx, result, todo, states)
+    _plan_notes(ctx, result, todo)
 
     factory_ok = _factory_checks(ctx, result, todo, factory, register=do_apply)
     blocked = [r for r in result.nodes if r.status == "failed"]
+    from_versions = [states[p.node.address].version for p in todo]
     if not do_apply:
+        gpu_operator_handover.before_upgrade(ctx, result, from_versions, dry_run=True)
         for plan in todo:
             results[plan.node.address].status = "planned"
         if ctx.params.default_runtime_patch:
@@ -228,6 +230,12 @@ def image_upgrade(
         reason = "a node cannot be read or upgraded safely" if blocked else "the Image Factory checks failed"
         for plan in todo:
             _untouched(results[plan.node.address], f"not touched: {reason}, nothing was changed")
+        return _finish(result)
+    if not gpu_operator_handover.before_upgrade(ctx, result, from_versions, dry_run=False):
+        for plan in todo:  # Talos 1.13 upgrade notes: the device plugin goes before any node is upgraded
+            _untouched(
+                results[plan.node.address], "not touched: the device plugin could not be removed first"
+            )
         return _finish(result)
 
     size = max(1, ctx.params.rollout_concurrency)
@@ -343,21 +351,12 @@ def _sort_nodes(
     return todo, results, states
 
 
-def _plan_notes(
-    ctx: Context, result: StepResult, todo: list[NodeImage], states: dict[str, NodeState]
-) -> None:
-    """Notes the plan shows next to the commands: ``--legacy`` and its lasting fix, the 1.13 switch."""
+def _plan_notes(ctx: Context, result: StepResult, todo: list[NodeImage]) -> None:
+    """Notes the plan shows next to the commands: ``--legacy`` and its lasting fix (the 1.13 switch is
+    ``gpu_operator_handover``'s)."""
     legacy = [p.node.name for p in todo if p.legacy]
     if legacy:
         result.notes.append(image_risks.legacy_note(legacy))
-    if ctx.params.talos.at_least(1, 13) and any(
-        _minor(states[p.node.address].version) < (1, 13) for p in todo
-    ):
-        # siderolabs/docs v1.13 upgrading-talos.mdx (facts §1.5)
-        result.notes.append(
-            "Before upgrading to Talos 1.13, uninstall the nvidia-device-plugin Helm release and delete the "
-            "nvidia RuntimeClass: from 1.13 the GPU Operator provides both"
-        )
 
 
 def _guard(
@@ -393,13 +392,6 @@ def _config_patch_missing(ctx: Context, nodes: list[Node]) -> list[Node]:
         if node.address in configs
         and not contains(configs[node.address], wanted_documents(ctx, node, default_runtime=False))
     ]
-
-
-def _minor(version: str | None) -> tuple[int, int]:
-    try:
-        return TalosVersion.parse(version or "").minor_line
-    except PermanentError:
-        return (0, 0)
 
 
 def _downgrade(current: str | None, target: str) -> str | None:

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from runbook_lib.errors import PermanentError, RunbookError
+from runbook_lib.errors import RunbookError
 
+from . import gpu_operator_handover
 from .context import Context
 from .results import Check, NodeResult, StepResult
 
@@ -99,34 +100,22 @@ def _runtime_class(ctx: Context, result: StepResult, changed: list[str], *, dry_
     result.checks.append(Check("RuntimeClass nvidia", True, "created" if not dry_run else "would be created"))
 
 
-DEVICE_PLUGIN_CHART = "nvidia-device-plugin-"
-
-
 def _retire_device_plugin(
     ctx: Context, result: StepResult, changed: list[str], *, dry_run: bool, timeout_s: float
 ) -> None:
     """Before the GPU Operator: remove the device-plugin releases and a RuntimeClass ``nvidia`` not the chart's.
 
-    The Talos 1.13 upgrade notes say "uninstall the nvidia-device-plugin helm chart and delete the nvidia
-    runtimeclass" (siderolabs/docs public/talos/v1.13/.../upgrading-talos.mdx:53-70): the operator runs its own
-    device plugin (gpu-operator@v26.3.3 values.yaml ``devicePlugin.enabled: true``), so two plugins would
-    advertise ``nvidia.com/gpu``; the operator creates RuntimeClass ``nvidia`` owned by its ClusterPolicy
-    (gpu-operator assets/pre-requisites/0200_runtime_class.yaml). A plan only lists what would be removed.
+    Why, and the sources: ``gpu_operator_handover`` (the image step does the same before a node reaches
+    Talos 1.13; this catches what is left, e.g. nodes upgraded without the runbook). A plan only lists what
+    would be removed.
     """
-    for rel in ctx.helm.releases_everywhere():
-        if not rel.chart.startswith(DEVICE_PLUGIN_CHART):
-            continue
-        what = f"helm uninstall {rel.name} -n {rel.namespace}"
-        if not dry_run:
-            run = ctx.helm.uninstall(rel.name, rel.namespace, timeout_s=int(timeout_s))
-            if not run.ok:
-                raise PermanentError(f"{what} failed: {run.stderr.strip()}", hint=what)
+    found = gpu_operator_handover.leftovers(ctx)
+    gpu_operator_handover.remove(ctx, found, dry_run=dry_run, timeout_s=timeout_s)
+    for name, namespace in found.releases:
+        what = f"helm uninstall {name} -n {namespace}"
         changed.append(what + " (the GPU Operator brings its own device plugin)")
-        result.checks.append(Check(f"device-plugin release {rel.name} removed", True, _did(what, dry_run)))
-    existing = ctx.kube.runtime_class(RUNTIME_CLASS)
-    owners = ((existing or {}).get("metadata") or {}).get("ownerReferences") or []
-    if existing is not None and not any(o.get("kind") == "ClusterPolicy" for o in owners):
-        ctx.kube.delete_runtime_class(RUNTIME_CLASS, dry_run=dry_run)
+        result.checks.append(Check(f"device-plugin release {name} removed", True, _did(what, dry_run)))
+    if found.runtime_class:
         what = f"delete RuntimeClass {RUNTIME_CLASS} (the GPU Operator creates its own)"
         changed.append(what)
         result.checks.append(
