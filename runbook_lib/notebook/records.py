@@ -44,6 +44,7 @@ import yaml
 
 from runbook_lib.clients.proc import Journal, Runner
 from runbook_lib.errors import PermanentError
+from runbook_lib.notebook import frontpage
 
 MANIFEST = "SHA256SUMS"
 RECORD_JSON = "record.json"
@@ -368,6 +369,7 @@ def seal(path: Path, record: dict[str, Any], *, secrets: Iterable[str] = ()) -> 
         (path / RECORD_JSON).write_text(
             json.dumps(record, indent=1, sort_keys=False, default=str) + "\n", encoding="utf-8"
         )
+        frontpage.write(path, record)  # before the scrub and the manifest: scrubbed and sealed like the rest
         scrub_tree(path, values)
         return write_manifest(path)
 

@@ -1,0 +1,279 @@
+"""A record's front page (issue 17, point 2): ``index.html`` in every sealed record, readable from disk with
+no server and no network, at 1,000 nodes too, sealed in SHA256SUMS and scrubbed like every record file.
+
+The records below are built with the library's own result objects (:mod:`runbook_lib.steps.results`) and
+grouped as ``runbook run`` stores them (:func:`runbook_lib.notebook.runner.group_nodes`); the changes have
+the journal's shape as ``runbook run`` wrote them for the simulated cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runbook_lib.cli import main
+from runbook_lib.notebook import frontpage, records
+from runbook_lib.notebook.runner import group_nodes
+from runbook_lib.steps.results import Check, NodeResult, StepResult
+
+PATCH_DIFF = "machine:\n  kernel:\n    modules:\n    - name: nvidia\n    - name: nvidia_uvm\n"
+CAUSE = "the kernel modules and the container toolkit carry different driver versions"
+FIX = "talosctl -n 10.0.0.7 upgrade --image factory.talos.dev/metal-installer/40b13a8d:v1.12.7"
+
+
+class Page(HTMLParser):
+    """The elements of index.html a reader (and the browser) would use."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, dict[str, str]]] = []
+        self.scripts: list[str] = []
+        self._in_script = False
+        self.feed(text)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append((tag, {k: v or "" for k, v in attrs}))
+        self._in_script = tag == "script"
+
+    def handle_endtag(self, tag: str) -> None:
+        self._in_script = False
+
+    def handle_data(self, data: str) -> None:
+        if self._in_script:
+            self.scripts.append(data)
+
+    def cells(self) -> list[dict[str, str]]:
+        return [attrs for _tag, attrs in self.tags if "data-node" in attrs]
+
+    def links(self) -> list[str]:
+        return [attrs["href"] for tag, attrs in self.tags if tag == "a" and "href" in attrs]
+
+
+def node_name(index: int) -> str:
+    return f"gpu-{index:04d}"
+
+
+def fleet_step(step: str, count: int, failing: set[int], status: str = "ok") -> dict[str, Any]:
+    """A step's result for ``count`` nodes as ``runbook run`` stores it (grouped); ``failing`` nodes fail
+    the driver-match check with a diagnosis."""
+    result = StepResult(step=step, applied=True)
+    for index in range(count):
+        name = node_name(index)
+        node = NodeResult(node=name, address=f"10.0.{index // 250}.{index % 250 + 1}", status=status)  # type: ignore[arg-type]
+        node.checks = [Check("modules", True, "loaded")]
+        if index in failing:
+            node.status = "failed"
+            node.message = "the NVIDIA extensions carry different drivers"
+            node.checks.append(Check("driver-match", False, node.message, fix=FIX, cause=CAUSE))
+        result.nodes.append(node)
+    return {
+        "name": step,
+        "notebook": f"04-{step}.ipynb",
+        "status": result.status,
+        "duration_s": 12.5,
+        "summary": result.summary(),
+        "result": group_nodes(result.finish().to_dict()),
+    }
+
+
+def patch_change(index: int, at: float) -> dict[str, Any]:
+    address = f"10.0.{index // 250}.{index % 250 + 1}"
+    argv = ["talosctl", "--talosconfig", "/home/op/.talos/config", "-n", address, "patch", "machineconfig"]
+    argv += ["--patch", f"@/tmp/runbook-patch-{index:08x}/patch-0.yaml"]
+    return {
+        "step": "config-patch",
+        "kind": "command",
+        "summary": " ".join(argv[:4]),
+        "argv": argv,
+        "exit_code": 0,
+        "duration_s": 0.4,
+        "changes_cluster": True,
+        "diff": PATCH_DIFF,
+        "at": at,
+    }
+
+
+def fleet_record(count: int, failing: set[int]) -> dict[str, Any]:
+    nodes = [{"name": node_name(i), "address": f"10.0.{i // 250}.{i % 250 + 1}"} for i in range(count)]
+    patch = fleet_step("config-patch", count, set(), status="changed")
+    patch["notebook"] = "02-config-patch.ipynb"
+    return {
+        "cluster": "fleet",
+        "target": "talos",
+        "started": "2026-12-01T16:52:03+00:00",
+        "finished": "2026-12-01T17:40:00+00:00",
+        "duration_s": 2877.0,
+        "who": {"user": "alice", "host": "ops-1"},
+        "runbook": {"commit": "7db4f9b62ebefaa848e8c4ec4ab1e79987b7e535", "dirty": False},
+        "params_file": "params/fleet.yaml",
+        "overrides": ["rollout_concurrency=10"],
+        "apply": True,
+        "outcome": "failed" if failing else "changed",
+        "failed_step": "verify" if failing else None,
+        "note": "",
+        "params": {"cluster": "fleet", "talos_version": "v1.12.7", "rollout_concurrency": 10, "nodes": nodes},
+        "steps": [patch, fleet_step("verify", count, failing)],
+        "changes": [patch_change(i, 1796143925.0 + i * 0.5) for i in range(count)],
+    }
+
+
+def sealed(tmp_path: Path, record: dict[str, Any], secrets: tuple[str, ...] = ()) -> tuple[Path, str]:
+    path = records.create_record_dir(tmp_path / "records", "fleet")
+    for notebook in ("02-config-patch.ipynb", "04-verify.ipynb"):
+        (path / notebook).write_text("{}")
+    (path / "html").mkdir()
+    (path / "html" / "02-config-patch.html").write_text("<html></html>")
+    records.seal(path, record, secrets=secrets)
+    return path, (path / frontpage.INDEX).read_text(encoding="utf-8")
+
+
+def test_front_page_is_sealed_in_the_manifest_and_verifies(tmp_path: Path) -> None:
+    path, _text = sealed(tmp_path, fleet_record(3, set()))
+    assert frontpage.INDEX in records.read_manifest(path)
+    assert records.verify(path.parent) == []
+    (path / frontpage.INDEX).write_text("<html>all green</html>")
+    assert records.verify(path.parent) == [f"{path.name}: edited file {frontpage.INDEX}"]
+
+
+def test_front_page_needs_no_server_and_no_network(tmp_path: Path) -> None:
+    _path, text = sealed(tmp_path, fleet_record(5, {2}))
+    page = Page(text)
+    external = [
+        (tag, attrs)
+        for tag, attrs in page.tags
+        if any(re.match(r"\s*(https?:)?//", attrs.get(key, "")) for key in ("src", "href", "action"))
+    ]
+    assert external == []
+    assert not [tag for tag, attrs in page.tags if tag in ("link", "iframe", "img") or "src" in attrs]
+    assert "@import" not in text and "url(" not in text
+
+
+def test_thousand_nodes_one_cell_each_failed_ones_carry_their_diagnosis(tmp_path: Path) -> None:
+    failing = {7, 500, 999}
+    _path, text = sealed(tmp_path, fleet_record(1000, failing))
+    cells = Page(text).cells()
+    assert sorted(cell["data-node"] for cell in cells) == [node_name(i) for i in range(1000)]
+    by_name = {cell["data-node"]: cell for cell in cells}
+    for index in failing:
+        cell = by_name[node_name(index)]
+        assert "failed" in cell["class"].split()
+        assert "verify" in cell["title"] and "different drivers" in cell["title"]
+    assert "changed" in by_name[node_name(8)]["class"].split()  # patched, then verified ok
+    assert "different drivers" not in by_name[node_name(8)]["title"]
+    # failing nodes come first, so they are found at a glance
+    assert [cell["data-node"] for cell in cells[:3]] == sorted(node_name(i) for i in failing)
+    # the click panel (with the fix) is in the page once per distinct diagnosis, not once per node
+    assert text.count(FIX) == 1
+    assert len(text.encode()) < 400_000, f"{len(text.encode())} bytes for 1,000 nodes"
+
+
+def test_changes_are_shown_once_per_distinct_diff_with_the_nodes_they_went_to(tmp_path: Path) -> None:
+    _path, text = sealed(tmp_path, fleet_record(1000, set()))
+    assert text.count("name: nvidia_uvm") == 1
+    assert "1000 nodes" in text and node_name(0) in text
+
+
+def test_page_names_who_when_which_commit_parameters_outcome_and_steps(tmp_path: Path) -> None:
+    _path, text = sealed(tmp_path, fleet_record(3, {1}))
+    for expected in (
+        "alice",
+        "ops-1",
+        "2026-12-01T16:52:03+00:00",
+        "7db4f9b62ebefaa848e8c4ec4ab1e79987b7e535",
+        "params/fleet.yaml",
+        "rollout_concurrency=10",
+        "12.5 s",
+        "verify: failed (1 failed, 2 ok)",
+    ):
+        assert expected in text, expected
+    assert re.search(r'class="outcome failed"[^>]*>\s*failed', text)
+
+
+def test_timeline_shows_the_changing_calls_and_says_batches_are_not_journalled(tmp_path: Path) -> None:
+    """No source in this project records rollout batches: the journal holds one entry per call
+    (runbook_lib/clients/proc.py JournalEntry), so the page must say so rather than draw guessed batches."""
+    _path, text = sealed(tmp_path, fleet_record(4, set()))
+    bars = [attrs for tag, attrs in Page(text).tags if "bar" in attrs.get("class", "").split()]
+    assert len(bars) == 4 and all(node_name(i) in bars[i]["title"] for i in range(4))
+    assert "no per-batch entries" in text
+
+
+def test_timeline_of_a_thousand_calls_is_bounded(tmp_path: Path) -> None:
+    _path, text = sealed(tmp_path, fleet_record(1000, set()))
+    bars = [attrs for tag, attrs in Page(text).tags if "bar" in attrs.get("class", "").split()]
+    assert 0 < len(bars) <= frontpage.TIMELINE_BARS
+    assert sum(int(re.search(r"(\d+) call", b["title"])[1]) for b in bars) == 1000  # type: ignore[index]
+
+
+def test_links_lead_to_the_executed_notebooks_and_their_html_in_the_record(tmp_path: Path) -> None:
+    path, text = sealed(tmp_path, fleet_record(3, set()))
+    local = [href for href in Page(text).links() if not href.startswith("#")]
+    assert set(local) == {"02-config-patch.ipynb", "html/02-config-patch.html", "04-verify.ipynb"}
+    assert all((path / href).is_file() for href in local)
+
+
+def test_markup_in_a_node_message_is_shown_as_text(tmp_path: Path) -> None:
+    record = fleet_record(2, set())
+    group = record["steps"][1]["result"]["node_groups"][0]
+    group["message"] = '<script>alert("x")</script>'
+    _path, text = sealed(tmp_path, record)
+    assert '<script>alert("x")' not in text and "&lt;script&gt;alert" in text.replace("\\u003c", "&lt;")
+
+
+def test_secret_material_is_scrubbed_from_the_front_page(tmp_path: Path) -> None:
+    token = "kube-token-7f3a9c1e5b2d4f6a8c0e"
+    record = fleet_record(2, {1})
+    record["changes"][0]["diff"] = f"token: {token}\n"
+    record["steps"][1]["result"]["node_groups"][0]["failed"][0]["fix"] = f"curl -H 'Bearer {token}'"
+    _path, text = sealed(tmp_path, record, secrets=(token,))
+    assert token not in text and records.REDACTED in text
+
+
+def test_a_record_without_results_still_gets_a_page(tmp_path: Path) -> None:
+    path = records.create_record_dir(tmp_path / "records", "sim-gpu")
+    records.seal(
+        path, {"cluster": "sim-gpu", "outcome": "ok", "steps": [{"name": "preflight", "status": "ok"}]}
+    )
+    text = (path / frontpage.INDEX).read_text()
+    assert "preflight" in text and "no per-node results" in text
+
+
+def test_an_aborted_record_gets_a_page_from_what_the_run_left(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "records"
+    path = records.create_record_dir(root, "sim-gpu", run_id="00000002")
+    (path / "01-preflight.ipynb").write_text("{}")
+    (path / "02-config-patch.ipynb").write_text("{}")
+    (path / "params.yaml").write_text("cluster: sim-gpu\ntarget: simulated\napply: true\n")
+    (path / "results").mkdir()
+    step = fleet_step("preflight", 3, {2})
+    result = {"step": "preflight", "status": "failed", "summary": step["summary"], "result": step["result"]}
+    (path / "results" / "preflight.json").write_text(json.dumps(result))
+    assert main(["records", "seal-aborted", path.name, "--dir", str(root)]) == 0
+    capsys.readouterr()
+    assert main(["records", "verify", "--dir", str(root)]) == 0
+    text = (path / frontpage.INDEX).read_text()
+    assert re.search(r'class="outcome aborted"', text) and "running when the run ended" in text
+    cells = {cell["data-node"]: cell for cell in Page(text).cells()}
+    assert set(cells) == {node_name(i) for i in range(3)}
+    assert "failed" in cells[node_name(2)]["class"].split()
+
+
+@pytest.mark.slow
+def test_a_run_on_the_simulated_cluster_writes_a_front_page(tmp_path: Path) -> None:
+    root = tmp_path / "records"
+    argv = ["run", "--records", str(root), "--state", str(tmp_path / "sim"), "--no-progress"]
+    params = str(Path(__file__).resolve().parents[1] / "params" / "simulated.yaml")
+    assert main([*argv, "-p", params, "--apply", "--steps", "preflight,config-patch"]) == 0
+    path = records.resolve(root, None)
+    text = (path / frontpage.INDEX).read_text()
+    assert frontpage.INDEX in records.read_manifest(path)
+    cells = {cell["data-node"]: cell["class"] for cell in Page(text).cells()}
+    assert cells == {f"gpu-worker-{i}": "n changed" for i in (1, 2, 3)}
+    assert "name: nvidia_uvm" in text and "html/02-config-patch.html" in Page(text).links()
