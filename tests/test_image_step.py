@@ -443,3 +443,19 @@ def test_device_plugin_kept_on_1_13_by_request_is_not_removed_by_the_image_step(
         assert kubernetes_layer(ctx, timeout_s=60).ok
         keep = _same_cluster_on(params, "v1.13.2", tmp_path, apply=False, kubernetes_layer="device-plugin")
         assert image_upgrade(keep).data.get("before_upgrade", []) == []
+
+
+def test_upgrade_to_1_13_is_refused_when_the_device_plugin_cannot_be_looked_up(
+    sim: tuple[Path, factory.FactoryServer],
+) -> None:
+    """The docs' order (device plugin gone, then 1.13) cannot be checked without the Kubernetes API (this
+    simulator has none): no node is upgraded, and the fix is the docs' own commands (upgrading-talos.mdx:53-70)."""
+    state, _server = sim
+    ctx = _ctx(state, apply=True, version="v1.13.2")
+    result = _run(ctx)
+    assert not result.ok
+    assert {n.message for n in result.nodes} == {"not touched: the device plugin could not be removed first"}
+    check = next(c for c in result.checks if "before the Talos 1.13 upgrade" in c.name)
+    assert "Kubernetes cluster unreachable" in check.message and "helm list -A" in check.fix
+    assert not any("upgrade" in e.argv for e in ctx.journal.changes())
+    assert all(load_node(state, w).schematic_id == VANILLA_SCHEMATIC for w in WORKERS)
