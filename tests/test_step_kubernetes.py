@@ -119,6 +119,17 @@ def test_cuda_vectoradd_runs_with_the_runtime_class_only_as_talos_ci_does(tmp_pa
         assert ctx.kube.pods(TEST_NAMESPACE, f"{RUN_LABEL}={result.data['run_id']}") == []
 
 
+def test_both_vectoradd_runs_pass_on_talos_1_13_with_the_gpu_operator(tmp_path):
+    """From Talos 1.13 CI runs both jobs on the CDI-based toolkit (talos@v1.13.0 internal/integration/api/
+    extensions_nvidia.go:368-465): the simulated kubelet runs the runtime-class-only one there too."""
+    with sim_cluster(tmp_path, scenario="gpu-ready", talos_version="v1.13.2", apply=True) as (params, ctx):
+        assert kubernetes_layer(ctx, timeout_s=60).ok
+        result = cuda_test(ctx, only=[params.nodes[0].name])
+        checks = {c.name: c for c in result.nodes[0].checks}
+        assert checks["CUDA vectoradd (runtimeClass nvidia)"].ok, checks
+        assert checks["CUDA vectoradd with nvidia.com/gpu: 1"].ok, checks
+
+
 def test_cuda_test_without_the_toolkit_names_the_sandbox_error(tmp_path):
     with sim_cluster(tmp_path, scenario="toolkit-missing", apply=True, cuda_test={"timeout_seconds": 10}) as (
         params,
