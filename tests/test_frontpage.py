@@ -189,6 +189,7 @@ def test_page_names_who_when_which_commit_parameters_outcome_and_steps(tmp_path:
         "rollout_concurrency=10",
         "12.5 s",
         "verify: failed (1 failed, 2 ok)",
+        "stopped at verify",
     ):
         assert expected in text, expected
     assert re.search(r'class="outcome failed"[^>]*>\s*failed', text)

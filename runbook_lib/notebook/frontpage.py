@@ -167,8 +167,9 @@ def _header(path: Path, record: Mapping[str, Any]) -> str:
     if late:
         facts.append(("sealed after abort", f"{late.get('at')} by {late.get('user')}@{late.get('host')}"))
     rows = "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in facts)
-    notes = [str(record.get(key)) for key in ("note", "failed_step") if record.get(key)]
-    note = f"<p class=note>{_e(' · stopped at '.join(notes))}</p>" if notes else ""
+    notes = [f"stopped at {record['failed_step']}"] if record.get("failed_step") else []
+    notes += [str(record["note"])] if record.get("note") else []
+    note = f"<p class=note>{_e(' · '.join(notes))}</p>" if notes else ""
     return (
         f'<header><h1>{_e(record.get("cluster", "?"))} <span class="outcome {_e(outcome)}">{_e(outcome)}</span>'
         f"</h1><p class=rec>{_e(path.name)}</p>{note}<dl>{rows}</dl></header>"
@@ -499,7 +500,7 @@ table{border-collapse:collapse}td,th{padding:4px 10px;border-bottom:1px solid #e
 .grid.small .n{width:14px;height:14px;padding:0}.n:focus,.n:hover{outline:2px solid #111}
 .legend span{margin-right:14px}.legend i.n{display:inline-block;width:12px;height:12px;padding:0;margin-right:4px;vertical-align:-1px}
 .hint{color:#667;margin:4px 0}#panel{border:1px solid #ccd;border-radius:6px;padding:8px 12px;margin-top:10px;background:#fafbff}
-#panel h3{margin:2px 0 6px}.check{margin:6px 0}.check p{margin:2px 0}
+#panel h3{margin:2px 0 6px}#panel td,.check{white-space:pre-line}.check{margin:6px 0}.check p{margin:2px 0}
 pre{background:#f5f6f8;padding:8px;overflow-x:auto;white-space:pre-wrap;margin:4px 0}
 .diff .add{color:#1b5e20;background:#e6f4e6}.diff .del{color:#b71c1c;background:#fdeaea}.diff .hunk{color:#1565c0}.diff .file{font-weight:bold}
 .change{border:1px solid #e3e5ea;border-radius:6px;padding:4px 10px;margin:6px 0}.change.failed{border-color:#c62828;background:none}
@@ -510,15 +511,23 @@ pre{background:#f5f6f8;padding:8px;overflow-x:auto;white-space:pre-wrap;margin:4
 """
 
 _SCRIPT = """
-document.addEventListener('click', function (event) {
-  var cell = event.target.closest('[data-node]');
-  if (!cell) return;
+function showNode(cell) {
   var details = JSON.parse(document.getElementById('details').textContent);
   var panel = document.getElementById('panel');
   panel.hidden = false;
   panel.querySelector('h3').textContent = cell.getAttribute('data-node') + ' · ' + cell.className.slice(2);
   panel.querySelector('div').innerHTML = details[+cell.getAttribute('data-d')];
+}
+document.addEventListener('click', function (event) {
+  var cell = event.target.closest('[data-node]');
+  if (cell) showNode(cell);
 });
+if (location.hash.indexOf('#node=') === 0) {  // index.html#node=<name> opens that node's panel
+  var wanted = decodeURIComponent(location.hash.slice(6));
+  document.querySelectorAll('[data-node]').forEach(function (cell) {
+    if (cell.getAttribute('data-node') === wanted) { showNode(cell); cell.focus(); }
+  });
+}
 """
 
 _PAGE = Template(
