@@ -8,8 +8,11 @@ the journal's shape as ``runbook run`` wrote them for the simulated cluster.
 
 from __future__ import annotations
 
+import html
 import json
 import re
+import shutil
+import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -278,3 +281,17 @@ def test_a_run_on_the_simulated_cluster_writes_a_front_page(tmp_path: Path) -> N
     cells = {cell["data-node"]: cell["class"] for cell in Page(text).cells()}
     assert cells == {f"gpu-worker-{i}": "n changed" for i in (1, 2, 3)}
     assert "name: nvidia_uvm" in text and "html/02-config-patch.html" in Page(text).links()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="needs chromium (apt-get install chromium)")
+def test_in_a_real_browser_the_panel_shows_the_nodes_diagnosis_from_disk(tmp_path: Path) -> None:
+    """Headless Chromium opens the sealed page from file:// (no server) with ``#node=<name>``, which runs
+    the same function a click does; the panel must then hold that node's cause and fix."""
+    path, _text = sealed(tmp_path, fleet_record(1000, {500}))
+    url = f"file://{path / frontpage.INDEX}#node={node_name(500)}"
+    browser = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", url]
+    dom = subprocess.run(browser, capture_output=True, text=True, timeout=120, check=True).stdout
+    panel = re.search(r'<div id="panel">(.*?)</div></div>', dom, re.S)
+    assert panel is not None, "the panel is still hidden"
+    assert f"{node_name(500)} · failed" in panel[1] and CAUSE in panel[1] and html.escape(FIX) in panel[1]
