@@ -295,3 +295,23 @@ def test_in_a_real_browser_the_panel_shows_the_nodes_diagnosis_from_disk(tmp_pat
     panel = re.search(r'<div id="panel">(.*?)</div></div>', dom, re.S)
     assert panel is not None, "the panel is still hidden"
     assert f"{node_name(500)} · failed" in panel[1] and CAUSE in panel[1] and html.escape(FIX) in panel[1]
+
+
+def test_a_failed_change_says_so_and_a_shared_command_names_no_single_node(tmp_path: Path) -> None:
+    record = fleet_record(3, set())
+    record["changes"][2]["exit_code"] = 1
+    _path, text = sealed(tmp_path, record)
+    assert "2 nodes: gpu-0000, gpu-0001" in text and "1 node: gpu-0002 · exit 1" in text
+    assert "-n &lt;node&gt; patch machineconfig" in text
+
+
+def test_a_page_that_cannot_be_built_never_leaves_the_record_unsealed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(_path: Path, _record: object) -> str:
+        raise KeyError("steps")
+
+    monkeypatch.setattr(frontpage, "render", broken)
+    path, text = sealed(tmp_path, fleet_record(3, set()))
+    assert "could not be built (KeyError" in text and "record.json" in text
+    assert records.verify(path.parent) == []

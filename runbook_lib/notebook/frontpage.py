@@ -433,12 +433,17 @@ def _changes_section(record: Mapping[str, Any]) -> str:
 
 def _change_key(change: Mapping[str, Any]) -> str:
     """Identical changes to different nodes share a key: the diff, or the command with its node left out."""
-    argv = change.get("argv")
-    command = list(argv) if isinstance(argv, list) else []
-    if "-n" in command and command.index("-n") + 1 < len(command):
-        command[command.index("-n") + 1] = "<node>"
+    command = _any_node(change.get("argv"))
     body = change.get("diff") or (json.dumps(command) if command else change.get("summary"))
     return json.dumps([change.get("step"), change.get("kind"), body, change.get("exit_code")], default=str)
+
+
+def _any_node(argv: object) -> list[str]:
+    """The command with the node it went to (``-n <address>``) left out, as several nodes share it."""
+    command = [str(arg) for arg in argv] if isinstance(argv, list) else []
+    if "-n" in command and command.index("-n") + 1 < len(command):
+        command[command.index("-n") + 1] = "<node>"
+    return command
 
 
 def _change_block(group: list[dict[str, Any]], record: Mapping[str, Any]) -> str:
@@ -450,9 +455,11 @@ def _change_block(group: list[dict[str, Any]], record: Mapping[str, Any]) -> str
         where = f"{len(targets)} node{'s' if len(targets) != 1 else ''}: {', '.join(ends)}"
     else:
         where = f"{len(group)} call{'s' if len(group) != 1 else ''}"
-    argv = first.get("argv")
+    argv = _any_node(first.get("argv")) if len(group) > 1 else first.get("argv")
     command = shlex.join(map(str, argv)) if isinstance(argv, list) and argv else str(first.get("summary", ""))
+    command = command.replace("'<node>'", "<node>")  # a placeholder, not a word to quote
     failed = " failed" if first.get("exit_code") not in (0, None) else ""
+    where += f" · exit {first.get('exit_code')}" if failed else ""
     diff = f"<pre class=diff>{_diff_lines(str(first['diff']))}</pre>" if first.get("diff") else ""
     return (
         f'<details class="change{failed}" open><summary><b>{_e(first.get("step", "?"))}</b> · '
