@@ -130,6 +130,13 @@ def test_both_vectoradd_runs_pass_on_talos_1_13_with_the_gpu_operator(tmp_path):
         assert checks["CUDA vectoradd with nvidia.com/gpu: 1"].ok, checks
 
 
+def test_cuda_test_plan_names_its_pods_and_request_gpu_off_keeps_the_runtime_class_only_ones(tmp_path):
+    with sim_cluster(tmp_path, scenario="gpu-ready") as (params, ctx):
+        assert cuda_test(ctx).nodes[0].message == "would run pods: gpu, smi, vectoradd, vectoradd-gpu"
+    with sim_cluster(tmp_path, scenario="gpu-ready", cuda_test={"request_gpu": False}) as (params, ctx):
+        assert cuda_test(ctx).nodes[0].message == "would run pods: smi, vectoradd"
+
+
 def test_cuda_test_without_the_toolkit_names_the_sandbox_error(tmp_path):
     with sim_cluster(tmp_path, scenario="toolkit-missing", apply=True, cuda_test={"timeout_seconds": 10}) as (
         params,

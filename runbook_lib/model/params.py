@@ -167,7 +167,7 @@ class CudaTest(_Strict):
     vectoradd_image: str | None = "auto"
     """CUDA vectoradd sample image; ``auto``: the sample Talos CI runs for the release (CUDA 11.7 up to 1.10, 12.5 from 1.11), ``null`` skips the test."""
     request_gpu: bool = True
-    """Also run a pod requesting ``nvidia.com/gpu: 1`` (the docs' test alone passes with a broken device plugin)."""
+    """Also run ``nvidia-smi`` and the vectoradd sample in pods requesting ``nvidia.com/gpu: 1`` (the docs' test alone passes with a broken device plugin); the runtime-class-only pods run either way."""
     timeout_seconds: Seconds = Field(default=300, ge=10)
     """How long a test pod may take to finish."""
 
