@@ -315,3 +315,31 @@ def test_a_page_that_cannot_be_built_never_leaves_the_record_unsealed(
     path, text = sealed(tmp_path, fleet_record(3, set()))
     assert "could not be built (KeyError" in text and "record.json" in text
     assert records.verify(path.parent) == []
+
+
+def test_helm_namespace_flag_is_not_taken_for_a_node(tmp_path: Path) -> None:
+    """helm's ``-n`` is ``--namespace`` (helm v3 pkg/cli/environment.go, EnvSettings.AddFlags); only
+    talosctl's ``-n`` names nodes.  The argv is the one the simulated run journalled for the device plugin."""
+    record = fleet_record(2, set())
+    argv = ["/tmp/sim/bin/helm", "upgrade", "--install", "nvidia-device-plugin", "nvdp/nvidia-device-plugin"]
+    argv += ["--version", "0.18.0", "-n", "kube-system", "--set", "runtimeClassName=nvidia"]
+    helm = {"step": "kubernetes", "kind": "command", "summary": " ".join(argv[:4]), "argv": argv}
+    record["changes"].append({**helm, "exit_code": 0, "duration_s": 3.0, "at": 1796143990.0})
+    _path, text = sealed(tmp_path, record)
+    summary = next(s for s in re.findall(r"<summary>(.*?)</summary>", text) if "kubernetes" in s)
+    assert "kube-system" not in summary and "1 call" in summary
+    bars = [attrs for tag, attrs in Page(text).tags if "bar" in attrs.get("class", "").split()]
+    assert not bars[-1]["title"].startswith("kube-system")
+
+
+def test_a_change_in_flight_at_an_interrupt_and_a_failed_ones_stderr_are_shown(tmp_path: Path) -> None:
+    """The marks are the ones runbook_lib/notebook/interrupts.py writes (IN_FLIGHT, AFTER); stderr is what
+    runner._journal_record keeps for a failed change."""
+    from runbook_lib.notebook import interrupts
+
+    record = fleet_record(3, set())
+    record["changes"][1]["interrupt"] = interrupts.IN_FLIGHT
+    record["changes"][2].update(exit_code=1, stderr="rpc error: code = Unavailable desc = connection refused")
+    _path, text = sealed(tmp_path, record)
+    assert f"1 node: gpu-0001 · {interrupts.IN_FLIGHT}" in text
+    assert "code = Unavailable desc = connection refused" in text

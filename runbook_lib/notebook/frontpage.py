@@ -349,10 +349,20 @@ def _addresses(record: Mapping[str, Any]) -> dict[str, str]:
     return {str(n.get("address")): str(n.get("name")) for n in _dicts(params.get("nodes"))}
 
 
+def _node_index(argv: object) -> int | None:
+    """Where a talosctl argv names its node (the value of ``-n``/``--nodes``).
+
+    Only talosctl's ``-n`` is ``--nodes``: helm's is ``--namespace`` (helm v3 pkg/cli/environment.go).
+    """
+    if not isinstance(argv, list) or not argv or not Path(str(argv[0])).name.startswith("talosctl"):
+        return None
+    flag = next((i for i, arg in enumerate(argv) if arg in ("-n", "--nodes")), None)
+    return flag + 1 if flag is not None and flag + 1 < len(argv) else None
+
+
 def _node_arg(argv: object) -> str | None:
-    if isinstance(argv, list) and "-n" in argv and argv.index("-n") + 1 < len(argv):
-        return str(argv[argv.index("-n") + 1])
-    return None
+    index = _node_index(argv)
+    return str(argv[index]) if index is not None and isinstance(argv, list) else None
 
 
 def _timeline_section(record: Mapping[str, Any]) -> str:
@@ -435,19 +445,36 @@ def _change_key(change: Mapping[str, Any]) -> str:
     """Identical changes to different nodes share a key: the diff, or the command with its node left out."""
     command = _any_node(change.get("argv"))
     body = change.get("diff") or (json.dumps(command) if command else change.get("summary"))
-    return json.dumps([change.get("step"), change.get("kind"), body, change.get("exit_code")], default=str)
+    fields = ("step", "kind", "exit_code", "stderr", "interrupt")
+    return json.dumps([body, *(change.get(key) for key in fields)], default=str)
 
 
 def _any_node(argv: object) -> list[str]:
     """The command with the node it went to (``-n <address>``) left out, as several nodes share it."""
     command = [str(arg) for arg in argv] if isinstance(argv, list) else []
-    if "-n" in command and command.index("-n") + 1 < len(command):
-        command[command.index("-n") + 1] = "<node>"
+    index = _node_index(command)
+    if index is not None:
+        command[index] = "<node>"
     return command
 
 
 def _change_block(group: list[dict[str, Any]], record: Mapping[str, Any]) -> str:
     first = group[0]
+    argv = _any_node(first.get("argv")) if len(group) > 1 else first.get("argv")
+    command = shlex.join(map(str, argv)) if isinstance(argv, list) and argv else str(first.get("summary", ""))
+    command = command.replace("'<node>'", "<node>")  # a placeholder, not a word to quote
+    failed = " failed" if first.get("exit_code") not in (0, None) else ""
+    stderr = f"<pre class=err>{_e(first['stderr'])}</pre>" if first.get("stderr") else ""
+    diff = f"<pre class=diff>{_diff_lines(str(first['diff']))}</pre>" if first.get("diff") else ""
+    return (
+        f'<details class="change{failed}" open><summary><b>{_e(first.get("step", "?"))}</b> · '
+        f"{_e(first.get('kind', '?'))} · {_e(_where(group, record))}</summary><pre class=cmd>{_e(command)}"
+        f"</pre>{stderr}{diff}</details>"
+    )
+
+
+def _where(group: list[dict[str, Any]], record: Mapping[str, Any]) -> str:
+    """Which nodes (or how many calls) a change went to, and how it ended when not plainly."""
     names = _addresses(record)
     targets = [names.get(n, n) for n in (_node_arg(c.get("argv")) for c in group) if n]
     if targets:
@@ -455,17 +482,9 @@ def _change_block(group: list[dict[str, Any]], record: Mapping[str, Any]) -> str
         where = f"{len(targets)} node{'s' if len(targets) != 1 else ''}: {', '.join(ends)}"
     else:
         where = f"{len(group)} call{'s' if len(group) != 1 else ''}"
-    argv = _any_node(first.get("argv")) if len(group) > 1 else first.get("argv")
-    command = shlex.join(map(str, argv)) if isinstance(argv, list) and argv else str(first.get("summary", ""))
-    command = command.replace("'<node>'", "<node>")  # a placeholder, not a word to quote
-    failed = " failed" if first.get("exit_code") not in (0, None) else ""
-    where += f" · exit {first.get('exit_code')}" if failed else ""
-    diff = f"<pre class=diff>{_diff_lines(str(first['diff']))}</pre>" if first.get("diff") else ""
-    return (
-        f'<details class="change{failed}" open><summary><b>{_e(first.get("step", "?"))}</b> · '
-        f"{_e(first.get('kind', '?'))} · {_e(where)}</summary><pre class=cmd>{_e(command)}</pre>{diff}"
-        "</details>"
-    )
+    if group[0].get("exit_code") not in (0, None):
+        where += f" · exit {group[0]['exit_code']}"
+    return where + (f" · {group[0]['interrupt']}" if group[0].get("interrupt") else "")
 
 
 def _diff_lines(text: str) -> str:
@@ -511,7 +530,7 @@ table{border-collapse:collapse}td,th{padding:4px 10px;border-bottom:1px solid #e
 pre{background:#f5f6f8;padding:8px;overflow-x:auto;white-space:pre-wrap;margin:4px 0}
 .diff .add{color:#1b5e20;background:#e6f4e6}.diff .del{color:#b71c1c;background:#fdeaea}.diff .hunk{color:#1565c0}.diff .file{font-weight:bold}
 .change{border:1px solid #e3e5ea;border-radius:6px;padding:4px 10px;margin:6px 0}.change.failed{border-color:#c62828;background:none}
-.change summary{cursor:pointer}.timeline{border:1px solid #e3e5ea;border-radius:6px;padding:6px}
+.change summary{cursor:pointer}.err{color:#b71c1c}.timeline{border:1px solid #e3e5ea;border-radius:6px;padding:6px}
 .lane{display:flex;align-items:center;height:22px}.lname{width:110px;flex:none;color:#445}.track{position:relative;flex:1;height:14px;background:#f2f3f6}
 .bar{position:absolute;top:0;height:14px;min-width:2px;background:#2e7dd7;opacity:.8}.bar.failed{background:#c62828}
 .axis{display:flex;justify-content:space-between;color:#667;margin:2px 0 0 110px}
