@@ -343,3 +343,12 @@ def test_a_change_in_flight_at_an_interrupt_and_a_failed_ones_stderr_are_shown(t
     _path, text = sealed(tmp_path, record)
     assert f"1 node: gpu-0001 · {interrupts.IN_FLIGHT}" in text
     assert "code = Unavailable desc = connection refused" in text
+
+
+def test_a_step_that_raised_shows_its_error(tmp_path: Path) -> None:
+    """The error is what runner.run_notebook records for a cell that raised ({"ename", "evalue", ...})."""
+    record = fleet_record(2, set())
+    error = {"ename": "PermanentError", "evalue": "talosctl not found on PATH\nhint: set tools.talosctl"}
+    record["steps"][1] = {"name": "verify", "status": "failed", "duration_s": 0.2, "error": error}
+    _path, text = sealed(tmp_path, record)
+    assert "PermanentError: talosctl not found on PATH\nhint: set tools.talosctl" in text

@@ -105,6 +105,7 @@ class _Step:
     summary: str
     notebook: str | None
     groups: list[dict[str, Any]] = field(default_factory=list)
+    error: str = ""
 
 
 def _steps(path: Path, record: Mapping[str, Any]) -> list[_Step]:
@@ -124,9 +125,17 @@ def _steps(path: Path, record: Mapping[str, Any]) -> list[_Step]:
                 str(step.get("summary", "")),
                 str(notebook) if notebook else None,
                 _groups(result),
+                _error(step.get("error")),
             )
         )
     return out
+
+
+def _error(error: object) -> str:
+    """What a step that raised recorded (``ename: evalue``), or nothing."""
+    if not isinstance(error, dict) or not error.get("ename"):
+        return ""
+    return f"{error['ename']}: {error.get('evalue', '')}"
 
 
 def _result_file(path: Path, name: str) -> dict[str, Any]:
@@ -190,11 +199,15 @@ def _steps_section(path: Path, steps: list[_Step]) -> str:
         rendered = _link(path, f"html/{Path(step.notebook).stem}.html", "HTML") if step.notebook else "—"
         rows.append(
             f'<tr><td>{_e(step.name)}</td><td><span class="st {_e(step.status)}">{_e(step.status)}</span></td>'
-            f"<td class=num>{_e(_seconds(step.duration))}</td><td>{_e(step.summary)}</td>"
+            f"<td class=num>{_e(_seconds(step.duration))}</td><td>{_e(step.summary)}{_pre_err(step.error)}</td>"
             f"<td>{notebook}</td><td>{rendered}</td></tr>"
         )
     head = "<tr><th>step</th><th>status</th><th>duration</th><th>summary</th><th>notebook</th><th>rendered</th></tr>"
     return f"<section><h2>Steps</h2><table>{head}{''.join(rows)}</table></section>"
+
+
+def _pre_err(text: str) -> str:
+    return f"<pre class=err>{_e(text)}</pre>" if text else ""
 
 
 def _link(path: Path, rel: str | None, text: str | None) -> str:
@@ -464,7 +477,7 @@ def _change_block(group: list[dict[str, Any]], record: Mapping[str, Any]) -> str
     command = shlex.join(map(str, argv)) if isinstance(argv, list) and argv else str(first.get("summary", ""))
     command = command.replace("'<node>'", "<node>")  # a placeholder, not a word to quote
     failed = " failed" if first.get("exit_code") not in (0, None) else ""
-    stderr = f"<pre class=err>{_e(first['stderr'])}</pre>" if first.get("stderr") else ""
+    stderr = _pre_err(str(first.get("stderr") or ""))
     diff = f"<pre class=diff>{_diff_lines(str(first['diff']))}</pre>" if first.get("diff") else ""
     return (
         f'<details class="change{failed}" open><summary><b>{_e(first.get("step", "?"))}</b> · '
