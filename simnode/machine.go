@@ -28,7 +28,7 @@ func (s *machineServer) Version(context.Context, *emptypb.Empty) (*machine.Versi
 	return &machine.VersionResponse{
 		Messages: []*machine.Version{{
 			Version: &machine.VersionInfo{
-				Tag:       s.node.spec.TalosVersion,
+				Tag:       s.node.bootState().version,
 				Sha:       s.node.spec.SHA,
 				GoVersion: s.node.spec.GoVersion,
 				Os:        "linux",
@@ -43,9 +43,10 @@ func (s *machineServer) Version(context.Context, *emptypb.Empty) (*machine.Versi
 // ServiceList answers like machined (same file, :707-719) with ServiceRunner.AsProto's fields
 // (talos@v1.12.0:internal/app/machined/pkg/system/service_runner.go:377-387).
 func (s *machineServer) ServiceList(context.Context, *emptypb.Empty) (*machine.ServiceListResponse, error) {
-	services := make([]*machine.ServiceInfo, 0, len(s.node.spec.Services))
+	current := s.node.currentServices()
+	services := make([]*machine.ServiceInfo, 0, len(current))
 
-	for _, svc := range s.node.spec.Services {
+	for _, svc := range current {
 		services = append(services, serviceInfo(svc))
 	}
 
@@ -75,10 +76,18 @@ func serviceInfo(svc ServiceSpec) *machine.ServiceInfo {
 // (talos@v1.12.0:pkg/chunker/stream/stream.go:51).
 const readChunk = 1024
 
+// bootIDPath is the kernel's boot ID, new on every boot: what talosctl's tracker compares before and after an
+// upgrade or reboot (talos@v1.12.0:cmd/talosctl/pkg/talos/action/tracker.go getBootID, BootIDChangedPostCheckFn).
+const bootIDPath = "/proc/sys/kernel/random/boot_id"
+
 // Read streams a file of the nodes file's "files" (talos@v1.12.0:internal/app/machined/internal/server/v1alpha1/v1alpha1_server.go:1351-1387):
 // a missing path is NotFound with os.Stat's text.
 func (s *machineServer) Read(in *machine.ReadRequest, srv grpc.ServerStreamingServer[common.Data]) error {
 	content, ok := s.node.spec.Files[in.GetPath()]
+	if in.GetPath() == bootIDPath {
+		content, ok = s.node.bootState().bootID+"\n", true
+	}
+
 	if !ok {
 		return status.Error(codes.NotFound, fmt.Sprintf("stat %s: no such file or directory", in.GetPath()))
 	}

@@ -42,7 +42,12 @@ func run() error {
 	nodesPath := flag.String("nodes", "", "JSON file with the state of every simulated node (see README.md)")
 	stateDir := flag.String("state-dir", "", "owner-only directory for the talosconfig and the endpoint file")
 	listen := flag.String("listen", "127.0.0.1:0", "address of the simulated apid endpoint (127.0.0.1 only)")
+	factor := flag.Float64("time-factor", 1, "scales Talos's own durations (BootTimeout 70m, the 10 s failed-boot countdown): 0.001 makes a hung boot fail after 4.2 s")
 	flag.Parse()
+
+	if *factor <= 0 || *factor > 1 {
+		return fmt.Errorf("%w: -time-factor %v must be in (0, 1]", errUsage, *factor)
+	}
 
 	if *nodesPath == "" || *stateDir == "" {
 		return fmt.Errorf("%w: -nodes and -state-dir are required", errUsage)
@@ -65,13 +70,13 @@ func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
-	return serve(ctx, nf, *nodesPath, *stateDir, *listen)
+	return serve(ctx, nf, *nodesPath, *stateDir, *listen, *factor)
 }
 
 // serve starts every node, then the front; it writes the talosconfig and <state-dir>/endpoint only once
 // everything answers, so a caller waiting for the endpoint file never sees a half-started simulator.
-func serve(ctx context.Context, nf *NodesFile, nodesPath, stateDir, listen string) error {
-	backends, err := startNodes(ctx, nf)
+func serve(ctx context.Context, nf *NodesFile, nodesPath, stateDir, listen string, factor float64) error {
+	backends, err := startNodes(ctx, nf, factor)
 	if err != nil {
 		return fmt.Errorf("%w: %w", errUsage, err)
 	}
@@ -115,11 +120,11 @@ func serve(ctx context.Context, nf *NodesFile, nodesPath, stateDir, listen strin
 }
 
 // startNodes builds each node's state and starts its machined.
-func startNodes(ctx context.Context, nf *NodesFile) (*backendSet, error) {
+func startNodes(ctx context.Context, nf *NodesFile, factor float64) (*backendSet, error) {
 	set := &backendSet{byTarget: map[string]*nodeBackend{}, nodes: map[string]*simNode{}}
 
 	for i := range nf.Nodes {
-		node, err := newSimNode(ctx, &nf.Nodes[i])
+		node, err := newSimNode(ctx, &nf.Nodes[i], nf.Images, factor)
 		if err != nil {
 			return nil, err
 		}

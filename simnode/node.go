@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"log"
 	"sync"
 	"sync/atomic"
@@ -21,18 +22,29 @@ import (
 // simNode is one simulated node: its COSI state, its machined (a gRPC server on an in-memory listener,
 // replaced on each reboot) and whether its API is down.
 type simNode struct {
-	spec  *NodeSpec
-	state state.State
-	down  atomic.Value // string: "" or a downKinds key
+	spec   *NodeSpec
+	state  state.State
+	down   atomic.Value // string: "" or a downKinds key
+	images map[string]ImageSpec
+	factor float64 // scales Talos's own durations (BootTimeout, the failed-boot countdown): -time-factor
 
 	mu        sync.Mutex
 	lis       *bufconn.Listener
 	srv       *grpc.Server
 	persisted config.Provider // the config the next boot starts with (staged, reboot modes)
 	tryTimer  *time.Timer
+	events    *eventBus
+	boot      bootInfo
+	services  []ServiceSpec // what ServiceList answers
 }
 
-func newSimNode(ctx context.Context, spec *NodeSpec) (*simNode, error) {
+// bootInfo is what the running boot is: its installer image (the nodes file's "image", then upgrades), the
+// release it runs, the image a failed boot rolls back to, and the kernel's boot_id.
+type bootInfo struct {
+	image, version, previous, bootID string
+}
+
+func newSimNode(ctx context.Context, spec *NodeSpec, images map[string]ImageSpec, factor float64) (*simNode, error) {
 	st, err := newNodeState(ctx)
 	if err != nil {
 		return nil, err
@@ -42,11 +54,59 @@ func newSimNode(ctx context.Context, spec *NodeSpec) (*simNode, error) {
 		return nil, err
 	}
 
-	n := &simNode{spec: spec, state: st}
+	n := &simNode{spec: spec, state: st, images: images, factor: factor, events: newEventBus(), services: spec.Services}
+	n.boot = bootInfo{image: spec.Image, version: spec.TalosVersion, bootID: newUUID()}
+
+	if _, err = n.refresh(ctx); err != nil {
+		return nil, fmt.Errorf("node %s (%s): %w", spec.Name, spec.Address, err)
+	}
+
 	n.down.Store(spec.Down)
 	n.start()
+	n.publishBooted("")
 
 	return n, nil
+}
+
+// refresh re-derives an imaged node's extensions, modules and services from its image and active config
+// (derive.go); a node without "image" keeps what the nodes file lists.
+func (n *simNode) refresh(ctx context.Context) (derived, error) {
+	b := n.bootState()
+	if b.image == "" {
+		return derived{services: n.currentServices()}, nil
+	}
+
+	d := deriveState(n.images[b.image], n.activeConfig(), n.spec.Services, time.Now())
+	if err := writeDerived(ctx, n.state, d); err != nil {
+		return d, err
+	}
+
+	n.mu.Lock()
+	n.services = d.services
+	n.mu.Unlock()
+
+	return d, nil
+}
+
+func (n *simNode) bootState() bootInfo {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+
+	return n.boot
+}
+
+func (n *simNode) currentServices() []ServiceSpec {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+
+	return n.services
+}
+
+func (n *simNode) bus() *eventBus {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+
+	return n.events
 }
 
 // start serves the node's MachineService and COSI State on a fresh in-memory listener.
@@ -75,28 +135,6 @@ func (n *simNode) listener() *bufconn.Listener {
 	return n.lis
 }
 
-// reboot takes the node's API down (connections close once in-flight calls answer, new dials are refused),
-// waits reboot_ms, boots with the persisted config and serves again. The duration is the nodes file's
-// (ours, no source); the next session replaces it with realistic time-scaled phases.
-func (n *simNode) reboot() {
-	n.mu.Lock()
-	srv, persisted := n.srv, n.persisted
-	n.mu.Unlock()
-
-	n.down.Store("connection-refused")
-	srv.GracefulStop()
-	time.Sleep(n.rebootDelay())
-
-	if persisted != nil {
-		if err := writeActive(context.Background(), n, persisted); err != nil {
-			log.Printf("%s: boot with the persisted config: %v", n.spec.Address, err)
-		}
-	}
-
-	n.start()
-	n.down.CompareAndSwap("connection-refused", "") // unless a fault took the node down meanwhile
-}
-
 // activeConfig is the config the node runs (the MachineConfig resource), nil when it has none.
 func (n *simNode) activeConfig() config.Provider {
 	res, err := safe.StateGetByID[*configres.MachineConfig](context.Background(), n.state, configres.ActiveID)
@@ -107,8 +145,16 @@ func (n *simNode) activeConfig() config.Provider {
 	return res.Provider()
 }
 
+// setActive makes cfg the running config; on an imaged node the modules it names load at once (machine.kernel
+// applies without a reboot) and the extension services follow.
 func (n *simNode) setActive(ctx context.Context, cfg config.Provider) error {
-	return writeActive(ctx, n, cfg)
+	if err := writeActive(ctx, n, cfg); err != nil {
+		return err
+	}
+
+	_, err := n.refresh(ctx)
+
+	return err
 }
 
 func (n *simNode) setPersisted(cfg config.Provider) {

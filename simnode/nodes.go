@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -18,6 +19,16 @@ import (
 // after the Talos field they fill (see README.md in this directory for the full schema).
 type NodesFile struct {
 	Nodes []NodeSpec `json:"nodes"`
+	// Images maps an installer image reference (e.g. factory.talos.dev/metal-installer/<schematic>:v1.12.0) to
+	// what a node booted from it runs: the Talos release and the extensions its schematic bakes in. A node
+	// with "image" derives its extensions, modules and extension services from it (see derive.go).
+	Images map[string]ImageSpec `json:"images,omitempty"`
+}
+
+// ImageSpec is what an installer image installs: the release and the system extensions (the schematic's).
+type ImageSpec struct {
+	TalosVersion string          `json:"talos_version"`
+	Extensions   []ExtensionSpec `json:"extensions,omitempty"`
 }
 
 // NodeSpec is one simulated node.
@@ -25,6 +36,8 @@ type NodeSpec struct {
 	Name          string          `json:"name"`
 	Address       string          `json:"address"`
 	TalosVersion  string          `json:"talos_version"`
+	Image         string          `json:"image,omitempty"` // installer ref of Images: derived node state
+	InstallMS     int             `json:"install_ms,omitempty"`
 	SHA           string          `json:"sha,omitempty"`
 	GoVersion     string          `json:"go_version,omitempty"`
 	Down          string          `json:"down,omitempty"`
@@ -126,6 +139,10 @@ func loadNodes(path string) (*NodesFile, error) {
 		if err = validateNode(&nf.Nodes[i], i, seen); err != nil {
 			return nil, fmt.Errorf("-nodes %s: %w", path, err)
 		}
+
+		if err = validateImage(&nf.Nodes[i], i, nf.Images); err != nil {
+			return nil, fmt.Errorf("-nodes %s: %w", path, err)
+		}
 	}
 
 	return &nf, nil
@@ -149,12 +166,13 @@ func validateNode(n *NodeSpec, i int, seen map[string]string) error {
 
 	seen[n.Address] = n.Name
 
-	if n.LatencyMS < 0 || n.RebootMS < 0 {
-		return fmt.Errorf("%s: \"latency_ms\" (%d) and \"reboot_ms\" (%d) must be 0 or more", label, n.LatencyMS, n.RebootMS)
+	if n.LatencyMS < 0 || n.RebootMS < 0 || n.InstallMS < 0 {
+		return fmt.Errorf("%s: \"latency_ms\" (%d), \"reboot_ms\" (%d) and \"install_ms\" (%d) must be 0 or more",
+			label, n.LatencyMS, n.RebootMS, n.InstallMS)
 	}
 
 	if _, ok := downKinds[n.Down]; n.Down != "" && !ok {
-		return fmt.Errorf("%s: \"down\" %q is not one of %v", label, n.Down, keys(downKinds))
+		return fmt.Errorf("%s: \"down\" %q is not one of %v", label, n.Down, sortedKeys(downKinds))
 	}
 
 	for path := range n.Files {
@@ -172,15 +190,6 @@ func validateNode(n *NodeSpec, i int, seen map[string]string) error {
 	return nil
 }
 
-func keys(m map[string]string) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-
-	return out
-}
-
 func contains(list []string, s string) bool {
 	for _, v := range list {
 		if v == s {
@@ -189,4 +198,44 @@ func contains(list []string, s string) bool {
 	}
 
 	return false
+}
+
+// validateImage: a node with "image" takes its release, extensions and modules from it, so the nodes file
+// must not also list them (one truth), and the image must be one of "images".
+func validateImage(n *NodeSpec, i int, images map[string]ImageSpec) error {
+	if n.Image == "" {
+		return nil
+	}
+
+	label := fmt.Sprintf("nodes[%d] (%s)", i, n.Name)
+
+	img, ok := images[n.Image]
+
+	switch {
+	case !ok:
+		return fmt.Errorf("%s: \"image\" %q is not one of \"images\" %v", label, n.Image, sortedKeys(images))
+	case img.TalosVersion != n.TalosVersion:
+		return fmt.Errorf("%s: \"talos_version\" %q differs from the image's %q (a node runs its image's release)", label, n.TalosVersion, img.TalosVersion)
+	case len(n.Extensions) > 0 || len(n.KernelModules) > 0:
+		return fmt.Errorf("%s: \"extensions\" and \"kernel_modules\" come from \"image\" and its machine config: remove them", label)
+	}
+
+	for _, svc := range n.Services {
+		if strings.HasPrefix(svc.ID, "ext-") {
+			return fmt.Errorf("%s: service %q comes from the image's extensions: remove it", label, svc.ID)
+		}
+	}
+
+	return nil
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+
+	slices.Sort(out)
+
+	return out
 }

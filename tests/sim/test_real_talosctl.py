@@ -159,13 +159,13 @@ def simnode_bin() -> Path:
     return build("build-simnode.sh")
 
 
-def start_simnode(binary: Path, state: Path, nodes: dict[str, object]) -> subprocess.Popen[str]:
-    """Start simnode and wait for its endpoint file (written once every node answers)."""
+def start_simnode(binary: Path, state: Path, nodes: dict[str, object], *flags: str) -> subprocess.Popen[str]:
+    """Start simnode (with ``flags``) and wait for its endpoint file (written once every node answers)."""
     state.mkdir(mode=0o700)
     nodes_file = state.parent / f"{state.name}-nodes.json"
     nodes_file.write_text(json.dumps(nodes))
     proc = subprocess.Popen(
-        [str(binary), "-nodes", str(nodes_file), "-state-dir", str(state)],
+        [str(binary), "-nodes", str(nodes_file), "-state-dir", str(state), *flags],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

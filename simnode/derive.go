@@ -1,0 +1,179 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/cosi-project/runtime/pkg/resource"
+	"github.com/cosi-project/runtime/pkg/state"
+	"github.com/siderolabs/talos/pkg/machinery/config"
+	"github.com/siderolabs/talos/pkg/machinery/resources/runtime"
+	"github.com/siderolabs/talos/pkg/machinery/resources/v1alpha1"
+)
+
+// A node with "image" is not described, it is derived: what its installer image bakes in and what its machine
+// config asks for decide which extensions it lists, which NVIDIA modules are Live and how the extension
+// services run. These are the facts the derivation follows (the real sources, at the tags cited):
+//
+//   - The kmod extensions (nvidia-open-gpu-kernel-modules-*, nonfree-kmod-nvidia-*) blacklist all four NVIDIA
+//     modules (extensions@v1.12.0:nvidia-gpu/nvidia-modules/lts/files/nvidia.conf and
+//     nvidia-gpu/nonfree/kmod-nvidia/lts/files/nvidia.conf), so a module is loaded only when the extension is
+//     installed and machine.kernel.modules names it (KernelModuleSpecController,
+//     talos@v1.12.0:internal/app/machined/pkg/controllers/runtime/kernel_module_spec.go). A module not in the
+//     list is not loaded even as a dependency (ours: simnode does not model modprobe's dependency loading).
+//   - The toolkit extension (nvidia-container-toolkit-*) runs ext-nvidia-persistenced, which depends on the
+//     path /sys/bus/pci/drivers/nvidia (extensions@v1.12.0:nvidia-gpu/nvidia-container-toolkit/lts/nvidia-persistenced.yaml):
+//     Running when the nvidia driver is registered, else Waiting with the service runner's message
+//     (talos@v1.12.0:internal/app/machined/pkg/system/service_runner.go:158, pkg/conditions/files.go:43).
+//   - From extensions v1.13.0 (Talos 1.13) it also runs ext-nvidia-cdi-gen, a one-shot (restart: untilSuccess)
+//     that depends on ext-nvidia-persistenced (extensions@v1.13.0:nvidia-gpu/nvidia-container-toolkit/lts/nvidia-cdi-gen.yaml):
+//     Finished once persistenced is up. A Finished service has no Service resource (see createServices).
+var nvidiaModules = []string{"nvidia", "nvidia_uvm", "nvidia_drm", "nvidia_modeset"}
+
+const (
+	persistenced   = "ext-nvidia-persistenced"
+	cdiGen         = "ext-nvidia-cdi-gen"
+	nvidiaDriverFS = "/sys/bus/pci/drivers/nvidia"
+)
+
+func isKmodExtension(name string) bool {
+	return strings.HasPrefix(name, "nvidia-open-gpu-kernel-modules") || strings.HasPrefix(name, "nonfree-kmod-nvidia")
+}
+
+func isToolkitExtension(name string) bool { return strings.HasPrefix(name, "nvidia-container-toolkit") }
+
+// derived is a node's state as its image and config make it.
+type derived struct {
+	extensions []ExtensionSpec
+	modules    []ModuleSpec
+	services   []ServiceSpec // the nodes file's base services, then the extension services
+}
+
+// driverBound: the nvidia module is Live, so its PCI driver directory exists.
+func (d derived) driverBound() bool {
+	return slices.ContainsFunc(d.modules, func(m ModuleSpec) bool { return m.Name == "nvidia" })
+}
+
+// waiting names the services a boot's startAllServices would still wait for (not up: neither Running nor
+// Finished), in the form of the condition's description (talos@v1.12.0:internal/app/machined/pkg/system/service_events.go:103).
+func (d derived) waiting() []string {
+	var out []string
+
+	for _, svc := range d.services {
+		if svc.State != "Running" && svc.State != "Finished" {
+			out = append(out, fmt.Sprintf("service %q to be %q", svc.ID, "up"))
+		}
+	}
+
+	return out
+}
+
+func deriveState(img ImageSpec, cfg config.Provider, base []ServiceSpec, now time.Time) derived {
+	d := derived{extensions: img.Extensions, services: slices.Clone(base)}
+
+	if slices.ContainsFunc(img.Extensions, func(e ExtensionSpec) bool { return isKmodExtension(e.Name) }) {
+		wanted := configModules(cfg)
+		for _, m := range nvidiaModules {
+			if slices.Contains(wanted, m) {
+				d.modules = append(d.modules, ModuleSpec{Name: m, State: "Live", Address: "0xffffffffc0000000"})
+			}
+		}
+	}
+
+	if slices.ContainsFunc(img.Extensions, func(e ExtensionSpec) bool { return isToolkitExtension(e.Name) }) {
+		d.services = append(d.services, toolkitServices(d.driverBound(), atLeast(img.TalosVersion, 1, 13), now)...)
+	}
+
+	return d
+}
+
+func toolkitServices(bound, withCDIGen bool, now time.Time) []ServiceSpec {
+	pers := ServiceSpec{ID: persistenced, State: "Waiting", LastMessage: ""}
+	pers.Events = []EventSpec{{Msg: fmt.Sprintf("Waiting for file %q to exist", nvidiaDriverFS), State: "Waiting", Ts: now}}
+
+	if bound { // runner/containerd/containerd.go:224 (the PID is ours)
+		pers.State = "Running"
+		pers.Events = append(pers.Events, EventSpec{Msg: "Started task ext-nvidia-persistenced (PID 0) for container ext-nvidia-persistenced", State: "Running", Ts: now})
+	}
+
+	out := []ServiceSpec{pers}
+	if !withCDIGen {
+		return out
+	}
+
+	gen := ServiceSpec{ID: cdiGen, State: "Waiting", Events: []EventSpec{
+		{Msg: fmt.Sprintf("Waiting for service %q to be %q", persistenced, "up"), State: "Waiting", Ts: now},
+	}}
+
+	if bound { // system/system.go:191
+		gen.State = "Finished"
+		gen.Events = append(gen.Events, EventSpec{Msg: "Service finished successfully", State: "Finished", Ts: now})
+	}
+
+	return append(out, gen)
+}
+
+// configModules are the names in machine.kernel.modules.
+func configModules(cfg config.Provider) []string {
+	if cfg == nil || cfg.Machine() == nil {
+		return nil
+	}
+
+	var out []string
+	for _, m := range cfg.Machine().Kernel().Modules() {
+		out = append(out, m.Name())
+	}
+
+	return out
+}
+
+// atLeast compares a Talos tag (v1.13.0, v1.13.0-beta.1) with major.minor.
+func atLeast(tag string, major, minor int) bool {
+	var ma, mi int
+	if _, err := fmt.Sscanf(strings.TrimPrefix(tag, "v"), "%d.%d", &ma, &mi); err != nil {
+		return false
+	}
+
+	return ma > major || (ma == major && mi >= minor)
+}
+
+// writeDerived replaces the node's ExtensionStatus, LoadedKernelModule and Service resources with d's.
+func writeDerived(ctx context.Context, st state.State, d derived) error {
+	for _, kind := range []resource.Metadata{
+		resource.NewMetadata(runtime.NamespaceName, runtime.ExtensionStatusType, "", resource.VersionUndefined),
+		resource.NewMetadata(runtime.NamespaceName, runtime.LoadedKernelModuleType, "", resource.VersionUndefined),
+		resource.NewMetadata(v1alpha1.NamespaceName, v1alpha1.ServiceType, "", resource.VersionUndefined),
+	} {
+		if err := destroyAll(ctx, st, kind); err != nil {
+			return err
+		}
+	}
+
+	spec := &NodeSpec{Extensions: d.extensions, KernelModules: d.modules, Services: d.services}
+
+	for _, step := range []func(context.Context, state.State, *NodeSpec) error{createExtensions, createModules, createServices} {
+		if err := step(ctx, st, spec); err != nil {
+			return err
+		}
+	}
+
+	return nil
+}
+
+func destroyAll(ctx context.Context, st state.State, kind resource.Metadata) error {
+	list, err := st.List(ctx, kind)
+	if err != nil {
+		return err
+	}
+
+	for _, res := range list.Items {
+		if err = st.Destroy(ctx, res.Metadata(), state.WithDestroyOwner(res.Metadata().Owner())); err != nil {
+			return fmt.Errorf("%s: %w", res.Metadata(), err)
+		}
+	}
+
+	return nil
+}

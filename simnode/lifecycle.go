@@ -1,0 +1,231 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"time"
+
+	"github.com/hashicorp/go-multierror"
+	"github.com/siderolabs/talos/pkg/machinery/api/common"
+	"github.com/siderolabs/talos/pkg/machinery/api/machine"
+	"github.com/siderolabs/talos/pkg/machinery/constants"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// failedBootCountdown is how long machined counts down before rebooting after a failed boot
+// (talos@v1.12.0:internal/app/machined/main.go:119-125, "rebooting in %d seconds").
+const failedBootCountdown = 10 * time.Second
+
+// The node's API goes down right after stopAllServices starts (apid is one of the services it stops) and stays
+// down for reboot_ms. talosctl's tracker re-watches 1 s after the stopAllServices event with tail 0
+// (action/node.go:270-272; go-retry Constant's default unit); only an Unavailable watch resets the tail to -1
+// (:172-180), so reboot_ms must exceed ~1 s or the tracker misses the new boot's "ready" and waits until
+// --timeout (as it would for a real node rebooting in under a second, which none does).
+
+// upgradePhases are the phases and tasks of the upgrade sequence on a metal node, up to the reboot
+// (talos@v1.12.0:internal/app/machined/pkg/runtime/v1alpha1/v1alpha1_sequencer.go:430-470; task names are the
+// ones the task functions return, v1alpha1_sequencer_tasks.go). "drain" runs there against Kubernetes; here it
+// is only its events (simnode has no Kubernetes API yet).
+var upgradePhases = [][2]string{
+	{"drain", "cordonAndDrainNode"}, {"cleanup", "stopAllPods"}, {"dbus", "stopDBus"},
+	{"stopServices", "stopServicesForUpgrade"}, {"unmount", "unmountPodMounts"},
+	{"unmountBind", "unmountSystemDiskBindMounts"}, {"unmountSystem", "unmountEphemeralPartition"},
+	{"volumeFinalize", "teardownLifecycle"}, {"upgrade", "upgrade"}, {"meta", "reloadMeta"},
+	{"kexec", "kexecPrepare"},
+}
+
+// Upgrade is the legacy MachineService.Upgrade (talos@v1.12.0:internal/app/machined/internal/server/v1alpha1/v1alpha1_server.go:486-575):
+// the image is validated first (an image missing from the nodes file's "images" fails as an image that does
+// not pull would, with the same wrapper), then the sequence runs in the background and the call answers
+// at once with the actor ID the events carry.
+func (s *machineServer) Upgrade(_ context.Context, in *machine.UpgradeRequest) (*machine.UpgradeResponse, error) {
+	if _, ok := s.node.images[in.GetImage()]; !ok {
+		return nil, fmt.Errorf("error validating installer image %q: simnode: not one of the nodes file's \"images\" %v", in.GetImage(), sortedKeys(s.node.images))
+	}
+
+	if in.GetStage() {
+		return nil, status.Error(codes.Unimplemented, "simnode: staged upgrades are not simulated")
+	}
+
+	actorID := newUUID()
+	go s.node.upgrade(actorID, in.GetImage())
+
+	return &machine.UpgradeResponse{Messages: []*machine.Upgrade{{Ack: "Upgrade request received", ActorId: actorID}}}, nil
+}
+
+// Reboot is MachineService.Reboot (same file, :343-370): the reboot sequence in the background, the actor ID
+// at once. Its SequenceEvent "reboot" is what talosctl's tracker waits for before it reconnects
+// (talos@v1.12.0:cmd/talosctl/pkg/talos/action/node.go:288-290).
+func (s *machineServer) Reboot(_ context.Context, _ *machine.RebootRequest) (*machine.RebootResponse, error) {
+	actorID := newUUID()
+
+	go func() {
+		s.node.bus().publish(actorID, &machine.SequenceEvent{Sequence: "reboot", Action: machine.SequenceEvent_START})
+		s.node.reboot()
+	}()
+
+	return &machine.RebootResponse{Messages: []*machine.Reboot{{ActorId: actorID}}}, nil
+}
+
+// upgrade runs the upgrade sequence's events (install_ms in the "upgrade" task) up to stopAllServices, then
+// reboots into image, keeping the running one to roll back to.
+func (n *simNode) upgrade(actorID, image string) {
+	bus := n.bus()
+	bus.publish(actorID, &machine.SequenceEvent{Sequence: "upgrade", Action: machine.SequenceEvent_START})
+
+	for _, pt := range upgradePhases {
+		runPhase(bus, actorID, pt[0], pt[1], func() {
+			if pt[1] == "upgrade" {
+				time.Sleep(time.Duration(n.spec.InstallMS) * time.Millisecond)
+			}
+		})
+	}
+
+	bus.publish(actorID, &machine.PhaseEvent{Phase: "stopEverything", Action: machine.PhaseEvent_START})
+	bus.publish(actorID, &machine.TaskEvent{Task: "stopAllServices", Action: machine.TaskEvent_START})
+
+	current := n.bootState().image
+	n.powerOff()
+	n.powerOn(image, current)
+	n.runBoot()
+}
+
+func runPhase(bus *eventBus, actorID, phase, task string, body func()) {
+	bus.publish(actorID, &machine.PhaseEvent{Phase: phase, Action: machine.PhaseEvent_START})
+	bus.publish(actorID, &machine.TaskEvent{Task: task, Action: machine.TaskEvent_START})
+	body()
+	bus.publish(actorID, &machine.TaskEvent{Task: task, Action: machine.TaskEvent_STOP})
+	bus.publish(actorID, &machine.PhaseEvent{Phase: phase, Action: machine.PhaseEvent_STOP})
+}
+
+// reboot power-cycles the node into the image it runs (apply in reboot mode, MachineService.Reboot).
+func (n *simNode) reboot() {
+	n.powerOff()
+	n.powerOn(n.bootState().image, "")
+	n.runBoot()
+}
+
+// powerOff takes the API down as a reboot does: new dials are refused, event streams end, the calls in
+// flight still answer (the apply that asked for the reboot gets its reply).
+func (n *simNode) powerOff() {
+	n.mu.Lock()
+	srv, bus := n.srv, n.events
+	n.mu.Unlock()
+
+	n.down.Store("connection-refused")
+	bus.close()
+	srv.GracefulStop()
+}
+
+// powerOn boots after reboot_ms (ours, no source): the persisted config becomes active, a fresh boot_id and
+// event history, the image's extensions and services, then the API serves again.
+func (n *simNode) powerOn(image, previous string) {
+	time.Sleep(n.rebootDelay())
+
+	n.mu.Lock()
+	persisted := n.persisted
+	version := n.boot.version
+
+	if img, ok := n.images[image]; ok {
+		version = img.TalosVersion
+	}
+
+	n.boot = bootInfo{image: image, version: version, previous: previous, bootID: newUUID()}
+	n.events = newEventBus()
+	n.mu.Unlock()
+
+	if persisted != nil {
+		if err := writeActive(context.Background(), n, persisted); err != nil {
+			log.Printf("%s: boot with the persisted config: %v", n.spec.Address, err)
+		}
+	}
+
+	if _, err := n.refresh(context.Background()); err != nil {
+		log.Printf("%s: boot: %v", n.spec.Address, err)
+	}
+
+	n.start()
+	n.down.CompareAndSwap("connection-refused", "") // unless a fault took the node down meanwhile
+}
+
+// runBoot is the boot sequence's last phase, startEverything: startAllServices waits until every service is
+// up, for at most BootTimeout (talos@v1.12.0:internal/app/machined/pkg/runtime/v1alpha1/v1alpha1_sequencer_tasks.go:419-500,
+// pkg/machinery/constants/constants.go:956), scaled by -time-factor. A service still waiting then fails the
+// sequence; machined reverts the bootloader and reboots (main.go:100-150): the node comes back on the image
+// it ran before the upgrade.
+func (n *simNode) runBoot() {
+	bus := n.bus()
+	bus.publish("", &machine.SequenceEvent{Sequence: "boot", Action: machine.SequenceEvent_START})
+	bus.publish("", &machine.PhaseEvent{Phase: "startEverything", Action: machine.PhaseEvent_START})
+	bus.publish("", &machine.TaskEvent{Task: "startAllServices", Action: machine.TaskEvent_START})
+	bus.publish("", &machine.MachineStatusEvent{Stage: machine.MachineStatusEvent_BOOTING, Status: &machine.MachineStatusEvent_MachineStatus{}})
+
+	deadline := time.Now().Add(n.scaled(constants.BootTimeout))
+
+	for time.Now().Before(deadline) {
+		if waiting := n.waiting(); len(waiting) == 0 {
+			bus.publish("", &machine.TaskEvent{Task: "startAllServices", Action: machine.TaskEvent_STOP})
+			bus.publish("", &machine.PhaseEvent{Phase: "startEverything", Action: machine.PhaseEvent_STOP})
+			bus.publish("", &machine.SequenceEvent{Sequence: "boot", Action: machine.SequenceEvent_STOP})
+			n.publishBooted("")
+
+			return
+		}
+
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	n.failBoot(bus)
+}
+
+// failBoot publishes the failed sequence as Controller.Run does (v1alpha1_controller.go:139-157, the phase and
+// task wrapping of :279-317, the multierror of pkg/conditions/all.go:44-64 with one error per service still
+// waiting), counts down, and reboots into the previous image.
+func (n *simNode) failBoot(bus *eventBus) {
+	var waitErr *multierror.Error
+	for range n.waiting() {
+		waitErr = multierror.Append(waitErr, context.DeadlineExceeded)
+	}
+
+	const bootPhases = 9 // the metal boot sequence's phases, startEverything last (v1alpha1_sequencer.go:193-233)
+
+	bus.publish("", &machine.SequenceEvent{Sequence: "boot", Action: machine.SequenceEvent_NOOP, Error: &common.Error{
+		Code:    common.Code_FATAL,
+		Message: fmt.Sprintf("sequence failed: error running phase %d in boot sequence: task 1/1: failed, %v", bootPhases, waitErr),
+	}})
+	bus.publish("", &machine.SequenceEvent{Sequence: "boot", Action: machine.SequenceEvent_STOP})
+
+	time.Sleep(n.scaled(failedBootCountdown))
+
+	b := n.bootState()
+	rollback := b.previous
+	if rollback == "" {
+		rollback = b.image
+	}
+
+	log.Printf("%s: boot failed, rolling back to %s", n.spec.Address, rollback)
+	n.powerOff()
+	n.powerOn(rollback, "")
+	n.runBoot()
+}
+
+// waiting names the services not up yet (see derived.waiting).
+func (n *simNode) waiting() []string {
+	return derived{services: n.currentServices()}.waiting()
+}
+
+// publishBooted is machined's MachineStatusEvent once the node runs and is ready
+// (the event talosctl's tracker waits for: action/tracker.go MachineReadyEventFn).
+func (n *simNode) publishBooted(actorID string) {
+	n.bus().publish(actorID, &machine.MachineStatusEvent{
+		Stage:  machine.MachineStatusEvent_RUNNING,
+		Status: &machine.MachineStatusEvent_MachineStatus{Ready: true},
+	})
+}
+
+// scaled is a Talos duration times -time-factor.
+func (n *simNode) scaled(d time.Duration) time.Duration {
+	return time.Duration(float64(d) * n.factor)
+}
