@@ -16,6 +16,7 @@ lasts BOOT_TIMEOUT_S here.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 from collections.abc import Iterator
@@ -316,3 +317,91 @@ def test_reboot_waits_for_a_new_boot_id(cluster: Cluster) -> None:
     assert "sequence: reboot action: START" in lines
     assert lines[-1] == "post check passed"
     assert boot_id(sim, node) != before
+
+
+def test_upgrade_to_an_image_simnode_does_not_know_fails_on_that_node(cluster: Cluster) -> None:
+    """machined validates (pulls) the installer image before anything starts (v1alpha1_server.go:497-501);
+    simnode's stand-in for a pull failure is an image missing from "images", with machined's wrapper."""
+    sim, node = cluster.sim, cluster.addr("bound")
+    missing = installer(VANILLA_ID, "v1.99.0")
+    proc = upgrade(cluster, node, missing, "30s")
+    assert proc.returncode == 1
+    assert tracker_lines(proc.stderr, node)[-1] == (
+        f'rpc error: code = Unknown desc = error validating installer image "{missing}": simnode: not one of the '
+        f'nodes file\'s "images" [{" ".join(sorted(IMAGES))}]'  # Go's %v of a []string
+    )
+    assert extension_names(sim, node)[0] == "nvidia-container-toolkit-lts"  # nothing changed
+
+
+@pytest.mark.parametrize(
+    ("change", "flags", "message"),
+    [
+        (
+            {"image": "factory.talos.dev/metal-installer/x:v1.12.0"},
+            [],
+            '"image" "factory.talos.dev/metal-installer/x',
+        ),
+        ({"talos_version": "v1.13.0"}, [], 'differs from the image\'s "v1.12.0"'),
+        (
+            {"extensions": [{"name": "x", "version": "1"}]},
+            [],
+            '"extensions" and "kernel_modules" come from "image"',
+        ),
+        (
+            {"services": [{"id": "ext-nvidia-persistenced", "state": "Running"}]},
+            [],
+            "comes from the image's extensions",
+        ),
+        ({}, ["-time-factor", "0"], "-time-factor 0 must be in (0, 1]"),
+    ],
+)
+def test_bad_image_input_exits_2_naming_the_node(
+    tmp_path: Path, change: dict[str, object], flags: list[str], message: str
+) -> None:
+    node = {"name": "gpu-x", "address": "10.5.0.3", "talos_version": TALOS, "image": VANILLA, **change}
+    nodes_file = tmp_path / "nodes.json"
+    nodes_file.write_text(json.dumps({"nodes": [node], "images": IMAGES}))
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    argv = [str(build("build-simnode.sh")), "-nodes", str(nodes_file), "-state-dir", str(state), *flags]
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=60)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    if not flags:
+        assert "nodes[0] (gpu-x)" in proc.stderr
+    assert list(state.iterdir()) == []
+
+
+FLEET8 = [f"10.5.3.{i}" for i in range(1, 9)]
+
+
+def test_eight_node_upgrade_with_wait_in_one_call(tmp_path: Path) -> None:
+    """``upgrade -n <8 nodes> --wait``: the tracker follows every node at once (tracker.go:160-200, one goroutine
+    per node), so the call lasts about one node's upgrade, not eight. Measured, printed (run with -s)."""
+    talosctl = build("build-talosctl.sh", TALOS)
+    plain, with_modules = worker_configs(talosctl, tmp_path)
+    nodes = [
+        {
+            "name": f"gpu-{i}",
+            "address": a,
+            "talos_version": TALOS,
+            "image": VANILLA,
+            "machine_config": with_modules,
+            "reboot_ms": REBOOT_MS,
+        }
+        for i, a in enumerate(FLEET8)
+    ]
+    proc = start_simnode(build("build-simnode.sh"), tmp_path / "state", {"nodes": nodes, "images": IMAGES})
+    cluster = Cluster(Sim(talosctl, tmp_path / "state" / "talosconfig"), tmp_path)
+    try:
+        start = time.monotonic()
+        up = upgrade(cluster, ",".join(FLEET8), NVIDIA, "60s")
+        elapsed = time.monotonic() - start
+        print(f"8-node upgrade --wait: {elapsed:.1f} s")
+        assert up.returncode == 0, up.stderr
+        assert all(tracker_lines(up.stderr, a)[-1] == "post check passed" for a in FLEET8)
+        assert elapsed < 4 * REBOOT_MS / 1000 + 5
+        assert all(get_ids(cluster.sim, a, "modules") == sorted(MODULES) for a in FLEET8)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
