@@ -55,3 +55,25 @@ def test_runbook_stops_at_the_right_step_with_the_right_diagnosis(tmp_path, scen
         evidence = " ".join([failing[0].message] + [c.message + " " + c.fix for c in failing[0].checks])
         assert needle in evidence
         assert all(c.fix for c in failing[0].failed_checks), "every failed check says what to do"
+
+
+@pytest.mark.parametrize(
+    ("scenario", "rerun"), [("unreachable-node", "--steps preflight"), ("upgrade-fails", "--steps image")]
+)
+def test_a_node_that_fails_for_no_known_cause_gets_what_to_do_not_only_a_command_to_look(
+    tmp_path, scenario, rerun
+):
+    """Attack report F13: `fix:` was a read-only command (`talosctl version`, `talosctl dmesg`). The fix now says
+    what to do, keeps the read-only command as the way to check it, and how to resume."""
+    timeouts = {"upgrade_seconds": 10, "node_ready_seconds": 5}
+    with sim_cluster(
+        tmp_path, scenario=scenario, workers=3, apply=True, rollout_concurrency=3, timeouts=timeouts
+    ) as (params, ctx):
+        for _name, step in STEPS:
+            result = step(ctx)
+            if not result.ok:
+                break
+        [failing] = result.failing()
+        fixes = " ".join(c.fix for c in failing.failed_checks)
+        assert "runbook run -p <parameters>" in fixes and rerun in fixes, fixes
+        assert f"talosctl -n {failing.address}" in fixes

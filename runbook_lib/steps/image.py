@@ -33,7 +33,7 @@ from runbook_lib.model.schematic import Schematic
 from runbook_lib.model.upgrade_risks import dropped_extensions
 from runbook_lib.model.versions import TalosVersion
 
-from . import gpu_operator_handover, image_diagnosis, image_risks
+from . import fixes, gpu_operator_handover, image_diagnosis, image_risks
 from .context import Context
 from .image_risks import NodeFacts
 from .patch import config_patch, read_configs, wanted_documents
@@ -319,7 +319,7 @@ def _sort_nodes(
             res.status = "failed"
             res.message = f"cannot read the node: {state.error}"
             res.checks.append(
-                Check("node answers", False, res.message, fix=f"talosctl -n {node.address} version")
+                Check("node answers", False, res.message, fix=fixes.unreachable(node.address, "image"))
             )
             continue
         downgrade = _downgrade(state.version, target)

@@ -33,6 +33,7 @@ from runbook_lib.model.machineconfig import configured_modules
 from runbook_lib.model.params import Node
 from runbook_lib.model.pci import PciDevice, nvidia_gpus
 
+from . import fixes
 from .context import Context
 from .gpu_presence import gpu_check, read_pci
 from .patch import read_configs
@@ -75,7 +76,7 @@ def _upgrade_checks(
     else:
         found = _cause(ctx, node, error, devices, config)
         if found is None:
-            return [Check("upgrade", False, error, fix=f"talosctl -n {node.address} dmesg")]
+            return [Check("upgrade", False, error, fix=fixes.upgrade_failed(node.address))]
         [cause] = checks_from_findings([found])
     return [Check("upgrade", False, error, fix=cause.fix, cause=cause.cause), cause]
 

@@ -21,6 +21,7 @@ from runbook_lib.model.parsers import extension_versions, extensions_from_resour
 from runbook_lib.model.profiles import render_documents
 from runbook_lib.model.redact import redact
 
+from . import fixes
 from .context import Context
 from .results import Check, NodeResult, StepResult
 
@@ -266,7 +267,6 @@ def _confirm(ctx: Context, result: StepResult, by_address: dict[str, NodeResult]
 
 
 def _unreachable_fix(node: Node) -> str:
-    return (
-        f"check that the node is up and reachable on port 50000: talosctl -n {node.address} version; "
-        "a node that is rebooting answers again after a few minutes"
+    return "a node that is rebooting answers again after a few minutes; otherwise " + fixes.unreachable(
+        node.address, "config-patch"
     )

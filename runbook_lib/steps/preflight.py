@@ -15,6 +15,7 @@ from runbook_lib.model.machineconfig import contains
 from runbook_lib.model.parsers import extension_versions, extensions_from_resources, schematic_id
 from runbook_lib.model.versions import TalosVersion
 
+from . import fixes
 from .context import Context
 from .gpu_presence import gpu_check, not_checked_note, read_pci
 from .patch import read_configs, wanted_documents
@@ -63,7 +64,7 @@ def preflight(ctx: Context, *, only: list[str] | None = None) -> StepResult:
                     "reachable",
                     False,
                     res.message,
-                    fix=f"talosctl -n {node.address} version",
+                    fix=fixes.unreachable(node.address, "preflight"),
                     cause="node down or rebooting",
                 )
             )

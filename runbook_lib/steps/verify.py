@@ -50,6 +50,7 @@ from runbook_lib.model.parsers import (
 )
 from runbook_lib.model.pci import PciDevice, nvidia_gpus
 
+from . import fixes
 from .context import Context
 from .gpu_presence import read_pci
 from .patch import read_configs
@@ -276,7 +277,7 @@ def _unreachable(res: NodeResult, error: str) -> None:
             False,
             res.message,
             cause="the node is down, rebooting, or port 50000 is not reachable from here",
-            fix=f"talosctl -n {res.address} version   # then re-run the verification",
+            fix=fixes.unreachable(res.address, "verify"),
         )
     )
 
