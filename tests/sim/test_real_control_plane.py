@@ -7,7 +7,7 @@ admission settings; kubectl 1.35.2 and helm 4.1.4 come from an npm package (``to
 Everything a client sees here is the real program's answer: these tests check that the runbook's own client
 and the tools a user runs work against it, which ``reality-gaps.md`` §3 found the simulated API could not do
 (protobuf bodies, server-side apply, WatchList, helm 4 install/uninstall). They skip only when ``go`` or ``npm``
-is missing; the first run builds the control plane (about 15 minutes on 2 cores), later runs reuse the cache.
+is missing; the first run builds the control plane (about 11 minutes on 2 shared cores), later runs reuse the cache.
 """
 
 from __future__ import annotations
