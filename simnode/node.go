@@ -28,6 +28,8 @@ type simNode struct {
 	images map[string]ImageSpec
 	factor float64 // scales Talos's own durations (BootTimeout, the failed-boot countdown): -time-factor
 
+	refreshMu sync.Mutex // one re-derivation at a time (an apply during a boot)
+
 	mu        sync.Mutex
 	lis       *bufconn.Listener
 	srv       *grpc.Server
@@ -71,6 +73,9 @@ func newSimNode(ctx context.Context, spec *NodeSpec, images map[string]ImageSpec
 // refresh re-derives an imaged node's extensions, modules and services from its image and active config
 // (derive.go); a node without "image" keeps what the nodes file lists.
 func (n *simNode) refresh(ctx context.Context) (derived, error) {
+	n.refreshMu.Lock()
+	defer n.refreshMu.Unlock()
+
 	b := n.bootState()
 	if b.image == "" {
 		return derived{services: n.currentServices()}, nil

@@ -88,6 +88,8 @@ ROLES = {
     "hang": ("10.5.2.5", VANILLA, False),
     "hang-long": ("10.5.2.6", VANILLA, False),
     "reboot": ("10.5.2.7", VANILLA, False),
+    "rescue": ("10.5.2.8", VANILLA, False),
+    "client113": ("10.5.2.9", VANILLA, True),
 }
 
 
@@ -216,26 +218,25 @@ def tracker_lines(stderr: str, node: str) -> list[str]:
     return [line.removeprefix(prefix) for line in stderr.splitlines() if line.startswith(prefix)]
 
 
+def upgrade_argv(sim: Sim, node: str, image: str, timeout: str) -> list[str]:
+    talosconfig = ["--talosconfig", str(sim.talosconfig)]
+    return [
+        str(sim.talosctl),
+        *talosconfig,
+        "-n",
+        node,
+        "upgrade",
+        "--image",
+        image,
+        "--wait",
+        "--timeout",
+        timeout,
+    ]
+
+
 def upgrade(cluster: Cluster, node: str, image: str, timeout: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            str(cluster.sim.talosctl),
-            "--talosconfig",
-            str(cluster.sim.talosconfig),
-            "-n",
-            node,
-            "upgrade",
-            "--image",
-            image,
-            "--wait",
-            "--timeout",
-            timeout,
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=120,
-    )
+    argv = upgrade_argv(cluster.sim, node, image, timeout)
+    return subprocess.run(argv, capture_output=True, text=True, check=False, timeout=120)
 
 
 def boot_id(sim: Sim, node: str) -> str:
@@ -405,3 +406,41 @@ def test_eight_node_upgrade_with_wait_in_one_call(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_a_hung_boot_completes_when_the_modules_are_patched_in_time(cluster: Cluster) -> None:
+    """Derived, not observed on hardware: startAllServices waits on conditions, not on a deadline alone
+    (v1alpha1_sequencer_tasks.go:470-500), machined accepts an apply while booting, and machine.kernel applies
+    without a reboot; so patching the modules during the hang lets persistenced start and the boot finish."""
+    sim, node = cluster.sim, cluster.addr("rescue")
+    with subprocess.Popen(
+        upgrade_argv(sim, node, NVIDIA, "60s"),
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    ) as up:
+        wait_for(lambda: sim.run("-n", node, "services"), lambda p: "Waiting" in p.stdout, 30)
+        patched = sim.run(
+            "-n", node, "patch", "machineconfig", "--patch", f"@{cluster.patches / 'modules.yaml'}"
+        )
+        assert patched.returncode == 0, patched.stderr
+        _, stderr = up.communicate(timeout=60)
+    assert up.returncode == 0, stderr
+    assert tracker_lines(stderr, node)[-1] == "post check passed"
+    assert get_ids(sim, node, "modules") == sorted(MODULES)
+
+
+def test_a_1_13_client_upgrades_a_1_12_node_the_legacy_way_without_draining(cluster: Cluster) -> None:
+    """talos@v1.13.0:cmd/talosctl/cmd/talos/upgrade.go:115-126: a node outside the LifecycleService's version
+    range makes the 1.13 client fall back to the legacy Upgrade before it would drain (:143), so --drain
+    (default true) has no effect on a 1.12 node."""
+    client = Sim(build("build-talosctl.sh", "v1.13.0"), cluster.sim.talosconfig)
+    node = cluster.addr("client113")
+    proc = upgrade(Cluster(client, cluster.patches), node, NVIDIA, "60s")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines()[:2] == [
+        "New upgrade API is not available, falling back to legacy",
+        f"WARNING: {node}: server version 1.12.0 is older than client version 1.13.0",
+    ]
+    assert tracker_lines(proc.stderr, node)[-1] == "post check passed"
+    assert "phase: drain action: START" in tracker_lines(proc.stderr, node)  # the node's own drain phase
