@@ -20,13 +20,14 @@ import json
 import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.sim.test_real_talosctl import Sim, build, start_simnode, wait_for
+from tests.sim.test_real_talosctl import Sim, build, start_simnode, unavailable, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -376,11 +377,12 @@ def test_bad_image_input_exits_2_naming_the_node(
 FLEET8 = [f"10.5.3.{i}" for i in range(1, 9)]
 
 
-def test_eight_node_upgrade_with_wait_in_one_call(tmp_path: Path) -> None:
-    """``upgrade -n <8 nodes> --wait``: the tracker follows every node at once (tracker.go:160-200, one goroutine
-    per node), so the call lasts about one node's upgrade, not eight. Measured, printed (run with -s)."""
+@contextmanager
+def vanilla_cluster(tmp_path: Path, addresses: list[str], down: str = "") -> Iterator[Cluster]:
+    """A simnode of its own: ``addresses`` on the vanilla image with the modules in their config; ``down`` is
+    powered off."""
     talosctl = build("build-talosctl.sh", TALOS)
-    plain, with_modules = worker_configs(talosctl, tmp_path)
+    _, with_modules = worker_configs(talosctl, tmp_path)
     nodes = [
         {
             "name": f"gpu-{i}",
@@ -390,11 +392,21 @@ def test_eight_node_upgrade_with_wait_in_one_call(tmp_path: Path) -> None:
             "machine_config": with_modules,
             "reboot_ms": REBOOT_MS,
         }
-        for i, a in enumerate(FLEET8)
+        | ({"down": "no-route-to-host"} if a == down else {})
+        for i, a in enumerate(addresses)
     ]
     proc = start_simnode(build("build-simnode.sh"), tmp_path / "state", {"nodes": nodes, "images": IMAGES})
-    cluster = Cluster(Sim(talosctl, tmp_path / "state" / "talosconfig"), tmp_path)
     try:
+        yield Cluster(Sim(talosctl, tmp_path / "state" / "talosconfig"), tmp_path)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_eight_node_upgrade_with_wait_in_one_call(tmp_path: Path) -> None:
+    """``upgrade -n <8 nodes> --wait``: the tracker follows every node at once (tracker.go:160-200, one goroutine
+    per node), so the call lasts about one node's upgrade, not eight. Measured, printed (run with -s)."""
+    with vanilla_cluster(tmp_path, FLEET8) as cluster:
         start = time.monotonic()
         up = upgrade(cluster, ",".join(FLEET8), NVIDIA, "60s")
         elapsed = time.monotonic() - start
@@ -403,9 +415,20 @@ def test_eight_node_upgrade_with_wait_in_one_call(tmp_path: Path) -> None:
         assert all(tracker_lines(up.stderr, a)[-1] == "post check passed" for a in FLEET8)
         assert elapsed < 4 * REBOOT_MS / 1000 + 5
         assert all(get_ids(cluster.sim, a, "modules") == sorted(MODULES) for a in FLEET8)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+
+
+def test_upgrade_wait_with_a_dead_node_fails_it_at_once_and_upgrades_the_other(tmp_path: Path) -> None:
+    """The tracker reads each node's boot ID before the upgrade (node.go:80-85): a dead node fails there, with
+    apid's dial error, and is never upgraded; the live node goes through; rc 1, long before --timeout."""
+    live, dead = "10.5.4.1", "10.5.4.2"
+    with vanilla_cluster(tmp_path, [live, dead], down=dead) as cluster:
+        start = time.monotonic()
+        up = upgrade(cluster, f"{live},{dead}", NVIDIA, "60s")
+        assert up.returncode == 1
+        assert time.monotonic() - start < 30
+        assert tracker_lines(up.stderr, dead)[0] == unavailable(dead)
+        assert "waiting for actor ID" not in tracker_lines(up.stderr, dead)
+        assert tracker_lines(up.stderr, live)[-1] == "post check passed"
 
 
 def test_a_hung_boot_completes_when_the_modules_are_patched_in_time(cluster: Cluster) -> None:
