@@ -287,3 +287,11 @@ def test_a_kubernetes_api_that_never_answers_does_not_hang_verify(tmp_path):
         server.close()
         assert "result" in box, "verify hung on a Kubernetes API that does not answer"
         assert box["result"].ok and "did not answer" in box["result"].data["inventory_notes"][0]
+
+
+@pytest.mark.slow
+def test_verify_reads_kubernetes_nodes_page_by_page_and_misses_none(tmp_path):
+    """``iter_nodes`` follows ``continue`` (the Kubernetes API's list chunking) until the last page."""
+    with sim_cluster(tmp_path, scenario="gpu-ready", workers=3) as (params, ctx):
+        paged = [n["metadata"]["name"] for n in ctx.kube.iter_nodes(page=1)]
+        assert sorted(paged) == sorted(n["metadata"]["name"] for n in ctx.kube.nodes()) and len(paged) == 4

@@ -139,9 +139,10 @@ def _kube_gpus(ctx: Context) -> dict[str, KubeGpu] | None:
     """
     try:
         return {
-            str(n["metadata"]["name"]): kube_gpu(n) for n in ctx.kube.nodes(timeout_s=KUBE_READ_TIMEOUT_S)
+            str(n["metadata"]["name"]): kube_gpu(n)
+            for n in ctx.kube.iter_nodes(timeout_s=KUBE_READ_TIMEOUT_S)
         }
-    except RunbookError:
+    except (RunbookError, ValueError):  # ValueError: an answer that is not the API's JSON
         return None
 
 
