@@ -63,9 +63,13 @@ def test_verify_over_a_long_node_list_checks_every_node_with_batched_gets(tmp_pa
         result = verify(ctx)
         argvs = [e.argv for e in ctx.journal.entries]
     assert result.counts() == {"ok": 60}
-    gets = [a for a in argvs if "get" in a]
+    batched = [a for a in argvs if "get" in a or "service" in a]
     reads = [a for a in argvs if "read" in a]
-    assert len(gets) == 3  # extensions, services, modules: one call each over all 60 nodes
+    # extensions, modules (and whatever else verify reads with `get`), and `talosctl service` (ServiceList,
+    # which shows Finished one-shots): each one call over all 60 nodes, never one call per node
+    kinds = [a[a.index("get") + 1] if "get" in a else "service" for a in batched]
+    assert len(kinds) == len(set(kinds)) and {"extensions", "service"} <= set(kinds), kinds
+    assert all(len(a[a.index("-n") + 1].split(",")) == 60 for a in batched)
     assert len(reads) == 60  # talosctl refuses multi-node reads: one per node
     assert all(n.data["driver"] for n in result.nodes)
 

@@ -42,6 +42,9 @@ PARAMS = str(REPO / "params" / "simulated.yaml")
 TEST_PODS = ",".join(f"{k}={v}" for k, v in MANAGED_BY.items())
 #: A bound for every wait here: the run is slow on a loaded 2-core machine, never this slow.
 WAIT_S = 240.0
+# Per GPU node (3 in the gpu-ready scenario): nvidia-smi and vectoradd with the runtime class only, and both
+# again requesting nvidia.com/gpu: 1 (request_gpu, the default).
+ALL_PODS = 3 * 4
 
 
 @dataclass
@@ -187,7 +190,9 @@ def test_interrupted_cuda_test_leaves_no_pod_and_records_their_deletion(tmp_path
         assert kubernetes_layer(sim.ctx, apply=True).ok
         faults.inject(sim.state, "gpu-worker-3", "pods_pending", True)
         proc = start_run(sim, "cuda-test")
-        wait_until(proc, lambda: len(sim.ctx.kube.pods(TEST_NAMESPACE, TEST_PODS)) == 9, "9 test pods")
+        wait_until(
+            proc, lambda: len(sim.ctx.kube.pods(TEST_NAMESPACE, TEST_PODS)) == ALL_PODS, "every test pod"
+        )
         status, err = interrupt(proc, SIGNALS[how])
         assert status == expected_status(SIGNALS[how]), err
         assert_no_pod_left_and_deletions_recorded(sim, sealed_record(sim))
@@ -200,7 +205,7 @@ def assert_no_pod_left_and_deletions_recorded(sim: Sim, data: dict[str, Any]) ->
     summaries = [c.get("summary", "") for c in data["commands"] if c["step"] == "cuda-test"]
     created = {s.removeprefix("create Pod ") for s in summaries if s.startswith("create Pod ")}
     deletions = [s for s in summaries if s.startswith("delete Pod ")]
-    assert len(created) == 9 and created <= {s.split()[2] for s in deletions}, (created, deletions)
+    assert len(created) == ALL_PODS and created <= {s.split()[2] for s in deletions}, (created, deletions)
     return deletions
 
 
@@ -242,7 +247,9 @@ def test_a_kernel_killed_mid_cuda_test_fails_the_step_and_the_run_removes_its_po
         assert kubernetes_layer(sim.ctx, apply=True).ok
         faults.inject(sim.state, "gpu-worker-3", "pods_pending", True)
         proc = start_run(sim, "cuda-test")
-        wait_until(proc, lambda: len(sim.ctx.kube.pods(TEST_NAMESPACE, TEST_PODS)) == 9, "9 test pods")
+        wait_until(
+            proc, lambda: len(sim.ctx.kube.pods(TEST_NAMESPACE, TEST_PODS)) == ALL_PODS, "every test pod"
+        )
         kernel = step_kernel(next(sim.records.glob("*/results")) / "cuda-test.json")
         assert kernel is not None, "the cuda-test kernel is running"
         os.kill(kernel, signal.SIGKILL)
