@@ -43,7 +43,7 @@ clean:
 TALOS_VERSIONS ?= v1.12.0
 .PHONY: tools
 tools:
-	for v in $(TALOS_VERSIONS); do tools/build-talosctl.sh $$v; done
+	for v in $(TALOS_VERSIONS); do tools/build-talosctl.sh $$v || exit 1; done
 	tools/build-simnode.sh
 
 # JupyterLab in headless Chromium (tests/ui): installs Debian's chromium (apt, needs root), playwright and
