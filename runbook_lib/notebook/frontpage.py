@@ -65,6 +65,9 @@ def _fallback(path: Path, error: Exception) -> str:
 
 
 def render(path: Path, record: Mapping[str, Any]) -> str:
+    """The page for the record in ``path``: ``record`` is what ``seal`` writes to record.json, and files of
+    the directory (the notebooks, their HTML, an aborted run's results) are linked or read for what it
+    lacks.  Every value is escaped: node messages and command output are text, never markup."""
     steps = _steps(path, record)
     body = "".join(
         (
