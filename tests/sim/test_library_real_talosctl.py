@@ -1,0 +1,237 @@
+"""The library's preflight and verify steps driving the real talosctl v1.12.0 against simnode (issue 16).
+
+Until now the library's steps ran only against the Python simulator's talosctl; here the same calls
+(``runbook_lib.steps.context.connect`` with ``target: cluster`` and ``tools.talosctl`` set to the real binary, as a
+user's parameter file does) go through the real CLI to simnode's nodes. The nodes are derived from an installer
+image carrying the NVIDIA lts extensions and the planned schematic, with the modules in their machine config
+(a config made by the real ``talosctl gen config`` and ``machineconfig patch``): simnode then reports the modules
+Live and ``ext-nvidia-persistenced`` Running (``simnode/derive.go`` cites each fact).
+
+The kubeconfig points at a closed 127.0.0.1 port: verify's Kubernetes read is optional (allocatable
+``unknown``), and the test bounds how long that costs. helm is not involved in verify.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from runbook_lib.model.params import Params, load_params
+from runbook_lib.steps.context import connect
+from runbook_lib.steps.patch import wanted_documents
+from runbook_lib.steps.preflight import preflight
+from runbook_lib.steps.results import StepResult
+from runbook_lib.steps.verify import verify
+from tests.sim.test_real_talosctl import build, start_simnode, unavailable
+from tests.sim.test_real_talosctl_lifecycle import installer, schematic_ext, worker_configs
+
+pytestmark = pytest.mark.slow
+
+TALOS = "v1.12.0"
+ADDRESSES = ["10.5.6.1", "10.5.6.2", "10.5.6.3"]
+DRIVER = "570.172.08"
+NVRM = (
+    f"NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {DRIVER}  Release Build  (root@buildkitsandbox)  "
+    "Tue Jul  8 17:59:45 UTC 2025\nGCC version:  gcc version 14.2.0 (GCC) \n"
+)
+L4 = {
+    "id": "0000:01:00.0",
+    "class": "Display controller",
+    "subclass": "3D controller",
+    "vendor": "NVIDIA Corporation",
+    "product": "AD104GL [L4]",
+    "class_id": "0x03",
+    "subclass_id": "0x02",
+    "vendor_id": "0x10de",
+    "product_id": "0x27b8",
+    "driver": "nvidia",
+}
+
+
+def closed_port() -> int:
+    """A 127.0.0.1 port nothing listens on (bound, then released): connections to it are refused at once."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def kubeconfig(path: Path) -> Path:
+    """A kubeconfig whose API server refuses connections (no secret in it: a test token)."""
+    server = f"https://127.0.0.1:{closed_port()}"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": server, "insecure-skip-tls-verify": True}}],
+                "users": [{"name": "u", "user": {"token": "test"}}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "c",
+            }
+        )
+    )
+    return path
+
+
+def nvidia_lts_image(schematic: str) -> dict[str, Any]:
+    """What the factory installer of the planned schematic installs: the lts kmod and toolkit extensions."""
+    return {
+        "talos_version": TALOS,
+        "extensions": [
+            {
+                "image": "000.ghcr.io-siderolabs-nvidia-open-gpu-kernel-modules-lts.sqsh",
+                "name": "nvidia-open-gpu-kernel-modules-lts",
+                "version": f"{DRIVER}-{TALOS}",
+                "compatibility": f">= {TALOS}",
+            },
+            {
+                "image": "001.ghcr.io-siderolabs-nvidia-container-toolkit-lts.sqsh",
+                "name": "nvidia-container-toolkit-lts",
+                "version": f"{DRIVER}-v1.17.8",
+                "compatibility": f">= {TALOS}",
+            },
+            schematic_ext(schematic),
+        ],
+    }
+
+
+def patched_config(talosctl: Path, tmp: Path, documents: list[dict[str, Any]]) -> str:
+    """A worker config from the real ``talosctl gen config``, patched by the real ``talosctl machineconfig patch``
+    with the documents the library plans for the node: the state a completed config-patch step leaves."""
+    worker_configs(talosctl, tmp)  # writes tmp/worker.yaml
+    (tmp / "planned.yaml").write_text(yaml.safe_dump_all(documents))
+    argv = [
+        str(talosctl),
+        "machineconfig",
+        "patch",
+        str(tmp / "worker.yaml"),
+        "--patch",
+        f"@{tmp / 'planned.yaml'}",
+    ]
+    patched = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=60)
+    assert patched.returncode == 0, patched.stderr
+    return patched.stdout
+
+
+@dataclass(frozen=True)
+class Fleet:
+    params: Params
+    nodes_file: Path
+    nodes: dict[str, Any]
+    proc: subprocess.Popen[str]
+
+    def take_down(self, address: str) -> None:
+        """Power ``address`` off through simnode's fault switch (edit ``down``, SIGHUP) and wait until it is."""
+        for node in self.nodes["nodes"]:
+            if node["address"] == address:
+                node["down"] = "no-route-to-host"
+        self.nodes_file.write_text(json.dumps(self.nodes))
+        self.proc.send_signal(signal.SIGHUP)
+        time.sleep(0.5)  # simnode applies the re-read file at once; no readiness signal exists for it
+
+
+def params_file(tmp: Path, talosctl: Path, talosconfig: Path, addresses: list[str]) -> Path:
+    """The parameter file a user writes for a real cluster."""
+    data = {
+        "cluster": "simnode",
+        "target": "cluster",
+        "talos_version": TALOS,
+        "talosconfig": str(talosconfig),
+        "kubeconfig": str(kubeconfig(tmp / "kubeconfig")),
+        "tools": {"talosctl": str(talosctl)},
+        "nodes": [{"name": f"gpu-{i}", "address": a} for i, a in enumerate(addresses, 1)],
+        "track": "lts",
+    }
+    path = tmp / "params.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Iterator[Fleet]:
+    """Three GPU-ready nodes on simnode, and the validated parameters pointing the library at them."""
+    talosctl = build("build-talosctl.sh", TALOS)
+    state = tmp_path / "state"
+    path = params_file(tmp_path, talosctl, state / "talosconfig", ADDRESSES)
+    # The talosconfig does not exist until simnode starts: plan from the data, load the file afterwards.
+    ctx = connect(Params.model_validate(yaml.safe_load(path.read_text())))
+    schematic = ctx.plan.schematic_id
+    assert schematic is not None
+    config = patched_config(talosctl, tmp_path, wanted_documents(ctx, ctx.nodes()[0]))
+    image = installer(schematic, TALOS)
+    nodes: dict[str, Any] = {
+        "images": {image: nvidia_lts_image(schematic)},
+        "nodes": [
+            {
+                "name": f"gpu-{i}",
+                "address": a,
+                "talos_version": TALOS,
+                "image": image,
+                "machine_config": config,
+                "services": [{"id": "apid", "state": "Running", "healthy": True}],
+                "platform_metadata": {"platform": "metal", "hostname": f"gpu-{i}"},
+                "pci_devices": [L4],
+                "files": {"/proc/driver/nvidia/version": NVRM},
+            }
+            for i, a in enumerate(ADDRESSES, 1)
+        ],
+    }
+    proc = start_simnode(build("build-simnode.sh"), state, nodes)
+    try:
+        yield Fleet(load_params(path), tmp_path / "state-nodes.json", nodes, proc)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def node_status(result: StepResult) -> dict[str, str]:
+    return {n.address: n.status for n in result.nodes}
+
+
+def failures(result: StepResult) -> dict[str, list[str]]:
+    return {n.address: [f"{c.name}: {c.message}" for c in n.checks if not c.ok] for n in result.nodes}
+
+
+def test_preflight_passes_every_gpu_ready_node(fleet: Fleet) -> None:
+    result = preflight(connect(fleet.params))
+    assert node_status(result) == dict.fromkeys(ADDRESSES, "ok"), failures(result)
+    assert {n.data["talos_version"] for n in result.nodes} == {TALOS}
+    assert result.data["done"]["image"] == "3/3" and result.data["done"]["config"] == "3/3"
+    talosctl = next(c for c in result.checks if c.name == "talosctl")
+    assert talosctl.ok and TALOS in talosctl.message
+
+
+def test_verify_passes_every_gpu_ready_node_without_waiting_on_kubernetes(fleet: Fleet) -> None:
+    start = time.monotonic()
+    ctx = connect(fleet.params)
+    result = verify(ctx)
+    elapsed = time.monotonic() - start
+    assert node_status(result) == dict.fromkeys(ADDRESSES, "ok"), failures(result)
+    assert {n.data["driver"] for n in result.nodes} == {DRIVER}
+    assert {n.data["schematic"] for n in result.nodes} == {ctx.plan.schematic_id}
+    # A refused Kubernetes API must cost about nothing (verify reads it with a 3 s/5 s timeout at most).
+    assert elapsed < 10, f"verify took {elapsed:.1f} s"
+
+
+@pytest.mark.parametrize("step", [preflight, verify], ids=["preflight", "verify"])
+def test_a_dead_node_at_the_head_fails_alone_with_a_diagnosis(fleet: Fleet, step: Any) -> None:
+    """The real ``get`` resolves the type on the first node: dead there, the whole call fails with the dial
+    error and names no node (reality-gaps.md §2 row 2). The library must still blame only that node."""
+    dead = ADDRESSES[0]
+    fleet.take_down(dead)
+    result = step(connect(fleet.params))
+    assert node_status(result) == {dead: "failed", **dict.fromkeys(ADDRESSES[1:], "ok")}, failures(result)
+    (head,) = [n for n in result.nodes if n.address == dead]
+    reachable = next(c for c in head.checks if c.name == "reachable")
+    assert unavailable(dead) in reachable.message  # the real dial error, as apid returned it
+    assert f"talosctl -n {dead}" in reachable.fix
