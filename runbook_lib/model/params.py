@@ -27,6 +27,7 @@ from runbook_lib.errors import CompatibilityError, ParameterProblem, ParametersI
 
 from . import safeload
 from .profiles import Flavor, GpuProfile, Track, profile_for
+from .rollout import parse_budget
 from .versions import TalosVersion
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -192,6 +193,24 @@ class Timeouts(_Strict):
     """The Helm release becoming ready and every GPU node advertising `nvidia.com/gpu`."""
 
 
+class Rollout(_Strict):
+    """How the image and config-patch steps roll out over the GPU nodes (``runbook_lib/model/rollout.py``)."""
+
+    canary: int | None = Field(default=None, ge=1, le=1000, strict=True)
+    """Size of the first batch; later batches double up to `rollout_concurrency` (canary 1, concurrency 8: 1, 2, 4, 8, 8…). `null`: every batch is `rollout_concurrency` nodes."""
+    max_failures: int | str = 0
+    """Failure budget: a count of nodes, or a percentage of the nodes the run changes (`"5%"`, rounded down). The batch in flight finishes; no new batch starts once more nodes failed. `0`: stop after the first failure."""
+    pause_seconds: float = Field(default=0.0, ge=0, le=DAY_SECONDS, strict=True, allow_inf_nan=False)
+    """Pause between two batches, e.g. to watch the canary's workloads (at most a day)."""
+
+    @field_validator("max_failures", mode="before")
+    @classmethod
+    def _budget(cls, value: Any) -> Any:
+        if isinstance(value, bool | int | str):
+            parse_budget(value)
+        return value
+
+
 class Simulation(_Strict):
     """Only for ``target: simulated``: how the built-in simulated cluster behaves."""
 
@@ -244,7 +263,9 @@ class Params(_Strict):
     apply: bool = False
     """Change the cluster. ``false`` (default) plans and dry-runs only."""
     rollout_concurrency: int = Field(default=1, ge=1, le=1000, strict=True)
-    """How many nodes change at once; new batches stop at the first failure."""
+    """How many nodes change at once (the largest batch); `rollout` sets the canary, failure budget and pause."""
+    rollout: Rollout = Rollout()
+    """Rollout controls for the image and config-patch steps (canary, max_failures, pause_seconds)."""
     talosconfig: str | None = None
     """Path to the talosconfig (never its contents); default: talosctl's own default / the simulator's."""
     kubeconfig: str | None = None
@@ -438,6 +459,17 @@ def _compatibility_problems(src: _Sources, params: Params) -> list[ParameterProb
         except CompatibilityError as exc:
             loc = ("nodes", index, "overrides")
             problems.append(ParameterProblem(src(loc), format_loc(loc), exc.message))
+    canary = params.rollout.canary
+    if canary is not None and canary > params.rollout_concurrency:
+        problems.append(
+            ParameterProblem(
+                src(("rollout", "canary")),
+                "rollout.canary",
+                f"{canary} is more than rollout_concurrency {params.rollout_concurrency}: the canary is the "
+                f"first, smallest batch; set it to at most {params.rollout_concurrency} or raise "
+                "rollout_concurrency",
+            )
+        )
     talos = params.talos
     if params.kubernetes_layer == "gpu-operator" and not talos.at_least(1, 13):
         problems.append(
@@ -672,6 +704,8 @@ def _type_name(annotation: Any) -> str:
         text = "one of " + ", ".join(f"`{a}`" for a in annotation.__args__)
     elif nullable and len(args) == 1:
         text = _type_name(args[0])
+    elif len(args) > 1:  # ``int | str``: a bare "|" would split the Markdown table's cell
+        text = " or ".join(_type_name(a) for a in args)
     elif getattr(annotation, "__origin__", None) is tuple:
         text = "list[str]"
     else:

@@ -4,11 +4,13 @@ Why this step is so defensive: ``talosctl upgrade`` without ``--image`` installs
 silently drops the NVIDIA extensions (facts §2.1), a kernel-module extension built for another Talos release
 does not load, and mismatched kmod/toolkit drivers break every GPU pod (facts §5).  So, before anything
 changes, the wanted extensions are resolved against the factory for the target release and the schematic is
-registered (its ID must equal the offline one).  Then nodes go one batch at a time (``rollout_concurrency``,
-default 1); after each batch the step waits for the nodes to answer again and checks that their
+registered (its ID must equal the offline one).  Then nodes go one batch at a time (the ``rollout``
+schedule: an optional canary, then batches growing to ``rollout_concurrency``, default 1, optionally
+paused; see ``model/rollout.py``); after each batch the step waits for the nodes to answer again and checks that their
 ``schematic`` pseudo-extension reports the planned ID, their Talos version is the target and the NVIDIA
-extensions are present.  The first failure stops the rollout: the result says which nodes are done, which
-failed and why, and which were not touched.  Nodes already on the planned schematic and version are skipped.
+extensions are present.  Once the failure budget is used up (default: at the first failure) no new batch
+starts: the result says which nodes are done, which failed and why, and which were not touched.  Nodes
+already on the planned schematic and version are skipped, so a re-run resumes with the nodes left.
 With ``apply: false`` nothing changes and the result carries the exact commands.
 """
 
@@ -29,6 +31,7 @@ from runbook_lib.model.machineconfig import contains
 from runbook_lib.model.params import Node
 from runbook_lib.model.parsers import TalosResource
 from runbook_lib.model.plan import node_extensions, node_schematic
+from runbook_lib.model.rollout import Schedule
 from runbook_lib.model.schematic import Schematic
 from runbook_lib.model.upgrade_risks import dropped_extensions
 from runbook_lib.model.versions import TalosVersion
@@ -36,7 +39,7 @@ from runbook_lib.model.versions import TalosVersion
 from . import fixes, gpu_operator_handover, image_diagnosis, image_risks
 from .context import Context
 from .image_risks import NodeFacts
-from .patch import config_patch, read_configs, wanted_documents
+from .patch import config_patch, pause_before, read_configs, rollout_schedule, wanted_documents
 from .results import Check, NodeResult, StepResult
 
 Progress = Callable[[int, int], None]
@@ -212,6 +215,7 @@ def image_upgrade(
         if sid is not None
     }
     _plan_notes(ctx, result, todo)
+    schedule = rollout_schedule(ctx, result, [p.node.name for p in todo])
 
     factory_ok = _factory_checks(ctx, result, todo, factory, register=do_apply)
     blocked = [r for r in result.nodes if r.status == "failed"]
@@ -238,11 +242,12 @@ def image_upgrade(
             )
         return _finish(result)
 
-    size = max(1, ctx.params.rollout_concurrency)
-    batches = [todo[i : i + size] for i in range(0, len(todo), size)]
-    done = 0
-    for index, batch in enumerate(batches):
-        failed = _run_batch(
+    _roll_out(
+        schedule,
+        todo,
+        results,
+        progress,
+        lambda batch: _run_batch(
             ctx,
             batch,
             results,
@@ -250,18 +255,38 @@ def image_upgrade(
             upgrade_timeout=upgrade_timeout,
             settle_timeout=settle_timeout,
             poll_interval=poll_interval,
-        )
+        ),
+    )
+    return _finish(_default_runtime_after_upgrade(ctx, result, apply=True))
+
+
+def _roll_out(
+    schedule: Schedule,
+    todo: list[NodeImage],
+    results: dict[str, NodeResult],
+    progress: Progress | None,
+    run_batch: Callable[[list[NodeImage]], int],
+) -> None:
+    """Run the schedule's batches (``run_batch`` returns a batch's failed count) until the failure budget is
+    used up; the nodes of the batches never started are marked untouched."""
+    batches = schedule.batches(todo)
+    done = failed = 0
+    for index, batch in enumerate(batches):
+        pause_before(schedule, index)
+        failed += run_batch(batch)
         done += len(batch)
         if progress:
             progress(done, len(todo))
-        if failed:
+        if schedule.exhausted(failed):
+            why = (
+                "at the first failure"
+                if not schedule.budget
+                else f"after {failed} failed nodes (more than rollout.max_failures allows)"
+            )
             for later in batches[index + 1 :]:
                 for plan in later:
-                    _untouched(
-                        results[plan.node.address], "not touched: the rollout stopped at the first failure"
-                    )
-            break
-    return _finish(_default_runtime_after_upgrade(ctx, result, apply=True))
+                    _untouched(results[plan.node.address], f"not touched: the rollout stopped {why}")
+            return
 
 
 def _default_runtime_after_upgrade(ctx: Context, result: StepResult, *, apply: bool) -> StepResult:
@@ -473,8 +498,8 @@ def _run_batch(
     upgrade_timeout: float,
     settle_timeout: float,
     poll_interval: float,
-) -> bool:
-    """Upgrade one batch concurrently, then confirm each node; True when any node of the batch failed."""
+) -> int:
+    """Upgrade one batch concurrently, then confirm each node; returns how many nodes of the batch failed."""
 
     def upgrade(plan: NodeImage) -> tuple[NodeImage, str | None]:
         run = ctx.talosctl.upgrade(
@@ -505,7 +530,7 @@ def _run_batch(
             res.checks.append(Check("upgrade", True, "the installer was accepted and the node rebooted"))
             pending.append(plan)
     _confirm(ctx, pending, results, target=target, settle_timeout=settle_timeout, poll_interval=poll_interval)
-    return any(results[p.node.address].status == "failed" for p, _ in outcomes)
+    return sum(results[p.node.address].status == "failed" for p, _ in outcomes)
 
 
 def _confirm(

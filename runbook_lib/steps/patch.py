@@ -3,8 +3,10 @@
 Why it is computed per node and grouped: each node gets only what its config lacks (strategic merge
 appends lists, so a blind re-apply duplicates modules), but on a healthy fleet most nodes lack the same
 thing, so nodes with an identical remaining patch share one ``talosctl patch mc -n a,b,c`` call.  A
-second run finds nothing missing and changes nothing.  Applying goes in batches of
-``rollout_concurrency`` nodes and stops starting batches at the first failure.  Within a batch (and for the
+second run finds nothing missing and changes nothing, so a re-run after a failed rollout changes only the
+nodes it did not reach.  Applying goes in the batches of the ``rollout`` schedule (a canary, then batches
+growing to ``rollout_concurrency``, optionally paused, see ``model/rollout.py``) and stops starting batches
+once the failure budget is used up (default: the first failure).  Within a batch (and for the
 dry run) the nodes are patched concurrently, in small chunk calls (``Talosctl.patch_machineconfigs``),
 because talosctl patches the nodes of one ``-n a,b,c`` call one after the other.
 """
@@ -20,6 +22,7 @@ from runbook_lib.model.params import Node
 from runbook_lib.model.parsers import extension_versions, extensions_from_resources
 from runbook_lib.model.profiles import render_documents
 from runbook_lib.model.redact import redact
+from runbook_lib.model.rollout import Schedule, schedule
 
 from . import fixes
 from .context import Context
@@ -152,39 +155,66 @@ def config_patch(
                 res.message = "dry run refused: " + redact(group_errors.get(node.address) or dry.failure_text)
             elif "with a reboot" in dry.details_of(node.address):
                 res.needs_reboot = True
-    if not do_apply:
-        result.notes.append("plan only (apply is off): nothing was changed")
-        return result.finish()
-
-    _apply_in_batches(ctx, result, groups, by_address, progress)
-    return result.finish()
-
-
-def _apply_in_batches(
-    ctx: Context,
-    result: StepResult,
-    groups: dict[str, list[Node]],
-    by_address: dict[str, NodeResult],
-    progress: Progress | None,
-) -> None:
     todo = [
         (patch, node)
         for patch, members in groups.items()
         for node in members
         if by_address[node.address].status == "planned"
     ]
+    plan = rollout_schedule(ctx, result, [node.name for _patch, node in todo])
+    if not do_apply:
+        result.notes.append("plan only (apply is off): nothing was changed")
+        return result.finish()
+
+    _apply_in_batches(ctx, result, plan, todo, by_address, progress=progress)
+    return result.finish()
+
+
+def rollout_schedule(ctx: Context, result: StepResult, names: list[str]) -> Schedule:
+    """The ``rollout`` schedule for the nodes to change, in order; the plan shows it (a note, and
+    ``data["batches"]``: the node names of each batch) so Approve approves the batches too."""
+    rollout = ctx.params.rollout
+    plan = schedule(
+        len(names),
+        concurrency=ctx.params.rollout_concurrency,
+        canary=rollout.canary,
+        max_failures=rollout.max_failures,
+        pause_seconds=rollout.pause_seconds,
+    )
+    result.data["batches"] = plan.batches(names)
+    if names:
+        result.notes.append(plan.describe())
+    return plan
+
+
+def pause_before(plan: Schedule, index: int) -> None:
+    """The pause between two batches (none before the first)."""
+    if index and plan.pause_seconds:
+        time.sleep(plan.pause_seconds)
+
+
+def _apply_in_batches(
+    ctx: Context,
+    result: StepResult,
+    plan: Schedule,
+    todo: list[tuple[str, Node]],
+    by_address: dict[str, NodeResult],
+    *,
+    progress: Progress | None,
+) -> None:
+    """Apply ``todo`` in the schedule's batches; no new batch once the failure budget is used up."""
     names = {node.address: node.name for _patch, node in todo}
-    size = ctx.params.rollout_concurrency
     done = 0
+    failed: list[str] = []
     stopped_by: str | None = None
-    for start in range(0, len(todo), size):
-        batch = todo[start : start + size]
+    for index, batch in enumerate(plan.batches(todo)):
         if stopped_by is not None:
             for _patch, node in batch:
                 res = by_address[node.address]
                 res.status = "skipped"
                 res.message = f"not touched: the rollout stopped after {stopped_by} failed"
             continue
+        pause_before(plan, index)
         per_patch: dict[str, list[Node]] = {}
         for patch, node in batch:
             per_patch.setdefault(patch, []).append(node)
@@ -200,7 +230,7 @@ def _apply_in_batches(
                 if node.address in failures:
                     res.status = "failed"
                     res.message = f"patch failed: {redact(failures[node.address])}"
-                    stopped_by = stopped_by or node.name
+                    failed.append(node.name)
                 elif node.address in untouched:
                     # talosctl returns at the first failing node of a call: the rest of that call was never
                     # touched (only possible when a chunk holds several nodes, i.e. batches over 32 nodes).
@@ -221,7 +251,9 @@ def _apply_in_batches(
                 res = by_address[address]
                 res.status = "failed"
                 res.message = "patched, but the node did not answer again after its reboot"
-                stopped_by = stopped_by or res.node
+                failed.append(res.node)
+        if plan.exhausted(len(failed)):
+            stopped_by = failed[-1]
         done += len(batch)
         if progress:
             progress(done, len(todo))
