@@ -13,7 +13,9 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
-from typing import Any
+from html import escape
+from pathlib import Path
+from typing import Any, Protocol
 
 import ipywidgets as widgets
 
@@ -25,6 +27,18 @@ from .render import render_html, show_html, show_widget
 Progress = Callable[[int, int], None]
 PlanFn = Callable[[list[str] | None], StepResult]
 ApplyFn = Callable[[list[str] | None, Progress], StepResult]
+
+
+class Recorder(Protocol):
+    """Seals a change record of an apply (``interactive_record.InteractiveRecorder``): the gate calls
+    ``started`` right before applying and ``finished`` after, so a person's click leaves the same record a
+    headless run does."""
+
+    def started(self, *, approved: bool = True) -> Path: ...
+
+    def finished(
+        self, result: StepResult | None, *, shown: StepResult | None, error: RunbookError | None = None
+    ) -> Path | None: ...
 
 #: Keys whose values differ between two plans of the same change (timings, tool chatter).
 _VOLATILE = frozenset({"dry_run", "duration_s", "started", "at", "run_id"})
@@ -82,8 +96,10 @@ class ApprovalGate:
         selected: list[str] | None = None,
         on_applied: Callable[[StepResult], None] | None = None,
         title: str | None = None,
+        recorder: Recorder | None = None,
     ) -> None:
         self.step = step
+        self._recorder = recorder
         self._plan_fn = plan_fn
         self._apply_fn = apply_fn
         self._on_applied = on_applied
@@ -163,20 +179,36 @@ class ApprovalGate:
                     show_html(render_html(current, title=f"{self._title}: the plan now"))
                 return None
             self.status.value = "Applying…"
+            if self._recorder is not None:
+                self._recorder.started()
             result = self._apply_fn(self.shown_nodes, self.progress)
         except RunbookError as exc:
             self.status.value = f"<b>Failed:</b> {exc}"
             self.progress.finish(False)
+            self._record(None, exc)
             return None
         self.applied = result
         self.progress.finish(result.ok)
         self.status.value = f"Applied: {result.summary()}"
+        self._record(result, None)
         self.output.clear_output()
         with self.output:
             show_html(render_html(result, title=f"{self._title}: applied"))
         if self._on_applied is not None:
             self._on_applied(result)
         return result
+
+    def _record(self, result: StepResult | None, error: RunbookError | None) -> None:
+        """Seal the record of this approval (a no-op when it never started applying)."""
+        if self._recorder is None:
+            return
+        try:
+            path = self._recorder.finished(result, shown=self.shown, error=error)
+        except (OSError, RunbookError) as exc:  # a button callback's exception is seen by no one: say it
+            self.status.value += f"<br><b>The change record could not be written:</b> {escape(str(exc))}"
+            return
+        if path is not None:
+            self.status.value += f"<br>Change record: <code>{escape(str(path))}</code>"
 
     def widget(self) -> widgets.VBox:
         bar = widgets.HBox([self.progress.widget, self.progress.label])
@@ -198,26 +230,51 @@ def gated(
     show: bool = True,
     on_applied: Callable[[StepResult], None] | None = None,
     title: str | None = None,
+    recorder: Recorder | None = None,
 ) -> tuple[StepResult, ApprovalGate | None]:
     """Run a cluster-changing step behind the gate; never waits for input.
 
     ``apply`` true: apply directly (with a progress bar).  ``apply`` false: plan, display the plan and the
-    gate's widgets, and return the plan; a click later applies it.
+    gate's widgets, and return the plan; a click later applies it.  ``recorder`` seals a change record of
+    each approval, and of an ``apply`` true run that changed the cluster.
     """
     if apply:
         bar = ProgressBar()
         if show:
             show_widget(widgets.HBox([bar.widget, bar.label]))
-        result = apply_fn(selected, bar)
+        result = _apply_recorded(apply_fn, selected, bar, recorder)
         bar.finish(result.ok)
         if show:
             show_html(render_html(result, title=title))
         return result, None
     gate = ApprovalGate(
-        step, plan_fn, apply_fn, nodes=nodes, selected=selected, on_applied=on_applied, title=title
+        step,
+        plan_fn,
+        apply_fn,
+        nodes=nodes,
+        selected=selected,
+        on_applied=on_applied,
+        title=title,
+        recorder=recorder,
     )
     result = gate.plan()
     if show:
         show_html(render_html(result, title=f"{title or step}: plan"))
         show_widget(gate.widget())
     return result, gate
+
+
+def _apply_recorded(
+    apply_fn: ApplyFn, selected: list[str] | None, bar: ProgressBar, recorder: Recorder | None
+) -> StepResult:
+    """``apply_fn`` with its record, when there is a recorder (it keeps only a run that changed something)."""
+    if recorder is None:
+        return apply_fn(selected, bar)
+    recorder.started(approved=False)
+    try:
+        result = apply_fn(selected, bar)
+    except RunbookError as exc:
+        recorder.finished(None, shown=None, error=exc)
+        raise
+    recorder.finished(result, shown=None)
+    return result

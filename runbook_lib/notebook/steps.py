@@ -31,7 +31,7 @@ from runbook_lib.steps.results import StepResult
 from .render import failure_text, render_html, show_html
 
 if TYPE_CHECKING:  # imported when a step changes the cluster: see run_step
-    from .gates import ApprovalGate, Progress
+    from .gates import ApprovalGate, Progress, Recorder
 
 #: Set by ``runbook run``: where this step's result, plan and journal go (JSON), for the change record.
 RESULT_FILE_ENV = "RUNBOOK_RESULT_FILE"
@@ -88,6 +88,10 @@ STEPS: tuple[StepSpec, ...] = (
     StepSpec("cuda-test", "06-cuda-test.ipynb", "cudatest", "cuda_test", "CUDA test", True, ("CoreV1Api",)),
 )
 STEP_NAMES: tuple[str, ...] = tuple(s.name for s in STEPS)
+
+
+#: The gate each step's cell showed last in this kernel: a cell (or a test) can click it programmatically.
+GATES: dict[str, ApprovalGate] = {}
 
 
 class StepFailed(PermanentError):
@@ -218,6 +222,19 @@ def _payload(
     }
 
 
+def _interactive_recorder(
+    item: StepSpec, params: Params, journal: Journal, params_file: str | None, overrides: Sequence[str]
+) -> Recorder | None:
+    """Outside ``runbook run`` (which records the run itself), approvals get their own sealed record."""
+    if os.environ.get(RESULT_FILE_ENV):
+        return None
+    from .interactive_record import InteractiveRecorder  # noqa: PLC0415 - lazy (kernel start-up)
+
+    return InteractiveRecorder(
+        item.name, item.notebook, params, journal, params_file=params_file, overrides=tuple(overrides)
+    )
+
+
 def run_step(
     step: str,
     *,
@@ -269,7 +286,10 @@ def run_step(
             show=show,
             on_applied=on_applied,
             title=item.title,
+            recorder=_interactive_recorder(item, params, journal, params_file, overrides),
         )
+        if gate is not None:
+            GATES[item.name] = gate
         plan = gate.shown if gate else None
     else:
         result = _call(fn, ctx, only=only)

@@ -1,0 +1,218 @@
+"""Change records for what a person approves in JupyterLab: one sealed record per Approve click.
+
+Why: ``runbook run`` seals a record of every run, but the Approve button changes the cluster from an open
+notebook, outside any run.  Without this, half of the ways to change a cluster left no trace.  Each approval
+is written as a record directory like ``runbook run``'s (``params.yaml``, ``results/<step>.json``,
+``record.json``, ``SHA256SUMS``) named ``<UTC>-<cluster>-interactive-<run id>`` and sealed by
+:func:`records.seal`, under the records folder's lock, into the same hash chain: ``runbook records
+list/show/verify`` read it like any other, and two people approving against one records folder chain in
+one order.
+
+What "the notebook as it stood" can be here: a kernel cannot save the notebook open in the browser, so the
+record holds the source of the cells this kernel ran (IPython's input history, in order) and the result as
+rendered after the approval, and says so.  When JupyterLab tells the kernel which notebook it runs
+(``JPY_SESSION_NAME``, set by jupyter_server's ``SessionManager.get_kernel_env``), the file as last saved
+is copied too, marked as possibly older than the screen.
+
+The directory is created when the apply starts, so a kernel killed mid-apply leaves an unsealed directory
+that ``records verify`` reports as an aborted run (and ``records seal-aborted`` seals), as for ``runbook run``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from runbook_lib.clients.proc import Journal
+from runbook_lib.errors import PermanentError, RunbookError
+from runbook_lib.model.params import Params
+from runbook_lib.model.plan import build_plan
+from runbook_lib.steps.context import resolve_endpoints
+from runbook_lib.steps.results import StepResult
+
+from . import records
+from .render import render_html
+
+#: Set by jupyter_server for a notebook's kernel: the notebook's path.
+SESSION_ENV = "JPY_SESSION_NAME"
+CELLS_FILE = "cells.json"
+SAVED_NOTEBOOK = "notebook-as-last-saved.ipynb"
+INTERACTIVE_NOTE = (
+    "approved interactively (JupyterLab Approve button): the kernel cannot save the open notebook, so "
+    f"{CELLS_FILE} holds the source of the cells this kernel ran, in order, and html/ the result as rendered "
+    f"after the approval; {SAVED_NOTEBOOK}, when present, is the notebook file as last saved before the "
+    "approval and may lack edits that were only on screen"
+)
+
+
+def kernel_history() -> list[str]:
+    """The source of the cells the kernel ran, in order (IPython's ``In``); empty outside a kernel."""
+    from IPython import get_ipython  # noqa: PLC0415 - lazy: only when a record is written
+
+    shell = get_ipython()
+    history = shell.user_ns.get("In", []) if shell is not None else []
+    return [h for h in history if isinstance(h, str) and h]
+
+
+@dataclass
+class InteractiveRecorder:
+    """Writes and seals one record per approval of ``step`` (see the module docstring).
+
+    ``started`` is called by the gate once the re-plan matched the plan on screen, right before applying;
+    ``finished`` after the apply returned or raised.  ``approved`` false (a cell run with ``apply: true``)
+    records only when the cluster changed or the apply failed.
+    """
+
+    step: str
+    notebook: str
+    params: Params
+    journal: Journal
+    params_file: str | None = None
+    overrides: Sequence[str] = ()
+    root: Path | None = None
+    history: Callable[[], list[str]] = kernel_history
+    record: Path | None = None
+    _mark: int = 0
+    _started: str = ""
+    _clock: float = 0.0
+    _approved: bool = True
+    sealed: list[str] = field(default_factory=list)
+    """Manifest hashes of the records sealed so far (the anchors)."""
+
+    def started(self, *, approved: bool = True) -> Path:
+        """Create the record directory before anything changes: a folder that cannot hold the record
+        stops the apply (nothing unrecorded reaches the cluster)."""
+        root = self.root or records.default_root()
+        try:
+            self.record = records.create_record_dir(root, f"{self.params.cluster}-interactive")
+        except OSError as exc:
+            raise PermanentError(
+                f"the records folder {root} cannot hold a change record ({exc.strerror or exc}): nothing was applied",
+                hint=f"set {records.RECORDS_ENV} to a folder you can write, or start JupyterLab where ./records is writable",
+            ) from None
+        self._mark, self._approved = len(self.journal.entries), approved
+        self._started, self._clock = records.now_iso(), time.monotonic()
+        (self.record / "params.yaml").write_text(
+            "# The validated parameters of this approval (paths only, never file contents).\n"
+            + yaml.safe_dump(self.params.public_dict(), sort_keys=False),
+            encoding="utf-8",
+        )
+        return self.record
+
+    def finished(
+        self, result: StepResult | None, *, shown: StepResult | None, error: RunbookError | None = None
+    ) -> Path | None:
+        """Write the step's result, journal and cells, and seal; ``None`` when nothing was recorded."""
+        path = self.record
+        if path is None:
+            return None
+        self.record = None
+        entries = [e.to_dict() for e in self.journal.entries[self._mark :]]
+        changed = any(e.get("changes_cluster") for e in entries)
+        if not (self._approved or changed or error is not None or (result is not None and not result.ok)):
+            shutil.rmtree(path)  # an apply: true cell run that found nothing to change: no change, no record
+            return None
+        self._write_files(path, result, shown, entries)
+        data = self._record_data(path, result, shown, entries, error)
+        self.sealed.append(records.seal(path, data, secrets=self._secrets()))
+        return path
+
+    def _write_files(
+        self, path: Path, result: StepResult | None, shown: StepResult | None, entries: list[dict[str, Any]]
+    ) -> None:
+        (path / "results").mkdir()
+        payload = {
+            "step": self.step,
+            "result": result.to_dict() if result is not None else None,
+            "plan_shown": shown.to_dict() if shown is not None else None,
+            "journal": entries,
+            "params": self.params.public_dict(),
+        }
+        (path / "results" / f"{self.step}.json").write_text(
+            json.dumps(payload, indent=2, default=str) + "\n", encoding="utf-8"
+        )
+        cells = [{"execution_count": n, "source": source} for n, source in enumerate(self.history(), 1)]
+        (path / CELLS_FILE).write_text(json.dumps(cells, indent=1) + "\n", encoding="utf-8")
+        if result is not None:
+            (path / "html").mkdir()
+            (path / "html" / f"{self.step}.html").write_text(
+                render_html(result, title=f"{self.step}: applied"), encoding="utf-8"
+            )
+        saved = Path(os.environ.get(SESSION_ENV, ""))
+        if saved.suffix == ".ipynb" and saved.is_file():
+            shutil.copyfile(saved, path / SAVED_NOTEBOOK)
+
+    def _record_data(
+        self,
+        path: Path,
+        result: StepResult | None,
+        shown: StepResult | None,
+        entries: list[dict[str, Any]],
+        error: RunbookError | None,
+    ) -> dict[str, Any]:
+        from .runner import (  # noqa: PLC0415 - lazy: jupyter_client and tqdm only once a record is written
+            REPO,
+            StepOutcome,
+            _compact_plan,
+            _journal_record,
+            abbreviate_node_lists,
+            fold_commands,
+        )
+
+        journal = [_journal_record(self.step, entry) for entry in entries]
+        changes = [entry for entry in journal if entry.get("changes_cluster")]
+        outcome = StepOutcome(
+            self.step,
+            self.notebook,
+            "failed" if error is not None else (result.status if result is not None else "failed"),
+            duration_s=time.monotonic() - self._clock,
+            summary=str(error) if error is not None else (result.summary() if result is not None else ""),
+            result=result.to_dict() if result is not None else None,
+            plan_shown=shown.to_dict() if shown is not None else None,
+            error={"ename": type(error).__name__, "evalue": str(error)} if error is not None else None,
+        )
+        failed = error is not None or result is None or not result.ok
+        return {
+            "run_id": path.name.rsplit("-", 1)[-1],
+            "cluster": self.params.cluster,
+            "target": self.params.target,
+            "started": self._started,
+            "finished": records.now_iso(),
+            "duration_s": round(outcome.duration_s, 3),
+            "who": records.who(),
+            "runbook": records.git_info(REPO),
+            "params_file": self.params_file or "(the parameter file's defaults)",
+            "overrides": list(self.overrides),
+            "apply": True,
+            "interactive": {
+                "approved": self._approved,
+                "notebook": os.environ.get(SESSION_ENV) or "unknown (not started by JupyterLab)",
+                "cells": CELLS_FILE,
+            },
+            "steps_requested": [self.step],
+            "outcome": "failed" if failed else ("changed" if changes else "unchanged"),
+            "failed_step": self.step if failed else None,
+            "note": INTERACTIVE_NOTE,
+            "params": self.params.public_dict(),
+            "plan": _compact_plan(build_plan(self.params).to_dict()),
+            "steps": [outcome.to_record()],
+            "changes": changes,
+            "commands": abbreviate_node_lists(fold_commands(journal)),
+        }
+
+    def _secrets(self) -> list[str]:
+        from .runner import config_paths  # noqa: PLC0415 - lazy, as above
+
+        with contextlib.suppress(RunbookError):
+            endpoints = resolve_endpoints(self.params)
+            return records.secret_values(*config_paths(endpoints.talosconfig, endpoints.kubeconfig))
+        return []

@@ -1,0 +1,249 @@
+"""Issue 17.1: what a person approves in JupyterLab is sealed into a change record, in the same chain.
+
+The gate is driven as tests/test_gates.py drives it (no browser): the Approve button is clicked
+programmatically.  The browser test (tests/ui) does not cover this yet.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+
+from runbook_lib.cli import main
+from runbook_lib.clients.proc import Journal, JournalEntry
+from runbook_lib.model.params import Params, load_params
+from runbook_lib.notebook import records
+from runbook_lib.notebook.gates import ApprovalGate, gated
+from runbook_lib.notebook.interactive_record import CELLS_FILE, InteractiveRecorder
+from runbook_lib.steps.results import NodeResult, StepResult
+
+PARAMS = Path(__file__).resolve().parents[1] / "params" / "simulated.yaml"
+NODES = ["gpu-worker-1", "gpu-worker-2", "gpu-worker-3"]
+CELLS = ['# Parameters\nparams_file = "params/simulated.yaml"\n', 'run_step("config-patch")']
+
+
+class Cluster:
+    """A config-patch step on a dict: a plan per node, and an apply that journals one change per node."""
+
+    def __init__(self, journal: Journal) -> None:
+        self.state = dict.fromkeys(NODES, "old")
+        self.journal = journal
+
+    def _result(self, only: list[str] | None, applied: bool) -> StepResult:
+        result = StepResult(step="config-patch", applied=applied)
+        for name in only or NODES:
+            node = NodeResult(name, f"10.5.0.{11 + NODES.index(name)}")
+            node.status = "unchanged" if self.state[name] == "new" else ("changed" if applied else "planned")
+            result.nodes.append(node)
+        return result
+
+    def plan(self, only: list[str] | None) -> StepResult:
+        self.journal.add(JournalEntry("command", "talosctl get machineconfig", ("talosctl", "get", "mc")))
+        return self._result(only, applied=False)
+
+    def apply(self, only: list[str] | None, progress: Callable[[int, int], None]) -> StepResult:
+        result = self._result(only, applied=True)
+        for name in only or NODES:
+            if self.state[name] == "old":
+                argv = ("talosctl", "-n", name, "patch", "mc", "--patch", "@nvidia.yaml")
+                self.journal.add(JournalEntry("command", "patch", argv, 0, changes_cluster=True, diff="+x"))
+                self.state[name] = "new"
+        progress(1, 1)
+        return result
+
+
+@pytest.fixture
+def params() -> Params:
+    return load_params(PARAMS)
+
+
+def recorder(params: Params, journal: Journal, root: Path) -> InteractiveRecorder:
+    return InteractiveRecorder(
+        "config-patch",
+        "02-config-patch.ipynb",
+        params,
+        journal,
+        params_file=str(PARAMS),
+        root=root,
+        history=lambda: list(CELLS),
+    )
+
+
+def approve(params: Params, root: Path, only: tuple[str, ...] = ()) -> tuple[ApprovalGate, Cluster]:
+    journal = Journal()
+    cluster = Cluster(journal)
+    gate = ApprovalGate(
+        "config-patch", cluster.plan, cluster.apply, nodes=NODES, recorder=recorder(params, journal, root)
+    )
+    gate.plan()
+    if only:
+        gate.picker.value = only
+    gate.button.click()
+    return gate, cluster
+
+
+def test_an_approval_is_sealed_into_the_chain_with_its_changes(params: Params, tmp_path: Path) -> None:
+    root = tmp_path / "records"
+    gate, cluster = approve(params, root, only=("gpu-worker-2",))
+    assert cluster.state["gpu-worker-2"] == "new"
+    (path,) = records.sealed_records(root)
+    assert re.fullmatch(r"\d{8}T\d{6}Z-sim-gpu-interactive-[0-9a-f]{8}", path.name)
+    assert records.verify(root) == []
+    data = records.load_record(path)
+    assert data["outcome"] == "changed" and data["apply"] is True
+    assert [c["argv"] for c in data["changes"]] == [
+        ["talosctl", "-n", "gpu-worker-2", "patch", "mc", "--patch", "@nvidia.yaml"]
+    ]
+    assert data["steps"][0]["plan_shown"]["counts"] == {"planned": 1}
+    assert json.loads((path / CELLS_FILE).read_text())[1]["source"] == CELLS[1]
+    assert "cannot save the open notebook" in data["note"]
+    assert yaml.safe_load((path / "params.yaml").read_text())["cluster"] == params.cluster
+    assert str(path) in gate.status.value  # the person sees where the record is
+
+
+def test_plan_only_and_a_refused_approval_record_nothing(params: Params, tmp_path: Path) -> None:
+    root = tmp_path / "records"
+    journal = Journal()
+    cluster = Cluster(journal)
+    gate = ApprovalGate(
+        "config-patch", cluster.plan, cluster.apply, nodes=NODES, recorder=recorder(params, journal, root)
+    )
+    gate.plan()  # the cell ran: a plan on screen, nothing applied
+    assert records.sealed_records(root) == []
+    cluster.state["gpu-worker-1"] = "new"  # the cluster moved: the click applies nothing
+    gate.button.click()
+    assert "nothing was applied" in gate.status.value
+    assert records.sealed_records(root) == []
+
+
+def test_apply_true_cell_records_only_when_it_changed_something(params: Params, tmp_path: Path) -> None:
+    root = tmp_path / "records"
+    journal = Journal()
+    cluster = Cluster(journal)
+    cluster.state = dict.fromkeys(NODES, "new")
+    hook = recorder(params, journal, root)
+    found = []
+    for before in ("new", "old"):  # nothing to change, then one node to patch
+        cluster.state["gpu-worker-3"] = before
+        gated(
+            "config-patch",
+            cluster.plan,
+            cluster.apply,
+            apply=True,
+            nodes=NODES,
+            selected=None,
+            show=False,
+            recorder=hook,
+        )
+        found.append(len(records.sealed_records(root)))
+    assert found == [0, 1]
+    (path,) = records.sealed_records(root)
+    assert records.load_record(path)["interactive"]["approved"] is False
+    assert len(records.load_record(path)["changes"]) == 1
+
+
+def test_interactive_and_headless_records_share_one_chain_and_tampering_is_found(
+    params: Params, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "records"
+    headless = records.create_record_dir(root, params.cluster)
+    records.seal(headless, {"cluster": params.cluster, "outcome": "planned", "steps": []})
+    approve(params, root)
+    chain = records.check(root)
+    assert chain.problems == [] and chain.order[0] == headless and len(chain.order) == 2
+    interactive = chain.order[1]
+    assert main(["records", "show", interactive.name, "--dir", str(root)]) == 0
+    shown = capsys.readouterr().out
+    assert "changes to the cluster: 3" in shown and "[config-patch] talosctl -n gpu-worker-1 patch" in shown
+    cells = interactive / CELLS_FILE
+    cells.write_text(cells.read_text().replace("config-patch", "preflight"))
+    assert main(["records", "verify", "--dir", str(root)]) != 0
+    assert f"{interactive.name}: edited file {CELLS_FILE}" in capsys.readouterr().out
+
+
+def test_two_people_approving_at_once_chain_in_one_order(params: Params, tmp_path: Path) -> None:
+    root = tmp_path / "records"
+    threads = [threading.Thread(target=approve, args=(params, root)) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    chain = records.check(root)
+    assert chain.problems == [] and len(chain.order) == 4 and chain.aborted == []
+
+
+def test_a_kernel_killed_mid_apply_leaves_an_aborted_run(params: Params, tmp_path: Path) -> None:
+    root = tmp_path / "records"
+    journal = Journal()
+    cluster = Cluster(journal)
+
+    def killed(only: list[str] | None, progress: Callable[[int, int], None]) -> StepResult:
+        raise KeyboardInterrupt  # the kernel was interrupted (or killed) while applying
+
+    gate = ApprovalGate(
+        "config-patch", cluster.plan, killed, nodes=NODES, recorder=recorder(params, journal, root)
+    )
+    gate.plan()
+    with pytest.raises(KeyboardInterrupt):
+        gate.approve()
+    chain = records.check(root)
+    assert chain.problems == [] and [p.name for p in chain.aborted] == [
+        p.name for p in records.sealed_records(root)
+    ]
+
+
+@pytest.mark.slow
+def test_approve_in_a_kernel_on_the_simulated_cluster_is_recorded_and_scrubbed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The notebook's own call (``run_step``) in an IPython shell, then a programmatic Approve click."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from runbook_lib.cli.cmd_run import _simulated_cluster
+    from runbook_lib.notebook import steps
+    from runbook_lib.steps.context import SIM_STATE_ENV
+
+    root = tmp_path / "records"
+    monkeypatch.setenv(records.RECORDS_ENV, str(root))
+    monkeypatch.delenv(steps.RESULT_FILE_ENV, raising=False)
+    params = load_params(PARAMS)
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))  # its history database stays here
+    shell = InteractiveShell.instance()
+    try:
+        with _simulated_cluster(params, str(tmp_path / "sim")) as env:
+            monkeypatch.setenv(SIM_STATE_ENV, env[SIM_STATE_ENV])
+            secret = records.secret_values(Path(env[SIM_STATE_ENV]) / "talosconfig")[0]
+            shell.run_cell(f"key = {secret!r}  # a cell that printed the talosconfig key", store_history=True)
+            cell = f"from runbook_lib.notebook.steps import run_step\nrun_step('config-patch', params_file={str(PARAMS)!r}, show=False)"
+            assert shell.run_cell(cell, store_history=True).success
+            assert records.sealed_records(root) == []  # the plan alone records nothing
+            gate = steps.GATES["config-patch"]
+            gate.picker.value = ("gpu-worker-2",)
+            gate.button.click()
+            assert gate.applied is not None and gate.applied.counts() == {"changed": 1}
+    finally:
+        InteractiveShell.clear_instance()
+    (path,) = records.sealed_records(root)
+    assert main(["records", "verify", "--dir", str(root)]) == 0
+    assert main(["records", "show", "--dir", str(root)]) == 0
+    shown = capsys.readouterr().out
+    assert "changes to the cluster: 1" in shown and "10.5.0.12" in shown and "patch" in shown
+    cells = json.loads((path / CELLS_FILE).read_text())
+    assert any("run_step('config-patch'" in c["source"] for c in cells)
+    assert all(secret not in f.read_text() for f in path.rglob("*") if f.is_file())
+    assert records.REDACTED in (path / CELLS_FILE).read_text()
+
+
+def test_a_records_folder_that_cannot_hold_the_record_stops_the_apply(params: Params, tmp_path: Path) -> None:
+    root = tmp_path / "records"
+    root.write_text("not a folder")
+    gate, cluster = approve(params, root)
+    assert set(cluster.state.values()) == {"old"}  # nothing unrecorded reached the cluster
+    assert f"the records folder {root} cannot hold a change record" in gate.status.value
+    assert "RUNBOOK_RECORDS" in gate.status.value
