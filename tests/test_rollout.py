@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from runbook_lib.errors import ParametersInvalid
-from runbook_lib.model.params import load_params, validate
+from runbook_lib.model.params import load_params, parameter_rows, parameters_markdown, validate
 from runbook_lib.model.rollout import batch_sizes, failure_budget, parse_budget, schedule
 from runbook_lib.sim import factory
 from runbook_lib.sim.cluster import ClusterSpec, create
@@ -289,3 +289,11 @@ def test_image_rerun_after_a_failed_rollout_upgrades_only_the_remaining_nodes(im
     assert second.data["already"] == WORKERS[:1]
     assert second.data["done"] == WORKERS[1:]
     assert [a for _t, a in calls] == ["10.5.0.4", "10.5.0.5"]
+
+
+def test_parameter_table_names_the_budget_type_without_breaking_the_markdown_row() -> None:
+    """A bare ``int | str`` would add a column to the README's Markdown table."""
+    types_by_key = {key: typ for key, typ, _default, _desc in parameter_rows()}
+    assert types_by_key["rollout.max_failures"] == "int or str"
+    assert types_by_key["extra_extensions"] == "list[str]"
+    assert all(line.count(" | ") == 3 for line in parameters_markdown().splitlines()[2:])

@@ -16,6 +16,7 @@ import difflib
 import ipaddress
 import os
 import re
+import types
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -704,7 +705,7 @@ def _type_name(annotation: Any) -> str:
         text = "one of " + ", ".join(f"`{a}`" for a in annotation.__args__)
     elif nullable and len(args) == 1:
         text = _type_name(args[0])
-    elif len(args) > 1:  # ``int | str``: a bare "|" would split the Markdown table's cell
+    elif isinstance(annotation, types.UnionType):  # ``int | str``: a bare "|" would split the table cell
         text = " or ".join(_type_name(a) for a in args)
     elif getattr(annotation, "__origin__", None) is tuple:
         text = "list[str]"
