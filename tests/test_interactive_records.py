@@ -247,3 +247,20 @@ def test_a_records_folder_that_cannot_hold_the_record_stops_the_apply(params: Pa
     assert set(cluster.state.values()) == {"old"}  # nothing unrecorded reached the cluster
     assert f"the records folder {root} cannot hold a change record" in gate.status.value
     assert "RUNBOOK_RECORDS" in gate.status.value
+
+
+def test_a_kernel_in_the_notebooks_folder_records_where_runbook_run_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """JupyterLab starts each kernel in its notebook's folder (``jupyter lab notebooks/``)."""
+    from runbook_lib.notebook.interactive_record import default_root
+    from runbook_lib.notebook.runner import NOTEBOOKS, REPO
+
+    monkeypatch.delenv(records.RECORDS_ENV, raising=False)
+    monkeypatch.chdir(NOTEBOOKS)
+    assert default_root() == REPO / "records"
+    monkeypatch.chdir(tmp_path)
+    assert default_root() == tmp_path / "records"
+    monkeypatch.setenv(records.RECORDS_ENV, str(tmp_path / "elsewhere"))
+    monkeypatch.chdir(NOTEBOOKS)
+    assert default_root() == tmp_path / "elsewhere"

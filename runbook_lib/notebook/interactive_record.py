@@ -63,6 +63,19 @@ def kernel_history() -> list[str]:
     return [h for h in history if isinstance(h, str) and h]
 
 
+def default_root() -> Path:
+    """``$RUNBOOK_RECORDS``, else the project's ``records/`` when the kernel runs in its ``notebooks/``.
+
+    Why: JupyterLab starts a kernel in its notebook's folder, so ``./records`` there would hide approvals
+    from ``runbook records list`` run in the checkout, where ``runbook run`` and ``make demo`` write.
+    """
+    from .runner import NOTEBOOKS, REPO  # noqa: PLC0415 - lazy, as below
+
+    if not os.environ.get(records.RECORDS_ENV) and Path.cwd().resolve() == NOTEBOOKS.resolve():
+        return REPO / "records"
+    return records.default_root()
+
+
 @dataclass
 class InteractiveRecorder:
     """Writes and seals one record per approval of ``step`` (see the module docstring).
@@ -91,7 +104,7 @@ class InteractiveRecorder:
     def started(self, *, approved: bool = True) -> Path:
         """Create the record directory before anything changes: a folder that cannot hold the record
         stops the apply (nothing unrecorded reaches the cluster)."""
-        root = self.root or records.default_root()
+        root = self.root or default_root()
         try:
             self.record = records.create_record_dir(root, f"{self.params.cluster}-interactive")
         except OSError as exc:
