@@ -157,35 +157,43 @@ def params_file(tmp: Path, talosctl: Path, talosconfig: Path, addresses: list[st
     return path
 
 
+def gpu_ready_nodes(talosctl: Path, tmp: Path, params: Path, *, latency_ms: int = 0) -> dict[str, Any]:
+    """simnode's nodes file for the parameter file's nodes, GPU-ready: derived from the factory installer of the
+    planned schematic (the NVIDIA lts extensions) with the planned config patch applied (also used by
+    ``benchmarks/bench_real_talosctl.py``)."""
+    # The talosconfig does not exist until simnode starts: plan from the data, load the file afterwards.
+    ctx = connect(Params.model_validate(yaml.safe_load(params.read_text())))
+    schematic = ctx.plan.schematic_id
+    assert schematic is not None
+    config = patched_config(talosctl, tmp, wanted_documents(ctx, ctx.nodes()[0]))
+    image = installer(schematic, TALOS)
+    return {
+        "images": {image: nvidia_lts_image(schematic)},
+        "nodes": [
+            {
+                "name": node.name,
+                "address": node.address,
+                "talos_version": TALOS,
+                "image": image,
+                "machine_config": config,
+                "services": [{"id": "apid", "state": "Running", "healthy": True}],
+                "platform_metadata": {"platform": "metal", "hostname": node.name},
+                "pci_devices": [L4],
+                "files": {"/proc/driver/nvidia/version": NVRM},
+                "latency_ms": latency_ms,
+            }
+            for node in ctx.nodes()
+        ],
+    }
+
+
 @pytest.fixture
 def fleet(tmp_path: Path) -> Iterator[Fleet]:
     """Three GPU-ready nodes on simnode, and the validated parameters pointing the library at them."""
     talosctl = build("build-talosctl.sh", TALOS)
     state = tmp_path / "state"
     path = params_file(tmp_path, talosctl, state / "talosconfig", ADDRESSES)
-    # The talosconfig does not exist until simnode starts: plan from the data, load the file afterwards.
-    ctx = connect(Params.model_validate(yaml.safe_load(path.read_text())))
-    schematic = ctx.plan.schematic_id
-    assert schematic is not None
-    config = patched_config(talosctl, tmp_path, wanted_documents(ctx, ctx.nodes()[0]))
-    image = installer(schematic, TALOS)
-    nodes: dict[str, Any] = {
-        "images": {image: nvidia_lts_image(schematic)},
-        "nodes": [
-            {
-                "name": f"gpu-{i}",
-                "address": a,
-                "talos_version": TALOS,
-                "image": image,
-                "machine_config": config,
-                "services": [{"id": "apid", "state": "Running", "healthy": True}],
-                "platform_metadata": {"platform": "metal", "hostname": f"gpu-{i}"},
-                "pci_devices": [L4],
-                "files": {"/proc/driver/nvidia/version": NVRM},
-            }
-            for i, a in enumerate(ADDRESSES, 1)
-        ],
-    }
+    nodes = gpu_ready_nodes(talosctl, tmp_path, path)
     proc = start_simnode(build("build-simnode.sh"), state, nodes)
     try:
         yield Fleet(load_params(path), tmp_path / "state-nodes.json", nodes, proc)
