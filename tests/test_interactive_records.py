@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+import nbformat
 import pytest
 import yaml
 
@@ -20,11 +21,12 @@ from runbook_lib.clients.proc import Journal, JournalEntry
 from runbook_lib.model.params import Params, load_params
 from runbook_lib.notebook import records
 from runbook_lib.notebook.gates import ApprovalGate, gated
-from runbook_lib.notebook.interactive_record import CELLS_FILE, InteractiveRecorder
+from runbook_lib.notebook.interactive_record import InteractiveRecorder
 from runbook_lib.steps.results import NodeResult, StepResult
 
 PARAMS = Path(__file__).resolve().parents[1] / "params" / "simulated.yaml"
 NODES = ["gpu-worker-1", "gpu-worker-2", "gpu-worker-3"]
+NOTEBOOK = "02-config-patch.interactive.ipynb"  # rebuilt from the cells the kernel ran
 CELLS = ['# Parameters\nparams_file = "params/simulated.yaml"\n', 'run_step("config-patch")']
 
 
@@ -101,7 +103,11 @@ def test_an_approval_is_sealed_into_the_chain_with_its_changes(params: Params, t
         ["talosctl", "-n", "gpu-worker-2", "patch", "mc", "--patch", "@nvidia.yaml"]
     ]
     assert data["steps"][0]["plan_shown"]["counts"] == {"planned": 1}
-    assert json.loads((path / CELLS_FILE).read_text())[1]["source"] == CELLS[1]
+    notebook = nbformat.read(path / NOTEBOOK, as_version=4)
+    nbformat.validate(notebook)
+    assert [c.source for c in notebook.cells] == CELLS and notebook.cells[0].outputs == []
+    assert "config-patch: applied" in notebook.cells[1].outputs[0].data["text/html"]
+    assert (path / "html" / "02-config-patch.interactive.html").is_file()
     assert "cannot save the open notebook" in data["note"]
     assert yaml.safe_load((path / "params.yaml").read_text())["cluster"] == params.cluster
     assert str(path) in gate.status.value  # the person sees where the record is
@@ -161,10 +167,10 @@ def test_interactive_and_headless_records_share_one_chain_and_tampering_is_found
     assert main(["records", "show", interactive.name, "--dir", str(root)]) == 0
     shown = capsys.readouterr().out
     assert "changes to the cluster: 3" in shown and "[config-patch] talosctl -n gpu-worker-1 patch" in shown
-    cells = interactive / CELLS_FILE
+    cells = interactive / NOTEBOOK
     cells.write_text(cells.read_text().replace("config-patch", "preflight"))
     assert main(["records", "verify", "--dir", str(root)]) != 0
-    assert f"{interactive.name}: edited file {CELLS_FILE}" in capsys.readouterr().out
+    assert f"{interactive.name}: edited file {NOTEBOOK}" in capsys.readouterr().out
 
 
 def test_two_people_approving_at_once_chain_in_one_order(params: Params, tmp_path: Path) -> None:
@@ -234,10 +240,10 @@ def test_approve_in_a_kernel_on_the_simulated_cluster_is_recorded_and_scrubbed(
     assert main(["records", "show", "--dir", str(root)]) == 0
     shown = capsys.readouterr().out
     assert "changes to the cluster: 1" in shown and "10.5.0.12" in shown and "patch" in shown
-    cells = json.loads((path / CELLS_FILE).read_text())
-    assert any("run_step('config-patch'" in c["source"] for c in cells)
+    cells = json.loads((path / NOTEBOOK).read_text())["cells"]
+    assert any("run_step('config-patch'" in c["source"] and c["outputs"] for c in cells)
     assert all(secret not in f.read_text() for f in path.rglob("*") if f.is_file())
-    assert records.REDACTED in (path / CELLS_FILE).read_text()
+    assert records.REDACTED in (path / NOTEBOOK).read_text()
 
 
 def test_a_records_folder_that_cannot_hold_the_record_stops_the_apply(params: Params, tmp_path: Path) -> None:

@@ -9,8 +9,8 @@ list/show/verify`` read it like any other, and two people approving against one 
 one order.
 
 What "the notebook as it stood" can be here: a kernel cannot save the notebook open in the browser, so the
-record holds the source of the cells this kernel ran (IPython's input history, in order) and the result as
-rendered after the approval, and says so.  When JupyterLab tells the kernel which notebook it runs
+record holds a notebook rebuilt from the source of the cells this kernel ran (IPython's input history, in
+order) with the result as rendered after the approval as the output of the step's cell, and says so.  When JupyterLab tells the kernel which notebook it runs
 (``JPY_SESSION_NAME``, set by jupyter_server's ``SessionManager.get_kernel_env``), the file as last saved
 is copied too, marked as possibly older than the screen.
 
@@ -44,12 +44,12 @@ from .render import render_html
 
 #: Set by jupyter_server for a notebook's kernel: the notebook's path.
 SESSION_ENV = "JPY_SESSION_NAME"
-CELLS_FILE = "cells.json"
 SAVED_NOTEBOOK = "notebook-as-last-saved.ipynb"
 INTERACTIVE_NOTE = (
     "approved interactively (JupyterLab Approve button): the kernel cannot save the open notebook, so "
-    f"{CELLS_FILE} holds the source of the cells this kernel ran, in order, and html/ the result as rendered "
-    f"after the approval; {SAVED_NOTEBOOK}, when present, is the notebook file as last saved before the "
+    "the notebook here is rebuilt from the source of the cells this kernel ran, in order, with the result as "
+    "rendered after the approval as the step cell's output (also in html/); other cells' outputs are not "
+    f"kept; {SAVED_NOTEBOOK}, when present, is the notebook file as last saved before the "
     "approval and may lack edits that were only on screen"
 )
 
@@ -100,6 +100,11 @@ class InteractiveRecorder:
     _approved: bool = True
     sealed: list[str] = field(default_factory=list)
     """Manifest hashes of the records sealed so far (the anchors)."""
+
+    @property
+    def notebook_file(self) -> str:
+        """The rebuilt notebook's name in the record (``02-config-patch.interactive.ipynb``)."""
+        return f"{Path(self.notebook).stem}.interactive.ipynb"
 
     def started(self, *, approved: bool = True) -> Path:
         """Create the record directory before anything changes: a folder that cannot hold the record
@@ -153,13 +158,12 @@ class InteractiveRecorder:
         (path / "results" / f"{self.step}.json").write_text(
             json.dumps(payload, indent=2, default=str) + "\n", encoding="utf-8"
         )
-        cells = [{"execution_count": n, "source": source} for n, source in enumerate(self.history(), 1)]
-        (path / CELLS_FILE).write_text(json.dumps(cells, indent=1) + "\n", encoding="utf-8")
-        if result is not None:
+        rendered = render_html(result, title=f"{self.step}: applied") if result is not None else ""
+        notebook = rebuilt_notebook(self.history(), self.step, rendered)
+        (path / self.notebook_file).write_text(json.dumps(notebook, indent=1) + "\n", encoding="utf-8")
+        if rendered:
             (path / "html").mkdir()
-            (path / "html" / f"{self.step}.html").write_text(
-                render_html(result, title=f"{self.step}: applied"), encoding="utf-8"
-            )
+            (path / "html" / f"{Path(self.notebook_file).stem}.html").write_text(rendered, encoding="utf-8")
         saved = Path(os.environ.get(SESSION_ENV, ""))
         if saved.suffix == ".ipynb" and saved.is_file():
             shutil.copyfile(saved, path / SAVED_NOTEBOOK)
@@ -185,7 +189,7 @@ class InteractiveRecorder:
         changes = [entry for entry in journal if entry.get("changes_cluster")]
         outcome = StepOutcome(
             self.step,
-            self.notebook,
+            self.notebook_file,
             "failed" if error is not None else (result.status if result is not None else "failed"),
             duration_s=time.monotonic() - self._clock,
             summary=str(error) if error is not None else (result.summary() if result is not None else ""),
@@ -209,7 +213,7 @@ class InteractiveRecorder:
             "interactive": {
                 "approved": self._approved,
                 "notebook": os.environ.get(SESSION_ENV) or "unknown (not started by JupyterLab)",
-                "cells": CELLS_FILE,
+                "notebook_rebuilt": self.notebook_file,
             },
             "steps_requested": [self.step],
             "outcome": "failed" if failed else ("changed" if changes else "unchanged"),
@@ -229,3 +233,22 @@ class InteractiveRecorder:
             endpoints = resolve_endpoints(self.params)
             return records.secret_values(*config_paths(endpoints.talosconfig, endpoints.kubeconfig))
         return []
+
+
+def rebuilt_notebook(cells: Sequence[str], step: str, rendered: str) -> dict[str, Any]:
+    """An nbformat 4 notebook of the cells run, in order; the last cell that ran the step shows ``rendered``."""
+    call = f"run_step({step!r}"
+    shown = max((i for i, source in enumerate(cells) if call in source.replace('"', "'")), default=None)
+    out: list[dict[str, Any]] = []
+    for number, source in enumerate(cells, 1):
+        outputs = []
+        if number - 1 == shown and rendered:
+            outputs = [{"output_type": "display_data", "data": {"text/html": rendered}, "metadata": {}}]
+        cell = {"execution_count": number, "metadata": {}, "source": source, "outputs": outputs}
+        out.append({"cell_type": "code", **cell})
+    return {
+        "nbformat": 4,
+        "nbformat_minor": 4,
+        "metadata": {"runbook": {"rebuilt": True, "note": INTERACTIVE_NOTE}},
+        "cells": out,
+    }
