@@ -572,7 +572,10 @@ def _build() -> dict[str, dict[str, dict[str, Any]]]:
         tables[version] = current
     for table in tables.values():
         # ``service`` takes exactly the flags of ``read`` in every reference (v1.10-v1.13)
-        table["service"] = {**table["read"], "use": "talosctl service [<id> [start|stop|restart|status]] [flags]"}
+        table["service"] = {
+            **table["read"],
+            "use": "talosctl service [<id> [start|stop|restart|status]] [flags]",
+        }
         # ``logs`` adds --follow, --kubernetes and --tail to them
         logs_flags = [("f", "follow", "", None), ("k", "kubernetes", "", None), ("", "tail", "int32", "-1")]
         table["logs"] = {

@@ -584,7 +584,8 @@ def _patch_one(env: Env, address: str, patches: list[patching.Patch], p: fl.Pars
             _apply_refused(
                 out,
                 address,
-                "rpc error: code = InvalidArgument desc = configuration validation failed: " + multierror(problems),
+                "rpc error: code = InvalidArgument desc = configuration validation failed: "
+                + multierror(problems),
             )
         if old_text.strip() == new_text.strip():
             out.write("Apply was skipped: no changes detected.\n")
