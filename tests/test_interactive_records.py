@@ -22,6 +22,8 @@ from runbook_lib.model.params import Params, load_params
 from runbook_lib.notebook import records
 from runbook_lib.notebook.gates import ApprovalGate, gated
 from runbook_lib.notebook.interactive_record import InteractiveRecorder
+from runbook_lib.notebook.lock import LOCKS_ENV
+from runbook_lib.notebook.runner import cluster_lock
 from runbook_lib.steps.results import NodeResult, StepResult
 
 PARAMS = Path(__file__).resolve().parents[1] / "params" / "simulated.yaml"
@@ -63,6 +65,12 @@ class Cluster:
 @pytest.fixture
 def params() -> Params:
     return load_params(PARAMS)
+
+
+@pytest.fixture(autouse=True)
+def locks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cluster apply locks of these tests, apart from the machine's (``~/.cache``)."""
+    monkeypatch.setenv(LOCKS_ENV, str(tmp_path / "locks"))
 
 
 def recorder(params: Params, journal: Journal, root: Path) -> InteractiveRecorder:
@@ -173,9 +181,11 @@ def test_interactive_and_headless_records_share_one_chain_and_tampering_is_found
     assert f"{interactive.name}: edited file {NOTEBOOK}" in capsys.readouterr().out
 
 
-def test_two_people_approving_at_once_chain_in_one_order(params: Params, tmp_path: Path) -> None:
+def test_two_people_approving_at_once_chain_in_one_order(tmp_path: Path) -> None:
+    """Four people, four clusters, one records folder: four records in one chain, none forked."""
     root = tmp_path / "records"
-    threads = [threading.Thread(target=approve, args=(params, root)) for _ in range(4)]
+    clusters = [load_params(PARAMS, ["target=cluster", f"cluster=lab-{n}"]) for n in range(4)]
+    threads = [threading.Thread(target=approve, args=(params, root)) for params in clusters]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -270,3 +280,17 @@ def test_a_kernel_in_the_notebooks_folder_records_where_runbook_run_does(
     monkeypatch.setenv(records.RECORDS_ENV, str(tmp_path / "elsewhere"))
     monkeypatch.chdir(NOTEBOOKS)
     assert default_root() == tmp_path / "elsewhere"
+
+
+def test_an_approval_waits_for_no_one_while_another_run_changes_the_cluster(
+    params: Params, tmp_path: Path
+) -> None:
+    """F8 of the 1 Dec attack, for approvals: an ``--apply`` run (or another approval) holds the cluster."""
+    root = tmp_path / "records"
+    with cluster_lock(params):  # what `runbook run --apply` holds for its whole run
+        gate, cluster = approve(params, root)
+    assert set(cluster.state.values()) == {"old"} and gate.applied is None
+    assert "is being changed by another run" in gate.status.value
+    assert records.sealed_records(root) == []
+    again, cluster = approve(params, root)  # once that run ended (the refused click left nothing held)
+    assert again.applied is not None and set(cluster.state.values()) == {"new"}

@@ -34,11 +34,16 @@ class Recorder(Protocol):
     ``started`` right before applying and ``finished`` after, so a person's click leaves the same record a
     headless run does."""
 
+    def hold(self) -> None: ...
+
     def started(self, *, approved: bool = True) -> Path: ...
 
     def finished(
         self, result: StepResult | None, *, shown: StepResult | None, error: RunbookError | None = None
     ) -> Path | None: ...
+
+    def release(self) -> None: ...
+
 
 #: Keys whose values differ between two plans of the same change (timings, tool chatter).
 _VOLATILE = frozenset({"dry_run", "duration_s", "started", "at", "run_id"})
@@ -168,6 +173,8 @@ class ApprovalGate:
         self.picker.disabled = True
         self.status.value = "Checking that the plan still holds…"
         try:
+            if self._recorder is not None:
+                self._recorder.hold()
             current = self._plan_fn(self.shown_nodes)
             if plan_fingerprint(current) != self._fingerprint:
                 self.status.value = (
@@ -187,6 +194,9 @@ class ApprovalGate:
             self.progress.finish(False)
             self._record(None, exc)
             return None
+        finally:
+            if self._recorder is not None:
+                self._recorder.release()  # also when interrupted: the next approval must not find it held
         self.applied = result
         self.progress.finish(result.ok)
         self.status.value = f"Applied: {result.summary()}"
@@ -270,11 +280,14 @@ def _apply_recorded(
     """``apply_fn`` with its record, when there is a recorder (it keeps only a run that changed something)."""
     if recorder is None:
         return apply_fn(selected, bar)
-    recorder.started(approved=False)
     try:
+        recorder.hold()
+        recorder.started(approved=False)
         result = apply_fn(selected, bar)
     except RunbookError as exc:
         recorder.finished(None, shown=None, error=exc)
         raise
+    finally:
+        recorder.release()
     recorder.finished(result, shown=None)
     return result

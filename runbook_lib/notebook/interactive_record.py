@@ -100,11 +100,23 @@ class InteractiveRecorder:
     _approved: bool = True
     sealed: list[str] = field(default_factory=list)
     """Manifest hashes of the records sealed so far (the anchors)."""
+    _held: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
     @property
     def notebook_file(self) -> str:
         """The rebuilt notebook's name in the record (``02-config-patch.interactive.ipynb``)."""
         return f"{Path(self.notebook).stem}.interactive.ipynb"
+
+    def hold(self) -> None:
+        """Take the cluster's apply lock, before the gate re-plans, until :meth:`release`.
+
+        Why: two approvals, or an approval and ``runbook run --apply``, must not change one cluster at once
+        (F8 of the 1 Dec attack); the second is refused (:class:`lock.Busy`) naming the holder.  Taken before
+        the re-plan, so the plan checked is the one applied.
+        """
+        from .runner import cluster_lock  # noqa: PLC0415 - lazy, as below
+
+        self._held.enter_context(cluster_lock(self.params))
 
     def started(self, *, approved: bool = True) -> Path:
         """Create the record directory before anything changes: a folder that cannot hold the record
@@ -130,6 +142,7 @@ class InteractiveRecorder:
         self, result: StepResult | None, *, shown: StepResult | None, error: RunbookError | None = None
     ) -> Path | None:
         """Write the step's result, journal and cells, and seal; ``None`` when nothing was recorded."""
+        self.release()  # the apply is over; sealing is ordered by the records folder's own lock
         path = self.record
         if path is None:
             return None
@@ -143,6 +156,10 @@ class InteractiveRecorder:
         data = self._record_data(path, result, shown, entries, error)
         self.sealed.append(records.seal(path, data, secrets=self._secrets()))
         return path
+
+    def release(self) -> None:
+        """Release the cluster's apply lock (also after an interrupted apply, whose record stays unsealed)."""
+        self._held.close()
 
     def _write_files(
         self, path: Path, result: StepResult | None, shown: StepResult | None, entries: list[dict[str, Any]]

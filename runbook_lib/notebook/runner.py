@@ -784,6 +784,16 @@ def _compact_plan(plan: dict[str, Any]) -> dict[str, Any]:
     return {**plan, "nodes": nodes}
 
 
+def cluster_lock(params: Params, cluster_key: str | None = None) -> AbstractContextManager[None]:
+    """The cluster's apply lock (see :func:`lock_for_apply`), also held by a JupyterLab approval while it
+    applies, so an approval and an ``--apply`` run (or two approvals) never change one cluster at once."""
+    if params.target == "simulated":
+        what = f"the simulated cluster at {cluster_key or sim_state_dir().resolve()}"
+    else:
+        what = f"the cluster {params.cluster!r}"
+    return lock.exclusive(lock.key_path("cluster", what, ".lock"), what)
+
+
 def lock_for_apply(stack: contextlib.ExitStack, params: Params, root: Path, cluster_key: str | None) -> None:
     """Hold, for the rest of ``stack``, the records folder's and the cluster's apply locks (exit 2 naming
     the holder when another run has one), before the cluster is brought up.
@@ -793,11 +803,7 @@ def lock_for_apply(stack: contextlib.ExitStack, params: Params, root: Path, clus
     for ``target: simulated``, else the ``cluster`` parameter: two parameter files that name one real
     cluster differently are not kept apart.
     """
-    if params.target == "simulated":
-        what = f"the simulated cluster at {cluster_key or sim_state_dir().resolve()}"
-    else:
-        what = f"the cluster {params.cluster!r}"
-    stack.enter_context(lock.exclusive(lock.key_path("cluster", what, ".lock"), what))
+    stack.enter_context(cluster_lock(params, cluster_key))
     root.mkdir(parents=True, exist_ok=True)  # only now: a refused run leaves no records folder behind
     stack.enter_context(lock.exclusive(root / lock.RECORDS_LOCK, f"the records folder {root}"))
 
