@@ -45,8 +45,13 @@ from .render import render_html
 #: Set by jupyter_server for a notebook's kernel: the notebook's path.
 SESSION_ENV = "JPY_SESSION_NAME"
 SAVED_NOTEBOOK = "notebook-as-last-saved.ipynb"
+#: How the change was allowed: a click, or a cell run with ``apply`` true outside ``runbook run``.
+HOW = {
+    True: "approved interactively (JupyterLab Approve button)",
+    False: "applied by a notebook cell run with apply true, outside `runbook run`",
+}
 INTERACTIVE_NOTE = (
-    "approved interactively (JupyterLab Approve button): the kernel cannot save the open notebook, so "
+    "the kernel cannot save the open notebook, so "
     "the notebook here is rebuilt from the source of the cells this kernel ran, in order, with the result as "
     "rendered after the approval as the step cell's output (also in html/); other cells' outputs are not "
     f"kept; {SAVED_NOTEBOOK}, when present, is the notebook file as last saved before the "
@@ -235,7 +240,7 @@ class InteractiveRecorder:
             "steps_requested": [self.step],
             "outcome": "failed" if failed else ("changed" if changes else "unchanged"),
             "failed_step": self.step if failed else None,
-            "note": INTERACTIVE_NOTE,
+            "note": f"{HOW[self._approved]}: {INTERACTIVE_NOTE}",
             "params": self.params.public_dict(),
             "plan": _compact_plan(build_plan(self.params).to_dict()),
             "steps": [outcome.to_record()],
