@@ -219,6 +219,16 @@ def tracker_lines(stderr: str, node: str) -> list[str]:
     return [line.removeprefix(prefix) for line in stderr.splitlines() if line.startswith(prefix)]
 
 
+RETRYING = "unavailable, retrying..."
+
+
+def settled(lines: list[str]) -> list[str]:
+    """The lines without the tracker's ``unavailable, retrying...``: it prints one whenever a watch attempt meets
+    an Unavailable node (node.go), and in full-suite runs one sometimes came first or last, so positions are
+    checked on the other lines (the order of those retries was not pinned down: see the session notes)."""
+    return [line for line in lines if line != RETRYING]
+
+
 def upgrade_argv(sim: Sim, node: str, image: str, timeout: str) -> list[str]:
     talosconfig = ["--talosconfig", str(sim.talosconfig)]
     return [
@@ -252,13 +262,14 @@ def test_upgrade_wait_to_the_nvidia_image_with_the_modules_patched_first(cluster
     proc = upgrade(cluster, node, NVIDIA, "60s")
     assert proc.returncode == 0, proc.stderr
     lines = tracker_lines(proc.stderr, node)
-    assert lines[:2] == ["waiting for actor ID", lines[1]]
-    assert lines[1].startswith("actor ID: ")
+    steady = settled(lines)
+    assert steady[:2] == ["waiting for actor ID", steady[1]]
+    assert steady[1].startswith("actor ID: ")
     assert lines[lines.index("task: stopAllServices action: START") + 1 :][:2] == [
         "error: stopAllServices task completed",  # node.go:270-272: printed as an error, then retried
         "unavailable, retrying...",
     ]
-    assert lines[-2:] == ["events check condition met", "post check passed"]
+    assert steady[-2:] == ["events check condition met", "post check passed"]
     assert boot_id(sim, node) != before
     assert "nvidia-open-gpu-kernel-modules-lts" in extension_names(sim, node)
     assert get_ids(sim, node, "modules") == sorted(MODULES)
@@ -317,7 +328,7 @@ def test_reboot_waits_for_a_new_boot_id(cluster: Cluster) -> None:
     assert proc.returncode == 0, proc.stderr
     lines = tracker_lines(proc.stderr, node)
     assert "sequence: reboot action: START" in lines
-    assert lines[-1] == "post check passed"
+    assert settled(lines)[-1] == "post check passed"
     assert boot_id(sim, node) != before
 
 
@@ -412,7 +423,7 @@ def test_eight_node_upgrade_with_wait_in_one_call(tmp_path: Path) -> None:
         elapsed = time.monotonic() - start
         print(f"8-node upgrade --wait: {elapsed:.1f} s")
         assert up.returncode == 0, up.stderr
-        assert all(tracker_lines(up.stderr, a)[-1] == "post check passed" for a in FLEET8)
+        assert all(settled(tracker_lines(up.stderr, a))[-1] == "post check passed" for a in FLEET8)
         assert elapsed < 4 * REBOOT_MS / 1000 + 5
         assert all(get_ids(cluster.sim, a, "modules") == sorted(MODULES) for a in FLEET8)
 
@@ -426,9 +437,9 @@ def test_upgrade_wait_with_a_dead_node_fails_it_at_once_and_upgrades_the_other(t
         up = upgrade(cluster, f"{live},{dead}", NVIDIA, "60s")
         assert up.returncode == 1
         assert time.monotonic() - start < 30
-        assert tracker_lines(up.stderr, dead)[0] == unavailable(dead)
+        assert settled(tracker_lines(up.stderr, dead))[0] == unavailable(dead)
         assert "waiting for actor ID" not in tracker_lines(up.stderr, dead)
-        assert tracker_lines(up.stderr, live)[-1] == "post check passed"
+        assert settled(tracker_lines(up.stderr, live))[-1] == "post check passed"
 
 
 def test_a_hung_boot_completes_when_the_modules_are_patched_in_time(cluster: Cluster) -> None:
@@ -449,7 +460,7 @@ def test_a_hung_boot_completes_when_the_modules_are_patched_in_time(cluster: Clu
         assert patched.returncode == 0, patched.stderr
         _, stderr = up.communicate(timeout=60)
     assert up.returncode == 0, stderr
-    assert tracker_lines(stderr, node)[-1] == "post check passed"
+    assert settled(tracker_lines(stderr, node))[-1] == "post check passed"
     assert get_ids(sim, node, "modules") == sorted(MODULES)
 
 
@@ -465,5 +476,5 @@ def test_a_1_13_client_upgrades_a_1_12_node_the_legacy_way_without_draining(clus
         "New upgrade API is not available, falling back to legacy",
         f"WARNING: {node}: server version 1.12.0 is older than client version 1.13.0",
     ]
-    assert tracker_lines(proc.stderr, node)[-1] == "post check passed"
+    assert settled(tracker_lines(proc.stderr, node))[-1] == "post check passed"
     assert "phase: drain action: START" in tracker_lines(proc.stderr, node)  # the node's own drain phase
