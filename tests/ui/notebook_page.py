@@ -119,7 +119,8 @@ class Notebook:
 
     def open_node_table(self, result: Locator) -> dict[str, str]:
         """Unfold "All nodes" as a user would and read node → status."""
-        details = result.locator("details")
+        # the node table's fold; verify also folds the node names of its "What was checked" groups
+        details = result.locator("details").filter(has_text="All nodes")
         details.locator("summary").click()
         rows = details.locator("tr")
         expect(rows.first).to_be_visible()

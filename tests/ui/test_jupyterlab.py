@@ -142,7 +142,8 @@ def test_config_patch_approved_in_jupyterlab_changes_the_nodes(
     verify = nb.step_output("verify")
     expect(verify).to_have_count(1)
     expect(verify.locator("h3")).to_contain_text("ok")
-    expect(verify.locator("h4")).to_have_count(0)  # no "Failed checks" / "Failing nodes" sections
+    expect(verify.locator("h4", has_text="Fail")).to_have_count(0)  # no "Failed checks" / "Failing nodes"
+    expect(verify.locator("h4", has_text="What was checked")).to_have_count(1)  # what verify saw, grouped
     table = nb.open_node_table(verify)
     assert table == dict.fromkeys(ui_workspace.node_names, "ok"), f"verify node table: {table}"
     nb.center(verify)
