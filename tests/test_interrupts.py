@@ -180,19 +180,24 @@ def test_interrupted_config_patch_is_sealed_with_every_patch_the_nodes_received(
         assert step["status"] == "interrupted" and step["duration_s"] > 0
 
 
+def cuda_test_with_every_pod_created(sim: Sim) -> subprocess.Popen[str]:
+    """`runbook run --steps cuda-test` with one node's pods kept Pending, once every test pod exists.
+
+    The Kubernetes layer goes in first, without the fault: a node whose pods stay Pending never advertises
+    its GPU, so the kubernetes step would wait for it instead of reaching cuda-test."""
+    assert kubernetes_layer(sim.ctx, apply=True).ok
+    faults.inject(sim.state, "gpu-worker-3", "pods_pending", True)
+    proc = start_run(sim, "cuda-test")
+    wait_until(proc, lambda: len(sim.ctx.kube.pods(TEST_NAMESPACE, TEST_PODS)) == ALL_PODS, "every test pod")
+    return proc
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("how", sorted(SIGNALS))
 def test_interrupted_cuda_test_leaves_no_pod_and_records_their_deletion(tmp_path: Path, how: str) -> None:
     """I5: the test pods are deleted whichever way the run is stopped, and the record says so."""
     with running_sim(tmp_path, "gpu-ready", latency_ms=0) as sim:
-        # The Kubernetes layer first, without the fault: a node whose pods stay Pending never advertises
-        # its GPU, so the kubernetes step would wait for it instead of reaching cuda-test.
-        assert kubernetes_layer(sim.ctx, apply=True).ok
-        faults.inject(sim.state, "gpu-worker-3", "pods_pending", True)
-        proc = start_run(sim, "cuda-test")
-        wait_until(
-            proc, lambda: len(sim.ctx.kube.pods(TEST_NAMESPACE, TEST_PODS)) == ALL_PODS, "every test pod"
-        )
+        proc = cuda_test_with_every_pod_created(sim)
         status, err = interrupt(proc, SIGNALS[how])
         assert status == expected_status(SIGNALS[how]), err
         assert_no_pod_left_and_deletions_recorded(sim, sealed_record(sim))
@@ -245,12 +250,7 @@ def test_a_kernel_killed_mid_cuda_test_fails_the_step_and_the_run_removes_its_po
     it for good (nbclient's wait for output blocked the loop that checks the kernel is alive); now the step
     fails, the run deletes the pods labelled with its run id, and the record is sealed."""
     with running_sim(tmp_path, "gpu-ready", latency_ms=0) as sim:
-        assert kubernetes_layer(sim.ctx, apply=True).ok
-        faults.inject(sim.state, "gpu-worker-3", "pods_pending", True)
-        proc = start_run(sim, "cuda-test")
-        wait_until(
-            proc, lambda: len(sim.ctx.kube.pods(TEST_NAMESPACE, TEST_PODS)) == ALL_PODS, "every test pod"
-        )
+        proc = cuda_test_with_every_pod_created(sim)
         kernel = step_kernel(next(sim.records.glob("*/results")) / "cuda-test.json")
         assert kernel is not None, "the cuda-test kernel is running"
         os.kill(kernel, signal.SIGKILL)
