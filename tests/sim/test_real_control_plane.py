@@ -409,6 +409,19 @@ def node_status(allocatable: dict[str, str]) -> str:
     return json.dumps({"status": status})
 
 
+def untainted(plane: ControlPlane, node: str, timeout: float = 60) -> None:
+    """Wait until the node lifecycle controller has taken its taints off a node that now reports Ready.
+
+    A Node created without a Ready condition gets ``node.kubernetes.io/not-ready:NoSchedule`` from the
+    controller-manager (kubernetes@v1.35.0 pkg/controller/nodelifecycle/node_lifecycle_controller.go,
+    ``doNoScheduleTaintingPass``), removed on its next pass once Ready is True. A pod created before that is
+    refused for "untolerated taint(s)" instead of the missing GPU: CI hit exactly this race."""
+    deadline = time.monotonic() + timeout
+    while plane.ok("kubectl", "get", "node", node, "-o", "jsonpath={.spec.taints}").strip():
+        assert time.monotonic() < deadline, f"node {node} kept its taints"
+        time.sleep(0.5)
+
+
 def test_scheduler_places_a_gpu_pod_only_once_the_node_advertises_a_gpu(
     binaries: tuple[Path, Path, Path], tmp_path: Path
 ) -> None:
@@ -423,6 +436,7 @@ def test_scheduler_places_a_gpu_pod_only_once_the_node_advertises_a_gpu(
         basics = {"cpu": "8", "memory": "32Gi", "pods": "110"}
         patch = ["patch", "node", "gpu-1", "--subresource=status", "--type=merge", "-p"]
         plane.ok("kubectl", *patch, node_status(basics))
+        untainted(plane, "gpu-1")
         kube = Kube.from_kubeconfig(str(plane.kubeconfig))
         kube.create_runtime_class("nvidia", "nvidia", dry_run=False)
         wait_for(plane, "serviceaccount", "default", "-n", "default")
