@@ -130,14 +130,36 @@ class Fleet:
     nodes: dict[str, Any]
     proc: subprocess.Popen[str]
 
+    def answers(self, address: str) -> bool:
+        """Whether the real talosctl gets ``version`` from the node."""
+        talosctl, config = self.params.tools.talosctl, str(self.params.talosconfig)
+        argv = [talosctl, "--talosconfig", config, "-n", address, "version", "--short"]
+        return subprocess.run(argv, capture_output=True, check=False, timeout=60).returncode == 0
+
     def take_down(self, address: str) -> None:
         """Power ``address`` off through simnode's fault switch (edit ``down``, SIGHUP) and wait until it is."""
         for node in self.nodes["nodes"]:
             if node["address"] == address:
                 node["down"] = "no-route-to-host"
         self.nodes_file.write_text(json.dumps(self.nodes))
+        assert self.answers(address), f"{address} should answer before it is taken down"
         self.proc.send_signal(signal.SIGHUP)
-        time.sleep(0.5)  # simnode applies the re-read file at once; no readiness signal exists for it
+        # simnode has no readiness signal for a re-read file: wait until the real talosctl sees the node down
+        # (a fixed sleep raced simnode's SIGHUP handling on a loaded machine).
+        talosctl = self.params.tools.talosctl
+        argv = [
+            str(talosctl),
+            "--talosconfig",
+            str(self.params.talosconfig),
+            "-n",
+            address,
+            "version",
+            "--short",
+        ]
+        deadline = time.monotonic() + 30
+        while subprocess.run(argv, capture_output=True, check=False, timeout=60).returncode == 0:
+            assert time.monotonic() < deadline, f"simnode never took {address} down"
+            time.sleep(0.1)
 
 
 def params_file(tmp: Path, talosctl: Path, talosconfig: Path, addresses: list[str]) -> Path:
