@@ -82,6 +82,25 @@ def _check_namespace(value: str) -> str:
 
 
 Namespace = Annotated[str, AfterValidator(_check_namespace)]
+_REPO_URL = re.compile(r"^https?://[^\s/?#@]+(/[^\s?#]*)?$")
+
+
+def _check_repo_url(value: str) -> str:
+    """A Helm chart repository URL (``helm repo add NAME URL``): http(s) only, trailing slash dropped.
+
+    Why http(s): the kubernetes step adds the repository with ``helm repo add``, which reads
+    ``<url>/index.yaml``; an ``oci://`` registry is not a repository helm can add, and a bare host name is
+    a typo that would surface only as helm's "not a valid chart repository" at apply time.
+    """
+    if not _REPO_URL.match(value):
+        raise ValueError(
+            "must be an http(s) URL of a Helm chart repository (the folder holding index.yaml), "
+            "e.g. https://nvidia.github.io/k8s-device-plugin or a mirror such as https://charts.example.com/nvidia"
+        )
+    return value.rstrip("/")
+
+
+RepoUrl = Annotated[str, AfterValidator(_check_repo_url)]
 Seconds = Annotated[int, Field(strict=True, le=DAY_SECONDS)]
 
 
@@ -150,6 +169,8 @@ class DevicePlugin(_Strict):
     """Namespace (not ``default``); Talos enforces Pod Security baseline elsewhere unless the namespace is labelled privileged."""
     label_nodes: bool = True
     """Label GPU nodes ``nvidia.com/gpu.present=true`` (chart ≥0.15 schedules nowhere without it or NFD)."""
+    repo_url: RepoUrl = "https://nvidia.github.io/k8s-device-plugin"
+    """Helm chart repository holding ``nvidia-device-plugin``: NVIDIA's, or a mirror for air-gapped sites (for target simulated: the simulator's own)."""
 
 
 class GpuOperator(_Strict):
@@ -159,6 +180,8 @@ class GpuOperator(_Strict):
     """Chart version to pin; the Talos docs require v26.3.1 or higher."""
     namespace: Namespace = "gpu-operator"
     """Namespace (not ``default``); it is labelled ``pod-security.kubernetes.io/enforce=privileged``."""
+    repo_url: RepoUrl = "https://helm.ngc.nvidia.com/nvidia"
+    """Helm chart repository holding ``gpu-operator``: NVIDIA's, or a mirror for air-gapped sites (for target simulated: the simulator's own)."""
 
 
 class CudaTest(_Strict):
@@ -248,9 +271,9 @@ class Params(_Strict):
     kubernetes_layer: Literal["auto", "device-plugin", "gpu-operator"] = "auto"
     """``auto``: device plugin + RuntimeClass up to Talos 1.12, GPU Operator from 1.13."""
     device_plugin: DevicePlugin = DevicePlugin()
-    """Device-plugin chart settings (chart_version, namespace, label_nodes)."""
+    """Device-plugin chart settings (chart_version, namespace, label_nodes, repo_url)."""
     gpu_operator: GpuOperator = GpuOperator()
-    """GPU Operator chart settings (chart_version, namespace)."""
+    """GPU Operator chart settings (chart_version, namespace, repo_url)."""
     cuda_test: CudaTest = CudaTest()
     """CUDA test pods (smi_image, vectoradd_image, request_gpu, timeout_seconds)."""
     default_runtime_patch: bool = False
