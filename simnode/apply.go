@@ -230,6 +230,7 @@ func writeActive(ctx context.Context, n *simNode, cfg config.Provider) error {
 	}
 
 	next.Metadata().SetVersion(cur.Metadata().Version())
+	defer n.touch() // the observed file follows (observe.go)
 
 	return n.state.Update(ctx, next)
 }

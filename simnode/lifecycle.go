@@ -41,8 +41,8 @@ var upgradePhases = [][2]string{
 // not pull would, with the same wrapper), then the sequence runs in the background and the call answers
 // at once with the actor ID the events carry.
 func (s *machineServer) Upgrade(_ context.Context, in *machine.UpgradeRequest) (*machine.UpgradeResponse, error) {
-	if _, ok := s.node.images[in.GetImage()]; !ok {
-		return nil, fmt.Errorf("error validating installer image %q: simnode: not one of the nodes file's \"images\" %v", in.GetImage(), sortedKeys(s.node.images))
+	if _, err := s.node.image(in.GetImage()); err != nil {
+		return nil, fmt.Errorf("error validating installer image %q: %w", in.GetImage(), err)
 	}
 
 	if in.GetStage() {
@@ -128,7 +128,7 @@ func (n *simNode) powerOn(image, previous string) {
 	persisted := n.persisted
 	version := n.boot.version
 
-	if img, ok := n.images[image]; ok {
+	if img, err := n.image(image); err == nil {
 		version = img.TalosVersion
 	}
 

@@ -42,6 +42,7 @@ func run() error {
 	nodesPath := flag.String("nodes", "", "JSON file with the state of every simulated node (see README.md)")
 	stateDir := flag.String("state-dir", "", "owner-only directory for the talosconfig and the endpoint file")
 	listen := flag.String("listen", "127.0.0.1:0", "address of the simulated apid endpoint (127.0.0.1 only)")
+	resolver := flag.String("image-resolver", "", "executable asked what an installer image not in the nodes file's \"images\" installs (argv: the image reference; stdout: an \"images\" entry as JSON)")
 	factor := flag.Float64("time-factor", 1, "scales Talos's own durations (BootTimeout 70m, the 10 s failed-boot countdown): 0.001 makes a hung boot fail after 4.2 s")
 	flag.Parse()
 
@@ -70,13 +71,21 @@ func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
-	return serve(ctx, nf, *nodesPath, *stateDir, *listen, *factor)
+	return serve(ctx, nf, options{nodesPath: *nodesPath, stateDir: *stateDir, listen: *listen, factor: *factor, resolver: *resolver})
+}
+
+// options are simnode's flags after validation.
+type options struct {
+	nodesPath, stateDir, listen, resolver string
+	factor                                float64
 }
 
 // serve starts every node, then the front; it writes the talosconfig and <state-dir>/endpoint only once
 // everything answers, so a caller waiting for the endpoint file never sees a half-started simulator.
-func serve(ctx context.Context, nf *NodesFile, nodesPath, stateDir, listen string, factor float64) error {
-	backends, err := startNodes(ctx, nf, factor)
+func serve(ctx context.Context, nf *NodesFile, opt options) error {
+	nodesPath, stateDir, listen := opt.nodesPath, opt.stateDir, opt.listen
+
+	backends, err := startNodes(ctx, nf, newImageCatalog(nf.Images, opt.resolver), opt.factor)
 	if err != nil {
 		return fmt.Errorf("%w: %w", errUsage, err)
 	}
@@ -110,6 +119,10 @@ func serve(ctx context.Context, nf *NodesFile, nodesPath, stateDir, listen strin
 
 	go reloadOnHangup(ctx, nodesPath, backends)
 
+	if err = observe(ctx, filepath.Join(stateDir, "observed"), backends.nodes); err != nil {
+		return err
+	}
+
 	if err = writeEndpoint(stateDir, endpoint); err != nil {
 		return err
 	}
@@ -120,11 +133,11 @@ func serve(ctx context.Context, nf *NodesFile, nodesPath, stateDir, listen strin
 }
 
 // startNodes builds each node's state and starts its machined.
-func startNodes(ctx context.Context, nf *NodesFile, factor float64) (*backendSet, error) {
+func startNodes(ctx context.Context, nf *NodesFile, catalog *imageCatalog, factor float64) (*backendSet, error) {
 	set := &backendSet{byTarget: map[string]*nodeBackend{}, nodes: map[string]*simNode{}}
 
 	for i := range nf.Nodes {
-		node, err := newSimNode(ctx, &nf.Nodes[i], nf.Images, factor)
+		node, err := newSimNode(ctx, &nf.Nodes[i], catalog, factor)
 		if err != nil {
 			return nil, err
 		}

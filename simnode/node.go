@@ -22,13 +22,15 @@ import (
 // simNode is one simulated node: its COSI state, its machined (a gRPC server on an in-memory listener,
 // replaced on each reboot) and whether its API is down.
 type simNode struct {
-	spec   *NodeSpec
-	state  state.State
-	down   atomic.Value // string: "" or a downKinds key
-	images map[string]ImageSpec
-	factor float64 // scales Talos's own durations (BootTimeout, the failed-boot countdown): -time-factor
+	spec    *NodeSpec
+	state   state.State
+	down    atomic.Value         // string: "" or a downKinds key
+	images  map[string]ImageSpec // the nodes file's; look images up with image() (it also asks the resolver)
+	catalog *imageCatalog
+	factor  float64 // scales Talos's own durations (BootTimeout, the failed-boot countdown): -time-factor
 
-	refreshMu sync.Mutex // one re-derivation at a time (an apply during a boot)
+	refreshMu  sync.Mutex    // one re-derivation at a time (an apply during a boot)
+	generation atomic.Uint64 // bumped on every state change the observed file shows (observe.go)
 
 	mu        sync.Mutex
 	lis       *bufconn.Listener
@@ -46,7 +48,7 @@ type bootInfo struct {
 	image, version, previous, bootID string
 }
 
-func newSimNode(ctx context.Context, spec *NodeSpec, images map[string]ImageSpec, factor float64) (*simNode, error) {
+func newSimNode(ctx context.Context, spec *NodeSpec, catalog *imageCatalog, factor float64) (*simNode, error) {
 	st, err := newNodeState(ctx)
 	if err != nil {
 		return nil, err
@@ -56,7 +58,10 @@ func newSimNode(ctx context.Context, spec *NodeSpec, images map[string]ImageSpec
 		return nil, err
 	}
 
-	n := &simNode{spec: spec, state: st, images: images, factor: factor, events: newEventBus(), services: spec.Services}
+	n := &simNode{
+		spec: spec, state: st, images: catalog.static, catalog: catalog, factor: factor, events: newEventBus(),
+		services: spec.Services,
+	}
 	n.boot = bootInfo{image: spec.Image, version: spec.TalosVersion, bootID: newUUID()}
 
 	if _, err = n.refresh(ctx); err != nil {
@@ -75,14 +80,20 @@ func newSimNode(ctx context.Context, spec *NodeSpec, images map[string]ImageSpec
 func (n *simNode) refresh(ctx context.Context) (derived, error) {
 	n.refreshMu.Lock()
 	defer n.refreshMu.Unlock()
+	defer n.touch()
 
 	b := n.bootState()
 	if b.image == "" {
 		return derived{services: n.currentServices()}, nil
 	}
 
-	d := deriveState(n.images[b.image], n.activeConfig(), n.spec.Services, time.Now())
-	if err := writeDerived(ctx, n.state, d); err != nil {
+	img, err := n.image(b.image)
+	if err != nil {
+		return derived{}, err
+	}
+
+	d := deriveState(img, n.activeConfig(), n.spec.Services, time.Now())
+	if err = writeDerived(ctx, n.state, d); err != nil {
 		return d, err
 	}
 
@@ -92,6 +103,9 @@ func (n *simNode) refresh(ctx context.Context) (derived, error) {
 
 	return d, nil
 }
+
+// image is what the installer image ref installs (the nodes file's "images", then -image-resolver).
+func (n *simNode) image(ref string) (ImageSpec, error) { return n.catalog.lookup(ref) }
 
 func (n *simNode) bootState() bootInfo {
 	n.mu.Lock()
@@ -131,6 +145,8 @@ func (n *simNode) start() {
 	if old != nil {
 		old.Stop() // a node never runs two machineds (a no-op when a reboot or a fault already stopped it)
 	}
+
+	n.touch()
 }
 
 func (n *simNode) listener() *bufconn.Listener {
@@ -210,6 +226,7 @@ func (n *simNode) setDown(kind string) {
 	}
 
 	n.down.Store(kind)
+	defer n.touch()
 
 	switch {
 	case was == "":
