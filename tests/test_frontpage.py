@@ -9,6 +9,7 @@ the journal's shape as ``runbook run`` wrote them for the simulated cluster.
 from __future__ import annotations
 
 import html
+import itertools
 import json
 import re
 import shutil
@@ -22,7 +23,9 @@ import pytest
 from runbook_lib.cli import main
 from runbook_lib.notebook import frontpage, records
 from runbook_lib.notebook.runner import group_nodes
+from runbook_lib.sim.faults import inject
 from runbook_lib.steps.results import Check, NodeResult, StepResult
+from tests import test_rollout
 
 PATCH_DIFF = "machine:\n  kernel:\n    modules:\n    - name: nvidia\n    - name: nvidia_uvm\n"
 CAUSE = "the kernel modules and the container toolkit carry different driver versions"
@@ -198,9 +201,9 @@ def test_page_names_who_when_which_commit_parameters_outcome_and_steps(tmp_path:
     assert re.search(r'class="outcome failed"[^>]*>\s*failed', text)
 
 
-def test_timeline_shows_the_changing_calls_and_says_batches_are_not_journalled(tmp_path: Path) -> None:
-    """No source in this project records rollout batches: the journal holds one entry per call
-    (runbook_lib/clients/proc.py JournalEntry), so the page must say so rather than draw guessed batches."""
+def test_timeline_without_logged_batches_shows_the_calls_and_says_so(tmp_path: Path) -> None:
+    """A record whose steps logged no batches (sealed before ``data["rollout"]`` existed, or a step interrupted
+    before it returned its result) has only the journal's calls: the page says so rather than guess batches."""
     _path, text = sealed(tmp_path, fleet_record(4, set()))
     bars = [attrs for tag, attrs in Page(text).tags if "bar" in attrs.get("class", "").split()]
     assert len(bars) == 4 and all(node_name(i) in bars[i]["title"] for i in range(4))
@@ -352,3 +355,113 @@ def test_a_step_that_raised_shows_its_error(tmp_path: Path) -> None:
     record["steps"][1] = {"name": "verify", "status": "failed", "duration_s": 0.2, "error": error}
     _path, text = sealed(tmp_path, record)
     assert "PermanentError: talosctl not found on PATH\nhint: set tools.talosctl" in text
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Rollout batches and what verify checked (issue 17 point 2: "a timeline of the rollout batches")
+
+
+image_sim = test_rollout.image_sim  # the simulated cluster of the rollout tests, config-patched
+
+
+def bars_of(text: str, kind: str) -> list[dict[str, str]]:
+    return [attrs for _tag, attrs in Page(text).tags if kind in attrs.get("class", "").split()]
+
+
+@pytest.mark.slow
+def test_patch_rollout_journals_each_batch_and_the_page_draws_it(tmp_path: Path) -> None:
+    """The batches as the config-patch step ran them on the simulated cluster (canary 1, then 2, failure
+    budget 1): each batch with its nodes, start, duration and outcome, in the result and on the page."""
+    from runbook_lib.steps.patch import config_patch
+    from tests.simcluster import sim_cluster
+    from tests.test_rollout import _record_applies, _unreachable_when_applied
+
+    rollout = {"canary": 1, "max_failures": 1}
+    state = tmp_path / "sim"
+    with sim_cluster(state, workers=4, daemon=False, apply=True, rollout_concurrency=2, rollout=rollout) as (
+        params,
+        ctx,
+    ):
+        names = [n.name for n in params.nodes]
+        _record_applies(ctx, _unreachable_when_applied(state, [names[1]]))
+        result = config_patch(ctx)
+    batches = result.data["rollout"]
+    assert [b["nodes"] for b in batches] == [names[:1], names[1:3], names[3:]]
+    assert [b["outcome"] for b in batches] == ["ok", "failed", "ok"]
+    assert batches[1]["failed"] == [names[1]]
+    for before, after in itertools.pairwise(batches):
+        assert after["started"] >= before["started"] + before["duration_s"] - 0.01  # one after the other
+    record = fleet_record(4, set())
+    record["steps"][0].update(result=group_nodes(result.to_dict()), status=result.status)
+    _path, text = sealed(tmp_path, record)
+    bars = bars_of(text, "batch")
+    assert len(bars) == 3 and "failed" in bars[1]["class"].split()
+    assert f"batch 2/3 · 2 nodes: {names[1]}, {names[2]}" in bars[1]["title"]
+    assert f"failed: {names[1]}" in bars[1]["title"]
+    assert "no per-batch entries" not in text
+
+
+def rollout_result(count: int, failed_batch: int) -> tuple[list[dict[str, Any]], list[list[str]]]:
+    """The ``rollout`` entries of a 1,000-node patch as the step writes them (canary 1, concurrency 8:
+    126 batches, 8 s each), the batch ``failed_batch`` with one failed node, the budget then used up."""
+    from runbook_lib.model.rollout import schedule
+
+    plan = schedule(count, concurrency=8, canary=1, max_failures=0, pause_seconds=0)
+    planned = plan.batches([node_name(i) for i in range(count)])
+    entries = []
+    for index, nodes in enumerate(planned[: failed_batch + 1]):
+        failed = [nodes[0]] if index == failed_batch else []
+        started = 1796143925.0 + index * 8.5
+        entry = {
+            "batch": index + 1,
+            "of": len(planned),
+            "nodes": nodes,
+            "started": started,
+            "duration_s": 8.0,
+        }
+        entries.append(entry | {"failed": failed, "outcome": "failed" if failed else "ok"})
+    return entries, planned
+
+
+def test_a_thousand_node_rollout_draws_every_batch_and_stays_small(tmp_path: Path) -> None:
+    record = fleet_record(1000, set())
+    entries, planned = rollout_result(1000, 120)
+    data = record["steps"][0]["result"].setdefault("data", {})
+    data.update(rollout=entries, batches=planned)
+    _path, text = sealed(tmp_path, record)
+    bars = bars_of(text, "batch")
+    assert len(planned) == 128 and len(bars) == 121
+    assert [b for b in bars if "failed" in b["class"].split()] == [bars[120]]
+    assert "batch 121/128" in bars[120]["title"] and f"failed: {planned[120][0]}" in bars[120]["title"]
+    assert "7 batch(es) never started" in text and f"{sum(map(len, planned[121:]))} node(s)" in text
+    assert len(text.encode()) < 400_000, f"{len(text.encode())} bytes"
+
+
+def test_the_page_shows_what_verify_checked_one_line_per_group(tmp_path: Path) -> None:
+    """The lines are ``record.json``'s ``verification.verify.checked`` as runner.py writes them
+    (model/inventory.py InventoryGroup.line)."""
+    record = fleet_record(1000, {7})
+    common = "Talos v1.12.7, schematic 40b13a8d4f32…, driver 580.105.08, nvidia.com/gpu allocatable 1"
+    lines = [f"999 nodes: {common}", f"{node_name(7)}: Talos v1.12.7, driver 570.172.08"]
+    record["verification"] = {"verify": {"status": "failed", "checked": lines}}
+    _path, text = sealed(tmp_path, record)
+    section = re.search(r"<h2>What verify checked</h2>(.*?)</section>", text, re.S)
+    assert section is not None
+    assert [html.unescape(t) for t in re.findall(r"<li>(.*?)</li>", section[1])] == lines
+
+
+@pytest.mark.slow
+def test_image_rollout_logs_its_batches_and_the_page_says_where_it_stopped(
+    tmp_path: Path, image_sim: Path
+) -> None:
+    """A failed canary (rollout.canary 1, failure budget 0) on the simulated cluster: one batch logged, the
+    other batch of the schedule never started, and the page says which nodes that left untouched."""
+    inject(image_sim, "talos-worker-1", "upgrade_fails")
+    ctx = test_rollout._image_ctx(image_sim, apply=True, rollout_concurrency=2, rollout={"canary": 1})
+    result = test_rollout._upgrade(ctx)
+    assert [(b["nodes"], b["failed"]) for b in result.data["rollout"]] == [(["talos-worker-1"],) * 2]
+    record = fleet_record(3, set())
+    record["steps"][0].update(name="image", result=group_nodes(result.to_dict()), status=result.status)
+    _path, text = sealed(tmp_path, record)
+    assert "image: 1 batch(es) never started" in text and "2 node(s) not touched" in text
+    assert "failed" in bars_of(text, "batch")[0]["class"].split()

@@ -11,9 +11,11 @@ Why it stays small at fleet scale: one element per node in the grid, each distin
 (nodes point to it by index), identical changes shown once with the nodes they went to, and the timeline
 folded into at most :data:`TIMELINE_BARS` bars per step.
 
-What it cannot show: the journal has one entry per call, none per rollout batch (which nodes formed a batch,
-when it started and ended), so the timeline places each cluster-changing call by its journal time and says
-that batches are not recorded.
+The timeline draws the rollout batches the config-patch and image steps log in their result
+(``data["rollout"]``: nodes, start, duration, outcome; ``steps/patch.py`` ``log_batch``) and, on the same time
+axis, each cluster-changing call by its journal time.  A step that has no batch log (a record from before
+batches were logged, or a step interrupted before it returned its result) shows its calls only, and the page
+says so.
 """
 
 from __future__ import annotations
@@ -38,6 +40,10 @@ TIMELINE_BARS = 100
 LABELLED_NODES = 64
 #: Most distinct changes shown; the rest are counted (all of them are in record.json).
 CHANGE_GROUPS = 60
+#: Rows of a step's batch table (failed batches are always listed); the rest are in results/<step>.json.
+BATCH_ROWS = 200
+#: Most "what verify checked" lines shown (one per group of identical nodes); the rest are in record.json.
+CHECKED_LINES = 50
 #: A node's worst status across the steps decides its colour (first = worst).
 RANK = ("failed", "aborted", "planned", "changed", "unchanged", "ok", "skipped", "no-result")
 _TITLE_MAX = 240
@@ -74,7 +80,8 @@ def render(path: Path, record: Mapping[str, Any]) -> str:
             _header(path, record),
             _steps_section(path, steps),
             _grid_section(record, steps),
-            _timeline_section(record),
+            _checked_section(record, steps),
+            _timeline_section(record, steps),
             _changes_section(record),
             _params_section(record),
         )
@@ -109,6 +116,12 @@ class _Step:
     notebook: str | None
     groups: list[dict[str, Any]] = field(default_factory=list)
     error: str = ""
+    rollout: list[dict[str, Any]] = field(default_factory=list)
+    """The batches the step ran (``data["rollout"]``), in order."""
+    planned: list[list[str]] = field(default_factory=list)
+    """The node names of each batch of the step's schedule (``data["batches"]``)."""
+    checked: list[str] = field(default_factory=list)
+    """Verify's "what was checked" lines (``data["inventory"]``), one per group of identical nodes."""
 
 
 def _steps(path: Path, record: Mapping[str, Any]) -> list[_Step]:
@@ -120,6 +133,8 @@ def _steps(path: Path, record: Mapping[str, Any]) -> list[_Step]:
         if not isinstance(result, dict):
             result = _result_file(path, name)
         notebook = step.get("notebook") or next((p.name for p in path.glob(f"[0-9][0-9]-{name}.ipynb")), None)
+        data = _mapping(result, "data")
+        planned = data.get("batches")
         out.append(
             _Step(
                 name,
@@ -129,6 +144,11 @@ def _steps(path: Path, record: Mapping[str, Any]) -> list[_Step]:
                 str(notebook) if notebook else None,
                 _groups(result),
                 _error(step.get("error")),
+                _dicts(data.get("rollout")),
+                [list(map(str, b)) for b in planned if isinstance(b, list)]
+                if isinstance(planned, list)
+                else [],
+                [str(g.get("line")) for g in _dicts(data.get("inventory")) if g.get("line")],
             )
         )
     return out
@@ -332,7 +352,32 @@ def _node_details(node: _Node) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Timeline of the calls that changed the cluster
+# What verify checked
+
+
+def _checked_section(record: Mapping[str, Any], steps: list[_Step]) -> str:
+    """Verify's "what was checked" lines (one per group of identical nodes), as ``runbook records show``
+    prints them: ``verification.<step>.checked``, else the lines of the step's grouped inventory."""
+    verification = _mapping(record, "verification")
+    blocks = []
+    for step in steps:
+        saved = verification.get(step.name)
+        lines = saved.get("checked") if isinstance(saved, dict) else None
+        lines = [str(line) for line in lines or step.checked if line]
+        if not lines:
+            continue
+        shown = "".join(f"<li>{_e(line)}</li>" for line in lines[:CHECKED_LINES])
+        more = len(lines) - CHECKED_LINES
+        rest = f"<p>{more} more groups are in record.json.</p>" if more > 0 else ""
+        label = f"<p>{_e(step.name)}:</p>" if step.name != "verify" else ""
+        blocks.append(f"{label}<ul class=checked>{shown}</ul>{rest}")
+    if not blocks:
+        return ""
+    return f"<section><h2>What verify checked</h2>{''.join(blocks)}</section>"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Timeline of the rollout batches and of the calls that changed the cluster
 
 
 @dataclass
@@ -360,6 +405,38 @@ def _calls(record: Mapping[str, Any]) -> list[_Call]:
     return calls
 
 
+def _batches(steps: list[_Step]) -> list[_Call]:
+    """Each logged batch as a span of the timeline, ``what`` being its hover text."""
+    out = []
+    for step in steps:
+        for entry in step.rollout:
+            start, duration = entry.get("started"), entry.get("duration_s")
+            if isinstance(start, int | float) and isinstance(duration, int | float):
+                title = _batch_title(entry, start, duration)
+                out.append(_Call(step.name, start, start + duration, title, entry.get("outcome") == "failed"))
+    return out
+
+
+def _batch_title(entry: Mapping[str, Any], start: float, duration: float) -> str:
+    """``batch 2/3 · 2 nodes: gpu-1, gpu-2 · 17:05:03 UTC · 12.3 s · failed: gpu-1``."""
+    failed = [str(name) for name in entry.get("failed") or []]
+    text = (
+        f"batch {entry.get('batch', '?')}/{entry.get('of', '?')} · {_node_list(entry.get('nodes'))} · "
+        f"{_clock(start)} · {duration:.1f} s"
+    )
+    return text + (f" · failed: {_short(failed)}" if failed else "")
+
+
+def _short(names: list[str]) -> str:
+    """Up to six names, else the first three and the last two: the ends of a long list say where it is."""
+    return ", ".join(names if len(names) <= 6 else [*names[:3], "…", *names[-2:]])
+
+
+def _node_list(names: object) -> str:
+    names = [str(name) for name in names] if isinstance(names, list) else []
+    return f"{len(names)} node{'s' if len(names) != 1 else ''}: {_short(names)}"
+
+
 def _addresses(record: Mapping[str, Any]) -> dict[str, str]:
     params = _mapping(record, "params")
     return {str(n.get("address")): str(n.get("name")) for n in _dicts(params.get("nodes"))}
@@ -381,31 +458,55 @@ def _node_arg(argv: object) -> str | None:
     return str(argv[index]) if index is not None and isinstance(argv, list) else None
 
 
-def _timeline_section(record: Mapping[str, Any]) -> str:
-    calls = _calls(record)
-    missing = (
-        "<p class=note>The journal has no per-batch entries: it records each call, not which nodes "
-        "formed a rollout batch or when a batch started and ended, so batches cannot be drawn. Shown: "
-        "each call that changed the cluster, from its start to its end (journal time and duration).</p>"
-    )
-    if not calls:
-        return f"<section><h2>Timeline</h2>{missing}<p>No timed changes in this record.</p></section>"
-    t0 = min(c.start for c in calls)
-    span = max(max(c.end for c in calls) - t0, 1e-3)
-    lanes: dict[str, list[_Call]] = {}
-    for call in calls:
-        lanes.setdefault(call.step, []).append(call)
+_NO_BATCHES = (
+    "<p class=note>This record has no per-batch entries (a record from before the steps logged their "
+    "rollout batches, or a step interrupted before it returned its result), so batches cannot be drawn. "
+    "Shown: each call that changed the cluster, from its start to its end (journal time and duration).</p>"
+)
+_WITH_BATCHES = (
+    "<p class=hint>Batches: one bar per rollout batch (green: every node went through, red: a node failed; "
+    "hover for its nodes, start and duration). Calls: each call that changed the cluster.</p>"
+)
+
+
+def _timeline_section(record: Mapping[str, Any], steps: list[_Step]) -> str:
+    calls, batches = _calls(record), _batches(steps)
+    note = _WITH_BATCHES if batches else _NO_BATCHES
+    if not calls and not batches:
+        return f"<section><h2>Timeline</h2>{note}<p>No timed changes in this record.</p></section>"
+    spans = calls + batches
+    t0 = min(c.start for c in spans)
+    span = max(max(c.end for c in spans) - t0, 1e-3)
+    lanes: dict[tuple[str, str], list[_Call]] = {}
+    for kind, members in (("batches", batches), ("calls", calls)):
+        for item in members:
+            lanes.setdefault((item.step, kind), []).append(item)
     rows = "".join(
-        f"<div class=lane><span class=lname>{_e(step)}</span><div class=track>"
-        f"{''.join(_bars(members, t0, span))}</div></div>"
-        for step, members in lanes.items()
+        f"<div class=lane><span class=lname>{_e(step)} {kind}</span><div class=track>"
+        f"{''.join(_batch_bars(members, t0, span) if kind == 'batches' else _bars(members, t0, span))}"
+        "</div></div>"
+        for (step, kind), members in lanes.items()
     )
     axis = f"<p class=axis><span>{_clock(t0)}</span><span>{_e(f'{span:.1f}')} s</span><span>{_clock(t0 + span)}</span></p>"
-    return f"<section><h2>Timeline</h2>{missing}<div class=timeline>{rows}</div>{axis}</section>"
+    tables = "".join(_batch_table(step) for step in steps if step.rollout)
+    return f"<section><h2>Timeline</h2>{note}<div class=timeline>{rows}</div>{axis}{tables}</section>"
 
 
 def _clock(moment: float) -> str:
     return datetime.fromtimestamp(moment, UTC).strftime("%H:%M:%S UTC")
+
+
+def _batch_bars(batches: list[_Call], t0: float, span: float) -> Iterable[str]:
+    """One bar per batch (a batch holds at least one node, so at most one bar per node)."""
+    for batch in batches:
+        yield _bar(
+            batch.start,
+            batch.end,
+            t0,
+            span,
+            title=batch.what,
+            kind="batch " + ("failed" if batch.failed else "ok"),
+        )
 
 
 def _bars(calls: list[_Call], t0: float, span: float) -> Iterable[str]:
@@ -415,7 +516,9 @@ def _bars(calls: list[_Call], t0: float, span: float) -> Iterable[str]:
             title = f"{call.what}: {_clock(call.start)}, {call.end - call.start:.1f} s" + (
                 ", failed" if call.failed else ""
             )
-            yield _bar(call.start, call.end, t0, span, title=title, failed=call.failed)
+            yield _bar(
+                call.start, call.end, t0, span, title=title, kind="bar failed" if call.failed else "bar"
+            )
         return
     slices: dict[int, list[_Call]] = {}
     for call in calls:
@@ -427,14 +530,47 @@ def _bars(calls: list[_Call], t0: float, span: float) -> Iterable[str]:
             f", {failed} failed" if failed else ""
         )
         start, end = min(c.start for c in members), max(c.end for c in members)
-        yield _bar(start, end, t0, span, title=title, failed=bool(failed))
+        yield _bar(start, end, t0, span, title=title, kind="bar failed" if failed else "bar")
 
 
-def _bar(start: float, end: float, t0: float, span: float, *, title: str, failed: bool) -> str:
+def _bar(start: float, end: float, t0: float, span: float, *, title: str, kind: str) -> str:
     left = (start - t0) / span * 100
     width = max((end - start) / span * 100, 0.0)
-    kind = " failed" if failed else ""
-    return f'<i class="bar{kind}" style="left:{left:.2f}%;width:{width:.2f}%" title="{_e(title)}"></i>'
+    return f'<i class="{kind}" style="left:{left:.2f}%;width:{width:.2f}%" title="{_e(title)}"></i>'
+
+
+def _batch_table(step: _Step) -> str:
+    """The step's batches as rows (every failed one, and the first BATCH_ROWS), and the batches the
+    schedule had that never started."""
+    rows = [e for i, e in enumerate(step.rollout) if i < BATCH_ROWS or e.get("outcome") == "failed"]
+    body = "".join(_batch_row(entry) for entry in rows)
+    more = len(step.rollout) - len(rows)
+    rest = f"<p>{more} more batches are in results/{_e(step.name)}.json.</p>" if more > 0 else ""
+    head = "<tr><th>batch</th><th>started</th><th>duration</th><th>nodes</th><th>outcome</th></tr>"
+    never = step.planned[len(step.rollout) :]
+    stopped = (
+        f"<p class=note>{_e(step.name)}: {len(never)} batch(es) never started (the rollout stopped when the "
+        f"failure budget was used up): {sum(map(len, never))} node(s) not touched.</p>"
+        if never
+        else ""
+    )
+    return (
+        f"{stopped}<details><summary>{_e(step.name)}: {len(step.rollout)} batch(es)</summary>"
+        f"<table>{head}{body}</table>{rest}</details>"
+    )
+
+
+def _batch_row(entry: Mapping[str, Any]) -> str:
+    start, duration = entry.get("started"), entry.get("duration_s")
+    when = _clock(start) if isinstance(start, int | float) else "?"
+    outcome = str(entry.get("outcome", "?"))
+    failed = [str(name) for name in entry.get("failed") or []]
+    return (
+        f"<tr><td class=num>{_e(entry.get('batch', '?'))}</td><td>{when}</td><td class=num>"
+        f"{_e(_seconds(duration))}</td><td>{_e(_node_list(entry.get('nodes')))}</td><td>"
+        f'<span class="st {_e(outcome)}">{_e(outcome)}</span>'
+        f"{_e(' ' + _short(failed)) if failed else ''}</td></tr>"
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -493,11 +629,7 @@ def _where(group: list[dict[str, Any]], record: Mapping[str, Any]) -> str:
     """Which nodes (or how many calls) a change went to, and how it ended when not plainly."""
     names = _addresses(record)
     targets = [names.get(n, n) for n in (_node_arg(c.get("argv")) for c in group) if n]
-    if targets:
-        ends = targets if len(targets) <= 6 else [*targets[:3], "…", *targets[-2:]]
-        where = f"{len(targets)} node{'s' if len(targets) != 1 else ''}: {', '.join(ends)}"
-    else:
-        where = f"{len(group)} call{'s' if len(group) != 1 else ''}"
+    where = _node_list(targets) if targets else f"{len(group)} call{'s' if len(group) != 1 else ''}"
     if group[0].get("exit_code") not in (0, None):
         where += f" · exit {group[0]['exit_code']}"
     return where + (f" · {group[0]['interrupt']}" if group[0].get("interrupt") else "")
@@ -547,9 +679,11 @@ pre{background:#f5f6f8;padding:8px;overflow-x:auto;white-space:pre-wrap;margin:4
 .diff .add{color:#1b5e20;background:#e6f4e6}.diff .del{color:#b71c1c;background:#fdeaea}.diff .hunk{color:#1565c0}.diff .file{font-weight:bold}
 .change{border:1px solid #e3e5ea;border-radius:6px;padding:4px 10px;margin:6px 0}.change.failed{border-color:#c62828;background:none}
 .change summary{cursor:pointer}.err{color:#b71c1c}.timeline{border:1px solid #e3e5ea;border-radius:6px;padding:6px}
-.lane{display:flex;align-items:center;height:22px}.lname{width:110px;flex:none;color:#445}.track{position:relative;flex:1;height:14px;background:#f2f3f6}
+.lane{display:flex;align-items:center;height:22px}.lname{width:160px;flex:none;color:#445}.track{position:relative;flex:1;height:14px;background:#f2f3f6}
 .bar{position:absolute;top:0;height:14px;min-width:2px;background:#2e7dd7;opacity:.8}.bar.failed{background:#c62828}
-.axis{display:flex;justify-content:space-between;color:#667;margin:2px 0 0 110px}
+.axis{display:flex;justify-content:space-between;color:#667;margin:2px 0 0 160px}
+.batch{position:absolute;top:0;height:14px;min-width:2px;box-sizing:border-box;border-right:1px solid #fff}.batch:nth-child(even){opacity:.8}
+.checked{margin:4px 0;padding-left:20px;font-family:ui-monospace,monospace;font-size:13px}
 """
 
 _SCRIPT = """

@@ -39,7 +39,14 @@ from runbook_lib.model.versions import TalosVersion
 from . import fixes, gpu_operator_handover, image_diagnosis, image_risks
 from .context import Context
 from .image_risks import NodeFacts
-from .patch import config_patch, pause_before, read_configs, rollout_schedule, wanted_documents
+from .patch import (
+    config_patch,
+    log_batch,
+    pause_before,
+    read_configs,
+    rollout_schedule,
+    wanted_documents,
+)
 from .results import Check, NodeResult, StepResult
 
 Progress = Callable[[int, int], None]
@@ -256,6 +263,7 @@ def image_upgrade(
             settle_timeout=settle_timeout,
             poll_interval=poll_interval,
         ),
+        log=result.data.setdefault("rollout", []),
     )
     return _finish(_default_runtime_after_upgrade(ctx, result, apply=True))
 
@@ -266,14 +274,19 @@ def _roll_out(
     results: dict[str, NodeResult],
     progress: Progress | None,
     run_batch: Callable[[list[NodeImage]], int],
+    *,
+    log: list[dict[str, Any]],
 ) -> None:
     """Run the schedule's batches (``run_batch`` returns a batch's failed count) until the failure budget is
-    used up; the nodes of the batches never started are marked untouched."""
+    used up; the nodes of the batches never started are marked untouched.  Each batch run goes to ``log``
+    (``patch.log_batch``)."""
     batches = schedule.batches(todo)
     done = failed = 0
     for index, batch in enumerate(batches):
         pause_before(schedule, index)
+        started = time.time()
         failed += run_batch(batch)
+        log_batch(log, index, schedule, [results[plan.node.address] for plan in batch], started)
         done += len(batch)
         if progress:
             progress(done, len(todo))

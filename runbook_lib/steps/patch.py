@@ -193,6 +193,29 @@ def pause_before(plan: Schedule, index: int) -> None:
         time.sleep(plan.pause_seconds)
 
 
+def log_batch(
+    log: list[dict[str, Any]], index: int, plan: Schedule, members: list[NodeResult], started: float
+) -> None:
+    """Append what one batch did to ``log`` (the result's ``data["rollout"]``): its nodes, when it started,
+    how long it took and which of its nodes failed.
+
+    Why: the journal holds calls, not batches; a reviewer of a fleet rollout wants to see the canary go
+    first, how long each batch took and where the rollout stopped (the record's front page draws these).
+    """
+    failed = [res.node for res in members if res.status == "failed"]
+    log.append(
+        {
+            "batch": index + 1,
+            "of": len(plan.sizes),
+            "nodes": [res.node for res in members],
+            "started": round(started, 3),
+            "duration_s": round(time.time() - started, 3),
+            "failed": failed,
+            "outcome": "failed" if failed else "ok",
+        }
+    )
+
+
 def _apply_in_batches(
     ctx: Context,
     result: StepResult,
@@ -215,6 +238,7 @@ def _apply_in_batches(
                 res.message = f"not touched: the rollout stopped after {stopped_by} failed"
             continue
         pause_before(plan, index)
+        started = time.time()
         per_patch: dict[str, list[Node]] = {}
         for patch, node in batch:
             per_patch.setdefault(patch, []).append(node)
@@ -252,6 +276,8 @@ def _apply_in_batches(
                 res.status = "failed"
                 res.message = "patched, but the node did not answer again after its reboot"
                 failed.append(res.node)
+        batch_results = [by_address[node.address] for _patch, node in batch]
+        log_batch(result.data.setdefault("rollout", []), index, plan, batch_results, started)
         if plan.exhausted(len(failed)):
             stopped_by = failed[-1]
         done += len(batch)
