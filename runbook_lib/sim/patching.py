@@ -157,7 +157,26 @@ def _is_delete(value: Any) -> bool:
     return isinstance(value, dict) and value.get(DELETE_KEY) == "delete"
 
 
+def _delete_items(path: str, items: list[Any], selectors: list[dict[str, Any]]) -> list[Any]:
+    """Each ``$patch: delete`` list item is a selector on its first other key, in any list: the first item
+    matching it goes, and none matching is an error (talos@v1.12.0 pkg/machinery/config/configloader/
+    internal/decoder/delete.go ``makeSequenceSelector``, selector.go ``deleteStructFrom``)."""
+    out = list(items)
+    for selector in selectors:
+        key, value = next(((k, v) for k, v in selector.items() if k != DELETE_KEY), ("", None))
+        match = next(
+            (i for i, item in enumerate(out) if isinstance(item, dict) and key and item.get(key) == value),
+            None,
+        )
+        if match is None:
+            raise PatchError(f"patch delete: failed to delete path '{path}' ({key}: {value}): lookup failed")
+        out.pop(match)
+    return out
+
+
 def _merge_list(path: str, left: list[Any], right: list[Any]) -> list[Any]:
+    left = _delete_items(path, left, [item for item in right if _is_delete(item)])
+    right = [item for item in right if not _is_delete(item)]
     if path in _REPLACE_PATHS:
         return copy.deepcopy(right)
     keys = _MERGE_BY_KEY.get(path) or _MERGE_BY_KEY.get(path.rsplit(".", 1)[-1])
@@ -175,8 +194,6 @@ def _merge_list(path: str, left: list[Any], right: list[Any]) -> list[Any]:
                     break
         if match is None:
             result.append(copy.deepcopy(item))
-        elif _is_delete(item):
-            result.pop(match)
         else:
             result[match] = merge(result[match], item, f"{path}[]")
     return result
