@@ -50,6 +50,7 @@ type derived struct {
 	extensions []ExtensionSpec
 	modules    []ModuleSpec
 	services   []ServiceSpec // the nodes file's base services, then the extension services
+	files      map[string]string
 }
 
 // driverBound: the nvidia module is Live, so its PCI driver directory exists.
@@ -74,12 +75,16 @@ func (d derived) waiting() []string {
 func deriveState(img ImageSpec, cfg config.Provider, base []ServiceSpec, now time.Time) derived {
 	d := derived{extensions: img.Extensions, services: slices.Clone(base)}
 
-	if slices.ContainsFunc(img.Extensions, func(e ExtensionSpec) bool { return isKmodExtension(e.Name) }) {
+	if i := slices.IndexFunc(img.Extensions, func(e ExtensionSpec) bool { return isKmodExtension(e.Name) }); i >= 0 {
 		wanted := configModules(cfg)
 		for _, m := range nvidiaModules {
 			if slices.Contains(wanted, m) {
 				d.modules = append(d.modules, ModuleSpec{Name: m, State: "Live", Address: "0xffffffffc0000000"})
 			}
+		}
+
+		if d.driverBound() {
+			d.files = map[string]string{driverVersionFile: driverVersion(img.Extensions[i])}
 		}
 	}
 
@@ -88,6 +93,22 @@ func deriveState(img ImageSpec, cfg config.Provider, base []ServiceSpec, now tim
 	}
 
 	return d
+}
+
+// driverVersionFile is what the loaded nvidia module reports; the runbook's verify reads it.
+const driverVersionFile = "/proc/driver/nvidia/version"
+
+// driverVersion is the file's text for the kmod extension's driver (the version before "-": 570.172.08-v1.12.0).
+// The wording is the open and the proprietary module's first line (as runbook_lib/sim/talosctl/main.py has them,
+// from captures cited there); the build host and date are not the release's (no source for them).
+func driverVersion(kmod ExtensionSpec) string {
+	drv, _, _ := strings.Cut(kmod.Version, "-")
+	if strings.HasPrefix(kmod.Name, "nvidia-open-gpu-kernel-modules") {
+		return "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  " + drv +
+			"  Release Build  (dvs-builder@U22-I3-AF03-09-1)  Thu Oct 30 06:09:39 UTC 2025\nGCC version:  gcc version 14.2.0 (GCC) \n"
+	}
+
+	return "NVRM version: NVIDIA UNIX x86_64 Kernel Module  " + drv + "  Thu Oct 30 06:09:39 UTC 2025\nGCC version:  gcc version 14.2.0 (GCC) \n"
 }
 
 func toolkitServices(bound, withCDIGen bool, now time.Time) []ServiceSpec {

@@ -83,7 +83,7 @@ const bootIDPath = "/proc/sys/kernel/random/boot_id"
 // Read streams a file of the nodes file's "files" (talos@v1.12.0:internal/app/machined/internal/server/v1alpha1/v1alpha1_server.go:1351-1387):
 // a missing path is NotFound with os.Stat's text.
 func (s *machineServer) Read(in *machine.ReadRequest, srv grpc.ServerStreamingServer[common.Data]) error {
-	content, ok := s.node.spec.Files[in.GetPath()]
+	content, ok := s.node.file(in.GetPath())
 	if in.GetPath() == bootIDPath {
 		content, ok = s.node.bootState().bootID+"\n", true
 	}

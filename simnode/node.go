@@ -39,7 +39,8 @@ type simNode struct {
 	tryTimer  *time.Timer
 	events    *eventBus
 	boot      bootInfo
-	services  []ServiceSpec // what ServiceList answers
+	services  []ServiceSpec     // what ServiceList answers
+	files     map[string]string // derived files (the driver's version file), before the nodes file's "files"
 }
 
 // bootInfo is what the running boot is: its installer image (the nodes file's "image", then upgrades), the
@@ -98,10 +99,24 @@ func (n *simNode) refresh(ctx context.Context) (derived, error) {
 	}
 
 	n.mu.Lock()
-	n.services = d.services
+	n.services, n.files = d.services, d.files
 	n.mu.Unlock()
 
 	return d, nil
+}
+
+// file is what MachineService.Read answers for path: a derived file, else the nodes file's "files".
+func (n *simNode) file(path string) (string, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+
+	if content, ok := n.files[path]; ok {
+		return content, true
+	}
+
+	content, ok := n.spec.Files[path]
+
+	return content, ok
 }
 
 // image is what the installer image ref installs (the nodes file's "images", then -image-resolver).

@@ -83,7 +83,7 @@ def observed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Observed]:
         for name, address, config in (("apply", APPLY, plain), ("upgrade", UPGRADE, with_modules))
     ]
     state = tmp / "state"
-    flags = ("-image-resolver", str(resolver(tmp)))
+    flags = ("-image-resolver", str(resolver(tmp)), "-time-factor", "0.01")  # upgrades take 0.4 s
     proc = start_simnode(build("build-simnode.sh"), state, {"nodes": nodes, "images": IMAGES}, *flags)
     yield Observed(Sim(talosctl, state / "talosconfig"), state, proc, tmp)
     proc.terminate()
@@ -117,6 +117,15 @@ def test_the_file_follows_an_upgrade_to_an_image_only_the_resolver_knows(observe
     assert node["image"] == RESOLVED and node["boot_id"] != before["boot_id"] and node["booted"] is True
     assert sorted(m["name"] for m in node["kernel_modules"]) == sorted(MODULES)
     assert {s["id"]: s["state"] for s in node["services"]}["ext-nvidia-persistenced"] == "Running"
+    driver = observed.sim.run("-n", UPGRADE, "read", "/proc/driver/nvidia/version")
+    assert driver.stdout.startswith("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.172.08  ")
+
+
+def test_no_driver_version_file_without_the_driver(observed: Observed) -> None:
+    """The file exists once the nvidia module is loaded (derived from the kmod extension), not before."""
+    proc = observed.sim.run("-n", APPLY, "read", "/proc/driver/nvidia/version")
+    assert proc.returncode == 1
+    assert "stat /proc/driver/nvidia/version: no such file or directory" in proc.stderr
 
 
 def test_an_image_the_resolver_refuses_fails_the_upgrade_with_its_message(observed: Observed) -> None:
