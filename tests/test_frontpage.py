@@ -465,3 +465,64 @@ def test_image_rollout_logs_its_batches_and_the_page_says_where_it_stopped(
     _path, text = sealed(tmp_path, record)
     assert "image: 1 batch(es) never started" in text and "2 node(s) not touched" in text
     assert "failed" in bars_of(text, "batch")[0]["class"].split()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The notebooks' HTML renderings open from disk with no network (issue 17 point 2)
+
+
+class Rendering(HTMLParser):
+    """What a browser would fetch from an HTML rendering, and the text it would show."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.loads: list[str] = []
+        self.text: list[str] = []
+        self._hidden = 0
+        self.feed(text)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.loads += [value or "" for key, value in attrs if key in ("src", "href") and tag != "a"]
+        self._hidden += tag in ("script", "style")
+
+    def handle_endtag(self, tag: str) -> None:
+        self._hidden -= tag in ("script", "style") and self._hidden > 0
+
+    def handle_data(self, data: str) -> None:
+        if self._hidden:
+            self.loads += re.findall(r"""(?:import\s*\(|@import|url\()\s*["']?(https?://[^"')\s]+)""", data)
+        elif data.strip():
+            self.text.append(" ".join(data.split()))
+
+
+def run_record(tmp_path: Path, *extra: str) -> Path:
+    root = tmp_path / "records"
+    params = str(Path(__file__).resolve().parents[1] / "params" / "simulated.yaml")
+    argv = ["run", "--records", str(root), "--state", str(tmp_path / "sim"), "--no-progress", "-p", params]
+    main([*argv, "--steps", "preflight,config-patch", *extra])
+    return records.resolve(root, None)
+
+
+@pytest.mark.slow
+def test_html_renderings_load_nothing_from_the_network_and_show_the_widgets_final_state(
+    tmp_path: Path,
+) -> None:
+    """nbconvert's lab template loads require.js, MathJax and (for notebooks with widget state, as papermill
+    stores it) @jupyter-widgets/html-manager from cdnjs/unpkg (nbconvert 7.17 share/jupyter/nbconvert/
+    templates/lab/index.html.j2, base/jupyter_widgets.html.j2).  A record must open from disk with no
+    network, and the gate's widgets (node picker, Approve button, status line, progress bar) must read as
+    their final state, not as an empty box waiting for a script."""
+    planned = run_record(tmp_path)
+    applied = run_record(tmp_path, "--apply")
+    for record in (planned, applied):
+        for page in sorted((record / "html").glob("*.html")):
+            text = page.read_text(encoding="utf-8")
+            rendering = Rendering(text)
+            assert [u for u in rendering.loads if re.match(r"\s*(https?:)?//", u)] == [], page
+            assert "<script src=" not in text and "cdnjs" not in text and "unpkg" not in text, page
+    shown = " ".join(Rendering((planned / "html" / "02-config-patch.html").read_text()).text)
+    assert "Approve and apply" in shown
+    assert "Review the plan above, then approve to apply exactly it." in shown
+    assert "nodes: gpu-worker-1, gpu-worker-2, gpu-worker-3" in shown
+    shown = " ".join(Rendering((applied / "html" / "02-config-patch.html").read_text()).text)
+    assert "3/3 nodes" in shown

@@ -45,7 +45,7 @@ from runbook_lib.model.params import Params, load_params
 from runbook_lib.model.plan import build_plan
 from runbook_lib.steps.context import Context, connect, resolve_endpoints, sim_state_dir
 
-from . import interrupts, lock, records
+from . import interrupts, lock, offline_html, records
 from .steps import RESULT_FILE_ENV, RUN_ID_ENV, STEP_NAMES, STEPS, StepSpec, journal_file
 
 REPO = Path(__file__).resolve().parents[2]
@@ -218,9 +218,8 @@ class _Background:
         in their own processes, so it still overlaps them.
         """
         import nbformat  # noqa: PLC0415 - lazy (run start-up; papermill has loaded it by now)
-        from nbconvert import HTMLExporter  # noqa: PLC0415 - lazy (run start-up)
 
-        self._exporter = HTMLExporter()  # type: ignore[no-untyped-call]
+        self._exporter = offline_html.exporter()  # no script from the network (see offline_html)
         self._exporter.from_notebook_node(nbformat.from_dict(_SAMPLE_NOTEBOOK))  # type: ignore[no-untyped-call]
 
     def export_html(self, record: Path, notebook: str) -> None:
@@ -235,7 +234,7 @@ class _Background:
         import nbformat  # noqa: PLC0415 - imported by warm_exporter on the main thread
 
         notebook = nbformat.read(path, as_version=4)  # type: ignore[no-untyped-call]
-        body, _ = self._exporter.from_notebook_node(notebook)
+        body, _ = self._exporter.from_notebook_node(offline_html.static_widgets(notebook))
         (record / "html" / (Path(name).stem + ".html")).write_text(body, encoding="utf-8")
 
     def wait(self) -> None:
