@@ -235,6 +235,13 @@ class Rollout(_Strict):
         return value
 
 
+class Rollback(_Strict):
+    """What the rollback step undoes (``runbook rollback``, notebook 07; ``runbook_lib/model/rollback.py``)."""
+
+    records: tuple[str, ...] = ()
+    """Change records whose changes to the GPU nodes are undone (names as `runbook records list` shows them, or paths); `runbook rollback --from RECORD` sets it. Empty: the rollback step refuses to run."""
+
+
 class Simulation(_Strict):
     """Only for ``target: simulated``: how the built-in simulated cluster behaves."""
 
@@ -290,6 +297,8 @@ class Params(_Strict):
     """How many nodes change at once (the largest batch); `rollout` sets the canary, failure budget and pause."""
     rollout: Rollout = Rollout()
     """Rollout controls for the image and config-patch steps (canary, max_failures, pause_seconds)."""
+    rollback: Rollback = Rollback()
+    """The change records the rollback step undoes (records)."""
     talosconfig: str | None = None
     """Path to the talosconfig (never its contents); default: talosctl's own default / the simulator's."""
     kubeconfig: str | None = None
@@ -347,6 +356,16 @@ class Params(_Strict):
         return value
 
     # -- derived views ---------------------------------------------------------------------------------
+    def with_chart_repo(self, url: str) -> Params:
+        """These parameters with both chart repositories at ``url`` (a simulated cluster serving both charts)."""
+        url = _check_repo_url(url)
+        return self.model_copy(
+            update={
+                "device_plugin": self.device_plugin.model_copy(update={"repo_url": url}),
+                "gpu_operator": self.gpu_operator.model_copy(update={"repo_url": url}),
+            }
+        )
+
     @property
     def talos(self) -> TalosVersion:
         return TalosVersion.parse(self.talos_version)

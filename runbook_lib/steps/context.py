@@ -38,6 +38,8 @@ class Endpoints:
     talosconfig: str | None
     kubeconfig: str | None
     image_factory_url: str
+    chart_repo_url: str | None = None
+    """The simulated cluster's own chart repository (``charts`` in ``endpoints.json``); None for a real one."""
 
 
 def sim_state_dir() -> Path:
@@ -70,6 +72,7 @@ def resolve_endpoints(params: Params, state_dir: Path | None = None) -> Endpoint
         talosconfig=str(state / "talosconfig"),
         kubeconfig=str(state / "kubeconfig"),
         image_factory_url=str(published.get("factory") or params.image_factory_url),
+        chart_repo_url=str(published["charts"]) if published.get("charts") else None,
     )
 
 
@@ -128,6 +131,9 @@ class Context:
 def connect(params: Params, *, journal: Journal | None = None, state_dir: Path | None = None) -> Context:
     """Build the clients for one run.  Nothing is contacted yet."""
     endpoints = resolve_endpoints(params, state_dir)
+    if endpoints.chart_repo_url:
+        # The simulator serves the charts, as it serves the Image Factory: the plan shows the URL helm uses.
+        params = params.with_chart_repo(endpoints.chart_repo_url)
     journal = journal if journal is not None else Journal()
     runner = Runner(journal)
     return Context(

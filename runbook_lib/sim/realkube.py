@@ -1,0 +1,344 @@
+"""The simulated cluster on the real Kubernetes control plane (issue 15): what ``runbook sim up`` starts.
+
+One supervisor process per state dir (``python -m runbook_lib.sim.realkube --state DIR``) runs, and on
+SIGTERM stops, everything that makes the simulated cluster's Kubernetes real:
+
+- ``simkube`` (etcd, kube-apiserver, kube-controller-manager, kube-scheduler of the Kubernetes release the
+  nodes' Talos ships, with Talos's admission settings); its admin kubeconfig becomes ``<state>/kubeconfig``;
+- a Node object per simulated node, kept Ready (lease heartbeats) and its pods run by kwok;
+- the GPU node agent (``nodeagent``): ``nvidia.com/gpu`` from each node's simulated Talos state;
+- the chart repository (``chartrepo``): our stand-in charts packaged by the real helm, on 127.0.0.1.
+
+``<state>/bin/helm`` and ``bin/kubectl`` become the real clients (helm's repositories and cache kept in the
+state dir, so runs never share ``~/.config/helm``), and ``endpoints.json`` gets ``kube`` and ``charts``,
+which the library reads as it reads the Image Factory's URL. ``RUNBOOK_SIM_KUBE=real|python`` chooses; unset,
+it is ``real`` when the binaries are built (``make kube-tools``), else the Python API server (``kubeapi``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import select
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from runbook_lib.sim import chartrepo, nodeagent, pidfile
+from runbook_lib.sim.state import atomic_write, load_cluster, load_nodes, sim_paths
+
+MODE_ENV = "RUNBOOK_SIM_KUBE"
+MODULE = "runbook_lib.sim.realkube"
+ROOT = Path(__file__).resolve().parents[2]
+KWOK_VERSION = "v0.8.0"
+CLIENTS_PACKAGE_VERSION = "2.2.2"  # tools/install-kube-clients.sh: kubectl 1.35.2, helm 4.1.4
+log = logging.getLogger(MODULE)
+
+
+@dataclass(frozen=True)
+class Tools:
+    """The cached binaries (built by ``make kube-tools``); nothing here builds or downloads."""
+
+    simkube: Path
+    kube_bin: Path
+    kwok: Path
+    stages: Path
+    kubectl: Path
+    helm: Path
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("RUNBOOK_TOOLS_CACHE") or Path.home() / ".cache" / "talos-gpu-runbooks")
+
+
+def simkube_key() -> str:
+    """The cache key ``tools/build-simkube.sh`` uses: SHA-256 over ``sha256sum go.mod ./*.go``'s output."""
+    src = ROOT / "simkube"
+    files = ["go.mod", *sorted(f"./{p.name}" for p in src.glob("*.go"))]
+    listing = "".join(f"{hashlib.sha256((src / f).read_bytes()).hexdigest()}  {f}\n" for f in files)
+    return hashlib.sha256(listing.encode()).hexdigest()[:16]
+
+
+def find_tools(kubernetes_version: str) -> Tools | str:
+    """The cached binaries for this Kubernetes release, or why they cannot be used (what to run)."""
+    cache = cache_root()
+    kwok = cache / "kwok" / KWOK_VERSION
+    clients = cache / "kube-clients" / CLIENTS_PACKAGE_VERSION / "bin"
+    tools = Tools(
+        simkube=cache / "simkube" / simkube_key() / "simkube"
+        if (ROOT / "simkube").is_dir()
+        else Path("/nonexistent"),
+        kube_bin=cache / "kube" / f"v{kubernetes_version.lstrip('v')}" / "bin",
+        kwok=kwok / "bin" / "kwok",
+        stages=kwok / "stages.yaml",
+        kubectl=clients / "kubectl",
+        helm=clients / "helm",
+    )
+    wanted = [tools.simkube, tools.kwok, tools.stages, tools.kubectl, tools.helm]
+    wanted += [
+        tools.kube_bin / b for b in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
+    ]
+    missing = [str(p) for p in wanted if not p.is_file()]
+    if missing:
+        return f"not built: {', '.join(missing)} (make kube-tools KUBE_VERSION=v{kubernetes_version.lstrip('v')})"
+    return tools
+
+
+def choose(kubernetes_version: str, env: dict[str, str] | None = None) -> Tools | None:
+    """The tools for the real control plane, or None for the Python API server.
+
+    ``RUNBOOK_SIM_KUBE=real`` without the binaries is an error naming what is missing; any other value than
+    ``real``/``python`` is an error naming the variable (both exit 2 through ``ValueError`` -> PermanentError).
+    """
+    value = (os.environ if env is None else env).get(MODE_ENV, "")
+    if value not in ("", "real", "python"):
+        raise ValueError(f"{MODE_ENV}={value!r} is not a choice: use real (the real control plane) or python")
+    if value == "python":
+        return None
+    found = find_tools(kubernetes_version)
+    if isinstance(found, Tools):
+        return found
+    if value == "real":
+        raise ValueError(f"{MODE_ENV}=real but the control plane is {found}")
+    return None
+
+
+# ---------------------------------------------------------------- the parent's side: start, stop, status
+
+
+def _paths(state_dir: Path) -> dict[str, Path]:
+    return {
+        "pid": state_dir / "realkube.pid",
+        "info": state_dir / "realkube.json",
+        "log": state_dir / "realkube.log",
+        "logs": state_dir / "logs",
+        "kube": state_dir / "kube",
+        "charts": state_dir / "charts",
+        "helm_home": state_dir / "helm",
+    }
+
+
+def write_clients(state_dir: Path, tools: Tools) -> None:
+    """``bin/helm`` and ``bin/kubectl`` run the real clients; helm keeps its repositories in the state dir."""
+    bin_dir = sim_paths(state_dir).bin_dir
+    home = _paths(state_dir)["helm_home"]
+    quote = shlex.quote
+    helm_env = " ".join(
+        f"HELM_{kind}_HOME={quote(str(home / kind.lower()))}" for kind in ("CONFIG", "CACHE", "DATA")
+    )
+    scripts = {
+        "helm": f'#!/bin/sh\nexport {helm_env}\nexec {quote(str(tools.helm))} "$@"\n',
+        "kubectl": f'#!/bin/sh\nexec {quote(str(tools.kubectl))} "$@"\n',
+    }
+    for name, text in scripts.items():
+        atomic_write(bin_dir / name, text)
+        (bin_dir / name).chmod(0o700)
+
+
+def supervisor_pid(state_dir: Path) -> int | None:
+    """The live supervisor of this state dir (pid, start time and command line checked), else None."""
+    recorded = pidfile.read(_paths(state_dir)["pid"])
+    if recorded is None or not _is_supervisor(recorded[0], recorded[1], state_dir):
+        return None
+    return recorded[0]
+
+
+def _is_supervisor(pid: int, started: str | None, state_dir: Path) -> bool:
+    if pidfile.start_time(pid) is None or (started is not None and pidfile.start_time(pid) != started):
+        return False
+    try:
+        argv = [os.fsdecode(a) for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")]
+    except OSError:
+        return False
+    if MODULE not in argv or "--state" not in argv[:-1]:
+        return False
+    return os.path.realpath(argv[argv.index("--state") + 1]) == os.path.realpath(state_dir)
+
+
+def start(state_dir: Path, tools: Tools, timeout: float = 240.0) -> dict[str, Any]:
+    """Start the supervisor detached and wait until it published ``realkube.json``; its contents.
+
+    A supervisor that fails stops what it started; its log's tail is in the error."""
+    paths = _paths(state_dir)
+    stop(state_dir)
+    write_clients(state_dir, tools)
+    paths["info"].unlink(missing_ok=True)
+    with open(os.open(paths["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", MODULE, "--state", str(state_dir)],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            start_new_session=True,
+            umask=0o077,
+        )
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            info: dict[str, Any] = json.loads(paths["info"].read_text())
+            if info.get("pid") == proc.pid:
+                return info
+        if proc.poll() is not None:
+            raise RuntimeError(f"the real control plane did not start: {_tail(paths['log'])}")
+        time.sleep(0.2)
+    stop(state_dir)
+    raise RuntimeError(f"the real control plane did not start within {timeout:.0f}s; see {paths['log']}")
+
+
+def _tail(path: Path, lines: int = 8) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return f"(no log at {path})"
+    return " | ".join(text[-lines:]) + f" (log: {path})"
+
+
+def stop(state_dir: Path, timeout: float = 90.0) -> bool:
+    """SIGTERM this state dir's supervisor and wait until it stopped everything; True if one was running."""
+    pid = supervisor_pid(state_dir)
+    if pid is None:
+        _paths(state_dir)["pid"].unlink(missing_ok=True)
+        return False
+    pinned = os.pidfd_open(pid)
+    try:
+        signal.pidfd_send_signal(pinned, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and pidfile.start_time(pid) is not None:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)  # our own child (tests) would stay a zombie
+            time.sleep(0.1)
+        if pidfile.start_time(pid) is not None:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(pinned, signal.SIGKILL)
+    finally:
+        os.close(pinned)
+    _paths(state_dir)["pid"].unlink(missing_ok=True)
+    return True
+
+
+# ---------------------------------------------------------------- the supervisor
+
+
+def _start_simkube(state_dir: Path, tools: Tools, logs: Path) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+    """simkube in a fresh ``<state>/kube`` (it refuses a used one); the JSON line it prints when ready."""
+    kube = _paths(state_dir)["kube"]
+    shutil.rmtree(kube, ignore_errors=True)
+    err = open(os.open(logs / "simkube.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [str(tools.simkube), "--state", str(kube), "--bin", str(tools.kube_bin)],
+        stdout=subprocess.PIPE,
+        stderr=err,
+        text=True,
+    )
+    err.close()
+    assert proc.stdout is not None
+    readable, _, _ = select.select([proc.stdout], [], [], 180)
+    line = proc.stdout.readline() if readable else ""
+    if not line:
+        proc.kill()
+        proc.wait()
+        raise RuntimeError(f"simkube did not start: {_tail(logs / 'simkube.log')}")
+    return proc, json.loads(line)
+
+
+def _start_kwok(tools: Tools, kubeconfig: Path, logs: Path) -> subprocess.Popen[bytes]:
+    out = open(os.open(logs / "kwok.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb")  # noqa: SIM115
+    with out:
+        return subprocess.Popen(
+            [
+                str(tools.kwok),
+                "--kubeconfig",
+                str(kubeconfig),
+                "--config",
+                str(tools.stages),
+                "--manage-all-nodes",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+        )
+
+
+def _publish(state_dir: Path, info: dict[str, Any]) -> None:
+    """``realkube.json`` (what ``start`` waits for) and ``kube``/``charts`` in ``endpoints.json``."""
+    endpoints_file = sim_paths(state_dir).endpoints
+    with contextlib.suppress(FileNotFoundError, ValueError):
+        endpoints = json.loads(endpoints_file.read_text())
+        endpoints |= {"kube": info["kube"], "charts": info["charts"]}
+        atomic_write(endpoints_file, json.dumps(endpoints, indent=1))
+    atomic_write(_paths(state_dir)["info"], json.dumps(info, indent=1))
+
+
+def _stop_process(proc: subprocess.Popen[Any], timeout: float) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextlib.contextmanager
+def _running(state_dir: Path, tools: Tools) -> Iterator[dict[str, Any]]:
+    """Everything started in order; on exit (or a failed start) stopped in reverse order."""
+    paths = _paths(state_dir)
+    paths["logs"].mkdir(mode=0o700, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        simkube, ready = _start_simkube(state_dir, tools, paths["logs"])
+        stack.callback(_stop_process, simkube, 60)
+        kubeconfig = sim_paths(state_dir).kubeconfig
+        atomic_write(kubeconfig, Path(ready["kubeconfig"]).read_text())
+        kubeconfig.chmod(0o600)
+        nodeagent.register(nodeagent.api(kubeconfig), load_nodes(state_dir))
+        stack.callback(_stop_process, _start_kwok(tools, kubeconfig, paths["logs"]), 30)
+        repo = chartrepo.serve(tools.helm, paths["charts"])
+        stack.callback(repo.stop)
+        agent = nodeagent.NodeAgent(state_dir, kubeconfig)
+        agent.start()
+        stack.callback(agent.stop)
+        yield {"pid": os.getpid(), "kube": ready["server"], "charts": repo.url, "components": ready["pids"]}
+
+
+def serve(state_dir: Path) -> int:
+    """The supervisor's main: start everything, publish, wait for SIGTERM/SIGINT, stop everything."""
+    kubernetes = str(load_cluster(state_dir).get("kubernetes_version", "1.35.0"))
+    tools = choose(kubernetes, {MODE_ENV: "real"})
+    assert tools is not None  # choose raises for real without the binaries
+    stop_event = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda _s, _f: stop_event.set())
+    pidfile.write(_paths(state_dir)["pid"])
+    try:
+        with _running(state_dir, tools) as info:
+            _publish(state_dir, info)
+            log.info("real control plane up: %s", {k: v for k, v in info.items() if k != "components"})
+            stop_event.wait()
+    finally:
+        _paths(state_dir)["info"].unlink(missing_ok=True)
+    log.info("real control plane stopped")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=f"python -m {MODULE}")
+    parser.add_argument("--state", required=True, type=Path)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    return serve(args.state.resolve())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

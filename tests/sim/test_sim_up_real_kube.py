@@ -1,0 +1,200 @@
+"""The simulated cluster on the real Kubernetes control plane (issue 15, wiring slice).
+
+The runbook's kubernetes step, unchanged, against what ``runbook sim up`` starts with
+``RUNBOOK_SIM_KUBE=real``: simkube (the real kube-apiserver, controller-manager and scheduler v1.35.0), kwok
+running the simulated nodes' kubelets, the GPU node agent and the chart repository serving our stand-in
+``nvidia-device-plugin`` chart, installed by the real helm 4.1.4. Skipped, saying what to build, when the
+binaries are not built (``make kube-tools``); these tests never build them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runbook_lib.model.params import validate
+from runbook_lib.sim import cluster, realkube
+from runbook_lib.sim.state import locked_node, v1alpha1_doc
+from runbook_lib.steps.context import Context, connect
+from runbook_lib.steps.kubernetes import kubernetes_layer
+
+pytestmark = pytest.mark.slow
+
+TALOS = "v1.12.7"  # Kubernetes 1.35.0 (state.KUBERNETES_FOR_TALOS)
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def tools() -> realkube.Tools:
+    found = realkube.find_tools("1.35.0")
+    if isinstance(found, str):
+        pytest.skip(f"the real control plane is {found}")
+    return found
+
+
+def without_modules(state: Path, node: str) -> None:
+    """The node keeps the NVIDIA extensions but its machine config no longer loads the modules."""
+    with locked_node(state, node) as sim:
+        (v1alpha1_doc(sim.machine_config).setdefault("machine", {}).setdefault("kernel", {}))["modules"] = []
+
+
+def up(state: Path, tools: realkube.Tools, workers: int, scenario: str) -> dict[str, Any]:
+    cluster.create(state, cluster.ClusterSpec(workers=workers, talos_version=TALOS, scenario=scenario))
+    cluster.start_daemon(state, rooms=["factory"])
+    return realkube.start(state, tools)
+
+
+def down(state: Path) -> None:
+    realkube.stop(state)
+    cluster.stop_daemon(state)
+
+
+def context(state: Path, workers: list[str]) -> Context:
+    data = {
+        "cluster": "real-kube",
+        "target": "simulated",
+        "talos_version": TALOS,
+        "nodes": [{"name": n, "address": f"10.5.0.{3 + i}"} for i, n in enumerate(workers)],
+    }
+    return connect(validate(data, source="test"), state_dir=state)
+
+
+@pytest.fixture
+def three_gpu_nodes(tools: realkube.Tools, tmp_path: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """gpu-ready nodes on the real control plane, the last one without the modules in its machine config."""
+    state = tmp_path / "sim"
+    cluster.create(state, cluster.ClusterSpec(workers=3, talos_version=TALOS, scenario="gpu-ready"))
+    without_modules(state, "talos-worker-3")
+    cluster.start_daemon(state, rooms=["factory"])
+    try:
+        yield state, realkube.start(state, tools)
+    finally:
+        down(state)
+
+
+def test_kubernetes_step_installs_the_served_chart_and_gpus_follow_the_nodes_state(
+    three_gpu_nodes: tuple[Path, dict[str, Any]],
+) -> None:
+    """Real helm installs our nvidia-device-plugin 0.18.0 from the simulator's repository into the real API
+    server; kwok runs its DaemonSet's pods; the node agent advertises nvidia.com/gpu on the two nodes whose
+    modules are loaded, never on the third (its device plugin cannot initialise NVML)."""
+    state, info = three_gpu_nodes
+    ctx = context(state, ["talos-worker-1", "talos-worker-2", "talos-worker-3"])
+    assert ctx.plan.helm.repo_url == info["charts"]
+    assert ctx.kube.server_version() == "v1.35.0"  # the real API server, not the Python one
+    result = kubernetes_layer(ctx, apply=True, timeout_s=45)
+    release = ctx.helm.release("nvidia-device-plugin", "kube-system")
+    assert release is not None and (release.chart, release.status) == (
+        "nvidia-device-plugin-0.18.0",
+        "deployed",
+    )
+    by_node = {n.node: n for n in result.nodes}
+    assert [
+        (by_node[n].status, by_node[n].data["allocatable_gpus"]) for n in ("talos-worker-1", "talos-worker-2")
+    ] == [
+        ("ok", 1),
+        ("ok", 1),
+    ]
+    assert by_node["talos-worker-3"].status == "failed"
+    assert by_node["talos-worker-3"].message == "no allocatable nvidia.com/gpu after 45 s"
+    plugin_pods = ctx.kube.core.list_namespaced_pod(
+        "kube-system", label_selector="app.kubernetes.io/instance=nvidia-device-plugin"
+    ).items
+    running = sorted(p.spec.node_name for p in plugin_pods if p.status.phase == "Running")
+    assert running == ["talos-worker-1", "talos-worker-2", "talos-worker-3"]  # it runs there, without NVML
+    commands = [e.argv[1:4] for e in ctx.journal.entries if e.argv]
+    assert ("repo", "add", "nvdp") in [tuple(c) for c in commands]
+
+
+def test_gpus_appear_once_the_modules_are_loaded(three_gpu_nodes: tuple[Path, dict[str, Any]]) -> None:
+    """The agent follows the node's Talos state: loading the modules (what the config-patch step does) makes
+    the third node advertise its GPU with the device plugin already running there."""
+    state, _ = three_gpu_nodes
+    ctx = context(state, ["talos-worker-3"])
+    assert not kubernetes_layer(ctx, apply=True, timeout_s=10).ok
+    with locked_node(state, "talos-worker-1") as good:
+        modules = v1alpha1_doc(good.machine_config)["machine"]["kernel"]["modules"]
+    with locked_node(state, "talos-worker-3") as sim:
+        v1alpha1_doc(sim.machine_config)["machine"]["kernel"]["modules"] = modules
+    again = kubernetes_layer(ctx, apply=True, timeout_s=60)
+    assert again.ok, again.to_dict()
+    assert again.nodes[0].data["allocatable_gpus"] == 1
+
+
+def test_stop_leaves_nothing_running(tools: realkube.Tools, tmp_path: Path) -> None:
+    """Stopping the supervisor stops simkube's components and kwok, and takes the published URLs away."""
+    state = tmp_path / "sim"
+    info = up(state, tools, 1, "fresh")
+    pids = list(info["components"].values())
+    supervisor = info["pid"]
+    assert all(_alive(p) for p in [supervisor, *pids])
+    assert realkube.stop(state) is True
+    cluster.stop_daemon(state)
+    assert not [p for p in [supervisor, *pids] if _alive(p)]
+    assert not (state / "realkube.json").exists()
+    assert not [p for p in Path("/proc").glob("[0-9]*") if str(state) in _cmdline(p)]
+
+
+def test_an_unknown_mode_is_refused_naming_the_variable() -> None:
+    with pytest.raises(ValueError, match=r"RUNBOOK_SIM_KUBE='rael' is not a choice: use real"):
+        realkube.choose("1.35.0", {"RUNBOOK_SIM_KUBE": "rael"})
+
+
+def test_real_without_the_binaries_names_what_to_build(tmp_path: Path) -> None:
+    env = {**os.environ, "RUNBOOK_TOOLS_CACHE": str(tmp_path)}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from runbook_lib.sim import realkube; realkube.choose('1.35.0', {'RUNBOOK_SIM_KUBE': 'real'})",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+    )
+    assert "RUNBOOK_SIM_KUBE=real but the control plane is not built:" in proc.stderr
+    assert "make kube-tools KUBE_VERSION=v1.35.0" in proc.stderr
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _cmdline(proc_dir: Path) -> str:
+    try:
+        return (proc_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def test_published_endpoints_name_the_real_api_and_the_chart_repository(
+    three_gpu_nodes: tuple[Path, dict[str, Any]],
+) -> None:
+    state, info = three_gpu_nodes
+    endpoints = json.loads((state / "endpoints.json").read_text())
+    assert endpoints["kube"] == info["kube"] and endpoints["charts"] == info["charts"]
+    deadline = time.monotonic() + 60
+    out = ""
+    while time.monotonic() < deadline:
+        out = subprocess.run(
+            [str(state / "bin" / "kubectl"), "--kubeconfig", str(state / "kubeconfig"), "get", "nodes", "-o",
+             "jsonpath={range .items[*]}{.metadata.name}={.status.conditions[?(@.type==\"Ready\")].status} {end}"],
+            capture_output=True, text=True, check=False,
+        ).stdout  # fmt: skip
+        if out.split() == [f"talos-{n}=True" for n in ("cp-1", "worker-1", "worker-2", "worker-3")]:
+            break
+        time.sleep(0.5)
+    assert out.split() == [f"talos-{n}=True" for n in ("cp-1", "worker-1", "worker-2", "worker-3")]
