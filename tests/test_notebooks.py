@@ -13,7 +13,7 @@ import pytest
 
 from runbook_lib.cli import main
 from runbook_lib.notebook import records
-from runbook_lib.notebook.steps import NOTEBOOK_PARAMETERS, STEPS, StepSpec
+from runbook_lib.notebook.steps import NOTEBOOK_PARAMETERS, ROLLBACK, STEPS, StepSpec
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = REPO / "notebooks"
@@ -34,10 +34,12 @@ def test_notebook_is_stored_without_outputs(path: Path) -> None:
 def test_every_step_has_its_notebook_in_order() -> None:
     names = [p.name for p in ALL]
     assert names[0] == "00-overview.ipynb"
-    assert names[1:] == [s.notebook for s in STEPS]
+    assert names[1:] == [s.notebook for s in (*STEPS, ROLLBACK)]  # the rollback last: not a runbook step
     overview = nbformat.read(NOTEBOOKS / "00-overview.ipynb", as_version=4)
     text = "".join(c.source for c in overview.cells if c.cell_type == "markdown")
-    assert all(f"({s.notebook})" in text for s in STEPS)
+    assert all(f"({s.notebook})" in text for s in (*STEPS, ROLLBACK))
+    rollback = nbformat.read(NOTEBOOKS / ROLLBACK.notebook, as_version=4)
+    assert rollback.cells[0].source.startswith(f"# {len(STEPS) + 1} · {ROLLBACK.title}\n")
 
 
 def test_the_modules_patch_comes_before_the_image_upgrade() -> None:
@@ -62,7 +64,7 @@ def test_the_modules_patch_comes_before_the_image_upgrade() -> None:
             assert f"[{index + 1} · {following.title}]({following.notebook})" in nb.cells[-1].source
 
 
-@pytest.mark.parametrize("step", STEPS, ids=lambda s: s.name)
+@pytest.mark.parametrize("step", (*STEPS, ROLLBACK), ids=lambda s: s.name)
 def test_parameters_cell_is_typed_and_documented(step: StepSpec) -> None:
     import papermill
 

@@ -11,9 +11,28 @@ v1alpha1_server.go ``Rollback``).
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
 import pytest
 
-from runbook_lib.sim import patching
+from runbook_lib.errors import PermanentError
+from runbook_lib.model.machineconfig import parse_documents
+from runbook_lib.model.params import validate
+from runbook_lib.model.rollback import evidence_from_records, removal_documents
+from runbook_lib.notebook.runner import StepOutcome, _journal_record, select_steps
+from runbook_lib.notebook.steps import ROLLBACK
+from runbook_lib.sim import factory, patching
+from runbook_lib.sim.cluster import ClusterSpec, create
+from runbook_lib.sim.faults import clear, inject
+from runbook_lib.sim.state import VANILLA_SCHEMATIC, load_node
+from runbook_lib.steps.context import Context, connect
+from runbook_lib.steps.image import image_upgrade
+from runbook_lib.steps.patch import config_patch, read_configs
+from runbook_lib.steps.results import StepResult
+from runbook_lib.steps.rollback import rollback
 
 MODULES_PATCH = (
     "machine:\n  kernel:\n    modules:\n    - name: nvidia\n    - name: nvidia_uvm\n"
@@ -38,3 +57,223 @@ def test_sim_list_item_delete_removes_the_first_item_matching_its_first_key() ->
     assert out[0]["machine"]["kernel"]["modules"] == [{"name": "zfs"}, {"name": "nvidia_uvm"}]
     with pytest.raises(patching.PatchError, match="lookup failed"):
         patching.apply_strategic(out, patch)
+
+
+# -- removal patches (pure) ----------------------------------------------------------------------------------
+
+
+def _v1alpha1(**machine: Any) -> list[dict[str, Any]]:
+    return [{"version": "v1alpha1", "machine": machine}]
+
+
+def test_removal_deletes_what_the_runbook_added_and_restores_an_overwritten_sysctl() -> None:
+    """The node had zfs and bpf_jit_harden 2; the runbook added the NVIDIA modules and set 1."""
+    added = parse_documents(MODULES_PATCH)
+    current = _v1alpha1(
+        kernel={"modules": [{"name": "zfs"}, {"name": "nvidia"}, {"name": "nvidia_uvm"}]},
+        sysctls={"net.core.bpf_jit_harden": "1", "vm.swappiness": "10"},
+    )
+    before = {"net.core.bpf_jit_harden": "2"}
+    assert removal_documents(added, current, before, "before-image") == []
+    (patch,) = removal_documents(added, current, before, "after-image")
+    assert patch == {
+        "machine": {
+            "kernel": {
+                "modules": [
+                    {"name": "nvidia", "$patch": "delete"},
+                    {"name": "nvidia_uvm", "$patch": "delete"},
+                ]
+            },
+            "sysctls": {"net.core.bpf_jit_harden": "2"},
+        }
+    }
+    out = patching.apply_strategic(current, patching.StrategicPatch([patch]))
+    assert out[0]["machine"]["kernel"]["modules"] == [{"name": "zfs"}]
+    assert out[0]["machine"]["sysctls"] == {"net.core.bpf_jit_harden": "2", "vm.swappiness": "10"}
+
+
+def test_removal_leaves_what_is_gone_or_changed_since() -> None:
+    """Talos fails a delete whose target is missing (selector.go ``ErrLookupFailed``): only what is still
+    there, with the value the runbook set, is removed."""
+    added = parse_documents(MODULES_PATCH)
+    current = _v1alpha1(
+        kernel={"modules": [{"name": "nvidia_uvm"}]}, sysctls={"net.core.bpf_jit_harden": "0"}
+    )
+    (patch,) = removal_documents(added, current, {"net.core.bpf_jit_harden": None}, "after-image")
+    assert patch == {"machine": {"kernel": {"modules": [{"name": "nvidia_uvm", "$patch": "delete"}]}}}
+
+
+def test_talos_1_14_documents_are_deleted_and_the_default_runtime_goes_before_the_image() -> None:
+    """1.14 configs are multi-document (``KernelModuleConfig``), where Talos refuses JSON6902 patches
+    (json6902.go): whole documents go with a document-level ``$patch: delete``."""
+    added = [
+        {"apiVersion": "v1alpha1", "kind": "KernelModuleConfig", "name": "nvidia"},
+        {
+            "apiVersion": "v1alpha1",
+            "kind": "CRICustomizationConfig",
+            "name": "nvidia-default-runtime",
+            "content": "x",
+        },
+    ]
+    current = [*_v1alpha1(), *added, {"apiVersion": "v1alpha1", "kind": "KernelModuleConfig", "name": "zfs"}]
+    first = removal_documents(added, current, {}, "before-image")
+    then = removal_documents(added, current, {}, "after-image")
+    assert first == [
+        {
+            "apiVersion": "v1alpha1",
+            "kind": "CRICustomizationConfig",
+            "name": "nvidia-default-runtime",
+            "$patch": "delete",
+        }
+    ]
+    assert then == [
+        {"apiVersion": "v1alpha1", "kind": "KernelModuleConfig", "name": "nvidia", "$patch": "delete"}
+    ]
+    out = patching.apply_strategic(current, patching.StrategicPatch([*first, *then]))
+    assert [d.get("name") for d in out if "kind" in d] == ["zfs"]
+
+
+def test_a_normal_run_never_includes_the_rollback() -> None:
+    assert ROLLBACK.name not in [s.name for s in select_steps(None, None)]
+    assert select_steps(["rollback"], None) == [ROLLBACK]
+    with pytest.raises(PermanentError, match="rollback runs alone"):
+        select_steps(["image", "rollback"], None)
+
+
+# -- on the simulated cluster, from records shaped as `runbook run` seals them --------------------------------
+
+WORKERS = ["talos-worker-1", "talos-worker-2", "talos-worker-3", "talos-worker-4"]
+ADDRESS = {name: f"10.5.0.{3 + i}" for i, name in enumerate(WORKERS)}
+
+
+@pytest.fixture
+def sim(tmp_path: Path) -> Iterator[Path]:
+    """Four fresh GPU workers and the Image Factory (talosctl runs against the state directory)."""
+    state = tmp_path / "sim"
+    create(state, ClusterSpec(workers=4, talos_version="v1.12.7", scenario="fresh"))
+    with factory.running(state) as server:
+        (state / "endpoints.json").write_text(json.dumps({"factory": server.url}))
+        yield state
+
+
+def _ctx(state: Path, **extra: Any) -> Context:
+    nodes = [{"name": name, "address": ADDRESS[name]} for name in WORKERS]
+    data = {"cluster": "sim-gpu", "talos_version": "v1.12.7", "nodes": nodes, "track": "lts", "apply": True}
+    return connect(validate({**data, **extra}, source="test"), state_dir=state)
+
+
+def _record(name: str, *steps: tuple[str, Context, StepResult]) -> tuple[str, dict[str, Any]]:
+    """The ``record.json`` ``runbook run`` seals for these steps (each with its own kernel's journal)."""
+    return name, {
+        "cluster": "sim-gpu",
+        "params": steps[0][1].params.public_dict(),
+        "steps": [
+            StepOutcome(s, f"{s}.ipynb", r.status, result=r.to_dict()).to_record() for s, _c, r in steps
+        ],
+        "changes": [
+            _journal_record(s, e.to_dict())
+            for s, ctx, _r in steps
+            for e in ctx.journal.entries
+            if e.changes_cluster
+        ],
+    }
+
+
+def _patch_and_upgrade(state: Path, names: list[str], **extra: Any) -> tuple[str, dict[str, Any]]:
+    patch_ctx, image_ctx = _ctx(state, **extra), _ctx(state, **extra)
+    patched = config_patch(patch_ctx, only=names)
+    upgraded = image_upgrade(image_ctx, only=names, settle_timeout=30.0, poll_interval=0.1)
+    return _record("run-1", ("config-patch", patch_ctx, patched), ("image", image_ctx, upgraded))
+
+
+def _calls(ctx: Context) -> list[tuple[str, str]]:
+    """(what, node address) of every cluster change, in order: 'upgrade' or 'patch'."""
+    out = []
+    for entry in ctx.journal.changes():
+        argv = list(entry.argv or ())
+        what = "upgrade" if "upgrade" in argv else "patch" if "patch" in argv else " ".join(argv)
+        out += [(what, address) for address in argv[argv.index("-n") + 1].split(",")]
+    return out
+
+
+def _config(ctx: Context, name: str) -> list[dict[str, Any]]:
+    configs, _errors = read_configs(ctx, [n for n in ctx.params.nodes if n.name == name])
+    return configs[ADDRESS[name]]
+
+
+def _modules(ctx: Context, name: str) -> list[str]:
+    machine = next(d for d in _config(ctx, name) if "machine" in d)["machine"]
+    return [m["name"] for m in (machine.get("kernel") or {}).get("modules") or []]
+
+
+@pytest.mark.slow
+def test_after_a_half_finished_rollout_only_the_changed_nodes_go_back(sim: Path) -> None:
+    """The first run patched three nodes, then its image rollout stopped at worker-2 (the failure budget;
+    that node rolled itself back) with worker-3 untouched; worker-4 was never part of it."""
+    inject(sim, "talos-worker-2", "upgrade_fails")
+    record = _patch_and_upgrade(sim, WORKERS[:3])
+    steps = {s["name"]: s["result"] for s in record[1]["steps"]}
+    assert [g["nodes"] for g in steps["image"]["node_groups"] if g["status"] == "changed"] == [WORKERS[:1]]
+    clear(sim, "talos-worker-2")
+    ctx = _ctx(sim)
+    plan = rollback(ctx, apply=False, evidence=evidence_from_records([record]))
+    assert [plan.node(n).status for n in WORKERS] == ["planned", "planned", "planned", "unchanged"]
+    assert ctx.journal.changes() == []
+    result = rollback(ctx, evidence=evidence_from_records([record]), settle_timeout=30.0, poll_interval=0.1)
+    assert [result.node(n).status for n in WORKERS] == ["changed", "changed", "changed", "unchanged"]
+    calls = _calls(ctx)
+    assert [a for what, a in calls if what == "upgrade"] == [ADDRESS["talos-worker-1"]]
+    assert sorted(a for what, a in calls if what == "patch") == sorted(ADDRESS[n] for n in WORKERS[:3])
+    assert all(load_node(sim, n).schematic_id == VANILLA_SCHEMATIC for n in WORKERS)
+    assert all("nvidia" not in _modules(ctx, n) for n in WORKERS)
+    again = rollback(_ctx(sim), apply=False, evidence=evidence_from_records([record]))
+    assert {n.status for n in again.nodes} == {"unchanged"}
+
+
+@pytest.mark.slow
+def test_the_image_comes_back_before_the_modules_patch_and_a_node_still_on_it_keeps_them(sim: Path) -> None:
+    """The reverse of the config-patch-then-image order: an NVIDIA image without the modules in its config
+    hangs at boot (kmod blacklist, talos@v1.12.0 v1alpha1_sequencer_tasks.go BootTimeout)."""
+    record = _patch_and_upgrade(sim, WORKERS[:2])
+    inject(sim, "talos-worker-2", "upgrade_fails")  # the way back fails on worker-2
+    ctx = _ctx(sim, rollout={"max_failures": 1})
+    result = rollback(ctx, evidence=evidence_from_records([record]), settle_timeout=30.0, poll_interval=0.1)
+    first = ADDRESS["talos-worker-1"]
+    assert [w for w, a in _calls(ctx) if a == first] == ["upgrade", "patch"]
+    assert result.node("talos-worker-1").status == "changed"
+    failed = result.node("talos-worker-2")
+    assert failed.status == "failed" and "modules patch is kept" in failed.message
+    assert [w for w, a in _calls(ctx) if a == ADDRESS["talos-worker-2"]] == ["upgrade"]
+    assert "nvidia" in _modules(ctx, "talos-worker-2")
+    assert load_node(sim, "talos-worker-2").schematic_id != VANILLA_SCHEMATIC
+
+
+@pytest.mark.slow
+def test_what_the_node_had_before_is_kept(sim: Path) -> None:
+    """A module and a sysctl value the node had before the runbook stay: only what it added goes."""
+    ctx = _ctx(sim)
+    own = "machine:\n  kernel:\n    modules:\n    - name: zfs\n  sysctls:\n    net.core.bpf_jit_harden: '2'\n"
+    assert ctx.talosctl.patch_machineconfig([ADDRESS["talos-worker-1"]], own, dry_run=False).ok
+    patch_ctx = _ctx(sim)
+    record = _record("run-1", ("config-patch", patch_ctx, config_patch(patch_ctx, only=WORKERS[:1])))
+    assert _modules(ctx, "talos-worker-1")[:2] == ["zfs", "nvidia"]
+    result = rollback(_ctx(sim), evidence=evidence_from_records([record]), poll_interval=0.1)
+    assert result.node("talos-worker-1").status == "changed"
+    assert _modules(ctx, "talos-worker-1") == ["zfs"]
+    machine = next(d for d in _config(ctx, "talos-worker-1") if "machine" in d)["machine"]
+    assert machine["sysctls"]["net.core.bpf_jit_harden"] == "2"
+
+
+@pytest.mark.slow
+def test_a_node_without_evidence_is_refused_and_nothing_is_changed(sim: Path) -> None:
+    name, data = _patch_and_upgrade(sim, WORKERS[:2])
+    image = next(s for s in data["steps"] if s["name"] == "image")["result"]
+    for group in image["node_groups"]:
+        if "talos-worker-1" in group["nodes"]:
+            del group["data"]["before"]  # a record that does not say where the node was found
+    ctx = _ctx(sim)
+    result = rollback(ctx, evidence=evidence_from_records([(name, data)]), poll_interval=0.1)
+    refused = result.node("talos-worker-1")
+    assert refused.status == "failed" and "lacks its image before" in refused.message
+    assert result.node("talos-worker-2").status == "skipped"
+    assert ctx.journal.changes() == []

@@ -46,7 +46,7 @@ from runbook_lib.model.plan import build_plan
 from runbook_lib.steps.context import Context, connect, resolve_endpoints, sim_state_dir
 
 from . import interrupts, lock, offline_html, records
-from .steps import RESULT_FILE_ENV, RUN_ID_ENV, STEP_NAMES, STEPS, StepSpec, journal_file
+from .steps import RESULT_FILE_ENV, ROLLBACK, RUN_ID_ENV, STEP_NAMES, STEPS, StepSpec, journal_file
 
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = REPO / "notebooks"
@@ -121,7 +121,11 @@ class RunOutcome:
 
 
 def select_steps(steps: Sequence[str] | None, from_step: str | None) -> list[StepSpec]:
-    """The steps to run, always in runbook order; unknown names are an error."""
+    """The steps to run, always in runbook order; unknown names are an error.  ``rollback`` runs alone."""
+    if steps and ROLLBACK.name in steps:
+        if len(steps) > 1 or from_step:
+            raise PermanentError("rollback runs alone", hint="runbook rollback -p PARAMS --from RECORD")
+        return [ROLLBACK]
     wanted = list(steps) if steps else list(STEP_NAMES)
     unknown = [s for s in [*wanted, *([from_step] if from_step else [])] if s not in STEP_NAMES]
     if unknown:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import functools
 import importlib
 import inspect
 import json
@@ -88,6 +89,11 @@ STEPS: tuple[StepSpec, ...] = (
     StepSpec("cuda-test", "06-cuda-test.ipynb", "cudatest", "cuda_test", "CUDA test", True, ("CoreV1Api",)),
 )
 STEP_NAMES: tuple[str, ...] = tuple(s.name for s in STEPS)
+#: Not one of the runbook's steps (``runbook run`` never runs it): it undoes them, only when asked
+#: (``runbook rollback``, or its notebook), from the change records ``rollback.records`` names.
+ROLLBACK = StepSpec(
+    "rollback", "07-rollback.ipynb", "rollback", "rollback", "Rollback", True, ("CoreV1Api", "NodeV1Api")
+)
 
 
 #: The gate each step's cell showed last in this kernel: a cell (or a test) can click it programmatically.
@@ -99,7 +105,7 @@ class StepFailed(PermanentError):
 
 
 def spec(step: str) -> StepSpec:
-    for item in STEPS:
+    for item in (*STEPS, ROLLBACK):
         if item.name == step:
             return item
     close = difflib.get_close_matches(step, STEP_NAMES, n=1)
@@ -258,6 +264,10 @@ def run_step(
     only = list(nodes) if nodes else None
     ctx.nodes(only)  # unknown node names fail here, before anything runs
     fn = step_function(step)
+    if item is ROLLBACK:  # its evidence, read and checked before anything runs (rollback_records)
+        from .rollback_records import load_evidence  # noqa: PLC0415 - lazy (only this step reads records)
+
+        fn = functools.partial(fn, evidence=load_evidence(params))
     gate: ApprovalGate | None = None
     plan: StepResult | None = None
 

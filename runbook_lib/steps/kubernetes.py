@@ -44,6 +44,8 @@ def kubernetes_layer(
     release = plan.helm
     result = StepResult(step="kubernetes", applied=do_apply)
     result.data["layer"] = plan.kubernetes_layer
+    if do_apply:  # what this run creates, for the rollback step (model/rollback.py): only that is removed
+        result.data["created"] = []
     changed: list[str] = []
     try:
         if plan.kubernetes_layer == "gpu-operator":
@@ -97,6 +99,8 @@ def _runtime_class(ctx: Context, result: StepResult, changed: list[str], *, dry_
         return
     ctx.kube.create_runtime_class(RUNTIME_CLASS, RUNTIME_CLASS, dry_run=dry_run)
     changed.append("RuntimeClass nvidia (handler nvidia)")
+    if not dry_run:
+        result.data["created"].append({"kind": "RuntimeClass", "name": RUNTIME_CLASS})
     result.checks.append(Check("RuntimeClass nvidia", True, "created" if not dry_run else "would be created"))
 
 
@@ -196,6 +200,9 @@ def _helm_release(
     )
     if run.ok:
         changed.append(what)
+        if current is None and not dry_run:
+            created = {"kind": "helm-release", "name": release.release, "namespace": release.namespace}
+            result.data["created"].append(created)
 
 
 def _helm_fix(stderr: str, namespace: str) -> str:

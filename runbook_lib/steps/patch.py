@@ -22,6 +22,7 @@ from runbook_lib.model.params import Node
 from runbook_lib.model.parsers import extension_versions, extensions_from_resources
 from runbook_lib.model.profiles import render_documents
 from runbook_lib.model.redact import redact
+from runbook_lib.model.rollback import sysctls_before
 from runbook_lib.model.rollout import Schedule, schedule
 
 from . import fixes
@@ -125,6 +126,9 @@ def config_patch(
             res.message = "the machine config already contains the patch"
             continue
         res.status = "planned"
+        replaced = sysctls_before(remaining, configs[node.address])
+        if replaced:  # what the rollback step sets back (model/rollback.py)
+            res.data["sysctls_before"] = replaced
         groups.setdefault(render_documents(remaining), []).append(node)
 
     deferred = [n.name for n in nodes if by_address[n.address].data.get("default_runtime_deferred")]

@@ -1,0 +1,84 @@
+"""``runbook rollback``: the rollback notebook headless, into its own change record.
+
+Why its own command and not a step of ``runbook run``: a normal run must never undo itself, and what a
+rollback undoes is named by change records (``--from RECORD``), not by a step.  The records are resolved
+and checked (sealed, intact, of this cluster) before the simulator starts or a tool runs, so a wrong name is
+exit 2 with nothing done; their paths become ``rollback.records``, which the record of the rollback keeps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+
+from runbook_lib.model.params import load_params
+from runbook_lib.notebook import runner
+from runbook_lib.notebook.rollback_records import load_evidence, record_path
+from runbook_lib.notebook.steps import ROLLBACK
+
+from . import cmd_run
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser(
+        "rollback",
+        help="take the GPU nodes back to where the runbook found them, from its change records",
+        description=(
+            "Runs notebooks/07-rollback.ipynb into a new change record: the Kubernetes layer the named records "
+            "created is uninstalled, each node they changed goes back to the image it was found on, then the "
+            "config patch is removed. Without --apply it only plans and dry-runs."
+        ),
+    )
+    parser.add_argument(
+        "-p", "--params", metavar="PARAMS", help="parameter file (default: params/simulated.yaml)"
+    )
+    parser.add_argument(
+        "--from",
+        dest="from_records",
+        action="append",
+        required=True,
+        metavar="RECORD",
+        help="a change record whose changes are undone (name, unique prefix or suffix, or path); repeat it "
+        "for a run and its resumes",
+    )
+    parser.add_argument("--apply", action="store_true", help="change the cluster (default: plan and dry-run)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a parameter",
+    )
+    parser.add_argument(
+        "--records", metavar="DIR", help="records directory (default: $RUNBOOK_RECORDS or ./records)"
+    )
+    parser.add_argument(
+        "--state", metavar="DIR", help="simulator state directory (target simulated; default .sim/default)"
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(handler=_rollback)
+
+
+def _rollback(args: argparse.Namespace) -> int:
+    signal.signal(signal.SIGTERM, cmd_run._terminate)
+    root = cmd_run._checked_records_root(args.records)
+    params_file: str = args.params or "params/simulated.yaml"
+    values = {"rollback.records": [str(record_path(ref, root)) for ref in args.from_records]}
+    # the records are checked now: a wrong one is exit 2 before the simulator starts or a tool runs
+    load_evidence(load_params(params_file, args.overrides, values), root)
+    state_dir = cmd_run._state_dir(args.state)
+    outcome = runner.run(
+        params_file,
+        steps=[ROLLBACK.name],
+        apply=True if args.apply else None,
+        overrides=args.overrides,
+        values=values,
+        records_root=root,
+        cluster=lambda params: cmd_run._simulated_cluster(params, state_dir),
+        cluster_key=str(state_dir),
+        progress=not args.no_progress,
+    )
+    sys.stdout.write(outcome.report())
+    return 0 if outcome.ok else 1

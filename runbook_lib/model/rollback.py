@@ -1,0 +1,334 @@
+"""Rollback evidence and the removal patches: where the runbook found each GPU node, from its change records.
+
+Why from the records and not from the parameters: the parameters say what the runbook *wants*; only a
+record says what it *did* to each node (the journal's ``talosctl patch mc`` calls with the patch as their
+diff, the ``talosctl upgrade`` calls, and the image step's per-node ``before`` version and schematic), and
+only the earliest record that changed a node says where the runbook *found* it.  A node the records do not
+show changed is left alone; a node whose evidence is incomplete is refused with the reason, never guessed.
+
+Why removal patches are computed against the node's current config: Talos applies a ``$patch: delete``
+selector only to something that exists ("lookup failed" otherwise: talos@v1.12.0
+pkg/machinery/config/configloader/internal/decoder/selector.go ``deleteForPath``/``deleteStructFrom``),
+and a list-item selector removes the *first* item whose first key matches (``makeSequenceSelector`` in
+decoder/delete.go: "collect the first key:val aside from $patch:delete as selector").  The config-patch
+step only ever adds what a node lacks (``machineconfig.remaining_patch``), so the recorded patch is exactly
+what the runbook added, and deleting those items keeps everything the node had before.  A sysctl the
+runbook overwrote is set back to the value the record says it had.  Strategic-merge ``$patch: delete`` is
+used rather than JSON6902 ``remove``: Talos refuses JSON6902 patches on multi-document configs
+(talos@v1.12.0 pkg/machinery/config/configpatcher/json6902.go), which every Talos 1.14 GPU node has
+(``KernelModuleConfig`` documents).  Pure functions only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .machineconfig import Doc, parse_documents
+
+DELETE = {"$patch": "delete"}
+#: Document kinds removed before the image goes back (the others after it): containerd refuses a default
+#: runtime the old image has no definition for (see ``steps.patch.nodes_with_nvidia_runtime``).
+BEFORE_IMAGE_KINDS = frozenset({"CRICustomizationConfig"})
+Phase = Literal["before-image", "after-image"]
+
+
+@dataclass(frozen=True)
+class FoundImage:
+    """What a node ran before the runbook's first upgrade of it (the image step's ``before``)."""
+
+    record: str
+    version: str
+    schematic_id: str | None
+
+
+@dataclass
+class NodeEvidence:
+    """What the records say the runbook did to one node, oldest record first."""
+
+    name: str
+    address: str
+    patches: list[tuple[str, list[Doc]]] = field(default_factory=list)
+    """(record, patch documents) of every successful ``talosctl patch mc`` on the node."""
+    sysctls_before: dict[str, str | None] = field(default_factory=dict)
+    """Each sysctl the patches set, and its value before the first of them (None: it was not set)."""
+    image: FoundImage | None = None
+    missing: list[str] = field(default_factory=list)
+    """Why the evidence is incomplete: the node is refused, nothing is changed on it."""
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.patches or self.image or self.missing)
+
+    def added_documents(self) -> list[Doc]:
+        return [doc for _record, docs in self.patches for doc in docs]
+
+
+@dataclass(frozen=True)
+class KubeCreated:
+    """What one record's Kubernetes step created (``data.created``): Helm releases and a RuntimeClass."""
+
+    record: str
+    releases: tuple[tuple[str, str], ...]
+    runtime_class: bool
+
+
+@dataclass
+class Evidence:
+    records: list[str]
+    nodes: dict[str, NodeEvidence]
+    """By node name; only nodes some record changed."""
+    kubernetes: list[KubeCreated] = field(default_factory=list)
+    kubernetes_missing: list[str] = field(default_factory=list)
+
+    def releases(self) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
+        for created in self.kubernetes:
+            out += [r for r in created.releases if r not in out]
+        return out
+
+    def runtime_class(self) -> bool:
+        return any(c.runtime_class for c in self.kubernetes)
+
+
+# -- reading records (already-loaded record.json mappings) ---------------------------------------------------
+
+
+def _mappings(value: Any) -> list[dict[str, Any]]:
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
+
+
+def node_results(result: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """A step result's per-node outcomes by name, from the full ``nodes`` list or the record's
+    ``node_groups`` (``runner.group_nodes``)."""
+    out = {str(n.get("node")): n for n in _mappings(result.get("nodes"))}
+    for group in _mappings(result.get("node_groups")):
+        common = {k: v for k, v in group.items() if k != "nodes"}
+        for name in group.get("nodes") or []:
+            out[str(name)] = {"node": name, **common}
+    return out
+
+
+def _step_results(record: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    return {
+        str(s.get("name")): s["result"]
+        for s in _mappings(record.get("steps"))
+        if isinstance(s.get("result"), dict)
+    }
+
+
+def _nodes_of(argv: Sequence[str]) -> list[str]:
+    if "-n" in argv and argv.index("-n") + 1 < len(argv):
+        return [a for a in str(argv[argv.index("-n") + 1]).split(",") if a]
+    return []
+
+
+def _calls(record: Mapping[str, Any], words: tuple[str, ...]) -> Iterator[tuple[dict[str, Any], list[str]]]:
+    """The record's cluster changes whose talosctl argv holds ``words`` in order, with their nodes."""
+    for change in _mappings(record.get("changes")):
+        argv = [str(a) for a in change.get("argv") or []]
+        if not argv or "--dry-run" in argv:
+            continue
+        start = next((i for i, a in enumerate(argv) if a == words[0]), None)
+        if start is not None and tuple(argv[start : start + len(words)]) == words:
+            yield change, _nodes_of(argv)
+
+
+def _add_patches(
+    evidence: dict[str, NodeEvidence], name: str, record: Mapping[str, Any], steps: dict[str, dict[str, Any]]
+) -> None:
+    by_address = {n.address: n for n in evidence.values()}
+    for change, addresses in _calls(record, ("patch", "machineconfig")):
+        step = str(change.get("step"))
+        outcomes = node_results(steps.get(step) or {})
+        docs = parse_documents(str(change.get("diff") or ""))
+        for address in addresses:
+            node = by_address.get(address)
+            if node is None:
+                continue
+            # a failed call may still have patched the nodes before the one talosctl stopped at: the step's
+            # result says which (``PatchCall.outcome``)
+            if change.get("exit_code") != 0 and outcomes.get(node.name, {}).get("status") != "changed":
+                continue
+            if not docs:
+                node.missing.append(f"{name}: a patch of this node is recorded without its content")
+                continue
+            node.patches.append((name, docs))
+            _sysctls_before(node, name, docs, outcomes.get(node.name, {}))
+
+
+def _sysctls_before(node: NodeEvidence, record: str, docs: list[Doc], outcome: Mapping[str, Any]) -> None:
+    """The values the patch overwrote, from the config-patch step's ``data.sysctls_before``."""
+    set_now = {k for d in docs for k in ((d.get("machine") or {}).get("sysctls") or {})}
+    before = (outcome.get("data") or {}).get("sysctls_before")
+    for key in sorted(set_now - set(node.sysctls_before)):
+        if not isinstance(before, dict) or key not in before:
+            node.missing.append(
+                f"{record}: the record does not say what sysctl {key} was before the runbook set it"
+            )
+            continue
+        value = before[key]
+        node.sysctls_before[key] = None if value is None else str(value)
+
+
+def _add_images(
+    evidence: dict[str, NodeEvidence], name: str, record: Mapping[str, Any], steps: dict[str, dict[str, Any]]
+) -> None:
+    by_address = {n.address: n for n in evidence.values()}
+    outcomes = node_results(steps.get("image") or {})
+    for _change, addresses in _calls(record, ("upgrade",)):
+        for address in addresses:
+            node = by_address.get(address)
+            if node is None or node.image is not None:
+                continue  # the earliest record that upgraded a node says where the runbook found it
+            before = (outcomes.get(node.name, {}).get("data") or {}).get("before") or {}
+            if not before.get("version"):
+                node.missing.append(f"{name}: the node was upgraded but the record lacks its image before")
+                continue
+            schematic = before.get("schematic_id")
+            node.image = FoundImage(name, str(before["version"]), str(schematic) if schematic else None)
+
+
+def _add_kubernetes(out: Evidence, name: str, steps: dict[str, dict[str, Any]]) -> None:
+    result = steps.get("kubernetes")
+    if not result:
+        return
+    data = result.get("data") or {}
+    created = data.get("created")
+    if not isinstance(created, list):
+        if data.get("changed"):
+            out.kubernetes_missing.append(
+                f"{name}: the Kubernetes step changed the cluster but its record does not say what it created"
+            )
+        return
+    releases = tuple(
+        (str(c.get("name")), str(c.get("namespace")))
+        for c in _mappings(created)
+        if c.get("kind") == "helm-release"
+    )
+    runtime_class = any(c.get("kind") == "RuntimeClass" for c in _mappings(created))
+    out.kubernetes.append(KubeCreated(name, releases, runtime_class))
+
+
+def evidence_from_records(records: Sequence[tuple[str, Mapping[str, Any]]]) -> Evidence:
+    """The evidence of ``records`` (name, record.json), oldest first, for the nodes each record names."""
+    out = Evidence(records=[name for name, _data in records], nodes={})
+    for name, record in records:
+        params = record.get("params") or {}
+        seen = {n.address: n for n in out.nodes.values()}
+        current: dict[str, NodeEvidence] = {}
+        for entry in _mappings(params.get("nodes")):
+            address = str(entry.get("address"))
+            current[address] = seen.get(address) or NodeEvidence(str(entry.get("name")), address)
+        steps = _step_results(record)
+        _add_patches(current, name, record, steps)
+        _add_images(current, name, record, steps)
+        _add_kubernetes(out, name, steps)
+        for node in current.values():
+            if node.changed:
+                out.nodes.setdefault(node.name, node)
+    return out
+
+
+# -- removal patches -----------------------------------------------------------------------------------------
+
+
+def _v1alpha1(docs: Sequence[Doc]) -> Doc:
+    return next((d for d in docs if "machine" in d or d.get("version") == "v1alpha1"), {})
+
+
+def _items(doc: Doc, *path: str) -> list[dict[str, Any]]:
+    node: Any = doc
+    for key in path:
+        node = node.get(key) if isinstance(node, dict) else None
+    return _mappings(node)
+
+
+def _item_deletes(added: Doc, current: Doc, path: tuple[str, ...], key: str) -> list[dict[str, Any]]:
+    """``{key: value, $patch: delete}`` for each added list item still in the current config (first key is
+    the selector Talos matches on)."""
+    have = [i.get(key) for i in _items(current, *path)]
+    out = []
+    for item in _items(added, *path):
+        if item.get(key) in have:
+            have.remove(item.get(key))
+            out.append({key: item.get(key), **DELETE})
+    return out
+
+
+def _sysctl_changes(added: Doc, current: Doc, before: Mapping[str, str | None]) -> dict[str, Any]:
+    """Each sysctl the runbook set, still at its value: deleted, or set back to the value it had."""
+    have = (current.get("machine") or {}).get("sysctls") or {}
+    out: dict[str, Any] = {}
+    for key, value in ((added.get("machine") or {}).get("sysctls") or {}).items():
+        if key in have and str(have[key]) == str(value) and key in before:
+            out[key] = dict(DELETE) if before[key] is None else before[key]
+    return out
+
+
+def _nest(path: tuple[str, ...], value: Any) -> dict[str, Any]:
+    for key in reversed(path):
+        value = {key: value}
+    return value  # type: ignore[no-any-return]
+
+
+def removal_documents(
+    added: Sequence[Doc], current: Sequence[Doc], sysctls_before: Mapping[str, str | None], phase: Phase
+) -> list[Doc]:
+    """The strategic-merge patch that removes, of ``added``, what ``phase`` removes and ``current`` still has.
+
+    ``before-image``: the default-runtime file or document (the old image has no ``nvidia`` runtime) and
+    ``machine.install.extensions`` (before Talos 1.5 the installer installs what that list names).
+    ``after-image``: the modules (``machine.kernel.modules`` or ``KernelModuleConfig``) and sysctls: an
+    NVIDIA image without them in the config hangs at boot (``notebook.steps``, the config-patch spec).
+    """
+    docs: list[Doc] = []
+    base = _v1alpha1(current)
+    machine: dict[str, Any] = {}
+    for doc in added:
+        if "kind" in doc and "machine" not in doc:
+            if (str(doc["kind"]) in BEFORE_IMAGE_KINDS) != (phase == "before-image"):
+                continue
+            if any(d.get("kind") == doc["kind"] and d.get("name") == doc.get("name") for d in current):
+                docs.append({k: doc[k] for k in ("apiVersion", "kind", "name") if k in doc} | DELETE)
+            continue
+        lists = (
+            [(("machine", "files"), "path"), (("machine", "install", "extensions"), "image")]
+            if phase == "before-image"
+            else [(("machine", "kernel", "modules"), "name")]
+        )
+        for path, key in lists:
+            deletes = _item_deletes(doc, base, path, key)
+            if deletes:
+                _merge_into(machine, _nest(path[1:], deletes))
+        if phase == "after-image":
+            sysctls = _sysctl_changes(doc, base, sysctls_before)
+            if sysctls:
+                _merge_into(machine, {"sysctls": sysctls})
+    if machine:
+        docs.insert(0, {"machine": machine})
+    return docs
+
+
+def _merge_into(target: dict[str, Any], more: Mapping[str, Any]) -> None:
+    for key, value in more.items():
+        if isinstance(value, dict) and isinstance(target.get(key), dict):
+            _merge_into(target[key], value)
+        elif isinstance(value, list) and isinstance(target.get(key), list):
+            target[key] = [*target[key], *value]
+        else:
+            target[key] = value
+
+
+def runs_nvidia_image(extensions: Mapping[str, str]) -> bool:
+    """True when a node's extensions include an NVIDIA kernel-module extension (which blacklists the
+    modules: without them in the config its next boot hangs)."""
+    return any("nvidia" in name and ("kmod" in name or "kernel-modules" in name) for name in extensions)
+
+
+def sysctls_before(patch: Sequence[Doc], current: Sequence[Doc]) -> dict[str, str | None]:
+    """The current value (None: not set) of each sysctl ``patch`` sets: what a rollback sets back."""
+    have = (_v1alpha1(current).get("machine") or {}).get("sysctls") or {}
+    keys = [k for doc in patch for k in ((doc.get("machine") or {}).get("sysctls") or {})]
+    return {key: None if have.get(key) is None else str(have[key]) for key in keys}

@@ -1,0 +1,68 @@
+"""The rollback step's evidence: the change records named by ``rollback.records``, checked, then read.
+
+Why here and not in the step: records are this layer's (``records``: sealing, manifests); the step gets the
+evidence already read.  Why the checks: a record is evidence only while its seal holds (an edited
+``record.json`` could point the rollback at any image), and only for the cluster it was made on.  Every
+problem names the parameter and the record, and nothing runs (exit 2 from the CLI).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from runbook_lib.errors import PermanentError
+from runbook_lib.model.params import Params
+from runbook_lib.model.rollback import Evidence, evidence_from_records
+
+from . import records
+
+PARAMETER = "rollback.records"
+HINT = "runbook rollback -p PARAMS --from RECORD (`runbook records list` shows the names)"
+
+
+def record_path(ref: str, root: Path) -> Path:
+    """A record by path, or by (a unique prefix or suffix of) its name in ``root``."""
+    path = Path(ref).expanduser()
+    if path.is_dir():
+        return path.resolve()
+    try:
+        return records.resolve(root, ref).resolve()
+    except PermanentError as exc:
+        raise PermanentError(f"{PARAMETER}: {exc.message}", hint=exc.hint or HINT) from None
+
+
+def checked_record(path: Path, cluster: str) -> dict[str, Any]:
+    """``record.json`` of a sealed, intact record of ``cluster``; anything else is an error naming it."""
+    problems = records.verify_record(path)
+    if problems:
+        raise PermanentError(
+            f"{PARAMETER}: {path.name} is not intact ({problems[0]}): it cannot serve as evidence",
+            hint="`runbook records verify` names every problem; roll back from intact records only",
+        )
+    data = records.load_record(path)
+    if data.get("cluster") != cluster:
+        raise PermanentError(
+            f"{PARAMETER}: {path.name} is a record of cluster {data.get('cluster')!r}, not {cluster!r}",
+            hint="name records of this cluster (`runbook records list`)",
+        )
+    return data
+
+
+def load_evidence(params: Params, root: Path | None = None) -> Evidence:
+    """The evidence of the records ``rollback.records`` names (paths or names in ``root``), oldest first."""
+    refs = list(params.rollback.records)
+    if not refs:
+        raise PermanentError(f"{PARAMETER} is empty: name the change record(s) to roll back", hint=HINT)
+    if root is None:
+        from .interactive_record import default_root  # noqa: PLC0415 - lazy: it imports the runner
+
+        root = default_root()
+    loaded: dict[Path, tuple[str, str, dict[str, Any]]] = {}
+    for ref in refs:
+        path = record_path(ref, root)
+        data = checked_record(path, params.cluster)
+        loaded[path] = (str(data.get("started", "")), path.name, data)
+    return evidence_from_records(
+        [(name, data) for _s, name, data in sorted(loaded.values(), key=lambda t: t[:2])]
+    )

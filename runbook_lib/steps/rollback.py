@@ -1,0 +1,476 @@
+"""Step: rollback — take the GPU nodes back to where the runbook found them, from its change records.
+
+Why from records: only a record says what the runbook did and where it found each node (``model.rollback``
+reads it).  Nodes no record shows changed are left alone, so after a rollout the failure budget stopped,
+only the nodes it changed go back.  A node whose evidence is incomplete (or that cannot be read) is refused
+with the reason, and then nothing is changed on any node: the plan says which node to leave out
+(``nodes``) or to put back by hand.
+
+Why this order, per node (the reverse of how the runbook got there):
+
+1. the Kubernetes layer first, when every GPU node goes back: the Helm releases and the RuntimeClass the
+   records say the runbook *created* (never one that was there before), so no device plugin runs on
+   nodes losing their driver;
+2. what must leave the config before the old image boots: the default-runtime file or document (the old
+   image has no ``nvidia`` runtime and containerd refuses a default runtime without a definition) and,
+   before Talos 1.5, ``machine.install.extensions`` (that installer installs what the list names);
+3. the image: ``talosctl upgrade --image <the installer the node was found on>``, with the image step's
+   ``--preserve`` (below 1.8), ``--legacy`` and per-platform installer rules, then confirmed;
+4. only then the modules patch: an NVIDIA image without the modules in its config hangs at boot
+   (``notebook.steps``, the config-patch spec), so a node whose image did not come back keeps them.
+
+Why ``talosctl upgrade --image`` and not ``talosctl rollback``: rollback only swaps the A/B boot entries and
+reboots (talos@v1.12.0 cmd/talosctl/cmd/talos/rollback.go; the machined handler
+internal/app/machined/internal/server/v1alpha1/v1alpha1_server.go ``Rollback``: ``bootloader.Probe`` then
+``config.Revert`` and a reboot).  It is the image the runbook found only when exactly one upgrade happened
+since, which neither the records nor the Talos API show (a re-run, a failed attempt or someone else's
+upgrade moves the other entry), and it reports nothing to wait for.  An upgrade to the recorded installer
+is right whatever the boot entries hold, and its outcome is confirmed like the image step's.
+
+Rolled out with the ``rollout`` controls (canary, failure budget, pause) like the image and config-patch
+steps; with ``apply`` false it only plans: the removal patches are dry-run on each node.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from runbook_lib.clients.talosctl import upgrade_flags
+from runbook_lib.errors import PermanentError, RunbookError
+from runbook_lib.model.boot_assets import installer_image
+from runbook_lib.model.machineconfig import Doc
+from runbook_lib.model.params import Node
+from runbook_lib.model.profiles import render_documents
+from runbook_lib.model.rollback import Evidence, NodeEvidence, Phase, removal_documents, runs_nvidia_image
+from runbook_lib.model.rollout import Schedule
+from runbook_lib.model.versions import TalosVersion
+
+from . import gpu_operator_handover, image_risks
+from .context import Context
+from .image import MAX_PARALLEL_UPGRADES, NodeState, read_states
+from .patch import pause_before, read_configs, rollout_schedule, wait_for_nodes
+from .results import Check, NodeResult, StepResult
+
+Progress = Callable[[int, int], None]
+STEP = "rollback"
+PHASES: tuple[Phase, ...] = ("before-image", "after-image")
+
+
+@dataclass
+class NodeRollback:
+    """One node's way back: the two removal patches (YAML, may be empty) and the installer to boot."""
+
+    node: Node
+    evidence: NodeEvidence
+    patches: dict[Phase, str]
+    image: str | None
+    preserve: bool = False
+    legacy: bool = False
+
+    def upgrade_argv(self, ctx: Context) -> list[str]:
+        flags = upgrade_flags(self.image or "", preserve=self.preserve, legacy=self.legacy)
+        return ctx.talosctl.argv(["upgrade", *flags, "--wait=true"], [self.node.address])
+
+    def describe(self, ctx: Context) -> str:
+        """The plan for the node, in the order it runs (what Approve approves)."""
+        parts = []
+        if self.patches["before-image"]:
+            parts.append(
+                "# 1. remove from the config before the old image boots\n" + self.patches["before-image"]
+            )
+        if self.image:
+            parts.append("# 2. back to the image the runbook found\n" + shlex.join(self.upgrade_argv(ctx)))
+        if self.patches["after-image"]:
+            parts.append("# 3. remove the modules patch (after the image)\n" + self.patches["after-image"])
+        return "\n".join(parts)
+
+
+def rollback(
+    ctx: Context,
+    *,
+    only: list[str] | None = None,
+    apply: bool | None = None,
+    progress: Progress | None = None,
+    evidence: Evidence | None = None,
+    settle_timeout: float | None = None,
+    poll_interval: float = 2.0,
+) -> StepResult:
+    """Plan (dry-run) or roll back the GPU nodes the records in ``evidence`` show changed."""
+    if evidence is None or not evidence.records:
+        raise PermanentError(
+            "rollback.records names no change record: there is no evidence of where the runbook found the nodes",
+            hint="runbook rollback -p PARAMS --from RECORD (`runbook records list` shows the names)",
+        )
+    do_apply = ctx.apply if apply is None else apply
+    result = StepResult(step=STEP, applied=do_apply)
+    result.data["records"] = list(evidence.records)
+    todo, results = _plan_nodes(ctx, result, ctx.nodes(only), evidence)
+    kube = _kubernetes_plan(ctx, result, evidence, whole_cluster=not only)
+    _dry_run(ctx, todo, results)
+    schedule = rollout_schedule(ctx, result, [t.node.name for t in todo])
+    refused = [r.node for r in result.nodes if r.status == "failed"]
+    if not do_apply or refused or not result.ok:
+        for plan in todo:
+            res = results[plan.node.address]
+            if res.status != "failed":
+                res.status = "planned" if not do_apply else "skipped"
+                res.message = (
+                    res.message if not do_apply else "not touched: the plan has refusals, nothing was changed"
+                )
+        if not do_apply:
+            result.notes.append("plan only (apply is off): nothing was changed")
+        return result.finish()
+    if kube is not None and not _remove_kubernetes(ctx, result, kube):
+        for plan in todo:
+            _untouched(
+                results[plan.node.address], "not touched: the Kubernetes layer could not be removed first"
+            )
+        return result.finish()
+    timeout = settle_timeout or float(ctx.params.timeouts.node_ready_seconds)
+    _roll_out(ctx, schedule, todo, results, progress, timeout=timeout, interval=poll_interval)
+    return result.finish()
+
+
+# -- planning ------------------------------------------------------------------------------------------------
+
+
+def _plan_nodes(
+    ctx: Context, result: StepResult, nodes: list[Node], evidence: Evidence
+) -> tuple[list[NodeRollback], dict[str, NodeResult]]:
+    """Sort each node: unchanged (no record changed it, or already back), refused (failed), or to do."""
+    results = {n.address: NodeResult(node=n.name, address=n.address) for n in nodes}
+    result.nodes += results.values()
+    changed = [n for n in nodes if n.name in evidence.nodes]
+    configs, errors = read_configs(ctx, changed) if changed else ({}, {})
+    states = read_states(ctx, [n.address for n in changed])
+    facts = image_risks.read_facts(ctx, [n for n in changed if evidence.nodes[n.name].image])
+    todo: list[NodeRollback] = []
+    for node in nodes:
+        res = results[node.address]
+        found = evidence.nodes.get(node.name)
+        if found is None:
+            res.status = "unchanged"
+            res.message = "no record shows the runbook changed this node: left as it is"
+            continue
+        res.data["records"] = sorted(
+            {r for r, _d in found.patches} | ({found.image.record} if found.image else set())
+        )
+        state = states[node.address]
+        problem = found.missing or [errors.get(node.address) or state.error or ""]
+        if found.missing or node.address in errors or state.error or node.address not in configs:
+            _refuse(res, node, "; ".join(p for p in problem if p) or "the machine config could not be read")
+            continue
+        try:
+            plan = _node_plan(
+                ctx, node, found, config=configs[node.address], state=state, fact=facts.get(node.address)
+            )
+        except RunbookError as exc:
+            _refuse(res, node, exc.message)
+            continue
+        if plan is None:
+            res.status = "unchanged"
+            res.message = "already where the runbook found it"
+            continue
+        res.diff = plan.describe(ctx)
+        res.message = _summary(plan)
+        todo.append(plan)
+    return todo, results
+
+
+def _node_plan(
+    ctx: Context,
+    node: Node,
+    found: NodeEvidence,
+    *,
+    config: list[Doc],
+    state: NodeState,
+    fact: image_risks.NodeFacts | None,
+) -> NodeRollback | None:
+    """The node's way back, or None when it is already there; raises when it cannot be done safely."""
+    added = found.added_documents()
+    patches = {
+        phase: render_documents(docs) if docs else ""
+        for phase in PHASES
+        for docs in [removal_documents(added, config, found.sysctls_before, phase)]
+    }
+    image: str | None = None
+    plan = NodeRollback(node, found, patches, None)
+    if found.image is not None and (
+        state.version != found.image.version or state.schematic_id != found.image.schematic_id
+    ):
+        platform = image_risks.installer_platform(ctx, fact) if fact is not None else "metal"
+        factory = ctx.endpoints.image_factory_url if found.image.schematic_id else None
+        image = installer_image(
+            factory,
+            found.image.schematic_id or "",
+            found.image.version,
+            secureboot=ctx.params.secureboot,
+            platform=platform,
+        )
+        plan.image = image
+        plan.preserve = not TalosVersion.parse(found.image.version).at_least(
+            1, 8
+        ) or not ctx.params.talos.at_least(1, 8)
+        plan.legacy = fact is not None and image_risks.legacy_needed(fact, state.client_version)
+    elif patches["after-image"] and runs_nvidia_image(state.extensions):
+        raise PermanentError(
+            "runs an NVIDIA image no record shows the runbook installed: removing the modules patch would hang "
+            "its next boot (the kernel-module extension blacklists the modules)"
+        )
+    if not image and not any(patches.values()):
+        return None
+    return plan
+
+
+def _summary(plan: NodeRollback) -> str:
+    parts = []
+    if plan.image:
+        assert plan.evidence.image is not None
+        found = plan.evidence.image
+        parts.append(f"back to Talos {found.version}, schematic {found.schematic_id or 'none'}")
+    if any(plan.patches.values()):
+        parts.append("remove the runbook's config patch")
+    return "; ".join(parts)
+
+
+def _refuse(res: NodeResult, node: Node, why: str) -> None:
+    res.status = "failed"
+    res.message = f"refused: {why}"
+    res.checks.append(
+        Check(
+            "rollback evidence",
+            False,
+            res.message,
+            fix=f"leave the node out (nodes: every GPU node but {node.name}) and put it back by hand, "
+            "or name the record that changed it in rollback.records",
+        )
+    )
+
+
+def _kubernetes_plan(
+    ctx: Context, result: StepResult, evidence: Evidence, *, whole_cluster: bool
+) -> gpu_operator_handover.Leftovers | None:
+    """The releases and RuntimeClass the records say the runbook created and that still exist."""
+    if not evidence.kubernetes and not evidence.kubernetes_missing:
+        return None
+    if not whole_cluster:
+        result.notes.append("the Kubernetes layer is kept: only some GPU nodes go back")
+        return None
+    if evidence.kubernetes_missing:
+        result.checks.append(
+            Check("Kubernetes layer", False, "; ".join(evidence.kubernetes_missing), fix="remove it by hand")
+        )
+        return None
+    releases = tuple(r for r in evidence.releases() if ctx.helm.release(*r) is not None)
+    runtime_class = (
+        evidence.runtime_class() and ctx.kube.runtime_class(gpu_operator_handover.RUNTIME_CLASS) is not None
+    )
+    found = gpu_operator_handover.Leftovers(releases, runtime_class)
+    result.data["kubernetes"] = found.commands()
+    if found.commands():
+        result.data["planned"] = True
+        result.notes.append("first, the Kubernetes layer the runbook created: " + "; ".join(found.commands()))
+    return found if found.commands() else None
+
+
+def _dry_run(ctx: Context, todo: list[NodeRollback], results: dict[str, NodeResult]) -> None:
+    """Each removal patch dry-run on its node: Talos refuses a delete whose target is not there."""
+    jobs = [(plan, phase) for plan in todo for phase in PHASES if plan.patches[phase]]
+    runs = ctx.talosctl.patch_machineconfigs(
+        [(plan.patches[phase], [plan.node.address]) for plan, phase in jobs], dry_run=True
+    )
+    for (plan, _phase), run in zip(jobs, runs, strict=True):
+        if not run.ok:
+            res = results[plan.node.address]
+            res.status = "failed"
+            res.message = "dry run of the removal patch refused: " + run.failure_text
+            res.checks.append(Check("removal patch dry run", False, res.message))
+
+
+# -- applying ------------------------------------------------------------------------------------------------
+
+
+def _remove_kubernetes(ctx: Context, result: StepResult, found: gpu_operator_handover.Leftovers) -> bool:
+    try:
+        gpu_operator_handover.remove(
+            ctx, found, dry_run=False, timeout_s=float(ctx.params.timeouts.kubernetes_seconds)
+        )
+    except RunbookError as exc:
+        result.checks.append(Check("Kubernetes layer removed", False, exc.message, fix=exc.hint or ""))
+        return False
+    result.data["changed"] = True
+    result.checks.append(Check("Kubernetes layer removed", True, "ran: " + "; ".join(found.commands())))
+    return True
+
+
+def _roll_out(
+    ctx: Context,
+    schedule: Schedule,
+    todo: list[NodeRollback],
+    results: dict[str, NodeResult],
+    progress: Progress | None,
+    *,
+    timeout: float,
+    interval: float,
+) -> None:
+    """The schedule's batches until the failure budget is used up; later batches are left untouched."""
+    failed = done = 0
+    for index, batch in enumerate(schedule.batches(todo)):
+        if schedule.exhausted(failed):
+            for plan in batch:
+                _untouched(
+                    results[plan.node.address],
+                    f"not touched: the rollout stopped after {failed} failed node(s)",
+                )
+            continue
+        pause_before(schedule, index)
+        failed += _run_batch(ctx, batch, results, timeout=timeout, interval=interval)
+        done += len(batch)
+        if progress:
+            progress(done, len(todo))
+
+
+def _run_batch(
+    ctx: Context,
+    batch: list[NodeRollback],
+    results: dict[str, NodeResult],
+    *,
+    timeout: float,
+    interval: float,
+) -> int:
+    """One batch: config before the image, the image, then the modules patch; returns the failed count."""
+    going = _patch(ctx, batch, results, "before-image", timeout=timeout)
+    going = _images(ctx, going, results, timeout=timeout, interval=interval)
+    going = _patch(ctx, going, results, "after-image", timeout=timeout)
+    _confirm_configs(ctx, going, results)
+    return sum(results[p.node.address].status == "failed" for p in batch)
+
+
+def _fail(res: NodeResult, message: str) -> None:
+    res.status = "failed"
+    res.message = message
+
+
+def _patch(
+    ctx: Context, plans: list[NodeRollback], results: dict[str, NodeResult], phase: Phase, *, timeout: float
+) -> list[NodeRollback]:
+    """Apply ``phase``'s removal patch on the nodes that have one; returns the nodes still going."""
+    jobs = [p for p in plans if p.patches[phase]]
+    if not jobs:
+        return plans
+    runs = ctx.talosctl.patch_machineconfigs(
+        [(p.patches[phase], [p.node.address]) for p in jobs], dry_run=False
+    )
+    rebooting = []
+    for plan, run in zip(jobs, runs, strict=True):
+        if not run.ok:
+            kept = " (the modules patch is kept)" if phase == "before-image" else ""
+            _fail(results[plan.node.address], f"removal patch failed{kept}: {run.failure_text}")
+        elif "with a reboot" in run.details_of(plan.node.address):
+            rebooting.append(plan.node.address)
+    for address in wait_for_nodes(ctx, rebooting, timeout):
+        _fail(results[address], "patched, but the node did not answer again after its reboot")
+    return [p for p in plans if results[p.node.address].status != "failed"]
+
+
+def _images(
+    ctx: Context,
+    plans: list[NodeRollback],
+    results: dict[str, NodeResult],
+    *,
+    timeout: float,
+    interval: float,
+) -> list[NodeRollback]:
+    """Upgrade the nodes to the installer they were found on, concurrently, and wait until each reports it."""
+    moving = [p for p in plans if p.image]
+    if moving:
+
+        def upgrade(plan: NodeRollback) -> str | None:
+            run = ctx.talosctl.upgrade(
+                plan.node.address,
+                plan.image or "",
+                preserve=plan.preserve,
+                legacy=plan.legacy,
+                timeout=float(ctx.params.timeouts.upgrade_seconds),
+            )
+            return None if run.ok else (run.stderr.strip() or f"talosctl upgrade exited {run.exit_code}")
+
+        with ThreadPoolExecutor(max_workers=min(len(moving), MAX_PARALLEL_UPGRADES)) as pool:
+            errors = list(pool.map(upgrade, moving))
+        for plan, error in zip(moving, errors, strict=True):
+            if error:
+                _fail(
+                    results[plan.node.address], f"talosctl upgrade failed, the modules patch is kept: {error}"
+                )
+        _wait_for_found(
+            ctx, [p for p, e in zip(moving, errors, strict=True) if not e], results, timeout, interval
+        )
+    return [p for p in plans if results[p.node.address].status != "failed"]
+
+
+def _back(plan: NodeRollback, state: NodeState) -> bool:
+    found = plan.evidence.image
+    return (
+        found is not None
+        and not state.error
+        and state.version == found.version
+        and state.schematic_id == found.schematic_id
+        and not runs_nvidia_image(state.extensions)
+    )
+
+
+def _wait_for_found(
+    ctx: Context,
+    plans: Sequence[NodeRollback],
+    results: dict[str, NodeResult],
+    timeout: float,
+    interval: float,
+) -> None:
+    """Poll until each node answers on the version and schematic it was found on, without NVIDIA modules."""
+    deadline = time.monotonic() + timeout
+    pending = list(plans)
+    while pending:
+        states = read_states(ctx, [p.node.address for p in pending])
+        pending = [p for p in pending if not _back(p, states[p.node.address])]
+        if not pending or time.monotonic() >= deadline:
+            break
+        time.sleep(interval)
+    for plan in pending:
+        _fail(
+            results[plan.node.address],
+            "after the upgrade the node is not on the image it was found on; the modules patch is kept",
+        )
+
+
+def _confirm_configs(ctx: Context, plans: list[NodeRollback], results: dict[str, NodeResult]) -> None:
+    """Re-read the configs: nothing the runbook added may be left; then the node counts as rolled back."""
+    if not plans:
+        return
+    configs, errors = read_configs(ctx, [p.node for p in plans])
+    for plan in plans:
+        res = results[plan.node.address]
+        config = configs.get(plan.node.address)
+        left = (
+            [
+                removal_documents(
+                    plan.evidence.added_documents(), config, plan.evidence.sysctls_before, phase
+                )
+                for phase in PHASES
+            ]
+            if config is not None
+            else [[{"unreadable": errors.get(plan.node.address, "no answer")}]]
+        )
+        if any(left):
+            _fail(res, "the node's config still holds part of the runbook's patch")
+            continue
+        res.status = "changed"
+        res.checks.append(Check("back where the runbook found it", True, res.message))
+
+
+def _untouched(res: NodeResult, message: str) -> None:
+    res.status = "skipped"
+    res.message = message
