@@ -295,3 +295,69 @@ def test_an_approval_waits_for_no_one_while_another_run_changes_the_cluster(
     assert records.sealed_records(root) == []
     again, cluster = approve(params, root)  # once that run ended (the refused click left nothing held)
     assert again.applied is not None and set(cluster.state.values()) == {"new"}
+
+
+KILLED_KERNEL = """
+import sys, time
+from pathlib import Path
+from runbook_lib.clients.proc import Journal
+from runbook_lib.model.params import load_params
+from runbook_lib.notebook.gates import ApprovalGate
+from tests.test_interactive_records import NODES, PARAMS, Cluster, recorder
+
+journal = Journal()
+cluster = Cluster(journal)
+
+def apply(only, progress):
+    cluster.apply(["gpu-worker-1"], progress)  # the first node's patch reached the cluster
+    argv = ("talosctl", "-n", "gpu-worker-2", "patch", "mc", "--patch", "@nvidia.yaml")
+    with journal.pending("command", "talosctl -n gpu-worker-2 patch", argv):  # as Runner.run marks a change
+        print("in flight", flush=True)
+        time.sleep(600)  # killed here
+
+gate = ApprovalGate("config-patch", cluster.plan, apply, nodes=NODES,
+                    recorder=recorder(load_params(PARAMS), journal, Path(sys.argv[1])))
+gate.plan()
+gate.approve()
+"""
+
+
+def test_a_kernel_killed_mid_change_leaves_a_journal_that_seal_aborted_seals(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SIGKILL (what a dead kernel gets) while the second node's patch is in flight: the record directory
+    must hold the journal as it was written, so ``runbook records seal-aborted`` lists the change that reached
+    the cluster and the one in flight, as it does for ``runbook run`` (runner: results/<step>.journal.jsonl)."""
+    import select
+    import subprocess
+    import sys
+
+    from runbook_lib.notebook.interrupts import IN_FLIGHT
+
+    root = tmp_path / "records"
+    kernel = subprocess.Popen(
+        [sys.executable, "-c", KILLED_KERNEL, str(root)],
+        cwd=Path(__file__).resolve().parents[1],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert kernel.stdout is not None
+        ready, _w, _x = select.select([kernel.stdout], [], [], 180)  # generous: a loaded CI machine
+        assert ready, "the approval did not reach its second change within 180 s"
+        assert kernel.stdout.readline().strip() == "in flight"
+    finally:
+        kernel.kill()  # SIGKILL: no finally block, no end marker, no seal
+        kernel.wait(timeout=60)
+    (path,) = [p for p in root.iterdir() if p.is_dir()]
+    assert [p.name for p in records.check(root).aborted] == [path.name]
+    assert main(["records", "seal-aborted", path.name, "--dir", str(root)]) == 0
+    assert main(["records", "verify", "--dir", str(root)]) == 0
+    capsys.readouterr()
+    data = records.load_record(path)
+    assert [(s["name"], s["status"]) for s in data["steps"]] == [("config-patch", "aborted")]
+    assert "2 change(s) from its journal (one marked in flight" in data["steps"][0]["summary"]
+    changes = {(c["argv"][2], c.get("interrupt")) for c in data["changes"]}
+    assert changes == {("gpu-worker-1", None), ("gpu-worker-2", IN_FLIGHT)}
+    page = (path / "index.html").read_text(encoding="utf-8")
+    assert 'href="02-config-patch.interactive.ipynb"' in page  # the cells the kernel ran before it died

@@ -100,6 +100,12 @@ class Journal:
         self._sink = sink
         self._calls = 0
 
+    def sink_to(self, sink: Path | None) -> None:
+        """From now on append to ``sink`` (None: to no file).  Why: a JupyterLab kernel's journal lives as
+        long as the kernel, and each approval's entries go to that approval's record as they happen."""
+        with self._lock:
+            self._sink = sink
+
     def _write(self, event: dict[str, Any]) -> None:
         """Append one event to the sink (called with the lock held): one write, so lines never interleave."""
         if self._sink is not None:

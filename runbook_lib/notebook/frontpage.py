@@ -132,7 +132,7 @@ def _steps(path: Path, record: Mapping[str, Any]) -> list[_Step]:
         result = step.get("result")
         if not isinstance(result, dict):
             result = _result_file(path, name)
-        notebook = step.get("notebook") or next((p.name for p in path.glob(f"[0-9][0-9]-{name}.ipynb")), None)
+        notebook = step.get("notebook") or _notebook_of(path, name)
         data = _mapping(result, "data")
         planned = data.get("batches")
         out.append(
@@ -152,6 +152,15 @@ def _steps(path: Path, record: Mapping[str, Any]) -> list[_Step]:
             )
         )
     return out
+
+
+def _notebook_of(path: Path, step: str) -> str | None:
+    """An aborted run's notebook of ``step``: ``runbook run``'s, or an approval's rebuilt one."""
+    for pattern in (f"[0-9][0-9]-{step}.ipynb", f"[0-9][0-9]-{step}.interactive.ipynb"):
+        found = next(iter(sorted(path.glob(pattern))), None)
+        if found is not None:
+            return found.name
+    return None
 
 
 def _error(error: object) -> str:

@@ -14,8 +14,11 @@ order) with the result as rendered after the approval as the output of the step'
 (``JPY_SESSION_NAME``, set by jupyter_server's ``SessionManager.get_kernel_env``), the file as last saved
 is copied too, marked as possibly older than the screen.
 
-The directory is created when the apply starts, so a kernel killed mid-apply leaves an unsealed directory
-that ``records verify`` reports as an aborted run (and ``records seal-aborted`` seals), as for ``runbook run``.
+The directory is created when the apply starts, with the cells run so far (the rebuilt notebook, without
+the result), and the step's journal is appended to ``results/<step>.journal.jsonl`` as each command and API
+change happens (each change marked in flight until it returns), as ``runbook run``'s kernels do.  So a kernel
+killed mid-apply leaves an unsealed directory that ``records verify`` reports as an aborted run, and
+``records seal-aborted`` seals it with the changes that reached the cluster and the one in flight.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from runbook_lib.steps.results import StepResult
 
 from . import records
 from .render import render_html
+from .steps import journal_file
 
 #: Set by jupyter_server for a notebook's kernel: the notebook's path.
 SESSION_ENV = "JPY_SESSION_NAME"
@@ -141,7 +145,13 @@ class InteractiveRecorder:
             + yaml.safe_dump(self.params.public_dict(), sort_keys=False),
             encoding="utf-8",
         )
+        (self.record / "results").mkdir()
+        self.journal.sink_to(self._journal_file(self.record))  # from here on, as it happens
+        self._write_notebook(self.record, "")  # an aborted record names its step by this notebook
         return self.record
+
+    def _journal_file(self, path: Path) -> Path:
+        return journal_file(path / "results" / f"{self.step}.json")
 
     def finished(
         self, result: StepResult | None, *, shown: StepResult | None, error: RunbookError | None = None
@@ -158,18 +168,20 @@ class InteractiveRecorder:
             shutil.rmtree(path)  # an apply: true cell run that found nothing to change: no change, no record
             return None
         self._write_files(path, result, shown, entries)
+        self._journal_file(path).unlink(missing_ok=True)  # the same entries, now in results/<step>.json
         data = self._record_data(path, result, shown, entries, error)
         self.sealed.append(records.seal(path, data, secrets=self._secrets()))
         return path
 
     def release(self) -> None:
-        """Release the cluster's apply lock (also after an interrupted apply, whose record stays unsealed)."""
+        """Release the cluster's apply lock (also after an interrupted apply, whose record stays unsealed),
+        and stop journalling into the record: later plans are not part of this approval."""
+        self.journal.sink_to(None)
         self._held.close()
 
     def _write_files(
         self, path: Path, result: StepResult | None, shown: StepResult | None, entries: list[dict[str, Any]]
     ) -> None:
-        (path / "results").mkdir()
         payload = {
             "step": self.step,
             "result": result.to_dict() if result is not None else None,
@@ -181,14 +193,17 @@ class InteractiveRecorder:
             json.dumps(payload, indent=2, default=str) + "\n", encoding="utf-8"
         )
         rendered = render_html(result, title=f"{self.step}: applied") if result is not None else ""
-        notebook = rebuilt_notebook(self.history(), self.step, rendered)
-        (path / self.notebook_file).write_text(json.dumps(notebook, indent=1) + "\n", encoding="utf-8")
+        self._write_notebook(path, rendered)
         if rendered:
             (path / "html").mkdir()
             (path / "html" / f"{Path(self.notebook_file).stem}.html").write_text(rendered, encoding="utf-8")
         saved = Path(os.environ.get(SESSION_ENV, ""))
         if saved.suffix == ".ipynb" and saved.is_file():
             shutil.copyfile(saved, path / SAVED_NOTEBOOK)
+
+    def _write_notebook(self, path: Path, rendered: str) -> None:
+        notebook = rebuilt_notebook(self.history(), self.step, rendered)
+        (path / self.notebook_file).write_text(json.dumps(notebook, indent=1) + "\n", encoding="utf-8")
 
     def _record_data(
         self,

@@ -434,7 +434,7 @@ def _aborted_steps(
     steps: list[dict[str, Any]] = []
     changes: list[dict[str, Any]] = []
     for notebook in sorted(path.glob("[0-9][0-9]-*.ipynb")):
-        name = notebook.stem.split("-", 1)[1]
+        name = notebook.stem.split("-", 1)[1].removesuffix(".interactive")  # an approval's rebuilt notebook
         result_file = path / "results" / f"{name}.json"
         try:
             result = json.loads(result_file.read_text(encoding="utf-8"))
