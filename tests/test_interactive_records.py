@@ -1,7 +1,7 @@
 """Issue 17.1: what a person approves in JupyterLab is sealed into a change record, in the same chain.
 
 The gate is driven as tests/test_gates.py drives it (no browser): the Approve button is clicked
-programmatically.  The browser test (tests/ui) does not cover this yet.
+programmatically.  The browser test (tests/ui, make test-ui) clicks the real button and checks the record.
 """
 
 from __future__ import annotations

@@ -143,7 +143,11 @@ def lab(sim_session: Workspace) -> Iterator[Lab]:
     startup.mkdir(parents=True, exist_ok=True)
     if os.environ.get(BREAK_APPROVE_ENV) == "1":
         (startup / "00-break-approve.py").write_text(BREAK_APPROVE)
-    env = {"RUNBOOK_SIM_STATE": str(sim_session.sim_state), "IPYTHONDIR": str(ipython_dir)}
+    env = {
+        "RUNBOOK_SIM_STATE": str(sim_session.sim_state),
+        "IPYTHONDIR": str(ipython_dir),
+        "RUNBOOK_RECORDS": str(sim_session.records),  # approvals' change records, never the repository's
+    }
     with jupyterlab(sim_session.root, sim_session.base / "lab", env) as server:
         yield server
 

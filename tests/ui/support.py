@@ -37,6 +37,11 @@ class Workspace:
     node_names: list[str] = field(default_factory=list)
     node_addresses: list[str] = field(default_factory=list)
 
+    @property
+    def records(self) -> Path:
+        """Where the kernels seal the change records of approvals (``RUNBOOK_RECORDS``)."""
+        return self.base / "records"
+
 
 def runbook(*args: str) -> None:
     proc = subprocess.run([RUNBOOK, *args], capture_output=True, text=True, timeout=120, check=False)

@@ -9,6 +9,7 @@ chooses it; ``RUNBOOK_UI_DOCS=1`` also refreshes ``docs/screenshots/``).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -21,7 +22,7 @@ import pytest
 import yaml
 
 from tests.ui.labserver import Lab
-from tests.ui.support import BREAK_APPROVE, REPO, ConsoleErrors, SimNodes, Workspace
+from tests.ui.support import BREAK_APPROVE, REPO, ConsoleErrors, SimNodes, Workspace, runbook
 
 pytestmark = [pytest.mark.ui, pytest.mark.slow]
 
@@ -151,6 +152,74 @@ def test_config_patch_approved_in_jupyterlab_changes_the_nodes(
     check_clean(console)
     for note in nb.notes:
         warnings.warn(note, stacklevel=1)
+
+
+def _sealed_record(nb: Any, ws: Workspace) -> Path:
+    """The record the approval sealed, as the gate's status line names it, checked by ``records verify``."""
+    from playwright.sync_api import expect
+
+    named = nb.panel.locator(".widget-html code", has_text="-interactive-")
+    expect(named).to_have_count(1, timeout=30_000)
+    record = Path(named.inner_text().strip())
+    assert record.parent == ws.records, f"the approval sealed {record}, not a record in {ws.records}"
+    runbook("records", "verify", "--dir", str(ws.records))  # exit 0: the chain and every file intact
+    data = json.loads((record / "record.json").read_text(encoding="utf-8"))
+    assert (data["interactive"]["approved"], data["outcome"]) == (True, "changed"), data["note"]
+    assert {change["step"] for change in data["changes"]} == {"config-patch"}
+    return record
+
+
+def _applied_cell(record: Path, ws: Workspace) -> str:
+    """The rebuilt notebook's step cell as it stood after the approval: the applied result, every node."""
+    notebook = nbformat.read(record / "02-config-patch.interactive.ipynb", as_version=4)  # type: ignore[no-untyped-call]
+    shown = [
+        output["data"]["text/html"]
+        for cell in notebook.cells
+        if "run_step(" in cell.source
+        for output in cell.outputs
+        if "text/html" in output.get("data", {})
+    ]
+    assert len(shown) == 1, f"the step cell of the rebuilt notebook shows {len(shown)} results"
+    assert 'data-step="config-patch"' in shown[0] and "applied" in shown[0]
+    assert all(name in shown[0] for name in ws.node_names), "the applied result does not name every node"
+    return str(shown[0])
+
+
+def test_an_approval_in_jupyterlab_is_a_sealed_record_whose_front_page_renders(
+    lab: Lab, fresh_cluster: SimNodes, ui_workspace: Workspace, page: tuple[Any, ConsoleErrors]
+) -> None:
+    """Issue 17: the Approve click leaves a change record like ``runbook run``'s, in the same chain, that
+    ``runbook records verify`` accepts, holding the notebook as it stood after the approval; its
+    ``index.html`` opens from disk in the same browser with the node grid and the step list."""
+    from playwright.sync_api import expect
+
+    from tests.ui.notebook_page import Notebook, check_clean
+
+    tab, console = page
+    nb = Notebook(tab, ui_workspace.screenshots)
+    nb.open(lab, "notebooks/02-config-patch.ipynb")
+    approve, _patch = _plan_and_gate(nb, ui_workspace, fresh_cluster)
+    _approve_and_wait(nb, approve, ui_workspace, timeout_ms=120_000)
+    record = _sealed_record(nb, ui_workspace)
+    _applied_cell(record, ui_workspace)
+
+    tab.goto((record / "index.html").as_uri())
+    cells = tab.locator(".grid [data-node]")
+    expect(cells).to_have_count(len(ui_workspace.node_names))
+    assert sorted(cells.evaluate_all("cs => cs.map(c => c.dataset.node)")) == sorted(ui_workspace.node_names)
+    for cell in cells.all():
+        expect(cell).to_have_class(re.compile(r"\bchanged\b"))
+    steps = tab.locator("section", has=tab.locator("h2", has_text="Steps")).locator(
+        "tr", has_text="config-patch"
+    )
+    expect(steps).to_have_count(1)
+    expect(steps.locator(".st")).to_have_text("changed")
+    expect(steps.get_by_role("link", name="02-config-patch.interactive.ipynb")).to_be_visible()
+    expect(tab.locator("h1 .outcome")).to_have_text("changed")
+    cells.first.click()
+    expect(tab.locator("#panel")).to_contain_text("config-patch")
+    _to_docs(nb.screenshot("06-interactive-record-front-page"), "record-interactive.png")
+    check_clean(console)
 
 
 def _break_approve(ws: Workspace) -> str:
