@@ -26,6 +26,7 @@ from runbook_lib.clients.proc import Journal
 from runbook_lib.errors import ParameterProblem, ParametersInvalid, PermanentError
 from runbook_lib.model.params import Params, load_params
 from runbook_lib.model.plan import build_plan
+from runbook_lib.model.rollout import schedule
 from runbook_lib.steps.context import Context, connect
 from runbook_lib.steps.results import StepResult
 
@@ -259,15 +260,15 @@ def run_step(
     if check_injected:
         check_notebook_parameters(injected_parameter_names(_kernel_history()))
     params = load(params_file, apply=apply, overrides=overrides)
-    journal = _step_journal()
-    ctx = connect(params, journal=journal)
-    only = list(nodes) if nodes else None
-    ctx.nodes(only)  # unknown node names fail here, before anything runs
     fn = step_function(step)
     if item is ROLLBACK:  # its evidence, read and checked before anything runs (rollback_records)
         from .rollback_records import load_evidence  # noqa: PLC0415 - lazy (only this step reads records)
 
         fn = functools.partial(fn, evidence=load_evidence(params))
+    journal = _step_journal()
+    ctx = connect(params, journal=journal)
+    only = list(nodes) if nodes else None
+    ctx.nodes(only)  # unknown node names fail here, before anything runs
     gate: ApprovalGate | None = None
     plan: StepResult | None = None
 
@@ -311,6 +312,23 @@ def run_step(
     return result
 
 
+def _rollout_line(params: Params, nodes: int) -> str:
+    """How the config-patch and image steps will roll out over ``nodes`` GPU nodes (the schedule the plan
+    shows, model/rollout.py), with the budget as written (``"5%"``) when it is a percentage.  Nodes already
+    done are skipped, so a step may change fewer."""
+    rollout = params.rollout
+    text = schedule(
+        nodes,
+        concurrency=params.rollout_concurrency,
+        canary=rollout.canary,
+        max_failures=rollout.max_failures,
+        pause_seconds=rollout.pause_seconds,
+    ).describe()
+    percent = isinstance(rollout.max_failures, str)
+    budget = f" (rollout.max_failures {rollout.max_failures})" if percent else ""
+    return text.removeprefix("rollout: ") + budget
+
+
 def overview(params_file: str | None, *, overrides: Sequence[str] = (), show: bool = True) -> str:
     """The validated parameters' plan as a short table (pure: nothing is contacted)."""
     check_notebook_parameters(injected_parameter_names(_kernel_history()), declared=("params_file",))
@@ -330,7 +348,7 @@ def overview(params_file: str | None, *, overrides: Sequence[str] = (), show: bo
             "GPU nodes",
             f"{len(plan.nodes)} ({', '.join(n.name for n in plan.nodes[:5])}{' …' if len(plan.nodes) > 5 else ''})",
         ),
-        ("rollout", f"{plan.rollout_concurrency} node(s) at a time; apply: {plan.apply}"),
+        ("rollout", f"{_rollout_line(params, len(plan.nodes))}; apply: {plan.apply}"),
     ]
     html = (
         "<table>"
