@@ -60,6 +60,10 @@ class ChartRepo:
     def index(self, helm: Path) -> None:
         """``helm repo index`` with this server's URL, so the archives' URLs in index.yaml point here."""
         _run([str(helm), "repo", "index", str(self.directory), "--url", self.url], "helm repo index")
+        # helm chmods index.yaml 0644 whatever the umask (its atomic write sets the mode): the state dir's
+        # files stay the owner's only, as everything else the simulator writes.
+        for path in self.directory.iterdir():
+            path.chmod(0o600)
 
     def start(self) -> None:
         self._thread.start()

@@ -31,12 +31,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runbook_lib.sim import chartrepo, nodeagent, pidfile
+from runbook_lib.sim import pidfile
 from runbook_lib.sim.state import atomic_write, load_cluster, load_nodes, sim_paths
 
 MODE_ENV = "RUNBOOK_SIM_KUBE"
@@ -96,15 +96,22 @@ def find_tools(kubernetes_version: str) -> Tools | str:
     return tools
 
 
+def requested(env: dict[str, str] | None = None) -> str:
+    """``RUNBOOK_SIM_KUBE``: ``real``, ``python`` or ``""`` (unset: real when built); anything else is an
+    error naming the variable, raised before anything is written."""
+    value = (os.environ if env is None else env).get(MODE_ENV, "")
+    if value not in ("", "real", "python"):
+        raise ValueError(f"{MODE_ENV}={value!r} is not a choice: use real (the real control plane) or python")
+    return value
+
+
 def choose(kubernetes_version: str, env: dict[str, str] | None = None) -> Tools | None:
     """The tools for the real control plane, or None for the Python API server.
 
     ``RUNBOOK_SIM_KUBE=real`` without the binaries is an error naming what is missing; any other value than
     ``real``/``python`` is an error naming the variable (both exit 2 through ``ValueError`` -> PermanentError).
     """
-    value = (os.environ if env is None else env).get(MODE_ENV, "")
-    if value not in ("", "real", "python"):
-        raise ValueError(f"{MODE_ENV}={value!r} is not a choice: use real (the real control plane) or python")
+    value = requested(env)
     if value == "python":
         return None
     found = find_tools(kubernetes_version)
@@ -231,6 +238,18 @@ def stop(state_dir: Path, timeout: float = 90.0) -> bool:
 # ---------------------------------------------------------------- the supervisor
 
 
+def _daemon_gone(state_dir: Path) -> Callable[[], bool]:
+    """A check that the simulator daemon running now (whose ``sim up`` started this supervisor) has stopped.
+
+    Why: ``runbook run`` and anything else that stops or replaces the daemon know nothing of this process;
+    following the daemon means nothing of the real control plane outlives the simulator it belongs to."""
+    recorded = pidfile.read(sim_paths(state_dir).pid)
+    if recorded is None or not pidfile.is_daemon(recorded[0], recorded[1], state_dir):
+        return lambda: False
+    pid, started = recorded
+    return lambda: not pidfile.is_daemon(pid, started, state_dir)
+
+
 def _start_simkube(state_dir: Path, tools: Tools, logs: Path) -> tuple[subprocess.Popen[str], dict[str, Any]]:
     """simkube in a fresh ``<state>/kube`` (it refuses a used one); the JSON line it prints when ready."""
     kube = _paths(state_dir)["kube"]
@@ -294,6 +313,9 @@ def _stop_process(proc: subprocess.Popen[Any], timeout: float) -> None:
 @contextlib.contextmanager
 def _running(state_dir: Path, tools: Tools) -> Iterator[dict[str, Any]]:
     """Everything started in order; on exit (or a failed start) stopped in reverse order."""
+    # Imported here: the Kubernetes client costs ~0.4 s, which every `runbook` command would pay otherwise.
+    from runbook_lib.sim import chartrepo, nodeagent  # noqa: PLC0415
+
     paths = _paths(state_dir)
     paths["logs"].mkdir(mode=0o700, exist_ok=True)
     with contextlib.ExitStack() as stack:
@@ -321,11 +343,15 @@ def serve(state_dir: Path) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda _s, _f: stop_event.set())
     pidfile.write(_paths(state_dir)["pid"])
+    daemon_gone = _daemon_gone(state_dir)
     try:
         with _running(state_dir, tools) as info:
             _publish(state_dir, info)
             log.info("real control plane up: %s", {k: v for k, v in info.items() if k != "components"})
-            stop_event.wait()
+            while not stop_event.wait(1.0):
+                if daemon_gone():
+                    log.info("the simulator daemon stopped: stopping the real control plane")
+                    break
     finally:
         _paths(state_dir)["info"].unlink(missing_ok=True)
     log.info("real control plane stopped")

@@ -198,3 +198,90 @@ def test_published_endpoints_name_the_real_api_and_the_chart_repository(
             break
         time.sleep(0.5)
     assert out.split() == [f"talos-{n}=True" for n in ("cp-1", "worker-1", "worker-2", "worker-3")]
+
+
+def runbook(*args: str, mode: str) -> subprocess.CompletedProcess[str]:
+    """``runbook ARGS`` in a fresh process with ``RUNBOOK_SIM_KUBE=mode``."""
+    return subprocess.run(
+        [sys.executable, "-m", "runbook_lib", *args],
+        env={**os.environ, "RUNBOOK_SIM_KUBE": mode},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd=ROOT,
+    )
+
+
+def test_sim_up_starts_the_real_control_plane_and_sim_down_stops_it(
+    tools: realkube.Tools, tmp_path: Path
+) -> None:
+    """What a user runs: ``runbook sim up`` prints the real API server and the chart repository, the state's
+    kubectl and kubeconfig reach it, and ``runbook sim down`` leaves no process of this state running."""
+    state = tmp_path / "sim"
+    try:
+        started = runbook("sim", "up", "--state", str(state), "--nodes", "1", mode="real")
+        assert started.returncode == 0, started.stderr
+        assert "kubernetes:  the real control plane" in started.stdout
+        charts = json.loads((state / "endpoints.json").read_text())["charts"]
+        assert f"charts:      {charts}" in started.stdout
+        kubectl = [str(state / "bin" / "kubectl"), "--kubeconfig", str(state / "kubeconfig")]
+        version = json.loads(
+            subprocess.run(
+                [*kubectl, "version", "-o", "json"], capture_output=True, text=True, check=True
+            ).stdout
+        )
+        assert version["serverVersion"]["gitVersion"] == "v1.35.0"
+    finally:
+        stopped = runbook("sim", "down", "--state", str(state), mode="real")
+    assert stopped.returncode == 0 and stopped.stdout.startswith("simulator stopped")
+    assert not [p for p in Path("/proc").glob("[0-9]*") if str(state) in _cmdline(p)]
+
+
+def test_the_control_plane_follows_the_daemon_it_was_started_with(
+    tools: realkube.Tools, tmp_path: Path
+) -> None:
+    """``runbook run`` stops (or replaces) only the daemon: the supervisor notices and stops everything."""
+    state = tmp_path / "sim"
+    info = up(state, tools, 1, "fresh")
+    cluster.stop_daemon(state)
+    deadline = time.monotonic() + 90
+    while [p for p in [info["pid"], *info["components"].values()] if _alive(p)]:
+        assert time.monotonic() < deadline, "the real control plane outlived its daemon"
+        time.sleep(0.5)
+    assert realkube.supervisor_pid(state) is None
+
+
+def test_a_bad_mode_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    state = tmp_path / "sim"
+    refused = runbook("sim", "up", "--state", str(state), "--nodes", "1", mode="rael")
+    assert refused.returncode == 2
+    assert (
+        "RUNBOOK_SIM_KUBE='rael' is not a choice: use real (the real control plane) or python"
+        in refused.stderr
+    )
+    assert not state.exists()
+
+
+def test_the_real_control_plane_state_is_private_whatever_the_umask(
+    tools: realkube.Tools, tmp_path: Path
+) -> None:
+    """Like the rest of the state (attack report F14): helm writes index.yaml 0644 whatever the umask."""
+    state = tmp_path / "sim"
+    proc = subprocess.run(
+        [sys.executable, "-m", "runbook_lib", "sim", "up", "--state", str(state), "--nodes", "1"],
+        env={**os.environ, "RUNBOOK_SIM_KUBE": "real"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd=ROOT,
+        umask=0,
+    )
+    try:
+        assert proc.returncode == 0, proc.stderr
+        assert (state / "charts" / "index.yaml").is_file()
+        open_to_others = [str(p) for p in state.rglob("*") if not p.is_symlink() and p.stat().st_mode & 0o077]
+        assert open_to_others == []
+    finally:
+        runbook("sim", "down", "--state", str(state), mode="real")
