@@ -18,12 +18,14 @@ from typing import Any
 
 import pytest
 
+from runbook_lib.cli import main
 from runbook_lib.errors import PermanentError
 from runbook_lib.model.machineconfig import parse_documents
 from runbook_lib.model.params import validate
 from runbook_lib.model.rollback import evidence_from_records, removal_documents
+from runbook_lib.notebook import records
 from runbook_lib.notebook.runner import StepOutcome, _journal_record, select_steps
-from runbook_lib.notebook.steps import ROLLBACK
+from runbook_lib.notebook.steps import ROLLBACK, run_step
 from runbook_lib.sim import factory, patching
 from runbook_lib.sim.cluster import ClusterSpec, create
 from runbook_lib.sim.faults import clear, inject
@@ -34,6 +36,7 @@ from runbook_lib.steps.patch import config_patch, read_configs
 from runbook_lib.steps.results import StepResult
 from runbook_lib.steps.rollback import rollback
 
+PARAMS = str(Path(__file__).resolve().parents[1] / "params" / "simulated.yaml")
 MODULES_PATCH = (
     "machine:\n  kernel:\n    modules:\n    - name: nvidia\n    - name: nvidia_uvm\n"
     "  sysctls:\n    net.core.bpf_jit_harden: '1'\n"
@@ -215,9 +218,10 @@ def test_after_a_half_finished_rollout_only_the_changed_nodes_go_back(sim: Path)
     steps = {s["name"]: s["result"] for s in record[1]["steps"]}
     assert [g["nodes"] for g in steps["image"]["node_groups"] if g["status"] == "changed"] == [WORKERS[:1]]
     clear(sim, "talos-worker-2")
-    ctx = _ctx(sim)
+    ctx = _ctx(sim, rollout_concurrency=2, rollout={"canary": 1})  # the rollout controls apply here too
     plan = rollback(ctx, apply=False, evidence=evidence_from_records([record]))
     assert [plan.node(n).status for n in WORKERS] == ["planned", "planned", "planned", "unchanged"]
+    assert plan.data["batches"] == [WORKERS[:1], WORKERS[1:3]]
     assert ctx.journal.changes() == []
     result = rollback(ctx, evidence=evidence_from_records([record]), settle_timeout=30.0, poll_interval=0.1)
     assert [result.node(n).status for n in WORKERS] == ["changed", "changed", "changed", "unchanged"]
@@ -277,3 +281,105 @@ def test_a_node_without_evidence_is_refused_and_nothing_is_changed(sim: Path) ->
     assert refused.status == "failed" and "lacks its image before" in refused.message
     assert result.node("talos-worker-2").status == "skipped"
     assert ctx.journal.changes() == []
+
+
+# -- headless: `runbook rollback`, its own sealed run -------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_runbook_rollback_plans_then_applies_from_a_record_into_its_own_record(tmp_path: Path) -> None:
+    env = ["--records", str(tmp_path / "records"), "--state", str(tmp_path / "sim"), "--no-progress"]
+    steps = "config-patch,image,kubernetes"
+    assert main(["run", "-p", PARAMS, "--steps", steps, "--apply", *env]) == 0
+    applied = records.resolve(tmp_path / "records", None)
+
+    assert main(["rollback", "-p", PARAMS, "--from", applied.name[-8:], *env]) == 0
+    plan = records.load_record(records.resolve(tmp_path / "records", None))
+    assert plan["outcome"] == "planned" and plan["changes"] == []
+    assert plan["params"]["rollback"]["records"] == [str(applied)]
+    assert main(["rollback", "-p", PARAMS, "--from", applied.name, "--apply", *env]) == 0
+    done = records.load_record(records.resolve(tmp_path / "records", None))
+    assert done["outcome"] == "changed" and done["steps_requested"] == ["rollback"]
+    argvs = [" ".join(c.get("argv", [])) for c in done["changes"]]
+    first_upgrade = next(i for i, a in enumerate(argvs) if " upgrade " in a)
+    assert "uninstall nvidia-device-plugin" in argvs[0]  # the Kubernetes layer first
+    assert all(" patch " not in a for a in argvs[:first_upgrade])  # no modules removed before an image
+    assert {load_node(tmp_path / "sim", n).schematic_id for n in ("gpu-worker-1", "gpu-worker-2")} == {
+        VANILLA_SCHEMATIC
+    }
+    # what a user sees next: the runbook plans the whole way again, Kubernetes layer included
+    assert main(["run", "-p", PARAMS, "--steps", "config-patch", *env]) == 0
+    assert records.load_record(records.resolve(tmp_path / "records", None))["outcome"] == "planned"
+    assert main(["run", "-p", PARAMS, "--steps", "kubernetes", *env]) == 0
+    kube = records.load_record(records.resolve(tmp_path / "records", None))["steps"][0]["result"]["data"]
+    assert any("RuntimeClass nvidia" in c for c in kube["changes"]) and any(
+        "helm" in c for c in kube["changes"]
+    )
+    assert main(["records", "verify", "--dir", str(tmp_path / "records")]) == 0
+
+
+@pytest.mark.slow
+def test_runbook_rollback_refuses_a_missing_or_edited_record_before_anything_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    env = ["--records", str(tmp_path / "records"), "--state", str(tmp_path / "sim"), "--no-progress"]
+    assert main(["run", "-p", PARAMS, "--steps", "config-patch", "--apply", *env]) == 0
+    applied = records.resolve(tmp_path / "records", None)
+    capsys.readouterr()
+    assert main(["rollback", "-p", PARAMS, "--from", "no-such-record", *env]) == 2
+    assert "rollback.records: no record match 'no-such-record'" in capsys.readouterr().err
+    record_json = applied / "record.json"
+    record_json.write_text(record_json.read_text().replace('"nvidia"', '"nvidia-x"'))
+    assert main(["rollback", "-p", PARAMS, "--from", applied.name, *env]) == 2
+    assert f"{applied.name} is not intact (" in capsys.readouterr().err
+    assert records.sealed_records(tmp_path / "records") == [applied]  # no rollback record was started
+
+
+@pytest.mark.slow
+def test_the_default_runtime_goes_before_the_image_and_the_modules_after_it(sim: Path) -> None:
+    """The image step set ``nvidia`` as default runtime after the upgrade (containerd refuses a default runtime
+    it has no definition for, see ``steps.patch.nodes_with_nvidia_runtime``): going back, it goes first."""
+    record = _patch_and_upgrade(sim, WORKERS[:1], default_runtime_patch=True)
+    machine = next(d for d in _config(_ctx(sim), "talos-worker-1") if "machine" in d)["machine"]
+    assert machine.get("files"), "the image step applied the default-runtime file"
+    ctx = _ctx(sim, default_runtime_patch=True)
+    result = rollback(ctx, evidence=evidence_from_records([record]), settle_timeout=30.0, poll_interval=0.1)
+    assert result.node("talos-worker-1").status == "changed"
+    assert [w for w, _a in _calls(ctx)] == ["patch", "upgrade", "patch"]
+    machine = next(d for d in _config(ctx, "talos-worker-1") if "machine" in d)["machine"]
+    assert not machine.get("files") and not (machine.get("kernel") or {}).get("modules")
+
+
+@pytest.mark.slow
+def test_a_run_and_its_resume_roll_back_together_to_where_the_first_found_the_nodes(sim: Path) -> None:
+    inject(sim, "talos-worker-2", "upgrade_fails")
+    first = _patch_and_upgrade(sim, WORKERS[:3])  # stops at worker-2
+    clear(sim, "talos-worker-2")
+    resume_ctx = _ctx(sim)
+    resumed = image_upgrade(resume_ctx, only=WORKERS[:3], settle_timeout=30.0, poll_interval=0.1)
+    assert resumed.data["done"] == WORKERS[1:3]
+    second = _record("run-2", ("image", resume_ctx, resumed))
+    evidence = evidence_from_records([first, second])
+    assert {n: e.image.record for n, e in evidence.nodes.items() if e.image} == {
+        "talos-worker-1": "run-1",
+        "talos-worker-2": "run-1",  # run-1 tried it first: its 'before' is where the runbook found it
+        "talos-worker-3": "run-2",
+    }
+    ctx = _ctx(sim, rollout={"max_failures": "100%"})
+    result = rollback(ctx, evidence=evidence, settle_timeout=30.0, poll_interval=0.1)
+    assert [result.node(n).status for n in WORKERS] == ["changed", "changed", "changed", "unchanged"]
+    assert sorted(a for w, a in _calls(ctx) if w == "upgrade") == sorted(ADDRESS[n] for n in WORKERS[:3])
+    assert all(load_node(sim, n).schematic_id == VANILLA_SCHEMATIC for n in WORKERS)
+
+
+def test_the_notebook_call_without_records_names_the_parameter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """JupyterLab's path (``run_step``, the Approve gate): no evidence, no rollback, and nothing contacted."""
+    monkeypatch.setenv(records.RECORDS_ENV, str(tmp_path))
+    with pytest.raises(PermanentError, match=r"rollback.records is empty") as raised:
+        run_step("rollback", params_file=PARAMS, show=False, check_injected=False)
+    assert "runbook records list" in str(raised.value)
+    for ref, problem in [(str(tmp_path / "nope"), "is not a record directory"), ("nope", "no records in")]:
+        with pytest.raises(PermanentError, match=f"rollback.records: .*{problem}"):
+            run_step("rollback", params_file=PARAMS, overrides=[f"rollback.records=[{ref}]"], show=False)

@@ -26,6 +26,8 @@ def record_path(ref: str, root: Path) -> Path:
     path = Path(ref).expanduser()
     if path.is_dir():
         return path.resolve()
+    if "/" in ref:
+        raise PermanentError(f"{PARAMETER}: {ref} is not a record directory", hint=HINT)
     try:
         return records.resolve(root, ref).resolve()
     except PermanentError as exc:
