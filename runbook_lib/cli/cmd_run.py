@@ -206,7 +206,11 @@ def _bring_up(params: Params, state_dir: Path, scenario: str, files: _SimLeases,
         sys.stderr.write(f"simulated cluster created in {state_dir} (scenario {scenario})\n")
     try:
         info = sim_cluster.start_daemon(state_dir)
-    except RuntimeError as exc:
+        spec = sim_cluster.spec_from_params(params)
+        sim_cluster.start_talos(state_dir, spec, sim_state.load_nodes(state_dir))  # real talosctl when built
+    except (RuntimeError, ValueError) as exc:
+        sim_cluster.stop_talos(state_dir)
+        sim_cluster.stop_daemon(state_dir)
         raise PermanentError(str(exc)) from None
     files.started.write_text(str(info.get("pid")), encoding="utf-8")
 
@@ -219,6 +223,7 @@ def _stop_if_a_run_started_it(state_dir: Path, files: _SimLeases) -> None:
     except FileNotFoundError:
         return
     if mark == str(sim_cluster.daemon_pid(state_dir)):
+        sim_cluster.stop_talos(state_dir)
         sim_cluster.stop_daemon(state_dir)
     files.started.unlink(missing_ok=True)
 

@@ -115,6 +115,10 @@ def _up(args: argparse.Namespace) -> int:
             scenario=args.scenario or from_params.scenario,
             latency_ms=from_params.latency_ms if args.latency_ms is None else args.latency_ms,
         )
+    try:
+        cluster.talos_mode()  # a bad RUNBOOK_SIM_TALOSCTL is refused before anything is written
+    except ValueError as exc:
+        raise PermanentError(str(exc)) from None
     cluster.stop_daemon(state_dir)
     try:
         nodes = cluster.create(state_dir, spec)
@@ -126,11 +130,12 @@ def _up(args: argparse.Namespace) -> int:
             endpoints = cluster.start_daemon(state_dir)
         except RuntimeError as exc:
             raise PermanentError(str(exc)) from None
+    talos = "" if args.no_daemon else f" ({_start_talos(state_dir, spec, nodes)})"
     paths = sim_paths(state_dir)
     out = sys.stdout
     out.write(f"simulated cluster: {len(nodes)} nodes ({nodes[0].talos_version}, scenario {spec.scenario})\n")
     out.write(f"state:       {state_dir}\n")
-    out.write(f"talosctl:    {paths.bin_dir / 'talosctl'}\n")
+    out.write(f"talosctl:    {paths.bin_dir / 'talosctl'}{talos}\n")
     out.write(f"talosconfig: {paths.talosconfig}\n")
     if paths.kubeconfig.exists() and endpoints.get("kube"):
         out.write(f"kubeconfig:  {paths.kubeconfig}\n")
@@ -152,6 +157,15 @@ def _up(args: argparse.Namespace) -> int:
     return 0
 
 
+def _start_talos(state_dir: Path, spec: cluster.ClusterSpec, nodes: list[Any]) -> str:
+    """The real talosctl against simnode, or the Python one; the one-line reason (``RUNBOOK_SIM_TALOSCTL``)."""
+    try:
+        return cluster.start_talos(state_dir, spec, nodes).reason
+    except ValueError as exc:  # RUNBOOK_SIM_TALOSCTL=real that cannot be honoured: nothing left running
+        cluster.stop_daemon(state_dir)
+        raise PermanentError(str(exc)) from None
+
+
 def _status(args: argparse.Namespace) -> int:
     state_dir = _state(args)
     try:
@@ -169,6 +183,7 @@ def _status(args: argparse.Namespace) -> int:
     out.write(f"daemon:      {daemon}\n")
     for key, url in info["endpoints"].items():
         out.write(f"{key + ':':<12} {url}\n")
+    out.write(f"talosctl:    {info['talosctl']}\n")
     out.write(f"scenario:    {info['scenario']}\n")
     out.write(
         f"{'ADDRESS':<12} {'NAME':<18} {'ROLE':<13} {'TALOS':<10} {'SCHEMATIC':<13} {'DRIVER':<11} FAULTS\n"
@@ -194,7 +209,7 @@ def _down(args: argparse.Namespace) -> int:
             f"{sim_paths(state_dir).pid} names process {foreign}, which is not this simulator's daemon "
             "(stale pid file): left alone\n"
         )
-    stopped = cluster.stop_daemon(state_dir)
+    stopped = cluster.stop_talos(state_dir) | cluster.stop_daemon(state_dir)
     sys.stdout.write("simulator stopped\n" if stopped else "simulator was not running\n")
     if args.purge and state_dir.exists():
         shutil.rmtree(state_dir)

@@ -31,7 +31,7 @@ from typing import Any
 import yaml
 
 from runbook_lib.model.params import Params
-from runbook_lib.sim import machineconfig, pidfile, toolserver
+from runbook_lib.sim import machineconfig, pidfile, realtalos, toolserver
 from runbook_lib.sim.scenarios import apply_scenario
 from runbook_lib.sim.state import (
     KUBERNETES_FOR_TALOS,
@@ -194,6 +194,7 @@ def create(state_dir: Path, spec: ClusterSpec) -> list[SimNode]:
     atomic_write(state_dir / MARKER, MARKER_TEXT)
     if paths.nodes_dir.exists():
         shutil.rmtree(paths.nodes_dir)
+    realtalos.forget(state_dir)
     private_dir(paths.nodes_dir)
     cp_address = str(FIRST_ADDRESS)
     endpoint = f"https://{cp_address}:6443"
@@ -262,14 +263,43 @@ def create(state_dir: Path, spec: ClusterSpec) -> list[SimNode]:
 @contextlib.contextmanager
 def running(state_dir: Path, spec: ClusterSpec, *, daemon: bool = True) -> Iterator[SimPaths]:
     """A simulated cluster for the duration of a block (what ``runbook run`` on ``target: simulated`` needs)."""
-    create(state_dir, spec)
+    nodes = create(state_dir, spec)
     if daemon:
         start_daemon(state_dir)
     try:
+        if daemon:
+            start_talos(state_dir, spec, nodes)
         yield sim_paths(state_dir)
     finally:
         if daemon:
+            stop_talos(state_dir)
             stop_daemon(state_dir)
+
+
+def start_talos(state_dir: Path, spec: ClusterSpec, nodes: list[SimNode]) -> realtalos.Choice:
+    """The real talosctl against simnode when built and the scenario allows it, else the Python talosctl
+    (``realtalos``; ``RUNBOOK_SIM_TALOSCTL`` switches)."""
+    version = normalize_talos_version(spec.talos_version)
+    talosctl = normalize_talos_version(spec.talosctl_version) if spec.talosctl_version else None
+    return realtalos.up(
+        state_dir,
+        nodes,
+        talos_version=version,
+        talosctl_version=talosctl,
+        scenario=spec.scenario,
+        latency_ms=spec.latency_ms,
+    )
+
+
+def talos_mode() -> str:
+    """``RUNBOOK_SIM_TALOSCTL`` checked (``auto``, ``real`` or ``python``): ``sim up`` refuses a bad value before
+    anything is written."""
+    return realtalos.mode()
+
+
+def stop_talos(state_dir: Path) -> bool:
+    """Stop the cluster's simnode (``runbook sim down``); True if one was running."""
+    return realtalos.stop(state_dir)
 
 
 def daemon_pid(state_dir: Path) -> int | None:
@@ -401,6 +431,7 @@ def status(state_dir: Path) -> dict[str, Any]:
         "daemon_pid": pid,
         "endpoints": {k: v for k, v in endpoints.items() if not k.endswith("pid")} if pid else {},
         "talos_version": cluster.get("talos_version"),
+        "talosctl": choice.reason if (choice := realtalos.recorded(state_dir)) else "Python talosctl",
         "scenario": cluster.get("scenario"),
         "nodes": nodes,
     }

@@ -28,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from runbook_lib.sim import realtalos
 from runbook_lib.sim import state as sim_state
 from runbook_lib.sim.kubeapi import nvidia
 from runbook_lib.sim.kubeapi.errors import ApiError
@@ -100,6 +101,14 @@ class NodeView:
     sim: sim_state.SimNode
     rt: sim_state.NodeRuntime
     fingerprint: str
+
+
+def _mtime(path: Path) -> int:
+    """A file's mtime in ns, 0 when it does not exist."""
+    try:
+        return os.stat(path).st_mtime_ns
+    except FileNotFoundError:
+        return 0
 
 
 def _cri_down(view: NodeView) -> bool:
@@ -391,7 +400,7 @@ class Controllers:
         self.tick_s = tick_s
         self.faults = FaultFile(self.state_dir)
         self.views: dict[str, NodeView] = {}
-        self._mtimes: dict[str, int] = {}
+        self._mtimes: dict[str, tuple[int, int]] = {}
         self._cluster_mtime: int | None = None
         self.runs: dict[str, PodRun] = {}
         self._event_index: dict[tuple[str, str, str], tuple[str, str]] = {}
@@ -527,14 +536,16 @@ class Controllers:
         changed: set[str] = set()
         for name in names:
             p = paths.nodes_dir / f"{name}.json"
+            # With the real talosctl, simnode's observed file is the node's Talos state (realtalos.with_observed).
+            observed = realtalos.observed_file(self.state_dir, name)
             try:
-                mt = os.stat(p).st_mtime_ns
+                mt = (os.stat(p).st_mtime_ns, _mtime(observed))
             except FileNotFoundError:
                 continue
             if self._mtimes.get(name) == mt and name in self.views:
                 continue
             try:
-                node = sim_state.node_from_dict(json.loads(p.read_text()))
+                node = realtalos.with_observed(sim_state.node_from_dict(json.loads(p.read_text())), observed)
             except (OSError, ValueError):
                 continue
             self._mtimes[name] = mt

@@ -8,8 +8,10 @@ does not list, as the runbook's schematics are only known once it registers them
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,3 +149,105 @@ def test_the_file_follows_a_node_taken_down_by_sighup(observed: Observed, tmp_pa
     nodes_file.write_text(json.dumps(nodes))
     observed.proc.send_signal(signal.SIGHUP)
     assert "down" not in observed.when("apply", lambda n: n["booted"])
+
+
+# ---------------------------------------------------------------- runbook sim up / runbook run
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def real_env(tmp: Path) -> dict[str, str]:
+    """The environment of a user who built the tools and asks for the real talosctl, with Talos's durations
+    scaled down (an upgrade's installer pull and install: 0.4 s; a hung boot would fail after 42 s)."""
+    build("build-talosctl.sh", TALOS)  # skips without go; cached: instant
+    build("build-simnode.sh")
+    return {
+        **os.environ,
+        "RUNBOOK_SIM_TALOSCTL": "real",
+        "RUNBOOK_SIM_TIME_SCALE": "0.01",
+        "RUNBOOK_RECORDS": str(tmp / "records"),
+    }
+
+
+def runbook(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "runbook_lib", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=900,
+        check=False,
+    )
+
+
+def step_lines(stdout: str) -> dict[str, str]:
+    """STEP -> outcome of ``runbook run``'s one line per step."""
+    steps = ("preflight", "config-patch", "image", "verify", "kubernetes", "cuda-test")
+    return {
+        line.split()[0]: line.split()[1]
+        for line in stdout.splitlines()
+        if line.split()[:1] in [[s] for s in steps]
+    }
+
+
+def test_runbook_run_applies_all_six_steps_with_the_real_talosctl_and_a_second_run_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    """The acceptance of issue 14's wiring: ``runbook run -p params/simulated.yaml --apply`` with the real
+    talosctl v1.12.0 doing preflight, the config patch, the image upgrade and verify against simnode, the
+    simulated kubelet following what it changed (cuda-test passes only if the kubelet saw the toolkit and the
+    modules). The second run resumes simnode from what it observed and changes nothing."""
+    env, state = real_env(tmp_path), tmp_path / "state"
+    args = ("run", "-p", "params/simulated.yaml", "--apply", "--state", str(state), "--no-progress")
+    first = runbook(env, *args)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert step_lines(first.stdout) == {
+        "preflight": "ok",
+        "config-patch": "changed",
+        "image": "changed",
+        "verify": "ok",
+        "kubernetes": "changed",
+        "cuda-test": "ok",
+    }
+    assert (
+        json.loads((state / "talosctl.json").read_text())["reason"]
+        == f"real talosctl {TALOS} against simnode"
+    )
+    workers = [
+        json.loads((state / "simnode" / "observed" / f"gpu-worker-{i}.json").read_text()) for i in (1, 2, 3)
+    ]
+    assert {"/metal-installer/" in w["image"] and w["booted"] for w in workers} == {True}
+    assert {len(w["kernel_modules"]) for w in workers} == {4}
+    second = runbook(env, *args)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert set(step_lines(second.stdout).values()) == {"ok"}
+    assert "nothing changed on the cluster" in second.stdout
+    assert not (state / "simnode.pid").exists()  # the run stopped the simnode it started
+
+
+def test_sim_up_runs_the_real_talosctl_and_sim_down_stops_simnode(tmp_path: Path) -> None:
+    env, state = real_env(tmp_path), tmp_path / "state"
+    up = runbook(env, "sim", "up", "-p", "params/simulated.yaml", "--state", str(state))
+    try:
+        assert up.returncode == 0, up.stderr
+        assert f"({'real talosctl ' + TALOS} against simnode)" in up.stdout
+        talosctl = state / "bin" / "talosctl"
+        assert talosctl.resolve().parent.name == TALOS  # the cached real binary
+        version = subprocess.run(
+            [str(talosctl), "--talosconfig", str(state / "talosconfig"), "-n", "10.5.0.11", "version"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert version.returncode == 0, version.stderr
+        assert "Tag:         v1.12.7" in version.stdout  # the node's release, from simnode
+        status = runbook(env, "sim", "status", "--state", str(state))
+        assert f"talosctl:    real talosctl {TALOS} against simnode" in status.stdout
+        pid = int((state / "simnode.pid").read_text().split()[0])
+    finally:
+        down = runbook(env, "sim", "down", "--state", str(state))
+    assert down.returncode == 0 and "simulator stopped" in down.stdout
+    assert not Path(f"/proc/{pid}").exists() or "simnode" not in Path(f"/proc/{pid}/cmdline").read_text()

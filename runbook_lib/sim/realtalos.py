@@ -1,0 +1,498 @@
+"""The simulated cluster's Talos side on the real talosctl and simnode (issue 14, the wiring).
+
+Our Python ``talosctl`` was written from the same assumptions as the library, so it cannot catch the library's
+mistakes about the real client. When the binaries are built (``make tools``), ``runbook sim up`` and
+``runbook run`` on ``target: simulated`` run simnode (``simnode/``: the Talos API of the simulated nodes, in Go,
+on Talos's own machinery) with the nodes the scenario produced, and point ``bin/talosctl`` and the talosconfig
+at the real talosctl of the nodes' release. The simulated kubelet then follows each node's state as simnode
+observes it (``with_observed``), so a config applied or an upgrade made by the real talosctl reaches Kubernetes.
+
+The switch is ``RUNBOOK_SIM_TALOSCTL``: ``auto`` (default: real when a talosctl of the nodes' minor release
+and simnode for the current sources are in the tools cache, else Python), ``real`` (build them if needed;
+an error when impossible) or ``python``. What simnode cannot do yet falls back to the Python talosctl with a
+one-line reason (``runbook sim status`` shows it): Talos 1.14 (no talosctl 1.14 builds), and scenarios with
+faults simnode does not simulate.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from runbook_lib.sim import pidfile
+from runbook_lib.sim.state import (
+    BASE_SERVICES_WORKER,
+    InstalledExtension,
+    SimNode,
+    atomic_write,
+    minor_of,
+    sim_paths,
+)
+from runbook_lib.sim.talosctl import images
+from runbook_lib.sim.talosctl.hardware import pci_specs
+
+MODE_ENV = "RUNBOOK_SIM_TALOSCTL"
+MODES = ("auto", "real", "python")
+#: Scenarios whose nodes simnode reproduces: no fault simnode lacks (faults fall back to the Python talosctl).
+SCENARIOS = ("fresh", "gpu-ready", "config-patched")
+ROOT = Path(__file__).resolve().parents[2]
+SIMNODE_SRC = ROOT / "simnode"
+#: A reboot keeps the node's API down this long: more than the real tracker's 1 s re-watch tick
+#: (simnode/lifecycle.go), so ``upgrade --wait`` sees the new boot (ours, no source).
+REBOOT_MS = 1500
+START_TIMEOUT_S = 60.0
+
+
+class RealTalosError(ValueError):
+    """``RUNBOOK_SIM_TALOSCTL=real`` cannot be honoured (the message says why and what would fix it)."""
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Which talosctl the simulated cluster runs, and the one-line reason ``sim status`` shows."""
+
+    real: bool
+    reason: str
+    talosctl: str = ""
+    simnode: str = ""
+
+
+# ---------------------------------------------------------------- choosing
+
+
+def tools_cache() -> Path:
+    """Where ``make tools`` caches the binaries (the build scripts' ``RUNBOOK_TOOLS_CACHE``)."""
+    env = os.environ.get("RUNBOOK_TOOLS_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "talos-gpu-runbooks"
+
+
+def simnode_hash(src: Path = SIMNODE_SRC) -> str:
+    """The cache key ``tools/build-simnode.sh`` computes: sha256sum of go.mod, go.sum and *.go, sorted."""
+    names = sorted(
+        f"./{p.name}" for p in src.iterdir() if p.suffix == ".go" or p.name in ("go.mod", "go.sum")
+    )
+    listing = "".join(f"{hashlib.sha256((src / n).read_bytes()).hexdigest()}  {n}\n" for n in names)
+    return hashlib.sha256(listing.encode()).hexdigest()[:16]
+
+
+def cached_simnode() -> Path | None:
+    if not SIMNODE_SRC.is_dir():
+        return None
+    path = tools_cache() / "simnode" / simnode_hash() / "simnode"
+    return path if os.access(path, os.X_OK) else None
+
+
+def cached_talosctl(version: str) -> Path | None:
+    """The cached talosctl of ``version`` exactly, else the newest cached one of the same minor release."""
+    root = tools_cache() / "talosctl"
+    exact = root / version / "talosctl"
+    if os.access(exact, os.X_OK):
+        return exact
+    minor = minor_of(version)
+    same = [p for p in root.glob("v*/talosctl") if _minor(p.parent.name) == minor and os.access(p, os.X_OK)]
+    return max(same, key=lambda p: _patch(p.parent.name), default=None)
+
+
+def _minor(tag: str) -> tuple[int, int] | None:
+    try:
+        return minor_of(tag)
+    except ValueError:
+        return None
+
+
+def _patch(tag: str) -> int:
+    digits = tag.split("-", maxsplit=1)[0].rsplit(".", 1)[-1]
+    return int(digits) if digits.isdigit() else -1
+
+
+def _build(script: str, *args: str) -> Path:
+    """Build with the project's script (``real`` mode only); its last line is the binary's path."""
+    go = shutil.which("go") or shutil.which("go", path="/usr/local/go/bin")
+    if go is None:
+        raise RealTalosError(f"{MODE_ENV}=real: go is not installed, so {script} cannot build the binary")
+    env = {**os.environ, "PATH": f"{Path(go).parent}:{os.environ.get('PATH', '')}"}
+    proc = subprocess.run(
+        [str(ROOT / "tools" / script), *args], capture_output=True, text=True, env=env, check=False
+    )
+    if proc.returncode != 0:
+        raise RealTalosError(
+            f"{MODE_ENV}=real: tools/{script} {' '.join(args)} failed: {proc.stderr.strip()}"
+        )
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+def mode() -> str:
+    value = os.environ.get(MODE_ENV, "auto") or "auto"
+    if value not in MODES:
+        raise RealTalosError(f"{MODE_ENV}={value!r} is not one of {', '.join(MODES)}")
+    return value
+
+
+def choose(talos_version: str, talosctl_version: str | None, scenario: str) -> Choice:
+    """Real talosctl + simnode when the mode, the release and the scenario allow it; else why not."""
+    wanted = mode()
+    if wanted == "python":
+        return Choice(False, f"Python talosctl: {MODE_ENV}=python")
+    client = talosctl_version or talosctl_version_for(talos_version)
+    why_not = _unsupported(talos_version, client, scenario)
+    if why_not:
+        if wanted == "real":
+            raise RealTalosError(f"{MODE_ENV}=real: {why_not}")
+        return Choice(False, f"Python talosctl: {why_not}")
+    talosctl, simnode = cached_talosctl(client), cached_simnode()
+    if wanted == "real":
+        talosctl = talosctl or _build("build-talosctl.sh", client)
+        simnode = simnode or _build("build-simnode.sh")
+    if talosctl is None or simnode is None:
+        missing = f"no talosctl {client} built" if talosctl is None else "simnode not built for these sources"
+        return Choice(False, f"Python talosctl: {missing} (make tools, or {MODE_ENV}=real builds it)")
+    return Choice(True, f"real talosctl {talosctl.parent.name} against simnode", str(talosctl), str(simnode))
+
+
+def talosctl_version_for(talos_version: str) -> str:
+    """The talosctl the nodes' release pairs with: the same minor release (``v1.12.7`` → a cached ``v1.12.x``,
+    else ``v1.12.0``, the tag ``make tools`` builds)."""
+    major, minor = minor_of(talos_version)
+    cached = cached_talosctl(talos_version)
+    return cached.parent.name if cached else f"v{major}.{minor}.0"
+
+
+def _unsupported(talos_version: str, client: str, scenario: str) -> str:
+    if minor_of(talos_version) >= (1, 14) or minor_of(client) >= (1, 14):
+        return "Talos 1.14 nodes need talosctl 1.14, which does not build yet"
+    if minor_of(client) != minor_of(talos_version):
+        return f"talosctl {client} is not the nodes' release {talos_version} (simnode pairs them)"
+    if scenario not in SCENARIOS:
+        return f"scenario {scenario} has faults simnode does not simulate yet (real: {', '.join(SCENARIOS)})"
+    if not SIMNODE_SRC.is_dir():
+        return f"simnode's sources are not at {SIMNODE_SRC} (an installed copy of the project)"
+    return ""
+
+
+# ---------------------------------------------------------------- simnode's nodes file
+
+
+def _compat(talos_version: str) -> str:
+    major, minor = minor_of(talos_version)
+    return f">= v{major}.{minor}.0"
+
+
+def extension_specs(
+    talos_version: str, extensions: list[InstalledExtension], schematic: str
+) -> list[dict[str, Any]]:
+    """The ExtensionStatus list a node shows, as the Python talosctl lists it (``sim/talosctl/resources.py``):
+    the schematic's extensions by index, then Image Factory's virtual ``schematic`` extension."""
+    out: list[dict[str, Any]] = [
+        {
+            "image": f"{i}.sqsh",
+            "name": e.name,
+            "version": e.version,
+            "author": e.author,
+            "description": e.description,
+            "compatibility": _compat(talos_version),
+        }
+        for i, e in enumerate(extensions)
+    ]
+    out.append(
+        {
+            "name": "schematic",
+            "version": schematic,
+            "author": "Image Factory",
+            "description": "This is a virtual extension representing the schematic ID used to build the image.",
+        }
+    )
+    return out
+
+
+def _pci_devices(node: SimNode) -> list[dict[str, Any]]:
+    return [{"id": bus_id, **spec} for bus_id, spec in pci_specs(node)]
+
+
+def node_entry(node: SimNode, latency_ms: float) -> dict[str, Any]:
+    """One node of simnode's nodes file: derived from its installer image and config (simnode/README.md)."""
+    return {
+        "name": node.name,
+        "address": node.address,
+        "talos_version": node.talos_version,
+        "image": node.install_image,
+        "machine_config": yaml.safe_dump_all(node.machine_config, sort_keys=False),
+        "services": [{"id": s, "state": "Running", "healthy": True} for s in BASE_SERVICES_WORKER],
+        "platform_metadata": {"platform": node.platform, "hostname": node.name},
+        "pci_devices": _pci_devices(node),
+        "latency_ms": round(latency_ms),
+        "reboot_ms": REBOOT_MS,
+    }
+
+
+def nodes_document(state_dir: Path, nodes: list[SimNode], latency_ms: float) -> dict[str, Any]:
+    """simnode's nodes file for the scenario's nodes; each node's current image installs what it runs now.
+
+    A node simnode already ran (its observed file, kept by a stopped simnode: ``runbook run`` stops the
+    simulator it started) resumes as it was observed: the release, installer and config the real talosctl left.
+    """
+    images: dict[str, dict[str, Any]] = {}
+    for node in nodes:
+        spec = {
+            "talos_version": node.talos_version,
+            "extensions": extension_specs(node.talos_version, node.extensions, node.schematic_id),
+        }
+        if images.setdefault(node.install_image, spec) != spec:
+            raise RealTalosError(
+                f"node {node.name}: its image {node.install_image} installs what another node's does not"
+            )
+    entries = [_resume(state_dir, node_entry(n, latency_ms), images) for n in nodes]
+    return {"images": images, "nodes": entries}
+
+
+def _resume(state_dir: Path, entry: dict[str, Any], images: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    try:
+        obs = json.loads(observed_file(state_dir, entry["name"]).read_text())
+    except (OSError, ValueError):
+        return entry
+    image = str(obs.get("image") or entry["image"])
+    if image not in images:
+        images[image] = resolve_image(state_dir, image)
+    config = obs.get("machine_config") or entry["machine_config"]
+    return entry | {"talos_version": images[image]["talos_version"], "image": image, "machine_config": config}
+
+
+def resolve_image(state_dir: Path, ref: str) -> dict[str, Any]:
+    """simnode's ``-image-resolver``: what an installer image installs, from the factory room's catalog and
+    schematics (what the Python talosctl's upgrade resolves, ``sim/talosctl/images.py``)."""
+    parsed, installed = images.resolve(state_dir, ref, {})
+    return {
+        "talos_version": parsed.version,
+        "extensions": extension_specs(parsed.version, installed, parsed.schematic_id),
+    }
+
+
+# ---------------------------------------------------------------- running simnode
+
+
+@dataclass(frozen=True)
+class Paths:
+    dir: Path  # simnode's -state-dir: talosconfig, endpoint, observed/
+    nodes: Path
+    resolver: Path
+    pid: Path
+    log: Path
+    choice: Path
+
+
+def paths(state_dir: Path) -> Paths:
+    d = Path(state_dir)
+    return Paths(
+        d / "simnode",
+        d / "simnode-nodes.json",
+        d / "bin" / ".resolve-image",
+        d / "simnode.pid",
+        d / "simnode.log",
+        d / "talosctl.json",
+    )
+
+
+def forget(state_dir: Path) -> None:
+    """A new cluster (``cluster.create``): no simnode state of an earlier one is resumed."""
+    p = paths(state_dir)
+    shutil.rmtree(p.dir, ignore_errors=True)
+    p.choice.unlink(missing_ok=True)
+
+
+def observed_file(state_dir: Path, name: str) -> Path:
+    return paths(state_dir).dir / "observed" / f"{name}.json"
+
+
+def _resolver_script(state_dir: Path) -> str:
+    quote = shlex.quote
+    return (
+        f"#!/bin/sh\n# simnode's -image-resolver for the cluster in {quote(str(state_dir))}\n"
+        f"exec {quote(sys.executable)} -m runbook_lib.sim.realtalos resolve-image "
+        f'--state {quote(str(state_dir))} "$1"\n'
+    )
+
+
+def time_factor() -> float:
+    """simnode's -time-factor: ``RUNBOOK_SIM_TIME_SCALE`` (the Python simulator's scale of Talos's durations)."""
+    try:
+        value = float(os.environ.get("RUNBOOK_SIM_TIME_SCALE", "1"))
+    except ValueError:
+        return 1.0
+    return min(max(value, 1e-6), 1.0)
+
+
+def start(state_dir: Path, choice: Choice, nodes: list[SimNode], latency_ms: float) -> None:
+    """Write the nodes file, start simnode, wait until every node answers, then point the cluster's
+    talosconfig and ``bin/talosctl`` at it and the real talosctl."""
+    stop(state_dir)
+    p = paths(state_dir)
+    atomic_write(p.nodes, json.dumps(nodes_document(state_dir, nodes, latency_ms)))
+    atomic_write(p.resolver, _resolver_script(state_dir.resolve()))
+    p.resolver.chmod(0o700)
+    p.dir.mkdir(mode=0o700, exist_ok=True)
+    p.dir.chmod(0o700)
+    (p.dir / "endpoint").unlink(missing_ok=True)
+    argv = [
+        choice.simnode,
+        "-nodes",
+        str(p.nodes),
+        "-state-dir",
+        str(p.dir),
+        "-image-resolver",
+        str(p.resolver),
+    ]
+    argv += ["-time-factor", repr(time_factor())]
+    with open(p.log, "ab") as log:
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, umask=0o077
+        )
+    atomic_write(p.pid, f"{proc.pid} {pidfile.start_time(proc.pid) or ''}\n")
+    _wait_endpoint(proc, p)
+    _point_at_real(state_dir, choice, p)
+
+
+def _wait_endpoint(proc: subprocess.Popen[bytes], p: Paths) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not (p.dir / "endpoint").exists():
+        if proc.poll() is not None:
+            tail = p.log.read_text(errors="replace").strip().splitlines()[-1:]
+            raise RealTalosError(f"simnode exited with {proc.returncode}: {' '.join(tail)} (log: {p.log})")
+        if time.monotonic() > deadline:
+            stop(p.dir.parent)
+            raise RealTalosError(f"simnode did not serve within {START_TIMEOUT_S:.0f} s (log: {p.log})")
+        time.sleep(0.05)
+
+
+def _point_at_real(state_dir: Path, choice: Choice, p: Paths) -> None:
+    sp = sim_paths(state_dir)
+    atomic_write(sp.talosconfig, (p.dir / "talosconfig").read_bytes())
+    sp.talosconfig.chmod(0o600)
+    talosctl = sp.bin_dir / "talosctl"
+    talosctl.unlink(missing_ok=True)
+    talosctl.symlink_to(choice.talosctl)
+    record(state_dir, choice)
+
+
+def record(state_dir: Path, choice: Choice) -> None:
+    """Which talosctl the cluster runs and why (``runbook sim status``)."""
+    atomic_write(paths(state_dir).choice, json.dumps(asdict(choice)))
+
+
+def recorded(state_dir: Path) -> Choice | None:
+    try:
+        return Choice(**json.loads(paths(state_dir).choice.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _is_simnode(pid: int, started: str | None, state_dir: Path) -> bool:
+    """The pid is still the simnode this state dir started (start time and ``-state-dir`` checked)."""
+    if pidfile.start_time(pid) is None or (started is not None and pidfile.start_time(pid) != started):
+        return False
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return os.fsencode(str(paths(state_dir).dir)) in argv
+
+
+def stop(state_dir: Path, timeout: float = 10.0) -> bool:
+    """Stop this state dir's simnode (by its pid, checked); True if one was running."""
+    p = paths(state_dir)
+    recorded_pid = pidfile.read(p.pid)
+    stopped = False
+    if recorded_pid is not None and _is_simnode(recorded_pid[0], recorded_pid[1], state_dir):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(recorded_pid[0], signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while pidfile.start_time(recorded_pid[0]) is not None and time.monotonic() < deadline:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(recorded_pid[0], os.WNOHANG)
+            time.sleep(0.05)
+        stopped = True
+    p.pid.unlink(missing_ok=True)
+    return stopped
+
+
+def up(
+    state_dir: Path,
+    nodes: list[SimNode],
+    *,
+    talos_version: str,
+    talosctl_version: str | None,
+    scenario: str,
+    latency_ms: float,
+) -> Choice:
+    """What ``runbook sim up`` and ``runbook run`` call after creating the cluster: real talosctl when chosen,
+    else the Python one stays (the reason is recorded either way)."""
+    choice = choose(talos_version, talosctl_version, scenario)
+    if choice.real:
+        start(state_dir, choice, nodes, latency_ms)
+    else:
+        stop(state_dir)
+        shutil.rmtree(paths(state_dir).dir, ignore_errors=True)  # no stale observed state for the kubelet
+        record(state_dir, choice)
+    return choice
+
+
+# ---------------------------------------------------------------- what the kubelet reads
+
+
+def with_observed(node: SimNode, path: Path) -> SimNode:
+    """The node as simnode observes it now (its file, when there is one): release, extensions, schematic,
+    config, reachability and boot, so the simulated kubelet follows what the real talosctl changed."""
+    try:
+        obs: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return node
+    exts = obs.get("extensions") or []
+    node.talos_version = str(obs.get("talos_version") or node.talos_version)
+    node.install_image = str(obs.get("image") or node.install_image)
+    node.schematic_id = next(
+        (str(e["version"]) for e in exts if e.get("name") == "schematic"), node.schematic_id
+    )
+    node.extensions = [
+        InstalledExtension(
+            name=e["name"],
+            version=e["version"],
+            image=e.get("image", ""),
+            author=e.get("author", ""),
+            description=e.get("description", ""),
+        )
+        for e in exts
+        if e.get("name") != "schematic"
+    ]
+    node.machine_config = [d for d in yaml.safe_load_all(obs.get("machine_config") or "") if d]
+    node.reachable = not obs.get("down")
+    boot_id = str(obs.get("boot_id") or "")
+    node.boot_count = int(hashlib.sha256(boot_id.encode()).hexdigest()[:12], 16)
+    return node
+
+
+def main(argv: list[str]) -> int:
+    """``python -m runbook_lib.sim.realtalos resolve-image --state DIR REF`` (simnode's -image-resolver)."""
+    if len(argv) != 4 or argv[0] != "resolve-image" or argv[1] != "--state":
+        sys.stderr.write("usage: python -m runbook_lib.sim.realtalos resolve-image --state DIR IMAGE\n")
+        return 2
+    try:
+        sys.stdout.write(json.dumps(resolve_image(Path(argv[2]), argv[3])) + "\n")
+    except images.ImageError as exc:
+        sys.stderr.write(f"{exc}\n")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

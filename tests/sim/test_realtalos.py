@@ -1,0 +1,147 @@
+"""The switch between the real talosctl (against simnode) and the Python one, and what the kubelet reads.
+
+Fast: no binary runs here (the tools cache is a temporary directory with stand-in executables); the real
+talosctl and simnode run in ``tests/sim/test_sim_up_real_talosctl.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from runbook_lib.sim import cluster, realtalos
+from runbook_lib.sim.state import SimNode, runtime
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A tools cache holding a talosctl v1.12.0 and the simnode of the current sources (stand-ins)."""
+    cache = tmp_path / "cache"
+    for path in (
+        cache / "talosctl" / "v1.12.0" / "talosctl",
+        cache / "simnode" / realtalos.simnode_hash() / "simnode",
+    ):
+        path.parent.mkdir(parents=True)
+        path.write_text("#!/bin/sh\n")
+        path.chmod(0o700)
+    monkeypatch.setenv("RUNBOOK_TOOLS_CACHE", str(cache))
+    monkeypatch.delenv(realtalos.MODE_ENV, raising=False)
+    return cache
+
+
+def test_auto_runs_the_real_talosctl_of_the_nodes_minor_release_when_built(tools: Path) -> None:
+    choice = realtalos.choose("v1.12.7", None, "fresh")
+    assert choice.real and choice.reason == "real talosctl v1.12.0 against simnode"
+    assert choice.talosctl == str(tools / "talosctl" / "v1.12.0" / "talosctl")
+
+
+@pytest.mark.parametrize(
+    ("version", "scenario", "reason"),
+    [
+        ("v1.14.0", "fresh", "Talos 1.14 nodes need talosctl 1.14, which does not build yet"),
+        ("v1.12.7", "driver-mismatch", "scenario driver-mismatch has faults simnode does not simulate yet"),
+        (
+            "v1.13.9",
+            "fresh",
+            "no talosctl v1.13.0 built (make tools, or RUNBOOK_SIM_TALOSCTL=real builds it)",
+        ),
+    ],
+)
+def test_auto_falls_back_to_the_python_talosctl_saying_why(
+    tools: Path, version: str, scenario: str, reason: str
+) -> None:
+    choice = realtalos.choose(version, None, scenario)
+    assert not choice.real
+    assert choice.reason.startswith(f"Python talosctl: {reason}")
+
+
+def test_a_talosctl_of_another_release_than_the_nodes_falls_back(tools: Path) -> None:
+    """ClusterSpec.talosctl_version still works: a client of another minor release runs the Python talosctl."""
+    choice = realtalos.choose("v1.12.7", "v1.11.6", "fresh")
+    assert (
+        choice.reason
+        == "Python talosctl: talosctl v1.11.6 is not the nodes' release v1.12.7 (simnode pairs them)"
+    )
+
+
+def test_real_that_cannot_be_honoured_is_an_error(tools: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(realtalos.MODE_ENV, "real")
+    with pytest.raises(realtalos.RealTalosError, match=r"RUNBOOK_SIM_TALOSCTL=real: Talos 1\.14 nodes"):
+        realtalos.choose("v1.14.0", None, "fresh")
+
+
+def test_python_is_chosen_by_the_switch(tools: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(realtalos.MODE_ENV, "python")
+    assert realtalos.choose("v1.12.7", None, "fresh") == realtalos.Choice(
+        False, "Python talosctl: RUNBOOK_SIM_TALOSCTL=python"
+    )
+
+
+def test_sim_up_refuses_an_unknown_switch_value_before_writing_anything(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    proc = subprocess.run(
+        [sys.executable, "-m", "runbook_lib", "sim", "up", "--state", str(state), "--no-daemon"],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "RUNBOOK_SIM_TALOSCTL": "rael", "HOME": str(tmp_path)},
+        cwd=ROOT,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert "RUNBOOK_SIM_TALOSCTL='rael' is not one of auto, real, python" in proc.stderr
+    assert not state.exists()
+
+
+def observed(tmp_path: Path, **fields: object) -> Path:
+    path = tmp_path / "observed.json"
+    path.write_text(json.dumps(fields))
+    return path
+
+
+NVIDIA_EXTENSIONS = [
+    {"image": "0.sqsh", "name": "nvidia-open-gpu-kernel-modules-lts", "version": "580.105.08-v1.12.7"},
+    {"image": "1.sqsh", "name": "nvidia-container-toolkit-lts", "version": "580.105.08-v1.18.2"},
+    {"name": "schematic", "version": "40b13a8d" * 8},
+]
+MODULES_CONFIG = "version: v1alpha1\nmachine:\n  type: worker\n  kernel:\n    modules:\n    - name: nvidia\n"
+
+
+def test_the_kubelet_sees_what_simnode_observed(tmp_path: Path) -> None:
+    """A stock node file, and simnode saying the node now runs the NVIDIA image with the modules patched: the
+    simulated kubelet's view (runtime) has the driver and the nvidia runtime handler."""
+    stock = cluster.create(tmp_path / "state", cluster.ClusterSpec(workers=1, talos_version="v1.12.7"))[1]
+    assert runtime(stock).driver_version is None
+    path = observed(
+        tmp_path,
+        talos_version="v1.12.7",
+        image="factory.talos.dev/metal-installer/x:v1.12.7",
+        extensions=NVIDIA_EXTENSIONS,
+        machine_config=MODULES_CONFIG,
+        booted=True,
+        boot_id="b1",
+    )
+    node = realtalos.with_observed(stock, path)
+    rt = runtime(node)
+    assert rt.driver_version == "580.105.08" and "nvidia" in rt.cri_runtime_handlers
+    assert node.schematic_id == "40b13a8d" * 8 and node.reachable
+
+
+def test_a_new_boot_id_is_a_reboot_and_down_is_unreachable(tmp_path: Path) -> None:
+    node = SimNode(name="n", address="10.5.0.3", talos_version="v1.12.7")
+    first = realtalos.with_observed(node, observed(tmp_path, boot_id="b1")).boot_count
+    same = realtalos.with_observed(node, observed(tmp_path, boot_id="b1")).boot_count
+    rebooted = realtalos.with_observed(node, observed(tmp_path, boot_id="b2", down="connection-refused"))
+    assert first == same != rebooted.boot_count
+    assert not rebooted.reachable
+
+
+def test_without_an_observed_file_the_node_file_stays_the_truth(tmp_path: Path) -> None:
+    node = SimNode(name="n", address="10.5.0.3", talos_version="v1.12.7")
+    assert realtalos.with_observed(node, tmp_path / "missing.json") == node
