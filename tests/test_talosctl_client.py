@@ -11,7 +11,14 @@ from typing import Any
 import pytest
 
 from runbook_lib.clients.proc import CommandResult, Runner
-from runbook_lib.clients.talosctl import PATCH_CALLS, PatchCall, PatchResult, Talosctl, patch_chunk_size
+from runbook_lib.clients.talosctl import (
+    PATCH_CALLS,
+    PatchCall,
+    PatchResult,
+    Talosctl,
+    get_chunk_size,
+    patch_chunk_size,
+)
 
 NODES = [f"10.5.{i // 250}.{i % 250 + 1}" for i in range(1000)]
 
@@ -48,10 +55,10 @@ class RecordingRunner(Runner):
         return CommandResult(tuple(argv), 0, "", stderr, 0.02, kwargs.get("changes_cluster", False))
 
 
-@pytest.mark.parametrize(("nodes", "size"), [(0, 1), (1, 1), (8, 1), (32, 1), (33, 2), (1000, 32)])
-def test_chunk_size_keeps_the_number_of_calls_at_most_32(nodes: int, size: int) -> None:
+@pytest.mark.parametrize(("nodes", "size"), [(0, 1), (1, 1), (8, 1), (9, 2), (100, 13), (1000, 125)])
+def test_patch_chunk_size_keeps_the_number_of_calls_at_most_8(nodes: int, size: int) -> None:
     assert patch_chunk_size(nodes) == size
-    assert -(-nodes // size) <= PATCH_CALLS
+    assert -(-nodes // size) <= PATCH_CALLS == 8
 
 
 def test_eight_nodes_are_eight_single_node_calls_run_at_once() -> None:
@@ -63,10 +70,10 @@ def test_eight_nodes_are_eight_single_node_calls_run_at_once() -> None:
     assert all(call.result.changes_cluster for call in result.calls)
 
 
-def test_a_thousand_nodes_are_32_calls_and_never_more_than_32_processes_at_once() -> None:
+def test_a_thousand_nodes_are_8_calls_and_never_more_than_8_processes_at_once() -> None:
     runner = RecordingRunner()
     Talosctl(runner=runner).patch_machineconfig(NODES, "machine: {}\n", dry_run=True)
-    assert len(runner.calls) == 32 and max(len(c) for c in runner.calls) == 32
+    assert len(runner.calls) == 8 and max(len(c) for c in runner.calls) == 125
     assert sorted(n for c in runner.calls for n in c) == sorted(NODES)  # every node exactly once
     assert runner.most_at_once <= PATCH_CALLS
 
@@ -91,8 +98,8 @@ def test_a_failing_node_is_reported_on_itself_and_its_chunk_mates_after_it_untou
     result = Talosctl(runner=runner).patch_machineconfig(NODES[:96], "machine: {}\n", dry_run=False)
     failed, untouched = result.outcomes()
     assert failed == {NODES[4]: "rpc error: code = Unavailable desc = connection refused"}
-    # chunks of 3: NODES[3:6] is one call, which patched NODES[3] and never reached NODES[5]
-    assert untouched == {NODES[5]: NODES[4]}
+    # 8 chunks of 12: NODES[0:12] is one call, which patched NODES[:4] and never reached NODES[5:12]
+    assert untouched == dict.fromkeys(NODES[5:12], NODES[4])
     assert not result.ok and "connection refused" in result.failure_text
 
 
@@ -236,13 +243,78 @@ def test_a_thousand_nodes_with_dead_ones_cost_a_few_calls_not_one_per_node() -> 
     fan = Talosctl(runner=runner).get("extensions", NODES)
     assert set(fan.errors) == dead
     assert len(fan.by_node()) == 1000 - len(dead)
-    assert len(runner.calls) <= 4 * 3  # per chunk: the get, one version probe, the get of the live nodes
+    # 8 chunks of 125; in the three with a dead node: the get, one version probe, the get of the live nodes
+    assert len(runner.calls) == 8 + 3 * 2
 
 
 def test_every_node_down_is_every_node_failed() -> None:
     nodes = NODES[:3]
     fan = Talosctl(runner=RealShapedTalosctl(down=set(nodes))).get("extensions", nodes)
     assert set(fan.errors) == set(nodes) and not fan.resources
+
+
+# -- how a fleet is split (benchmarks/bench_real_talosctl.py measured the sizes) ------------------------------
+
+
+class CountingShapedTalosctl(RealShapedTalosctl):
+    """:class:`RealShapedTalosctl` whose calls take a moment, counting how many run at once; ``read`` answers
+    with a driver version that names the node, so a test sees whose answer went where."""
+
+    def __init__(self, down: set[str]) -> None:
+        super().__init__(down)
+        self.running = 0
+        self.most_at_once = 0
+
+    def run(self, argv: Sequence[str], **kwargs: Any) -> CommandResult:
+        with self._lock:
+            self.running += 1
+            self.most_at_once = max(self.most_at_once, self.running)
+        time.sleep(0.005)
+        with self._lock:
+            self.running -= 1
+        if argv[argv.index("-n") + 2] != "read":
+            return super().run(argv, **kwargs)
+        node = argv[argv.index("-n") + 1]
+        with self._lock:
+            self.calls.append(("read", [node]))
+        if node in self.down:
+            return CommandResult(tuple(argv), 1, "", _dial_error(node) + "\n", 0.0)
+        return CommandResult(tuple(argv), 0, f"NVRM version: 570.172.08 on {node}\n", "", 0.0)
+
+
+@pytest.mark.parametrize(
+    ("count", "calls", "largest"),
+    [(10, 1, 10), (32, 1, 32), (100, 4, 32), (1000, 8, 125)],
+    ids=["10", "32", "100", "1000"],
+)
+def test_a_get_is_one_call_on_small_fleets_and_8_chunks_on_big_ones(
+    count: int, calls: int, largest: int
+) -> None:
+    """The real get is sequential over its nodes: big fleets are split into 8 concurrent chunks, small ones
+    are not split below 32 nodes a call (each process costs more than a few more nodes in a row)."""
+    runner = CountingShapedTalosctl(down=set())
+    fan = Talosctl(runner=runner).get("extensions", NODES[:count])
+    sizes = [len(nodes) for _command, nodes in runner.calls]
+    assert len(sizes) == calls and max(sizes) == largest == min(count, get_chunk_size(count))
+    assert sorted(n for _command, nodes in runner.calls for n in nodes) == sorted(NODES[:count])
+    assert runner.most_at_once <= PATCH_CALLS
+    assert not fan.errors and len(fan.by_node()) == count
+
+
+def test_a_dead_node_in_a_later_chunk_fails_alone_and_answers_keep_the_node_order() -> None:
+    dead = NODES[600]  # the 5th of 8 chunks of 125, in its middle
+    fan = Talosctl(runner=CountingShapedTalosctl(down={dead})).get("extensions", NODES)
+    assert set(fan.errors) == {dead} and "connection refused" in fan.errors[dead]
+    assert [r.node for r in fan.resources] == [n for n in NODES if n != dead]
+
+
+def test_per_node_reads_run_at_most_8_at_once_each_answer_on_its_own_node() -> None:
+    runner = CountingShapedTalosctl(down={NODES[7]})
+    reads = Talosctl(runner=runner).read("/proc/driver/nvidia/version", NODES[:40])
+    assert 1 < runner.most_at_once <= PATCH_CALLS
+    assert list(reads) == NODES[:40]  # in the order asked
+    assert reads[NODES[7]].text is None and "connection refused" in (reads[NODES[7]].error or "")
+    assert all(reads[n].text == f"NVRM version: 570.172.08 on {n}\n" for n in NODES[:40] if n != NODES[7])
 
 
 # -- patch outcomes from the `patched ... at the node X` lines (reality-gaps.md §1 findings 13, 14) -----------

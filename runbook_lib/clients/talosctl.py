@@ -26,10 +26,22 @@ from runbook_lib.model.parsers import ServiceStatus, TalosResource, parse_servic
 
 from .proc import CommandResult, Runner, is_transient
 
-#: Nodes per talosctl call; keeps argv short and lets chunks run in parallel on very long node lists.
+#: Most nodes in one talosctl call (``Talosctl.chunk_size``).  One-to-many calls (``version``, ``service``,
+#: ``logs``) take this many: apid asks their nodes concurrently, so the bound only keeps argv short (20,000
+#: addresses in one ``-n`` exceed Linux's 128 KiB per argument, F12) and caps how many nodes one apid fans out
+#: to.  ``get`` and ``patch`` chunks are smaller, see :func:`get_chunk_size` and :func:`patch_chunk_size`.
 DEFAULT_CHUNK = 250
-#: At most this many talosctl processes at once for per-node reads and patches (``Talosctl.parallel``).
-PATCH_CALLS = 32
+#: At most this many talosctl processes at once in one fan-out (per-node ``read``, ``get`` and ``patch`` chunks;
+#: ``Talosctl.parallel``), and the number of chunks a ``get`` or ``patch`` is split into.  Why 8 and not 32: each
+#: real talosctl is a Go process of ~25 MB private memory (86 MB RSS with the shared binary) that spends ~25 ms of
+#: CPU per call on start-up and mTLS, so on the 2-core benchmark machine 8 at once already keep both cores busy
+#: (1,000 ``read`` calls: same wall time at 8 and 32 at once, benchmarks/README.md), and 32 at once would hold
+#: ~0.8 GB against the 1 GB budget of the whole process tree (issue 16).
+PATCH_CALLS = 8
+#: Smallest ``get`` chunk: a real talosctl ``get`` visits its ``-n`` nodes one after another (~3.5 ms each at
+#: 2 ms latency), and a process costs ~25 ms of CPU, so chunks under ~32 nodes spend more on processes than
+#: they save in sequence (100 nodes: chunks of 32 0.21 s, of 8 0.36 s, one call 0.36 s).
+MIN_GET_CHUNK = 32
 _MULTIERROR_HEAD = re.compile(r"^\d+ errors? occurred:$")
 _Job = TypeVar("_Job")
 _Out = TypeVar("_Out")
@@ -175,8 +187,25 @@ class PatchResult:
 
 
 def patch_chunk_size(nodes: int, calls: int = PATCH_CALLS) -> int:
-    """Nodes per patch call so that ``nodes`` take at most ``calls`` calls (8 -> 1 each, 1,000 -> 32)."""
+    """Nodes per patch call so that ``nodes`` take at most ``calls`` calls (8 -> 1 each, 1,000 -> 125).
+
+    A patch costs the node more than a read (~14 ms a node in one dry-run call at 2 ms latency), so even small
+    lists are split: 100 nodes as chunks of 13 took 0.56 s, of 4 (32 calls) 0.90 s, one call 1.23 s.
+    """
     return max(1, -(-nodes // max(1, calls)))
+
+
+def get_chunk_size(nodes: int, calls: int = PATCH_CALLS) -> int:
+    """Nodes per ``get`` call: ``nodes`` in about ``calls`` chunks, none under :data:`MIN_GET_CHUNK` nodes.
+
+    Why a function of the fleet size: the real ``get`` is sequential over its nodes (COSI calls are
+    one-to-one through apid, reality-gaps.md §2 row 3), so one call over 1,000 nodes takes 1,000 round trips
+    in a row (3.7 s), while each extra chunk is one more process.  Measured with the real talosctl v1.12.0
+    against simnode (2 ms latency, 2 cores; benchmarks/bench_real_talosctl.py): ``get extensions`` over 1,000
+    nodes in chunks of 32: 2.5 s, 64: 1.6 s, 125: 1.3 s, 250 (the former fixed size): 1.4 s, one call: 3.7 s;
+    over 100 nodes chunks of 25-50 were fastest (0.21 s).  10 nodes -> one call, 100 -> 32, 1,000 -> 125.
+    """
+    return max(MIN_GET_CHUNK, -(-nodes // max(1, calls)))
 
 
 def _prefixed_node_error(stderr: str, nodes: Sequence[str]) -> dict[str, str]:
@@ -277,8 +306,9 @@ class Talosctl:
         if namespace:
             args += ["--namespace", namespace]
         fan = FanOut()
+        size = min(self.chunk_size, get_chunk_size(len(nodes), self.parallel))
         for part in concurrently(
-            lambda group: self._get_chunk(args, group), chunks(list(nodes), self.chunk_size), 8
+            lambda group: self._get_chunk(args, group), chunks(list(nodes), size), self.parallel
         ):
             fan.add(part)
         return fan
@@ -350,7 +380,10 @@ class Talosctl:
         return logs
 
     def read(self, path: str, nodes: Sequence[str]) -> dict[str, NodeRead]:
-        """``talosctl read <path>`` on each node, concurrently (talosctl refuses multi-node reads)."""
+        """``talosctl read <path>`` on each node, ``parallel`` at once (talosctl refuses multi-node reads).
+
+        This is what bounds verify on a big fleet, for any program: 1,000 nodes are 1,000 processes.
+        """
 
         def one(node: str) -> NodeRead:
             result = self.run(["read", path], [node])
@@ -418,9 +451,9 @@ class Talosctl:
         Why chunks: talosctl's ``patch`` visits the nodes of ``-n a,b,c`` one after the other (and stops
         at the first failure), so one call over N nodes pays N round trips in a row
         (benchmarks/bench_fleet.py, "patch dry-run"; the 8-node ``runbook run --apply``).  Every node list
-        is therefore split into chunks of ``ceil(total / parallel)`` nodes, all chunks of all patches run
-        concurrently, and at most ``parallel`` talosctl processes run at once: 8 nodes are 8 single-node
-        calls, 1,000 nodes are 32 calls of ~32 nodes.  Splitting does not widen a change: only the nodes
+        is therefore split into chunks of ``ceil(total / parallel)`` nodes (:func:`patch_chunk_size`), all
+        chunks of all patches run concurrently, and at most ``parallel`` talosctl processes run at once: 8
+        nodes are 8 single-node calls, 1,000 nodes are 8 calls of 125.  Splitting does not widen a change: only the nodes
         given here are patched, and the caller's rollout batches decide which those are.  It does mean that
         every node given is attempted (talosctl's stop-at-the-first-failure now holds within one chunk
         only), which is what a batch means; :meth:`PatchCall.outcome` tells patched, failed and untouched
@@ -429,7 +462,7 @@ class Talosctl:
         ``@file`` works on every talosctl (bare file names only from 1.12).
         """
         total = sum(len(nodes) for _patch, nodes in patches)
-        size = patch_chunk_size(total, self.parallel)
+        size = min(self.chunk_size, patch_chunk_size(total, self.parallel))
         with tempfile.TemporaryDirectory(prefix="runbook-patch-") as tmp:
             jobs: list[tuple[int, list[str], list[str], str]] = []
             for index, (patch_yaml, nodes) in enumerate(patches):
