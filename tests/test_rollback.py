@@ -32,9 +32,11 @@ from runbook_lib.sim.faults import clear, inject
 from runbook_lib.sim.state import VANILLA_SCHEMATIC, load_node
 from runbook_lib.steps.context import Context, connect
 from runbook_lib.steps.image import image_upgrade
+from runbook_lib.steps.kubernetes import kubernetes_layer
 from runbook_lib.steps.patch import config_patch, read_configs
 from runbook_lib.steps.results import StepResult
 from runbook_lib.steps.rollback import rollback
+from tests.simcluster import sim_cluster
 
 PARAMS = str(Path(__file__).resolve().parents[1] / "params" / "simulated.yaml")
 MODULES_PATCH = (
@@ -383,3 +385,21 @@ def test_the_notebook_call_without_records_names_the_parameter(
     for ref, problem in [(str(tmp_path / "nope"), "is not a record directory"), ("nope", "no records in")]:
         with pytest.raises(PermanentError, match=f"rollback.records: .*{problem}"):
             run_step("rollback", params_file=PARAMS, overrides=[f"rollback.records=[{ref}]"], show=False)
+
+
+@pytest.mark.slow
+def test_only_the_kubernetes_objects_the_runbook_created_are_removed(tmp_path: Path) -> None:
+    """A RuntimeClass ``nvidia`` the cluster had before the run stays; the Helm release the run installed
+    goes (the kubernetes step records what it created in ``data.created``)."""
+    with sim_cluster(tmp_path, scenario="gpu-ready", apply=True) as (params, ctx):
+        ctx.kube.create_runtime_class("nvidia", "nvidia", dry_run=False)
+        installed = kubernetes_layer(ctx, timeout_s=60)
+        assert installed.ok
+        record = _record("run-1", ("kubernetes", ctx, installed))
+        record[1]["params"] = params.public_dict()
+        back = connect(params, state_dir=tmp_path)
+        result = rollback(back, evidence=evidence_from_records([record]), poll_interval=0.1)
+        assert result.ok and {n.status for n in result.nodes} == {"unchanged"}
+        assert result.data["kubernetes"] == ["helm uninstall nvidia-device-plugin -n kube-system"]
+        assert back.helm.release("nvidia-device-plugin", "kube-system") is None
+        assert back.kube.runtime_class("nvidia") is not None
