@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -329,7 +330,6 @@ def test_a_kernel_killed_mid_change_leaves_a_journal_that_seal_aborted_seals(
     must hold the journal as it was written, so ``runbook records seal-aborted`` lists the change that reached
     the cluster and the one in flight, as it does for ``runbook run`` (runner: results/<step>.journal.jsonl)."""
     import select
-    import subprocess
     import sys
 
     from runbook_lib.notebook.interrupts import IN_FLIGHT
@@ -361,3 +361,24 @@ def test_a_kernel_killed_mid_change_leaves_a_journal_that_seal_aborted_seals(
     assert changes == {("gpu-worker-1", None), ("gpu-worker-2", IN_FLIGHT)}
     page = (path / "index.html").read_text(encoding="utf-8")
     assert 'href="02-config-patch.interactive.ipynb"' in page  # the cells the kernel ran before it died
+
+
+def test_a_failed_approval_shows_its_error_as_text(params: Params, tmp_path: Path) -> None:
+    """The error is tool output (``CommandResult.check`` quotes stderr), and Go prints a nil value as ``<nil>``
+    (golang/go src/fmt/print.go, ``nilAngleString``): in the status line, and in the record's static rendering
+    of it, such text must be shown, not taken for a tag and dropped."""
+    from runbook_lib.errors import PermanentError
+
+    stderr = "error applying patch: rpc error: code = Unknown desc = <nil>"
+    journal = Journal()
+    cluster = Cluster(journal)
+
+    def failing(only: list[str] | None, progress: Callable[[int, int], None]) -> StepResult:
+        raise PermanentError(f"talosctl patch failed (exit 1): talosctl -n 10.5.0.12 patch mc\n{stderr}")
+
+    gate = ApprovalGate(
+        "config-patch", cluster.plan, failing, nodes=NODES, recorder=recorder(params, journal, tmp_path / "r")
+    )
+    gate.plan()
+    gate.button.click()
+    assert "desc = &lt;nil&gt;" in gate.status.value and "<nil>" not in gate.status.value

@@ -190,7 +190,7 @@ class ApprovalGate:
                 self._recorder.started()
             result = self._apply_fn(self.shown_nodes, self.progress)
         except RunbookError as exc:
-            self.status.value = f"<b>Failed:</b> {exc}"
+            self.status.value = f"<b>Failed:</b> {escape(str(exc))}"  # tool output: text, never markup
             self.progress.finish(False)
             self._record(None, exc)
             return None
