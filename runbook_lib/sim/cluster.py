@@ -262,17 +262,15 @@ def create(state_dir: Path, spec: ClusterSpec) -> list[SimNode]:
 
 @contextlib.contextmanager
 def running(state_dir: Path, spec: ClusterSpec, *, daemon: bool = True) -> Iterator[SimPaths]:
-    """A simulated cluster for the duration of a block (what ``runbook run`` on ``target: simulated`` needs)."""
-    nodes = create(state_dir, spec)
+    """A simulated cluster for the duration of a block, on the Python talosctl (``benchmarks/bench_fleet.py``:
+    its figures are the Python simulator's; ``runbook run`` and ``runbook sim up`` call ``start_talos``)."""
+    create(state_dir, spec)
     if daemon:
         start_daemon(state_dir)
     try:
-        if daemon:
-            start_talos(state_dir, spec, nodes)
         yield sim_paths(state_dir)
     finally:
         if daemon:
-            stop_talos(state_dir)
             stop_daemon(state_dir)
 
 
