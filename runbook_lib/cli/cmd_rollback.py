@@ -42,22 +42,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="a change record whose changes are undone (name, unique prefix or suffix, or path); repeat it "
         "for a run and its resumes",
     )
-    parser.add_argument("--apply", action="store_true", help="change the cluster (default: plan and dry-run)")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a parameter",
-    )
-    parser.add_argument(
-        "--records", metavar="DIR", help="records directory (default: $RUNBOOK_RECORDS or ./records)"
-    )
-    parser.add_argument(
-        "--state", metavar="DIR", help="simulator state directory (target simulated; default .sim/default)"
-    )
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    cmd_run.add_run_options(parser)
     parser.set_defaults(handler=_rollback)
 
 

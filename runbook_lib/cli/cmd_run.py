@@ -53,22 +53,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="STEP",
         help="resume at STEP; without -p it reuses the parameters of the latest record",
     )
-    run.add_argument("--apply", action="store_true", help="change the cluster (default: plan and dry-run)")
-    run.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a parameter",
-    )
-    run.add_argument(
-        "--records", metavar="DIR", help="records directory (default: $RUNBOOK_RECORDS or ./records)"
-    )
-    run.add_argument(
-        "--state", metavar="DIR", help="simulator state directory (target simulated; default .sim/default)"
-    )
-    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_run_options(run)
     run.set_defaults(handler=_run)
 
     rec = sub.add_parser("records", help="list, show and verify change records")
@@ -104,6 +89,26 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     show.set_defaults(handler=_show)
     ver.set_defaults(handler=_verify)
     aborted.set_defaults(handler=_seal_aborted)
+
+
+def add_run_options(parser: argparse.ArgumentParser) -> None:
+    """The options of a command that runs notebooks into a record (``run``, ``rollback``)."""
+    parser.add_argument("--apply", action="store_true", help="change the cluster (default: plan and dry-run)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a parameter",
+    )
+    parser.add_argument(
+        "--records", metavar="DIR", help="records directory (default: $RUNBOOK_RECORDS or ./records)"
+    )
+    parser.add_argument(
+        "--state", metavar="DIR", help="simulator state directory (target simulated; default .sim/default)"
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def _root(value: str | None) -> Path:
