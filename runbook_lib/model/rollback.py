@@ -6,7 +6,9 @@ diff, the ``talosctl upgrade`` calls, and the image step's per-node ``before`` v
 only the earliest record that changed a node says where the runbook *found* it.  A node the records do not
 show changed is left alone; a node whose evidence is incomplete is refused with the reason, never guessed.
 
-Why removal patches are computed against the node's current config: Talos applies a ``$patch: delete``
+Why removal patches are computed against the node's current config: ``talosctl patch mc`` loads a
+strategic-merge patch with deletes allowed (talos@v1.12.0 pkg/machinery/config/configpatcher/load.go
+``LoadPatch``: ``configloader.WithAllowPatchDelete()``), and Talos applies a ``$patch: delete``
 selector only to something that exists ("lookup failed" otherwise: talos@v1.12.0
 pkg/machinery/config/configloader/internal/decoder/selector.go ``deleteForPath``/``deleteStructFrom``),
 and a list-item selector removes the *first* item whose first key matches (``makeSequenceSelector`` in
