@@ -526,3 +526,20 @@ def test_html_renderings_load_nothing_from_the_network_and_show_the_widgets_fina
     assert "nodes: gpu-worker-1, gpu-worker-2, gpu-worker-3" in shown
     shown = " ".join(Rendering((applied / "html" / "02-config-patch.html").read_text()).text)
     assert "3/3 nodes" in shown
+
+
+def test_each_steps_batches_are_drawn_next_to_its_calls_in_step_order(tmp_path: Path) -> None:
+    """A run of config-patch then image (the calls as fleet_record journals them, the image step's batches
+    and upgrade call later): a reader follows one step at a time, batches above that step's calls."""
+    record = fleet_record(2, set())
+    entries, planned = rollout_result(2, 1)
+    record["steps"][0]["result"].setdefault("data", {}).update(rollout=entries, batches=planned)
+    image = fleet_step("image", 2, set(), status="changed")
+    later = [{**e, "started": e["started"] + 60} for e in entries]
+    image["result"].setdefault("data", {}).update(rollout=later, batches=planned)
+    record["steps"].insert(1, image)
+    upgrade = patch_change(0, 1796143990.0) | {"step": "image", "diff": None}
+    record["changes"].append(upgrade)
+    _path, text = sealed(tmp_path, record)
+    lanes = [html.unescape(t) for t in re.findall(r"<span class=lname>(.*?)</span>", text)]
+    assert lanes == ["config-patch batches", "config-patch calls", "image batches", "image calls"]

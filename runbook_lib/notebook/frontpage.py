@@ -490,6 +490,8 @@ def _timeline_section(record: Mapping[str, Any], steps: list[_Step]) -> str:
     for kind, members in (("batches", batches), ("calls", calls)):
         for item in members:
             lanes.setdefault((item.step, kind), []).append(item)
+    order = {step.name: index for index, step in enumerate(steps)}  # a step's batches above its calls
+    lanes = dict(sorted(lanes.items(), key=lambda lane: order.get(lane[0][0], len(order))))
     rows = "".join(
         f"<div class=lane><span class=lname>{_e(step)} {kind}</span><div class=track>"
         f"{''.join(_batch_bars(members, t0, span) if kind == 'batches' else _bars(members, t0, span))}"
