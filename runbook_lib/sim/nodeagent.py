@@ -15,13 +15,17 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from runbook_lib.sim.state import SimNode, load_nodes, runtime
+from runbook_lib.sim.kubelet import NodeView, Outcome, program
+from runbook_lib.sim.kubeletapi import KUBELET_PORT, Logs
+from runbook_lib.sim.realtalos import observed_nodes
+from runbook_lib.sim.state import SimNode, runtime
 
 log = logging.getLogger("runbook_lib.sim.nodeagent")
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -51,6 +55,7 @@ def node_object(node: SimNode) -> dict[str, Any]:
             {"type": "InternalIP", "address": node.address},
             {"type": "Hostname", "address": node.name},
         ],
+        "daemonEndpoints": {"kubeletEndpoint": {"Port": KUBELET_PORT}},
     }
     return {
         "apiVersion": "v1",
@@ -94,6 +99,46 @@ def wanted_gpus(node: SimNode, plugin_pods: list[dict[str, Any]], handlers: dict
     return len(node.gpus) if any(nvml_initialises(node, _handler(p, handlers, node)) for p in running) else 0
 
 
+def _runs_to_completion(pod: dict[str, Any]) -> bool:
+    """A bare pod that ends by itself (restartPolicy Never/OnFailure), started by kwok (Running and Ready).
+
+    kwok's own stages complete only pods a Job owns (its pod-complete stage), and know nothing of GPUs."""
+    spec, meta = pod.get("spec") or {}, pod.get("metadata") or {}
+    if spec.get("restartPolicy") not in ("Never", "OnFailure") or meta.get("deletionTimestamp"):
+        return False
+    if any(ref.get("kind") == "Job" for ref in meta.get("ownerReferences") or []):
+        return False
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def _final_status(pod: dict[str, Any], outcomes: list[tuple[str, Outcome]]) -> dict[str, Any]:
+    """Succeeded when every container exited 0, else Failed; each container terminated with its code.
+
+    Simplified: a container that cannot start (``start_error``) is shown terminated with exit code 128 and the
+    runtime's message; a real kubelet leaves it waiting (RunContainerError) with that message in an event."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    images = {c["name"]: c.get("image", "") for c in pod["spec"]["containers"]}
+    statuses = []
+    for name, outcome in outcomes:
+        code = 128 if outcome.start_error else int(outcome.exit_code or 0)
+        reason = "StartError" if outcome.start_error else ("Completed" if code == 0 else "Error")
+        terminated = {"exitCode": code, "reason": reason, "startedAt": now, "finishedAt": now}
+        if outcome.start_error:
+            terminated["message"] = outcome.start_error
+        statuses.append(
+            {"name": name, "image": images[name], "imageID": "", "ready": False, "restartCount": 0,
+             "started": False, "state": {"terminated": terminated}}
+        )  # fmt: skip
+    failed = any(s["state"]["terminated"]["exitCode"] != 0 for s in statuses)
+    ready = {"type": "Ready", "status": "False", "reason": "PodCompleted", "lastTransitionTime": now}
+    return {
+        "phase": "Failed" if failed else "Succeeded",
+        "containerStatuses": statuses,
+        "conditions": [ready],
+    }
+
+
 def _is_plugin(pod: dict[str, Any]) -> bool:
     containers = (pod.get("spec") or {}).get("containers") or []
     return any(c.get("name") == PLUGIN_CONTAINER for c in containers)
@@ -108,8 +153,9 @@ class NodeAgent:
     """Re-reads the nodes' Talos state and the device-plugin pods every ``interval`` seconds and patches each
     Node's ``nvidia.com/gpu`` capacity/allocatable when it differs (removing it when the plugin stops)."""
 
-    def __init__(self, state_dir: Path, kubeconfig: Path, interval: float = 0.5) -> None:
+    def __init__(self, state_dir: Path, kubeconfig: Path, logs: Logs, interval: float = 0.5) -> None:
         self.state_dir = state_dir
+        self.logs = logs
         self.core = api(kubeconfig)
         self.nodes_api = client.NodeV1Api(self.core.api_client)
         self.interval = interval
@@ -142,10 +188,35 @@ class NodeAgent:
         handlers = {c["metadata"]["name"]: c["handler"] for c in classes}
         objs = self.core.api_client.sanitize_for_serialization(self.core.list_node())["items"]
         current = {o["metadata"]["name"]: _advertised(o) for o in objs}
-        for node in load_nodes(self.state_dir):
+        nodes = observed_nodes(self.state_dir)  # with the real talosctl: as simnode observes it
+        for node in nodes:
             want = wanted_gpus(node, plugin_pods, handlers)
             if node.name in current and current[node.name] != want:
                 self._advertise(node.name, want)
+        self._complete(pods, {n.name: n for n in nodes}, handlers)
+
+    def _complete(
+        self, pods: list[dict[str, Any]], nodes: dict[str, SimNode], handlers: dict[str, str]
+    ) -> None:
+        for pod in pods:
+            on = nodes.get((pod.get("spec") or {}).get("nodeName", ""))
+            if on is not None and _runs_to_completion(pod):
+                self._run_to_completion(pod, on, _handler(pod, handlers, on))
+
+    def _run_to_completion(self, pod: dict[str, Any], node: SimNode, handler: str) -> None:
+        """A pod that kwok started and that ends by itself: what its containers print and exit with on this
+        node (``kubelet.program``, the Python kubelet's rules), recorded for its logs, then its final phase.
+        A container that keeps running leaves the pod Running."""
+        view = NodeView(node, runtime(node), "")
+        outcomes = [(c["name"], program(pod, c, view, handler, 1)) for c in pod["spec"]["containers"]]
+        if any(o.exit_code is None and o.start_error is None for _, o in outcomes):
+            return
+        meta = pod["metadata"]
+        for name, outcome in outcomes:
+            self.logs.put(meta["namespace"], meta["name"], name, outcome.log)
+        body = {"status": _final_status(pod, outcomes)}
+        self.core.patch_namespaced_pod_status(meta["name"], meta["namespace"], body)
+        log.info("pod %s/%s on %s: %s", meta["namespace"], meta["name"], node.name, body["status"]["phase"])
 
     def _advertise(self, name: str, count: int) -> None:
         # null removes the resource. Simplified: a real kubelet drops it from capacity only once the stopped

@@ -38,6 +38,7 @@ from runbook_lib.sim.state import (
     InstalledExtension,
     SimNode,
     atomic_write,
+    load_nodes,
     minor_of,
     sim_paths,
 )
@@ -479,6 +480,11 @@ def with_observed(node: SimNode, path: Path) -> SimNode:
     boot_id = str(obs.get("boot_id") or "")
     node.boot_count = int(hashlib.sha256(boot_id.encode()).hexdigest()[:12], 16)
     return node
+
+
+def observed_nodes(state_dir: Path) -> list[SimNode]:
+    """Every node as simnode observes it (the node files where simnode does not run)."""
+    return [with_observed(n, observed_file(state_dir, n.name)) for n in load_nodes(state_dir)]
 
 
 def main(argv: list[str]) -> int:
