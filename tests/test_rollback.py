@@ -19,18 +19,20 @@ from typing import Any
 import pytest
 
 from runbook_lib.cli import main
+from runbook_lib.cli.cmd_run import _simulated_cluster
 from runbook_lib.errors import PermanentError
 from runbook_lib.model.machineconfig import parse_documents
-from runbook_lib.model.params import validate
+from runbook_lib.model.params import load_params, validate
 from runbook_lib.model.rollback import evidence_from_records, removal_documents
 from runbook_lib.notebook import records
+from runbook_lib.notebook.lock import LOCKS_ENV
 from runbook_lib.notebook.runner import StepOutcome, _journal_record, select_steps
-from runbook_lib.notebook.steps import ROLLBACK, run_step
+from runbook_lib.notebook.steps import GATES, RESULT_FILE_ENV, ROLLBACK, run_step
 from runbook_lib.sim import factory, patching
 from runbook_lib.sim.cluster import ClusterSpec, create
 from runbook_lib.sim.faults import clear, inject
 from runbook_lib.sim.state import VANILLA_SCHEMATIC, load_node
-from runbook_lib.steps.context import Context, connect
+from runbook_lib.steps.context import SIM_STATE_ENV, Context, connect
 from runbook_lib.steps.image import image_upgrade
 from runbook_lib.steps.kubernetes import kubernetes_layer
 from runbook_lib.steps.patch import config_patch, read_configs
@@ -43,6 +45,12 @@ MODULES_PATCH = (
     "machine:\n  kernel:\n    modules:\n    - name: nvidia\n    - name: nvidia_uvm\n"
     "  sysctls:\n    net.core.bpf_jit_harden: '1'\n"
 )
+
+
+@pytest.fixture(autouse=True)
+def locks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cluster apply locks of these tests, apart from the machine's (``~/.cache``)."""
+    monkeypatch.setenv(LOCKS_ENV, str(tmp_path / "locks"))
 
 
 # -- the simulator deletes as Talos does ---------------------------------------------------------------------
@@ -403,3 +411,46 @@ def test_only_the_kubernetes_objects_the_runbook_created_are_removed(tmp_path: P
         assert result.data["kubernetes"] == ["helm uninstall nvidia-device-plugin -n kube-system"]
         assert back.helm.release("nvidia-device-plugin", "kube-system") is None
         assert back.kube.runtime_class("nvidia") is not None
+
+
+@pytest.mark.slow
+def test_approve_in_jupyterlab_rolls_back_and_seals_an_interactive_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The notebook's own call (``run_step``), then the Approve button clicked programmatically, as
+    tests/test_interactive_records.py drives it: the same gate and the same record chain as every step."""
+    root, state = tmp_path / "records", tmp_path / "sim"
+    monkeypatch.setenv(records.RECORDS_ENV, str(root))
+    monkeypatch.delenv(RESULT_FILE_ENV, raising=False)
+    with _simulated_cluster(load_params(PARAMS), str(state)) as env:
+        monkeypatch.setenv(SIM_STATE_ENV, env[SIM_STATE_ENV])
+        run = [
+            "run",
+            "-p",
+            PARAMS,
+            "--steps",
+            "config-patch,image",
+            "--apply",
+            "--no-progress",
+            "--state",
+            str(state),
+        ]
+        assert main(run) == 0
+        (applied,) = records.sealed_records(root)
+        plan = run_step(
+            "rollback", params_file=PARAMS, overrides=[f"rollback.records=[{applied.name}]"], show=False
+        )
+        assert plan.counts() == {"planned": 3} and records.sealed_records(root) == [applied]
+        gate = GATES["rollback"]
+        gate.button.click()
+        assert gate.applied is not None and gate.applied.counts() == {"changed": 3}
+        ctx = connect(load_params(PARAMS), state_dir=state)
+        configs, _errors = read_configs(ctx, list(ctx.params.nodes))
+    sealed = records.sealed_records(root)
+    assert len(sealed) == 2 and "-interactive-" in sealed[1].name
+    data = records.load_record(sealed[1])
+    assert data["steps"][0]["name"] == "rollback" and data["outcome"] == "changed"
+    assert any("upgrade" in c.get("argv", []) for c in data["changes"])
+    assert main(["records", "verify", "--dir", str(root)]) == 0
+    assert all("nvidia" not in json.dumps(docs) for docs in configs.values())
+    assert {load_node(state, n.name).schematic_id for n in ctx.params.nodes} == {VANILLA_SCHEMATIC}
