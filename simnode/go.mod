@@ -4,6 +4,8 @@ go 1.25.3
 
 require (
 	github.com/cosi-project/runtime v1.12.0
+	github.com/hashicorp/go-multierror v1.1.1
+	github.com/rs/xid v1.6.0
 	github.com/siderolabs/crypto v0.6.4
 	github.com/siderolabs/grpc-proxy v0.5.1
 	github.com/siderolabs/net v0.4.0
@@ -27,7 +29,6 @@ require (
 	github.com/google/go-cmp v0.7.0 // indirect
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.27.3 // indirect
 	github.com/hashicorp/errwrap v1.1.0 // indirect
-	github.com/hashicorp/go-multierror v1.1.1 // indirect
 	github.com/hexops/gotextdiff v1.0.3 // indirect
 	github.com/josharian/native v1.1.0 // indirect
 	github.com/jsimonetti/rtnetlink/v2 v2.1.0 // indirect

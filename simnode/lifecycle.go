@@ -24,8 +24,23 @@ const failedBootCountdown = 10 * time.Second
 // (:172-180), so reboot_ms must exceed ~1 s or the tracker misses the new boot's "ready" and waits until
 // --timeout (as it would for a real node rebooting in under a second, which none does).
 
+// How long an upgrade keeps the node up after the call, at Talos scale, times -time-factor (ours, no source for
+// the values: a real node pulls the installer image, then the installer writes the boot assets, tens of seconds).
+// They matter to talosctl: its tracker opens its event watch with tail 0 concurrently with the boot ID read and
+// the upgrade call, not before them (talos@v1.12.0:cmd/talosctl/pkg/talos/action/node.go:75-97), and sees the
+// upgrade sequence only because a real upgrade takes this long; a node that ran the sequence at once went down
+// before a late watch was placed, and the tracker printed none of it.
+const (
+	installerPull  = 10 * time.Second // Upgrade's PullAndValidateInstallerImage, before the call answers; pull_ms
+	installDefault = 30 * time.Second // the "upgrade" task (the installer run); install_ms
+	// stopPods is the "cleanup" task, kubelet's graceful shutdown on a node with no pods to wait for (bounded by
+	// logind.InhibitMaxDelay, talos@v1.12.0:internal/pkg/logind/logind.go:27; the value is ours): short, so
+	// an apply that reboots a node at -time-factor 1 still goes down within a second.
+	stopPods = 500 * time.Millisecond
+)
+
 // upgradePhases are the phases and tasks of the upgrade sequence on a metal node, up to the reboot
-// (talos@v1.12.0:internal/app/machined/pkg/runtime/v1alpha1/v1alpha1_sequencer.go:430-470; task names are the
+// (talos@v1.12.0:internal/app/machined/pkg/runtime/v1alpha1/v1alpha1_sequencer.go:423-470; task names are the
 // ones the task functions return, v1alpha1_sequencer_tasks.go). "drain" runs there against Kubernetes; here it
 // is only its events (simnode has no Kubernetes API yet).
 var upgradePhases = [][2]string{
@@ -36,11 +51,20 @@ var upgradePhases = [][2]string{
 	{"kexec", "kexecPrepare"},
 }
 
+// rebootPhases are the reboot sequence's on a metal node, mode not FORCE, up to the reboot: cleanup and dbus,
+// then stopAllPhaselist with kexec (v1alpha1_sequencer.go:236-253, :477-511; its unmount phase is "umount").
+var rebootPhases = [][2]string{
+	{"cleanup", "stopAllPods"}, {"dbus", "stopDBus"}, {"stopServices", "stopServicesForUpgrade"},
+	{"umount", "unmountPodMounts"}, {"unmountBind", "unmountSystemDiskBindMounts"},
+	{"unmountSystem", "unmountEphemeralPartition"}, {"volumeFinalize", "teardownLifecycle"},
+	{"kexec", "kexecPrepare"},
+}
+
 // Upgrade is the legacy MachineService.Upgrade (talos@v1.12.0:internal/app/machined/internal/server/v1alpha1/v1alpha1_server.go:486-575):
-// the image is validated first (an image missing from the nodes file's "images" fails as an image that does
-// not pull would, with the same wrapper), then the sequence runs in the background and the call answers
-// at once with the actor ID the events carry.
-func (s *machineServer) Upgrade(_ context.Context, in *machine.UpgradeRequest) (*machine.UpgradeResponse, error) {
+// the installer image is pulled and validated before the call answers (:497-501; an image missing from the nodes
+// file's "images" fails as an image that does not pull would, with the same wrapper), then the sequence runs in
+// the background and the call answers with the actor ID the events carry.
+func (s *machineServer) Upgrade(ctx context.Context, in *machine.UpgradeRequest) (*machine.UpgradeResponse, error) {
 	if _, err := s.node.image(in.GetImage()); err != nil {
 		return nil, fmt.Errorf("error validating installer image %q: %w", in.GetImage(), err)
 	}
@@ -49,42 +73,30 @@ func (s *machineServer) Upgrade(_ context.Context, in *machine.UpgradeRequest) (
 		return nil, status.Error(codes.Unimplemented, "simnode: staged upgrades are not simulated")
 	}
 
+	if err := s.node.pause(ctx, s.node.duration(s.node.spec.PullMS, installerPull)); err != nil {
+		return nil, err
+	}
+
 	actorID := newUUID()
 	go s.node.upgrade(actorID, in.GetImage())
 
 	return &machine.UpgradeResponse{Messages: []*machine.Upgrade{{Ack: "Upgrade request received", ActorId: actorID}}}, nil
 }
 
-// Reboot is MachineService.Reboot (same file, :343-370): the reboot sequence in the background, the actor ID
-// at once. Its SequenceEvent "reboot" is what talosctl's tracker waits for before it reconnects
-// (talos@v1.12.0:cmd/talosctl/pkg/talos/action/node.go:288-290).
+// Reboot is MachineService.Reboot (same file, :343-370): the reboot sequence in the background under a new
+// actor ID, the actor ID at once. Its SequenceEvent "reboot" is what talosctl's tracker waits for before it
+// reconnects (talos@v1.12.0:cmd/talosctl/pkg/talos/action/node.go:288-290), when its watch was placed in time.
 func (s *machineServer) Reboot(_ context.Context, _ *machine.RebootRequest) (*machine.RebootResponse, error) {
 	actorID := newUUID()
-
-	go func() {
-		s.node.bus().publish(actorID, &machine.SequenceEvent{Sequence: "reboot", Action: machine.SequenceEvent_START})
-		s.node.reboot()
-	}()
+	go s.node.rebootAs(actorID)
 
 	return &machine.RebootResponse{Messages: []*machine.Reboot{{ActorId: actorID}}}, nil
 }
 
-// upgrade runs the upgrade sequence's events (install_ms in the "upgrade" task) up to stopAllServices, then
-// reboots into image, keeping the running one to roll back to.
+// upgrade runs the upgrade sequence up to stopAllServices, then reboots into image, keeping the running one
+// to roll back to.
 func (n *simNode) upgrade(actorID, image string) {
-	bus := n.bus()
-	bus.publish(actorID, &machine.SequenceEvent{Sequence: "upgrade", Action: machine.SequenceEvent_START})
-
-	for _, pt := range upgradePhases {
-		runPhase(bus, actorID, pt[0], pt[1], func() {
-			if pt[1] == "upgrade" {
-				time.Sleep(time.Duration(n.spec.InstallMS) * time.Millisecond)
-			}
-		})
-	}
-
-	bus.publish(actorID, &machine.PhaseEvent{Phase: "stopEverything", Action: machine.PhaseEvent_START})
-	bus.publish(actorID, &machine.TaskEvent{Task: "stopAllServices", Action: machine.TaskEvent_START})
+	n.runSequence(actorID, "upgrade", upgradePhases)
 
 	current := n.bootState().image
 	n.powerOff()
@@ -92,19 +104,67 @@ func (n *simNode) upgrade(actorID, image string) {
 	n.runBoot()
 }
 
-func runPhase(bus *eventBus, actorID, phase, task string, body func()) {
-	bus.publish(actorID, &machine.PhaseEvent{Phase: phase, Action: machine.PhaseEvent_START})
-	bus.publish(actorID, &machine.TaskEvent{Task: task, Action: machine.TaskEvent_START})
-	body()
-	bus.publish(actorID, &machine.TaskEvent{Task: task, Action: machine.TaskEvent_STOP})
-	bus.publish(actorID, &machine.PhaseEvent{Phase: phase, Action: machine.PhaseEvent_STOP})
-}
+// reboot is the reboot that an apply in reboot mode starts: actor "" (v1alpha1_server.go:298-299 runs it
+// with context.Background()).
+func (n *simNode) reboot() { n.rebootAs("") }
 
-// reboot power-cycles the node into the image it runs (apply in reboot mode, MachineService.Reboot).
-func (n *simNode) reboot() {
+// rebootAs runs the reboot sequence up to stopAllServices and power-cycles the node into the image it runs.
+func (n *simNode) rebootAs(actorID string) {
+	n.runSequence(actorID, "reboot", rebootPhases)
 	n.powerOff()
 	n.powerOn(n.bootState().image, "")
 	n.runBoot()
+}
+
+// runSequence publishes a sequence's events as Controller.Run does (the sequence, then each phase and its task,
+// START and STOP), each task taking taskTime, and ends with stopEverything's stopAllServices started: that
+// task stops apid, so the node's API goes away before the sequence's last events.
+func (n *simNode) runSequence(actorID, sequence string, phases [][2]string) {
+	bus := n.bus()
+	bus.publish(actorID, &machine.SequenceEvent{Sequence: sequence, Action: machine.SequenceEvent_START})
+
+	for _, pt := range phases {
+		bus.publish(actorID, &machine.PhaseEvent{Phase: pt[0], Action: machine.PhaseEvent_START})
+		bus.publish(actorID, &machine.TaskEvent{Task: pt[1], Action: machine.TaskEvent_START})
+		time.Sleep(n.taskTime(pt[1]))
+		bus.publish(actorID, &machine.TaskEvent{Task: pt[1], Action: machine.TaskEvent_STOP})
+		bus.publish(actorID, &machine.PhaseEvent{Phase: pt[0], Action: machine.PhaseEvent_STOP})
+	}
+
+	bus.publish(actorID, &machine.PhaseEvent{Phase: "stopEverything", Action: machine.PhaseEvent_START})
+	bus.publish(actorID, &machine.TaskEvent{Task: "stopAllServices", Action: machine.TaskEvent_START})
+}
+
+// taskTime is how long a task of a sequence takes: the installer run (install_ms, else installDefault scaled)
+// and stopping the pods (kubelet's graceful shutdown: stopPods scaled); the other tasks are instant here.
+func (n *simNode) taskTime(task string) time.Duration {
+	switch task {
+	case "upgrade":
+		return n.duration(n.spec.InstallMS, installDefault)
+	case "stopAllPods":
+		return n.scaled(stopPods)
+	default:
+		return 0
+	}
+}
+
+// duration is a nodes file's *_ms value when set, else the Talos-scale default times -time-factor.
+func (n *simNode) duration(ms int, talosScale time.Duration) time.Duration {
+	if ms > 0 {
+		return time.Duration(ms) * time.Millisecond
+	}
+
+	return n.scaled(talosScale)
+}
+
+// pause waits d, or fails as the call's context does when the client goes first.
+func (n *simNode) pause(ctx context.Context, d time.Duration) error {
+	select {
+	case <-time.After(d):
+		return nil
+	case <-ctx.Done():
+		return status.FromContextError(ctx.Err()).Err()
+	}
 }
 
 // powerOff takes the API down as a reboot does: new dials are refused, event streams end, the calls in

@@ -43,7 +43,7 @@ func run() error {
 	stateDir := flag.String("state-dir", "", "owner-only directory for the talosconfig and the endpoint file")
 	listen := flag.String("listen", "127.0.0.1:0", "address of the simulated apid endpoint (127.0.0.1 only)")
 	resolver := flag.String("image-resolver", "", "executable asked what an installer image not in the nodes file's \"images\" installs (argv: the image reference; stdout: an \"images\" entry as JSON)")
-	factor := flag.Float64("time-factor", 1, "scales Talos's own durations (BootTimeout 70m, the 10 s failed-boot countdown): 0.001 makes a hung boot fail after 4.2 s")
+	factor := flag.Float64("time-factor", 1, "scales Talos-scale durations (BootTimeout 70m, the 10 s failed-boot countdown, an upgrade's 10 s pull and 30 s install unless pull_ms/install_ms are set): 0.001 makes a hung boot fail after 4.2 s")
 	flag.Parse()
 
 	if *factor <= 0 || *factor > 1 {

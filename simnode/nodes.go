@@ -38,6 +38,7 @@ type NodeSpec struct {
 	TalosVersion  string          `json:"talos_version"`
 	Image         string          `json:"image,omitempty"` // installer ref of Images: derived node state
 	InstallMS     int             `json:"install_ms,omitempty"`
+	PullMS        int             `json:"pull_ms,omitempty"`
 	SHA           string          `json:"sha,omitempty"`
 	GoVersion     string          `json:"go_version,omitempty"`
 	Down          string          `json:"down,omitempty"`
@@ -166,9 +167,9 @@ func validateNode(n *NodeSpec, i int, seen map[string]string) error {
 
 	seen[n.Address] = n.Name
 
-	if n.LatencyMS < 0 || n.RebootMS < 0 || n.InstallMS < 0 {
-		return fmt.Errorf("%s: \"latency_ms\" (%d), \"reboot_ms\" (%d) and \"install_ms\" (%d) must be 0 or more",
-			label, n.LatencyMS, n.RebootMS, n.InstallMS)
+	if n.LatencyMS < 0 || n.RebootMS < 0 || n.InstallMS < 0 || n.PullMS < 0 {
+		return fmt.Errorf("%s: \"latency_ms\" (%d), \"reboot_ms\" (%d), \"install_ms\" (%d) and \"pull_ms\" (%d) must be 0 or more",
+			label, n.LatencyMS, n.RebootMS, n.InstallMS, n.PullMS)
 	}
 
 	if _, ok := downKinds[n.Down]; n.Down != "" && !ok {

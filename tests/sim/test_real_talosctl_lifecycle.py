@@ -17,7 +17,9 @@ lasts BOOT_TIMEOUT_S here.
 from __future__ import annotations
 
 import json
+import queue
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,7 +36,15 @@ pytestmark = pytest.mark.slow
 TALOS = "v1.12.0"
 BOOT_TIMEOUT_S = 12.0
 TIME_FACTOR = BOOT_TIMEOUT_S / (70 * 60)
-REBOOT_MS = 1500  # more than talosctl's 1 s re-watch tick (see simnode/lifecycle.go)
+# A reboot must outlast talosctl's 1 s re-watch tick (simnode/lifecycle.go) by more than a loaded machine can
+# delay the tracker: its re-watch must still find the node down, or it watches the new boot with tail 0 and
+# misses its "ready" (as it would on a real node that rebooted in under a second, which none does).
+REBOOT_MS = 3000
+# The tracker opens its event watch concurrently with the upgrade call (talos@v1.12.0:cmd/talosctl/pkg/talos/action/
+# node.go:75-97): it sees the sequence's first events only because the node pulls the installer before the call
+# answers. simnode's default pull (10 s Talos-scale) times TIME_FACTOR is 29 ms; tests that assert those events
+# give it a second, a margin no scheduling delay of a loaded machine reaches.
+EARLY_EVENTS = {"pull_ms": 1000}
 # VANILLA_ID is Image Factory's ID of the empty schematic; NVIDIA_ID is an arbitrary 64-hex ID standing for the
 # NVIDIA schematic (simnode does not compute IDs: the nodes file's "images" maps a reference to what it installs).
 VANILLA_ID = "376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba"
@@ -91,6 +101,7 @@ ROLES = {
     "reboot": ("10.5.2.7", VANILLA, False),
     "rescue": ("10.5.2.8", VANILLA, False),
     "client113": ("10.5.2.9", VANILLA, True),
+    "tails": ("10.5.2.10", VANILLA, True),
 }
 
 
@@ -146,6 +157,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             "services": BASE_SERVICES,
             "reboot_ms": REBOOT_MS,
         }
+        | (EARLY_EVENTS if role in ("upgrade", "client113") else {})
         for role, (address, image, modules) in ROLES.items()
     ]
     state = tmp / "state"
@@ -256,11 +268,6 @@ def boot_id(sim: Sim, node: str) -> str:
     return proc.stdout.strip()
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="simnode event timing, known flaky: in full-suite runs the real tracker sometimes attaches its event "
-    "watch after the node already went down, so it misses the upgrade sequence's early events (see the notes)",
-)
 def test_upgrade_wait_to_the_nvidia_image_with_the_modules_patched_first(cluster: Cluster) -> None:
     sim, node = cluster.sim, cluster.addr("upgrade")
     before = boot_id(sim, node)
@@ -327,14 +334,135 @@ def test_a_hung_boot_within_timeout_fails_on_the_boot_sequence_error(cluster: Cl
 
 
 def test_reboot_waits_for_a_new_boot_id(cluster: Cluster) -> None:
+    """The tracker follows the new boot from its start (its re-watch after the node went away tails the whole
+    history, node.go:163-173). Whether it also printed the reboot sequence's first event is not asserted: machined
+    answers Reboot at once and starts the sequence (v1alpha1_server.go:343-370), and the tracker's watch is not
+    guaranteed to be in place by then (node.go:75-97)."""
     sim, node = cluster.sim, cluster.addr("reboot")
     before = boot_id(sim, node)
     proc = sim.run("-n", node, "reboot")
     assert proc.returncode == 0, proc.stderr
     lines = tracker_lines(proc.stderr, node)
-    assert "sequence: reboot action: START" in lines
+    assert "sequence: boot action: START" in lines
     assert settled(lines)[-1] == "post check passed"
     assert boot_id(sim, node) != before
+
+
+@dataclass(frozen=True)
+class Event:
+    """One event as ``talosctl events`` prints it."""
+
+    id: str
+    kind: str  # the type URL's message name: SequenceEvent, PhaseEvent, TaskEvent, MachineStatusEvent
+    actor: str
+    source: str
+    message: str
+
+
+def parse_events(lines: list[str]) -> list[Event]:
+    """``talosctl events`` prints a header, then each event as two tab-aligned lines flushed together: node, ID,
+    type URL; then actor (often empty), source, message (talos@v1.12.0:cmd/talosctl/cmd/talos/events.go:67-128,
+    format ``"%s\t%s\t%s\n%s\t%s\t%s\n"``). The second line's cells start where the first line's do."""
+    body = lines[1:]
+    events = []
+    for first, second in zip(body[::2], body[1::2], strict=True):
+        _, event_id, type_url = first.split()
+        id_at, type_at = first.index(event_id), first.index(type_url)
+        kind = type_url.rsplit(".", 1)[-1]
+        source, message = second[id_at:type_at].strip(), second[type_at:].strip()
+        events.append(Event(event_id, kind, second[:id_at].strip(), source, message))
+    return events
+
+
+def talosctl_events(
+    sim: Sim, node: str, *flags: str, until: str | None, timeout: float = 30.0
+) -> list[Event]:
+    """The events the real ``talosctl events`` prints, up to the first whose second line contains ``until``
+    (then the process is stopped: it streams for as long as the node's stream lasts), or with ``until`` None
+    all of them until the stream ends (the node went down). Fails after ``timeout`` with what it got."""
+    argv = [str(sim.talosctl), "--talosconfig", str(sim.talosconfig), "-n", node, "events", *flags]
+    lines: queue.Queue[str | None] = queue.Queue()
+    got: list[str] = []
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) as proc:
+        threading.Thread(target=pump, args=(proc, lines), daemon=True).start()
+        deadline = time.monotonic() + timeout
+        try:
+            while (line := lines.get(timeout=max(deadline - time.monotonic(), 0.01))) is not None:
+                got.append(line)
+                if until is not None and until in line and len(got) % 2 == 1:  # header + whole events
+                    break
+            else:
+                assert until is None, f"talosctl events {flags} ended before {until!r}: {got}"
+        except queue.Empty:
+            pytest.fail(f"talosctl events {flags}: nothing with {until!r} within {timeout} s; got {got}")
+        finally:
+            proc.kill()
+    return parse_events(got)
+
+
+def pump(proc: subprocess.Popen[str], lines: queue.Queue[str | None]) -> None:
+    """Forward a process's stdout lines to ``lines``, then None at its end."""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.put(line.rstrip("\n"))
+    lines.put(None)
+
+
+def test_events_tail_since_and_duration_select_from_the_boots_history(cluster: Cluster) -> None:
+    """machined keeps each boot's events in a ring buffer (NewEvents(1000, 10), talos@v1.12.0:internal/app/machined/
+    pkg/runtime/v1alpha1/v1alpha1_controller.go:49) and places a watch by tail count, after an event ID, or by age
+    (v1alpha1_events.go:124-156); the buffer is machined's memory, so after a reboot it starts with the boot."""
+    sim, node = cluster.sim, cluster.addr("tails")
+    assert sim.run("-n", node, "reboot").returncode == 0
+    boot = talosctl_events(sim, node, "--tail", "-1", until="RUNNING")
+    assert (boot[0].kind, boot[0].source, boot[0].message) == ("SequenceEvent", "boot", "START")
+    assert (boot[-1].kind, boot[-1].message) == ("MachineStatusEvent", "ready: true, unmet conditions: []")
+    assert talosctl_events(sim, node, "--tail", "2", until="RUNNING") == boot[-2:]
+    assert talosctl_events(sim, node, "--since", boot[2].id, until="RUNNING") == boot[3:]
+    assert talosctl_events(sim, node, "--duration", "1h", until="RUNNING") == boot
+    bad = sim.run("-n", node, "events", "--since", "not-an-xid")
+    assert bad.returncode == 1
+    assert "rpc error: code = Unknown desc = error parsing tail_id: xid: invalid ID" in bad.stderr
+
+
+# The upgrade sequence on a metal node up to the reboot (talos@v1.12.0:internal/app/machined/pkg/runtime/v1alpha1/
+# v1alpha1_sequencer.go:423-470; task names from v1alpha1_sequencer_tasks.go): phase -> task.
+UPGRADE_SEQUENCE = {
+    "drain": "cordonAndDrainNode",
+    "cleanup": "stopAllPods",
+    "dbus": "stopDBus",
+    "stopServices": "stopServicesForUpgrade",
+    "unmount": "unmountPodMounts",
+    "unmountBind": "unmountSystemDiskBindMounts",
+    "unmountSystem": "unmountEphemeralPartition",
+    "volumeFinalize": "teardownLifecycle",
+    "upgrade": "upgrade",
+    "meta": "reloadMeta",
+    "kexec": "kexecPrepare",
+}
+SLOW_FACTOR = 0.2  # simnode's upgrade: the pull 2 s before the answer, the install 6 s after it
+
+
+def test_a_watch_opened_after_the_upgrade_call_gets_the_sequence_from_its_start(tmp_path: Path) -> None:
+    """machined pulls the installer before it answers Upgrade (v1alpha1_server.go:497-501), then runs the sequence
+    while its API still serves, until stopAllServices stops apid; a watch opened meanwhile tails the sequence from
+    its start, filtered by the actor ID the call returned (v1alpha1_events.go:193-196), and ends with the boot."""
+    node = "10.5.5.1"
+    with vanilla_cluster(tmp_path, [node], factor=SLOW_FACTOR) as cluster:
+        sim, start = cluster.sim, time.monotonic()
+        up = sim.run("-n", node, "upgrade", "--image", NVIDIA, "--wait=false")
+        assert up.returncode == 0, up.stderr
+        assert "Upgrade request received" in up.stdout
+        assert time.monotonic() - start >= 10 * SLOW_FACTOR
+        actor = talosctl_events(sim, node, "--tail", "-1", until="upgrade")[-1].actor
+        mine = talosctl_events(sim, node, "--tail", "-1", "--actor-id", actor, until=None, timeout=60)
+    expected = [("upgrade", "START")]
+    for phase, task in UPGRADE_SEQUENCE.items():
+        expected += [(phase, "START"), (task, "START"), (task, "STOP"), (phase, "STOP")]
+    expected += [("stopEverything", "START"), ("stopAllServices", "START")]
+    assert [(e.source, e.message) for e in mine] == expected
+    assert {e.actor for e in mine} == {actor}
+    assert len(actor) == 36  # machined's uuid.New()
 
 
 def test_upgrade_to_an_image_simnode_does_not_know_fails_on_that_node(cluster: Cluster) -> None:
@@ -394,9 +522,11 @@ FLEET8 = [f"10.5.3.{i}" for i in range(1, 9)]
 
 
 @contextmanager
-def vanilla_cluster(tmp_path: Path, addresses: list[str], down: str = "") -> Iterator[Cluster]:
-    """A simnode of its own: ``addresses`` on the vanilla image with the modules in their config; ``down`` is
-    powered off."""
+def vanilla_cluster(
+    tmp_path: Path, addresses: list[str], down: str = "", factor: float = TIME_FACTOR
+) -> Iterator[Cluster]:
+    """A simnode of its own at -time-factor ``factor``: ``addresses`` on the vanilla image with the modules in
+    their config; ``down`` is powered off."""
     talosctl = build("build-talosctl.sh", TALOS)
     _, with_modules = worker_configs(talosctl, tmp_path)
     nodes = [
@@ -411,7 +541,10 @@ def vanilla_cluster(tmp_path: Path, addresses: list[str], down: str = "") -> Ite
         | ({"down": "no-route-to-host"} if a == down else {})
         for i, a in enumerate(addresses)
     ]
-    proc = start_simnode(build("build-simnode.sh"), tmp_path / "state", {"nodes": nodes, "images": IMAGES})
+    flags = ("-time-factor", str(factor))
+    proc = start_simnode(
+        build("build-simnode.sh"), tmp_path / "state", {"nodes": nodes, "images": IMAGES}, *flags
+    )
     try:
         yield Cluster(Sim(talosctl, tmp_path / "state" / "talosconfig"), tmp_path)
     finally:
@@ -469,11 +602,6 @@ def test_a_hung_boot_completes_when_the_modules_are_patched_in_time(cluster: Clu
     assert get_ids(sim, node, "modules") == sorted(MODULES)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="simnode event timing, known flaky: in full-suite runs the real tracker sometimes attaches its event "
-    "watch after the node already went down, so it misses the upgrade sequence's early events (see the notes)",
-)
 def test_a_1_13_client_upgrades_a_1_12_node_the_legacy_way_without_draining(cluster: Cluster) -> None:
     """talos@v1.13.0:cmd/talosctl/cmd/talos/upgrade.go:115-126: a node outside the LifecycleService's version
     range makes the 1.13 client fall back to the legacy Upgrade before it would drain (:143), so --drain
