@@ -20,6 +20,7 @@ type component struct {
 // layout is where a control plane keeps its files inside the state directory.
 type layout struct {
 	State, PKIDir, EtcdData, Logs, TokenFile, AdmissionConfig string
+	EgressConfig                                              string // empty: kubelets reached directly
 	PKI                                                       pki
 	Kubeconfigs                                               map[string]string
 }
@@ -51,7 +52,7 @@ func etcdComponent(l layout, p ports) component {
 // Not as Talos: etcd over plain HTTP on loopback (Talos: mTLS), a bearer-token file instead of client
 // certificates, no encryption at rest, audit log, aggregator (front-proxy) certificates or kubelet client cert.
 func apiServerComponent(l layout, p ports) component {
-	return component{Name: "kube-apiserver", Args: []string{
+	c := component{Name: "kube-apiserver", Args: []string{
 		fmt.Sprintf("--etcd-servers=http://127.0.0.1:%d", p.EtcdClient),
 		"--bind-address=127.0.0.1",
 		"--advertise-address=127.0.0.1",
@@ -76,6 +77,13 @@ func apiServerComponent(l layout, p ports) component {
 		// The "kubernetes" Service endpoints would point at 127.0.0.1, which Endpoints validation refuses.
 		"--endpoint-reconciler-type=none",
 	}}
+	if l.EgressConfig != "" {
+		// Not in Talos: the simulated nodes' addresses (10.5.0.x) are not routable, so logs and exec go through
+		// the simulator's proxy (k8s.io/apiserver egress selector, "cluster" egress: traffic to nodes and pods).
+		c.Args = append(c.Args, "--egress-selector-config-file="+l.EgressConfig)
+	}
+
+	return c
 }
 
 // controlLoop is a component that talks to the API server with its own kubeconfig: without leader election

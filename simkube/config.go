@@ -122,3 +122,21 @@ func identities() ([]identity, error) {
 
 	return ids, nil
 }
+
+// egressSelectorConfiguration sends the API server's "cluster" egress (kubelets, pods, services) through an
+// HTTP CONNECT proxy on a unix socket (k8s.io/apiserver@v0.35.0 pkg/apis/apiserver: EgressSelectorConfiguration
+// v1beta1; pkg/server/egressselector/egress_selector.go connectionToDialerCreator: a TCP transport is always
+// TLS, a UDS one is plain, which is what a proxy inside the simulator's private state directory needs).
+func egressSelectorConfiguration(socket string) map[string]any {
+	return map[string]any{
+		"apiVersion": "apiserver.k8s.io/v1beta1",
+		"kind":       "EgressSelectorConfiguration",
+		"egressSelections": []any{map[string]any{
+			"name": "cluster",
+			"connection": map[string]any{
+				"proxyProtocol": "HTTPConnect",
+				"transport":     map[string]any{"uds": map[string]any{"udsName": socket}},
+			},
+		}},
+	}
+}

@@ -25,9 +25,10 @@ import (
 )
 
 type options struct {
-	State, Bin string
-	Components []string
-	Timeout    time.Duration
+	State, Bin   string
+	Components   []string
+	Timeout      time.Duration
+	KubeletProxy string
 }
 
 type usageError struct{ msg string }
@@ -40,6 +41,8 @@ func parseOptions(args []string) (options, error) {
 	bin := fs.String("bin", "", "directory holding etcd, kube-apiserver, ... (tools/build-kube.sh prints it, plus /bin)")
 	comps := fs.String("components", "etcd,kube-apiserver,kube-controller-manager,kube-scheduler", "components to run")
 	timeout := fs.Duration("timeout", 120*time.Second, "how long each component may take to become ready")
+	kubeletProxy := fs.String("kubelet-proxy-socket", "", "unix socket of an HTTP CONNECT proxy the API server "+
+		"reaches kubelets through (logs, exec), for simulated nodes whose addresses are not routable")
 
 	if err := fs.Parse(args); err != nil {
 		return options{}, usageError{err.Error()}
@@ -53,7 +56,13 @@ func parseOptions(args []string) (options, error) {
 		return options{}, usageError{fmt.Sprintf("--state %s is not empty: give a new directory per control plane", *state)}
 	}
 
-	return options{State: *state, Bin: *bin, Components: strings.Split(*comps, ","), Timeout: *timeout}, nil
+	if *kubeletProxy != "" && !filepath.IsAbs(*kubeletProxy) {
+		return options{}, usageError{fmt.Sprintf("--kubelet-proxy-socket %s is not an absolute path", *kubeletProxy)}
+	}
+
+	return options{
+		State: *state, Bin: *bin, Components: strings.Split(*comps, ","), Timeout: *timeout, KubeletProxy: *kubeletProxy,
+	}, nil
 }
 
 // prepare writes every file the components read and returns the layout and the admin kubeconfig's server.
@@ -96,6 +105,13 @@ func prepare(o options, p ports) (layout, string, error) {
 
 	if l.Kubeconfigs, err = writeKubeconfigs(state, server, l.PKI.CACert, ids); err != nil {
 		return layout{}, "", err
+	}
+
+	if o.KubeletProxy != "" {
+		l.EgressConfig = filepath.Join(state, "egress-selector-config.yaml")
+		if err := writeJSON(l.EgressConfig, egressSelectorConfiguration(o.KubeletProxy)); err != nil {
+			return layout{}, "", err
+		}
 	}
 
 	return l, server, writeJSON(l.AdmissionConfig, admissionConfiguration())

@@ -16,8 +16,8 @@ from typing import Any
 
 from runbook_lib.errors import PermanentError
 from runbook_lib.model.params import load_params
-from runbook_lib.sim import cluster, faults, scenarios, toolserver
-from runbook_lib.sim.state import default_state_dir, sim_paths
+from runbook_lib.sim import cluster, daemon, faults, realkube, scenarios, toolserver
+from runbook_lib.sim.state import default_state_dir, load_cluster, sim_paths
 
 
 def _state(args: argparse.Namespace) -> Path:
@@ -116,6 +116,11 @@ def _up(args: argparse.Namespace) -> int:
             latency_ms=from_params.latency_ms if args.latency_ms is None else args.latency_ms,
         )
     try:
+        realkube.requested()  # a bad RUNBOOK_SIM_KUBE is refused before anything is written
+    except ValueError as exc:
+        raise PermanentError(str(exc)) from None
+    realkube.stop(state_dir)
+    try:
         cluster.talos_mode()  # a bad RUNBOOK_SIM_TALOSCTL is refused before anything is written
     except ValueError as exc:
         raise PermanentError(str(exc)) from None
@@ -127,8 +132,8 @@ def _up(args: argparse.Namespace) -> int:
     endpoints: dict[str, Any] = {}
     if not args.no_daemon:
         try:
-            endpoints = cluster.start_daemon(state_dir)
-        except RuntimeError as exc:
+            endpoints = _start_servers(state_dir)
+        except (RuntimeError, ValueError) as exc:
             raise PermanentError(str(exc)) from None
     talos = "" if args.no_daemon else f" ({_start_talos(state_dir, spec, nodes)})"
     paths = sim_paths(state_dir)
@@ -139,7 +144,9 @@ def _up(args: argparse.Namespace) -> int:
     out.write(f"talosconfig: {paths.talosconfig}\n")
     if paths.kubeconfig.exists() and endpoints.get("kube"):
         out.write(f"kubeconfig:  {paths.kubeconfig}\n")
-    for key in ("kube", "factory", "tools"):
+    if "charts" in endpoints:
+        out.write("kubernetes:  the real control plane (RUNBOOK_SIM_KUBE=python: the Python API server)\n")
+    for key in ("kube", "charts", "factory", "tools"):
         if key in endpoints:
             out.write(f"{key + ':':<12} {endpoints[key]}\n")
     if endpoints and "tools" not in endpoints and toolserver.client_binary() is not None:
@@ -155,6 +162,21 @@ def _up(args: argparse.Namespace) -> int:
         + "\n"
     )
     return 0
+
+
+def _start_servers(state_dir: Path) -> dict[str, Any]:
+    """The daemon (Image Factory, tool server) and the Kubernetes side: the real control plane when it is
+    chosen (``realkube.choose``), else the daemon's Python API server. A failed start stops what started."""
+    tools = realkube.choose(str(load_cluster(state_dir)["kubernetes_version"]))
+    if tools is None:
+        return cluster.start_daemon(state_dir)
+    endpoints = cluster.start_daemon(state_dir, rooms=[room for room in daemon.ROOMS if room != "kube"])
+    try:
+        info = realkube.start(state_dir, tools)
+    except RuntimeError:
+        cluster.stop_daemon(state_dir)
+        raise
+    return endpoints | {"kube": info["kube"], "charts": info["charts"]}
 
 
 def _start_talos(state_dir: Path, spec: cluster.ClusterSpec, nodes: list[Any]) -> str:
@@ -209,6 +231,7 @@ def _down(args: argparse.Namespace) -> int:
             f"{sim_paths(state_dir).pid} names process {foreign}, which is not this simulator's daemon "
             "(stale pid file): left alone\n"
         )
+    realkube.stop(state_dir)  # the real control plane first: it stops itself too once the daemon is gone
     stopped = cluster.stop_talos(state_dir) | cluster.stop_daemon(state_dir)
     sys.stdout.write("simulator stopped\n" if stopped else "simulator was not running\n")
     if args.purge and state_dir.exists():

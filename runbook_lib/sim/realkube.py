@@ -250,13 +250,23 @@ def _daemon_gone(state_dir: Path) -> Callable[[], bool]:
     return lambda: not pidfile.is_daemon(pid, started, state_dir)
 
 
-def _start_simkube(state_dir: Path, tools: Tools, logs: Path) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+def _start_simkube(
+    state_dir: Path, tools: Tools, logs: Path, kubelet_proxy: Path
+) -> tuple[subprocess.Popen[str], dict[str, Any]]:
     """simkube in a fresh ``<state>/kube`` (it refuses a used one); the JSON line it prints when ready."""
     kube = _paths(state_dir)["kube"]
     shutil.rmtree(kube, ignore_errors=True)
     err = open(os.open(logs / "simkube.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w")  # noqa: SIM115
     proc = subprocess.Popen(
-        [str(tools.simkube), "--state", str(kube), "--bin", str(tools.kube_bin)],
+        [
+            str(tools.simkube),
+            "--state",
+            str(kube),
+            "--bin",
+            str(tools.kube_bin),
+            "--kubelet-proxy-socket",
+            str(kubelet_proxy),
+        ],
         stdout=subprocess.PIPE,
         stderr=err,
         text=True,
@@ -314,12 +324,19 @@ def _stop_process(proc: subprocess.Popen[Any], timeout: float) -> None:
 def _running(state_dir: Path, tools: Tools) -> Iterator[dict[str, Any]]:
     """Everything started in order; on exit (or a failed start) stopped in reverse order."""
     # Imported here: the Kubernetes client costs ~0.4 s, which every `runbook` command would pay otherwise.
-    from runbook_lib.sim import chartrepo, nodeagent  # noqa: PLC0415
+    from runbook_lib.sim import chartrepo, kubeletapi, nodeagent  # noqa: PLC0415
 
     paths = _paths(state_dir)
     paths["logs"].mkdir(mode=0o700, exist_ok=True)
     with contextlib.ExitStack() as stack:
-        simkube, ready = _start_simkube(state_dir, tools, paths["logs"])
+        pki = paths["kube"] / "pki"  # simkube's own serving certificate, written once it starts
+        logs = kubeletapi.Logs()
+        proxy = kubeletapi.KubeletProxy(
+            state_dir / "kubelet.sock", pki / "apiserver.crt", pki / "apiserver.key", logs
+        )
+        proxy.start()
+        stack.callback(proxy.stop)
+        simkube, ready = _start_simkube(state_dir, tools, paths["logs"], proxy.socket_path)
         stack.callback(_stop_process, simkube, 60)
         kubeconfig = sim_paths(state_dir).kubeconfig
         atomic_write(kubeconfig, Path(ready["kubeconfig"]).read_text())
@@ -328,7 +345,7 @@ def _running(state_dir: Path, tools: Tools) -> Iterator[dict[str, Any]]:
         stack.callback(_stop_process, _start_kwok(tools, kubeconfig, paths["logs"]), 30)
         repo = chartrepo.serve(tools.helm, paths["charts"])
         stack.callback(repo.stop)
-        agent = nodeagent.NodeAgent(state_dir, kubeconfig)
+        agent = nodeagent.NodeAgent(state_dir, kubeconfig, logs)
         agent.start()
         stack.callback(agent.stop)
         yield {"pid": os.getpid(), "kube": ready["server"], "charts": repo.url, "components": ready["pids"]}

@@ -24,7 +24,9 @@ from runbook_lib.model.params import validate
 from runbook_lib.sim import cluster, realkube
 from runbook_lib.sim.state import locked_node, v1alpha1_doc
 from runbook_lib.steps.context import Context, connect
+from runbook_lib.steps.cudatest import cuda_test
 from runbook_lib.steps.kubernetes import kubernetes_layer
+from tests.sim.test_real_talosctl import build, find_go
 
 pytestmark = pytest.mark.slow
 
@@ -34,6 +36,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def tools() -> realkube.Tools:
+    if find_go() is not None:
+        build(
+            "build-simkube.sh"
+        )  # seconds (standard library only); the control plane itself is never built here
     found = realkube.find_tools("1.35.0")
     if isinstance(found, str):
         pytest.skip(f"the real control plane is {found}")
@@ -285,3 +291,27 @@ def test_the_real_control_plane_state_is_private_whatever_the_umask(
         assert open_to_others == []
     finally:
         runbook("sim", "down", "--state", str(state), mode="real")
+
+
+def test_cuda_test_runs_its_pods_on_kwok_and_reads_nvidia_smi_through_the_api_server(
+    tools: realkube.Tools, tmp_path: Path
+) -> None:
+    """The cuda-test step end to end on the real control plane: its pods (runtimeClassName nvidia, with and
+    without nvidia.com/gpu: 1, the latter placed by the real scheduler) are run by kwok, finished by the node
+    agent from the node's state, and their logs read back through the real API server (kubelet API behind
+    simkube --kubelet-proxy): nvidia-smi names the node's GPU and driver, vectoradd passes."""
+    state = tmp_path / "sim"
+    up(state, tools, 2, "gpu-ready")
+    try:
+        ctx = context(state, ["talos-worker-1", "talos-worker-2"])
+        assert kubernetes_layer(ctx, apply=True, timeout_s=90).ok
+        result = cuda_test(ctx, apply=True)
+        assert result.ok, result.to_dict()
+        for node in result.nodes:
+            by_title = {c.name: c for c in node.checks}
+            smi = by_title["nvidia-smi with nvidia.com/gpu: 1"].message
+            assert smi.startswith("1 GPU(s) (NVIDIA L4), driver "), smi
+            assert by_title["CUDA vectoradd (runtimeClass nvidia)"].message == "Test PASSED"
+        assert result.data["pods_deleted"] == 8
+    finally:
+        down(state)
