@@ -42,6 +42,7 @@ from typing import Any
 import yaml
 from jupyter_client.manager import start_new_kernel
 
+from runbook_lib.clients.talosctl import PATCH_CALLS
 from runbook_lib.model.params import Params, validate
 from runbook_lib.sim import cluster, toolserver
 from runbook_lib.sim.state import SimPaths, load_nodes, sim_paths
@@ -52,7 +53,7 @@ from runbook_lib.steps.verify import DRIVER_VERSION_FILE, verify
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results.json"
 TALOS = "v1.12.7"
-READ_PARALLEL = 32  # the library's Talosctl.parallel: the floor reads at the same concurrency
+READ_PARALLEL = PATCH_CALLS  # the library's Talosctl.parallel: the floor reads at the same concurrency
 LOOP_SAMPLE = 20  # nodes the per-node loop really runs on at N > FULL_LOOP_MAX (then extrapolated)
 FULL_LOOP_MAX = 100
 RUN_NODES = 1000
@@ -64,6 +65,7 @@ TARGET_NOTEBOOK_BYTES = 5 * 1024 * 1024
 TARGET_RECORD_PER_NODE = 2048
 TARGET_RSS_MB = 400.0
 TARGET_RUN8 = 1.5
+TARGET_OWN_TIME = 0.10  # issue 16 point 5: the runbook's own time (wall - critical path) <= 10 % of the path
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -699,7 +701,7 @@ def run_figures(results: dict[str, Any], rows: list[tuple[str, str, str, str]], 
         )
         rows.append(
             (
-                f"executed verify notebook, N={RUN_NODES}",
+                f"executed verify notebook, N={RUN_NODES} (Python sim)",
                 f"{nb_bytes / 1024 / 1024:.2f} MB",
                 "≤ 5 MB",
                 "met" if 0 <= nb_bytes <= TARGET_NOTEBOOK_BYTES else "NOT MET",
@@ -707,7 +709,7 @@ def run_figures(results: dict[str, Any], rows: list[tuple[str, str, str, str]], 
         )
         rows.append(
             (
-                f"record.json per node, N={RUN_NODES}",
+                f"record.json per node, N={RUN_NODES} (Python sim)",
                 f"{per_node:.0f} B",
                 "≤ 2 KB",
                 "met" if per_node <= TARGET_RECORD_PER_NODE else "NOT MET",
@@ -715,7 +717,7 @@ def run_figures(results: dict[str, Any], rows: list[tuple[str, str, str, str]], 
         )
         rows.append(
             (
-                f"peak RSS runbook run (+kernel), N={RUN_NODES}",
+                f"peak RSS runbook run + kernels, N={RUN_NODES} (Python sim)",
                 f"{results['peak_rss_mb_n1000']:.0f} MB",
                 "≤ 400 MB",
                 "met" if results["peak_rss_mb_n1000"] <= TARGET_RSS_MB else "NOT MET",
@@ -789,6 +791,17 @@ def run_figures(results: dict[str, Any], rows: list[tuple[str, str, str, str]], 
                 f"{ratio:.1f}x (+{kernel_total:.1f} s kernels)",
                 f"≤ {TARGET_RUN8}x + kernels",
                 "met" if ratio <= TARGET_RUN8 else "NOT MET",
+            )
+        )
+        # Issue 16's stricter form: everything that is not the critical path, kernel start-ups included.
+        own = (wall - critical) / critical if critical else float("inf")
+        results["run8_own_time_ratio"] = round(own, 2)
+        rows.append(
+            (
+                f"runbook's own time ÷ critical path, N={RUN8_NODES}",
+                f"{own:.1f}x ({wall - critical:.1f} s of {wall:.1f} s)",
+                f"≤ {TARGET_OWN_TIME:.2f}x",
+                "met" if own <= TARGET_OWN_TIME else "NOT MET",
             )
         )
 
