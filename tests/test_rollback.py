@@ -398,7 +398,7 @@ def test_the_notebook_call_without_records_names_the_parameter(
 @pytest.mark.slow
 def test_only_the_kubernetes_objects_the_runbook_created_are_removed(tmp_path: Path) -> None:
     """A RuntimeClass ``nvidia`` the cluster had before the run stays; the Helm release the run installed
-    goes (the kubernetes step records what it created in ``data.created``)."""
+    goes (the kubernetes step records what it created in ``data.created``); node labels stay, and are named."""
     with sim_cluster(tmp_path, scenario="gpu-ready", apply=True) as (params, ctx):
         ctx.kube.create_runtime_class("nvidia", "nvidia", dry_run=False)
         installed = kubernetes_layer(ctx, timeout_s=60)
@@ -409,6 +409,10 @@ def test_only_the_kubernetes_objects_the_runbook_created_are_removed(tmp_path: P
         result = rollback(back, evidence=evidence_from_records([record]), poll_interval=0.1)
         assert result.ok and {n.status for n in result.nodes} == {"unchanged"}
         assert result.data["kubernetes"] == ["helm uninstall nvidia-device-plugin -n kube-system"]
+        # what it does not undo is named in the plan, for a person to decide
+        assert any(
+            "label node talos-worker-1 nvidia.com/gpu.present=true" in n for n in result.data["not_undone"]
+        )
         assert back.helm.release("nvidia-device-plugin", "kube-system") is None
         assert back.kube.runtime_class("nvidia") is not None
 

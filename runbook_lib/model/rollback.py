@@ -83,6 +83,9 @@ class Evidence:
     """By node name; only nodes some record changed."""
     kubernetes: list[KubeCreated] = field(default_factory=list)
     kubernetes_missing: list[str] = field(default_factory=list)
+    not_undone: list[str] = field(default_factory=list)
+    """What those runs changed that the rollback does not undo (the device plugin removed before Talos 1.13,
+    namespace and node labels): the plan lists it, for a person to put back if needed."""
 
     def releases(self) -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = []
@@ -192,7 +195,22 @@ def _add_images(
             node.image = FoundImage(name, str(before["version"]), str(schematic) if schematic else None)
 
 
+#: How the kubernetes step words the changes the rollback undoes (``steps.kubernetes``); the others are kept.
+UNDONE = ("helm upgrade --install ", "RuntimeClass nvidia (handler nvidia)")
+
+
+def _add_not_undone(out: Evidence, name: str, steps: dict[str, dict[str, Any]]) -> None:
+    image = steps.get("image") or {}
+    if image.get("applied"):
+        out.not_undone += [f"{name}: {c}" for c in (image.get("data") or {}).get("before_upgrade") or []]
+    kube = steps.get("kubernetes") or {}
+    if kube.get("applied"):
+        changes = (kube.get("data") or {}).get("changes") or []
+        out.not_undone += [f"{name}: {c}" for c in changes if not str(c).startswith(UNDONE)]
+
+
 def _add_kubernetes(out: Evidence, name: str, steps: dict[str, dict[str, Any]]) -> None:
+    _add_not_undone(out, name, steps)
     result = steps.get("kubernetes")
     if not result:
         return

@@ -255,6 +255,9 @@ def _kubernetes_plan(
     ctx: Context, result: StepResult, evidence: Evidence, *, whole_cluster: bool
 ) -> gpu_operator_handover.Leftovers | None:
     """The releases and RuntimeClass the records say the runbook created and that still exist."""
+    if evidence.not_undone:
+        result.data["not_undone"] = evidence.not_undone
+        result.notes.append("not undone, put back by hand if needed: " + "; ".join(evidence.not_undone))
     if not evidence.kubernetes and not evidence.kubernetes_missing:
         return None
     if not whole_cluster:
