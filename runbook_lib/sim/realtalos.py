@@ -32,9 +32,11 @@ from typing import Any
 
 import yaml
 
+from runbook_lib.model.boot_assets import installer_kind
 from runbook_lib.sim import pidfile
 from runbook_lib.sim.state import (
     BASE_SERVICES_WORKER,
+    VANILLA_SCHEMATIC,
     InstalledExtension,
     SimNode,
     atomic_write,
@@ -222,13 +224,21 @@ def _pci_devices(node: SimNode) -> list[dict[str, Any]]:
     return [{"id": bus_id, **spec} for bus_id, spec in pci_specs(node)]
 
 
+def installed_image(node: SimNode) -> str:
+    """The installer the node runs: its ``install_image`` on the stock schematic, else the factory installer of
+    its schematic (scenarios such as ``gpu-ready`` set the schematic and extensions, not ``install_image``)."""
+    if node.schematic_id == VANILLA_SCHEMATIC:
+        return node.install_image
+    return f"factory.talos.dev/{installer_kind(node.talos_version, node.platform)}/{node.schematic_id}:{node.talos_version}"
+
+
 def node_entry(node: SimNode, latency_ms: float) -> dict[str, Any]:
     """One node of simnode's nodes file: derived from its installer image and config (simnode/README.md)."""
     return {
         "name": node.name,
         "address": node.address,
         "talos_version": node.talos_version,
-        "image": node.install_image,
+        "image": installed_image(node),
         "machine_config": yaml.safe_dump_all(node.machine_config, sort_keys=False),
         "services": [{"id": s, "state": "Running", "healthy": True} for s in BASE_SERVICES_WORKER],
         "platform_metadata": {"platform": node.platform, "hostname": node.name},
@@ -250,9 +260,9 @@ def nodes_document(state_dir: Path, nodes: list[SimNode], latency_ms: float) -> 
             "talos_version": node.talos_version,
             "extensions": extension_specs(node.talos_version, node.extensions, node.schematic_id),
         }
-        if images.setdefault(node.install_image, spec) != spec:
+        if images.setdefault(installed_image(node), spec) != spec:
             raise RealTalosError(
-                f"node {node.name}: its image {node.install_image} installs what another node's does not"
+                f"node {node.name}: its image {installed_image(node)} installs what another node's does not"
             )
     entries = [_resume(state_dir, node_entry(n, latency_ms), images) for n in nodes]
     return {"images": images, "nodes": entries}

@@ -145,3 +145,18 @@ def test_a_new_boot_id_is_a_reboot_and_down_is_unreachable(tmp_path: Path) -> No
 def test_without_an_observed_file_the_node_file_stays_the_truth(tmp_path: Path) -> None:
     node = SimNode(name="n", address="10.5.0.3", talos_version="v1.12.7")
     assert realtalos.with_observed(node, tmp_path / "missing.json") == node
+
+
+def test_a_gpu_ready_node_boots_the_factory_installer_of_its_schematic(tmp_path: Path) -> None:
+    """gpu-ready nodes carry the NVIDIA schematic but the stock ``install_image``: simnode must boot them from the
+    factory installer of that schematic (one stock image installing two things was refused before)."""
+    state = tmp_path / "state"
+    nodes = cluster.create(
+        state, cluster.ClusterSpec(workers=2, talos_version="v1.12.7", scenario="gpu-ready")
+    )
+    doc = realtalos.nodes_document(state, nodes, 0)
+    cp, worker = doc["nodes"][0], doc["nodes"][1]
+    assert cp["image"] == "ghcr.io/siderolabs/installer:v1.12.7"
+    assert worker["image"] == f"factory.talos.dev/metal-installer/{nodes[1].schematic_id}:v1.12.7"
+    names = [e["name"] for e in doc["images"][worker["image"]]["extensions"]]
+    assert names == [e.name for e in nodes[1].extensions] + ["schematic"]
