@@ -392,3 +392,38 @@ def test_logs_lines_go_to_their_node_even_when_one_address_prefixes_another() ->
         "10.0.0.10": 'level=warning msg="Could not locate a: not found"\n',
         "10.0.0.1": 'level=info msg="x"\n',
     }
+
+
+# Captured from the real talosctl v1.13.0 (`patch machineconfig --dry-run`, one node) against simnode: the node's
+# refusal is Talos's own config validation (pkg/machinery v1.12.0, a go-multierror nested in the gRPC status),
+# wrapped per node as apid's backend does (simnode's copy of talos@v1.12.0 internal/app/apid/pkg/backend/apid.go
+# BuildError) and printed by the client's own multierror: the nested list is not indented.
+NESTED_REFUSAL = (
+    "patched MachineConfigs.config.talos.dev/v1alpha1 at the node 10.5.0.11\n"
+    "1 error occurred:\n"
+    "\t* 10.5.0.11: rpc error: code = InvalidArgument desc = 1 error occurred:\n"
+    "\t* v1alpha1.Config: 1 error occurred:\n"
+    "\t* kubelet image is not valid: version of Kubernetes 1.36.0 is too new to be used with Talos 1.12.0\n"
+    "\n\n\n\n\n\n"
+)
+
+
+def test_a_nested_validation_error_keeps_its_cause_on_the_node() -> None:
+    """The node's message must carry the cause (the last nested line), not stop at "1 error occurred:"."""
+    refused = PatchCall(("10.5.0.11",), CommandResult(("talosctl",), 1, "", NESTED_REFUSAL, 0.0))
+    errors, _ = refused.outcome()
+    assert errors["10.5.0.11"].endswith(
+        "kubelet image is not valid: version of Kubernetes 1.36.0 is too new to be used with Talos 1.12.0"
+    )
+    assert errors["10.5.0.11"].startswith("rpc error: code = InvalidArgument desc = 1 error occurred:")
+
+
+def test_a_nested_error_ends_where_the_next_node_begins() -> None:
+    two = (
+        NESTED_REFUSAL.replace("\n\n\n\n\n\n", "\n\n\n")
+        + "\t* 10.5.0.12: rpc error: code = Unavailable desc = x\n"
+    )
+    refused = PatchCall(("10.5.0.11", "10.5.0.12"), CommandResult(("talosctl",), 1, "", two, 0.0))
+    errors, _ = refused.outcome()
+    assert errors["10.5.0.12"] == "rpc error: code = Unavailable desc = x"
+    assert "10.5.0.12" not in errors["10.5.0.11"] and errors["10.5.0.11"].endswith("Talos 1.12.0")

@@ -43,6 +43,7 @@ PATCH_CALLS = 8
 #: they save in sequence (100 nodes: chunks of 32 0.21 s, of 8 0.36 s, one call 0.36 s).
 MIN_GET_CHUNK = 32
 _MULTIERROR_HEAD = re.compile(r"^\d+ errors? occurred:$")
+_NESTED_MULTIERROR_HEAD = re.compile(r"(?:^|\s)\d+ errors? occurred:$")
 _Job = TypeVar("_Job")
 _Out = TypeVar("_Out")
 
@@ -232,22 +233,40 @@ class NodeRead:
 
 
 def node_errors(stderr: str, nodes: Iterable[str]) -> dict[str, str]:
-    """Per-node errors from talosctl's aggregated stderr (``N errors occurred:`` + ``\\t* node: msg`` lines)."""
+    """Per-node errors from talosctl's aggregated stderr (``N errors occurred:`` + ``\\t* node: msg`` lines).
+
+    A node's error that is itself a multierror (Talos's config validation: ``… desc = 1 error occurred:``)
+    continues on ``\\t* `` lines naming no node, unindented (go-multierror's list format nests without
+    indenting), until a blank line or the next node: they are its cause, kept on that node.
+    """
     wanted = sorted(set(nodes), key=len, reverse=True)
     errors: dict[str, str] = {}
     current: str | None = None
+    nested = False
     for line in stderr.splitlines():
         stripped = line.strip()
         if stripped.startswith("* "):
             body = stripped[2:]
-            current = next((n for n in wanted if body.startswith(n + ": ")), None)
-            if current is not None:
-                errors[current] = body[len(current) + 2 :]
+            node = next((n for n in wanted if body.startswith(n + ": ")), None)
+            if node is None and current is not None and nested:
+                errors[current] += "\n" + stripped
+            else:
+                current = node
+                if current is not None:
+                    errors[current] = body[len(current) + 2 :]
+            nested = current is not None and _ends_with_multierror_head(errors[current])
         elif current is not None and line.startswith("\t\t"):
             errors[current] += "\n" + stripped
-        elif stripped and not _MULTIERROR_HEAD.match(stripped):
+        elif not stripped:
+            nested = False
+        elif not _MULTIERROR_HEAD.match(stripped):
             current = None
     return errors
+
+
+def _ends_with_multierror_head(message: str) -> bool:
+    """``… desc = 1 error occurred:`` (or a nested line ``v1alpha1.Config: 1 error occurred:``)."""
+    return _NESTED_MULTIERROR_HEAD.search(message) is not None
 
 
 def chunks(items: Sequence[str], size: int) -> list[list[str]]:
