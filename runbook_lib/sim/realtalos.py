@@ -57,6 +57,10 @@ SIMNODE_SRC = ROOT / "simnode"
 #: (simnode/lifecycle.go), so ``upgrade --wait`` sees the new boot (ours, no source).
 REBOOT_MS = 1500
 START_TIMEOUT_S = 60.0
+#: simnode is built on pkg/machinery v1.12.0 (simnode/go.mod): its config validation is Talos 1.12's, which
+#: refuses a 1.13 node's config ("version of Kubernetes 1.36.0 is too new to be used with Talos 1.12.0", seen
+#: with talosctl v1.13.0) and an older node's removed fields (strict decoding).
+SIMNODE_RELEASE = (1, 12)
 
 
 class RealTalosError(ValueError):
@@ -176,6 +180,11 @@ def talosctl_version_for(talos_version: str) -> str:
 def _unsupported(talos_version: str, client: str, scenario: str) -> str:
     if minor_of(talos_version) >= (1, 14) or minor_of(client) >= (1, 14):
         return "Talos 1.14 nodes need talosctl 1.14, which does not build yet"
+    if minor_of(talos_version) != SIMNODE_RELEASE:
+        return (
+            f"simnode checks configs with Talos {SIMNODE_RELEASE[0]}.{SIMNODE_RELEASE[1]}'s machinery, which refuses "
+            f"a {talos_version} node's (real: Talos {SIMNODE_RELEASE[0]}.{SIMNODE_RELEASE[1]} nodes only)"
+        )
     if minor_of(client) != minor_of(talos_version):
         return f"talosctl {client} is not the nodes' release {talos_version} (simnode pairs them)"
     if scenario not in SCENARIOS:

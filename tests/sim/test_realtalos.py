@@ -49,7 +49,7 @@ def test_auto_runs_the_real_talosctl_of_the_nodes_minor_release_when_built(tools
         (
             "v1.13.9",
             "fresh",
-            "no talosctl v1.13.0 built (make tools, or RUNBOOK_SIM_TALOSCTL=real builds it)",
+            "simnode checks configs with Talos 1.12's machinery, which refuses a v1.13.9 node's",
         ),
     ],
 )
@@ -59,6 +59,14 @@ def test_auto_falls_back_to_the_python_talosctl_saying_why(
     choice = realtalos.choose(version, None, scenario)
     assert not choice.real
     assert choice.reason.startswith(f"Python talosctl: {reason}")
+
+
+def test_without_a_built_talosctl_of_the_release_the_python_one_runs(tools: Path) -> None:
+    (tools / "talosctl" / "v1.12.0" / "talosctl").unlink()
+    choice = realtalos.choose("v1.12.7", None, "fresh")
+    assert choice.reason == (
+        "Python talosctl: no talosctl v1.12.0 built (make tools, or RUNBOOK_SIM_TALOSCTL=real builds it)"
+    )
 
 
 def test_a_talosctl_of_another_release_than_the_nodes_falls_back(tools: Path) -> None:
