@@ -263,5 +263,7 @@ def _fault(args: argparse.Namespace) -> int:
             faults.inject(state_dir, args.node, args.fault, value)
     except KeyError:
         raise PermanentError(f"no node {args.node!r} in {state_dir}") from None
+    if args.fault == "unreachable":
+        cluster.sync_talos_faults(state_dir)  # simnode, when it runs the nodes, takes the node down too
     sys.stdout.write(f"{'cleared' if args.clear else 'set'} {args.fault} on {args.node}\n")
     return 0

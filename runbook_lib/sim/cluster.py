@@ -295,6 +295,11 @@ def talos_mode() -> str:
     return realtalos.mode()
 
 
+def sync_talos_faults(state_dir: Path) -> bool:
+    """simnode (when it runs this cluster's nodes) takes nodes down or back as their ``unreachable`` fault says."""
+    return realtalos.sync_faults(state_dir)
+
+
 def stop_talos(state_dir: Path) -> bool:
     """Stop the cluster's simnode (``runbook sim down``); True if one was running."""
     return realtalos.stop(state_dir)

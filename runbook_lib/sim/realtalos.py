@@ -344,12 +344,19 @@ def _resolver_script(state_dir: Path) -> str:
     )
 
 
+#: simnode's -time-factor when ``RUNBOOK_SIM_TIME_SCALE`` is unset: at 1 an upgrade keeps a node up ~40 s
+#: (installer pull and install, simnode/lifecycle.go), over 2 minutes for the demo's 3 nodes; at 0.05 it is 2 s
+#: and a boot waiting on a service fails after 3.5 min instead of 70.
+DEFAULT_TIME_FACTOR = 0.05
+
+
 def time_factor() -> float:
-    """simnode's -time-factor: ``RUNBOOK_SIM_TIME_SCALE`` (the Python simulator's scale of Talos's durations)."""
+    """simnode's -time-factor: ``RUNBOOK_SIM_TIME_SCALE`` (the Python simulator's scale of Talos's durations),
+    else ``DEFAULT_TIME_FACTOR``."""
     try:
-        value = float(os.environ.get("RUNBOOK_SIM_TIME_SCALE", "1"))
+        value = float(os.environ.get("RUNBOOK_SIM_TIME_SCALE", DEFAULT_TIME_FACTOR))
     except ValueError:
-        return 1.0
+        return DEFAULT_TIME_FACTOR
     return min(max(value, 1e-6), 1.0)
 
 
@@ -465,6 +472,51 @@ def up(
         shutil.rmtree(paths(state_dir).dir, ignore_errors=True)  # no stale observed state for the kubelet
         record(state_dir, choice)
     return choice
+
+
+# ---------------------------------------------------------------- faults switched while it runs
+
+#: ``runbook sim fault NODE unreachable VALUE`` as simnode's ``down`` (its dial errors: simnode/README.md).
+#: ``timeout`` (a black-holed host) has no simnode equivalent yet: it is refused there as no-route-to-host.
+DOWN_KINDS = {"refused": "connection-refused", "no_route": "no-route-to-host", "timeout": "no-route-to-host"}
+SYNC_TIMEOUT_S = 10.0
+
+
+def down_kind(node: SimNode) -> str:
+    value = node.faults.get("unreachable")
+    if value is None or value is False:
+        return ""
+    return DOWN_KINDS.get(str(value), "connection-refused")
+
+
+def sync_faults(state_dir: Path) -> bool:
+    """Make simnode take nodes down or bring them back as their ``unreachable`` fault says (nodes file +
+    SIGHUP), and wait until each node's observed file shows it; False when no simnode runs here."""
+    p = paths(state_dir)
+    recorded_pid = pidfile.read(p.pid)
+    if recorded_pid is None or not _is_simnode(recorded_pid[0], recorded_pid[1], state_dir):
+        return False
+    wanted = {n.name: down_kind(n) for n in load_nodes(state_dir)}
+    doc = json.loads(p.nodes.read_text())
+    for entry in doc["nodes"]:
+        entry["down"] = wanted.get(entry["name"], "")
+    atomic_write(p.nodes, json.dumps(doc))
+    os.kill(recorded_pid[0], signal.SIGHUP)
+    deadline = time.monotonic() + SYNC_TIMEOUT_S
+    while not all(_observed_down(state_dir, name) == down for name, down in wanted.items()):
+        if time.monotonic() > deadline:
+            raise RealTalosError(
+                f"simnode did not apply the faults within {SYNC_TIMEOUT_S:.0f} s (log: {p.log})"
+            )
+        time.sleep(0.05)
+    return True
+
+
+def _observed_down(state_dir: Path, name: str) -> str:
+    try:
+        return str(json.loads(observed_file(state_dir, name).read_text()).get("down") or "")
+    except (OSError, ValueError):
+        return "?"
 
 
 # ---------------------------------------------------------------- what the kubelet reads

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.sim.test_real_talosctl import Sim, build, start_simnode
+from tests.sim.test_real_talosctl import Sim, build, start_simnode, unavailable
 from tests.sim.test_real_talosctl_lifecycle import (
     IMAGES,
     MODULES,
@@ -244,6 +244,21 @@ def test_sim_up_runs_the_real_talosctl_and_sim_down_stops_simnode(tmp_path: Path
         )
         assert version.returncode == 0, version.stderr
         assert "Tag:         v1.12.7" in version.stdout  # the node's release, from simnode
+        fault = runbook(env, "sim", "fault", "--state", str(state), "gpu-worker-2", "unreachable", "no_route")
+        assert fault.returncode == 0, fault.stderr
+        dead = subprocess.run(
+            [str(talosctl), "--talosconfig", str(state / "talosconfig"), "-n", "10.5.0.12", "version"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert dead.returncode == 1 and unavailable("10.5.0.12") in dead.stderr  # simnode's dial error
+        cleared = runbook(
+            env, "sim", "fault", "--state", str(state), "--clear", "gpu-worker-2", "unreachable"
+        )
+        assert cleared.returncode == 0, cleared.stderr
+        assert json.loads((state / "simnode" / "observed" / "gpu-worker-2.json").read_text())["booted"]
         status = runbook(env, "sim", "status", "--state", str(state))
         assert f"talosctl:    real talosctl {TALOS} against simnode" in status.stdout
         pid = int((state / "simnode.pid").read_text().split()[0])
