@@ -235,24 +235,13 @@ def test_sim_up_runs_the_real_talosctl_and_sim_down_stops_simnode(tmp_path: Path
         assert f"({'real talosctl ' + TALOS} against simnode)" in up.stdout
         talosctl = state / "bin" / "talosctl"
         assert talosctl.resolve().parent.name == TALOS  # the cached real binary
-        version = subprocess.run(
-            [str(talosctl), "--talosconfig", str(state / "talosconfig"), "-n", "10.5.0.11", "version"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        sim = Sim(talosctl, state / "talosconfig")
+        version = sim.run("-n", "10.5.0.11", "version")
         assert version.returncode == 0, version.stderr
         assert "Tag:         v1.12.7" in version.stdout  # the node's release, from simnode
         fault = runbook(env, "sim", "fault", "--state", str(state), "gpu-worker-2", "unreachable", "no_route")
         assert fault.returncode == 0, fault.stderr
-        dead = subprocess.run(
-            [str(talosctl), "--talosconfig", str(state / "talosconfig"), "-n", "10.5.0.12", "version"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        dead = sim.run("-n", "10.5.0.12", "version")
         assert dead.returncode == 1 and unavailable("10.5.0.12") in dead.stderr  # simnode's dial error
         cleared = runbook(
             env, "sim", "fault", "--state", str(state), "--clear", "gpu-worker-2", "unreachable"
