@@ -28,7 +28,7 @@ from runbook_lib.notebook import records
 from runbook_lib.notebook.lock import LOCKS_ENV
 from runbook_lib.notebook.runner import StepOutcome, _journal_record, select_steps
 from runbook_lib.notebook.steps import GATES, RESULT_FILE_ENV, ROLLBACK, run_step
-from runbook_lib.sim import factory, patching
+from runbook_lib.sim import factory, patching, realtalos
 from runbook_lib.sim.cluster import ClusterSpec, create
 from runbook_lib.sim.faults import clear, inject
 from runbook_lib.sim.state import VANILLA_SCHEMATIC, load_node
@@ -458,3 +458,22 @@ def test_approve_in_jupyterlab_rolls_back_and_seals_an_interactive_record(
     assert main(["records", "verify", "--dir", str(root)]) == 0
     assert all("nvidia" not in json.dumps(docs) for docs in configs.values())
     assert {load_node(state, n.name).schematic_id for n in ctx.params.nodes} == {VANILLA_SCHEMATIC}
+
+
+@pytest.mark.slow
+def test_the_real_talosctl_against_simnode_takes_the_removal_patches_and_the_way_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ``$patch: delete`` removal patches through the real talosctl v1.12.0 into simnode, which patches with
+    Talos's own machinery (pkg/machinery v1.12.0): the format is Talos's, not only our simulator's."""
+    if realtalos.cached_talosctl("v1.12.0") is None or realtalos.cached_simnode() is None:
+        pytest.skip("the real talosctl v1.12.0 and simnode are not built (make tools builds them)")
+    monkeypatch.setenv(realtalos.MODE_ENV, "real")
+    env = ["--records", str(tmp_path / "records"), "--state", str(tmp_path / "sim"), "--no-progress"]
+    assert main(["run", "-p", PARAMS, "--steps", "config-patch,image", "--apply", *env]) == 0
+    assert main(["rollback", "-p", PARAMS, "--from", "latest", "--apply", *env]) == 0
+    done = records.load_record(records.resolve(tmp_path / "records", None))
+    assert done["versions"]["talosctl"] == "v1.12.0" and done["outcome"] == "changed"
+    assert [c["exit_code"] for c in done["changes"]] == [0] * 6  # an upgrade and a removal patch per node
+    assert main(["run", "-p", PARAMS, "--steps", "config-patch", *env]) == 0  # the patch is planned again
+    assert records.load_record(records.resolve(tmp_path / "records", None))["outcome"] == "planned"
