@@ -260,6 +260,15 @@ def test_the_image_comes_back_before_the_modules_patch_and_a_node_still_on_it_ke
     assert [w for w, a in _calls(ctx) if a == ADDRESS["talos-worker-2"]] == ["upgrade"]
     assert "nvidia" in _modules(ctx, "talos-worker-2")
     assert load_node(sim, "talos-worker-2").schematic_id != VANILLA_SCHEMATIC
+    # fixed and run again, the rollback resumes: only the node left goes back
+    clear(sim, "talos-worker-2")
+    again = _ctx(sim)
+    resumed = rollback(
+        again, evidence=evidence_from_records([record]), settle_timeout=30.0, poll_interval=0.1
+    )
+    assert [resumed.node(n).status for n in WORKERS[:2]] == ["unchanged", "changed"]
+    assert [w for w, _a in _calls(again)] == ["upgrade", "patch"]
+    assert "nvidia" not in _modules(again, "talos-worker-2")
 
 
 @pytest.mark.slow
