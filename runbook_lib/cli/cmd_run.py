@@ -212,11 +212,12 @@ def _bring_up(params: Params, state_dir: Path, scenario: str, files: _SimLeases,
     try:
         info = sim_cluster.start_daemon(state_dir)
         spec = sim_cluster.spec_from_params(params)
-        sim_cluster.start_talos(state_dir, spec, sim_state.load_nodes(state_dir))  # real talosctl when built
+        talos = sim_cluster.start_talos(state_dir, spec, sim_state.load_nodes(state_dir))  # real when built
     except (RuntimeError, ValueError) as exc:
         sim_cluster.stop_talos(state_dir)
         sim_cluster.stop_daemon(state_dir)
         raise PermanentError(str(exc)) from None
+    sys.stderr.write(f"simulated Talos nodes: {talos.reason}\n")
     files.started.write_text(str(info.get("pid")), encoding="utf-8")
 
 
