@@ -23,6 +23,7 @@ from tests.sim.test_real_talosctl import Sim, build, start_simnode, unavailable
 from tests.sim.test_real_talosctl_lifecycle import (
     IMAGES,
     MODULES,
+    NVIDIA,
     NVIDIA_ID,
     REBOOT_MS,
     TALOS,
@@ -252,3 +253,34 @@ def test_sim_up_runs_the_real_talosctl_and_sim_down_stops_simnode(tmp_path: Path
         down = runbook(env, "sim", "down", "--state", str(state))
     assert down.returncode == 0 and "simulator stopped" in down.stdout
     assert not Path(f"/proc/{pid}").exists() or "simnode" not in Path(f"/proc/{pid}/cmdline").read_text()
+
+
+def test_the_file_follows_a_hung_boot_and_its_rollback(tmp_path: Path) -> None:
+    """An upgrade to the NVIDIA image without the modules in the config: the boot waits on
+    ext-nvidia-persistenced (observed: the new image, not booted) until BootTimeout (70 min x 0.005 = 21 s
+    here), then the node rolls back (observed: the image it ran before, booted)."""
+    talosctl = build("build-talosctl.sh", TALOS)
+    plain, _ = worker_configs(talosctl, tmp_path)
+    node: dict[str, Any] = {
+        "name": "hang",
+        "address": APPLY,
+        "talos_version": TALOS,
+        "image": VANILLA,
+        "machine_config": plain,
+    }
+    node |= {"services": [{"id": "apid", "state": "Running", "healthy": True}], "reboot_ms": REBOOT_MS}
+    state = tmp_path / "state"
+    flags = ("-time-factor", "0.005")
+    proc = start_simnode(build("build-simnode.sh"), state, {"nodes": [node], "images": IMAGES}, *flags)
+    try:
+        obs = Observed(Sim(talosctl, state / "talosconfig"), state, proc, tmp_path)
+        upgrade = obs.sim.run("-n", APPLY, "upgrade", "--image", NVIDIA, "--wait=false")
+        assert upgrade.returncode == 0, upgrade.stderr
+        hung = obs.when("hang", lambda n: n["image"] == NVIDIA and "down" not in n)
+        assert hung["booted"] is False
+        assert {s["id"]: s["state"] for s in hung["services"]}["ext-nvidia-persistenced"] == "Waiting"
+        back = obs.when("hang", lambda n: n["image"] == VANILLA and n["booted"])
+        assert [e["name"] for e in back["extensions"]] == ["schematic"] and back["boot_id"] != hung["boot_id"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
