@@ -94,9 +94,55 @@ def _handler(pod: dict[str, Any], handlers: dict[str, str], node: SimNode) -> st
 
 
 def wanted_gpus(node: SimNode, plugin_pods: list[dict[str, Any]], handlers: dict[str, str]) -> int:
-    """How many GPUs the node advertises: all of them while a working device plugin runs there, else none."""
-    running = [p for p in plugin_pods if (p.get("spec") or {}).get("nodeName") == node.name]
+    """How many GPUs the node advertises: all of them while a working device plugin runs there, else none
+    (a plugin container in back-off has not registered yet, even once NVML would initialise)."""
+    running = [p for p in plugin_pods if (p.get("spec") or {}).get("nodeName") == node.name and _ready(p)]
     return len(node.gpus) if any(nvml_initialises(node, _handler(p, handlers, node)) for p in running) else 0
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def backoff_seconds(restarts: int) -> float:
+    """The kubelet's crash-loop back-off before restart ``restarts + 1``: 10 s doubling up to 5 min
+    (kubernetes@v1.35.0 pkg/kubelet/kubelet.go: ``backOffPeriod`` 10 s, ``MaxContainerBackOff`` 300 s)."""
+    return float(min(10 * 2**restarts, 300))
+
+
+def _container_status(pod: dict[str, Any], name: str, restarts: int, crash: Outcome | None) -> dict[str, Any]:
+    """A crash-looping container (waiting in CrashLoopBackOff after it exited, or after the runtime could not
+    start it: exit code 128, reason StartError, the runtime's message) or, without ``crash``, a running one."""
+    image = next(c.get("image", "") for c in pod["spec"]["containers"] if c["name"] == name)
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    status: dict[str, Any] = {"name": name, "image": image, "imageID": "", "restartCount": restarts}
+    if crash is not None:
+        wait = f"back-off {int(backoff_seconds(restarts))}s restarting failed container={name} pod={pod['metadata']['name']}_{pod['metadata']['namespace']}({pod['metadata']['uid']})"
+        status |= {
+            "ready": False,
+            "started": False,
+            "state": {"waiting": {"reason": "CrashLoopBackOff", "message": wait}},
+        }
+        last: dict[str, Any] = {"exitCode": crash.exit_code or 1, "reason": "Error"}
+        if crash.start_error:
+            last = {"exitCode": 128, "reason": "StartError", "message": crash.start_error}
+        status["lastState"] = {"terminated": {**last, "startedAt": now, "finishedAt": now}}
+    else:
+        status |= {"ready": True, "started": True, "state": {"running": {"startedAt": now}}}
+    return status
+
+
+def _readiness(pod: dict[str, Any], ready: bool) -> list[dict[str, Any]]:
+    """The pod's conditions with Ready and ContainersReady set (the others as they are)."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    kept = [
+        c
+        for c in (pod.get("status") or {}).get("conditions") or []
+        if c.get("type") not in ("Ready", "ContainersReady")
+    ]
+    value = {"status": "True"} if ready else {"status": "False", "reason": "ContainersNotReady"}
+    return kept + [{"type": t, "lastTransitionTime": now, **value} for t in ("ContainersReady", "Ready")]
 
 
 def _runs_to_completion(pod: dict[str, Any]) -> bool:
@@ -156,6 +202,8 @@ class NodeAgent:
     def __init__(self, state_dir: Path, kubeconfig: Path, logs: Logs, interval: float = 0.5) -> None:
         self.state_dir = state_dir
         self.logs = logs
+        self._restarts: dict[str, tuple[int, float]] = {}
+        """Crash-looping plugin containers by pod uid: (restarts so far, monotonic time of the next restart)."""
         self.core = api(kubeconfig)
         self.nodes_api = client.NodeV1Api(self.core.api_client)
         self.interval = interval
@@ -193,7 +241,35 @@ class NodeAgent:
             want = wanted_gpus(node, plugin_pods, handlers)
             if node.name in current and current[node.name] != want:
                 self._advertise(node.name, want)
-        self._complete(pods, {n.name: n for n in nodes}, handlers)
+        by_name = {n.name: n for n in nodes}
+        self._complete(pods, by_name, handlers)
+        for pod in plugin_pods:
+            on = by_name.get((pod.get("spec") or {}).get("nodeName", ""))
+            if on is not None:
+                self._plugin(pod, on, _handler(pod, handlers, on))
+
+    def _plugin(self, pod: dict[str, Any], node: SimNode, handler: str) -> None:
+        """The device plugin exits 1 where NVML does not initialise (its ``fail-on-init-error`` defaults to
+        true: NVIDIA/k8s-device-plugin@v0.18.0 cmd/nvidia-device-plugin/main.go), so the kubelet restarts it
+        with back-off; at each restart it runs again against the node's state as it is then."""
+        container = next(c for c in pod["spec"]["containers"] if c["name"] == PLUGIN_CONTAINER)
+        outcome = program(pod, container, NodeView(node, runtime(node), ""), handler, 1)
+        meta = pod["metadata"]
+        self.logs.put(meta["namespace"], meta["name"], PLUGIN_CONTAINER, outcome.log)
+        restarts, due = self._restarts.get(meta["uid"], (-1, 0.0))
+        crashing = outcome.exit_code is not None or outcome.start_error is not None
+        if time.monotonic() < due or (not crashing and restarts < 0):
+            return  # in back-off, or running fine since it started
+        if crashing:
+            restarts += 1
+            self._restarts[meta["uid"]] = (restarts, time.monotonic() + backoff_seconds(restarts))
+        else:
+            del self._restarts[meta["uid"]]
+            restarts += 1  # this restart is the one that works
+        crash = outcome if crashing else None
+        status = {"containerStatuses": [_container_status(pod, PLUGIN_CONTAINER, max(restarts, 0), crash)]}
+        status["conditions"] = _readiness(pod, not crashing)
+        self.core.patch_namespaced_pod_status(meta["name"], meta["namespace"], {"status": status})
 
     def _complete(
         self, pods: list[dict[str, Any]], nodes: dict[str, SimNode], handlers: dict[str, str]

@@ -283,6 +283,9 @@ def _start_simkube(
 
 
 def _start_kwok(tools: Tools, kubeconfig: Path, logs: Path) -> subprocess.Popen[bytes]:
+    """kwok for every node, renewing each node's Lease as a kubelet does (``nodeLeaseDurationSeconds`` 40,
+    the kubelet's default): without renewals the node lifecycle controller marks the nodes NotReady, and
+    their pods not ready, 40 s after they register (kube-controller-manager ``--node-monitor-grace-period``)."""
     out = open(os.open(logs / "kwok.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb")  # noqa: SIM115
     with out:
         return subprocess.Popen(
@@ -293,6 +296,7 @@ def _start_kwok(tools: Tools, kubeconfig: Path, logs: Path) -> subprocess.Popen[
                 "--config",
                 str(tools.stages),
                 "--manage-all-nodes",
+                "--node-lease-duration-seconds=40",
             ],
             stdin=subprocess.DEVNULL,
             stdout=out,

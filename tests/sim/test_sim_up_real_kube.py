@@ -91,38 +91,49 @@ def test_kubernetes_step_installs_the_served_chart_and_gpus_follow_the_nodes_sta
 ) -> None:
     """Real helm installs our nvidia-device-plugin 0.18.0 from the simulator's repository into the real API
     server; kwok runs its DaemonSet's pods; the node agent advertises nvidia.com/gpu on the two nodes whose
-    modules are loaded, never on the third (its device plugin cannot initialise NVML)."""
+    modules are loaded, never on the third: there the nvidia runtime's hook finds no driver, so the plugin
+    container never starts and crash-loops with the runtime's error in its last state (where the container
+    does start without NVML, the plugin exits 1 instead: its fail-on-init-error defaults to true,
+    NVIDIA/k8s-device-plugin@v0.18.0 cmd/nvidia-device-plugin/main.go)."""
     state, info = three_gpu_nodes
     ctx = context(state, ["talos-worker-1", "talos-worker-2", "talos-worker-3"])
     assert ctx.plan.helm.repo_url == info["charts"]
     assert ctx.kube.server_version() == "v1.35.0"  # the real API server, not the Python one
-    result = kubernetes_layer(ctx, apply=True, timeout_s=45)
+    result = kubernetes_layer(ctx, apply=True, timeout_s=30)
+    added = [list(e.argv[1:5]) for e in ctx.journal.entries if list(e.argv[1:3]) == ["repo", "add"]]
+    assert added == [["repo", "add", "nvdp", info["charts"]]]
     release = ctx.helm.release("nvidia-device-plugin", "kube-system")
-    assert release is not None and (release.chart, release.status) == (
-        "nvidia-device-plugin-0.18.0",
-        "deployed",
-    )
+    # deployed, or failed when helm's --wait saw the third pod crash before it saw all three ready
+    assert release is not None and release.chart == "nvidia-device-plugin-0.18.0"
     by_node = {n.node: n for n in result.nodes}
-    assert [
+    ok = [
         (by_node[n].status, by_node[n].data["allocatable_gpus"]) for n in ("talos-worker-1", "talos-worker-2")
-    ] == [
-        ("ok", 1),
-        ("ok", 1),
     ]
-    assert by_node["talos-worker-3"].status == "failed"
-    assert by_node["talos-worker-3"].message == "no allocatable nvidia.com/gpu after 45 s"
-    plugin_pods = ctx.kube.core.list_namespaced_pod(
-        "kube-system", label_selector="app.kubernetes.io/instance=nvidia-device-plugin"
-    ).items
-    running = sorted(p.spec.node_name for p in plugin_pods if p.status.phase == "Running")
-    assert running == ["talos-worker-1", "talos-worker-2", "talos-worker-3"]  # it runs there, without NVML
-    commands = [e.argv[1:4] for e in ctx.journal.entries if e.argv]
-    assert ("repo", "add", "nvdp") in [tuple(c) for c in commands]
+    assert ok == [("ok", 1), ("ok", 1)]
+    assert (by_node["talos-worker-3"].status, by_node["talos-worker-3"].message) == (
+        "failed",
+        "no allocatable nvidia.com/gpu after 30 s",
+    )
+    (crashing,) = [
+        p
+        for p in ctx.kube.core.list_namespaced_pod(
+            "kube-system", label_selector="app.kubernetes.io/instance=nvidia-device-plugin"
+        ).items
+        if p.spec.node_name == "talos-worker-3"
+    ]
+    status = crashing.status.container_statuses[0]
+    assert status.state.waiting.reason == "CrashLoopBackOff"
+    # Talos 1.12's toolkit runs the legacy nvidia-container-cli hook, which fails without the driver
+    # (containerd's words as kubelet.py's _gpu_access writes them: no source found for the exact text).
+    assert status.last_state.terminated.reason == "StartError"
+    assert "nvidia-container-cli: initialization error: nvml error: driver not loaded" in (
+        status.last_state.terminated.message
+    )
 
 
 def test_gpus_appear_once_the_modules_are_loaded(three_gpu_nodes: tuple[Path, dict[str, Any]]) -> None:
-    """The agent follows the node's Talos state: loading the modules (what the config-patch step does) makes
-    the third node advertise its GPU with the device plugin already running there."""
+    """The agent follows the node's Talos state: once the modules are loaded (what the config-patch step
+    does), the crash-looping device plugin comes up at its next restart and the node advertises its GPU."""
     state, _ = three_gpu_nodes
     ctx = context(state, ["talos-worker-3"])
     assert not kubernetes_layer(ctx, apply=True, timeout_s=10).ok
@@ -130,7 +141,7 @@ def test_gpus_appear_once_the_modules_are_loaded(three_gpu_nodes: tuple[Path, di
         modules = v1alpha1_doc(good.machine_config)["machine"]["kernel"]["modules"]
     with locked_node(state, "talos-worker-3") as sim:
         v1alpha1_doc(sim.machine_config)["machine"]["kernel"]["modules"] = modules
-    again = kubernetes_layer(ctx, apply=True, timeout_s=60)
+    again = kubernetes_layer(ctx, apply=True, timeout_s=120)  # the plugin recovers at its next restart
     assert again.ok, again.to_dict()
     assert again.nodes[0].data["allocatable_gpus"] == 1
 
