@@ -12,7 +12,6 @@ import (
 	"github.com/cosi-project/runtime/pkg/safe"
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
 	"github.com/siderolabs/talos/pkg/machinery/config"
-	"github.com/siderolabs/talos/pkg/machinery/config/configdiff"
 	"github.com/siderolabs/talos/pkg/machinery/config/configloader"
 	"github.com/siderolabs/talos/pkg/machinery/config/container"
 	"github.com/siderolabs/talos/pkg/machinery/constants"
@@ -92,7 +91,7 @@ func (s *machineServer) resolveMode(in *machine.ApplyConfigurationRequest, cfg c
 
 	switch in.Mode { //nolint:exhaustive
 	case machine.ApplyConfigurationRequest_TRY, machine.ApplyConfigurationRequest_NO_REBOOT:
-		if err := canApplyImmediate(s.node.activeConfig(), cfg); err != nil {
+		if err := canApplyImmediate(s.node.bootState().version, s.node.activeConfig(), cfg); err != nil {
 			return "", "", "", status.Error(codes.InvalidArgument, err.Error())
 		}
 
@@ -100,7 +99,7 @@ func (s *machineServer) resolveMode(in *machine.ApplyConfigurationRequest, cfg c
 	case machine.ApplyConfigurationRequest_STAGED:
 		modeDetails = "Staged configuration to be applied after the next reboot"
 	case machine.ApplyConfigurationRequest_AUTO:
-		if err := canApplyImmediate(s.node.activeConfig(), cfg); err != nil {
+		if err := canApplyImmediate(s.node.bootState().version, s.node.activeConfig(), cfg); err != nil {
 			in.Mode = machine.ApplyConfigurationRequest_REBOOT
 			modeErr = ": " + err.Error()
 		} else {
@@ -121,7 +120,7 @@ func (s *machineServer) dryRun(mode machine.ApplyConfigurationRequest_Mode, mode
 		return nil, status.Error(codes.FailedPrecondition, "simnode: this node has no machine_config in the nodes file")
 	}
 
-	diff, err := configdiff.DiffToString(current, cfg)
+	diff, err := configDiff(s.node.bootState().version, current, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("failed to generate diff: %w", err)
 	}
@@ -172,7 +171,7 @@ func (s *machineServer) apply(ctx context.Context, in *machine.ApplyConfiguratio
 // differ from the active one only in the sections that apply without a reboot.
 //
 //nolint:staticcheck // the deprecated fields are compared as machined compares them
-func canApplyImmediate(current, next config.Provider) error {
+func canApplyImmediate(tag string, current, next config.Provider) error {
 	if current == nil {
 		return errors.New("no current config")
 	}
@@ -209,7 +208,7 @@ func canApplyImmediate(current, next config.Provider) error {
 	}
 
 	if !reflect.DeepEqual(currentConfig, newConfig) {
-		diff, err := configdiff.DiffToString(container.NewV1Alpha1(currentConfig), container.NewV1Alpha1(newConfig))
+		diff, err := configDiff(tag, container.NewV1Alpha1(currentConfig), container.NewV1Alpha1(newConfig))
 		if err != nil {
 			return fmt.Errorf("error calculating diff: %w", err)
 		}

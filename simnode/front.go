@@ -41,6 +41,8 @@ var streamedMethods = []string{
 	"/machine.MachineService/Kubeconfig", "/machine.MachineService/List", "/machine.MachineService/Logs",
 	"/machine.MachineService/PacketCapture", "/machine.MachineService/Read", "/os.OSService/Dmesg",
 	"/cluster.ClusterService/HealthCheck",
+	// Talos 1.13 (talos@v1.13.0:internal/app/apid/service.go:84-101).
+	"/machine.MachineService/DebugContainer", "/machine.LifecycleService/Install", "/machine.LifecycleService/Upgrade",
 }
 
 func newRouter(local proxy.Backend, backends *backendSet) *router {

@@ -108,11 +108,20 @@ func (n *simNode) upgrade(actorID, image string) {
 // with context.Background()).
 func (n *simNode) reboot() { n.rebootAs("") }
 
-// rebootAs runs the reboot sequence up to stopAllServices and power-cycles the node into the image it runs.
+// rebootAs runs the reboot sequence up to stopAllServices and power-cycles the node into the image it runs, or
+// into the one a LifecycleService upgrade installed, keeping the running one to roll back to.
 func (n *simNode) rebootAs(actorID string) {
 	n.runSequence(actorID, "reboot", rebootPhases)
+
+	b := n.bootState()
+	image, previous := b.image, ""
+
+	if b.next != "" {
+		image, previous = b.next, b.image
+	}
+
 	n.powerOff()
-	n.powerOn(n.bootState().image, "")
+	n.powerOn(image, previous)
 	n.runBoot()
 }
 

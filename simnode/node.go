@@ -41,12 +41,16 @@ type simNode struct {
 	boot      bootInfo
 	services  []ServiceSpec     // what ServiceList answers
 	files     map[string]string // derived files (the driver's version file), before the nodes file's "files"
+
+	// pulls are the images in the node's containerd store (ImageService.Pull, lifecycle113.go).
+	pulls map[string]struct{}
 }
 
 // bootInfo is what the running boot is: its installer image (the nodes file's "image", then upgrades), the
 // release it runs, the image a failed boot rolls back to, and the kernel's boot_id.
 type bootInfo struct {
 	image, version, previous, bootID string
+	next                             string // installed for the next boot (LifecycleService.Upgrade); "": image
 }
 
 func newSimNode(ctx context.Context, spec *NodeSpec, catalog *imageCatalog, factor float64) (*simNode, error) {
@@ -148,6 +152,7 @@ func (n *simNode) start() {
 	lis := bufconn.Listen(1 << 20)
 	srv := grpc.NewServer(latency(time.Duration(n.spec.LatencyMS) * time.Millisecond)...)
 	machine.RegisterMachineServiceServer(srv, &machineServer{node: n})
+	registerLifecycleAPI(srv, n, n.bootState().version)
 	cosiapi.RegisterStateServer(srv, server.NewState(n.state))
 
 	go srv.Serve(lis) //nolint:errcheck // ends when the server stops

@@ -357,7 +357,8 @@ def test_unregistered_resource_type_is_not_found(sim: Sim) -> None:
                 "talos_version": TALOS,
                 "machine_config": "version: v1alpha1\nmachine:\n  kernal: {}\n",
             },
-            'node gpu-x (10.5.0.3): "machine_config": unknown keys found during decoding',
+            # simnode decodes with pkg/machinery v1.13's loader, which names the document (configloader)
+            'node gpu-x (10.5.0.3): "machine_config": error decoding document /v1alpha1/ (line 1): unknown keys found',
         ),
     ],
 )
@@ -613,8 +614,8 @@ def test_patch_no_reboot_refuses_a_reboot_change_and_staged_keeps_it_for_later(
 def test_talosctl_1_13_reads_and_dry_runs_against_simnode(apply_sim: tuple[Sim, Path]) -> None:
     """The 1.13 client speaks the same API for these calls: version, get, and patch --dry-run all work.
 
-    simnode serves pkg/machinery v1.12.0's API and resource definitions whatever talos_version a node reports;
-    1.13-only APIs (LifecycleService upgrade) are not served yet.
+    simnode serves pkg/machinery v1.13.0's API and resource definitions whatever talos_version a node reports, except
+    the 1.13-only services (ImageService, LifecycleService), which only nodes reporting 1.13 or later serve.
     """
     sim, patches = apply_sim
     client = Sim(build("build-talosctl.sh", "v1.13.0"), sim.talosconfig)
