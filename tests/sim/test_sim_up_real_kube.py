@@ -326,3 +326,44 @@ def test_cuda_test_runs_its_pods_on_kwok_and_reads_nvidia_smi_through_the_api_se
         assert result.data["pods_deleted"] == 8
     finally:
         down(state)
+
+
+def test_runbook_run_applies_every_step_on_the_real_control_plane_and_a_second_run_changes_nothing(
+    tools: realkube.Tools, tmp_path: Path
+) -> None:
+    """Issue 15's first "done when" for Talos 1.12: after ``runbook sim up -p params/simulated.yaml`` (fresh
+    nodes, the real control plane), ``runbook run --apply`` passes all six steps (the device plugin from the
+    served repository by the real helm, the CUDA pods on kwok with their logs through the real API server),
+    and a second run finds nothing to change."""
+    state, records = tmp_path / "sim", tmp_path / "records"
+    params = str(ROOT / "params" / "simulated.yaml")
+    try:
+        started = runbook("sim", "up", "-p", params, "--state", str(state), mode="real")
+        assert started.returncode == 0, started.stderr
+        run = [
+            "run",
+            "-p",
+            params,
+            "--apply",
+            "--state",
+            str(state),
+            "--records",
+            str(records),
+            "--no-progress",
+        ]
+        first = runbook(*run, mode="real")
+        assert first.returncode == 0, first.stdout + first.stderr
+        steps = [line.split()[:2] for line in first.stdout.splitlines()[:6]]
+        assert steps == [
+            ["preflight", "ok"],
+            ["config-patch", "changed"],
+            ["image", "changed"],
+            ["verify", "ok"],
+            ["kubernetes", "changed"],
+            ["cuda-test", "ok"],
+        ], first.stdout
+        second = runbook(*run, mode="real")
+        assert second.returncode == 0, second.stdout + second.stderr
+        assert "nothing changed on the cluster" in second.stdout
+    finally:
+        runbook("sim", "down", "--state", str(state), mode="real")
