@@ -18,6 +18,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import TypeVar
 
@@ -95,15 +96,19 @@ class PatchCall:
         Each node it reaches prints ``patched … at the node X`` and the apply result (the dry-run summary
         and diff), or ``Apply was skipped: no changes detected.`` (which names no node: ``None``).
         """
-        reports: list[tuple[str | None, str]] = []
+        return list(self._reports)
+
+    @cached_property
+    def _reports(self) -> tuple[tuple[str | None, str], ...]:
+        """Parsed once per call: the step asks each node's details, and a chunk holds up to 125 nodes."""
+        reports: list[tuple[str | None, list[str]]] = []
         for line in self.output.splitlines():
             match = _PATCHED_LINE.match(line.strip())
             if match or line.strip() == _SKIPPED_LINE:
-                reports.append((match.group(1) if match else None, ""))
+                reports.append((match.group(1) if match else None, []))
             elif reports:
-                node, details = reports[-1]
-                reports[-1] = (node, details + line + "\n")
-        return reports
+                reports[-1][1].append(line + "\n")
+        return tuple((node, "".join(lines)) for node, lines in reports)
 
     def outcome(self) -> tuple[dict[str, str], dict[str, str]]:
         """(failed node -> error, untouched node -> the node talosctl stopped at) for this call.
@@ -175,16 +180,18 @@ class PatchResult:
 
     def details_of(self, node: str) -> str:
         """What talosctl printed after ``node``'s ``patched`` line (e.g. whether it applied "with a reboot")."""
-        return next(
-            (
-                details
-                for call in self.calls
-                if node in call.nodes
-                for n, details in call.reports()
-                if n == node
-            ),
-            "",
-        )
+        return self._details.get(node, "")
+
+    @cached_property
+    def _details(self) -> dict[str, str]:
+        """Each node's details, from the first call given that node that printed its line (parsed once: asked
+        for every node, a scan of every call per node cost 0.9 s of CPU on 1,000 nodes)."""
+        details: dict[str, str] = {}
+        for call in self.calls:
+            for node, text in call.reports():
+                if node is not None and node in call.nodes:
+                    details.setdefault(node, text)
+        return details
 
 
 def patch_chunk_size(nodes: int, calls: int = PATCH_CALLS) -> int:
