@@ -4,6 +4,10 @@ Why its own command and not a step of ``runbook run``: a normal run must never u
 rollback undoes is named by change records (``--from RECORD``), not by a step.  The records are resolved
 and checked (sealed, intact, of this cluster) before the simulator starts or a tool runs, so a wrong name is
 exit 2 with nothing done; their paths become ``rollback.records``, which the record of the rollback keeps.
+
+Why only ``--apply`` approves it, never ``apply: true`` in the parameters or a ``--set``: the parameter file
+is the one ``runbook run`` applies from (a CI file may well say ``apply: true``), and the README's plan command
+``runbook rollback -p FILE --from RECORD`` would otherwise undo every GPU node it names.
 """
 
 from __future__ import annotations
@@ -18,6 +22,11 @@ from runbook_lib.notebook.rollback_records import load_evidence, record_path
 from runbook_lib.notebook.steps import ROLLBACK
 
 from . import cmd_run
+
+_NOT_APPROVED = (
+    "runbook rollback: apply: true in the parameters (file or --set) does not approve a rollback: "
+    "planning only (add --apply to roll back)\n"
+)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -52,12 +61,15 @@ def _rollback(args: argparse.Namespace) -> int:
     params_file: str = args.params or "params/simulated.yaml"
     values = {"rollback.records": [str(record_path(ref, root)) for ref in args.from_records]}
     # the records are checked now: a wrong one is exit 2 before the simulator starts or a tool runs
-    load_evidence(load_params(params_file, args.overrides, values), root)
+    params = load_params(params_file, args.overrides, values)
+    load_evidence(params, root)
+    if params.apply and not args.apply:
+        sys.stderr.write(_NOT_APPROVED)
     state_dir = cmd_run._state_dir(args.state)
     outcome = runner.run(
         params_file,
         steps=[ROLLBACK.name],
-        apply=True if args.apply else None,
+        apply=bool(args.apply),  # only --apply approves a rollback (module docstring)
         overrides=args.overrides,
         values=values,
         records_root=root,
