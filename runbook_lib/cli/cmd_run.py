@@ -26,7 +26,7 @@ from runbook_lib.model.params import Params
 from runbook_lib.notebook import interrupts, lock, records, runner
 from runbook_lib.notebook.steps import STEP_NAMES, journal_file
 from runbook_lib.sim import cluster as sim_cluster
-from runbook_lib.sim import scenarios
+from runbook_lib.sim import realkube, scenarios
 from runbook_lib.sim import state as sim_state
 from runbook_lib.steps.context import SIM_STATE_ENV
 
@@ -202,6 +202,7 @@ def _bring_up(params: Params, state_dir: Path, scenario: str, files: _SimLeases,
             f"({others[0]}); nothing was started",
             hint="wait for that run to finish, or give this run its own --state DIR",
         )
+    realkube.stop(state_dir)
     sim_cluster.stop_daemon(state_dir)
     if not matches:
         try:
@@ -210,10 +211,11 @@ def _bring_up(params: Params, state_dir: Path, scenario: str, files: _SimLeases,
             raise PermanentError(str(exc)) from None
         sys.stderr.write(f"simulated cluster created in {state_dir} (scenario {scenario})\n")
     try:
-        info = sim_cluster.start_daemon(state_dir)
+        info = realkube.start_servers(state_dir)  # the real Kubernetes control plane when built
         spec = sim_cluster.spec_from_params(params)
         talos = sim_cluster.start_talos(state_dir, spec, sim_state.load_nodes(state_dir))  # real when built
     except (RuntimeError, ValueError) as exc:
+        realkube.stop(state_dir)
         sim_cluster.stop_talos(state_dir)
         sim_cluster.stop_daemon(state_dir)
         raise PermanentError(str(exc)) from None
@@ -229,6 +231,7 @@ def _stop_if_a_run_started_it(state_dir: Path, files: _SimLeases) -> None:
     except FileNotFoundError:
         return
     if mark == str(sim_cluster.daemon_pid(state_dir)):
+        realkube.stop(state_dir)
         sim_cluster.stop_talos(state_dir)
         sim_cluster.stop_daemon(state_dir)
     files.started.unlink(missing_ok=True)

@@ -16,8 +16,8 @@ from typing import Any
 
 from runbook_lib.errors import PermanentError
 from runbook_lib.model.params import load_params
-from runbook_lib.sim import cluster, daemon, faults, realkube, scenarios, toolserver
-from runbook_lib.sim.state import default_state_dir, load_cluster, sim_paths
+from runbook_lib.sim import cluster, faults, realkube, scenarios, toolserver
+from runbook_lib.sim.state import default_state_dir, sim_paths
 
 
 def _state(args: argparse.Namespace) -> Path:
@@ -132,7 +132,7 @@ def _up(args: argparse.Namespace) -> int:
     endpoints: dict[str, Any] = {}
     if not args.no_daemon:
         try:
-            endpoints = _start_servers(state_dir)
+            endpoints = realkube.start_servers(state_dir)
         except (RuntimeError, ValueError) as exc:
             raise PermanentError(str(exc)) from None
     talos = "" if args.no_daemon else f" ({_start_talos(state_dir, spec, nodes)})"
@@ -162,21 +162,6 @@ def _up(args: argparse.Namespace) -> int:
         + "\n"
     )
     return 0
-
-
-def _start_servers(state_dir: Path) -> dict[str, Any]:
-    """The daemon (Image Factory, tool server) and the Kubernetes side: the real control plane when it is
-    chosen (``realkube.choose``), else the daemon's Python API server. A failed start stops what started."""
-    tools = realkube.choose(str(load_cluster(state_dir)["kubernetes_version"]))
-    if tools is None:
-        return cluster.start_daemon(state_dir)
-    endpoints = cluster.start_daemon(state_dir, rooms=[room for room in daemon.ROOMS if room != "kube"])
-    try:
-        info = realkube.start(state_dir, tools)
-    except RuntimeError:
-        cluster.stop_daemon(state_dir)
-        raise
-    return endpoints | {"kube": info["kube"], "charts": info["charts"]}
 
 
 def _start_talos(state_dir: Path, spec: cluster.ClusterSpec, nodes: list[Any]) -> str:

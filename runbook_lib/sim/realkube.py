@@ -235,6 +235,24 @@ def stop(state_dir: Path, timeout: float = 90.0) -> bool:
     return True
 
 
+def start_servers(state_dir: Path) -> dict[str, Any]:
+    """The simulator daemon (Image Factory, tool server) and the Kubernetes side: the real control plane when
+    it is chosen (``choose``), else the daemon's Python API server; the endpoints. What `runbook sim up` and
+    `runbook run` start; a failed start stops what started."""
+    from runbook_lib.sim import cluster, daemon  # noqa: PLC0415 - cluster's own imports would be circular
+
+    tools = choose(str(load_cluster(state_dir)["kubernetes_version"]))
+    if tools is None:
+        return cluster.start_daemon(state_dir)
+    endpoints = cluster.start_daemon(state_dir, rooms=[room for room in daemon.ROOMS if room != "kube"])
+    try:
+        info = start(state_dir, tools)
+    except RuntimeError:
+        cluster.stop_daemon(state_dir)
+        raise
+    return endpoints | {"kube": info["kube"], "charts": info["charts"]}
+
+
 # ---------------------------------------------------------------- the supervisor
 
 

@@ -367,3 +367,20 @@ def test_runbook_run_applies_every_step_on_the_real_control_plane_and_a_second_r
         assert "nothing changed on the cluster" in second.stdout
     finally:
         runbook("sim", "down", "--state", str(state), mode="real")
+
+
+def test_runbook_run_starts_the_real_control_plane_itself_and_stops_it(
+    tools: realkube.Tools, tmp_path: Path
+) -> None:
+    """Without ``sim up``, ``runbook run`` on ``target: simulated`` brings the simulator up with the real
+    control plane (the kubernetes step's plan adds the simulator's own chart repository with the real helm)
+    and, having started it, stops all of it."""
+    state, records = tmp_path / "sim", tmp_path / "records"
+    params = str(ROOT / "params" / "simulated.yaml")
+    args = ["run", "-p", params, "--steps", "kubernetes", "--state", str(state), "--records", str(records)]
+    run = runbook(*args, "--no-progress", mode="real")
+    assert run.returncode == 0, run.stdout + run.stderr
+    (result,) = records.glob("*/results/kubernetes.json")
+    assert '"repo", "add", "nvdp", "http://127.0.0.1:' in " ".join(result.read_text().split())
+    assert realkube.supervisor_pid(state) is None
+    assert not [p for p in Path("/proc").glob("[0-9]*") if str(state) in _cmdline(p)]
