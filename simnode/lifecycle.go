@@ -10,7 +10,6 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/api/common"
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
 	"github.com/siderolabs/talos/pkg/machinery/constants"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
 
@@ -69,16 +68,17 @@ func (s *machineServer) Upgrade(ctx context.Context, in *machine.UpgradeRequest)
 		return nil, fmt.Errorf("error validating installer image %q: %w", in.GetImage(), err)
 	}
 
-	if in.GetStage() {
-		return nil, status.Error(codes.Unimplemented, "simnode: staged upgrades are not simulated")
-	}
-
 	if err := s.node.pause(ctx, s.node.duration(s.node.spec.PullMS, installerPull)); err != nil {
 		return nil, err
 	}
 
 	actorID := newUUID()
-	go s.node.upgrade(actorID, in.GetImage())
+
+	if in.GetStage() {
+		go s.node.stagedUpgrade(actorID, in.GetImage())
+	} else {
+		go s.node.upgrade(actorID, in.GetImage())
+	}
 
 	return &machine.UpgradeResponse{Messages: []*machine.Upgrade{{Ack: "Upgrade request received", ActorId: actorID}}}, nil
 }
@@ -100,6 +100,20 @@ func (n *simNode) upgrade(actorID, image string) {
 
 	current := n.bootState().image
 	n.powerOff()
+	n.powerOn(image, current)
+	n.runBoot()
+}
+
+// stagedUpgrade is Upgrade with stage: machined records the image in META (v1alpha1_server.go:525-560) and runs
+// the stageUpgrade sequence, the reboot's phases (v1alpha1_sequencer.go:367-390). The next boot runs the install
+// sequence before apid starts (talos@v1.12.0:internal/app/machined/main.go:263-271; v1alpha1_sequencer.go:151-188):
+// it installs the staged image and reboots into it, so the API stays down across both reboots and the install.
+func (n *simNode) stagedUpgrade(actorID, image string) {
+	n.runSequence(actorID, "stageUpgrade", rebootPhases)
+
+	current := n.bootState().image
+	n.powerOff()
+	time.Sleep(n.rebootDelay() + n.duration(n.spec.InstallMS, installDefault)) // the first reboot, the install
 	n.powerOn(image, current)
 	n.runBoot()
 }

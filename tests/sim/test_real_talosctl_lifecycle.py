@@ -106,6 +106,7 @@ ROLES = {
     "tails": ("10.5.2.10", VANILLA, True),
     "life113": ("10.5.2.11", VANILLA_13, True),
     "drain113": ("10.5.2.12", VANILLA_13, True),
+    "staged": ("10.5.2.13", VANILLA, True),
 }
 
 
@@ -161,7 +162,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             "services": BASE_SERVICES,
             "reboot_ms": REBOOT_MS,
         }
-        | (EARLY_EVENTS if role in ("upgrade", "client113") else {})
+        | (EARLY_EVENTS if role in ("upgrade", "client113", "staged") else {})
         for role, (address, image, modules) in ROLES.items()
     ]
     state = tmp / "state"
@@ -670,4 +671,24 @@ def test_a_1_13_upgrade_with_drain_installs_then_fails_fetching_the_kubeconfig(c
     assert "waiting for actor ID" not in proc.stderr
     assert "nvidia-open-gpu-kernel-modules-lts" not in extension_names(sim, node)
     assert sim.run("-n", node, "reboot").returncode == 0
+    assert "nvidia-open-gpu-kernel-modules-lts" in extension_names(sim, node)
+
+
+def test_a_staged_upgrade_reboots_installs_before_the_api_starts_and_boots_the_new_image(
+    cluster: Cluster,
+) -> None:
+    """--stage (talos@v1.12.0:internal/app/machined/internal/server/v1alpha1/v1alpha1_server.go:525-560): machined
+    records the image in META and runs the stageUpgrade sequence, the reboot's phases (v1alpha1_sequencer.go:367-390),
+    with no upgrade phase of its own; the next boot runs the install sequence before apid starts
+    (internal/app/machined/main.go:263-271, v1alpha1_sequencer.go:151-188), which installs the image and reboots into
+    it. The tracker sees the node go down and come back on the new image."""
+    sim, node = cluster.sim, cluster.addr("staged")
+    before = boot_id(sim, node)
+    proc = sim.run("-n", node, "upgrade", "--image", NVIDIA, "--stage", "--wait", "--timeout", "60s")
+    assert proc.returncode == 0, proc.stderr
+    lines = tracker_lines(proc.stderr, node)
+    assert "sequence: stageUpgrade action: START" in lines
+    assert "phase: upgrade action: START" not in lines
+    assert settled(lines)[-1] == "post check passed"
+    assert boot_id(sim, node) != before
     assert "nvidia-open-gpu-kernel-modules-lts" in extension_names(sim, node)
