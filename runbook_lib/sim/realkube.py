@@ -253,6 +253,23 @@ def start_servers(state_dir: Path) -> dict[str, Any]:
     return endpoints | {"kube": info["kube"], "charts": info["charts"]}
 
 
+def describe(state_dir: Path) -> str:
+    """One line for ``runbook sim status``: which Kubernetes serves this cluster, its components and versions."""
+    pid = supervisor_pid(state_dir)
+    if pid is None:
+        return f"the daemon's Python API server ({MODE_ENV}=real: the real control plane)"
+    try:
+        info = json.loads(_paths(state_dir)["info"].read_text())
+        kubernetes = load_cluster(state_dir).get("kubernetes_version", "?")
+    except (OSError, ValueError):
+        return f"real control plane starting (supervisor pid {pid})"
+    alive = [name for name, p in info.get("components", {}).items() if pidfile.start_time(int(p)) is not None]
+    return (
+        f"real control plane v{kubernetes} (supervisor pid {pid}: {', '.join(alive) or 'no component running'}; "
+        f"kwok {KWOK_VERSION}; kubectl 1.35.2 and helm 4.1.4 in bin/; logs in {_paths(state_dir)['logs']})"
+    )
+
+
 # ---------------------------------------------------------------- the supervisor
 
 

@@ -243,6 +243,9 @@ def test_sim_up_starts_the_real_control_plane_and_sim_down_stops_it(
         charts = json.loads((state / "endpoints.json").read_text())["charts"]
         assert f"charts:      {charts}" in started.stdout
         kubectl = [str(state / "bin" / "kubectl"), "--kubeconfig", str(state / "kubeconfig")]
+        status = runbook("sim", "status", "--state", str(state), mode="real").stdout
+        assert "kubernetes:  real control plane v1.35.0 (supervisor pid " in status
+        assert ": etcd, kube-apiserver, kube-controller-manager, kube-scheduler; kwok v0.8.0;" in status
         version = json.loads(
             subprocess.run(
                 [*kubectl, "version", "-o", "json"], capture_output=True, text=True, check=True
