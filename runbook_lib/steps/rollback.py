@@ -159,6 +159,9 @@ def _plan_nodes(
         res.data["records"] = sorted(
             {r for r, _d in found.patches} | ({found.image.record} if found.image else set())
         )
+        if found.address != node.address:
+            _refuse(res, node, _moved(node, found))
+            continue
         state = states[node.address]
         problem = found.missing or [errors.get(node.address) or state.error or ""]
         if found.missing or node.address in errors or state.error or node.address not in configs:
@@ -179,6 +182,17 @@ def _plan_nodes(
         res.message = _summary(plan)
         todo.append(plan)
     return todo, results
+
+
+def _moved(node: Node, found: NodeEvidence) -> str:
+    """Why a node whose name sits at another address than in the records is refused: the records are of
+    another cluster that has the same name, or the names moved to other machines.  Either way the machine
+    the parameters name is not the one the records changed, and reading it would report the runbook's
+    changes as already undone while the machine they were made on keeps them."""
+    return (
+        f"the records show {node.name} at {found.address}, the parameters at {node.address}: "
+        "not the machine they changed (a record of another cluster with the same name?)"
+    )
 
 
 def _node_plan(
