@@ -33,12 +33,19 @@ from .proc import CommandResult, Runner, is_transient
 #: to.  ``get`` and ``patch`` chunks are smaller, see :func:`get_chunk_size` and :func:`patch_chunk_size`.
 DEFAULT_CHUNK = 250
 #: At most this many talosctl processes at once in one fan-out (per-node ``read``, ``get`` and ``patch`` chunks;
-#: ``Talosctl.parallel``), and the number of chunks a ``get`` or ``patch`` is split into.  Why 8 and not 32: each
-#: real talosctl is a Go process of ~25 MB private memory (86 MB RSS with the shared binary) that spends ~25 ms of
-#: CPU per call on start-up and mTLS, so on the 2-core benchmark machine 8 at once already keep both cores busy
-#: (1,000 ``read`` calls: same wall time at 8 and 32 at once, benchmarks/README.md), and 32 at once would hold
-#: ~0.8 GB against the 1 GB budget of the whole process tree (issue 16).
-PATCH_CALLS = 8
+#: ``Talosctl.parallel``), and the number of chunks a ``patch`` is split into.  Why 16 (32 until 1 Dec 2026):
+#: each real talosctl is a Go process of ~15 MB of its own memory (72-86 MB RSS with the shared binary) that
+#: spends ~25 ms of CPU per call on start-up and mTLS, so on 2 cores a few at once keep both cores busy when
+#: nodes answer fast (1,000 ``read`` calls with the real talosctl at 2 ms latency: 35.9 s at 8 at once, 37.3 s
+#: at 32), and latency needs more: at 50 ms per call 8 at once left verify latency-bound (1,000 reads x ~80 ms
+#: / 8 = 10 s; verify on the Python simulator took 27.7 s against 8.1 s at 32), 16 at once (5 s) is under the
+#: CPU the reads need.  And memory: verify at 1,000 nodes keeps ~40 talosctl alive at once, 591 MB PSS, next
+#: to ~400 MB for the runbook and its kernels in the 1 GB budget of the process tree (issue 16).
+PATCH_CALLS = 16
+#: Chunks a ``get`` is split into on a big fleet (:func:`get_chunk_size`): verify runs three ``get`` kinds at
+#: once next to the reads, so fewer, longer chunks hold fewer processes for the same time (1,000 nodes in
+#: chunks of 128: 1.76 s, of 256: 1.73 s).
+GET_CALLS = 4
 #: Smallest ``get`` chunk: a real talosctl ``get`` visits its ``-n`` nodes one after another (~3.5 ms each at
 #: 2 ms latency), and a process costs ~25 ms of CPU, so chunks under ~32 nodes spend more on processes than
 #: they save in sequence (100 nodes: chunks of 32 0.21 s, of 8 0.36 s, one call 0.36 s).
@@ -100,7 +107,7 @@ class PatchCall:
 
     @cached_property
     def _reports(self) -> tuple[tuple[str | None, str], ...]:
-        """Parsed once per call: the step asks each node's details, and a chunk holds up to 125 nodes."""
+        """Parsed once per call: the step asks each node's details, and a chunk holds dozens of nodes."""
         reports: list[tuple[str | None, list[str]]] = []
         for line in self.output.splitlines():
             match = _PATCHED_LINE.match(line.strip())
@@ -195,23 +202,25 @@ class PatchResult:
 
 
 def patch_chunk_size(nodes: int, calls: int = PATCH_CALLS) -> int:
-    """Nodes per patch call so that ``nodes`` take at most ``calls`` calls (8 -> 1 each, 1,000 -> 125).
+    """Nodes per patch call so that ``nodes`` take at most ``calls`` calls (16 -> 1 each, 1,000 -> 63).
 
     A patch costs the node more than a read (~14 ms a node in one dry-run call at 2 ms latency), so even small
-    lists are split: 100 nodes as chunks of 13 took 0.56 s, of 4 (32 calls) 0.90 s, one call 1.23 s.
+    lists are split.  Dry run with the real talosctl on simnode, ``get`` then ``patch`` per chunk, chunks at
+    once: 100 nodes in chunks of 8: 1.46 s, 16: 1.36 s, 32: 1.29 s, one call: 2.12 s; 1,000 nodes in chunks
+    of 32: 9.2 s, 64: 8.3 s, 128: 8.5 s, 256: 10.1 s (benchmarks/bench_real_talosctl.py).
     """
     return max(1, -(-nodes // max(1, calls)))
 
 
-def get_chunk_size(nodes: int, calls: int = PATCH_CALLS) -> int:
+def get_chunk_size(nodes: int, calls: int = GET_CALLS) -> int:
     """Nodes per ``get`` call: ``nodes`` in about ``calls`` chunks, none under :data:`MIN_GET_CHUNK` nodes.
 
     Why a function of the fleet size: the real ``get`` is sequential over its nodes (COSI calls are
     one-to-one through apid, reality-gaps.md §2 row 3), so one call over 1,000 nodes takes 1,000 round trips
     in a row (3.7 s), while each extra chunk is one more process.  Measured with the real talosctl v1.12.0
     against simnode (2 ms latency, 2 cores; benchmarks/bench_real_talosctl.py): ``get extensions`` over 1,000
-    nodes in chunks of 32: 2.5 s, 64: 1.6 s, 125: 1.3 s, 250 (the former fixed size): 1.4 s, one call: 3.7 s;
-    over 100 nodes chunks of 25-50 were fastest (0.21 s).  10 nodes -> one call, 100 -> 32, 1,000 -> 125.
+    nodes in chunks of 16: 3.0 s, 32: 2.6 s, 64: 1.9 s, 128: 1.8 s, 256: 1.7 s, one call: 3.7 s; over 100
+    nodes chunks of 32 were fastest (0.31 s; one call 0.42 s).  10 nodes -> one call, 100 -> 32, 1,000 -> 250.
     """
     return max(MIN_GET_CHUNK, -(-nodes // max(1, calls)))
 
@@ -332,7 +341,7 @@ class Talosctl:
         if namespace:
             args += ["--namespace", namespace]
         fan = FanOut()
-        size = min(self.chunk_size, get_chunk_size(len(nodes), self.parallel))
+        size = min(self.chunk_size, get_chunk_size(len(nodes)))
         for part in concurrently(
             lambda group: self._get_chunk(args, group), chunks(list(nodes), size), self.parallel
         ):
@@ -479,7 +488,7 @@ class Talosctl:
         (benchmarks/bench_fleet.py, "patch dry-run"; the 8-node ``runbook run --apply``).  Every node list
         is therefore split into chunks of ``ceil(total / parallel)`` nodes (:func:`patch_chunk_size`), all
         chunks of all patches run concurrently, and at most ``parallel`` talosctl processes run at once: 8
-        nodes are 8 single-node calls, 1,000 nodes are 8 calls of 125.  Splitting does not widen a change: only the nodes
+        nodes are 8 single-node calls, 1,000 nodes are 16 calls of 63.  Splitting does not widen a change: only the nodes
         given here are patched, and the caller's rollout batches decide which those are.  It does mean that
         every node given is attempted (talosctl's stop-at-the-first-failure now holds within one chunk
         only), which is what a batch means; :meth:`PatchCall.outcome` tells patched, failed and untouched
