@@ -387,3 +387,31 @@ def test_runbook_run_starts_the_real_control_plane_itself_and_stops_it(
     assert '"repo", "add", "nvdp", "http://127.0.0.1:' in " ".join(result.read_text().split())
     assert realkube.supervisor_pid(state) is None
     assert not [p for p in Path("/proc").glob("[0-9]*") if str(state) in _cmdline(p)]
+
+
+def test_without_the_toolkit_pods_of_runtime_class_nvidia_get_no_sandbox(
+    tools: realkube.Tools, tmp_path: Path
+) -> None:
+    """On the toolkit-missing node (kernel modules, no container toolkit, so no ``nvidia`` runtime handler)
+    the device plugin never starts, so no GPU, and the CUDA pods stay Pending with containerd's sandbox error,
+    which the cuda-test step diagnoses (model/diagnosis.py: the toolkit extension is missing)."""
+    state = tmp_path / "sim"
+    up(state, tools, 2, "toolkit-missing")
+    try:
+        data = {
+            "cluster": "real-kube",
+            "target": "simulated",
+            "talos_version": TALOS,
+            "nodes": [{"name": "talos-worker-2", "address": "10.5.0.4"}],
+            "cuda_test": {"timeout_seconds": 20, "vectoradd_image": None, "request_gpu": False},
+        }
+        ctx = connect(validate(data, source="test"), state_dir=state)
+        layer = kubernetes_layer(ctx, apply=True, timeout_s=20)
+        assert [n.data["allocatable_gpus"] for n in layer.nodes] == [0]
+        result = cuda_test(ctx, apply=True)
+        (check,) = result.nodes[0].checks
+        assert not check.ok and check.message.startswith("pod still Pending after 20 s")
+        assert 'no runtime for "nvidia" is configured' in check.evidence
+        assert "toolkit" in (check.cause + check.fix).lower()
+    finally:
+        down(state)
