@@ -26,7 +26,7 @@ from runbook_lib.model.rollback import evidence_from_records
 from runbook_lib.notebook import records
 from runbook_lib.notebook.gates import ApprovalGate
 from runbook_lib.notebook.lock import LOCKS_ENV
-from runbook_lib.notebook.runner import cluster_lock
+from runbook_lib.notebook.runner import StepOutcome, cluster_lock
 from runbook_lib.sim.state import VANILLA_SCHEMATIC, load_node, load_nodes
 from runbook_lib.steps.context import connect
 from runbook_lib.steps.results import StepResult
@@ -295,3 +295,93 @@ def test_a_rollback_with_apply_is_refused_while_another_run_changes_the_cluster(
         evidence
     ]
     assert not state.exists()  # the simulator was not even created
+
+
+def test_a_forged_record_that_breaks_the_chain_is_no_evidence_for_a_rollback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Someone who can write the records folder copies a record, edits where the nodes were "found" (any
+    version and schematic the Image Factory serves) and writes a fresh ``SHA256SUMS``.  The copy is intact on
+    its own, but ``records verify`` names it as inserted; before, ``runbook rollback --from`` took it as
+    evidence and planned every node's downgrade to it.  The README promises records "sealed, intact and of
+    this cluster, or nothing runs"."""
+    root, state = tmp_path / "records", tmp_path / "sim"
+    params = load_params(PARAMS)
+    genuine = records.create_record_dir(root, params.cluster)
+    records.seal(genuine, {"cluster": params.cluster, "outcome": "changed", "params": params.public_dict()})
+    forged = root / genuine.name.replace(genuine.name[:8], "29991231")
+    shutil.copytree(genuine, forged)
+    data = records.load_record(forged)
+    data["record"] = forged.name
+    (forged / "record.json").write_text(json.dumps(data, indent=1))
+    (forged / "SHA256SUMS").unlink()
+    records.write_manifest(forged)
+    assert records.verify_record(forged) == []  # intact on its own ...
+    assert any(p.startswith(f"{forged.name}: ") for p in records.verify(root))  # ... but not in the chain
+    capsys.readouterr()
+    env = ["--records", str(root), "--state", str(state), "--no-progress"]
+    assert main(["rollback", "-p", str(PARAMS), "--from", forged.name, *env]) == 2
+    err = capsys.readouterr().err
+    assert f"rollback.records: {forged.name} is not intact" in err and "inserted record" in err
+    assert sorted(p.name for p in root.iterdir() if p.is_dir()) == sorted([genuine.name, forged.name])
+    assert main(["rollback", "-p", str(PARAMS), "--from", genuine.name, *env]) == 2  # the chain is broken
+
+
+def test_the_record_of_a_rollback_is_refused_as_evidence_with_the_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A rollback's record holds ``talosctl upgrade`` calls and ``$patch: delete`` patches, not where the runbook
+    found the nodes.  Named in ``--from`` (say, with every record of the cluster), every node was refused with
+    "the record does not say what sysctl … was before" and "upgraded but the record lacks its image before",
+    and told to "name the record that changed it": the reason must be that it is a rollback's record."""
+    root = tmp_path / "records"
+    params = load_params(PARAMS)
+    undo = records.create_record_dir(root, params.cluster)
+    step = {"name": "rollback", "status": "changed", "result": {"step": "rollback", "nodes": []}}
+    record = {
+        "cluster": params.cluster,
+        "outcome": "changed",
+        "steps_requested": ["rollback"],
+        "steps": [step],
+    }
+    records.seal(undo, {**record, "params": params.public_dict()})
+    capsys.readouterr()
+    env = ["--records", str(root), "--state", str(tmp_path / "sim"), "--no-progress"]
+    assert main(["rollback", "-p", str(PARAMS), "--from", undo.name, *env]) == 2
+    err = capsys.readouterr().err
+    assert f"rollback.records: {undo.name} is the record of a rollback" in err
+    assert not (tmp_path / "sim").exists()  # refused before the simulator started
+
+
+@pytest.mark.slow
+def test_the_rollback_logs_its_batches_for_the_front_page_timeline(sim: Path, tmp_path: Path) -> None:  # noqa: F811
+    """The rollback rolls out in the ``rollout`` batches like the image and config-patch steps, but logged no
+    batch: its record's front page said it was "a record from before the steps logged their rollout batches,
+    or a step interrupted" and drew no batch, although the rollback had finished.  Now each batch is logged
+    (canary 1, then 2) and drawn."""
+    record = _patch_and_upgrade(sim, WORKERS[:3])
+    nodes = [{"name": name, "address": ADDRESS[name]} for name in WORKERS]
+    data = {"cluster": "sim-gpu", "talos_version": "v1.12.7", "nodes": nodes, "track": "lts", "apply": True}
+    params = validate({**data, "rollout_concurrency": 2, "rollout": {"canary": 1}}, source="test")
+    result = rollback(
+        connect(params, state_dir=sim), evidence=evidence_from_records([record]), poll_interval=0.1
+    )
+    assert result.ok, result.summary()
+    path = records.create_record_dir(tmp_path / "records", "sim-gpu")
+    step = StepOutcome("rollback", "07-rollback.ipynb", result.status, result=result.to_dict()).to_record()
+    records.seal(path, {"cluster": "sim-gpu", "outcome": "changed", "steps": [step], "changes": []})
+    page = (path / "index.html").read_text(encoding="utf-8")
+    assert "has no per-batch entries" not in page
+    assert "batch 1/2 · 1 node: talos-worker-1 · " in page
+    assert "batch 2/2 · 2 nodes: talos-worker-2, talos-worker-3 · " in page
+
+
+def test_the_rollback_notebooks_overrides_cannot_approve_it() -> None:
+    """07-rollback.ipynb passes its ``apply`` parameter (False unless papermill or the person sets it) next to
+    ``overrides``: an ``apply=true`` among the overrides, or in the parameter file, must not win over it, so
+    the cell plans and only the Approve button (or ``apply = True`` itself) changes the cluster."""
+    from runbook_lib.notebook.steps import load
+
+    records_set = 'rollback.records=["20261201T193219Z-sim-gpu-f505a407"]'
+    assert load(str(PARAMS), apply=False, overrides=["apply=true", records_set]).apply is False
+    assert load(str(PARAMS), apply=True, overrides=["apply=false", records_set]).apply is True

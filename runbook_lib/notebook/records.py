@@ -802,6 +802,19 @@ def check(root: Path, expect: Iterable[str] = ()) -> Chain:
     return chain
 
 
+def chain_problems(path: Path) -> list[str]:
+    """What breaks the chain around one sealed record in its folder (inserted, re-sealed, renamed, a
+    forged first record), as :func:`verify` names it, from the ``previous`` links only.
+
+    Why: a copy of a record with edited contents and a fresh manifest is intact on its own
+    (:func:`verify_record`); only the chain shows it was never sealed there.  The links are read quickly
+    (the head of each record.json), so this costs little in a folder of fleet runs.
+    """
+    with _reading(path.parent):
+        chain = read_chain(path.parent, quick=True)
+    return [problem for problem in chain.problems if path.name in problem]
+
+
 def verify(root: Path) -> list[str]:
     """Every problem in the records directory; an empty list means intact (aborted runs are not problems)."""
     return check(root).problems

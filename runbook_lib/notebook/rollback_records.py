@@ -2,7 +2,9 @@
 
 Why here and not in the step: records are this layer's (``records``: sealing, manifests); the step gets the
 evidence already read.  Why the checks: a record is evidence only while its seal holds (an edited
-``record.json`` could point the rollback at any image), and only for the cluster it was made on.  Every
+``record.json`` could point the rollback at any image) and its place in the chain holds (a copy re-sealed
+with a fresh manifest is intact on its own: ``records verify`` names it as inserted), and only for the
+cluster it was made on.  Every
 problem names the parameter and the record, and nothing runs (exit 2 from the CLI).
 """
 
@@ -36,13 +38,19 @@ def record_path(ref: str, root: Path) -> Path:
 
 def checked_record(path: Path, cluster: str) -> dict[str, Any]:
     """``record.json`` of a sealed, intact record of ``cluster``; anything else is an error naming it."""
-    problems = records.verify_record(path)
+    problems = records.verify_record(path) or records.chain_problems(path)
     if problems:
         raise PermanentError(
             f"{PARAMETER}: {path.name} is not intact ({problems[0]}): it cannot serve as evidence",
             hint="`runbook records verify` names every problem; roll back from intact records only",
         )
     data = records.load_record(path)
+    if any(step.get("name") == "rollback" for step in records.listed(data, "steps")):
+        raise PermanentError(
+            f"{PARAMETER}: {path.name} is the record of a rollback: it undid changes and does not say where "
+            "the runbook found the nodes",
+            hint="name the records of the runs that changed the nodes (`runbook records list`)",
+        )
     if data.get("cluster") != cluster:
         raise PermanentError(
             f"{PARAMETER}: {path.name} is a record of cluster {data.get('cluster')!r}, not {cluster!r}",

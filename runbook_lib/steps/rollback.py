@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from runbook_lib.clients.talosctl import upgrade_flags
 from runbook_lib.errors import PermanentError, RunbookError
@@ -52,7 +53,7 @@ from runbook_lib.model.versions import TalosVersion
 from . import gpu_operator_handover, image_risks
 from .context import Context
 from .image import MAX_PARALLEL_UPGRADES, NodeState, read_states
-from .patch import pause_before, read_configs, rollout_schedule, wait_for_nodes
+from .patch import log_batch, pause_before, read_configs, rollout_schedule, wait_for_nodes
 from .results import Check, NodeResult, StepResult
 
 Progress = Callable[[int, int], None]
@@ -131,7 +132,8 @@ def rollback(
             )
         return result.finish()
     timeout = settle_timeout or float(ctx.params.timeouts.node_ready_seconds)
-    _roll_out(ctx, schedule, todo, results, progress, timeout=timeout, interval=poll_interval)
+    log = result.data.setdefault("rollout", [])
+    _roll_out(ctx, schedule, todo, results, progress, timeout=timeout, interval=poll_interval, log=log)
     return result.finish()
 
 
@@ -333,8 +335,10 @@ def _roll_out(
     *,
     timeout: float,
     interval: float,
+    log: list[dict[str, Any]],
 ) -> None:
-    """The schedule's batches until the failure budget is used up; later batches are left untouched."""
+    """The schedule's batches until the failure budget is used up; later batches are left untouched.  Each
+    batch run goes to ``log`` (``patch.log_batch``: the record's front page draws the batches)."""
     failed = done = 0
     for index, batch in enumerate(schedule.batches(todo)):
         if schedule.exhausted(failed):
@@ -345,7 +349,9 @@ def _roll_out(
                 )
             continue
         pause_before(schedule, index)
+        started = time.time()
         failed += _run_batch(ctx, batch, results, timeout=timeout, interval=interval)
+        log_batch(log, index, schedule, [results[plan.node.address] for plan in batch], started)
         done += len(batch)
         if progress:
             progress(done, len(todo))
