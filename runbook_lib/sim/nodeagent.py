@@ -23,6 +23,8 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from runbook_lib.sim.kubelet import _CONTAINERD as CONTAINERD_VERSIONS
+from runbook_lib.sim.kubelet import _KERNEL as KERNEL_VERSIONS
 from runbook_lib.sim.kubelet import NodeView, Outcome, program
 from runbook_lib.sim.kubeletapi import KUBELET_PORT, Logs
 from runbook_lib.sim.realtalos import observed_nodes
@@ -42,8 +44,9 @@ def api(kubeconfig: Path) -> client.CoreV1Api:
     return client.CoreV1Api(config.new_client_from_config(config_file=str(kubeconfig)))  # type: ignore[no-untyped-call]
 
 
-def node_object(node: SimNode) -> dict[str, Any]:
-    """The Node a Talos node's kubelet registers: hostname/os/arch labels, its address, its role."""
+def node_object(node: SimNode, kubernetes: str) -> dict[str, Any]:
+    """The Node a Talos node's kubelet registers: hostname/os/arch labels, its address, its role, and the node
+    info a Talos node reports (kubelet ``kubernetes``, containerd and kernel of its release, as kubelet.py)."""
     labels = {"kubernetes.io/hostname": node.name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}
     spec: dict[str, Any] = {}
     if node.role == "controlplane":
@@ -57,6 +60,18 @@ def node_object(node: SimNode) -> dict[str, Any]:
             {"type": "Hostname", "address": node.name},
         ],
         "daemonEndpoints": {"kubeletEndpoint": {"Port": KUBELET_PORT}},
+        "nodeInfo": {
+            "machineID": hashlib.md5(node.name.encode()).hexdigest(),  # an identifier, not security
+            "systemUUID": hashlib.md5(node.address.encode()).hexdigest(),
+            "bootID": "",
+            "kubeProxyVersion": "",
+            "kubeletVersion": f"v{kubernetes.lstrip('v')}",
+            "containerRuntimeVersion": f"containerd://{CONTAINERD_VERSIONS.get(node.minor, '2.1.5')}",
+            "kernelVersion": KERNEL_VERSIONS.get(node.minor, "6.12.57-talos"),
+            "osImage": f"Talos ({node.talos_version})",
+            "operatingSystem": "linux",
+            "architecture": "amd64",
+        },
     }
     return {
         "apiVersion": "v1",
@@ -67,11 +82,11 @@ def node_object(node: SimNode) -> dict[str, Any]:
     }
 
 
-def register(core: client.CoreV1Api, nodes: list[SimNode]) -> None:
+def register(core: client.CoreV1Api, nodes: list[SimNode], kubernetes: str) -> None:
     """Create the Node objects that do not exist yet (kwok then keeps them Ready)."""
     for node in nodes:
         try:
-            core.create_node(node_object(node))  # type: ignore[arg-type]  # the client accepts a dict body
+            core.create_node(node_object(node, kubernetes))  # type: ignore[arg-type]  # the client accepts a dict body
         except ApiException as exc:
             if exc.status != 409:
                 raise

@@ -380,7 +380,11 @@ def _running(state_dir: Path, tools: Tools) -> Iterator[dict[str, Any]]:
         kubeconfig = sim_paths(state_dir).kubeconfig
         atomic_write(kubeconfig, Path(ready["kubeconfig"]).read_text())
         kubeconfig.chmod(0o600)
-        nodeagent.register(nodeagent.api(kubeconfig), load_nodes(state_dir))
+        nodeagent.register(
+            nodeagent.api(kubeconfig),
+            load_nodes(state_dir),
+            str(load_cluster(state_dir)["kubernetes_version"]),
+        )
         stack.callback(_stop_process, _start_kwok(tools, kubeconfig, paths["logs"]), 30)
         repo = chartrepo.serve(tools.helm, paths["charts"])
         stack.callback(repo.stop)

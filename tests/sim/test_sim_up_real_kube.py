@@ -252,6 +252,14 @@ def test_sim_up_starts_the_real_control_plane_and_sim_down_stops_it(
             ).stdout
         )
         assert version["serverVersion"]["gitVersion"] == "v1.35.0"
+        info = "{range .items[*]}{.status.nodeInfo.kubeletVersion} {.status.nodeInfo.osImage};{end}"
+        nodes = subprocess.run(
+            [*kubectl, "get", "nodes", "-o", f"jsonpath={info}"], capture_output=True, text=True, check=True
+        )
+        talos = json.loads((state / "cluster.json").read_text())["talos_version"]
+        assert (
+            nodes.stdout == f"v1.35.0 Talos ({talos});" * 2
+        )  # as a Talos node's kubelet reports, not kwok's
     finally:
         stopped = runbook("sim", "down", "--state", str(state), mode="real")
     assert stopped.returncode == 0 and stopped.stdout.startswith("simulator stopped")
