@@ -7,12 +7,10 @@ import (
 	"sync"
 
 	"github.com/blang/semver/v4"
-	"github.com/siderolabs/talos/pkg/machinery/api/common"
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/emptypb"
 )
 
 // Talos 1.13 added the ImageService and the LifecycleService (talos@v1.13.0:api/machine/image.proto,
@@ -172,21 +170,4 @@ func (n *simNode) installNext(ref string) {
 	defer n.mu.Unlock()
 
 	n.boot.next = ref
-}
-
-// Kubeconfig is MachineService.Kubeconfig (talos@v1.13.0:internal/app/machined/internal/server/v1alpha1/v1alpha1_server.go:1242-1245):
-// only a control-plane node has it (machinehelper.CheckControlplane, internal/app/internal/machinehelper/machinehelper.go:23-38).
-// talosctl 1.13's upgrade --drain fetches it to cordon and drain the node. simnode has no Kubernetes API yet, so
-// a control-plane node answers Unimplemented too, saying so.
-func (s *machineServer) Kubeconfig(_ *emptypb.Empty, _ grpc.ServerStreamingServer[common.Data]) error {
-	cfg := s.node.activeConfig()
-
-	switch {
-	case cfg == nil || cfg.Machine() == nil:
-		return status.Errorf(codes.Unimplemented, "machine type is not set, cannot use %s API", "kubeconfig")
-	case !cfg.Machine().Type().IsControlPlane():
-		return status.Errorf(codes.Unimplemented, "%s is only available on control plane nodes", "kubeconfig")
-	default:
-		return status.Error(codes.Unimplemented, "simnode: no Kubernetes API to hand out a kubeconfig for")
-	}
 }

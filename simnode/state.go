@@ -15,6 +15,7 @@ import (
 	"github.com/siderolabs/talos/pkg/machinery/extensions"
 	"github.com/siderolabs/talos/pkg/machinery/resources/config"
 	"github.com/siderolabs/talos/pkg/machinery/resources/hardware"
+	"github.com/siderolabs/talos/pkg/machinery/resources/k8s"
 	"github.com/siderolabs/talos/pkg/machinery/resources/runtime"
 	"github.com/siderolabs/talos/pkg/machinery/resources/v1alpha1"
 )
@@ -25,6 +26,7 @@ var talosNamespaces = []struct{ name, description string }{
 	{v1alpha1.NamespaceName, "Talos v1alpha1 subsystems glue resources."},
 	{config.NamespaceName, "Talos node configuration."},
 	{hardware.NamespaceName, "Hardware resources."},
+	{k8s.NamespaceName, "Kubernetes all node types resources."},
 }
 
 // Resource types registered on every node: a subset of the ones Talos registers (same file, :98-250), so
@@ -33,6 +35,7 @@ var talosNamespaces = []struct{ name, description string }{
 var talosResources = []meta.ResourceWithRD{
 	&config.MachineConfig{},
 	&hardware.PCIDevice{},
+	&k8s.Nodename{},
 	&runtime.ExtensionStatus{},
 	&runtime.KernelModuleSpec{},
 	&runtime.LoadedKernelModule{},
@@ -74,7 +77,7 @@ func newNodeState(ctx context.Context) (state.State, error) {
 // populate writes the node's resources from its spec.
 func populate(ctx context.Context, st state.State, n *NodeSpec) error {
 	for _, step := range []func(context.Context, state.State, *NodeSpec) error{
-		createExtensions, createModules, createServices, createMachineConfig, createPlatformMetadata, createPCIDevices,
+		createExtensions, createModules, createServices, createMachineConfig, createPlatformMetadata, createPCIDevices, createNodename,
 	} {
 		if err := step(ctx, st, n); err != nil {
 			return fmt.Errorf("node %s (%s): %w", n.Name, n.Address, err)

@@ -57,10 +57,10 @@ SIMNODE_SRC = ROOT / "simnode"
 #: (simnode/lifecycle.go), so ``upgrade --wait`` sees the new boot (ours, no source).
 REBOOT_MS = 1500
 START_TIMEOUT_S = 60.0
-#: simnode is built on pkg/machinery v1.12.0 (simnode/go.mod): its config validation is Talos 1.12's, which
-#: refuses a 1.13 node's config ("version of Kubernetes 1.36.0 is too new to be used with Talos 1.12.0", seen
-#: with talosctl v1.13.0) and an older node's removed fields (strict decoding).
-SIMNODE_RELEASE = (1, 12)
+#: The node releases simnode serves. It is built on pkg/machinery v1.13.0 (simnode/go.mod): its config
+#: validation accepts a 1.12 node's Kubernetes 1.35 and a 1.13 node's 1.36, and it serves the 1.13 upgrade API to
+#: 1.13 nodes (simnode/lifecycle113.go). Older nodes' configs carry fields its strict decoding refuses.
+SIMNODE_RELEASES = ((1, 12), (1, 13))
 
 
 class RealTalosError(ValueError):
@@ -180,10 +180,11 @@ def talosctl_version_for(talos_version: str) -> str:
 def _unsupported(talos_version: str, client: str, scenario: str) -> str:
     if minor_of(talos_version) >= (1, 14) or minor_of(client) >= (1, 14):
         return "Talos 1.14 nodes need talosctl 1.14, which does not build yet"
-    if minor_of(talos_version) != SIMNODE_RELEASE:
+    if minor_of(talos_version) not in SIMNODE_RELEASES:
+        served = ", ".join(f"{major}.{minor}" for major, minor in SIMNODE_RELEASES)
         return (
-            f"simnode checks configs with Talos {SIMNODE_RELEASE[0]}.{SIMNODE_RELEASE[1]}'s machinery, which refuses "
-            f"a {talos_version} node's (real: Talos {SIMNODE_RELEASE[0]}.{SIMNODE_RELEASE[1]} nodes only)"
+            f"simnode checks configs with Talos 1.13's machinery, which refuses "
+            f"a {talos_version} node's (real: Talos {served} nodes only)"
         )
     if minor_of(client) != minor_of(talos_version):
         return f"talosctl {client} is not the nodes' release {talos_version} (simnode pairs them)"
@@ -381,6 +382,9 @@ def start(state_dir: Path, choice: Choice, nodes: list[SimNode], latency_ms: flo
         str(p.resolver),
     ]
     argv += ["-time-factor", repr(time_factor())]
+    # The control-plane node hands out the cluster's kubeconfig, as machined does: talosctl 1.13's upgrade
+    # --drain cordons and drains through it (simnode/kubeconfig.go). Read at each call: it may come later.
+    argv += ["-kubeconfig", str(sim_paths(state_dir).kubeconfig.resolve())]
     with open(p.log, "ab") as log:
         proc = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, umask=0o077

@@ -47,9 +47,9 @@ def test_auto_runs_the_real_talosctl_of_the_nodes_minor_release_when_built(tools
         ("v1.14.0", "fresh", "Talos 1.14 nodes need talosctl 1.14, which does not build yet"),
         ("v1.12.7", "driver-mismatch", "scenario driver-mismatch has faults simnode does not simulate yet"),
         (
-            "v1.13.9",
+            "v1.11.5",
             "fresh",
-            "simnode checks configs with Talos 1.12's machinery, which refuses a v1.13.9 node's",
+            "simnode checks configs with Talos 1.13's machinery, which refuses a v1.11.5 node's",
         ),
     ],
 )
