@@ -123,7 +123,8 @@ def _ready(pod: dict[str, Any]) -> bool:
 
 def backoff_seconds(restarts: int) -> float:
     """The kubelet's crash-loop back-off before restart ``restarts + 1``: 10 s doubling up to 5 min
-    (kubernetes@v1.35.0 pkg/kubelet/kubelet.go: ``backOffPeriod`` 10 s, ``MaxContainerBackOff`` 300 s)."""
+    (kubernetes@v1.35.0 pkg/kubelet/kubelet.go ``backOffPeriod`` 10 s; ``MaxContainerBackOff`` 300 s in
+    pkg/kubelet/apis/config/v1beta1/defaults.go)."""
     return float(min(10 * 2**restarts, 300))
 
 

@@ -318,9 +318,10 @@ def _start_simkube(
 
 
 def _start_kwok(tools: Tools, kubeconfig: Path, logs: Path) -> subprocess.Popen[bytes]:
-    """kwok for every node, renewing each node's Lease as a kubelet does (``nodeLeaseDurationSeconds`` 40,
-    the kubelet's default): without renewals the node lifecycle controller marks the nodes NotReady, and
-    their pods not ready, 40 s after they register (kube-controller-manager ``--node-monitor-grace-period``)."""
+    """kwok for every node, renewing each node's Lease as a kubelet does (``nodeLeaseDurationSeconds`` 40, the
+    kubelet's default: kubernetes@v1.35.0 pkg/kubelet/apis/config/v1beta1/defaults.go). Without renewals the
+    node lifecycle controller marks the nodes NotReady, and their pods not ready, once
+    ``--node-monitor-grace-period`` (50 s, pkg/controller/nodelifecycle/config/v1alpha1/defaults.go) passes."""
     out = open(os.open(logs / "kwok.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb")  # noqa: SIM115
     with out:
         return subprocess.Popen(
