@@ -35,8 +35,8 @@ GPU_RESOURCE = "nvidia.com/gpu"
 #: The container the device-plugin chart runs (templates/daemonset-device-plugin.yml, v0.17.2 and v0.18.0).
 PLUGIN_CONTAINER = "nvidia-device-plugin-ctr"
 BASICS = {"cpu": "8", "memory": "32Gi", "pods": "110"}
-#: Talos taints control-plane nodes unless cluster.allowSchedulingOnControlPlanes is set
-#: (siderolabs/talos@v1.12.0 pkg/machinery/constants: LabelNodeRoleControlPlane, used for the taint).
+#: Talos taints control-plane nodes unless cluster.allowSchedulingOnControlPlanes is set (the Talos config
+#: reference's description of that field; where Talos applies the taint was not checked in its source).
 CONTROL_PLANE_TAINT = {"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}
 
 
