@@ -243,6 +243,30 @@ FAILURES: tuple[KnownFailure, ...] = (
         ),
     ),
     KnownFailure(
+        key="upgrade-drain-failed",
+        title="talosctl 1.13 installed the new image but could not drain the node",
+        symptoms=(
+            r"error creating Kubernetes client for drain",
+            r"error resolving Kubernetes node name for ",
+            r"error getting node \"[^\"]+\": ",
+            r"error (?:cordoning|draining) node \"",
+        ),
+        cause="talosctl 1.13 drains the node (its default --drain) after the install and before the reboot, and "
+        "the drain failed: the new image is installed and boots at the node's next reboot, the node still runs "
+        "the old one, and a node the drain already cordoned stays cordoned",
+        fix="make the drain possible: talosctl's endpoints must include a control-plane node (only those hand out "
+        "the kubeconfig the drain uses: talosctl config endpoint <control-plane address>), the Kubernetes API it "
+        "names must be reachable from here, and no PodDisruptionBudget may block the eviction for 5 minutes; "
+        "then re-run the image step (it drains, reboots and uncordons the node)",
+        command="runbook run -p <params.yaml> --steps image --apply",
+        sources=(
+            "https://github.com/siderolabs/talos/blob/v1.13.0/cmd/talosctl/cmd/talos/upgrade.go",
+            "https://github.com/siderolabs/talos/blob/v1.13.0/cmd/talosctl/cmd/talos/drain.go",
+            "https://github.com/siderolabs/talos/blob/v1.13.0/cmd/talosctl/pkg/talos/nodedrain/nodedrain.go",
+            "https://github.com/siderolabs/talos/blob/v1.13.0/internal/app/internal/machinehelper/machinehelper.go",
+        ),
+    ),
+    KnownFailure(
         key="broken-after-minor-upgrade",
         title="GPU pods stopped working after a Talos minor upgrade",
         symptoms=(),

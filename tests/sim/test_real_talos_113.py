@@ -21,7 +21,10 @@ from typing import Any
 
 import pytest
 
+from runbook_lib.model.diagnosis import NodeContext, diagnose_text
+from runbook_lib.model.versions import TalosVersion
 from runbook_lib.sim import realkube, realtalos
+from runbook_lib.steps.results import checks_from_findings
 from tests.sim.test_real_talosctl import build, find_go
 from tests.sim.test_realtalos import tools  # noqa: F401  (the stand-in tools cache, extended below)
 from tests.sim.test_sim_up_real_talosctl import real_env as real_env_112
@@ -64,6 +67,32 @@ def test_older_nodes_than_simnode_serves_fall_back_saying_which_it_serves(tools_
     choice = realtalos.choose("v1.11.5", None, "fresh")
     assert not choice.real
     assert choice.reason.endswith("(real: Talos 1.12, 1.13 nodes only)")
+
+
+# ---------------------------------------------------------------- a failed drain, diagnosed (fast)
+
+#: What the real talosctl v1.13.0 prints when its drain cannot start: the talosconfig endpoint is a worker, which
+#: has no Kubernetes admin kubeconfig (seen against simnode, tests/sim/test_real_talosctl_lifecycle.py; the text is
+#: machined's, talos@v1.13.0:internal/app/internal/machinehelper/machinehelper.go:33-35), after the install lines.
+DRAIN_NO_KUBECONFIG = (
+    "10.5.0.11: Exit code: 0\n10.5.0.11: upgrade completed\n"
+    "error creating Kubernetes client for drain: error fetching kubeconfig from Talos API: rpc error: "
+    "code = Unimplemented desc = kubeconfig is only available on control plane nodes"
+)
+#: The drain's own error when an eviction does not finish (format at talos@v1.13.0:cmd/talosctl/pkg/talos/
+#: nodedrain/nodedrain.go:141; the wrapped kubectl drain text is not from a run: no source run at hand).
+DRAIN_TIMEOUT = 'error draining node "gpu-worker-1": global timeout reached: 5m0s'
+
+
+@pytest.mark.parametrize("output", [DRAIN_NO_KUBECONFIG, DRAIN_TIMEOUT])
+def test_a_failed_drain_is_diagnosed_as_installed_but_not_rebooted(output: str) -> None:
+    """talosctl 1.13 drains after the install and before the reboot (upgrade.go:136-148), so a failed drain
+    leaves the new image installed for the node's next boot: the generic "on its previous image" advice is
+    wrong there, and the fix is the drain (a control-plane endpoint, the Kubernetes API, a PodDisruptionBudget)."""
+    ctx = NodeContext(node="10.5.0.11", talos=TalosVersion.parse(TALOS))
+    [cause] = checks_from_findings(diagnose_text(output, ctx, check="upgrade-cause"))
+    assert "installed" in cause.cause and "next" in cause.cause and "reboot" in cause.cause
+    assert "control-plane" in cause.fix and "--steps image --apply" in cause.fix
 
 
 # ---------------------------------------------------------------- runbook run on Talos 1.13 (slow)
