@@ -29,8 +29,10 @@ from runbook_lib.notebook.lock import LOCKS_ENV
 from runbook_lib.notebook.runner import StepOutcome, cluster_lock
 from runbook_lib.sim.state import VANILLA_SCHEMATIC, load_node, load_nodes
 from runbook_lib.steps.context import connect
+from runbook_lib.steps.kubernetes import kubernetes_layer
 from runbook_lib.steps.results import StepResult
 from runbook_lib.steps.rollback import rollback
+from tests.simcluster import sim_cluster
 from tests.test_interactive_records import NODES, Cluster, approve, recorder
 from tests.test_interrupts import _default_sigint, expected_status, interrupt, running_sim, wait_until
 from tests.test_rollback import ADDRESS, WORKERS, _patch_and_upgrade, sim  # noqa: F401 - sim: a fixture
@@ -385,3 +387,24 @@ def test_the_rollback_notebooks_overrides_cannot_approve_it() -> None:
     records_set = 'rollback.records=["20261201T193219Z-sim-gpu-f505a407"]'
     assert load(str(PARAMS), apply=False, overrides=["apply=true", records_set]).apply is False
     assert load(str(PARAMS), apply=True, overrides=["apply=false", records_set]).apply is True
+
+
+@pytest.mark.slow
+def test_naming_every_gpu_node_removes_the_kubernetes_layer_as_naming_none_does(tmp_path: Path) -> None:
+    """``nodes`` listing every GPU node (the notebook's ``nodes`` parameter filled in, headless with
+    ``apply``) is the whole cluster: the Kubernetes layer the run created goes first.  Before, any ``nodes``
+    kept it with the note "only some GPU nodes go back", leaving the device plugin on nodes losing their
+    driver (the JupyterLab node picker already passes no list when every node is picked, gates.py)."""
+    with sim_cluster(tmp_path, scenario="gpu-ready", apply=True) as (params, ctx):
+        installed = kubernetes_layer(ctx, timeout_s=60)
+        assert installed.ok
+        record = ("run-1", {"cluster": params.cluster, "params": params.public_dict()})
+        step = StepOutcome("kubernetes", "05-kubernetes.ipynb", installed.status, result=installed.to_dict())
+        record[1]["steps"] = [step.to_record()]
+        back = connect(params, state_dir=tmp_path)
+        every = [n.name for n in params.nodes]
+        result = rollback(back, only=every, evidence=evidence_from_records([record]), poll_interval=0.1)
+        assert result.ok, result.summary()
+        assert "helm uninstall nvidia-device-plugin -n kube-system" in result.data.get("kubernetes", [])
+        assert "the Kubernetes layer is kept: only some GPU nodes go back" not in result.notes
+        assert back.helm.release("nvidia-device-plugin", "kube-system") is None

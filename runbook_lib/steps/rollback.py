@@ -109,8 +109,11 @@ def rollback(
     do_apply = ctx.apply if apply is None else apply
     result = StepResult(step=STEP, applied=do_apply)
     result.data["records"] = list(evidence.records)
-    todo, results = _plan_nodes(ctx, result, ctx.nodes(only), evidence)
-    kube = _kubernetes_plan(ctx, result, evidence, whole_cluster=not only)
+    nodes = ctx.nodes(only)
+    todo, results = _plan_nodes(ctx, result, nodes, evidence)
+    # every GPU node, however it was asked for (``nodes`` may list them all): then the Kubernetes layer goes
+    whole_cluster = {n.address for n in nodes} == {n.address for n in ctx.params.nodes}
+    kube = _kubernetes_plan(ctx, result, evidence, whole_cluster=whole_cluster)
     _dry_run(ctx, todo, results)
     schedule = rollout_schedule(ctx, result, [t.node.name for t in todo])
     refused = [r.node for r in result.nodes if r.status == "failed"]
