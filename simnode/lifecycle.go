@@ -96,6 +96,12 @@ func (s *machineServer) Reboot(_ context.Context, _ *machine.RebootRequest) (*ma
 // upgrade runs the upgrade sequence up to stopAllServices, then reboots into image, keeping the running one
 // to roll back to.
 func (n *simNode) upgrade(actorID, image string) {
+	if n.spec.FailInstall {
+		n.failInstall(actorID)
+
+		return
+	}
+
 	n.runSequence(actorID, "upgrade", upgradePhases)
 
 	current := n.bootState().image
@@ -145,7 +151,13 @@ func (n *simNode) rebootAs(actorID string) {
 func (n *simNode) runSequence(actorID, sequence string, phases [][2]string) {
 	bus := n.bus()
 	bus.publish(actorID, &machine.SequenceEvent{Sequence: sequence, Action: machine.SequenceEvent_START})
+	n.runPhases(bus, actorID, phases)
+	bus.publish(actorID, &machine.PhaseEvent{Phase: "stopEverything", Action: machine.PhaseEvent_START})
+	bus.publish(actorID, &machine.TaskEvent{Task: "stopAllServices", Action: machine.TaskEvent_START})
+}
 
+// runPhases publishes each phase and its task, START and STOP, each task taking taskTime.
+func (n *simNode) runPhases(bus *eventBus, actorID string, phases [][2]string) {
 	for _, pt := range phases {
 		bus.publish(actorID, &machine.PhaseEvent{Phase: pt[0], Action: machine.PhaseEvent_START})
 		bus.publish(actorID, &machine.TaskEvent{Task: pt[1], Action: machine.TaskEvent_START})
@@ -153,9 +165,6 @@ func (n *simNode) runSequence(actorID, sequence string, phases [][2]string) {
 		bus.publish(actorID, &machine.TaskEvent{Task: pt[1], Action: machine.TaskEvent_STOP})
 		bus.publish(actorID, &machine.PhaseEvent{Phase: pt[0], Action: machine.PhaseEvent_STOP})
 	}
-
-	bus.publish(actorID, &machine.PhaseEvent{Phase: "stopEverything", Action: machine.PhaseEvent_START})
-	bus.publish(actorID, &machine.TaskEvent{Task: "stopAllServices", Action: machine.TaskEvent_START})
 }
 
 // taskTime is how long a task of a sequence takes: the installer run (install_ms, else installDefault scaled)

@@ -97,7 +97,7 @@ func (n *simNode) refresh(ctx context.Context) (derived, error) {
 		return derived{}, err
 	}
 
-	d := deriveState(img, n.activeConfig(), n.spec.Services, time.Now())
+	d := deriveState(n.spec.withFaults(img), n.spec.moduleConfig(n.activeConfig()), n.spec.Services, time.Now())
 	if err = writeDerived(ctx, n.state, d); err != nil {
 		return d, err
 	}

@@ -53,6 +53,11 @@ type NodeSpec struct {
 	PCIDevices       []PCIDeviceSpec               `json:"pci_devices,omitempty"`
 	// Files are what MachineService.Read returns, by absolute path (e.g. /proc/driver/nvidia/version).
 	Files map[string]string `json:"files,omitempty"`
+	// Faults of the simulated node (faults.go): extensions its images list otherwise, a GPU the driver cannot
+	// initialise, an installer that fails.
+	ExtensionFaults  []ExtensionFault `json:"extension_faults,omitempty"`
+	NvidiaProbeFails bool             `json:"nvidia_probe_fails,omitempty"`
+	FailInstall      bool             `json:"fail_install,omitempty"`
 }
 
 // PCIDeviceSpec is one PCIDevice, hardware namespace (talos@v1.12.0:pkg/machinery/resources/hardware/pcidevice.go):
@@ -174,6 +179,10 @@ func validateNode(n *NodeSpec, i int, seen map[string]string) error {
 
 	if _, ok := downKinds[n.Down]; n.Down != "" && !ok {
 		return fmt.Errorf("%s: \"down\" %q is not one of %v", label, n.Down, sortedKeys(downKinds))
+	}
+
+	if err := validateFaults(n, label); err != nil {
+		return err
 	}
 
 	for path := range n.Files {

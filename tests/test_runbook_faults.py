@@ -9,6 +9,7 @@ from runbook_lib.steps.image import image_upgrade
 from runbook_lib.steps.patch import config_patch
 from runbook_lib.steps.preflight import preflight
 from runbook_lib.steps.verify import verify
+from tests.fault_cases import CASES, assert_fails_on_one_node
 from tests.simcluster import sim_cluster
 
 pytestmark = pytest.mark.slow
@@ -18,20 +19,6 @@ STEPS = [
     ("image", image_upgrade),
     ("verify", verify),
 ]
-
-# scenario → (step that fails or None for all green, text the failing node's diagnosis must contain)
-CASES = {
-    "fresh": (None, ""),
-    "extensions-no-patch": (None, ""),
-    "mixed-fleet": (None, ""),
-    "unreachable-node": ("preflight", "connection refused"),
-    "chaos": ("preflight", "no route to host"),
-    "upgrade-fails": ("image", "rolled back"),
-    "upgrade-hangs": ("image", 'service "ext-nvidia-persistenced" to be "up"'),
-    "unsupported-gpu": ("image", 'service "ext-nvidia-persistenced" to be "up"'),
-    "toolkit-missing": ("image", "missing extensions siderolabs/nvidia-container-toolkit-lts"),
-    "driver-mismatch": ("image", "missing extensions siderolabs/nvidia-container-toolkit-lts"),
-}
 
 
 @pytest.mark.parametrize("scenario", sorted(CASES))
@@ -50,11 +37,7 @@ def test_runbook_stops_at_the_right_step_with_the_right_diagnosis(tmp_path, scen
         assert failed_at == expected_step, result.to_dict()
         if failed_at is None:
             return
-        failing = result.failing()
-        assert len(failing) == 1, "only the faulty node fails; the others carry on"
-        evidence = " ".join([failing[0].message] + [c.message + " " + c.fix for c in failing[0].checks])
-        assert needle in evidence
-        assert all(c.fix for c in failing[0].failed_checks), "every failed check says what to do"
+        assert_fails_on_one_node(result.to_dict(), needle)
 
 
 @pytest.mark.parametrize(

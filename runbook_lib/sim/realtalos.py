@@ -33,7 +33,9 @@ from typing import Any
 import yaml
 
 from runbook_lib.model.boot_assets import installer_kind
-from runbook_lib.sim import pidfile
+from runbook_lib.sim import pidfile, realfaults
+from runbook_lib.sim import scenarios as sim_scenarios
+from runbook_lib.sim.realfaults import down_kind, extension_faults, fault_fields
 from runbook_lib.sim.state import (
     BASE_SERVICES_WORKER,
     VANILLA_SCHEMATIC,
@@ -49,8 +51,9 @@ from runbook_lib.sim.talosctl.hardware import pci_specs
 
 MODE_ENV = "RUNBOOK_SIM_TALOSCTL"
 MODES = ("auto", "real", "python")
-#: Scenarios whose nodes simnode reproduces: no fault simnode lacks (faults fall back to the Python talosctl).
-SCENARIOS = ("fresh", "gpu-ready", "config-patched")
+#: Every scenario of ``runbook sim scenarios`` runs on simnode: ``realfaults`` makes their faults node state. A
+#: node with a fault it does not map falls back to the Python talosctl with the reason (``up``).
+SCENARIOS = tuple(sim_scenarios.SCENARIOS)
 ROOT = Path(__file__).resolve().parents[2]
 SIMNODE_SRC = ROOT / "simnode"
 #: A reboot keeps the node's API down this long: more than the real tracker's 1 s re-watch tick
@@ -243,7 +246,8 @@ def installed_image(node: SimNode) -> str:
 
 
 def node_entry(node: SimNode, latency_ms: float) -> dict[str, Any]:
-    """One node of simnode's nodes file: derived from its installer image and config (simnode/README.md)."""
+    """One node of simnode's nodes file: derived from its installer image and config (simnode/README.md),
+    with its faults (``realfaults``)."""
     return {
         "name": node.name,
         "address": node.address,
@@ -253,9 +257,8 @@ def node_entry(node: SimNode, latency_ms: float) -> dict[str, Any]:
         "services": [{"id": s, "state": "Running", "healthy": True} for s in BASE_SERVICES_WORKER],
         "platform_metadata": {"platform": node.platform, "hostname": node.name},
         "pci_devices": _pci_devices(node),
-        "latency_ms": round(latency_ms),
         "reboot_ms": REBOOT_MS,
-    }
+    } | fault_fields(node, latency_ms)
 
 
 def nodes_document(state_dir: Path, nodes: list[SimNode], latency_ms: float) -> dict[str, Any]:
@@ -265,17 +268,22 @@ def nodes_document(state_dir: Path, nodes: list[SimNode], latency_ms: float) -> 
     simulator it started) resumes as it was observed: the release, installer and config the real talosctl left.
     """
     images: dict[str, dict[str, Any]] = {}
+    entries = []
     for node in nodes:
-        spec = {
-            "talos_version": node.talos_version,
-            "extensions": extension_specs(node.talos_version, node.extensions, node.schematic_id),
-        }
+        entry = node_entry(node, latency_ms)
+        listed = extension_specs(node.talos_version, node.extensions, node.schematic_id)
+        spec: dict[str, Any] = {"talos_version": node.talos_version, "extensions": listed}
+        if any(f in node.faults for f in ("driver_mismatch", "toolkit_missing")):
+            # the node lists its schematic's extensions with the fault applied: the image installs them unfaulted
+            spec = resolve_image(state_dir, installed_image(node))
+            if swaps := extension_faults(spec["extensions"], listed):
+                entry["extension_faults"] = swaps
         if images.setdefault(installed_image(node), spec) != spec:
             raise RealTalosError(
                 f"node {node.name}: its image {installed_image(node)} installs what another node's does not"
             )
-    entries = [_resume(state_dir, node_entry(n, latency_ms), images) for n in nodes]
-    return {"images": images, "nodes": entries}
+        entries.append(entry)
+    return {"images": images, "nodes": [_resume(state_dir, e, images) for e in entries]}
 
 
 def _resume(state_dir: Path, entry: dict[str, Any], images: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -469,6 +477,11 @@ def up(
     """What ``runbook sim up`` and ``runbook run`` call after creating the cluster: real talosctl when chosen,
     else the Python one stays (the reason is recorded either way)."""
     choice = choose(talos_version, talosctl_version, scenario)
+    if choice.real and (faults := sorted({f for n in nodes for f in realfaults.unsupported(n)})):
+        why = f"faults {', '.join(faults)} are not simulated by simnode yet"
+        if mode() == "real":
+            raise RealTalosError(f"{MODE_ENV}=real: {why}")
+        choice = Choice(False, f"Python talosctl: {why}")
     if choice.real:
         start(state_dir, choice, nodes, latency_ms)
     else:
@@ -480,17 +493,8 @@ def up(
 
 # ---------------------------------------------------------------- faults switched while it runs
 
-#: ``runbook sim fault NODE unreachable VALUE`` as simnode's ``down`` (its dial errors: simnode/README.md).
-#: ``timeout`` (a black-holed host) has no simnode equivalent yet: it is refused there as no-route-to-host.
-DOWN_KINDS = {"refused": "connection-refused", "no_route": "no-route-to-host", "timeout": "no-route-to-host"}
+#: ``runbook sim fault NODE unreachable VALUE`` switches simnode's ``down`` (``realfaults.DOWN_KINDS``).
 SYNC_TIMEOUT_S = 10.0
-
-
-def down_kind(node: SimNode) -> str:
-    value = node.faults.get("unreachable")
-    if value is None or value is False:
-        return ""
-    return DOWN_KINDS.get(str(value), "connection-refused")
 
 
 def sync_faults(state_dir: Path) -> bool:

@@ -45,7 +45,7 @@ def test_auto_runs_the_real_talosctl_of_the_nodes_minor_release_when_built(tools
     ("version", "scenario", "reason"),
     [
         ("v1.14.0", "fresh", "Talos 1.14 nodes need talosctl 1.14, which does not build yet"),
-        ("v1.12.7", "driver-mismatch", "scenario driver-mismatch has faults simnode does not simulate yet"),
+        ("v1.12.7", "not-on-simnode", "scenario not-on-simnode has faults simnode does not simulate yet"),
         (
             "v1.11.5",
             "fresh",
