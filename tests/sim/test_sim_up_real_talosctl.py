@@ -52,14 +52,17 @@ class Observed:
         data: dict[str, Any] = json.loads((self.state / "observed" / f"{name}.json").read_text())
         return data
 
-    def when(self, name: str, holds: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
-        """The node's observed state once ``holds`` (simnode rewrites the file within ~0.1 s of a change)."""
+    def when(
+        self, name: str, holds: Callable[[dict[str, Any]], bool], timeout: float = 30.0
+    ) -> dict[str, Any]:
+        """The node's observed state once ``holds`` (simnode rewrites the file within ~0.1 s of a change);
+        ``timeout`` must also cover what simnode itself takes to get there (a boot timeout, a reboot)."""
 
         def probe() -> dict[str, Any] | None:
             node = self.read(name)
             return node if holds(node) else None
 
-        found: dict[str, Any] = wait_for(probe, timeout=30)
+        found: dict[str, Any] = wait_for(probe, timeout=timeout)
         return found
 
 
@@ -279,7 +282,9 @@ def test_the_file_follows_a_hung_boot_and_its_rollback(tmp_path: Path) -> None:
         hung = obs.when("hang", lambda n: n["image"] == NVIDIA and "down" not in n)
         assert hung["booted"] is False
         assert {s["id"]: s["state"] for s in hung["services"]}["ext-nvidia-persistenced"] == "Waiting"
-        back = obs.when("hang", lambda n: n["image"] == VANILLA and n["booted"])
+        # the boot timeout (21 s) and the reboot (REBOOT_MS) from the hung boot's start: polled far longer than
+        # those ~25 s, as a loaded machine delays simnode's timers and this poll (30 s left 5 s of margin)
+        back = obs.when("hang", lambda n: n["image"] == VANILLA and n["booted"], timeout=120)
         assert [e["name"] for e in back["extensions"]] == ["schematic"] and back["boot_id"] != hung["boot_id"]
     finally:
         proc.terminate()
