@@ -20,7 +20,10 @@ What is timed at each size, in the same run (benchmarks/README.md defines each f
 - **per-node loop**: each node's calls one after another, node after node (above 20 nodes 20 nodes are
   measured and scaled, marked ``*``);
 - **memory** (largest size only): verify in a child process, its process tree sampled from /proc: peak summed
-  RSS and PSS of the Python process and every talosctl child alive at once.
+  RSS and PSS of the Python process and every talosctl child alive at once;
+- **runbook run** (``BENCH_REAL_RUN_NODES``, default 1,000; 0 skips it): ``runbook run`` (plan only) on GPU-ready
+  nodes with the real talosctl against simnode (``RUNBOOK_SIM_TALOSCTL=real``), its whole process tree watched
+  (runbook, kernels, every talosctl; the simulator left out): issue 16's memory and record-size figures.
 
 Run: ``python -m benchmarks real_talosctl``. Settings: ``BENCH_REAL_SIZES`` (default ``10,100,1000``),
 ``BENCH_REAL_LATENCY_MS`` (default 2). Figures go to ``benchmarks/results.json`` under ``real_talosctl``
@@ -35,6 +38,7 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -50,6 +54,7 @@ from benchmarks.real_fleet import (
     timed,
     verify_loop_jobs,
     verify_pools,
+    watched_run,
     watched_verify,
 )
 from runbook_lib.model.params import load_params
@@ -66,6 +71,7 @@ PER_NODE_MAX = 100  # per-node get strategies and the one-call patch only up to 
 TARGET_FLOOR = 1.2
 TARGET_LOOP = 20.0
 TARGET_TREE_MB = 1024.0
+TARGET_RUNBOOK_MB = 400.0
 
 
 def median(fn: Callable[[], float], repeats: int = REPEATS) -> float:
@@ -232,35 +238,48 @@ def bench_size(binaries: tuple[Path, Path], count: int, latency_ms: int, memory:
         mem = out["memory"]
         print(
             f"   memory of verify's process tree: peak {mem['tree_pss_mb']:.0f} MB PSS ({mem['tree_rss_mb']:.0f} MB "
-            f"summed RSS): Python process {mem['self_rss_mb']:.0f} MB RSS, up to {mem['talosctl_alive']:.0f} "
+            f"summed RSS): Python process {mem['runbook_rss_mb']:.0f} MB RSS, up to {mem['talosctl_alive']:.0f} "
             f"talosctl at once {mem['talosctl_pss_mb']:.0f} MB PSS ({mem['talosctl_rss_mb']:.0f} MB summed RSS)",
             flush=True,
         )
     return out
 
 
+def bench_run(count: int, latency_ms: int) -> dict[str, Any]:
+    """Issue 16 points 3 and 4 with the real talosctl: ``runbook run`` (plan only) on ``count`` GPU-ready nodes,
+    the whole process tree watched, and the size of the record it wrote."""
+    with tempfile.TemporaryDirectory(prefix=f"bench-real-run-{count}-") as tmp:
+        peak, wall, record = watched_run(Path(tmp), count, latency_ms)
+        notebook = record / "04-verify.ipynb"
+        nb_bytes = notebook.stat().st_size if notebook.exists() else -1
+        per_node = round((record / "record.json").stat().st_size / count, 1)
+    fig: dict[str, Any] = {"nodes": count, "wall_s": round(wall, 1), "notebook_bytes": nb_bytes}
+    fig |= {"record_bytes_per_node": per_node, "memory": peak}
+    tree, own = peak.get("tree_pss_mb", 0.0), peak.get("runbook_and_kernels_pss_mb", 0.0)
+    checks = [
+        ("executed verify notebook", f"{nb_bytes / 2**20:.2f} MB", 0 <= nb_bytes <= 5 * 2**20),
+        ("record.json per node", f"{per_node:.0f} B", per_node <= 2048),
+        ("runbook + kernels + talosctl (PSS)", f"{tree:.0f} MB", tree <= TARGET_TREE_MB),
+        ("runbook + kernels (PSS)", f"{own:.0f} MB", own <= TARGET_RUNBOOK_MB),
+    ]
+    print(f"-- runbook run, {count} nodes, real talosctl: {wall:.0f} s")
+    for name, value, met in checks:
+        print(f"   {name:<36} {value:>10}  {'met' if met else 'NOT MET'}")
+    print(
+        f"   peak: up to {peak.get('talosctl_alive', 0):.0f} talosctl at once ({peak.get('talosctl_pss_mb', 0):.0f} MB "
+        f"PSS, {peak.get('talosctl_rss_mb', 0):.0f} MB summed RSS), {peak.get('kernel_alive', 0):.0f} kernels; "
+        f"tree summed RSS {peak.get('tree_rss_mb', 0):.0f} MB",
+        flush=True,
+    )
+    return fig
+
+
 def merge(figures: dict[str, Any]) -> None:
-    """Into results.json beside bench_fleet's figures (it rewrites the file; this one adds its key), with the
-    estimate of issue 16's whole process tree where bench_fleet measured the runbook and its kernels."""
+    """Into results.json beside bench_fleet's figures (it rewrites the file; this one adds its key).  A run of
+    some sizes only (``BENCH_REAL_SIZES``) keeps the other sizes' figures from the run that measured them."""
     data = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    largest = figures["sizes"][max(figures["sizes"], key=int)]
-    if "peak_rss_mb_n1000" in data and "memory" in largest:
-        runbook = data["peak_rss_mb_n1000"]
-        talosctl = largest["memory"]["talosctl_pss_mb"]
-        figures["tree_estimate_mb"] = {
-            "label": "runbook run + kernels at 1,000 nodes on the Python simulated cluster (bench_fleet) + the peak "
-            "of real talosctl children of verify at the largest size here (PSS); not one measured run",
-            "runbook_and_kernels_mb": runbook,
-            "talosctl_children_pss_mb": talosctl,
-            "total_mb": round(runbook + talosctl, 1),
-            "target_mb": TARGET_TREE_MB,
-        }
-        print(
-            f"process tree estimate: runbook + kernels {runbook:.0f} MB (Python simulated cluster, bench_fleet) + "
-            f"real talosctl children {talosctl:.0f} MB PSS = {runbook + talosctl:.0f} MB (target ≤ 1 GB: "
-            f"{'met' if runbook + talosctl <= TARGET_TREE_MB else 'NOT MET'})"
-        )
-    data["real_talosctl"] = figures
+    old = data.get("real_talosctl", {})
+    data["real_talosctl"] = {**old, **figures, "sizes": {**old.get("sizes", {}), **figures["sizes"]}}
     RESULTS.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
 
 
@@ -283,6 +302,10 @@ def main() -> int:
     }
     for count in sizes:
         figures["sizes"][str(count)] = bench_size(binaries, count, latency_ms, memory=count == max(sizes))
+        figures["sizes"][str(count)]["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    run_nodes = int(os.environ.get("BENCH_REAL_RUN_NODES", "1000"))
+    if run_nodes:
+        figures["run"] = bench_run(run_nodes, latency_ms)
     figures["bench_wall_s"] = round(time.perf_counter() - started)
     merge(figures)
     print(f"bench_real_talosctl took {figures['bench_wall_s']} s; figures in {RESULTS} under 'real_talosctl'")

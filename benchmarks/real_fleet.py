@@ -157,59 +157,92 @@ def simnode_fleet(
 # -- memory of a process tree -----------------------------------------------------------------------------------
 
 
+def _parents() -> dict[int, int]:
+    parent: dict[int, int] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                stat = Path(f"/proc/{entry.name}/stat").read_text()
+            except OSError:
+                continue
+            parent[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    return parent
+
+
+def descendants(root: int) -> set[int]:
+    """``root`` and every process under it."""
+    parent = _parents()
+    tree, frontier = {root}, {root}
+    while frontier:
+        frontier = {pid for pid, ppid in parent.items() if ppid in frontier}
+        tree |= frontier
+    return tree
+
+
+def kind_of(pid: int, root: int) -> str:
+    """What a process of the tree is: the watched Python process, a notebook kernel, a talosctl, the simulator
+    (its daemon or simnode: the cluster, not the runbook), or other (mostly a fork before its exec, which shows
+    its parent's pages: counting it would count the parent twice)."""
+    argv = _cmdline(pid).split(b"\0")
+    if pid == root:
+        return "runbook"
+    if argv[0].endswith(b"talosctl"):
+        return "talosctl"
+    if any(b"ipykernel" in a for a in argv):
+        return "kernel"
+    return "simulator" if any(b"simnode" in a or b"runbook_lib.sim" in a for a in argv) else "other"
+
+
+def memory_kb(pid: int) -> tuple[int, int]:
+    """(RSS, PSS) in kB from smaps_rollup; (0, 0) when the process is gone."""
+    try:
+        lines = Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()
+    except OSError:
+        return 0, 0
+    values = {ln.split(":")[0]: int(ln.split()[1]) for ln in lines if ln.endswith("kB")}
+    return values.get("Rss", 0), values.get("Pss", 0)
+
+
 @dataclass
 class TreeWatch:
-    """Samples a process tree from /proc every 0.1 s: the largest sums over one sample of RSS and of PSS (the
-    shared pages of N talosctl processes, their 58 MB of binary, split among them), split into the Python
-    process itself and its talosctl children, and the most talosctl processes alive at once."""
+    """Samples a process tree from /proc every 0.2 s: per kind of process (:func:`kind_of`) the largest sums,
+    over one sample, of RSS and of PSS (PSS splits shared pages among the processes sharing them: the 58 MB of
+    talosctl's binary, a kernel's copy-on-write pages), how many were alive at once, and the largest sum of the
+    runbook, its kernels and every talosctl (``tree_*``: issue 16's process tree; the simulator left out)."""
 
     root: int
     peak: dict[str, float] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
 
-    def _children(self) -> list[int]:
-        out = []
-        for entry in os.scandir("/proc"):
-            if entry.name.isdigit():
-                try:
-                    stat = Path(f"/proc/{entry.name}/stat").read_text()
-                except OSError:
-                    continue
-                if int(stat.rsplit(")", 1)[1].split()[1]) == self.root:
-                    out.append(int(entry.name))
-        return out
-
-    @staticmethod
-    def _memory(pid: int) -> tuple[int, int]:
-        """(RSS, PSS) in kB from smaps_rollup; (0, 0) when the process is gone."""
-        try:
-            lines = Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()
-        except OSError:
-            return 0, 0
-        values = {ln.split(":")[0]: int(ln.split()[1]) for ln in lines if ln.endswith("kB")}
-        return values.get("Rss", 0), values.get("Pss", 0)
-
     def sample(self) -> None:
-        kids = [pid for pid in self._children() if b"talosctl" in _cmdline(pid)]
-        own_rss, own_pss = self._memory(self.root)
-        kid = [self._memory(pid) for pid in kids]
-        sample = {
-            "self_rss_mb": own_rss / 1024,
-            "talosctl_rss_mb": sum(r for r, _ in kid) / 1024,
-            "talosctl_pss_mb": sum(p for _, p in kid) / 1024,
-            "tree_rss_mb": (own_rss + sum(r for r, _ in kid)) / 1024,
-            "tree_pss_mb": (own_pss + sum(p for _, p in kid)) / 1024,
-            "talosctl_alive": float(len(kids)),
-        }
-        for key, value in sample.items():
+        sums: dict[str, float] = {}
+        for pid in descendants(self.root):
+            kind = kind_of(pid, self.root)
+            rss, pss = memory_kb(pid)
+            sums[f"{kind}_rss_mb"] = sums.get(f"{kind}_rss_mb", 0.0) + rss / 1024
+            sums[f"{kind}_pss_mb"] = sums.get(f"{kind}_pss_mb", 0.0) + pss / 1024
+            sums[f"{kind}_alive"] = sums.get(f"{kind}_alive", 0.0) + 1
+        for unit in ("rss", "pss"):
+            own = [sums.get(f"{k}_{unit}_mb", 0.0) for k in ("runbook", "kernel", "talosctl")]
+            sums[f"tree_{unit}_mb"] = sum(own)
+            sums[f"runbook_and_kernels_{unit}_mb"] = own[0] + own[1]
+        for key, value in sums.items():
             self.peak[key] = max(self.peak.get(key, 0.0), value)
 
     def loop(self) -> None:
-        while not self._stop.wait(0.1):
+        while not self._stop.wait(0.2):
             self.sample()
 
-    def stop(self) -> None:
-        self._stop.set()
+    def watch(self, proc: subprocess.Popen[str], timeout: float) -> dict[str, float]:
+        """Sample until ``proc`` ends; the peaks, rounded."""
+        thread = threading.Thread(target=self.loop, daemon=True)
+        thread.start()
+        try:
+            proc.wait(timeout=timeout)
+        finally:
+            self._stop.set()
+            thread.join()
+        return {k: round(v, 1) for k, v in sorted(self.peak.items())}
 
 
 def _cmdline(pid: int) -> bytes:
@@ -235,11 +268,31 @@ def watched_verify(params: Path) -> tuple[dict[str, float], int]:
     proc = subprocess.Popen(
         [sys.executable, "-c", CHILD, str(params)], stdout=subprocess.PIPE, text=True, cwd=Path.cwd()
     )
-    watch = TreeWatch(proc.pid)
-    thread = threading.Thread(target=watch.loop, daemon=True)
-    thread.start()
-    out, _ = proc.communicate(timeout=900)
-    watch.stop()
-    thread.join()
+    peak = TreeWatch(proc.pid).watch(proc, timeout=900)
+    out = proc.stdout.read() if proc.stdout else ""
     ok: Any = json.loads(out.strip().splitlines()[-1]) if out.strip() else 0
-    return {k: round(v, 1) for k, v in watch.peak.items()}, int(ok)
+    return peak, int(ok)
+
+
+def watched_run(work: Path, count: int, latency_ms: int) -> tuple[dict[str, float], float, Path]:
+    """``runbook run -p <count GPU-ready nodes>`` (plan only) on the simulated cluster the CLI starts itself, with
+    the real talosctl against simnode (``RUNBOOK_SIM_TALOSCTL=real``; the Kubernetes API the Python one, so the
+    tree holds no kube-apiserver): peak memory of the tree, wall time, and the record's directory."""
+    params = work / "params.yaml"
+    # 10.5.0.1-2 are the simulated control plane's
+    nodes = [{"name": f"gpu-{i:04d}", "address": f"10.5.{i // 250}.{i % 250 + 3}"} for i in range(count)]
+    simulation = {"scenario": "gpu-ready", "latency_ms": latency_ms}
+    data = {"cluster": f"real{count}", "target": "simulated", "talos_version": "v1.12.0", "track": "lts"}
+    params.write_text(json.dumps(data | {"nodes": nodes, "simulation": simulation}))
+    argv = [sys.executable, "-m", "runbook_lib", "run", "-p", str(params), "--records", str(work / "records")]
+    argv += ["--state", str(work / "state"), "--no-progress"]
+    env = {**os.environ, "RUNBOOK_SIM_TALOSCTL": "real", "RUNBOOK_SIM_KUBE": "python"}
+    started = time.perf_counter()
+    with open(work / "run.log", "w") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
+        peak = TreeWatch(proc.pid).watch(proc, timeout=1800)
+    records = sorted((work / "records").glob("*/record.json"))
+    log_text = (work / "run.log").read_text()
+    if not records or "real talosctl" not in log_text:
+        raise RuntimeError(f"runbook run did not run on the real talosctl:\n{log_text[-2000:]}")
+    return peak, time.perf_counter() - started, records[-1].parent
