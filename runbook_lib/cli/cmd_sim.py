@@ -243,6 +243,11 @@ def _fault(args: argparse.Namespace) -> int:
     except ValueError:
         value = args.value
     try:
+        if not args.clear:
+            cluster.check_talos_fault(state_dir, args.fault)
+    except ValueError as exc:
+        raise PermanentError(str(exc)) from None
+    try:
         if args.clear:
             faults.clear(state_dir, args.node, args.fault)
         else:

@@ -295,6 +295,11 @@ def talos_mode() -> str:
     return realtalos.mode()
 
 
+def check_talos_fault(state_dir: Path, fault: str) -> None:
+    """A fault the Talos side cannot take now is refused (``realtalos.check_switchable``)."""
+    realtalos.check_switchable(state_dir, fault)
+
+
 def sync_talos_faults(state_dir: Path) -> bool:
     """simnode (when it runs this cluster's nodes) takes nodes down or back as their ``unreachable`` fault says."""
     return realtalos.sync_faults(state_dir)

@@ -497,19 +497,38 @@ def up(
 SYNC_TIMEOUT_S = 10.0
 
 
+def running_pid(state_dir: Path) -> int | None:
+    """The pid of the simnode serving this state dir's nodes, None when none does."""
+    recorded_pid = pidfile.read(paths(state_dir).pid)
+    if recorded_pid is None or not _is_simnode(recorded_pid[0], recorded_pid[1], state_dir):
+        return None
+    return recorded_pid[0]
+
+
+def check_switchable(state_dir: Path, fault: str) -> None:
+    """Refuse a Talos fault simnode cannot switch while it runs (its SIGHUP applies ``down`` only): written to
+    the node file only, the real talosctl would never see it."""
+    if fault in realfaults.TALOS_FAULTS - {"unreachable"} and running_pid(state_dir) is not None:
+        raise RealTalosError(
+            f"fault {fault}: simnode serves these nodes to the real talosctl and switches only 'unreachable' "
+            f"while it runs; {fault} comes with a scenario (runbook sim up --scenario ...), or run the Python "
+            f"talosctl ({MODE_ENV}=python runbook sim up) to switch it by hand"
+        )
+
+
 def sync_faults(state_dir: Path) -> bool:
     """Make simnode take nodes down or bring them back as their ``unreachable`` fault says (nodes file +
     SIGHUP), and wait until each node's observed file shows it; False when no simnode runs here."""
     p = paths(state_dir)
-    recorded_pid = pidfile.read(p.pid)
-    if recorded_pid is None or not _is_simnode(recorded_pid[0], recorded_pid[1], state_dir):
+    pid = running_pid(state_dir)
+    if pid is None:
         return False
     wanted = {n.name: down_kind(n) for n in load_nodes(state_dir)}
     doc = json.loads(p.nodes.read_text())
     for entry in doc["nodes"]:
         entry["down"] = wanted.get(entry["name"], "")
     atomic_write(p.nodes, json.dumps(doc))
-    os.kill(recorded_pid[0], signal.SIGHUP)
+    os.kill(pid, signal.SIGHUP)
     deadline = time.monotonic() + SYNC_TIMEOUT_S
     while not all(_observed_down(state_dir, name) == down for name, down in wanted.items()):
         if time.monotonic() > deadline:

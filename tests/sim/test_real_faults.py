@@ -177,3 +177,24 @@ def test_runbook_run_with_the_real_talosctl_stops_at_the_right_step_on_the_fault
     failing = assert_fails_on_one_node(step_result(tmp_path, expected), needle)
     node = load_node(state, failing["node"])
     assert node.faults or not node.gpus, f"{node.name} has no fault and a GPU, yet it failed"
+
+
+@pytest.mark.slow
+def test_sim_fault_refuses_a_talos_fault_simnode_cannot_switch_while_it_runs(tmp_path: Path) -> None:
+    """``runbook sim fault NODE slow_ms 500`` wrote the fault into the Python node file, which simnode never reads
+    again (its SIGHUP applies ``down`` only): the real talosctl kept answering at full speed while ``sim status``
+    and the node file said the node was slow. Refused now, naming what works, and nothing is written."""
+    env = real_env(tmp_path) | {"RUNBOOK_SIM_KUBE": "python"}
+    state = tmp_path / "state"
+    up = runbook(env, "sim", "up", "-p", "params/simulated.yaml", "--state", str(state))
+    try:
+        assert up.returncode == 0, up.stderr
+        before = load_node(state, "gpu-worker-2").faults
+        proc = runbook(env, "sim", "fault", "--state", str(state), "gpu-worker-2", "slow_ms", "500")
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert "slow_ms" in proc.stderr and "RUNBOOK_SIM_TALOSCTL=python" in proc.stderr, proc.stderr
+        assert load_node(state, "gpu-worker-2").faults == before
+        kube = runbook(env, "sim", "fault", "--state", str(state), "gpu-worker-2", "pods_pending", "true")
+        assert kube.returncode == 0, kube.stderr  # the simulated kubelet's faults still switch
+    finally:
+        runbook(env, "sim", "down", "--state", str(state))
