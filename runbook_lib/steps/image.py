@@ -66,6 +66,8 @@ class NodeImage:
     """Official names the node must report (``siderolabs/`` prefix included)."""
     legacy: bool = False
     """Upgrade with ``--legacy`` so GRUB keeps ``machine.install.extraKernelArgs`` (see ``image_risks``)."""
+    drains: bool = False
+    """talosctl drains the node before its reboot (1.13+ client and node, no ``--legacy``: ``image_risks``)."""
 
     @property
     def schematic_id(self) -> str | None:
@@ -390,11 +392,14 @@ def _sort_nodes(
 
 
 def _plan_notes(ctx: Context, result: StepResult, todo: list[NodeImage]) -> None:
-    """Notes the plan shows next to the commands: ``--legacy`` and its lasting fix (the 1.13 switch is
-    ``gpu_operator_handover``'s)."""
+    """Notes the plan shows next to the commands: ``--legacy`` and its lasting fix, and the nodes talosctl drains
+    (the 1.13 switch is ``gpu_operator_handover``'s)."""
     legacy = [p.node.name for p in todo if p.legacy]
     if legacy:
         result.notes.append(image_risks.legacy_note(legacy))
+    drained = [p.node.name for p in todo if p.drains]
+    if drained:
+        result.notes.append(image_risks.drain_note(drained))
 
 
 def _guard(
@@ -416,7 +421,9 @@ def _guard(
         res.message = "; ".join(c.message for c in refused)
         res.checks += refused
         return None
-    return replace(plan, legacy=image_risks.legacy_needed(fact, state.client_version))
+    legacy = image_risks.legacy_needed(fact, state.client_version)
+    drains = image_risks.drains(state.version, state.client_version, legacy=legacy)
+    return replace(plan, legacy=legacy, drains=drains)
 
 
 def _config_patch_missing(ctx: Context, nodes: list[Node]) -> list[Node]:

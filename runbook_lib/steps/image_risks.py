@@ -131,6 +131,26 @@ def legacy_note(names: Sequence[str]) -> str:
     )
 
 
+def drains(node_version: str | None, client: str | None, *, legacy: bool) -> bool:
+    """Whether ``talosctl upgrade`` will drain this node: talosctl 1.13+ drains by default (``--drain``, which the
+    step does not pass, defaults to true) whenever it uses the new upgrade API, i.e. the node runs 1.13+
+    (talos@v1.13.0:cmd/talosctl/cmd/talos/upgrade.go:69-71,85,115-126,360) and ``--legacy`` is not set."""
+    node, cli = _version(node_version), _version(client)
+    return (
+        not legacy and node is not None and cli is not None and node.at_least(1, 13) and cli.at_least(1, 13)
+    )
+
+
+def drain_note(names: Sequence[str]) -> str:
+    """What the plan says about the drain talosctl 1.13+ does on its own (drain.go, nodedrain.go at v1.13.0)."""
+    return (
+        f"{', '.join(names)}: talosctl 1.13+ drains each node after installing and before its reboot: cordon, "
+        "evict every pod but DaemonSets' (PodDisruptionBudgets respected, 5 min timeout), then uncordon once "
+        "the node is Ready again. It fetches the kubeconfig from talosctl's endpoint, which must be a "
+        "control-plane node; a failed drain leaves the new image installed for the next reboot"
+    )
+
+
 def _version(tag: str | None) -> TalosVersion | None:
     """A talosctl or node version tag, or None when it is missing or unparsable."""
     try:

@@ -137,6 +137,27 @@ def test_runbook_run_on_talos_1_13_drains_each_node_with_the_real_talosctl_and_a
     assert "nothing changed on the cluster" in second.stdout
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(("talos", "drains"), [(TALOS, True), ("v1.12.7", False)])
+def test_the_image_plan_says_talosctl_drains_each_1_13_node_before_its_reboot(
+    tmp_path: Path, talos: str, drains: bool
+) -> None:
+    """Approving the image step on 1.13 nodes evicts their pods: talosctl 1.13 drains by default (upgrade.go:360)
+    whenever the node serves the LifecycleService (upgrade.go:85,115-126), so the plan says so. A 1.12 node is
+    upgraded through the legacy API, which never drains (the plan says nothing)."""
+    env, state = real_env(tmp_path, "python"), tmp_path / "state"
+    args = ["run", "-p", "params/simulated.yaml", "--set", f"talos_version={talos}", "--steps", "image"]
+    args += ["--set", "simulation.scenario=config-patched", "--state", str(state), "--no-progress"]
+    plan = runbook(env, *args)
+    assert plan.returncode == 0, plan.stdout + plan.stderr
+    (image,) = (tmp_path / "records").glob("*/results/image.json")
+    notes = json.loads(image.read_text())["result"]["notes"]
+    drain_notes = [n for n in notes if "drains" in n]
+    assert bool(drain_notes) == drains, notes
+    if drains:
+        assert drain_notes[0].startswith("gpu-worker-1, gpu-worker-2, gpu-worker-3: talosctl 1.13+ drains")
+
+
 # ---------------------------------------------------------------- --drain through the real control plane (slow)
 
 
