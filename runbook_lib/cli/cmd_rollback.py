@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+from types import TracebackType
 
 from runbook_lib.model.params import load_params
 from runbook_lib.notebook import runner
@@ -55,6 +56,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.set_defaults(handler=_rollback)
 
 
+def _quiet_interrupt(
+    kind: type[BaseException], value: BaseException, traceback: TracebackType | None
+) -> None:
+    """Ctrl-C ends the process as an unhandled Ctrl-C does (by SIGINT: a shell shows 130), but without a
+    Python traceback: the run has sealed its record and said where (``runner.run``)."""
+    if not issubclass(kind, KeyboardInterrupt):
+        sys.__excepthook__(kind, value, traceback)
+
+
 def _rollback(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, cmd_run._terminate)
     root = cmd_run._checked_records_root(args.records)
@@ -66,16 +76,20 @@ def _rollback(args: argparse.Namespace) -> int:
     if params.apply and not args.apply:
         sys.stderr.write(_NOT_APPROVED)
     state_dir = cmd_run._state_dir(args.state)
-    outcome = runner.run(
-        params_file,
-        steps=[ROLLBACK.name],
-        apply=bool(args.apply),  # only --apply approves a rollback (module docstring)
-        overrides=args.overrides,
-        values=values,
-        records_root=root,
-        cluster=lambda params: cmd_run._simulated_cluster(params, state_dir),
-        cluster_key=str(state_dir),
-        progress=not args.no_progress,
-    )
+    try:
+        outcome = runner.run(
+            params_file,
+            steps=[ROLLBACK.name],
+            apply=bool(args.apply),  # only --apply approves a rollback (module docstring)
+            overrides=args.overrides,
+            values=values,
+            records_root=root,
+            cluster=lambda params: cmd_run._simulated_cluster(params, state_dir),
+            cluster_key=str(state_dir),
+            progress=not args.no_progress,
+        )
+    except KeyboardInterrupt:
+        sys.excepthook = _quiet_interrupt  # this process ends by it: no traceback under the sealed record
+        raise
     sys.stdout.write(outcome.report())
     return 0 if outcome.ok else 1
