@@ -218,9 +218,9 @@ def pod_phase(api: Any, name: str) -> str | None:
 
 
 def nodes_file(state: Path) -> dict[str, str]:
-    """Node name -> address of simnode's GPU workers."""
+    """Node name -> address of simnode's workers."""
     doc = json.loads((state / "simnode-nodes.json").read_text())
-    return {n["name"]: n["address"] for n in doc["nodes"] if n["name"].startswith("gpu-")}
+    return {n["name"]: n["address"] for n in doc["nodes"] if "worker" in n["name"]}
 
 
 @pytest.mark.slow
