@@ -18,6 +18,11 @@ RUNBOOK = str(Path(sys.executable).with_name("runbook"))
 #: Extensions installed, modules not configured: the config-patch step has work to do, and after it the
 #: verification step can be green (a fresh cluster would also need the image step).
 SCENARIO = "extensions-no-patch"
+#: How long the applied result may take to show once the progress bar turned green: the gate seals the change
+#: record of the approval (``RUNBOOK_RECORDS``: the notebook rebuilt, the front page, the checksums) before it
+#: displays the result (``notebook/gates.py``, ``ApprovalGate.approve``), which a loaded machine makes take far
+#: longer than the 10 s the tests gave it before approvals sealed records.
+SEALED_MS = 120_000
 #: The mutation the test must catch: an Approve button whose handler does nothing.
 BREAK_APPROVE = """\
 import runbook_lib.notebook.gates as _gates

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from tests.ui.labserver import Lab
-from tests.ui.support import BREAK_APPROVE, REPO, ConsoleErrors, SimNodes, Workspace, runbook
+from tests.ui.support import BREAK_APPROVE, REPO, SEALED_MS, ConsoleErrors, SimNodes, Workspace, runbook
 
 pytestmark = [pytest.mark.ui, pytest.mark.slow]
 
@@ -94,7 +94,7 @@ def _approve_and_wait(nb: Any, approve: Any, ws: Workspace, *, timeout_ms: int) 
     total = len(ws.node_names)
     expect(nb.panel.locator(".widget-label", has_text=f"{total}/{total} nodes")).to_be_visible(timeout=5_000)
     applied = nb.step_output("config-patch", "applied")
-    expect(applied).to_have_count(1, timeout=10_000)
+    expect(applied).to_have_count(1, timeout=SEALED_MS)
     table = nb.open_node_table(applied)
     assert table == dict.fromkeys(ws.node_names, "changed"), f"applied node table: {table}"
     expect(approve).to_be_disabled()
@@ -159,7 +159,7 @@ def _sealed_record(nb: Any, ws: Workspace) -> Path:
     from playwright.sync_api import expect
 
     named = nb.panel.locator(".widget-html code", has_text="-interactive-")
-    expect(named).to_have_count(1, timeout=30_000)
+    expect(named).to_have_count(1, timeout=SEALED_MS)
     record = Path(named.inner_text().strip())
     assert record.parent == ws.records, f"the approval sealed {record}, not a record in {ws.records}"
     runbook("records", "verify", "--dir", str(ws.records))  # exit 0: the chain and every file intact
@@ -315,7 +315,7 @@ def test_kubernetes_layer_approved_then_cuda_test_in_jupyterlab(
         re.compile(r"progress-bar-success"), timeout=120_000
     )
     applied = nb.step_output("kubernetes", "applied")
-    expect(applied).to_have_count(1, timeout=10_000)
+    expect(applied).to_have_count(1, timeout=SEALED_MS)
     expect(applied.locator("h3")).not_to_contain_text("failed")
     nb.center(applied)
     nb.screenshot("13-kubernetes-applied")
@@ -332,7 +332,7 @@ def test_kubernetes_layer_approved_then_cuda_test_in_jupyterlab(
         re.compile(r"progress-bar-success"), timeout=120_000
     )
     cuda = nb.step_output("cuda-test", "applied")
-    expect(cuda).to_have_count(1, timeout=10_000)
+    expect(cuda).to_have_count(1, timeout=SEALED_MS)
     expect(cuda.locator("h3")).to_contain_text("ok")
     assert nb.open_node_table(cuda) == dict.fromkeys(ui_workspace.node_names, "ok")
     nb.center(cuda)

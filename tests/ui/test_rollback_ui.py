@@ -17,7 +17,7 @@ import yaml
 
 from runbook_lib.notebook import records
 from tests.ui.labserver import Lab
-from tests.ui.support import SimNodes, Workspace, runbook
+from tests.ui.support import SEALED_MS, SimNodes, Workspace, runbook
 
 pytestmark = [pytest.mark.ui, pytest.mark.slow]
 
@@ -68,7 +68,7 @@ def test_rollback_approved_in_jupyterlab_takes_the_nodes_back(
         bar = nb.panel.locator(".widget-hprogress .progress-bar")
         expect(bar).to_have_class(re.compile(r"progress-bar-success"), timeout=180_000)
         done = nb.step_output("rollback", "applied")
-        expect(done).to_have_count(1, timeout=10_000)
+        expect(done).to_have_count(1, timeout=SEALED_MS)
         assert nb.open_node_table(done) == dict.fromkeys(ws.node_names, "changed")
         nb.screenshot("07-rollback-applied")
         check_clean(console)
@@ -76,7 +76,7 @@ def test_rollback_approved_in_jupyterlab_takes_the_nodes_back(
         ws.params_file.write_text(saved)
     assert all("nvidia" not in _modules(c) for c in nodes.all_configs().values())
     named = nb.panel.locator(".widget-html code", has_text="-interactive-")
-    expect(named).to_have_count(1, timeout=30_000)
+    expect(named).to_have_count(1, timeout=SEALED_MS)
     record = Path(named.inner_text().strip())
     data = json.loads((record / "record.json").read_text(encoding="utf-8"))
     assert data["steps"][0]["name"] == "rollback" and data["outcome"] == "changed"
