@@ -163,7 +163,7 @@ def test_runbook_run_with_the_real_talosctl_stops_at_the_right_step_on_the_fault
     tmp_path: Path, scenario: str
 ) -> None:
     expected, needle = REAL_CASES[scenario]
-    proc, state = run_scenario(tmp_path, scenario)
+    proc, _state = run_scenario(tmp_path, scenario)
     lines = step_lines(proc.stdout)
     outcomes = [lines.get(step) for step in STEPS]
     stop = STEPS.index(expected) if expected else len(STEPS)
@@ -175,8 +175,8 @@ def test_runbook_run_with_the_real_talosctl_stops_at_the_right_step_on_the_fault
         proc.stdout
     )
     failing = assert_fails_on_one_node(step_result(tmp_path, expected), needle)
-    node = load_node(state, failing["node"])
-    assert node.faults or not node.gpus, f"{node.name} has no fault and a GPU, yet it failed"
+    # scenarios.py breaks the last worker; chaos takes the first one down (and breaks others preflight never reaches)
+    assert failing["node"] == ("gpu-worker-1" if scenario == "chaos" else "gpu-worker-3"), failing["node"]
 
 
 @pytest.mark.slow
