@@ -206,6 +206,10 @@ def bare_pod(name: str, node: str) -> dict[str, Any]:
     }
 
 
+def service_accounts(api: Any) -> set[str]:
+    return {sa.metadata.name for sa in api.list_namespaced_service_account("default").items}
+
+
 def pod_phase(api: Any, name: str) -> str | None:
     from kubernetes.client.exceptions import ApiException
 
@@ -234,6 +238,9 @@ def test_upgrade_drains_the_node_through_the_real_control_plane_and_uncordons_it
     state, env = real_cluster
     (drained, address), (kept, _) = sorted(nodes_file(state).items())
     api = core_api(state)
+    # The ServiceAccount admission refuses a pod until the controller-manager created the namespace's "default"
+    # ServiceAccount, some time after the API server answers: wait for it rather than assume an order.
+    wait_for(lambda: "default" in service_accounts(api), timeout=180)
     for name, node in (("drained", drained), ("kept", kept)):
         api.create_namespaced_pod("default", bare_pod(name, node))
     wait_for(
