@@ -393,6 +393,11 @@ def simulator_for(params_file: Path, state: Path) -> Iterator[None]:
         yield
 
 
+# These figures are the Python simulator's (``cluster.running`` above starts it): with the real tools built,
+# ``runbook run``'s defaults would start the real control plane and simnode inside the timed run instead.
+PYTHON_SIM_ENV = {**os.environ, "RUNBOOK_SIM_TALOSCTL": "python", "RUNBOOK_SIM_KUBE": "python"}
+
+
 def runbook_run(
     work: Path, params: Path, extra: Sequence[str]
 ) -> tuple[dict[str, Any], ProcWatch, float, Path]:
@@ -403,7 +408,7 @@ def runbook_run(
     started = time.perf_counter()
     log = work / "run.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=PYTHON_SIM_ENV)
         watch = ProcWatch(proc.pid)
         thread = threading.Thread(target=watch.loop, daemon=True)
         thread.start()
