@@ -164,18 +164,21 @@ def start_simnode(binary: Path, state: Path, nodes: dict[str, object], *flags: s
     state.mkdir(mode=0o700)
     nodes_file = state.parent / f"{state.name}-nodes.json"
     nodes_file.write_text(json.dumps(nodes))
-    proc = subprocess.Popen(
-        [str(binary), "-nodes", str(nodes_file), "-state-dir", str(state), *flags],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    # A log file, not a pipe: nothing reads simnode's output while it runs, and a full pipe would stall it.
+    log = state.parent / f"{state.name}-simnode.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [str(binary), "-nodes", str(nodes_file), "-state-dir", str(state), *flags],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
     deadline = time.monotonic() + 60
     while not (state / "endpoint").exists():
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
-            _, err = proc.communicate()
-            pytest.fail(f"simnode did not start: {err}")
+            proc.wait()
+            pytest.fail(f"simnode did not start: {log.read_text()}")
         time.sleep(0.05)
     return proc
 
