@@ -668,7 +668,7 @@ def test_a_1_13_upgrade_with_drain_installs_then_fails_fetching_the_kubeconfig(c
     the kubeconfig through the Talos API first (drain.go:33-38, kubeclient.go:21-25), which only a control-plane
     node serves (machinehelper.go:33-35). simnode's talosconfig endpoint reaches a worker, so the real talosctl
     stops there: the new image is installed but the node was not rebooted, and boots it at its next reboot.
-    Draining through a real Kubernetes API is not simulated yet."""
+    Draining through the real control plane, with a control-plane endpoint: tests/sim/test_real_talos_113.py."""
     sim, node = cluster.sim, cluster.addr("drain113")
     proc = talosctl_113(cluster).run("-n", node, "upgrade", "--image", NVIDIA_13, "--timeout", "60s")
     assert proc.returncode == 1
