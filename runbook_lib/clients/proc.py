@@ -25,7 +25,7 @@ from typing import Any, Literal
 from runbook_lib.errors import PermanentError, RetryableError
 from runbook_lib.model.redact import redact
 
-#: Output kept in the journal per stream; larger output is truncated there (the caller still gets it all).
+#: Output kept in the journal per stream; of larger output its first and last halves (the caller gets it all).
 JOURNAL_OUTPUT_LIMIT = 4000
 
 
@@ -153,9 +153,11 @@ class Journal:
             if not keep_output:
                 return "" if not text else "(output not recorded)"
             text = redact(text)
-            return (
-                text if len(text) <= JOURNAL_OUTPUT_LIMIT else text[:JOURNAL_OUTPUT_LIMIT] + "\n…(truncated)"
-            )
+            if len(text) <= JOURNAL_OUTPUT_LIMIT:
+                return text
+            # Head and tail: a failing tool (talosctl upgrade's tracker) prints its error last.
+            half = JOURNAL_OUTPUT_LIMIT // 2
+            return f"{text[:half]}\n…({len(text) - 2 * half} characters left out)…\n{text[-half:]}"
 
         self.add(
             JournalEntry(

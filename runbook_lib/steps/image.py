@@ -544,7 +544,7 @@ def _run_batch(
         res = results[plan.node.address]
         if error:
             res.status = "failed"
-            res.message = f"talosctl upgrade failed: {error}"
+            res.message = f"talosctl upgrade failed: {image_diagnosis.upgrade_report(error)}"
             res.checks += diagnosed[plan.node.address]
         else:
             res.checks.append(Check("upgrade", True, "the installer was accepted and the node rebooted"))

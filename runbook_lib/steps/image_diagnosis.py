@@ -17,6 +17,7 @@ the causes apart, read only from the failed nodes (a healthy rollout pays nothin
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -40,6 +41,71 @@ from .patch import read_configs
 from .results import Check, checks_from_findings
 
 PERSISTENCED_ROW = "persistenced-never-up"
+#: A line of ``talosctl upgrade --wait``'s tracker: ``"<node>": <update>`` (talos@v1.12.0
+#: cmd/talosctl/pkg/talos/action/tracker.go, non-TTY reporter ``"%q: %v"``); lines without it continue the last.
+_TRACKER_LINE = re.compile(r'^"[^"]+": (?P<update>.*)$')
+#: The tracker's progress updates (node.go handleEvent/trackEventsWithRetry): they say what ran, not what failed.
+#: ``error: stopAllServices task completed`` is how every upgrade's event stream ends before the reboot.
+_PROGRESS = re.compile(
+    r"^(waiting for actor ID|actor ID: \S+|(sequence|phase|task): \S+ action: (START|STOP)|stage: .*"
+    r"|unavailable, retrying\.\.\.|events check condition met|post check passed|service: .*"
+    r"|error: stopAllServices task completed)$"
+)
+_STARTED = re.compile(r"^(?P<kind>phase|task): (?P<name>\S+) action: START$")
+#: At most this many lines of the tracker's error updates go into a message (the last ones: the node's final error).
+MAX_ERROR_LINES = 12
+JOURNAL_NOTE = (
+    "the full output is in the step's journal, the talosctl upgrade command's stderr "
+    "(in a change record: results/image.json)"
+)
+
+
+def upgrade_report(output: str) -> str:
+    """What a user needs of a failed ``talosctl upgrade --wait``: its error lines and the node's last phase.
+
+    Why: the real talosctl prints one tracker line per phase and task (about 50 for an upgrade), then the
+    error; the node's message and check carried all of it.  Output without tracker progress lines (an older
+    talosctl, the simulator's) is returned as it is.  The whole output stays in the journal.
+    """
+    entries = _tracker_entries(output)
+    progress = [e[0] for e in entries if _PROGRESS.match(e[0])]
+    if not progress:
+        return output
+    errors = [line for e in entries if not _PROGRESS.match(e[0]) for line in e if line.strip()]
+    kept = errors[-MAX_ERROR_LINES:]
+    cut = len(errors) - len(kept)
+    notes = [f"last {_last_phase(progress)}"] if _last_phase(progress) else []
+    left_out = f"{len(progress)} progress lines" + (f" and {cut} earlier error lines" if cut else "")
+    notes.append(f"{left_out} left out: {JOURNAL_NOTE}")
+    return "\n".join([*kept, f"({'; '.join(notes)})"])
+
+
+def _tracker_entries(output: str) -> list[list[str]]:
+    """The tracker's updates, each a list of lines: its own (node prefix removed), then its continuation."""
+    entries: list[list[str]] = []
+    for line in output.strip().splitlines():
+        match = _TRACKER_LINE.match(line)
+        if match:
+            entries.append([match["update"]])
+        elif entries:
+            entries[-1].append(line)
+        else:
+            entries.append([line])
+    return entries
+
+
+def _last_phase(progress: list[str]) -> str | None:
+    """``phase: <name> (task <name>)`` of the last phase the node started, and the last task in it."""
+    phase = task = None
+    for update in progress:
+        started = _STARTED.match(update)
+        if started and started["kind"] == "phase":
+            phase, task = started["name"], None
+        elif started:
+            task = started["name"]
+    if phase is None:
+        return None
+    return f"phase: {phase}" + (f" (task {task})" if task else "")
 
 
 def upgrade_failures(ctx: Context, errors: Mapping[str, tuple[Node, str]]) -> dict[str, list[Check]]:
@@ -70,15 +136,17 @@ def _hung(ctx: Context, node: Node, error: str) -> bool:
 def _upgrade_checks(
     ctx: Context, node: Node, error: str, devices: list[PciDevice] | None, config: list[dict[str, Any]] | None
 ) -> list[Check]:
-    """The failed ``upgrade`` check (the tool's own words) carrying the cause's fix, then the cause itself."""
+    """The failed ``upgrade`` check (the tool's own error lines, see ``upgrade_report``) carrying the cause's fix,
+    then the cause itself; the cause is read from the whole output."""
+    shown = upgrade_report(error)
     if devices is not None and not nvidia_gpus(devices):
         cause = gpu_check(ctx, node, devices, has_gpu_image=False)
     else:
         found = _cause(ctx, node, error, devices, config)
         if found is None:
-            return [Check("upgrade", False, error, fix=fixes.upgrade_failed(node.address))]
+            return [Check("upgrade", False, shown, fix=fixes.upgrade_failed(node.address))]
         [cause] = checks_from_findings([found])
-    return [Check("upgrade", False, error, fix=cause.fix, cause=cause.cause), cause]
+    return [Check("upgrade", False, shown, fix=cause.fix, cause=cause.cause), cause]
 
 
 def _cause(
