@@ -459,3 +459,31 @@ def test_upgrade_to_1_13_is_refused_when_the_device_plugin_cannot_be_looked_up(
     assert "Kubernetes cluster unreachable" in check.message and "helm list -A" in check.fix
     assert not any("upgrade" in e.argv for e in ctx.journal.changes())
     assert all(load_node(state, w).schematic_id == VANILLA_SCHEMATIC for w in WORKERS)
+
+
+@pytest.mark.parametrize(
+    ("fault", "cause"),
+    [("toolkit_missing", "nvidia-container-toolkit"), ("driver_mismatch", "driver")],
+)
+def test_a_node_that_came_back_stably_wrong_fails_at_once_not_after_node_ready_seconds(
+    sim: tuple[Path, factory.FactoryServer], fault: str, cause: str
+) -> None:
+    """toolkit-missing / driver-mismatch: the upgrade succeeded (talosctl --wait returns once the boot ID changed,
+    talos@v1.12.0 cmd/talosctl/pkg/talos/action/tracker.go post check), the node answers and reports the same
+    wrong extensions read after read; waiting node_ready_seconds (default 300 s) for it to change was the whole
+    wait of a real run. The node fails after a few identical reads, with its diagnosis; the others pass."""
+    state, _server = sim
+    inject(state, "talos-worker-3", fault)
+    ctx = _ctx(state, apply=True, rollout={"max_failures": 1})
+    result = image_upgrade(ctx, settle_timeout=60.0, poll_interval=0.1)
+    assert result.data["done"] == ["talos-worker-1", "talos-worker-2"]
+    assert result.data["failed"] == ["talos-worker-3"]
+    node = result.node("talos-worker-3")
+    assert "missing extensions siderolabs/nvidia-container-toolkit-lts" in node.message, node.message
+    assert any(cause in (c.cause or "") + c.message for c in node.checks if not c.ok), node.checks
+    reads = [
+        e for e in ctx.journal.entries if e.argv and "extensions" in e.argv and "10.5.0.5" in " ".join(e.argv)
+    ]
+    assert len(reads) <= 6, (
+        f"{len(reads)} reads of the node's extensions: it waited for a change that never came"
+    )

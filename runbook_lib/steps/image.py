@@ -53,6 +53,8 @@ Progress = Callable[[int, int], None]
 STEP = "image-upgrade"
 #: Upper bound on concurrent ``talosctl upgrade`` processes, whatever ``rollout_concurrency`` says.
 MAX_PARALLEL_UPGRADES = 64
+#: Identical wrong answers in a row after which a node that rebooted into its new boot is failed (see ``_confirm``).
+SETTLE_READS = 3
 
 
 @dataclass(frozen=True)
@@ -562,41 +564,64 @@ def _confirm(
     settle_timeout: float,
     poll_interval: float,
 ) -> None:
-    """Wait until each upgraded node answers with the planned version, schematic and NVIDIA extensions."""
+    """Wait until each upgraded node answers with the planned version, schematic and NVIDIA extensions.
+
+    A node whose upgrade returned success is in its new boot (talosctl --wait returns once the boot ID
+    changed: talos@v1.12.0 cmd/talosctl/pkg/talos/action/tracker.go post check); one that then answers
+    the same wrong state ``SETTLE_READS`` times in a row (a toolkit missing, another driver track, a
+    rollback) will not change by waiting, so it fails then, not after ``settle_timeout``.
+    """
     deadline = time.monotonic() + settle_timeout
-    last: dict[str, list[str]] = {}
-    last_state: dict[str, NodeState] = {}
+    last: dict[str, tuple[list[str], NodeState]] = {}
+    streaks: dict[str, tuple[object, int]] = {}
+    given_up: list[NodeImage] = []
     while pending:
         states = read_states(ctx, [p.node.address for p in pending])
         still: list[NodeImage] = []
         for plan in pending:
             state = states[plan.node.address]
             problems = [f"does not answer: {state.error}"] if state.error else mismatches(plan, state, target)
-            if problems:
-                last[plan.node.address] = problems
-                last_state[plan.node.address] = state
-                still.append(plan)
+            if not problems:
+                _confirmed(results[plan.node.address], plan, target)
                 continue
-            res = results[plan.node.address]
-            res.status = "changed"
-            res.message = f"now on {plan.schematic_id or plan.image} at {target}"
-            res.checks.append(Check("schematic and extensions", True, res.message))
+            last[plan.node.address] = (problems, state)
+            settled = not state.error and _same_again(streaks, plan.node.address, state)
+            (given_up if settled else still).append(plan)
         pending = still
         if not pending or time.monotonic() >= deadline:
             break
         time.sleep(poll_interval)
-    for plan in pending:
-        res = results[plan.node.address]
-        res.status = "failed"
-        res.message = "after the upgrade the node " + "; ".join(
-            last.get(plan.node.address, ["did not settle"])
-        )
-        left = last_state.get(plan.node.address)
-        res.checks += image_diagnosis.confirm_failure(
-            ctx,
-            plan.node,
-            res.message,
-            planned_schematic=plan.schematic_id,
-            found=None if left is None or left.error else (left.extensions, left.schematic_id),
-            retry=shlex.join(upgrade_command(ctx, plan)),
-        )
+    for plan in given_up + pending:
+        _not_confirmed(ctx, plan, results[plan.node.address], last.get(plan.node.address))
+
+
+def _same_again(streaks: dict[str, tuple[object, int]], address: str, state: NodeState) -> bool:
+    """Count the node's identical answers in a row; True once it gave the same one ``SETTLE_READS`` times."""
+    key = (state.version, state.schematic_id, tuple(sorted(state.extensions.items())))
+    previous, count = streaks.get(address, (None, 0))
+    count = count + 1 if previous == key else 1
+    streaks[address] = (key, count)
+    return count >= SETTLE_READS
+
+
+def _confirmed(res: NodeResult, plan: NodeImage, target: str) -> None:
+    res.status = "changed"
+    res.message = f"now on {plan.schematic_id or plan.image} at {target}"
+    res.checks.append(Check("schematic and extensions", True, res.message))
+
+
+def _not_confirmed(
+    ctx: Context, plan: NodeImage, res: NodeResult, last: tuple[list[str], NodeState] | None
+) -> None:
+    """The node failed its confirmation: what it last reported, and the diagnosis of it."""
+    problems, left = last if last is not None else (["did not settle"], None)
+    res.status = "failed"
+    res.message = "after the upgrade the node " + "; ".join(problems)
+    res.checks += image_diagnosis.confirm_failure(
+        ctx,
+        plan.node,
+        res.message,
+        planned_schematic=plan.schematic_id,
+        found=None if left is None or left.error else (left.extensions, left.schematic_id),
+        retry=shlex.join(upgrade_command(ctx, plan)),
+    )
