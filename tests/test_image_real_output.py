@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from runbook_lib.sim import factory
+from runbook_lib.steps import image_diagnosis
 from runbook_lib.steps.image import image_upgrade
 from tests.test_image_step import _ctx, _sim
 
@@ -157,3 +158,12 @@ def test_a_long_real_upgrade_output_keeps_its_final_error_in_the_journal(
     [journalled] = [e for e in ctx.journal.entries if e.argv and "upgrade" in e.argv and ADDRESS in e.argv]
     assert "3 error(s) occurred:" in journalled.stderr and "dial tcp 10.5.0.4:50000" in journalled.stderr
     assert "waiting for actor ID" in journalled.stderr
+
+
+def test_a_killed_upgrade_keeps_the_runners_timeout_line_after_the_progress() -> None:
+    """When talosctl outlives the Runner's timeout, proc.Runner appends ``(timed out after N s)`` to what it
+    printed so far (runbook_lib/clients/proc.py), which ends with progress lines: that line is the error."""
+    cut = TRACKER_OUTPUT.index(f'"{ADDRESS}": stage: BOOTING')
+    report = image_diagnosis.upgrade_report(TRACKER_OUTPUT[:cut] + "\n(timed out after 150 s)")
+    assert report.splitlines()[0] == "(timed out after 150 s)", report
+    assert "last phase: startEverything (task startAllServices)" in report, report

@@ -81,16 +81,15 @@ def upgrade_report(output: str) -> str:
 
 
 def _tracker_entries(output: str) -> list[list[str]]:
-    """The tracker's updates, each a list of lines: its own (node prefix removed), then its continuation."""
+    """The tracker's updates, each a list of lines: its own (node prefix removed), then its continuation (blank
+    or indented, as a multierror's); any other line (the Runner's ``(timed out after N s)``) stands alone."""
     entries: list[list[str]] = []
     for line in output.strip().splitlines():
         match = _TRACKER_LINE.match(line)
-        if match:
-            entries.append([match["update"]])
-        elif entries:
+        if entries and not match and (not line.strip() or line[0].isspace()):
             entries[-1].append(line)
         else:
-            entries.append([line])
+            entries.append([match["update"] if match else line])
     return entries
 
 
