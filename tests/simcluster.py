@@ -6,13 +6,14 @@ exactly as it reaches a real one (``runbook_lib.steps.context.connect``).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from runbook_lib.model.params import Params, validate
-from runbook_lib.sim import cluster
+from runbook_lib.sim import cluster, factory
 from runbook_lib.sim.state import load_nodes
 from runbook_lib.steps.context import Context, connect
 
@@ -57,6 +58,20 @@ def sim_cluster(
     finally:
         if daemon:
             cluster.stop_daemon(state_dir)
+
+
+@contextmanager
+def factory_only(
+    state_dir: Path, *, workers: int, scenario: str, talos_version: str = "v1.12.7"
+) -> Iterator[factory.FactoryServer]:
+    """A simulated cluster whose only server is the Image Factory, run in this process (talosctl reads the
+    state directory): what the image, rollout and rollback tests need, without the daemon's start-up."""
+    cluster.create(
+        state_dir, cluster.ClusterSpec(workers=workers, talos_version=talos_version, scenario=scenario)
+    )
+    with factory.running(state_dir) as server:
+        (state_dir / "endpoints.json").write_text(json.dumps({"factory": server.url}))
+        yield server
 
 
 def node_config(ctx: Context, address: str) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,13 +11,13 @@ import yaml
 from runbook_lib.model.params import load_params
 from runbook_lib.model.schematic import schematic_for
 from runbook_lib.sim import factory
-from runbook_lib.sim.cluster import ClusterSpec, create
 from runbook_lib.sim.faults import inject
 from runbook_lib.sim.scenarios import configure_modules
 from runbook_lib.sim.state import VANILLA_SCHEMATIC, InstalledExtension, load_node, locked_node
 from runbook_lib.steps.context import Context, connect
 from runbook_lib.steps.image import image_upgrade
 from runbook_lib.steps.results import StepResult
+from tests.simcluster import factory_only
 
 LTS = ["siderolabs/nvidia-open-gpu-kernel-modules-lts", "siderolabs/nvidia-container-toolkit-lts"]
 GPU_ID = schematic_for(LTS).id
@@ -33,9 +32,7 @@ def _sim(
     # config-patched: the runbook's config-patch step runs before the image step (an upgrade of a node
     # whose config does not load the NVIDIA modules hangs at boot and rolls back; see notebook/steps.py)
     state = tmp_path / "sim"
-    create(state, ClusterSpec(workers=3, talos_version=version, scenario=scenario))
-    with factory.running(state) as server:
-        (state / "endpoints.json").write_text(json.dumps({"factory": server.url}))
+    with factory_only(state, workers=3, scenario=scenario, talos_version=version) as server:
         yield state, server
 
 

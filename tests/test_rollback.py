@@ -28,8 +28,7 @@ from runbook_lib.notebook import records
 from runbook_lib.notebook.lock import LOCKS_ENV
 from runbook_lib.notebook.runner import StepOutcome, _journal_record, select_steps
 from runbook_lib.notebook.steps import GATES, RESULT_FILE_ENV, ROLLBACK, run_step
-from runbook_lib.sim import factory, patching, realtalos
-from runbook_lib.sim.cluster import ClusterSpec, create
+from runbook_lib.sim import patching, realtalos
 from runbook_lib.sim.faults import clear, inject
 from runbook_lib.sim.state import VANILLA_SCHEMATIC, load_node
 from runbook_lib.steps.context import SIM_STATE_ENV, Context, connect
@@ -38,7 +37,7 @@ from runbook_lib.steps.kubernetes import kubernetes_layer
 from runbook_lib.steps.patch import config_patch, read_configs
 from runbook_lib.steps.results import StepResult
 from runbook_lib.steps.rollback import rollback
-from tests.simcluster import sim_cluster
+from tests.simcluster import factory_only, sim_cluster
 
 PARAMS = str(Path(__file__).resolve().parents[1] / "params" / "simulated.yaml")
 MODULES_PATCH = (
@@ -163,9 +162,7 @@ ADDRESS = {name: f"10.5.0.{3 + i}" for i, name in enumerate(WORKERS)}
 def sim(tmp_path: Path) -> Iterator[Path]:
     """Four fresh GPU workers and the Image Factory (talosctl runs against the state directory)."""
     state = tmp_path / "sim"
-    create(state, ClusterSpec(workers=4, talos_version="v1.12.7", scenario="fresh"))
-    with factory.running(state) as server:
-        (state / "endpoints.json").write_text(json.dumps({"factory": server.url}))
+    with factory_only(state, workers=4, scenario="fresh"):
         yield state
 
 

@@ -8,7 +8,6 @@ These are the project's own design (no upstream tool defines them), so there is 
 from __future__ import annotations
 
 import itertools
-import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,15 +19,13 @@ import yaml
 from runbook_lib.errors import ParametersInvalid
 from runbook_lib.model.params import load_params, parameter_rows, parameters_markdown, validate
 from runbook_lib.model.rollout import batch_sizes, failure_budget, parse_budget, schedule
-from runbook_lib.sim import factory
-from runbook_lib.sim.cluster import ClusterSpec, create
 from runbook_lib.sim.faults import clear, inject
 from runbook_lib.sim.state import VANILLA_SCHEMATIC, load_node, locked_node
 from runbook_lib.steps.context import Context, connect
 from runbook_lib.steps.image import image_upgrade
 from runbook_lib.steps.patch import config_patch
 from runbook_lib.steps.results import StepResult
-from tests.simcluster import sim_cluster
+from tests.simcluster import factory_only, sim_cluster
 
 WORKERS = ["talos-worker-1", "talos-worker-2", "talos-worker-3"]
 
@@ -213,9 +210,7 @@ def test_patch_rerun_after_a_failed_rollout_changes_only_the_remaining_nodes(tmp
 def image_sim(tmp_path: Path) -> Iterator[Path]:
     state = tmp_path / "sim"
     # config-patched: the image step refuses nodes whose config lacks the modules patch
-    create(state, ClusterSpec(workers=3, talos_version="v1.12.7", scenario="config-patched"))
-    with factory.running(state) as server:
-        (state / "endpoints.json").write_text(json.dumps({"factory": server.url}))
+    with factory_only(state, workers=3, scenario="config-patched"):
         yield state
 
 

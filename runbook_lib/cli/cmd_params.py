@@ -20,6 +20,11 @@ def add_params_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-p", "--params", required=True, metavar="FILE", help="parameter file (params/*.yaml)"
     )
+    add_set_arg(parser)
+
+
+def add_set_arg(parser: argparse.ArgumentParser) -> None:
+    """Repeatable ``--set KEY=VALUE`` into ``overrides``: one definition for every command that takes it."""
     parser.add_argument(
         "--set",
         dest="overrides",

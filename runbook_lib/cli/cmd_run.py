@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from runbook_lib.cli.cmd_params import add_set_arg
 from runbook_lib.errors import PermanentError
 from runbook_lib.model.params import Params
 from runbook_lib.notebook import interrupts, lock, records, runner
@@ -94,14 +95,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def add_run_options(parser: argparse.ArgumentParser) -> None:
     """The options of a command that runs notebooks into a record (``run``, ``rollback``)."""
     parser.add_argument("--apply", action="store_true", help="change the cluster (default: plan and dry-run)")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a parameter",
-    )
+    add_set_arg(parser)
     parser.add_argument(
         "--records", metavar="DIR", help="records directory (default: $RUNBOOK_RECORDS or ./records)"
     )
