@@ -1015,6 +1015,7 @@ def run(
     if interrupted is None and signals.received is not None:  # came after the last step: nothing cut short
         interrupted = signals.exception()
     if interrupted is not None:
-        sys.stderr.write(f"runbook run: {signals.name}: the record is sealed at {record}\n")
+        command = "runbook rollback" if [s.name for s in selected] == ["rollback"] else "runbook run"
+        sys.stderr.write(f"{command}: {signals.name}: the record is sealed at {record}\n")
         raise interrupted
     return RunOutcome(record, outcome_word, outcomes, digest, len(changes), failed_step, note)
