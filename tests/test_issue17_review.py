@@ -270,7 +270,8 @@ def test_a_rollback_stopped_by_ctrl_c_seals_every_upgrade_that_reached_a_node(tm
         status, err = interrupt(proc, [signal.SIGINT])
         assert status == expected_status([signal.SIGINT]), err
         assert "the record is sealed at" in err and "Traceback" not in err, err  # said, not crashed
-        assert "runbook rollback: SIGINT" in err and "runbook run:" not in err, err  # the command the user ran
+        # the command the user ran
+        assert "runbook rollback: SIGINT" in err and "runbook run:" not in err, err
         assert main(["records", "verify", "--dir", str(live.records)]) == 0
         data = records.load_record(records.resolve(live.records, None))
         assert (data["outcome"], data["steps_requested"]) == ("interrupted", ["rollback"])
