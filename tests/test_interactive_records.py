@@ -122,6 +122,24 @@ def test_an_approval_is_sealed_into_the_chain_with_its_changes(params: Params, t
     assert str(path) in gate.status.value  # the person sees where the record is
 
 
+def test_the_approval_rendering_is_a_whole_html_page_that_declares_utf8(
+    params: Params, tmp_path: Path
+) -> None:
+    """The record's html/ file is opened on its own in a browser: without a declared charset a browser may
+    decode the rendering's arrows and dashes as windows-1252 (HTML Living Standard, "determining the
+    character encoding": a fallback when nothing declares one)."""
+    root = tmp_path / "records"
+    approve(params, root, only=("gpu-worker-2",))
+    (path,) = records.sealed_records(root)
+    page = (path / "html" / "02-config-patch.interactive.html").read_text(encoding="utf-8")
+    assert page.lower().startswith("<!doctype html>"), page[:80]
+    assert '<meta charset="utf-8">' in page[:400], page[:400]
+    assert (
+        "<title>config-patch: applied</title>" in page and "config-patch: applied" in page.split("<body>")[1]
+    )
+    assert records.verify(root) == []
+
+
 def test_plan_only_and_a_refused_approval_record_nothing(params: Params, tmp_path: Path) -> None:
     root = tmp_path / "records"
     journal = Journal()

@@ -43,7 +43,7 @@ from runbook_lib.steps.context import resolve_endpoints
 from runbook_lib.steps.results import StepResult
 
 from . import records
-from .render import render_html
+from .render import html_page, render_html
 from .steps import journal_file
 
 #: Set by jupyter_server for a notebook's kernel: the notebook's path.
@@ -196,7 +196,8 @@ class InteractiveRecorder:
         self._write_notebook(path, rendered)
         if rendered:
             (path / "html").mkdir()
-            (path / "html" / f"{Path(self.notebook_file).stem}.html").write_text(rendered, encoding="utf-8")
+            page = html_page(rendered, f"{self.step}: applied")
+            (path / "html" / f"{Path(self.notebook_file).stem}.html").write_text(page, encoding="utf-8")
         saved = Path(os.environ.get(SESSION_ENV, ""))
         if saved.suffix == ".ipynb" and saved.is_file():
             shutil.copyfile(saved, path / SAVED_NOTEBOOK)

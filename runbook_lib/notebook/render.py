@@ -218,6 +218,15 @@ def render_html(result: StepResult, *, limit: int = TABLE_LIMIT, title: str | No
     return "\n".join(out)
 
 
+def html_page(body: str, title: str) -> str:
+    """``body`` (a :func:`render_html` fragment) as a page of its own, for a file opened directly in a
+    browser: without ``<meta charset>`` a browser may fall back to windows-1252 and garble the arrows."""
+    return (
+        f'<!doctype html>\n<html><head><meta charset="utf-8"><title>{escape(title)}</title></head>\n'
+        f"<body>{body}</body></html>\n"
+    )
+
+
 def _md(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
