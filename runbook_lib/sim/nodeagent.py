@@ -38,6 +38,11 @@ BASICS = {"cpu": "8", "memory": "32Gi", "pods": "110"}
 #: Talos taints control-plane nodes unless cluster.allowSchedulingOnControlPlanes is set (the Talos config
 #: reference's description of that field; where Talos applies the taint was not checked in its source).
 CONTROL_PLANE_TAINT = {"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}
+#: Not on a real node: the label kwok selects the nodes it plays the kubelet of by (realkube._start_kwok). The
+#: agent takes it off while the node's Talos state says it is down (powered off, rebooting), so nothing renews
+#: the node's Lease or posts its status, as with a real node whose kubelet is not running.
+KUBELET_LABEL = "sim.talos-gpu-runbooks.local/kubelet"
+KUBELET_RUNNING = "running"
 
 
 def api(kubeconfig: Path) -> client.CoreV1Api:
@@ -48,6 +53,8 @@ def node_object(node: SimNode, kubernetes: str) -> dict[str, Any]:
     """The Node a Talos node's kubelet registers: hostname/os/arch labels, its address, its role, and the node
     info a Talos node reports (kubelet ``kubernetes``, containerd and kernel of its release, as kubelet.py)."""
     labels = {"kubernetes.io/hostname": node.name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}
+    if node.reachable:
+        labels[KUBELET_LABEL] = KUBELET_RUNNING
     spec: dict[str, Any] = {}
     if node.role == "controlplane":
         labels["node-role.kubernetes.io/control-plane"] = ""
@@ -162,6 +169,19 @@ def _readiness(pod: dict[str, Any], ready: bool) -> list[dict[str, Any]]:
     return kept + [{"type": t, "lastTransitionTime": now, **value} for t in ("ContainersReady", "Ready")]
 
 
+def _node_ready(node: dict[str, Any]) -> bool:
+    conditions = (node.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def _marked_not_ready(pod: dict[str, Any]) -> bool:
+    """Ready False while ContainersReady stays True: what the node lifecycle controller leaves on the pods of a
+    node whose kubelet stopped posting (it flips only the Ready condition: kubernetes@v1.35.0
+    pkg/controller/util/node/controller_utils.go ``MarkPodsNotReady``); a kubelet never reports that pair."""
+    conditions = {c.get("type"): c.get("status") for c in (pod.get("status") or {}).get("conditions") or []}
+    return conditions.get("Ready") == "False" and conditions.get("ContainersReady") == "True"
+
+
 def _runs_to_completion(pod: dict[str, Any]) -> bool:
     """A bare pod that ends by itself (restartPolicy Never/OnFailure), started by kwok (Running and Ready).
 
@@ -253,7 +273,11 @@ class NodeAgent:
         objs = self.core.api_client.sanitize_for_serialization(self.core.list_node())["items"]
         current = {o["metadata"]["name"]: _advertised(o) for o in objs}
         nodes = observed_nodes(self.state_dir)  # with the real talosctl: as simnode observes it
+        down = self._follow_kubelets(objs, nodes)
+        nodes = [n for n in nodes if n.name not in down]  # no kubelet there: nothing changes until it is back
         by_name = {n.name: n for n in nodes}
+        pods = [p for p in pods if (p.get("spec") or {}).get("nodeName") not in down]
+        self._repost_readiness(pods, {o["metadata"]["name"] for o in objs if _node_ready(o)})
         pods = self._with_sandbox(pods, by_name, handlers)
         plugin_pods = [p for p in pods if _is_plugin(p)]
         for node in nodes:
@@ -265,6 +289,30 @@ class NodeAgent:
             on = by_name.get((pod.get("spec") or {}).get("nodeName", ""))
             if on is not None:
                 self._plugin(pod, on, _handler(pod, handlers, on))
+
+    def _follow_kubelets(self, objs: list[dict[str, Any]], nodes: list[SimNode]) -> set[str]:
+        """The nodes that are down now (their Talos state: powered off, rebooting, not answering). kwok plays a
+        node's kubelet only while the Node carries ``KUBELET_LABEL``, so the label goes while the node is down
+        and comes back with it: the node lifecycle controller then sees what a real kubelet's absence shows."""
+        down = {n.name for n in nodes if not n.reachable}
+        known = {n.name for n in nodes}
+        for obj in objs:
+            name = obj["metadata"]["name"]
+            want = None if name in down else KUBELET_RUNNING
+            if name in known and (obj["metadata"].get("labels") or {}).get(KUBELET_LABEL) != want:
+                self.core.patch_node(name, {"metadata": {"labels": {KUBELET_LABEL: want}}})
+                log.info("node %s: kubelet %s", name, "stopped (node down)" if want is None else "running")
+        return down
+
+    def _repost_readiness(self, pods: list[dict[str, Any]], ready_nodes: set[str]) -> None:
+        """A kubelet back on a Ready node posts its pods' readiness again, which the node lifecycle controller
+        had set False while the node was out (``_marked_not_ready``); kwok's stages never revisit a Running
+        pod."""
+        for pod in pods:
+            if (pod.get("spec") or {}).get("nodeName") in ready_nodes and _marked_not_ready(pod):
+                meta = pod["metadata"]
+                body = {"status": {"conditions": _readiness(pod, True)}}
+                self.core.patch_namespaced_pod_status(meta["name"], meta["namespace"], body)
 
     def _with_sandbox(
         self, pods: list[dict[str, Any]], nodes: dict[str, SimNode], handlers: dict[str, str]

@@ -1,0 +1,91 @@
+"""What the real Kubernetes control plane shows while the simulated Talos nodes change (issues 14 and 15).
+
+The nodes' kubelets are kwok's (v0.8.0) on the real kube-apiserver, kube-controller-manager and kube-scheduler
+v1.35.0 that ``simkube`` runs; the GPU node agent (``runbook_lib.sim.nodeagent``) decides what follows from
+each node's Talos state. Every wait here polls for the condition it needs with a generous deadline: the node
+lifecycle controller, kwok and the agent run on their own clocks, and a loaded machine delays all of them.
+Skipped, saying what to build, when the control plane is not built (``make kube-tools``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runbook_lib.sim import faults, realkube
+from tests.sim.test_real_talos_113 import bare_pod, core_api, service_accounts
+from tests.sim.test_sim_up_real_kube import down, up
+from tests.sim.test_sim_up_real_kube import tools as tools  # noqa: PLC0414  (the module-scoped fixture)
+from tests.sim.waiting import wait_for
+
+pytestmark = pytest.mark.slow
+
+#: kube-controller-manager's --node-monitor-grace-period, which simkube leaves at its default: 50 s
+#: (kubernetes@v1.35.0 pkg/controller/nodelifecycle/config/v1alpha1/defaults.go). The node's Lease, renewed
+#: every 10 s (a quarter of kwok's --node-lease-duration-seconds=40, sigs.k8s.io/kwok@v0.8.0
+#: pkg/kwok/controllers/controller.go), counts as its last heartbeat, so the node can turn Unknown up to one
+#: renewal interval before the grace period has passed since it went down.
+GRACE_S = 50
+RENEW_S = 10
+
+
+def ready_condition(api: Any, node: str) -> Any:
+    return next(c for c in api.read_node(node).status.conditions if c.type == "Ready")
+
+
+def taint_keys(api: Any, node: str) -> set[str]:
+    return {t.key for t in api.read_node(node).spec.taints or []}
+
+
+def pod_ready(api: Any, name: str) -> str:
+    pod = api.read_namespaced_pod(name, "default")
+    return next((c.status for c in pod.status.conditions or [] if c.type == "Ready"), "")
+
+
+@pytest.fixture
+def two_workers(tools: realkube.Tools, tmp_path: Path) -> Iterator[Path]:
+    """Two gpu-ready Talos 1.12 workers (Python talosctl: their state is the node files) on the real control
+    plane."""
+    state = tmp_path / "sim"
+    up(state, tools, 2, "gpu-ready")
+    try:
+        yield state
+    finally:
+        down(state)
+
+
+def test_a_node_that_goes_down_turns_ready_unknown_after_the_grace_period_and_ready_when_it_is_back(
+    two_workers: Path,
+) -> None:
+    """A Talos node that is down (powered off, rebooting) runs no kubelet, so nothing renews its Lease or posts
+    its status: the node lifecycle controller sets Ready (and the other conditions) Unknown, "Kubelet stopped
+    posting node status.", once the grace period passed, taints it unreachable and marks its pods not ready
+    (kubernetes@v1.35.0 pkg/controller/nodelifecycle/node_lifecycle_controller.go tryUpdateNodeHealth,
+    markPodsNotReady). Once the node is back its kubelet posts Ready again, the controller lifts the taints, and
+    the kubelet restarts the node's pods, which turn ready. Before, kwok kept every node Ready throughout."""
+    state = two_workers
+    api = core_api(state)
+    wait_for(lambda: "default" in service_accounts(api), timeout=180)
+    api.create_namespaced_pod("default", bare_pod("on-node", "talos-worker-2"))
+    wait_for(lambda: pod_ready(api, "on-node") == "True", timeout=180)
+    wait_for(lambda: ready_condition(api, "talos-worker-2").status == "True", timeout=180)
+
+    faults.inject(state, "talos-worker-2", "unreachable")
+    went_down = time.monotonic()
+    unknown = wait_for(
+        lambda: (c := ready_condition(api, "talos-worker-2")).status == "Unknown" and c, timeout=GRACE_S + 180
+    )
+    assert time.monotonic() - went_down > GRACE_S - RENEW_S - 5  # the controller's grace, not at once
+    assert (unknown.reason, unknown.message) == ("NodeStatusUnknown", "Kubelet stopped posting node status.")
+    wait_for(lambda: "node.kubernetes.io/unreachable" in taint_keys(api, "talos-worker-2"), timeout=60)
+    wait_for(lambda: pod_ready(api, "on-node") == "False", timeout=60)
+    assert ready_condition(api, "talos-worker-1").status == "True"  # the node that stayed up
+
+    faults.clear(state, "talos-worker-2", "unreachable")
+    wait_for(lambda: ready_condition(api, "talos-worker-2").status == "True", timeout=180)
+    wait_for(lambda: "node.kubernetes.io/unreachable" not in taint_keys(api, "talos-worker-2"), timeout=120)
+    wait_for(lambda: pod_ready(api, "on-node") == "True", timeout=120)
