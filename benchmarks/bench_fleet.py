@@ -42,6 +42,7 @@ from typing import Any
 import yaml
 from jupyter_client.manager import start_new_kernel
 
+from benchmarks.real_fleet import union_seconds
 from runbook_lib.clients.talosctl import PATCH_CALLS
 from runbook_lib.model.params import Params, validate
 from runbook_lib.sim import cluster, toolserver
@@ -440,14 +441,7 @@ def busy_time(record: dict[str, Any]) -> float:
         for c in record.get("commands", [])
         if c.get("kind") == "command"
     )
-    total, start, end = 0.0, None, float("-inf")
-    for lo, hi in spans:
-        if start is None or lo > end:
-            total += 0.0 if start is None else end - start
-            start, end = lo, hi
-        else:
-            end = max(end, hi)
-    return total + (end - start if start is not None else 0.0)
+    return union_seconds(spans)
 
 
 def kernel_import_time() -> float:

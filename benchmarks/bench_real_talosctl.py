@@ -48,6 +48,7 @@ from benchmarks.real_fleet import (
     Fleet,
     get_args,
     get_only_pools,
+    go_on_path,
     patch_args,
     patch_chunks,
     simnode_fleet,
@@ -62,7 +63,7 @@ from runbook_lib.steps.context import connect
 from runbook_lib.steps.patch import config_patch
 from runbook_lib.steps.verify import verify
 from tests.sim.test_library_real_talosctl import TALOS
-from tests.sim.test_real_talosctl import build, find_go
+from tests.sim.test_real_talosctl import build
 
 RESULTS = Path(__file__).resolve().parent / "results.json"
 REPEATS = 3
@@ -284,11 +285,8 @@ def merge(figures: dict[str, Any]) -> None:
 
 
 def main() -> int:
-    go = find_go()
-    if go is None:
-        print("SKIP: go is not installed: the real talosctl and simnode are built from Go modules")
+    if not go_on_path():
         return 0
-    os.environ["PATH"] = f"{Path(go).parent}:{os.environ['PATH']}"
     sizes = [int(s) for s in os.environ.get("BENCH_REAL_SIZES", "10,100,1000").split(",")]
     latency_ms = int(os.environ.get("BENCH_REAL_LATENCY_MS", "2"))
     binaries = (build("build-talosctl.sh", TALOS), build("build-simnode.sh"))

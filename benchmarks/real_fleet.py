@@ -24,7 +24,7 @@ from typing import Any
 
 from runbook_lib.steps.verify import DRIVER_VERSION_FILE
 from tests.sim.test_library_real_talosctl import gpu_ready_nodes, params_file
-from tests.sim.test_real_talosctl import start_simnode
+from tests.sim.test_real_talosctl import find_go, start_simnode
 
 Job = tuple[Sequence[str], Sequence[str]]
 Pool = tuple[list[Job], int]
@@ -54,6 +54,29 @@ class Cli:
 
         with ThreadPoolExecutor(max_workers=len(pools)) as outer:
             list(outer.map(drain, pools))
+
+
+def go_on_path() -> bool:
+    """Put Go's directory on PATH for the build scripts of the real talosctl and simnode; without Go, say SKIP
+    and return False (the benchmarks that need them then skip)."""
+    go = find_go()
+    if go is None:
+        print("SKIP: go is not installed: the real talosctl and simnode are built from Go modules")
+        return False
+    os.environ["PATH"] = f"{Path(go).parent}:{os.environ['PATH']}"
+    return True
+
+
+def union_seconds(spans: Sequence[tuple[float, float]]) -> float:
+    """Seconds covered by at least one of the (start, end) spans: overlapping ones count once."""
+    total, start, end = 0.0, None, float("-inf")
+    for lo, hi in sorted(spans):
+        if start is None or lo > end:
+            total += 0.0 if start is None else end - start
+            start, end = lo, hi
+        else:
+            end = max(end, hi)
+    return total + (end - start if start is not None else 0.0)
 
 
 def timed(fn: Callable[[], object]) -> float:

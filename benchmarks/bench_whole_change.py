@@ -1,0 +1,383 @@
+"""The whole change on a GPU fleet (issue 16 point 2): ``runbook run --apply``, all six steps from stock Talos to
+CUDA tests passing, with the real talosctl v1.12.0 against simnode, measured against its floor; and how soon a
+node that fails its upgrade in the middle of the fleet is reported.
+
+Per ``rollout_concurrency`` c (``BENCH_WHOLE_CONCURRENCY``), on N fresh nodes (``BENCH_WHOLE_NODES``), all in one
+run of this script (benchmarks/README.md defines each figure):
+
+- **wall**: ``runbook run -p <N nodes, scenario fresh> --apply`` from its start to its exit, on a simulated
+  cluster brought up beforehand by ``runbook sim up`` (so simnode's start is not in it; the Kubernetes API is the
+  Python one, ``RUNBOOK_SIM_KUBE=python``);
+- **T**: one node's ``talosctl upgrade --image <the run's installer> --wait`` alone, on the same simnode right
+  after the run (median of 3 nodes one after another): the upgrade-plus-reboot time no rollout can beat;
+- **floor** = ⌈N/c⌉·T (the image step's batches, each as long as one upgrade) + the verify floor (verify's reads
+  issued directly on the upgraded fleet, the fastest strategy of ``real_fleet.verify_pools``) + the Kubernetes
+  and cuda-test steps' cluster time (their journals' ``helm upgrade --install --wait`` and ``wait: …`` entries:
+  the simulated controllers' and kubelets' ticks, which no program can skip);
+- **first failure** (``BENCH_WHOLE_FAILURE``, default on): the same fleet with node N/2 failing its installer
+  (simnode's ``fail_install``, ``runbook sim fault NODE upgrade_fails``), at the largest c: from the image step's
+  start to the failed upgrade in the step's journal and to the ``image failed`` line ``runbook run`` prints,
+  against when that node's batch started.
+
+Settings: ``BENCH_WHOLE_NODES`` (default 1000), ``BENCH_WHOLE_CONCURRENCY`` (default ``125,250``),
+``BENCH_WHOLE_LATENCY_MS`` (default 2), ``BENCH_WHOLE_TIME_SCALE`` (simnode's -time-factor, default 0.05: an
+upgrade's 10 s pull and 30 s install become 0.5 s and 1.5 s; the reboot keeps the API down 3 s,
+``realtalos.REBOOT_MS``). Figures go to ``benchmarks/results.json`` under ``whole_change``. Skips without Go.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks.real_fleet import Cli, go_on_path, timed, union_seconds, verify_pools
+from tests.sim.test_library_real_talosctl import TALOS
+from tests.sim.test_real_talosctl import build
+
+RESULTS = Path(__file__).resolve().parent / "results.json"
+TARGET = 1.1
+STEPS = ("preflight", "config-patch", "image", "verify", "kubernetes", "cuda-test")
+RUN_TIMEOUT_S = 1800
+#: verify floor candidates: (get chunk, per-node reads at once); 128 was the fastest get chunk at 1,000 nodes
+#: (bench_real_talosctl), 16 reads the library's fan-out; 32 the other value that benchmark tried.
+VERIFY_FLOORS = ((128, 16), (128, 32))
+
+
+# -- floor arithmetic (pure; tests/test_bench_whole_change.py) ----------------------------------------------
+
+
+def rolling_floor(nodes: int, concurrency: int, upgrade_s: float) -> float:
+    """⌈N/c⌉·T: batches run one after another, and a batch lasts at least one node's upgrade and reboot."""
+    if nodes < 1 or concurrency < 1 or upgrade_s < 0:
+        raise ValueError(f"nodes ({nodes}) and concurrency ({concurrency}) must be ≥ 1, T ({upgrade_s}) ≥ 0")
+    return math.ceil(nodes / concurrency) * upgrade_s
+
+
+def batches_by_start(starts: Sequence[float], concurrency: int) -> list[list[float]]:
+    """The upgrade calls' start times grouped into the rollout's batches.  A batch starts only once the one
+    before it ended, so sorted by start the calls fall into consecutive groups of ``concurrency`` (the last one
+    smaller); no canary in this benchmark, so every batch is ``concurrency`` nodes."""
+    ordered = sorted(starts)
+    return [ordered[i : i + concurrency] for i in range(0, len(ordered), concurrency)]
+
+
+# -- a runbook run, its stdout lines timestamped ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Run:
+    returncode: int
+    started: float  # epoch, as the journal's "at"
+    wall_s: float
+    lines: list[tuple[float, str]]  # (epoch, stdout line)
+    record: Path | None
+
+    def line_time(self, step: str) -> float | None:
+        """When ``runbook run`` printed the step's line (it prints it as the step ends)."""
+        return next((t for t, line in self.lines if line.split()[:1] == [step]), None)
+
+    def journal(self, step: str) -> list[dict[str, Any]]:
+        if self.record is None or not (self.record / "results" / f"{step}.json").exists():
+            return []
+        return list(json.loads((self.record / "results" / f"{step}.json").read_text())["journal"])
+
+
+def env(time_scale: float) -> dict[str, str]:
+    return {
+        **os.environ,
+        "RUNBOOK_SIM_TALOSCTL": "real",
+        "RUNBOOK_SIM_KUBE": "python",
+        "RUNBOOK_SIM_TIME_SCALE": repr(time_scale),
+        "PYTHONUNBUFFERED": "1",  # each step's line when it is printed, as on a terminal (a pipe buffers it)
+    }
+
+
+def runbook(work: Path, time_scale: float, *args: str) -> None:
+    """A ``runbook`` command that must succeed (``sim up``/``sim fault``/``sim down``)."""
+    argv = [sys.executable, "-m", "runbook_lib", *args, "--state", str(work / "state")]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env(time_scale), timeout=600, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"runbook {' '.join(args)} failed: {proc.stdout[-1000:]}{proc.stderr[-2000:]}")
+
+
+def run_apply(work: Path, time_scale: float) -> Run:
+    argv = [sys.executable, "-m", "runbook_lib", "run", "-p", str(work / "params.json"), "--apply"]
+    argv += ["--state", str(work / "state"), "--records", str(work / "records"), "--no-progress"]
+    lines: list[tuple[float, str]] = []
+    started = time.time()
+    with open(work / "run.stderr", "w") as err:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True, env=env(time_scale))
+        reader = threading.Thread(target=lambda: lines.extend((time.time(), ln) for ln in proc.stdout or []))
+        reader.start()
+        rc = proc.wait(timeout=RUN_TIMEOUT_S)
+        reader.join()
+    records = sorted((work / "records").glob("*/record.json"))
+    return Run(rc, started, time.time() - started, lines, records[-1].parent if records else None)
+
+
+def write_params(work: Path, nodes: int, concurrency: int, latency_ms: int) -> list[str]:
+    """N GPU nodes on stock Talos v1.12.0 (10.5.0.1-2 are the simulated control plane's); their addresses."""
+    spec = [{"name": f"gpu-{i:04d}", "address": f"10.5.{i // 250}.{i % 250 + 3}"} for i in range(nodes)]
+    data: dict[str, Any] = {
+        "cluster": f"whole{nodes}",
+        "target": "simulated",
+        "talos_version": TALOS,
+        "track": "lts",
+    }
+    data |= {"nodes": spec, "rollout_concurrency": concurrency}
+    data |= {"simulation": {"scenario": "fresh", "latency_ms": latency_ms}}
+    (work / "params.json").write_text(json.dumps(data))
+    return [n["address"] for n in spec]
+
+
+# -- what the record says ----------------------------------------------------------------------------------------
+
+
+def upgrades(run: Run) -> list[dict[str, Any]]:
+    return [e for e in run.journal("image") if e.get("kind") == "command" and "upgrade" in e.get("argv", [])]
+
+
+def start_of(entry: dict[str, Any]) -> float:
+    """A journal entry's ``at`` is when it was journaled, at the command's end."""
+    return float(entry["at"]) - float(entry.get("duration_s", 0.0))
+
+
+def cluster_time(run: Run, step: str) -> float:
+    """The step's own floor: the time the cluster took (``helm upgrade --install --wait``, ``wait: …``)."""
+    spans = [
+        (start_of(e), float(e["at"]))
+        for e in run.journal(step)
+        if (e.get("kind") == "api" and str(e.get("summary", "")).startswith("wait:"))
+        or (e.get("kind") == "command" and e.get("argv", [""])[0].endswith("helm") and "--wait" in e["argv"])
+    ]
+    return union_seconds(spans)
+
+
+def step_walls(run: Run) -> dict[str, float]:
+    """Each step's wall time from ``record.json`` (its notebook's run, kernel start-up not included), and the rest of
+    the run's wall time (the CLI, kernels, sealing the record) as ``outside steps``."""
+    steps = json.loads((run.record / "record.json").read_text())["steps"] if run.record else []
+    out = {str(s["name"]): round(float(s["duration_s"]), 1) for s in steps}
+    return out | {"outside steps": round(run.wall_s - sum(out.values()), 1)}
+
+
+# -- floors measured on the upgraded fleet ----------------------------------------------------------------------
+
+
+def upgrade_alone(cli: Cli, nodes: Sequence[str], image: str) -> float:
+    """T: one node's ``upgrade --wait`` with nothing else running, median over 3 nodes one after another."""
+    args = ["upgrade", "--image", image, "--wait=true", "--timeout=600s"]
+    return statistics.median(timed(functools.partial(cli.call, args, [n])) for n in nodes[:3])
+
+
+def verify_floor(cli: Cli, nodes: Sequence[str]) -> tuple[float, str]:
+    times = {
+        f"gets in chunks of {k}, reads ×{r}": timed(functools.partial(cli.jobs, verify_pools(nodes, k, r)))
+        for k, r in VERIFY_FLOORS
+    }
+    best = min(times, key=times.__getitem__)
+    return times[best], best
+
+
+# -- the figures ---------------------------------------------------------------------------------------------------
+
+#: how each step of a whole change from stock Talos ends
+EXPECTED = dict(zip(STEPS, ("ok", "changed", "changed", "ok", "changed", "ok"), strict=True))
+
+
+def outcomes(run: Run) -> dict[str, str]:
+    return {ln.split()[0]: ln.split()[1] for _, ln in run.lines if ln.split()[:1] in [[s] for s in STEPS]}
+
+
+def checked(run: Run, work: Path, expected: dict[str, str]) -> Run:
+    """A run whose steps did not end as expected aborts the benchmark: a wrong answer is not a fast one."""
+    if outcomes(run) != expected:
+        tail = (work / "run.stderr").read_text(errors="replace")[-2000:]
+        raise RuntimeError(
+            f"runbook run: {outcomes(run)} (exit {run.returncode}), expected {expected}:\n{tail}"
+        )
+    return run
+
+
+def installer(run: Run) -> str:
+    argv = upgrades(run)[0]["argv"]
+    return str(argv[argv.index("--image") + 1])
+
+
+def measure(
+    work: Path, nodes: int, concurrency: int, settings: dict[str, Any], box: dict[str, Any]
+) -> dict[str, Any]:
+    """One whole change at ``concurrency``, then T and (once per benchmark: it does not depend on c) the verify
+    floor on the fleet it left, before the simulator goes down."""
+    addresses = write_params(work, nodes, concurrency, settings["latency_ms"])
+    scale = settings["time_scale"]
+    runbook(work, scale, "sim", "up", "-p", str(work / "params.json"))
+    try:
+        run = checked(run_apply(work, scale), work, EXPECTED)
+        cli = Cli(work / "state" / "bin" / "talosctl", work / "state" / "talosconfig")
+        upgrade_s = upgrade_alone(cli, addresses, installer(run))
+        if "verify_floor" not in box:
+            box["verify_floor"] = verify_floor(cli, addresses)
+    finally:
+        runbook(work, scale, "sim", "down")
+    return figures(run, nodes, concurrency, upgrade_s, box["verify_floor"])
+
+
+def figures(
+    run: Run, nodes: int, concurrency: int, upgrade_s: float, vfloor: tuple[float, str]
+) -> dict[str, Any]:
+    rolling = rolling_floor(nodes, concurrency, upgrade_s)
+    kube, cuda = cluster_time(run, "kubernetes"), cluster_time(run, "cuda-test")
+    floor = rolling + vfloor[0] + kube + cuda
+    in_run = [float(e["duration_s"]) for e in upgrades(run)]
+    return {
+        "nodes": nodes,
+        "concurrency": concurrency,
+        "wall_s": round(run.wall_s, 1),
+        "floor_s": round(floor, 1),
+        "ratio_to_floor": round(run.wall_s / floor, 2),
+        "upgrade_alone_s": round(upgrade_s, 2),
+        "batches": math.ceil(nodes / concurrency),
+        "rolling_floor_s": round(rolling, 1),
+        "verify_floor_s": round(vfloor[0], 1),
+        "verify_floor_strategy": vfloor[1],
+        "kubernetes_floor_s": round(kube, 1),
+        "cuda_test_floor_s": round(cuda, 1),
+        "step_wall_s": step_walls(run),
+        "upgrade_in_run_s": {"median": round(statistics.median(in_run), 2), "max": round(max(in_run), 2)},
+        "image_in_upgrade_calls_s": round(in_batches(upgrades(run), concurrency), 1),
+    }
+
+
+def in_batches(entries: list[dict[str, Any]], concurrency: int) -> float:
+    """Seconds the image step spent with upgrade calls running: per batch, first start to last end (the rest of
+    the step is its reads before the first batch and between batches)."""
+    ends = {start_of(e): float(e["at"]) for e in entries}
+    return sum(max(ends[s] for s in b) - b[0] for b in batches_by_start(list(ends), concurrency))
+
+
+def measure_failure(work: Path, nodes: int, concurrency: int, settings: dict[str, Any]) -> dict[str, Any]:
+    """Node N/2 fails its installer: when is it reported, against when its batch started?"""
+    addresses = write_params(work, nodes, concurrency, settings["latency_ms"])
+    scale, bad = settings["time_scale"], nodes // 2
+    runbook(work, scale, "sim", "up", "-p", str(work / "params.json"), "--no-daemon")
+    runbook(work, scale, "sim", "fault", f"gpu-{bad:04d}", "upgrade_fails")
+    try:
+        expected = {"preflight": "ok", "config-patch": "changed", "image": "failed"}
+        run = checked(run_apply(work, scale), work, expected)
+    finally:
+        runbook(work, scale, "sim", "down")
+    entries = upgrades(run)
+    failed = [e for e in entries if e.get("exit_code") != 0]
+    if [e["argv"][e["argv"].index("-n") + 1] for e in failed] != [addresses[bad]]:
+        raise RuntimeError(
+            f"expected exactly {addresses[bad]}'s upgrade to fail, got {len(failed)} failed calls"
+        )
+    batches = batches_by_start([start_of(e) for e in entries], concurrency)
+    index = next(i for i, b in enumerate(batches) if start_of(failed[0]) in b)
+    image_start = run.line_time("config-patch") or run.started
+    reported = run.line_time("image") or float("nan")
+    return {
+        "nodes": nodes,
+        "concurrency": concurrency,
+        "failing_node": f"gpu-{bad:04d}",
+        "batch": index + 1,
+        "batches_started": len(batches),
+        "batch_start_s": round(batches[index][0] - image_start, 1),
+        "journaled_s": round(float(failed[0]["at"]) - image_start, 1),
+        "reported_s": round(reported - image_start, 1),
+        "failed_call_s": round(float(failed[0]["duration_s"]), 1),
+        "wall_s": round(run.wall_s, 1),
+    }
+
+
+def report(fig: dict[str, Any]) -> None:
+    met = "met" if fig["ratio_to_floor"] <= TARGET else "NOT MET"
+    print(
+        f"-- {fig['nodes']} nodes, rollout_concurrency {fig['concurrency']}: runbook run --apply {fig['wall_s']:.1f} s "
+        f"vs floor {fig['floor_s']:.1f} s = {fig['ratio_to_floor']:.2f}× (target ≤ {TARGET}×: {met})\n"
+        f"   floor: {fig['batches']} batch(es) × T {fig['upgrade_alone_s']:.2f} s = {fig['rolling_floor_s']:.1f} s "
+        f"+ verify {fig['verify_floor_s']:.1f} s ({fig['verify_floor_strategy']}) + kubernetes "
+        f"{fig['kubernetes_floor_s']:.1f} s + cuda-test {fig['cuda_test_floor_s']:.1f} s\n"
+        f"   steps: "
+        + ", ".join(f"{k} {v:.1f} s" for k, v in fig["step_wall_s"].items())
+        + f"; image step in upgrade calls {fig['image_in_upgrade_calls_s']:.1f} s"
+        + f"; one upgrade in the run: median {fig['upgrade_in_run_s']['median']:.2f} s, "
+        f"max {fig['upgrade_in_run_s']['max']:.2f} s",
+        flush=True,
+    )
+
+
+def report_failure(fig: dict[str, Any]) -> None:
+    print(
+        f"-- first failure: {fig['failing_node']} of {fig['nodes']} (batch {fig['batch']} of "
+        f"{fig['batches_started']} started, rollout_concurrency {fig['concurrency']}), from the image step's start: "
+        f"its batch started at {fig['batch_start_s']:.1f} s, its failed upgrade was journaled at "
+        f"{fig['journaled_s']:.1f} s (the call took {fig['failed_call_s']:.1f} s), runbook run printed "
+        f"'image failed' at {fig['reported_s']:.1f} s",
+        flush=True,
+    )
+
+
+def merge(figures: dict[str, Any]) -> None:
+    """Into results.json beside the other benchmarks' figures (bench_fleet rewrites the file; this adds its key)."""
+    data = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    data["whole_change"] = figures
+    RESULTS.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+
+
+def settings_from_env() -> dict[str, Any]:
+    return {
+        "nodes": int(os.environ.get("BENCH_WHOLE_NODES", "1000")),
+        "concurrency": [int(c) for c in os.environ.get("BENCH_WHOLE_CONCURRENCY", "125,250").split(",")],
+        "latency_ms": int(os.environ.get("BENCH_WHOLE_LATENCY_MS", "2")),
+        "time_scale": float(os.environ.get("BENCH_WHOLE_TIME_SCALE", "0.05")),
+        "failure": os.environ.get("BENCH_WHOLE_FAILURE", "1") != "0",
+    }
+
+
+def main() -> int:
+    if not go_on_path():
+        return 0
+    settings = settings_from_env()
+    build("build-talosctl.sh", TALOS)
+    build("build-simnode.sh")
+    print(
+        f"whole change: real talosctl {TALOS} against simnode, {settings['nodes']} nodes, "
+        f"{settings['latency_ms']} ms per call, time factor {settings['time_scale']}, {os.cpu_count()} cores",
+        flush=True,
+    )
+    started, box = time.perf_counter(), dict[str, Any]()
+    out: dict[str, Any] = {"settings": settings, "runs": []}
+    for concurrency in settings["concurrency"]:
+        with tempfile.TemporaryDirectory(prefix=f"bench-whole-{concurrency}-") as tmp:
+            out["runs"].append(measure(Path(tmp), settings["nodes"], concurrency, settings, box))
+        report(out["runs"][-1])
+    if settings["failure"]:
+        with tempfile.TemporaryDirectory(prefix="bench-whole-fail-") as tmp:
+            out["first_failure"] = measure_failure(
+                Path(tmp), settings["nodes"], max(settings["concurrency"]), settings
+            )
+        report_failure(out["first_failure"])
+    out["bench_wall_s"] = round(time.perf_counter() - started)
+    out["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    merge(out)
+    print(f"bench_whole_change took {out['bench_wall_s']} s; figures in {RESULTS} under 'whole_change'")
+    return 1 if any(r["ratio_to_floor"] > TARGET for r in out["runs"]) else 0
+
+
+if __name__ == "__main__":
+    if (rc := main()) != 0:
+        sys.exit(rc)

@@ -1,0 +1,69 @@
+"""The floor arithmetic of ``benchmarks/bench_whole_change.py`` (issue 16 point 2): the rolling floor ⌈N/c⌉·T, the
+rollout's batches recovered from the journal's upgrade calls, and the cluster time of a step (overlapping waits
+counted once).  The journal entries are shaped as the runbook journals them (``at`` is when the entry was
+written, at the command's end; ``duration_s`` its length), as read from a record of ``runbook run --apply``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks.bench_whole_change import (
+    Run,
+    batches_by_start,
+    cluster_time,
+    rolling_floor,
+    start_of,
+)
+from benchmarks.real_fleet import union_seconds
+
+
+def test_the_rolling_floor_counts_a_partial_last_batch_as_a_whole_one() -> None:
+    assert rolling_floor(1000, 125, 6.0) == 8 * 6.0
+    assert rolling_floor(1000, 300, 6.0) == 4 * 6.0  # 300, 300, 300, 100
+    assert rolling_floor(10, 50, 6.0) == 6.0
+
+
+@pytest.mark.parametrize(("nodes", "concurrency", "t"), [(0, 5, 1.0), (5, 0, 1.0), (5, 5, -1.0)])
+def test_the_rolling_floor_refuses_what_is_no_fleet(nodes: int, concurrency: int, t: float) -> None:
+    with pytest.raises(ValueError, match="must be"):
+        rolling_floor(nodes, concurrency, t)
+
+
+def test_batches_are_recovered_from_call_starts_whatever_order_the_journal_holds_them_in() -> None:
+    # batch 1 starts at 0 s, batch 2 after batch 1's slowest node (6.4 s); the journal lists calls as they end
+    starts = [0.03, 0.01, 0.02, 6.41, 6.40, 6.43, 12.9]
+    assert batches_by_start(starts, 3) == [[0.01, 0.02, 0.03], [6.40, 6.41, 6.43], [12.9]]
+
+
+def test_overlapping_spans_count_once() -> None:
+    assert union_seconds([(0.0, 2.0), (1.0, 3.0), (5.0, 6.0)]) == pytest.approx(4.0)
+    assert union_seconds([]) == 0.0
+
+
+def entry(kind: str, summary: str, argv: list[str], at: float, duration: float) -> dict[str, Any]:
+    return {"kind": kind, "summary": summary, "argv": argv, "at": at, "duration_s": duration}
+
+
+def test_a_steps_cluster_time_is_its_helm_wait_and_its_waits_not_its_other_calls(tmp_path: Path) -> None:
+    helm = "/s/bin/helm"
+    journal = [
+        entry("command", f"{helm} list -n kube-system", [helm, "list", "-n", "kube-system"], 10.0, 0.1),
+        entry(
+            "command", f"{helm} upgrade --install", [helm, "upgrade", "--install", "x", "--wait"], 12.0, 1.5
+        ),
+        entry("api", "wait: pods of nvidia-device-plugin until ready", [], 13.0, 1.0),
+        entry("api", "create RuntimeClass nvidia (handler nvidia)", [], 13.1, 0.0),
+        entry(
+            "api", "wait: every GPU node advertises nvidia.com/gpu", [], 13.5, 1.0
+        ),  # overlaps the one above
+    ]
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "kubernetes.json").write_text(json.dumps({"journal": journal}))
+    run = Run(0, 0.0, 20.0, [], tmp_path)
+    assert start_of(journal[1]) == pytest.approx(10.5)
+    assert cluster_time(run, "kubernetes") == pytest.approx(1.5 + 1.5)  # 10.5-12.0 and 12.0-13.5
+    assert cluster_time(run, "cuda-test") == 0.0  # no journal: no cluster time
