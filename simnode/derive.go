@@ -83,9 +83,12 @@ func deriveState(img ImageSpec, cfg config.Provider, base []ServiceSpec, now tim
 			}
 		}
 
+		d.files = map[string]string{procModules: procModulesText(d.modules, moduleTaints(img.Extensions[i]))}
 		if d.driverBound() {
-			d.files = map[string]string{driverVersionFile: driverVersion(img.Extensions[i])}
+			d.files[driverVersionFile] = driverVersion(img.Extensions[i])
 		}
+	} else {
+		d.files = map[string]string{procModules: ""}
 	}
 
 	if slices.ContainsFunc(img.Extensions, func(e ExtensionSpec) bool { return isToolkitExtension(e.Name) }) {
@@ -93,6 +96,48 @@ func deriveState(img ImageSpec, cfg config.Provider, base []ServiceSpec, now tim
 	}
 
 	return d
+}
+
+// procModules is the kernel's list of loaded modules: what the runbook's verify reads on Talos < 1.11, which has
+// no LoadedKernelModule resource (talos@v1.10.0:internal/app/machined/pkg/runtime/v1alpha2/v1alpha2_state.go
+// registers none; v1.11.0 added it, :218). simnode lists only the modules it models (the NVIDIA ones): a real
+// node lists the other loadable modules too.
+const procModules = "/proc/modules"
+
+// procModulesText is /proc/modules for mods, one line each as the kernel's m_show prints it (linux
+// kernel/module/procfs.c m_show and print_unload_info, read from excerpts, no tag checked: name, size, refcount,
+// dependencies each followed by "," or "-" for none, state, address, then the taint flags in parentheses when
+// the module taints the kernel).
+func procModulesText(mods []ModuleSpec, taints string) string {
+	var b strings.Builder
+
+	for _, m := range mods {
+		deps := "-"
+		if len(m.Dependencies) > 0 {
+			deps = strings.Join(m.Dependencies, ",") + ","
+		}
+
+		fmt.Fprintf(&b, "%s %d %d %s %s %s", m.Name, m.Size, m.ReferenceCount, deps, m.State, m.Address)
+
+		if taints != "" {
+			fmt.Fprintf(&b, " (%s)", taints)
+		}
+
+		b.WriteString("\n")
+	}
+
+	return b.String()
+}
+
+// moduleTaints are the taint flags of the kmod extension's modules: out-of-tree (O), and proprietary (P) for
+// nonfree-kmod-nvidia (kernel/panic.c taint_flags; as the Python simulator prints them, runbook_lib/sim/
+// talosctl/main.py; no capture from a Talos node at hand, so whether they are also unsigned, E, is not known).
+func moduleTaints(kmod ExtensionSpec) string {
+	if strings.HasPrefix(kmod.Name, "nonfree-kmod-nvidia") {
+		return "PO"
+	}
+
+	return "O"
 }
 
 // driverVersionFile is what the loaded nvidia module reports; the runbook's verify reads it.
@@ -178,6 +223,31 @@ func writeDerived(ctx context.Context, st state.State, d derived) error {
 	for _, step := range []func(context.Context, state.State, *NodeSpec) error{createExtensions, createModules, createServices} {
 		if err := step(ctx, st, spec); err != nil {
 			return err
+		}
+	}
+
+	return nil
+}
+
+// writeModuleSpecs replaces the KernelModuleSpec resources with one per machine.kernel.modules entry, as
+// KernelModuleConfigController writes them (talos@v1.10.0 and v1.12.0:internal/app/machined/pkg/controllers/
+// runtime/kernel_module_config.go: ID and name the module's, its parameters).
+func writeModuleSpecs(ctx context.Context, st state.State, cfg config.Provider) error {
+	kind := resource.NewMetadata(runtime.NamespaceName, runtime.KernelModuleSpecType, "", resource.VersionUndefined)
+	if err := destroyAll(ctx, st, kind); err != nil {
+		return err
+	}
+
+	if cfg == nil || cfg.Machine() == nil {
+		return nil
+	}
+
+	for _, m := range cfg.Machine().Kernel().Modules() {
+		res := runtime.NewKernelModuleSpec(runtime.NamespaceName, m.Name())
+		*res.TypedSpec() = runtime.KernelModuleSpecSpec{Name: m.Name(), Parameters: m.Parameters()}
+
+		if err := st.Create(ctx, res, state.WithCreateOwner("runtime.KernelModuleConfigController")); err != nil {
+			return fmt.Errorf("kernel module spec %q: %w", m.Name(), err)
 		}
 	}
 

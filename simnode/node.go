@@ -11,7 +11,6 @@ import (
 	cosiapi "github.com/cosi-project/runtime/api/v1alpha1"
 	"github.com/cosi-project/runtime/pkg/safe"
 	"github.com/cosi-project/runtime/pkg/state"
-	"github.com/cosi-project/runtime/pkg/state/protobuf/server"
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
 	"github.com/siderolabs/talos/pkg/machinery/config"
 	configres "github.com/siderolabs/talos/pkg/machinery/resources/config"
@@ -54,7 +53,7 @@ type bootInfo struct {
 }
 
 func newSimNode(ctx context.Context, spec *NodeSpec, catalog *imageCatalog, factor float64) (*simNode, error) {
-	st, err := newNodeState(ctx)
+	st, err := newNodeState(ctx, spec.TalosVersion)
 	if err != nil {
 		return nil, err
 	}
@@ -86,6 +85,10 @@ func (n *simNode) refresh(ctx context.Context) (derived, error) {
 	n.refreshMu.Lock()
 	defer n.refreshMu.Unlock()
 	defer n.touch()
+
+	if err := writeModuleSpecs(ctx, n.state, n.activeConfig()); err != nil {
+		return derived{}, err
+	}
 
 	b := n.bootState()
 	if b.image == "" {
@@ -119,6 +122,9 @@ func (n *simNode) file(path string) (string, bool) {
 	}
 
 	content, ok := n.spec.Files[path]
+	if !ok && path == procModules { // a node the nodes file describes: its "kernel_modules"
+		return procModulesText(n.spec.KernelModules, ""), true
+	}
 
 	return content, ok
 }
@@ -153,7 +159,7 @@ func (n *simNode) start() {
 	srv := grpc.NewServer(latency(time.Duration(n.spec.LatencyMS) * time.Millisecond)...)
 	machine.RegisterMachineServiceServer(srv, &machineServer{node: n})
 	registerLifecycleAPI(srv, n, n.bootState().version)
-	cosiapi.RegisterStateServer(srv, server.NewState(n.state))
+	cosiapi.RegisterStateServer(srv, stateServer(n.state, n.bootState().version))
 
 	go srv.Serve(lis) //nolint:errcheck // ends when the server stops
 

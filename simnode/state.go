@@ -29,7 +29,7 @@ var talosNamespaces = []struct{ name, description string }{
 	{k8s.NamespaceName, "Kubernetes all node types resources."},
 }
 
-// Resource types registered on every node: a subset of the ones Talos registers (same file, :98-250), so
+// Resource types a node registers (releaseResources adjusts them for 1.10): a subset of the ones Talos registers (same file, :98-250), so
 // their ResourceDefinitions (aliases, print columns) are the machinery's own. A type missing here answers
 // `resource "<type>" is not registered`, as it would on a Talos release without it.
 var talosResources = []meta.ResourceWithRD{
@@ -45,7 +45,7 @@ var talosResources = []meta.ResourceWithRD{
 
 // newNodeState builds one node's COSI state the way machined does (same file, :46-70): namespaced in-memory
 // states, the default COSI namespaces and resource definitions, then Talos's.
-func newNodeState(ctx context.Context) (state.State, error) {
+func newNodeState(ctx context.Context, tag string) (state.State, error) {
 	st := state.WrapCore(namespaced.NewState(inmem.Build))
 
 	nsReg := registry.NewNamespaceRegistry(st)
@@ -65,7 +65,7 @@ func newNodeState(ctx context.Context) (state.State, error) {
 		}
 	}
 
-	for _, r := range talosResources {
+	for _, r := range releaseResources(tag) {
 		if err := resReg.Register(ctx, r); err != nil {
 			return nil, err
 		}
