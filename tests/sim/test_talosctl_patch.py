@@ -350,3 +350,35 @@ def test_kernel_module_config_documents_need_talos_1_14(ext_cluster: Path) -> No
     assert isinstance(patching.load_patches([kmc], (1, 14))[0], patching.StrategicPatch)
     r = talosctl(ext_cluster, "patch", "mc", "-n", W1, "-p", kmc)
     assert r.returncode == 1 and "KernelModuleConfig" in r.stderr
+
+
+@pytest.mark.parametrize(
+    ("release", "prefix"),
+    [("1.12", ""), ("1.14", "error decoding document /v1alpha1/ (line 1): ")],
+)
+def test_a_misspelt_key_is_refused_before_any_node_is_called(
+    tmp_path: Path, release: str, prefix: str
+) -> None:
+    """The patch is decoded strictly against the client's config types (siderolabs/gen xyaml.CheckUnknownKeys):
+    the unknown part, keys sorted, lists reduced to their unknown items. Compared with the real talosctl
+    1.11-1.13 in test_fake_vs_real_talosctl.py; the 1.14 text (no talosctl 1.14 builds) follows
+    talos@v1.14.0-rc.1 pkg/machinery/config/configloader/internal/decoder/decoder.go:137, as 1.13's does."""
+    create(tmp_path, ClusterSpec(workers=1, talos_version=release))
+    typo = "machine:\n  kernel:\n    modules:\n      - name: nvidia\n      - nmae: nvidia_uvm\n  kernal: {}\n"
+    r = talosctl(tmp_path, "patch", "mc", "-n", W1, "--dry-run", "-p", typo)
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == (
+        f"{prefix}unknown keys found during decoding:\nmachine:\n    kernal: {{}}\n    kernel:\n"
+        "        modules:\n            - nmae: nvidia_uvm\n\n"
+    )
+
+
+def test_keys_the_decoder_accepts_but_the_schema_omits_pass(tmp_path: Path) -> None:
+    """``machine.time`` and ``machine.registries`` are not in the 1.12 JSON schema but are fields of its Go types
+    (talos@v1.12.0 pkg/machinery/config/types/v1alpha1/v1alpha1_types.go MachineConfig), which is what decodes."""
+    create(tmp_path, ClusterSpec(workers=1, talos_version="1.12"))
+    patch = (
+        "machine:\n  time:\n    disabled: true\n  registries:\n    mirrors: {}\n  nodeLabels:\n    a/b: c\n"
+    )
+    r = talosctl(tmp_path, "patch", "mc", "-n", W1, "--dry-run", "-p", patch)
+    assert r.returncode == 0, r.stderr

@@ -258,13 +258,16 @@ def cmd_version(env: Env, p: fl.Parsed) -> int:
         )
     if p.get("client"):
         return 0
+    # printed before the client is made, so also when the call fails (talos@v1.12.0 and v1.3.0
+    # cmd/talosctl/cmd/talos/version.go:50); apid answers -n with a multierror even for one node (:64-67)
+    out.write("Server:\n")
+    out.flush()
     target = resolve_target(env, p)
     results = fan_out(env, target.nodes, lambda n: n)
     errors = [f"{a}: {e}" for a, _r, e in results if e]
     good = [(a, r) for a, r, e in results if r is not None]
     if not good:
-        raise CommandError(f"error getting version: {multierror(errors) if len(errors) > 1 else errors[0]}")
-    out.write("Server:\n")
+        raise CommandError(f"error getting version: {multierror(errors)}")
     for address, node in good:
         assert node is not None
         if p.get("short"):
@@ -427,7 +430,10 @@ def read_file(node: SimNode, path: str) -> str:
         return f"{args}\n"
     if path == "/proc/version":
         return "Linux version 6.12.57-talos (@buildkitsandbox) #1 SMP Sat Nov  1 00:00:00 UTC 2025\n"
-    raise NodeError(f"rpc error: code = Unknown desc = open {path}: no such file or directory")
+    # machined stats the path first; from 1.8 a missing one is NotFound (talos@v1.8.0 and v1.12.0
+    # internal/app/machined/internal/server/v1alpha1/v1alpha1_server.go Read; v1.7.0 returns the bare error)
+    code = "NotFound" if node.minor >= (1, 8) else "Unknown"
+    raise NodeError(f"rpc error: code = {code} desc = stat {path}: no such file or directory")
 
 
 def cmd_read(env: Env, p: fl.Parsed) -> int:
@@ -438,7 +444,8 @@ def cmd_read(env: Env, p: fl.Parsed) -> int:
         raise CommandError('command "read" is not supported with multiple nodes')
     [(_addr, text, err)] = fan_out(env, target.nodes, lambda n: read_file(n, p.args[0]))
     if err:
-        raise CommandError(err)
+        # the stream's first receive carries the node's error (talos@v1.12.0 cmd/talosctl/cmd/talos/read.go:46-49)
+        raise CommandError(f"error reading: {err}")
     env.stdout.write(text or "")
     return 0
 
@@ -547,6 +554,7 @@ def cmd_patch(env: Env, p: fl.Parsed) -> int:
     except patching.PatchError as exc:
         raise CommandError(str(exc)) from None
     target = resolve_target(env, p)
+    _refuse_unknown_keys(patches, env.client_minor)
     rtype = res.find_type(p.args[0])
     for address in target.nodes:
         if rtype is None or rtype.type != "MachineConfigs.config.talos.dev":
@@ -561,6 +569,19 @@ def cmd_patch(env: Env, p: fl.Parsed) -> int:
             # helpers/resources.go:49, pkg/machinery/client/reply.go).
             raise CommandError(str(exc)) from None
     return 0
+
+
+def _refuse_unknown_keys(patches: list[patching.Patch], client_minor: tuple[int, int]) -> None:
+    """talosctl loads the patches strictly inside ``WithClient``, before any node is called (talos@v1.12.0
+    cmd/talosctl/cmd/talos/patch.go:121-130, configpatcher/load.go:22-26): a misspelt key fails the command."""
+    from runbook_lib.sim import patching  # noqa: PLC0415 - lazy (process start-up)
+    from runbook_lib.sim.talosctl import configkeys  # noqa: PLC0415 - lazy (process start-up)
+
+    for patch in patches:
+        if isinstance(patch, patching.StrategicPatch):
+            found = configkeys.unknown_keys(patch.documents, client_minor)
+            if found is not None:
+                raise CommandError(configkeys.error_text(*found, client_minor))
 
 
 def _patch_one(env: Env, address: str, patches: list[patching.Patch], p: fl.Parsed) -> None:

@@ -101,9 +101,11 @@ TYPES: tuple[ResourceType, ...] = (
         (),
     ),
     ResourceType(
+        # The type's group says v1alpha1, its namespace is ``runtime`` (talos@v1.12.0
+        # pkg/machinery/resources/v1alpha1/v1alpha1.go:13 NamespaceName).
         "Services.v1alpha1.talos.dev",
         "Service",
-        "v1alpha1",
+        "runtime",
         ("service", "services", "svc"),
         (("RUNNING", "running"), ("HEALTHY", "healthy"), ("HEALTH UNKNOWN", "unknown")),
     ),
@@ -149,7 +151,7 @@ def find_type(name: str, minor: tuple[int, int] = (1, 13)) -> ResourceType | Non
 _OWNERS = {
     "PCIDevices.hardware.talos.dev": "hardware.PCIDevicesController",
     "ExtensionStatuses.runtime.talos.dev": "runtime.ExtensionStatusController",
-    "LoadedKernelModules.runtime.talos.dev": "runtime.KernelModuleStatusController",
+    "LoadedKernelModules.runtime.talos.dev": "runtime.LoadedKernelModuleController",
     "KernelModuleStatuses.runtime.talos.dev": "runtime.KernelModuleStatusController",
     "MachineConfigs.config.talos.dev": "",
     "Services.v1alpha1.talos.dev": "v1alpha1.ServiceController",
@@ -158,13 +160,22 @@ _OWNERS = {
 }
 
 
+def _owner(t: ResourceType, node: SimNode) -> str:
+    """The controller that writes the resource. Talos 1.14 writes the deprecated LoadedKernelModule from
+    KernelModuleStatusController (talos@v1.14.0-rc.1 .../controllers/runtime/kernel_module_status.go:196); up to
+    1.13 its own LoadedKernelModuleController does (talos@v1.13.0 .../runtime/loaded_kernel_module.go:32)."""
+    if t.type == "LoadedKernelModules.runtime.talos.dev" and node.minor >= (1, 14):
+        return "runtime.KernelModuleStatusController"
+    return _OWNERS[t.type]
+
+
 def _meta(t: ResourceType, node: SimNode, rid: str, version: int = 1) -> dict[str, Any]:
     return {
         "namespace": t.namespace,
         "type": t.type,
         "id": rid,
         "version": version,
-        "owner": _OWNERS[t.type],
+        "owner": _owner(t, node),
         "phase": "running",
         "created": node.booted_at,
         "updated": node.booted_at,
@@ -194,6 +205,9 @@ def extensions(t: ResourceType, node: SimNode, _peers: list[SimNode]) -> list[Re
         "version": node.schematic_id,
         "author": "Image Factory",
         "description": "This is a virtual extension representing the schematic ID used to build the image.",
+        # no compatibility of its own, printed empty as talosctl prints the zero struct (seen from the real
+        # talosctl v1.12.0 on machinery's ExtensionStatus: tests/sim/test_fake_vs_real_talosctl.py)
+        "compatibility": {"talos": {"version": ""}},
     }
     idx = str(len(node.extensions))
     out.append({"metadata": _meta(t, node, idx), "spec": {"image": "", "metadata": schematic_meta}})
@@ -228,12 +242,12 @@ def modules(t: ResourceType, node: SimNode, _peers: list[SimNode]) -> list[Resou
 
 
 def machineconfig(t: ResourceType, node: SimNode, _peers: list[SimNode]) -> list[Resource]:
-    return [
-        {
-            "metadata": _meta(t, node, "v1alpha1", node.config_version),
-            "spec": _patching().encode_config(node.machine_config),
-        }
-    ]
+    """The active config. From 1.12 the resource carries the ``talos.dev/yaml-spec`` annotation that marks its
+    spec as a YAML string (talos@v1.12.0 pkg/machinery/resources/config/machine_config.go:69-71; not at v1.11.0)."""
+    meta = _meta(t, node, "v1alpha1", node.config_version)
+    if node.minor >= (1, 12):
+        meta["annotations"] = {"talos.dev/yaml-spec": "1"}
+    return [{"metadata": meta, "spec": _patching().encode_config(node.machine_config)}]
 
 
 def services(t: ResourceType, node: SimNode, _peers: list[SimNode]) -> list[Resource]:
@@ -244,7 +258,11 @@ def services(t: ResourceType, node: SimNode, _peers: list[SimNode]) -> list[Reso
             # The resource exists only while the service runs: every other state (Finished included)
             # destroys it (siderolabs/talos v1.13.0 internal/app/machined/pkg/controllers/v1alpha1/service.go:73-92).
             continue
-        spec = {"running": True, "healthy": True, "unknown": False}
+        # An extension service has no health check, so its health is unknown: the resource copies the event's
+        # Healthy/Unknown (talos@v1.12.0 internal/app/machined/pkg/controllers/v1alpha1/service.go:77-81), and
+        # a status with no check has Unknown = Healthy == nil (pkg/system/health/status.go:29).
+        unknown = name.startswith("ext-")
+        spec = {"running": True, "healthy": not unknown, "unknown": unknown}
         out.append({"metadata": _meta(t, node, name), "spec": spec})
     return out
 
@@ -416,10 +434,22 @@ def render_table(rtype: ResourceType, rows: list[tuple[str, ResourceType, Resour
     return tabwrite(table)
 
 
+def _metadata_yaml(meta: dict[str, Any]) -> str:
+    """COSI writes the metadata as plain scalars, whatever they look like (``id: 0``, an empty ``owner:``, an
+    unquoted timestamp): cosi-project/runtime pkg/resource/metadata.go ``MarshalYAML`` builds the nodes itself."""
+    lines = ["metadata:"]
+    for key, value in meta.items():
+        if isinstance(value, dict):
+            lines += [f"    {key}:", *(f"        {k}: {v}" for k, v in value.items())]
+        else:
+            lines.append(f"    {key}: {value}" if value != "" else f"    {key}:")
+    return "\n".join(lines) + "\n"
+
+
 def render_yaml(rows: list[tuple[str, ResourceType, Resource]]) -> str:
     parts = []
     for node, _t, res in rows:
-        body = _patching().dump_yaml({"metadata": res["metadata"], "spec": res["spec"]})
+        body = _metadata_yaml(res["metadata"]) + _patching().dump_yaml({"spec": res["spec"]})
         parts.append(f"node: {node}\n{body}")
     return "---\n".join(parts)
 
@@ -429,8 +459,22 @@ def _go_json(value: Any) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
+def _plain(value: Any) -> Any:
+    """A plain YAML scalar read back as YAML reads it: ``0`` an int, nothing a null (else the string)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, str) and re.fullmatch(r"[-+]?[0-9]+", value):
+        return int(value)
+    return None if value == "" else value
+
+
 def render_json(rows: list[tuple[str, ResourceType, Resource]]) -> str:
-    return "".join(_go_json({"node": node, **res}) + "\n" for node, _t, res in rows)
+    """talosctl marshals each resource to YAML and reads it back before writing JSON (talos@v1.12.0
+    cmd/talosctl/cmd/talos/output/json.go:40-70), so the plain metadata scalars come out typed."""
+    return "".join(
+        _go_json({"node": node, "metadata": _plain(res["metadata"]), "spec": res["spec"]}) + "\n"
+        for node, _t, res in rows
+    )
 
 
 _JSONPATH_RE = re.compile(r"^\{(.*)\}$")
