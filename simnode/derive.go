@@ -104,20 +104,18 @@ func deriveState(img ImageSpec, cfg config.Provider, base []ServiceSpec, now tim
 // node lists the other loadable modules too.
 const procModules = "/proc/modules"
 
-// procModulesText is /proc/modules for mods, one line each as the kernel's m_show prints it (linux
-// kernel/module/procfs.c m_show and print_unload_info, read from excerpts, no tag checked: name, size, refcount,
-// dependencies each followed by "," or "-" for none, state, address, then the taint flags in parentheses when
-// the module taints the kernel).
+// procModulesText is /proc/modules for mods (in load order), one line each as the kernel's m_show prints it
+// (linux kernel/module/procfs.c m_show, read from excerpts, no tag checked: name, size, print_unload_info's
+// refcount and dependencies, state, address, then the taint flags in parentheses when the module taints the
+// kernel). As in the Talos docs' sample (`nvidia_uvm 1146880 - - Live 0xffffffffc2733000 (PO)`,
+// ../shared/docs/talos-nvidia.md) refcount and dependencies are "- -", what a kernel without CONFIG_MODULE_UNLOAD
+// prints, and the newest module comes first (kernel/module/main.c add_unformed_module prepends each module it
+// loads with list_add_rcu, no tag checked; the sample lists nvidia, which the others depend on, last).
 func procModulesText(mods []ModuleSpec, taints string) string {
 	var b strings.Builder
 
-	for _, m := range mods {
-		deps := "-"
-		if len(m.Dependencies) > 0 {
-			deps = strings.Join(m.Dependencies, ",") + ","
-		}
-
-		fmt.Fprintf(&b, "%s %d %d %s %s %s", m.Name, m.Size, m.ReferenceCount, deps, m.State, m.Address)
+	for _, m := range slices.Backward(mods) {
+		fmt.Fprintf(&b, "%s %d - - %s %s", m.Name, m.Size, m.State, m.Address)
 
 		if taints != "" {
 			fmt.Fprintf(&b, " (%s)", taints)

@@ -121,12 +121,15 @@ NVIDIA_MODULES = ["nvidia", "nvidia_drm", "nvidia_modeset", "nvidia_uvm"]
 
 def test_proc_modules_lists_the_loaded_nvidia_modules(gpu_ready: Release) -> None:
     """What verify reads before Talos 1.11 (runbook_lib/model/profiles.py module_check): ``talosctl read
-    /proc/modules``, in the kernel's format (name size refcount deps state address taints)."""
+    /proc/modules``, in the kernel's format (name size refcount deps state address taints) as the Talos docs'
+    sample shows it (``nvidia_uvm 1146880 - - Live 0xffffffffc2733000 (PO)``, ../shared/docs/talos-nvidia.md:
+    refcount and dependencies "-", a kernel without module unloading), newest first (nvidia, loaded first, last)."""
     proc = gpu_ready.sim.run("-n", gpu_ready.nodes[1], "read", "/proc/modules")
     assert proc.returncode == 0, proc.stderr
     rows = [line.split() for line in proc.stdout.splitlines()]
-    assert sorted(r[0] for r in rows) == NVIDIA_MODULES, proc.stdout
-    assert {r[4] for r in rows} == {"Live"} and all(r[5].startswith("0x") for r in rows), proc.stdout
+    assert sorted(r[0] for r in rows) == NVIDIA_MODULES and rows[-1][0] == "nvidia", proc.stdout
+    assert {tuple(r[2:5]) for r in rows} == {("-", "-", "Live")}, proc.stdout
+    assert all(r[5].startswith("0x") for r in rows), proc.stdout
 
 
 def test_get_modules_is_the_config_s_module_specs_on_1_10_and_the_loaded_modules_from_1_11(
