@@ -23,6 +23,7 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from runbook_lib.sim.kubeapi.faults import FaultFile, matches
 from runbook_lib.sim.kubelet import _CONTAINERD as CONTAINERD_VERSIONS
 from runbook_lib.sim.kubelet import _KERNEL as KERNEL_VERSIONS
 from runbook_lib.sim.kubelet import NodeView, Outcome, program
@@ -169,6 +170,17 @@ def _readiness(pod: dict[str, Any], ready: bool) -> list[dict[str, Any]]:
     return kept + [{"type": t, "lastTransitionTime": now, **value} for t in ("ContainersReady", "Ready")]
 
 
+def kubelet_stopped(node: SimNode, cluster_faults: dict[str, Any]) -> bool:
+    """No kubelet posts for this node: it is down (powered off, rebooting, not answering), or its kubelet is
+    stopped by the ``node_not_ready`` fault (the node's, or the cluster's naming it), as the Python API server's
+    kubelet decides (``kubelet.Kubelet._not_ready``)."""
+    return (
+        not node.reachable
+        or bool(node.faults.get("node_not_ready"))
+        or matches(cluster_faults.get("node_not_ready", False), node.name)
+    )
+
+
 def _node_ready(node: dict[str, Any]) -> bool:
     conditions = (node.get("status") or {}).get("conditions") or []
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
@@ -244,6 +256,7 @@ class NodeAgent:
         self.core = api(kubeconfig)
         self.nodes_api = client.NodeV1Api(self.core.api_client)
         self.interval = interval
+        self.faults = FaultFile(state_dir)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="gpu-node-agent", daemon=True)
 
@@ -291,10 +304,10 @@ class NodeAgent:
                 self._plugin(pod, on, _handler(pod, handlers, on))
 
     def _follow_kubelets(self, objs: list[dict[str, Any]], nodes: list[SimNode]) -> set[str]:
-        """The nodes that are down now (their Talos state: powered off, rebooting, not answering). kwok plays a
+        """The nodes whose kubelet is stopped now (``kubelet_stopped``). kwok plays a
         node's kubelet only while the Node carries ``KUBELET_LABEL``, so the label goes while the node is down
         and comes back with it: the node lifecycle controller then sees what a real kubelet's absence shows."""
-        down = {n.name for n in nodes if not n.reachable}
+        down = {n.name for n in nodes if kubelet_stopped(n, self.faults.read())}
         known = {n.name for n in nodes}
         for obj in objs:
             name = obj["metadata"]["name"]
