@@ -68,6 +68,39 @@ def command_table(command: str, client_minor: tuple[int, int]) -> dict[str, Any]
 #: them: accepted, never listed.  ``upgrade --preserve``: ``MarkHidden`` from talos@v1.8.0 to v1.12,
 #: ``MarkDeprecated`` (also hidden) from v1.13 (cmd/talosctl/cmd/talos/upgrade.go); visible before 1.8.
 HIDDEN_FLAGS: dict[str, list[tuple[str, str, str, str | None]]] = {"upgrade": [("p", "preserve", "", None)]}
+#: From 1.13 the legacy-only upgrade flags are ``MarkDeprecated`` (hidden, and pflag prints
+#: ``Flag --<name> has been deprecated, <message>`` on stderr when one is used): talos@v1.13.0
+#: cmd/talosctl/cmd/talos/upgrade.go:368-376; seen from the real talosctl v1.13.0.
+DEPRECATED_113: dict[str, tuple[list[tuple[str, str, str, str | None]], str]] = {
+    "upgrade": (
+        [
+            ("f", "force", "", None),
+            ("", "insecure", "", None),
+            ("p", "preserve", "", None),
+            ("s", "stage", "", None),
+        ],
+        "legacy flag for MachineService.Upgrade fallback, to be removed in Talos 1.18",
+    )
+}
+
+
+def hidden_flags(command: str, client_minor: tuple[int, int]) -> list[tuple[str, str, str, str | None]]:
+    """The command's hidden flags for this client (deprecated ones from 1.13 included)."""
+    if client_minor >= (1, 13) and command in DEPRECATED_113:
+        return DEPRECATED_113[command][0]
+    return HIDDEN_FLAGS.get(command, [])
+
+
+def deprecation_lines(parsed: Parsed, client_minor: tuple[int, int]) -> list[str]:
+    """pflag's notice for each deprecated flag the command line set (before the command runs)."""
+    if client_minor < (1, 13) or parsed.command not in DEPRECATED_113:
+        return []
+    flags, message = DEPRECATED_113[parsed.command]
+    return [
+        f"Flag --{name} has been deprecated, {message}"
+        for _s, name, _t, _d in flags
+        if name in parsed.set_flags
+    ]
 
 
 def flag_specs(command: str, client_minor: tuple[int, int]) -> tuple[list[FlagSpec], list[FlagSpec]]:
@@ -146,7 +179,9 @@ def _set(spec: FlagSpec, raw: str, parsed: Parsed) -> None:
 def parse(command: str, argv: list[str], client_minor: tuple[int, int]) -> Parsed:
     """Parse flags anywhere in ``argv`` (pflag interspersed mode); positional arguments are kept in order."""
     local, inherited = flag_specs(command, client_minor)
-    hidden = [FlagSpec(s, name, typ, "", default) for s, name, typ, default in HIDDEN_FLAGS.get(command, [])]
+    hidden = [
+        FlagSpec(s, name, typ, "", default) for s, name, typ, default in hidden_flags(command, client_minor)
+    ]
     specs = local + hidden + inherited
     by_name = {s.name: s for s in specs}
     by_short = {s.short: s for s in specs if s.short}

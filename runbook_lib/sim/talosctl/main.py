@@ -1019,6 +1019,7 @@ def main(
         for w in words[:consumed]:
             rest.remove(w)
         parsed = fl.parse(command, rest, minor)
+        err.write("".join(f"{line}\n" for line in fl.deprecation_lines(parsed, minor)))
         if parsed.get("help"):
             table = fl.command_table(command, minor) or {}
             out.write(f"{table.get('short', '')}\n\n{fl.usage(command, minor)}")
