@@ -17,18 +17,16 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from runbook_lib.sim import cluster, realtalos
-from runbook_lib.sim.state import load_nodes, minor_of, save_node, sim_paths
-from tests.sim.test_real_talosctl import build
+from runbook_lib.sim.state import save_node, sim_paths
+from tests.sim.talosctl_legs import serve_with_simnode
 
 pytestmark = pytest.mark.slow
 
@@ -77,23 +75,6 @@ def _run(argv: list[str], env: dict[str, str]) -> Run:
     return Run(proc.returncode, proc.stdout, proc.stderr)
 
 
-def serve_with_simnode(state: Path, release: str) -> Path:
-    """Serve the cluster in ``state`` to the real talosctl of ``release`` through simnode (the nodes file
-    ``realtalos`` derives from the node files), keeping the fake's ``bin/talosctl-python`` and
-    ``talosconfig-python``; returns the real binary. Skips when simnode does not serve the release or Go is
-    missing (``build``)."""
-    if minor_of(release) not in realtalos.SIMNODE_RELEASES:
-        pytest.skip(f"simnode does not serve Talos {release} nodes yet (realtalos.SIMNODE_RELEASES)")
-    talosctl, simnode = build("build-talosctl.sh", release), build("build-simnode.sh")
-    paths = sim_paths(state)
-    # realtalos.start points bin/talosctl and the talosconfig at the real pair: keep the fake's first.
-    shutil.copy(paths.bin_dir / "talosctl", paths.bin_dir / "talosctl-python")
-    shutil.copy(paths.talosconfig, state / "talosconfig-python")
-    choice = realtalos.Choice(True, "differential test", str(talosctl), str(simnode))
-    realtalos.start(state, choice, load_nodes(state), 0.0)
-    return talosctl
-
-
 def _start(release: str, tmp: Path) -> Pair:
     """A 3-worker gpu-ready cluster of ``release`` with its last worker down (no route), then simnode on it."""
     state = tmp / "state"
@@ -107,48 +88,6 @@ def _start(release: str, tmp: Path) -> Pair:
     for name, text in (("sysctl", SYSCTL_PATCH), ("misspelt", MISSPELT_PATCH), ("label", LABEL_PATCH)):
         (patches / f"{name}.yaml").write_text(text)
     return Pair(release, state, talosctl, patches)
-
-
-# ---------------------------------------------------------------- legs: the fake's tests run on the real binary too
-
-LEGS = ("fake", pytest.param("real", marks=pytest.mark.slow))
-
-
-@dataclass(frozen=True)
-class Leg:
-    """``talosctl`` as the tests of the fake call it (``tests/sim/talosctl_run.py``), on one leg: the Python
-    talosctl, or the real one of the same release against simnode serving the same cluster."""
-
-    name: str
-    state: Path
-    binary: Path
-
-    def __call__(self, *args: str) -> subprocess.CompletedProcess[str]:
-        talosconfig = sim_paths(self.state).talosconfig
-        return subprocess.run(
-            [str(self.binary), "--talosconfig", str(talosconfig), *args],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-
-    @property
-    def real(self) -> bool:
-        return self.name == "real"
-
-
-@contextmanager
-def leg(name: str, state: Path, release: str) -> Iterator[Leg]:
-    """The cluster already created in ``state``, answered by the fake or (``real``) by the real talosctl."""
-    if name == "fake":
-        yield Leg(name, state, sim_paths(state).bin_dir / "talosctl")
-        return
-    talosctl = serve_with_simnode(state, release)
-    try:
-        yield Leg(name, state, talosctl)
-    finally:
-        realtalos.stop(state)
 
 
 @pytest.fixture(scope="module", params=RELEASES)

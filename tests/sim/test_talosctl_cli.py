@@ -16,8 +16,8 @@ import pytest
 from runbook_lib.sim.cluster import ClusterSpec, create
 from runbook_lib.sim.state import sim_paths
 from runbook_lib.sim.talosctl import flags as fl
+from tests.sim.talosctl_legs import LEGS, Leg, leg
 from tests.sim.talosctl_run import talosctl
-from tests.sim.test_fake_vs_real_talosctl import LEGS, Leg, leg
 from tests.sim.test_real_talosctl import build
 
 REF = Path(__file__).resolve().parents[2] / ".." / "shared" / "reference" / "talos"

@@ -1,0 +1,82 @@
+"""The two legs the tests of the Python talosctl run on (issue 14, point 4): the Python talosctl, and the real
+talosctl of the same release against simnode serving the same simulated cluster.
+
+simnode gets the nodes file ``runbook_lib.sim.realtalos`` derives from the cluster's node files (what ``runbook
+sim up`` does on the real path), so both legs answer from one node state. The real leg is marked slow and
+skipped where it cannot run: no Go to build the binaries (``tests/sim/test_real_talosctl.py`` ``build``), or a
+release simnode does not serve.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from runbook_lib.sim import realtalos
+from runbook_lib.sim.state import load_nodes, minor_of, sim_paths
+
+
+def serve_with_simnode(state: Path, release: str) -> Path:
+    """Serve the cluster in ``state`` to the real talosctl of ``release`` through simnode (the nodes file
+    ``realtalos`` derives from the node files), keeping the fake's ``bin/talosctl-python`` and
+    ``talosconfig-python``; returns the real binary. Skips when simnode does not serve the release or Go is
+    missing (``build``)."""
+    if minor_of(release) not in realtalos.SIMNODE_RELEASES:
+        pytest.skip(f"simnode does not serve Talos {release} nodes yet (realtalos.SIMNODE_RELEASES)")
+    # imported here: test_real_talosctl imports test_talosctl_get, whose fixtures use this module
+    from tests.sim.test_real_talosctl import build
+
+    talosctl, simnode = build("build-talosctl.sh", release), build("build-simnode.sh")
+    paths = sim_paths(state)
+    # realtalos.start points bin/talosctl and the talosconfig at the real pair: keep the fake's first.
+    shutil.copy(paths.bin_dir / "talosctl", paths.bin_dir / "talosctl-python")
+    shutil.copy(paths.talosconfig, state / "talosconfig-python")
+    choice = realtalos.Choice(True, "differential test", str(talosctl), str(simnode))
+    realtalos.start(state, choice, load_nodes(state), 0.0)
+    return talosctl
+
+
+LEGS = ("fake", pytest.param("real", marks=pytest.mark.slow))
+
+
+@dataclass(frozen=True)
+class Leg:
+    """``talosctl`` as the tests of the fake call it (``tests/sim/talosctl_run.py``), on one leg: the Python
+    talosctl, or the real one of the same release against simnode serving the same cluster."""
+
+    name: str
+    state: Path
+    binary: Path
+
+    def __call__(self, *args: str) -> subprocess.CompletedProcess[str]:
+        talosconfig = sim_paths(self.state).talosconfig
+        return subprocess.run(
+            [str(self.binary), "--talosconfig", str(talosconfig), *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    @property
+    def real(self) -> bool:
+        return self.name == "real"
+
+
+@contextmanager
+def leg(name: str, state: Path, release: str) -> Iterator[Leg]:
+    """The cluster already created in ``state``, answered by the fake or (``real``) by the real talosctl."""
+    if name == "fake":
+        yield Leg(name, state, sim_paths(state).bin_dir / "talosctl")
+        return
+    talosctl = serve_with_simnode(state, release)
+    try:
+        yield Leg(name, state, talosctl)
+    finally:
+        realtalos.stop(state)
