@@ -199,7 +199,8 @@ READS = {
 
 #: Differences not fixed yet (exact, per case): each xfail is strict, so a fix turns it red until removed.
 SPEC_TEXT = (
-    "the config text: the real one is Talos's encoder (struct field order, e.g. sysctls before features; sysctl "
+    "the config text (on 1.11 simnode encodes with 1.13's machinery, which a real 1.11 node does not): the real "
+    "one is Talos's encoder (struct field order, e.g. sysctls before features; sysctl "
     "values as strings, '\"1\"'; from 1.12 2-space indent with sequences at their key's indent), the fake's keeps "
     "its documents' key order and values at 4-space indent"
 )
@@ -207,14 +208,17 @@ KNOWN: dict[str, str] = {
     "platformmetadata-json": (
         "spec.hostname: simnode's node has the hostname realtalos.node_entry gives it (for the Kubernetes node "
         "--drain finds), the fake's metal node none (metal reports one only from talos.hostname= on the kernel "
-        "cmdline: talos@v1.12.0 internal/app/machined/pkg/runtime/v1alpha1/platform/metal/metal.go:194-196)"
+        "cmdline: talos@v1.12.0 internal/app/machined/pkg/runtime/v1alpha1/platform/metal/metal.go:194-196); "
+        "on 1.11 also the owner: simnode says network.PlatformConfigApplyController (1.12's), the fake "
+        "network.PlatformConfigController (talos@v1.11.0 internal/app/machined/pkg/controllers/network/"
+        "platform_config.go:112)"
     ),
     "machineconfig-json": SPEC_TEXT,
     "machineconfig-yaml": SPEC_TEXT,
     "read-proc-modules": (
-        "simnode prints 'nvidia 0 0 - Live 0xffffffffc0000000 (O)' in config order, the fake 'nvidia_uvm 1146880 "
-        "- - Live 0xffffffffc2733000 (O)' newest first: no source here for a Talos kernel's sizes, refcount "
-        "column (CONFIG_MODULE_UNLOAD) or order"
+        "sizes, addresses and order: simnode prints 'nvidia_modeset 0 - - Live 0xffffffffc0000000 (O)' (size 0, "
+        "one address, modeset/drm/uvm/nvidia), the fake 'nvidia_uvm 1146880 - - Live 0xffffffffc2733000 (O)' "
+        "(uvm/drm/modeset/nvidia): no source here for a real node's sizes, addresses or load order"
     ),
     "read-two-nodes": (
         "usage text: the real one has 'Aliases:\n  read, cat' and each flag's description; the fake's flag tables "
