@@ -48,6 +48,11 @@ class PodLog:
     done: bool = False
 
 
+def _owner_uids(obj: dict[str, Any]) -> list[str]:
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return [str(r["uid"]) for r in refs if isinstance(r, dict) and r.get("uid")]
+
+
 class Store:
     def __init__(self) -> None:
         self.lock = threading.RLock()
@@ -56,6 +61,10 @@ class Store:
         self.objects: dict[str, dict[tuple[str, str], dict[str, Any]]] = {k: {} for k in BY_KEY}
         self.history: deque[WatchEntry] = deque(maxlen=WATCH_HISTORY)
         self.logs: dict[tuple[str, str, str], PodLog] = {}
+        self.dependents: dict[str, dict[tuple[str, str, str], None]] = {}
+        """Owner uid -> (resource key, namespace, name) of each object whose ownerReferences name it, in the order
+        they were stored: the garbage collector's ownership graph (kubernetes@v1.35.0:pkg/controller/
+        garbagecollector/graph_builder.go), so a delete need not scan every object for dependents."""
         self.changes = 0
         """Bumped on every write; controllers compare it to skip work when nothing changed."""
         for ns in DEFAULT_NAMESPACES:
@@ -71,6 +80,17 @@ class Store:
         self.history.append(WatchEntry(self.rv, typ, res.key, ns, obj))
         self.changes += 1
         self.cond.notify_all()
+
+    def _put(self, key: str, ns: str, name: str, obj: dict[str, Any]) -> None:
+        """Store ``obj`` (caller holds the lock) and index it under each owner it names."""
+        self._unindex(key, ns, name)
+        self.objects[key][(ns, name)] = obj
+        for uid in _owner_uids(obj):
+            self.dependents.setdefault(uid, {})[(key, ns, name)] = None
+
+    def _unindex(self, key: str, ns: str, name: str) -> None:
+        for uid in _owner_uids(self.objects[key].get((ns, name)) or {}):
+            self.dependents.get(uid, {}).pop((key, ns, name), None)
 
     def _check_ns(self, res: Resource, ns: str) -> None:
         if res.namespaced and (ns, ns) not in {("", "")} and ("", ns) not in self.objects["v1/namespaces"]:
@@ -188,7 +208,7 @@ class Store:
             if dry_run:
                 return obj
             obj["metadata"]["resourceVersion"] = self._next_rv()
-            self.objects[res.key][(ns, name)] = obj
+            self._put(res.key, ns, name, obj)
             self._emit("ADDED", res, ns, obj)
             return copy.deepcopy(obj)
 
@@ -238,7 +258,7 @@ class Store:
         if dry_run:
             return copy.deepcopy(new)  # admitted and validated, never stored (dryRun=All)
         new["metadata"]["resourceVersion"] = self._next_rv()
-        self.objects[res.key][(ns, name)] = new
+        self._put(res.key, ns, name, new)
         self._emit("MODIFIED", res, ns, new)
         return copy.deepcopy(new)
 
@@ -304,6 +324,7 @@ class Store:
                 # the object and validates (kubernetes staging/src/k8s.io/apiserver/pkg/registry/generic/
                 # registry/store.go and dryrun.go).
                 return self.get(res, ns, name)
+            self._unindex(res.key, ns, name)
             obj = self.objects[res.key].pop((ns, name), None)
             if obj is None:
                 raise not_found(res, name)
@@ -323,11 +344,9 @@ class Store:
             return obj
 
     def _collect_garbage(self, owner_uid: str) -> None:
-        for other in BY_KEY.values():
-            for (ons, oname), o in list(self.objects[other.key].items()):
-                refs = (o.get("metadata") or {}).get("ownerReferences") or []
-                if any(r.get("uid") == owner_uid for r in refs):
-                    self.delete(other, ons, oname)
+        for key, ons, oname in list(self.dependents.pop(owner_uid, {})):
+            if (ons, oname) in self.objects[key]:  # not already deleted as another owner's dependent
+                self.delete(BY_KEY[key], ons, oname)
 
     # --- watch -----------------------------------------------------------------------------------------
 
@@ -374,7 +393,7 @@ class Store:
                     continue
                 for o in items:
                     meta = o.get("metadata") or {}
-                    self.objects[key][(meta.get("namespace", ""), meta.get("name", ""))] = o
+                    self._put(key, meta.get("namespace", ""), meta.get("name", ""), o)
             self.rv = max(self.rv, int(doc.get("rv") or 0))
             self.changes += 1
         return True
