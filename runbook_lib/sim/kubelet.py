@@ -103,6 +103,21 @@ class NodeView:
     fingerprint: str
 
 
+def failing_pull(image: str, sim: sim_state.SimNode, cluster_faults: dict[str, Any]) -> bool:
+    """Does pulling ``image`` fail on this node (the ``image_pull_error`` fault: the cluster's or the node's)?"""
+    return matches(cluster_faults.get("image_pull_error", False), image) or matches(
+        sim.faults.get("image_pull_error", False), image
+    )
+
+
+def pull_failure(image: str) -> str:
+    """The kubelet's Failed event for an image the registry does not have (containerd's "not found")."""
+    return (
+        f'Failed to pull image "{image}": rpc error: code = NotFound desc = failed to pull and unpack image '
+        f'"{image}": failed to resolve reference "{image}": {image}: not found'
+    )
+
+
 def _mtime(path: Path) -> int:
     """A file's mtime in ns, 0 when it does not exist."""
     try:
@@ -1508,16 +1523,11 @@ class Controllers:
         # Image pulls.
         for c in pod["spec"]["containers"]:
             image = str(c.get("image") or "")
-            if matches(faults.get("image_pull_error", False), image) or matches(
-                view.sim.faults.get("image_pull_error", False), image
-            ):
+            if failing_pull(image, view.sim, faults):
                 run.pull_failures += 1
                 if run.pull_failures == 1:
                     self.event(pod, "Pulling", f'Pulling image "{image}"', host=host)
-                    msg = (
-                        f'Failed to pull image "{image}": rpc error: code = NotFound desc = failed to pull and unpack image '
-                        f'"{image}": failed to resolve reference "{image}": {image}: not found'
-                    )
+                    msg = pull_failure(image)
                     self.event(pod, "Failed", msg, warning=True, host=host)
                     self.event(pod, "Failed", "Error: ErrImagePull", warning=True, host=host)
                     self._waiting(pod, "ErrImagePull", msg)

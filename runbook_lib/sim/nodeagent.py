@@ -26,7 +26,7 @@ from kubernetes.client.exceptions import ApiException
 from runbook_lib.sim.kubeapi.faults import FaultFile, matches
 from runbook_lib.sim.kubelet import _CONTAINERD as CONTAINERD_VERSIONS
 from runbook_lib.sim.kubelet import _KERNEL as KERNEL_VERSIONS
-from runbook_lib.sim.kubelet import NodeView, Outcome, program
+from runbook_lib.sim.kubelet import NodeView, Outcome, failing_pull, program, pull_failure
 from runbook_lib.sim.kubeletapi import KUBELET_PORT, Logs
 from runbook_lib.sim.realtalos import observed_nodes
 from runbook_lib.sim.state import SimNode, runtime
@@ -181,6 +181,17 @@ def kubelet_stopped(node: SimNode, cluster_faults: dict[str, Any]) -> bool:
     )
 
 
+#: The Initialized condition's reason on a pod whose image pull fails here: not a kubelet's (it reports
+#: Initialized True and the container waiting), but what keeps kwok's pod-ready stage (phase Pending, Initialized
+#: True) from starting the pod, and what tells the agent to retry the pull (``_retry_pulls``).
+PULL_FAILED = "ImagePullBackOff"
+
+
+def _failing_image(pod: dict[str, Any], node: SimNode, cluster_faults: dict[str, Any]) -> str | None:
+    images = [str(c.get("image") or "") for c in (pod.get("spec") or {}).get("containers") or []]
+    return next((i for i in images if failing_pull(i, node, cluster_faults)), None)
+
+
 def _node_ready(node: dict[str, Any]) -> bool:
     conditions = (node.get("status") or {}).get("conditions") or []
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
@@ -292,6 +303,8 @@ class NodeAgent:
         pods = [p for p in pods if (p.get("spec") or {}).get("nodeName") not in down]
         self._repost_readiness(pods, {o["metadata"]["name"] for o in objs if _node_ready(o)})
         pods = self._with_sandbox(pods, by_name, handlers)
+        pods = self._with_images(pods, by_name)
+        self._retry_pulls(by_name)
         plugin_pods = [p for p in pods if _is_plugin(p)]
         for node in nodes:
             want = wanted_gpus(node, plugin_pods, handlers)
@@ -342,6 +355,86 @@ class NodeAgent:
                 self._no_sandbox(pod, handler)
         return out
 
+    def _with_images(self, pods: list[dict[str, Any]], nodes: dict[str, SimNode]) -> list[dict[str, Any]]:
+        """The pods whose images the node can pull; the others go back to Pending in image-pull back-off
+        (``_pull_failed``). kwok starts every pod; only the node knows that a pull fails (``image_pull_error``,
+        the same fault as the Python API server's kubelet reads)."""
+        out, cluster = [], self.faults.read()
+        for pod in pods:
+            on = nodes.get((pod.get("spec") or {}).get("nodeName", ""))
+            image = _failing_image(pod, on, cluster) if on is not None else None
+            if image is None:
+                out.append(pod)
+            else:
+                self._pull_failed(pod, image)
+        return out
+
+    def _pull_failed(self, pod: dict[str, Any], image: str) -> None:
+        """What the kubelet shows after the first failed pull and its back-off: the container waiting in
+        ImagePullBackOff, the events Pulling, Failed (the registry's error), Failed "Error: ErrImagePull", BackOff
+        and Failed "Error: ImagePullBackOff" (kubernetes@v1.35.0 pkg/kubelet/images/image_manager.go; the texts
+        are kubelet.py's, ``pull_failure``). Simplified: the pull is retried every pass, not with back-off."""
+        meta = pod["metadata"]
+        backoff = f'Back-off pulling image "{image}"'
+        pulling = {"waiting": {"reason": "ImagePullBackOff", "message": backoff}}
+        creating = {"waiting": {"reason": "ContainerCreating"}}
+        statuses = [
+            {"name": c["name"], "image": c.get("image", ""), "imageID": "", "ready": False, "restartCount": 0,
+             "started": False, "state": pulling if c.get("image") == image else creating}
+            for c in pod["spec"]["containers"]
+        ]  # fmt: skip
+        conditions = [c for c in _readiness(pod, False) if c["type"] != "Initialized"]
+        conditions.append({"type": "Initialized", "status": "False", "reason": PULL_FAILED})
+        status = {"phase": "Pending", "containerStatuses": statuses, "conditions": conditions}
+        self.core.patch_namespaced_pod_status(meta["name"], meta["namespace"], {"status": status})
+        for reason, message, kind in (
+            ("Pulling", f'Pulling image "{image}"', "Normal"),
+            ("Failed", pull_failure(image), "Warning"),
+            ("Failed", "Error: ErrImagePull", "Warning"),
+            ("BackOff", backoff, "Normal"),
+            ("Failed", "Error: ImagePullBackOff", "Warning"),
+        ):
+            self._kubelet_event(pod, reason, message, kind)
+
+    def _retry_pulls(self, nodes: dict[str, SimNode]) -> None:
+        """A pod in image-pull back-off whose images the node can pull now (the fault cleared) starts: its
+        Initialized condition goes True, and kwok's stages run it from there."""
+        pending = self.core.api_client.sanitize_for_serialization(
+            self.core.list_pod_for_all_namespaces(field_selector="status.phase=Pending")
+        )["items"]
+        cluster = self.faults.read()
+        for pod in pending:
+            on = nodes.get((pod.get("spec") or {}).get("nodeName", ""))
+            conditions = (pod.get("status") or {}).get("conditions") or []
+            backing_off = any(
+                c.get("type") == "Initialized" and c.get("reason") == PULL_FAILED for c in conditions
+            )
+            if on is not None and backing_off and _failing_image(pod, on, cluster) is None:
+                kept = [c for c in conditions if c.get("type") != "Initialized"]
+                now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+                initialized = {"type": "Initialized", "status": "True", "lastTransitionTime": now}
+                meta = pod["metadata"]
+                body = {"status": {"conditions": [*kept, initialized]}}
+                self.core.patch_namespaced_pod_status(meta["name"], meta["namespace"], body)
+
+    def _kubelet_event(self, pod: dict[str, Any], reason: str, message: str, kind: str) -> None:
+        """An event about ``pod`` as its node's kubelet records it."""
+        meta = pod["metadata"]
+        event = {
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "kind": "Pod",
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta["uid"],
+            },
+            "reason": reason,
+            "message": message,
+            "type": kind,
+            "source": {"component": "kubelet", "host": pod["spec"]["nodeName"]},
+        }
+        self.core.create_namespaced_event(meta["namespace"], event)  # type: ignore[arg-type]
+
     def _no_sandbox(self, pod: dict[str, Any], handler: str) -> None:
         """What the kubelet reports when containerd has no runtime ``handler`` (the toolkit extension is
         missing): the pod stays Pending, its containers ContainerCreating, and a FailedCreatePodSandBox event
@@ -364,20 +457,7 @@ class NodeAgent:
         conditions.append({"type": "Initialized", "status": "False", "reason": "SandboxNotCreated"})
         status = {"phase": "Pending", "containerStatuses": statuses, "conditions": conditions}
         self.core.patch_namespaced_pod_status(meta["name"], meta["namespace"], {"status": status})
-        event = {
-            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
-            "involvedObject": {
-                "kind": "Pod",
-                "name": meta["name"],
-                "namespace": meta["namespace"],
-                "uid": meta["uid"],
-            },
-            "reason": "FailedCreatePodSandBox",
-            "message": message,
-            "type": "Warning",
-            "source": {"component": "kubelet", "host": pod["spec"]["nodeName"]},
-        }
-        self.core.create_namespaced_event(meta["namespace"], event)  # type: ignore[arg-type]
+        self._kubelet_event(pod, "FailedCreatePodSandBox", message, "Warning")
 
     def _plugin(self, pod: dict[str, Any], node: SimNode, handler: str) -> None:
         """The device plugin exits 1 where NVML does not initialise (its ``fail-on-init-error`` defaults to

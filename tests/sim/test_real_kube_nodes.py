@@ -9,6 +9,10 @@ Skipped, saying what to build, when the control plane is not built (``make kube-
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,9 +24,11 @@ from runbook_lib.sim import faults, realkube
 from tests.sim.test_real_talos_113 import bare_pod, core_api, service_accounts
 from tests.sim.test_sim_up_real_kube import down, up
 from tests.sim.test_sim_up_real_kube import tools as tools  # noqa: PLC0414  (the module-scoped fixture)
+from tests.sim.test_sim_up_real_talosctl import step_lines
 from tests.sim.waiting import wait_for
 
 pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
 
 #: kube-controller-manager's --node-monitor-grace-period, which simkube leaves at its default: 50 s
 #: (kubernetes@v1.35.0 pkg/controller/nodelifecycle/config/v1alpha1/defaults.go). The node's Lease, renewed
@@ -92,3 +98,61 @@ def test_a_node_that_goes_down_turns_ready_unknown_after_the_grace_period_and_re
     wait_for(lambda: ready_condition(api, "talos-worker-2").status == "True", timeout=180)
     wait_for(lambda: "node.kubernetes.io/unreachable" not in taint_keys(api, "talos-worker-2"), timeout=120)
     wait_for(lambda: pod_ready(api, "on-node") == "True", timeout=120)
+
+
+# ---------------------------------------------------------------- the Kubernetes faults, both API servers
+
+
+#: The kubernetes step's wait for GPUs: long enough for kwok to start the good nodes' plugin pods on a loaded
+#: machine (as tests/sim/test_sim_up_real_kube.py), the same on both API servers so the messages compare.
+GPU_WAIT_S = 90
+
+
+def kube_fault_run(
+    tmp: Path, mode: str, fault: str
+) -> tuple[dict[str, str], list[tuple[str, str, list[str]]]]:
+    """``runbook sim up`` (gpu-ready), ``runbook sim fault gpu-worker-3 FAULT true``, then ``runbook run --apply``
+    of the kubernetes and cuda-test steps on the API server ``mode``: the step outcomes, and per failed GPU node
+    its message and its checks' messages (the diagnosis a user reads)."""
+    state, records = tmp / mode / "state", tmp / mode / "records"
+    env = {**os.environ, realkube.MODE_ENV: mode, "RUNBOOK_SIM_TALOSCTL": "python"}
+    sim = [sys.executable, "-m", "runbook_lib", "sim"]
+    params = str(ROOT / "params" / "simulated.yaml")
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            args, env=env, capture_output=True, text=True, timeout=900, check=False, cwd=ROOT
+        )
+
+    try:
+        started = run(*sim, "up", "-p", params, "--state", str(state), "--scenario", "gpu-ready")
+        assert started.returncode == 0, started.stderr
+        assert run(*sim, "fault", "--state", str(state), "gpu-worker-3", fault, "true").returncode == 0
+        proc = run(
+            sys.executable, "-m", "runbook_lib", "run", "-p", params, "--apply", "--state", str(state),
+            "--records", str(records), "--no-progress", "--steps", "kubernetes,cuda-test",
+            "--set", "simulation.scenario=gpu-ready", "--set", f"timeouts.kubernetes_seconds={GPU_WAIT_S}",
+        )  # fmt: skip
+    finally:
+        run(*sim, "down", "--state", str(state))
+    [path] = records.glob("*/results/kubernetes.json")
+    nodes = json.loads(path.read_text())["result"]["nodes"]
+    failed = [
+        (n["node"], n.get("message", ""), [c.get("message", "") for c in n.get("failed", [])])
+        for n in nodes
+        if n["status"] == "failed" and n["node"].startswith("gpu-worker")
+    ]
+    return step_lines(proc.stdout), failed
+
+
+@pytest.mark.parametrize("fault", ["image_pull_error"])
+def test_a_kubernetes_fault_stops_the_run_at_the_same_step_with_the_same_diagnosis_on_both_api_servers(
+    tools: realkube.Tools, tmp_path: Path, fault: str
+) -> None:
+    """``runbook sim fault gpu-worker-3 image_pull_error true`` (every image on that node fails to pull): on the
+    Python API server the device plugin never starts there, so the kubernetes step fails on that node alone with
+    no GPUs. On the real control plane kwok ran the pods anyway and the node got its GPU: the run went on."""
+    python = kube_fault_run(tmp_path, "python", fault)
+    assert python[0] == {"kubernetes": "failed"}, python
+    assert [node for node, _, _ in python[1]] == ["gpu-worker-3"], python
+    assert kube_fault_run(tmp_path, "real", fault) == python
