@@ -17,8 +17,12 @@ from pathlib import Path
 
 CHART_SOURCES = Path(__file__).resolve().parent / "chartsrc"
 #: Versions served per chart: the ones the runbook pins (``DevicePlugin.chart_version``'s defaults:
-#: 0.17.2 up to Talos 1.11, 0.18.0 from 1.12, and params/simulated.yaml's 0.18.0).
-CHART_VERSIONS: dict[str, tuple[str, ...]] = {"nvidia-device-plugin": ("0.17.2", "0.18.0")}
+#: 0.17.2 up to Talos 1.11, 0.18.0 from 1.12, and params/simulated.yaml's 0.18.0; ``GpuOperator.chart_version``
+#: v26.3.3 from Talos 1.13, the version Talos CI pins). The gpu-operator chart's facts are v26.3.3's only.
+CHART_VERSIONS: dict[str, tuple[str, ...]] = {
+    "nvidia-device-plugin": ("0.17.2", "0.18.0"),
+    "gpu-operator": ("v26.3.3",),
+}
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):

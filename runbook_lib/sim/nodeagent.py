@@ -17,6 +17,7 @@ import hashlib
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,12 @@ log = logging.getLogger("runbook_lib.sim.nodeagent")
 GPU_RESOURCE = "nvidia.com/gpu"
 #: The container the device-plugin chart runs (templates/daemonset-device-plugin.yml, v0.17.2 and v0.18.0).
 PLUGIN_CONTAINER = "nvidia-device-plugin-ctr"
+#: The device plugin's container in the GPU Operator's DaemonSet (gpu-operator@v26.3.3
+#: assets/state-device-plugin/0500_daemonset.yaml:66; gpuoperator.py).
+PLUGIN_CONTAINERS = (PLUGIN_CONTAINER, "nvidia-device-plugin")
+#: Whether a device-plugin pod on a node may register GPUs (default: always): the simulated GPU Operator's
+#: plugin only where its toolkit validation passes (``gpuoperator.GpuOperator.admits``).
+Admits = Callable[[dict[str, Any], SimNode], bool]
 BASICS = {"cpu": "8", "memory": "32Gi", "pods": "110"}
 #: Talos taints control-plane nodes unless cluster.allowSchedulingOnControlPlanes is set (the Talos config
 #: reference's description of that field; where Talos applies the taint was not checked in its source).
@@ -247,7 +254,7 @@ def _final_status(pod: dict[str, Any], outcomes: list[tuple[str, Outcome]]) -> d
 
 def _is_plugin(pod: dict[str, Any]) -> bool:
     containers = (pod.get("spec") or {}).get("containers") or []
-    return any(c.get("name") == PLUGIN_CONTAINER for c in containers)
+    return any(c.get("name") in PLUGIN_CONTAINERS for c in containers)
 
 
 def _advertised(node: dict[str, Any]) -> int:
@@ -255,21 +262,14 @@ def _advertised(node: dict[str, Any]) -> int:
     return int(value) if str(value).isdigit() else 0
 
 
-class NodeAgent:
-    """Re-reads the nodes' Talos state and the device-plugin pods every ``interval`` seconds and patches each
-    Node's ``nvidia.com/gpu`` capacity/allocatable when it differs (removing it when the plugin stops)."""
+class Periodic:
+    """A controller that runs ``sync`` every ``interval`` seconds in a daemon thread until ``stop``; a failed
+    pass is logged and retried (a simulated controller must not die on one API error)."""
 
-    def __init__(self, state_dir: Path, kubeconfig: Path, logs: Logs, interval: float = 0.5) -> None:
-        self.state_dir = state_dir
-        self.logs = logs
-        self._restarts: dict[str, tuple[int, float]] = {}
-        """Crash-looping plugin containers by pod uid: (restarts so far, monotonic time of the next restart)."""
-        self.core = api(kubeconfig)
-        self.nodes_api = client.NodeV1Api(self.core.api_client)
+    def __init__(self, interval: float, name: str) -> None:
         self.interval = interval
-        self.faults = FaultFile(state_dir)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="gpu-node-agent", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -282,8 +282,34 @@ class NodeAgent:
         while not self._stop.wait(self.interval):
             try:
                 self.sync()
-            except Exception:  # a failed pass is retried; the agent must not die
-                log.exception("node agent pass failed")
+            except Exception:
+                log.exception("%s pass failed", self._thread.name)
+
+    def sync(self) -> None:
+        raise NotImplementedError
+
+
+class NodeAgent(Periodic):
+    """Re-reads the nodes' Talos state and the device-plugin pods every ``interval`` seconds and patches each
+    Node's ``nvidia.com/gpu`` capacity/allocatable when it differs (removing it when the plugin stops)."""
+
+    def __init__(
+        self,
+        state_dir: Path,
+        kubeconfig: Path,
+        logs: Logs,
+        interval: float = 0.5,
+        admits: Admits | None = None,
+    ) -> None:
+        super().__init__(interval, "gpu-node-agent")
+        self.state_dir = state_dir
+        self.admits: Admits = admits or (lambda _pod, _node: True)
+        self.logs = logs
+        self._restarts: dict[str, tuple[int, float]] = {}
+        """Crash-looping plugin containers by pod uid: (restarts so far, monotonic time of the next restart)."""
+        self.core = api(kubeconfig)
+        self.nodes_api = client.NodeV1Api(self.core.api_client)
+        self.faults = FaultFile(state_dir)
 
     def sync(self) -> None:
         """One pass: what every node should advertise, patched where the Node says otherwise."""
@@ -305,7 +331,7 @@ class NodeAgent:
         pods = self._with_sandbox(pods, by_name, handlers)
         pods = self._with_images(pods, by_name)
         self._retry_pulls(by_name)
-        plugin_pods = [p for p in pods if _is_plugin(p)]
+        plugin_pods = [p for p in pods if _is_plugin(p) and self._admitted(p, by_name)]
         for node in nodes:
             want = wanted_gpus(node, plugin_pods, handlers)
             if node.name in current and current[node.name] != want:
@@ -339,6 +365,10 @@ class NodeAgent:
                 meta = pod["metadata"]
                 body = {"status": {"conditions": _readiness(pod, True)}}
                 self.core.patch_namespaced_pod_status(meta["name"], meta["namespace"], body)
+
+    def _admitted(self, pod: dict[str, Any], nodes: dict[str, SimNode]) -> bool:
+        on = nodes.get((pod.get("spec") or {}).get("nodeName", ""))
+        return on is None or self.admits(pod, on)
 
     def _with_sandbox(
         self, pods: list[dict[str, Any]], nodes: dict[str, SimNode], handlers: dict[str, str]
@@ -463,7 +493,7 @@ class NodeAgent:
         """The device plugin exits 1 where NVML does not initialise (its ``fail-on-init-error`` defaults to
         true: NVIDIA/k8s-device-plugin@v0.18.0 cmd/nvidia-device-plugin/main.go), so the kubelet restarts it
         with back-off; at each restart it runs again against the node's state as it is then."""
-        container = next(c for c in pod["spec"]["containers"] if c["name"] == PLUGIN_CONTAINER)
+        container = next(c for c in pod["spec"]["containers"] if c["name"] in PLUGIN_CONTAINERS)
         outcome = program(pod, container, NodeView(node, runtime(node), ""), handler, 1)
         meta = pod["metadata"]
         self.logs.put(meta["namespace"], meta["name"], PLUGIN_CONTAINER, outcome.log)
@@ -478,7 +508,7 @@ class NodeAgent:
             del self._restarts[meta["uid"]]
             restarts += 1  # this restart is the one that works
         crash = outcome if crashing else None
-        status = {"containerStatuses": [_container_status(pod, PLUGIN_CONTAINER, max(restarts, 0), crash)]}
+        status = {"containerStatuses": [_container_status(pod, container["name"], max(restarts, 0), crash)]}
         status["conditions"] = _readiness(pod, not crashing)
         self.core.patch_namespaced_pod_status(meta["name"], meta["namespace"], {"status": status})
 

@@ -7,6 +7,7 @@ SIGTERM stops, everything that makes the simulated cluster's Kubernetes real:
   nodes' Talos ships, with Talos's admission settings); its admin kubeconfig becomes ``<state>/kubeconfig``;
 - a Node object per simulated node, kept Ready (lease heartbeats) and its pods run by kwok;
 - the GPU node agent (``nodeagent``): ``nvidia.com/gpu`` from each node's simulated Talos state;
+- the simulated GPU Operator controller (``gpuoperator``): the operand DaemonSets of the chart's ClusterPolicy;
 - the chart repository (``chartrepo``): our stand-in charts packaged by the real helm, on 127.0.0.1.
 
 ``<state>/bin/helm`` and ``bin/kubectl`` become the real clients (helm's repositories and cache kept in the
@@ -266,7 +267,8 @@ def describe(state_dir: Path) -> str:
     alive = [name for name, p in info.get("components", {}).items() if pidfile.start_time(int(p)) is not None]
     return (
         f"real control plane v{kubernetes} (supervisor pid {pid}: {', '.join(alive) or 'no component running'}; "
-        f"kwok {KWOK_VERSION}; kubectl 1.35.2 and helm 4.1.4 in bin/; logs in {_paths(state_dir)['logs']})"
+        f"kwok {KWOK_VERSION}; GPU node agent; simulated GPU Operator v26.3.3 controller for the gpu-operator "
+        f"chart; kubectl 1.35.2 and helm 4.1.4 in bin/; logs in {_paths(state_dir)['logs']})"
     )
 
 
@@ -370,7 +372,7 @@ def _stop_process(proc: subprocess.Popen[Any], timeout: float) -> None:
 def _running(state_dir: Path, tools: Tools) -> Iterator[dict[str, Any]]:
     """Everything started in order; on exit (or a failed start) stopped in reverse order."""
     # Imported here: the Kubernetes client costs ~0.4 s, which every `runbook` command would pay otherwise.
-    from runbook_lib.sim import chartrepo, kubeletapi, nodeagent  # noqa: PLC0415
+    from runbook_lib.sim import chartrepo, gpuoperator, kubeletapi, nodeagent  # noqa: PLC0415
 
     paths = _paths(state_dir)
     paths["logs"].mkdir(mode=0o700, exist_ok=True)
@@ -395,9 +397,14 @@ def _running(state_dir: Path, tools: Tools) -> Iterator[dict[str, Any]]:
         stack.callback(_stop_process, _start_kwok(tools, kubeconfig, paths["logs"]), 30)
         repo = chartrepo.serve(tools.helm, paths["charts"])
         stack.callback(repo.stop)
-        agent = nodeagent.NodeAgent(state_dir, kubeconfig, logs)
+        # The simulated GPU Operator runs on every cluster, as the chart's operator would once installed: it does
+        # nothing until a ClusterPolicy exists and the operator pod is Ready (nodes may reach Talos 1.13 mid-run).
+        operator = gpuoperator.GpuOperator(state_dir, kubeconfig, logs)
+        agent = nodeagent.NodeAgent(state_dir, kubeconfig, logs, admits=operator.admits)
         agent.start()
         stack.callback(agent.stop)
+        operator.start()
+        stack.callback(operator.stop)
         yield {"pid": os.getpid(), "kube": ready["server"], "charts": repo.url, "components": ready["pids"]}
 
 

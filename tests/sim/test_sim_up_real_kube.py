@@ -63,11 +63,12 @@ def down(state: Path) -> None:
     cluster.stop_daemon(state)
 
 
-def context(state: Path, workers: list[str]) -> Context:
+def context(state: Path, workers: list[str], talos: str = TALOS) -> Context:
+    """The runbook's context for ``workers`` of the simulated cluster in ``state`` (Talos ``talos``)."""
     data = {
         "cluster": "real-kube",
         "target": "simulated",
-        "talos_version": TALOS,
+        "talos_version": talos,
         "nodes": [{"name": n, "address": f"10.5.0.{3 + i}"} for i, n in enumerate(workers)],
     }
     return connect(validate(data, source="test"), state_dir=state)

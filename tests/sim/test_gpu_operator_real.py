@@ -1,0 +1,238 @@
+"""The GPU Operator layer (Talos 1.13+) on the real control plane (issue 15).
+
+Real helm 4.1.4 installs our own ``gpu-operator`` chart (``runbook_lib/sim/chartsrc/gpu-operator``, facts of
+NVIDIA/gpu-operator@v26.3.3) from the simulator's repository into the real kube-apiserver v1.36.0 (Talos 1.13's
+Kubernetes); the simulated operator controller (``runbook_lib/sim/gpuoperator.py``) creates the operand
+DaemonSets and the node side holds their pods in the init containers whose validation fails on the node.
+Before this, the Python API server's operator advertised GPUs whatever the values said (reality-gaps.md §3
+item 1), so a regression in the runbook's ``GPU_OPERATOR_VALUES`` (model/profiles.py) passed every simulated
+run. Skipped, saying what to build, when the v1.36.0 control plane is not built (``make kube-tools``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runbook_lib.sim import cluster, realkube
+from runbook_lib.steps.context import Context
+from runbook_lib.steps.kubernetes import kubernetes_layer
+from tests.sim.test_real_talosctl import build, find_go
+from tests.sim.test_sim_up_real_kube import context as real_kube_context
+from tests.sim.test_sim_up_real_talosctl import runbook, step_lines
+from tests.sim.waiting import wait_for
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+TALOS = "v1.13.0"
+KUBERNETES = "1.36.0"  # Talos 1.13's (state.KUBERNETES_FOR_TALOS)
+WORKERS = ["talos-worker-1", "talos-worker-2"]
+NAMESPACE = "gpu-operator"  # GpuOperator.namespace's default
+
+
+@pytest.fixture(scope="module")
+def tools() -> realkube.Tools:
+    if find_go() is not None:
+        build("build-simkube.sh")  # seconds; the control plane itself is never built here
+    found = realkube.find_tools(KUBERNETES)
+    if isinstance(found, str):
+        pytest.skip(f"the real control plane {KUBERNETES} is {found}")
+    return found
+
+
+@pytest.fixture
+def gpu_ready(tools: realkube.Tools, tmp_path: Path) -> Iterator[Path]:
+    """Two Talos 1.13 GPU workers with the NVIDIA extensions and modules (gpu-ready) on the real control plane."""
+    state = tmp_path / "sim"
+    cluster.create(
+        state, cluster.ClusterSpec(workers=len(WORKERS), talos_version=TALOS, scenario="gpu-ready")
+    )
+    cluster.start_daemon(state, rooms=["factory"])
+    try:
+        realkube.start(state, tools)
+        yield state
+    finally:
+        realkube.stop(state)
+        cluster.stop_daemon(state)
+
+
+def context(state: Path) -> Context:
+    return real_kube_context(state, WORKERS, TALOS)
+
+
+def kubectl(state: Path, *args: str) -> str:
+    """The real kubectl 1.35.2 the simulator puts in ``<state>/bin``, as a user runs it."""
+    proc = subprocess.run(
+        [str(state / "bin" / "kubectl"), "--kubeconfig", str(state / "kubeconfig"), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def pods(state: Path, app: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = json.loads(
+        kubectl(state, "get", "pods", "-n", NAMESPACE, "-l", f"app={app}", "-o", "json")
+    )["items"]
+    return items
+
+
+def waiting_in(pod: dict[str, Any]) -> str | None:
+    """The init container a pod is running (and so waiting in), as ``kubectl describe`` shows it."""
+    for status in (pod.get("status") or {}).get("initContainerStatuses") or []:
+        if "running" in (status.get("state") or {}):
+            return str(status["name"])
+    return None
+
+
+def held_on_every_worker(state: Path, app: str, init: str) -> bool:
+    got = {p["spec"].get("nodeName"): waiting_in(p) for p in pods(state, app)}
+    return got == dict.fromkeys(WORKERS, init)
+
+
+def test_kubectl_sees_the_cluster_policy_and_the_operand_daemonsets_by_their_real_names(
+    gpu_ready: Path,
+) -> None:
+    """The runbook's kubernetes step with its own values (driver and toolkit off, driverInstallDir /usr/local:
+    the Talos 1.13 docs) installs the served chart with the real helm; the operator's DaemonSets are the real
+    ones (no driver or toolkit DaemonSet with those values), RuntimeClass ``nvidia`` is the ClusterPolicy's, and
+    every GPU node advertises its GPU."""
+    ctx = context(gpu_ready)
+    assert ctx.kube.server_version() == f"v{KUBERNETES}"  # the real API server, not the Python one
+    result = kubernetes_layer(ctx, apply=True, timeout_s=180)
+    assert result.ok, result.to_dict()
+    assert [(n.status, n.data["allocatable_gpus"]) for n in result.nodes] == [("ok", 1), ("ok", 1)]
+    release = ctx.helm.release("gpu-operator", NAMESPACE)
+    assert release is not None and release.chart == "gpu-operator-v26.3.3"
+    assert kubectl(gpu_ready, "get", "crd", "clusterpolicies.nvidia.com", "-o", "name").strip() == (
+        "customresourcedefinition.apiextensions.k8s.io/clusterpolicies.nvidia.com"
+    )
+    wait_for(lambda: "ready" in kubectl(gpu_ready, "get", "clusterpolicy", "cluster-policy").split(), 120)
+    names = kubectl(gpu_ready, "get", "daemonsets", "-n", NAMESPACE, "-o", "name").split()
+    assert names == [
+        "daemonset.apps/nvidia-device-plugin-daemonset",
+        "daemonset.apps/nvidia-operator-validator",
+    ]
+    runtime_class = json.loads(kubectl(gpu_ready, "get", "runtimeclass", "nvidia", "-o", "json"))
+    assert runtime_class["handler"] == "nvidia"
+    assert [o["kind"] for o in runtime_class["metadata"]["ownerReferences"]] == ["ClusterPolicy"]
+
+
+#: Regressions of the runbook's GPU_OPERATOR_VALUES (model/profiles.py), each leaving a real Talos node without
+#: GPUs: the chart's default driver.enabled=true (the driver container cannot load modules on Talos), the chart's
+#: default driverInstallDir (the validator finds no driver there), and the earlier docs draft's directory.
+WRONG_VALUES = [
+    pytest.param({"driver.enabled": "true"}, "nvidia-driver-daemonset", id="driver-enabled"),
+    pytest.param({"hostPaths.driverInstallDir": "/run/nvidia/driver"}, None, id="default-driver-install-dir"),
+]
+
+
+@pytest.mark.parametrize(("wrong", "extra_daemonset"), WRONG_VALUES)
+def test_wrong_values_leave_the_nodes_without_gpus_and_the_step_fails_with_its_diagnosis(
+    gpu_ready: Path, wrong: dict[str, str], extra_daemonset: str | None
+) -> None:
+    """What a real cluster shows: the validator waits in driver-validation, the device plugin in
+    toolkit-validation (``until [ -f /run/nvidia/validations/toolkit-ready ]``), no node advertises
+    nvidia.com/gpu, and the kubernetes step fails each node with its diagnosis."""
+    ctx = context(gpu_ready)
+    ctx.plan.helm.values.update(wrong)
+    result = kubernetes_layer(ctx, apply=True, timeout_s=30)
+    assert not result.ok
+    assert [(n.status, n.message) for n in result.nodes] == [
+        ("failed", "no allocatable nvidia.com/gpu after 30 s")
+    ] * len(WORKERS)
+    assert all(n.checks and not n.checks[0].ok and n.checks[0].fix for n in result.nodes)
+    # The pods are held where the real ones loop, not merely slow: wait for that, then check nothing advertises.
+    wait_for(lambda: held_on_every_worker(gpu_ready, "nvidia-operator-validator", "driver-validation"), 120)
+    wait_for(
+        lambda: held_on_every_worker(gpu_ready, "nvidia-device-plugin-daemonset", "toolkit-validation"), 120
+    )
+    allocatable = kubectl(gpu_ready, "get", "nodes", "-o", "jsonpath={.items[*].status.allocatable}")
+    assert "nvidia.com/gpu" not in allocatable
+    listed = kubectl(gpu_ready, "get", "pods", "-n", NAMESPACE, "-l", "app=nvidia-device-plugin-daemonset")
+    assert "Init:0/2" in listed
+    names = kubectl(gpu_ready, "get", "daemonsets", "-n", NAMESPACE, "-o", "name").split()
+    if extra_daemonset is not None:
+        assert f"daemonset.apps/{extra_daemonset}" in names
+        wait_for(lambda: all(crash_looping(p) for p in pods(gpu_ready, extra_daemonset)), 120)
+    else:
+        assert "daemonset.apps/nvidia-driver-daemonset" not in names
+
+
+def crash_looping(pod: dict[str, Any]) -> bool:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return bool(statuses) and all(
+        ((s.get("state") or {}).get("waiting") or {}).get("reason") == "CrashLoopBackOff" for s in statuses
+    )
+
+
+def test_fixing_the_values_brings_the_gpus(gpu_ready: Path) -> None:
+    """After a run with the chart's default driverInstallDir, a run with the runbook's values upgrades the
+    release (helm's pre-upgrade CRD hook Job runs on kwok) and the held pods go on: every node gets its GPU."""
+    wrong = context(gpu_ready)
+    wrong.plan.helm.values["hostPaths.driverInstallDir"] = "/run/nvidia/driver"
+    assert not kubernetes_layer(wrong, apply=True, timeout_s=10).ok
+    wait_for(
+        lambda: held_on_every_worker(gpu_ready, "nvidia-device-plugin-daemonset", "toolkit-validation"), 120
+    )
+    fixed = kubernetes_layer(context(gpu_ready), apply=True, timeout_s=180)
+    assert fixed.ok, fixed.to_dict()
+    history = json.loads(
+        subprocess.run(
+            [str(gpu_ready / "bin" / "helm"), "history", "gpu-operator", "-n", NAMESPACE, "-o", "json",
+             "--kubeconfig", str(gpu_ready / "kubeconfig")],
+            capture_output=True, text=True, timeout=60, check=True,
+        ).stdout
+    )  # fmt: skip
+    assert [h["status"] for h in history] == ["superseded", "deployed"]
+
+
+@pytest.mark.parametrize("talosctl", ["python", "real"])
+def test_runbook_run_on_talos_1_13_passes_every_step_with_the_gpu_operator_on_the_real_control_plane(
+    tools: realkube.Tools, tmp_path: Path, talosctl: str
+) -> None:
+    """Issue 15's "done when" for 1.13: after ``runbook sim up`` (fresh Talos 1.13 nodes, the real control plane),
+    ``runbook run -p params/simulated.yaml --set talos_version=v1.13.0 --apply`` passes all six steps with the
+    GPU Operator installed by the real helm, and a second run changes nothing; with the Python talosctl and,
+    where it is built, the real talosctl v1.13.0 against simnode. (``sim up`` first: a ``runbook run`` that
+    starts the control plane itself starts it with an empty etcd, so its second run would install again.)"""
+    env = {**os.environ, "RUNBOOK_SIM_KUBE": "real", "RUNBOOK_SIM_TALOSCTL": talosctl}
+    if talosctl == "real":
+        from tests.sim.test_real_talos_113 import real_env  # builds talosctl v1.13.0 and simnode, or skips
+
+        env = real_env(tmp_path, "real")
+    state, records = tmp_path / "state", tmp_path / "records"
+    params_113 = tmp_path / "simulated-1.13.yaml"
+    text = (ROOT / "params" / "simulated.yaml").read_text()
+    params_113.write_text(text.replace("\ntalos_version: v1.12.7\n", f"\ntalos_version: {TALOS}\n"))
+    assert f"\ntalos_version: {TALOS}\n" in params_113.read_text(), (
+        "params/simulated.yaml changed its release line"
+    )
+    args = ["run", "-p", "params/simulated.yaml", "--set", f"talos_version={TALOS}", "--apply"]
+    args += ["--state", str(state), "--records", str(records), "--no-progress"]
+    try:
+        up = runbook(env, "sim", "up", "-p", str(params_113), "--state", str(state))
+        assert up.returncode == 0, up.stdout + up.stderr
+        first = runbook(env, *args)
+        assert first.returncode == 0, first.stdout + first.stderr
+        changed = ["config-patch", "image", "kubernetes"]  # preflight, verify and cuda-test: ok
+        assert [s for s, outcome in step_lines(first.stdout).items() if outcome != "ok"] == changed
+        assert len(step_lines(first.stdout)) == 6, first.stdout
+        (result,) = records.glob("*/results/kubernetes.json")
+        changes = json.loads(result.read_text())["result"]["data"]["changes"]
+        assert "helm upgrade --install gpu-operator nvidia/gpu-operator v26.3.3 -n gpu-operator" in changes
+        second = runbook(env, *args)
+        assert second.returncode == 0, second.stdout + second.stderr
+        assert "nothing changed on the cluster" in second.stdout
+    finally:
+        runbook(env, "sim", "down", "--state", str(state))
