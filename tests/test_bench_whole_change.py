@@ -15,6 +15,7 @@ from benchmarks.bench_whole_change import (
     Run,
     batches_by_start,
     cluster_time,
+    cpu_bound_floor,
     rolling_floor,
     start_of,
 )
@@ -31,6 +32,15 @@ def test_the_rolling_floor_counts_a_partial_last_batch_as_a_whole_one() -> None:
 def test_the_rolling_floor_refuses_what_is_no_fleet(nodes: int, concurrency: int, t: float) -> None:
     with pytest.raises(ValueError, match="must be"):
         rolling_floor(nodes, concurrency, t)
+
+
+def test_on_few_cores_a_wide_batch_is_as_long_as_its_talosctl_processes_cpu() -> None:
+    # 125 upgrades of 0.3 s CPU each on 2 cores: 18.75 s per batch, longer than T = 6 s; 8 batches
+    assert cpu_bound_floor(1000, 125, 6.0, 0.3, 2) == pytest.approx(8 * 18.75)
+    # 25 at once need 3.75 s of the 2 cores: T bounds the batch
+    assert cpu_bound_floor(100, 25, 6.0, 0.3, 2) == pytest.approx(4 * 6.0)
+    # a batch wider than the fleet only runs the fleet's nodes
+    assert cpu_bound_floor(10, 50, 6.0, 0.3, 2) == pytest.approx(6.0)
 
 
 def test_batches_are_recovered_from_call_starts_whatever_order_the_journal_holds_them_in() -> None:
