@@ -145,13 +145,14 @@ def kube_fault_run(
     return step_lines(proc.stdout), failed
 
 
-@pytest.mark.parametrize("fault", ["image_pull_error"])
+@pytest.mark.parametrize("fault", ["image_pull_error", "node_not_ready"])
 def test_a_kubernetes_fault_stops_the_run_at_the_same_step_with_the_same_diagnosis_on_both_api_servers(
     tools: realkube.Tools, tmp_path: Path, fault: str
 ) -> None:
     """``runbook sim fault gpu-worker-3 image_pull_error true`` (every image on that node fails to pull): on the
     Python API server the device plugin never starts there, so the kubernetes step fails on that node alone with
-    no GPUs. On the real control plane kwok ran the pods anyway and the node got its GPU: the run went on."""
+    no GPUs. On the real control plane kwok ran the pods anyway and the node got its GPU: the run went on.
+    ``node_not_ready``: no kubelet runs the node's plugin pod on either API server, same failure."""
     python = kube_fault_run(tmp_path, "python", fault)
     assert python[0] == {"kubernetes": "failed"}, python
     assert [node for node, _, _ in python[1]] == ["gpu-worker-3"], python
