@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from runbook_lib.errors import RunbookError
+from runbook_lib.model.profiles import GPU_OPERATOR_VALUES
 
 from . import gpu_operator_handover
 from .context import Context
@@ -287,6 +288,10 @@ def _no_gpu_diagnosis(ctx: Context, node: dict[str, Any]) -> Check:
             "node lacks nvidia.com/gpu.present=true",
             fix=f"kubectl label node {node['metadata']['name']} nvidia.com/gpu.present=true",
         )
+    if ctx.plan.kubernetes_layer == "gpu-operator":
+        waiting = _operator_validation_waiting(ctx, node["metadata"]["name"])
+        if waiting is not None:
+            return waiting
     return Check(
         "device plugin ready",
         False,
@@ -295,6 +300,52 @@ def _no_gpu_diagnosis(ctx: Context, node: dict[str, Any]) -> Check:
         fix="run the verification step for this node; check `kubectl -n "
         f"{release.namespace} logs ds/{_plugin_daemonset(ctx)}` for 'Incompatible strategy' / NVML errors",
     )
+
+
+#: The GPU Operator's validator DaemonSet (gpu-operator@v26.3.3 assets/state-operator-validation/0500_daemonset.yaml).
+OPERATOR_VALIDATOR = "nvidia-operator-validator"
+
+
+def _operator_validation_waiting(ctx: Context, node: str) -> Check | None:
+    """The validation the GPU Operator's stack waits in on ``node``, as a failed check; None if it waits in none.
+
+    Why: the operator's device plugin waits in its ``toolkit-validation`` init container until the validator
+    passes, so with wrong values it never runs and "check its logs" leads nowhere. The validator's
+    ``driver-validation`` (gpu-operator@v26.3.3 cmd/nvidia-validator/main.go:745-837) waits for the operator's
+    driver container when ``driver.enabled`` (it cannot load modules on Talos, which loads only modules signed
+    with its build key) or looks for ``nvidia-smi``/``libnvidia-ml.so.1`` under ``hostPaths.driverInstallDir``
+    (Talos: /usr/local, the Talos 1.13 docs); ``toolkit-validation`` runs ``nvidia-smi`` with the nvidia runtime
+    (main.go:1132-1158)."""
+    release = ctx.plan.helm
+    for pod in ctx.kube.pods(release.namespace, f"app={OPERATOR_VALIDATOR}"):
+        if (pod.get("spec") or {}).get("nodeName") != node:
+            continue
+        for status in (pod.get("status") or {}).get("initContainerStatuses") or []:
+            if "running" not in (status.get("state") or {}):
+                continue
+            message = f"{OPERATOR_VALIDATOR} on {node} waits in {status['name']}"
+            if status["name"] == "driver-validation":
+                values = " ".join(f"--set {k}={v}" for k, v in GPU_OPERATOR_VALUES.items())
+                return Check(
+                    "GPU Operator driver validation",
+                    False,
+                    message,
+                    cause="the operator waits for its own driver container (driver.enabled=true), which "
+                    "cannot load its modules on Talos, or finds no driver under hostPaths.driverInstallDir "
+                    "(Talos ships it under /usr/local)",
+                    fix=f"helm upgrade {release.release} {release.chart} --version {release.version} "
+                    f"-n {release.namespace} --reuse-values {values}  # the values the runbook sets",
+                )
+            if status["name"] == "toolkit-validation":
+                return Check(
+                    "GPU Operator toolkit validation",
+                    False,
+                    message,
+                    cause="nvidia-smi does not run in a container of the nvidia runtime: the toolkit "
+                    "extension is missing or its driver differs from the loaded one",
+                    fix="run the verification step for this node",
+                )
+    return None
 
 
 def _plugin_daemonset(ctx: Context) -> str:
