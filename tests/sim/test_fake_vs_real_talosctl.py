@@ -272,3 +272,8 @@ def test_an_applied_patch_reports_and_leaves_the_config_the_real_one_leaves(pair
     fake, real = pair.both("-n", W2, "get", "machineconfig", "-o", "jsonpath={.spec}")
     assert "example.com/gpu: tested" in fake.stdout
     assert "example.com/gpu: tested" in real.stdout
+
+
+def test_a_patch_the_node_refuses_prints_the_real_error(pair: Pair) -> None:
+    """machined's validation error, after the node's ``patched`` line, in nested multierrors."""
+    same(*pair.both("-n", W1, "patch", "machineconfig", "-p", "machine:\n  type: gpu\n", "--dry-run"))

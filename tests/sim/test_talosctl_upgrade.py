@@ -12,6 +12,7 @@ from runbook_lib.sim.cluster import ClusterSpec, create
 from runbook_lib.sim.faults import inject, set_cluster_fault
 from runbook_lib.sim.scenarios import nvidia_extension_names, register_schematic
 from runbook_lib.sim.state import driver_of, kmod_extension, load_node, runtime, sim_paths, toolkit_extension
+from tests.sim.talosctl_legs import LEGS, leg
 from tests.sim.talosctl_run import talosctl
 
 W1, W2 = "10.5.0.3", "10.5.0.4"
@@ -65,14 +66,18 @@ def test_minor_upgrade_changes_driver_and_services(tmp_path: Path) -> None:
     assert after.services.get("ext-nvidia-cdi-gen") == "Finished"
 
 
-def test_no_wait_prints_the_ack_table(tmp_path: Path) -> None:
-    create(tmp_path, ClusterSpec(workers=2, talos_version="1.12", scenario="config-patched"))
-    img = gpu_image(tmp_path, "v1.12.11", "v1.12.11")
-    r = talosctl(tmp_path, "upgrade", "-n", f"{W1},{W2}", "-i", img, "--wait=false")
+@pytest.mark.parametrize("which", LEGS)
+def test_no_wait_prints_the_ack_table(tmp_path: Path, which: str) -> None:
+    """On both legs: the Python talosctl and the real talosctl v1.12.0 on simnode (``tests/sim/talosctl_legs.py``)."""
+    create(tmp_path, ClusterSpec(workers=2, talos_version="v1.12.0", scenario="config-patched"))
+    img = gpu_image(tmp_path, "v1.12.0", "v1.12.0")
+    with leg(which, tmp_path, "v1.12.0") as run:
+        r = run("upgrade", "-n", f"{W1},{W2}", "-i", img, "--wait=false")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0].split() == ["NODE", "ACK", "STARTED"]
-    assert [line.split()[0] for line in lines[1:]] == [W1, W2]
+    # one row per node, in the order the replies arrive (apid's one-to-many: no order guaranteed)
+    assert sorted(line.split()[0] for line in lines[1:]) == [W1, W2]
     assert all("Upgrade request received" in line for line in lines[1:])
 
 
@@ -209,10 +214,13 @@ def test_unreachable_endpoint_fails_everything(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
 
 
-def test_version_warns_about_partial_failures(tmp_path: Path) -> None:
-    create(tmp_path, ClusterSpec(workers=2, talos_version="1.12"))
+@pytest.mark.parametrize("which", LEGS)
+def test_version_warns_about_partial_failures(tmp_path: Path, which: str) -> None:
+    """On both legs: the Python talosctl and the real talosctl v1.12.0 on simnode (``tests/sim/talosctl_legs.py``)."""
+    create(tmp_path, ClusterSpec(workers=2, talos_version="v1.12.0"))
     inject(tmp_path, W2, "unreachable")
-    r = talosctl(tmp_path, "version", "-n", f"{W1},{W2}")
+    with leg(which, tmp_path, "v1.12.0") as run:
+        r = run("version", "-n", f"{W1},{W2}")
     assert r.returncode == 0
     assert f"\tNODE:        {W1}\n" in r.stdout
     assert r.stderr.startswith(f"WARNING: 1 error occurred:\n\t* {W2}: rpc error: code = Unavailable")

@@ -487,29 +487,59 @@ def can_apply_immediately(old: list[dict[str, Any]], new: list[dict[str, Any]]) 
     return om == nm and of == nf and rest_o == rest_n
 
 
-def validate_config(config: list[dict[str, Any]], node_minor: tuple[int, int] = (1, 99)) -> list[str]:
-    """The subset of Talos's config validation a GPU runbook can trip over."""
+def _set_back(new: dict[str, Any], old: dict[str, Any], key: str) -> None:
+    if key in old:
+        new[key] = old[key]
+    else:
+        new.pop(key, None)
+
+
+def not_immediate(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> str:
+    """``CanApplyImmediate``'s error: the new config with what applies immediately set back to the current one,
+    diffed against the current one (talos@v1.12.0 internal/app/machined/pkg/runtime/v1alpha1/
+    v1alpha1_runtime.go:196-202). The diff is the simulator's encoding (see ``_diff``)."""
+    import copy  # noqa: PLC0415 - lazy (process start-up)
+
     from runbook_lib.sim import patching  # noqa: PLC0415 - lazy (process start-up)
 
-    problems: list[str] = [
-        f'unknown document kind "{kind}"' for kind in patching.unknown_kinds(config, node_minor)
-    ]
+    current, masked = v1alpha1_doc(old), copy.deepcopy(v1alpha1_doc(new))
+    machine, was = masked.setdefault("machine", {}), current.get("machine") or {}
+    for key in _IMMEDIATE_MACHINE_KEYS:
+        _set_back(machine, was, key)
+    if isinstance(machine.get("features"), dict):
+        for key in ("kubernetesTalosAPIAccess", "hostDNS", "imageCache"):
+            _set_back(machine["features"], was.get("features") or {}, key)
+    _set_back(masked, current, "cluster")
+    diff = _diff(patching.dump_yaml(current), patching.dump_yaml(masked))
+    return f"this config change can't be applied in immediate mode\ndiff:\n{diff}"
+
+
+def validate_config(config: list[dict[str, Any]], node_minor: tuple[int, int] = (1, 99)) -> str | None:
+    """The subset of Talos's config validation a GPU runbook can trip over, as machined's error text.
+
+    The v1alpha1 document's problems come wrapped as ``container.Validate`` wraps them (talos@v1.12.0
+    pkg/machinery/config/container/container.go:541, machine type: types/v1alpha1/v1alpha1_validation.go:179;
+    the nesting as the real talosctl v1.12.0 prints it against simnode). Not the real wording: a sysctl whose
+    value is not a scalar, which the real client already fails to decode (``cannot unmarshal !!map into
+    string``), and the document-kind and missing-v1alpha1 errors (no real capture here).
+    """
+    from runbook_lib.sim import patching  # noqa: PLC0415 - lazy (process start-up)
+
+    kinds = [f'unknown document kind "{kind}"' for kind in patching.unknown_kinds(config, node_minor)]
     doc = v1alpha1_doc(config)
     if not doc:
-        return ["v1alpha1 configuration document is missing"]
+        return "configuration validation failed: " + multierror(
+            ["v1alpha1 configuration document is missing"]
+        )
     machine = doc.get("machine") or {}
+    problems: list[str] = []
     if machine.get("type") not in ("worker", "controlplane", "init"):
-        problems.append(f'machine type "{machine.get("type")}" is not valid')
-    for i, mod in enumerate((machine.get("kernel") or {}).get("modules") or []):
-        if not isinstance(mod, dict) or not mod.get("name"):
-            problems.append(f"machine.kernel.modules[{i}].name is required")
-    for f in machine.get("files") or []:
-        if isinstance(f, dict) and f.get("op") not in ("create", "append", "overwrite"):
-            problems.append(f'invalid machine file op "{f.get("op")}"')
+        problems.append(f'unknown machine type "{machine.get("type")}"')
     for key, value in (machine.get("sysctls") or {}).items():
         if not isinstance(value, str | int):
             problems.append(f"sysctl {key} value must be a string")
-    return problems
+    errors = ([f"v1alpha1.Config: {multierror(problems)}"] if problems else []) + kinds
+    return multierror(errors) if errors else None
 
 
 def _diff(old: str, new: str) -> str:
@@ -600,14 +630,9 @@ def _patch_one(env: Env, address: str, patches: list[patching.Patch], p: fl.Pars
         except patching.PatchError as exc:
             raise NodeError(str(exc)) from None
         new_text = patching.encode_config(new_config)
-        problems = validate_config(new_config, node.minor)
-        if problems:
-            _apply_refused(
-                out,
-                address,
-                "rpc error: code = InvalidArgument desc = configuration validation failed: "
-                + multierror(problems),
-            )
+        refused = validate_config(new_config, node.minor)
+        if refused:
+            _apply_refused(out, address, f"rpc error: code = InvalidArgument desc = {refused}")
         if old_text.strip() == new_text.strip():
             out.write("Apply was skipped: no changes detected.\n")
             return
@@ -616,16 +641,13 @@ def _patch_one(env: Env, address: str, patches: list[patching.Patch], p: fl.Pars
             details = "Staged configuration to be applied after the next reboot"
         elif mode == "reboot" or (mode == "auto" and not immediate):
             details = "Applied configuration with a reboot"
-        elif mode == "no-reboot" and not immediate:
+        elif mode in ("no-reboot", "try") and not immediate:
+            # machined refuses with CanApplyImmediate's error (talos@v1.12.0 v1alpha1_server.go:214-220)
             _apply_refused(
                 out,
                 address,
-                "rpc error: code = InvalidArgument desc = apply configuration failed: "
-                "the config change can't be applied without a reboot",
+                "rpc error: code = InvalidArgument desc = " + not_immediate(node.machine_config, new_config),
             )
-        elif mode == "try":
-            timeout = p.get("timeout") or 60.0
-            details = f"Applied configuration without a reboot; configuration will be rolled back in {_go_duration(timeout)}"
         else:
             details = "Applied configuration without a reboot"
         out.write(f"patched MachineConfigs.config.talos.dev/v1alpha1 at the node {address}\n")
@@ -634,7 +656,7 @@ def _patch_one(env: Env, address: str, patches: list[patching.Patch], p: fl.Pars
                 f"Dry run summary:\n{details} (skipped in dry-run).\nConfig diff:\n\n{_diff(old_text, new_text)}\n"
             )
             return
-        out.write(details + "\n")
+        out.write(_applied_details(details, mode, p, node.machine_config, new_config) + "\n")
         if mode == "staged":
             node.staged_config = new_config
             return
@@ -642,6 +664,19 @@ def _patch_one(env: Env, address: str, patches: list[patching.Patch], p: fl.Pars
         node.config_version += 1
         if details.startswith("Applied configuration with a reboot"):
             _reboot_effects(node)
+
+
+def _applied_details(
+    details: str, mode: str, p: fl.Parsed, old: list[dict[str, Any]], new: list[dict[str, Any]]
+) -> str:
+    """What machined answers once applied (talos@v1.12.0 internal/app/machined/internal/server/v1alpha1/
+    v1alpha1_server.go:226-232, 263-269, 310): auto mode that reboots says why, try mode when it reverts."""
+    if mode == "auto" and details == "Applied configuration with a reboot":
+        return f"{details}: {not_immediate(old, new)}"
+    if mode == "try":
+        timeout = _go_duration(p.get("timeout") or 60.0)
+        return f"{details}\nThe config is applied in 'try' mode and will be automatically reverted back in {timeout}"
+    return details
 
 
 def _apply_refused(out: IO[str], address: str, message: str) -> None:
