@@ -372,7 +372,7 @@ def _stop_process(proc: subprocess.Popen[Any], timeout: float) -> None:
 def _running(state_dir: Path, tools: Tools) -> Iterator[dict[str, Any]]:
     """Everything started in order; on exit (or a failed start) stopped in reverse order."""
     # Imported here: the Kubernetes client costs ~0.4 s, which every `runbook` command would pay otherwise.
-    from runbook_lib.sim import chartrepo, gpuoperator, kubeletapi, nodeagent  # noqa: PLC0415
+    from runbook_lib.sim import chartrepo, gpuoperator, kubeletapi, kubesystem, nodeagent  # noqa: PLC0415
 
     paths = _paths(state_dir)
     paths["logs"].mkdir(mode=0o700, exist_ok=True)
@@ -389,11 +389,10 @@ def _running(state_dir: Path, tools: Tools) -> Iterator[dict[str, Any]]:
         kubeconfig = sim_paths(state_dir).kubeconfig
         atomic_write(kubeconfig, Path(ready["kubeconfig"]).read_text())
         kubeconfig.chmod(0o600)
-        nodeagent.register(
-            nodeagent.api(kubeconfig),
-            load_nodes(state_dir),
-            str(load_cluster(state_dir)["kubernetes_version"]),
-        )
+        core = nodeagent.api(kubeconfig)
+        kubernetes = str(load_cluster(state_dir)["kubernetes_version"])
+        nodeagent.register(core, load_nodes(state_dir), kubernetes)
+        kubesystem.apply(core.api_client, kubernetes)  # what Talos's manifest controller applies
         stack.callback(_stop_process, _start_kwok(tools, kubeconfig, paths["logs"]), 30)
         repo = chartrepo.serve(tools.helm, paths["charts"])
         stack.callback(repo.stop)

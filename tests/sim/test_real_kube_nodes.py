@@ -157,3 +157,42 @@ def test_a_kubernetes_fault_stops_the_run_at_the_same_step_with_the_same_diagnos
     assert python[0] == {"kubernetes": "failed"}, python
     assert [node for node, _, _ in python[1]] == ["gpu-worker-3"], python
     assert kube_fault_run(tmp_path, "real", fault) == python
+
+
+# ---------------------------------------------------------------- kube-system as Talos fills it
+
+
+def running_pods(api: Any, selector: str) -> list[tuple[str, str]]:
+    """(node, image) of the kube-system pods matching ``selector`` that run and are ready."""
+    pods = api.list_namespaced_pod("kube-system", label_selector=selector).items
+    return sorted(
+        (p.spec.node_name, p.spec.containers[0].image)
+        for p in pods
+        if p.status.phase == "Running"
+        and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
+    )
+
+
+def test_kube_system_runs_what_talos_deploys_there(two_workers: Path) -> None:
+    """Every Talos cluster runs kube-proxy and flannel on each node and two CoreDNS replicas, applied by Talos's
+    manifest controller with these names and labels (siderolabs/talos@v1.12.0
+    internal/app/machined/pkg/controllers/k8s/internal/k8stemplates/testdata/kube-proxy-daemonset.yaml,
+    flannel-daemonset.yaml, coredns-deployment.yaml; images from pkg/machinery/constants/constants.go).
+    Before, kube-system was empty on the simulated cluster."""
+    api = core_api(two_workers)
+    nodes = ["talos-cp-1", "talos-worker-1", "talos-worker-2"]
+    proxy = wait_for(
+        lambda: len(r := running_pods(api, "k8s-app=kube-proxy,tier=node")) == 3 and r, timeout=240
+    )
+    assert proxy == [(n, "registry.k8s.io/kube-proxy:v1.35.0") for n in nodes]
+    flannel = wait_for(
+        lambda: len(r := running_pods(api, "k8s-app=flannel,tier=node")) == 3 and r, timeout=240
+    )
+    assert flannel == [(n, "ghcr.io/siderolabs/flannel:v0.27.4") for n in nodes]
+    dns = wait_for(lambda: len(r := running_pods(api, "k8s-app=kube-dns")) == 2 and r, timeout=240)
+    assert {image for _, image in dns} == {"registry.k8s.io/coredns/coredns:v1.13.2"}
+    owners = {p.metadata.owner_references[0].kind for p in api.list_namespaced_pod("kube-system").items}
+    assert owners == {
+        "DaemonSet",
+        "ReplicaSet",
+    }  # the real controllers made them, from the DaemonSets and Deployment
