@@ -50,36 +50,29 @@ def daemonset(name: str, labels: dict[str, str], pod_spec: dict[str, Any]) -> di
     }
 
 
-def kube_proxy(kubernetes: str) -> dict[str, Any]:
-    spec = {
-        "containers": [
-            {"name": "kube-proxy", "image": f"registry.k8s.io/kube-proxy:v{kubernetes.lstrip('v')}"}
-        ],
+def on_every_node(name: str, image: str, account: str, priority: str) -> dict[str, Any]:
+    """The pod spec of a per-node network agent: host network, every taint tolerated."""
+    return {
+        "containers": [{"name": name, "image": image}],
         "hostNetwork": True,
-        "priorityClassName": "system-cluster-critical",
-        "serviceAccountName": "kube-proxy",
+        "priorityClassName": priority,
+        "serviceAccountName": account,
         "tolerations": EVERY_TAINT,
     }
+
+
+def kube_proxy(kubernetes: str) -> dict[str, Any]:
+    image = f"registry.k8s.io/kube-proxy:v{kubernetes.lstrip('v')}"
+    spec = on_every_node("kube-proxy", image, "kube-proxy", "system-cluster-critical")
     return daemonset("kube-proxy", {"k8s-app": "kube-proxy", "tier": "node"}, spec)
 
 
 def flannel() -> dict[str, Any]:
     linux = {"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}
-    spec = {
-        "affinity": {
-            "nodeAffinity": {
-                "requiredDuringSchedulingIgnoredDuringExecution": {
-                    "nodeSelectorTerms": [{"matchExpressions": [linux]}]
-                }
-            }
-        },
-        "initContainers": [{"name": "install-config", "image": FLANNEL_IMAGE}],
-        "containers": [{"name": "kube-flannel", "image": FLANNEL_IMAGE}],
-        "hostNetwork": True,
-        "priorityClassName": "system-node-critical",
-        "serviceAccountName": "flannel",
-        "tolerations": EVERY_TAINT,
-    }
+    terms = {"nodeSelectorTerms": [{"matchExpressions": [linux]}]}
+    spec = on_every_node("kube-flannel", FLANNEL_IMAGE, "flannel", "system-node-critical")
+    spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": terms}}
+    spec["initContainers"] = [{"name": "install-config", "image": FLANNEL_IMAGE}]
     return daemonset("kube-flannel", {"k8s-app": "flannel", "tier": "node"}, spec)
 
 
