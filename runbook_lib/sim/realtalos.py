@@ -398,7 +398,9 @@ def start(state_dir: Path, choice: Choice, nodes: list[SimNode], latency_ms: flo
     # The control-plane node hands out the cluster's kubeconfig, as machined does: talosctl 1.13's upgrade
     # --drain cordons and drains through it (simnode/kubeconfig.go). Read at each call: it may come later.
     argv += ["-kubeconfig", str(sim_paths(state_dir).kubeconfig.resolve())]
-    with open(p.log, "ab") as log:
+    # owner-only whatever the umask, as the daemon's log (cluster.start_daemon; attack report F14)
+    with os.fdopen(os.open(p.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab") as log:
+        os.fchmod(log.fileno(), 0o600)
         proc = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, umask=0o077
         )
