@@ -20,15 +20,14 @@ from typing import Any
 
 import pytest
 
-from runbook_lib.sim import cluster, realkube
+from runbook_lib.sim import cluster, gpuoperator, realkube
+from runbook_lib.sim.state import load_nodes
 from runbook_lib.steps.context import Context
 from runbook_lib.steps.kubernetes import kubernetes_layer
 from tests.sim.test_real_talosctl import build, find_go
 from tests.sim.test_sim_up_real_kube import context as real_kube_context
 from tests.sim.test_sim_up_real_talosctl import runbook, step_lines
 from tests.sim.waiting import wait_for
-
-pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 TALOS = "v1.13.0"
@@ -100,6 +99,56 @@ def held_on_every_worker(state: Path, app: str, init: str) -> bool:
     return got == dict.fromkeys(WORKERS, init)
 
 
+# ---------------------------------------------------------------- what the operator decides (fast, no control plane)
+
+
+@pytest.mark.parametrize(
+    ("values", "daemonsets"),
+    [
+        ({"driver": {"enabled": False}, "toolkit": {"enabled": False}}, ["validator", "device-plugin"]),
+        ({}, ["driver", "container-toolkit", "validator", "device-plugin"]),  # the chart's defaults
+        (
+            {"driver": {"enabled": "false"}, "devicePlugin": {"enabled": False}},
+            ["container-toolkit", "validator"],
+        ),
+    ],
+)
+def test_the_operands_follow_the_cluster_policy(values: dict[str, Any], daemonsets: list[str]) -> None:
+    """state_manager.go isStateEnabled: a driver or toolkit DaemonSet only when enabled (chart default: true)."""
+    assert [op.component.replace("operator-", "") for op in gpuoperator.operands(values)] == daemonsets
+
+
+@pytest.mark.parametrize(
+    ("install_dir", "managed", "driver"),
+    [
+        ("/usr/local", False, True),  # the Talos 1.13 docs' values
+        ("/usr/local/", False, True),
+        ("/run/nvidia/driver", False, False),  # the chart's default: a driver container's directory
+        ("/usr/local", True, False),  # driver.enabled: waits for the driver container
+    ],
+)
+def test_driver_validation_on_a_talos_node(
+    tmp_path: Path, install_dir: str, managed: bool, driver: bool
+) -> None:
+    state = tmp_path / "sim"
+    cluster.create(state, cluster.ClusterSpec(workers=1, talos_version=TALOS, scenario="gpu-ready"))
+    worker = next(n for n in load_nodes(state) if n.role == "worker")
+    checks = gpuoperator.validations(worker, install_dir, managed)
+    assert (checks.driver, checks.toolkit) == (driver, driver)
+
+
+def test_a_node_without_the_modules_validates_nothing(tmp_path: Path) -> None:
+    """The driver validation runs nvidia-smi: without the modules loaded (fresh: no NVIDIA config) it fails."""
+    state = tmp_path / "sim"
+    cluster.create(state, cluster.ClusterSpec(workers=1, talos_version=TALOS, scenario="fresh"))
+    worker = next(n for n in load_nodes(state) if n.role == "worker")
+    assert gpuoperator.validations(worker, "/usr/local", False) == gpuoperator.Validations(False, False)
+
+
+# ---------------------------------------------------------------- on the real control plane (slow)
+
+
+@pytest.mark.slow
 def test_kubectl_sees_the_cluster_policy_and_the_operand_daemonsets_by_their_real_names(
     gpu_ready: Path,
 ) -> None:
@@ -123,6 +172,7 @@ def test_kubectl_sees_the_cluster_policy_and_the_operand_daemonsets_by_their_rea
         "daemonset.apps/nvidia-device-plugin-daemonset",
         "daemonset.apps/nvidia-operator-validator",
     ]
+    assert "simulated GPU Operator" in realkube.describe(gpu_ready)  # what `runbook sim status` prints
     runtime_class = json.loads(kubectl(gpu_ready, "get", "runtimeclass", "nvidia", "-o", "json"))
     assert runtime_class["handler"] == "nvidia"
     assert [o["kind"] for o in runtime_class["metadata"]["ownerReferences"]] == ["ClusterPolicy"]
@@ -137,6 +187,7 @@ WRONG_VALUES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("wrong", "extra_daemonset"), WRONG_VALUES)
 def test_wrong_values_leave_the_nodes_without_gpus_and_the_step_fails_with_its_diagnosis(
     gpu_ready: Path, wrong: dict[str, str], extra_daemonset: str | None
@@ -182,6 +233,7 @@ def crash_looping(pod: dict[str, Any]) -> bool:
     )
 
 
+@pytest.mark.slow
 def test_fixing_the_values_brings_the_gpus(gpu_ready: Path) -> None:
     """After a run with the chart's default driverInstallDir, a run with the runbook's values upgrades the
     release (helm's pre-upgrade CRD hook Job runs on kwok) and the held pods go on: every node gets its GPU."""
@@ -203,6 +255,7 @@ def test_fixing_the_values_brings_the_gpus(gpu_ready: Path) -> None:
     assert [h["status"] for h in history] == ["superseded", "deployed"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("talosctl", ["python", "real"])
 def test_runbook_run_on_talos_1_13_passes_every_step_with_the_gpu_operator_on_the_real_control_plane(
     tools: realkube.Tools, tmp_path: Path, talosctl: str
