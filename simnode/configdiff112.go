@@ -21,12 +21,16 @@ func configDiff(tag string, oldCfg, newCfg config.Encoder) (string, error) {
 		return configdiff.DiffConfigs(oldCfg, newCfg)
 	}
 
-	return diff112(oldCfg, newCfg)
+	return diff112(oldCfg, newCfg, atLeast(tag, 1, 10))
 }
 
 // diff112 is talos@v1.12.0:pkg/machinery/config/configdiff/configdiff.go DiffToString (Diff, then outputDiff with
 // noColor), rewritten here because pkg/machinery v1.13 no longer has it (MPL-2.0, Sidero Labs).
-func diff112(oldCfg, newCfg config.Encoder) (string, error) {
+//
+// Before 1.10 the hunk header's closing " @@\n" went to machined's stdout (cyan.Printf, not Fprintf to the diff:
+// talos@v1.9.0:pkg/machinery/config/configdiff/configdiff.go:112, fixed by talos commit f35b58779 "fix: fix diff
+// printing", first in v1.10.0), so a 1.9 node's header runs on into the hunk's first line: closeHeader false.
+func diff112(oldCfg, newCfg config.Encoder, closeHeader bool) (string, error) {
 	var oldYAML, newYAML []byte
 
 	for _, c := range []struct {
@@ -57,14 +61,14 @@ func diff112(oldCfg, newCfg config.Encoder) (string, error) {
 	fmt.Fprintf(&sb, "--- %s\n+++ %s\n", u.From, u.To)
 
 	for _, hunk := range u.Hunks {
-		writeHunk112(&sb, hunk)
+		writeHunk112(&sb, hunk, closeHeader)
 	}
 
 	return sb.String(), nil
 }
 
 // writeHunk112 is outputDiff's loop body (configdiff.go:86-130 at v1.12.0): a count of 1 is left out of the header.
-func writeHunk112(sb *strings.Builder, hunk *gotextdiff.Hunk) {
+func writeHunk112(sb *strings.Builder, hunk *gotextdiff.Hunk, closeHeader bool) {
 	fromCount, toCount := 0, 0
 
 	for _, l := range hunk.Lines {
@@ -93,7 +97,9 @@ func writeHunk112(sb *strings.Builder, hunk *gotextdiff.Hunk) {
 		fmt.Fprintf(sb, " +%d", hunk.ToLine)
 	}
 
-	sb.WriteString(" @@\n")
+	if closeHeader {
+		sb.WriteString(" @@\n")
+	}
 
 	for _, l := range hunk.Lines {
 		switch l.Kind { //nolint:exhaustive

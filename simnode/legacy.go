@@ -14,21 +14,22 @@ import (
 	"google.golang.org/grpc"
 )
 
-// Talos 1.10 and 1.11 nodes: simnode is built on pkg/machinery v1.13.0, so where those releases' machined
+// Talos 1.9, 1.10 and 1.11 nodes: simnode is built on pkg/machinery v1.13.0, so where those releases' machined
 // answers differently in a way the runbook meets, the difference is made here, per node release (each cited).
-// What was checked and found the same for 1.10, 1.11 and 1.12: the dry-run summary and its diff
-// (generateDiff/configdiff.DiffToString, talos@v1.10.0 and v1.11.0:internal/app/machined/internal/server/
-// v1alpha1/v1alpha1_server.go, identical to v1.12.0's: configDiff's diff112), CanApplyImmediate
+// What was checked and found the same for 1.9 to 1.12: the dry-run summary and its diff
+// (generateDiff/configdiff.DiffToString, talos@v1.9.0, v1.10.0 and v1.11.0:internal/app/machined/internal/server/
+// v1alpha1/v1alpha1_server.go, identical to v1.12.0's: configDiff's diff112, except 1.9's hunk header, see
+// diff112), CanApplyImmediate
 // (internal/app/machined/pkg/runtime/v1alpha1/v1alpha1_runtime.go, same fields), PlatformMetadata and PCIDevice
-// (registered in v1alpha2_state.go since before 1.10), and the legacy MachineService.Upgrade (no LifecycleService
+// (registered in v1alpha2_state.go in 1.9 already), and the legacy MachineService.Upgrade (no LifecycleService
 // before 1.13, lifecycle113.go).
 
 // yamlSpecAPI is the first release whose MachineConfig spec is a YAML string with the "talos.dev/yaml-spec"
 // annotation: talos commit 92eeaa482 ("fix: update YAML library", first in v1.12.0) replaced the spec's
 // MarshalYAMLBytes (the config document itself: talos@v1.11.0:pkg/machinery/resources/config/machine_config.go:43-46,
-// the same in v1.10.0) with MarshalYAML returning the config as a string, and added the annotation so a newer
+// the same in v1.9.0 and v1.10.0) with MarshalYAML returning the config as a string, and added the annotation so a newer
 // talosctl can tell the two apart (v1.12.0 machine_config.go:43-72, cmd/talosctl/cmd/talos/patch.go
-// extractMachineConfigBody). talosctl 1.10/1.11 marshal the spec and patch it as a document
+// extractMachineConfigBody). talosctl 1.9-1.11 marshal the spec and patch it as a document
 // (talos@v1.11.0:cmd/talosctl/cmd/talos/patch.go:53-58): given the string, their decoder fails with
 // "recovered: expected a mapping node".
 const yamlSpecAnnotation = "talos.dev/yaml-spec"
@@ -111,13 +112,13 @@ func legacyMachineConfig(res *cosiapi.Resource) error {
 }
 
 // releaseResources are the resource types a node of release tag registers (state.go's talosResources). Talos
-// 1.10 has no LoadedKernelModule, and its KernelModuleSpec (the modules the config asks for) carries the alias
-// "modules" (talos@v1.10.0:pkg/machinery/resources/runtime/kernel_module_spec.go:43-49, v1alpha2_state.go
-// registers no LoadedKernelModule): `talosctl get modules` lists the config's modules there, not the loaded ones,
-// which is why the runbook reads /proc/modules before 1.11. 1.11 added LoadedKernelModule with the aliases
+// 1.9 and 1.10 have no LoadedKernelModule, and their KernelModuleSpec (the modules the config asks for) carries the
+// alias "modules" (talos@v1.10.0:pkg/machinery/resources/runtime/kernel_module_spec.go:43-49, v1alpha2_state.go
+// registers no LoadedKernelModule; the same in v1.9.0): `talosctl get modules` lists the config's modules there,
+// not the loaded ones, which is why the runbook reads /proc/modules before 1.11. 1.11 added LoadedKernelModule with the aliases
 // "module", "modules" and dropped KernelModuleSpec's (talos@v1.11.0, same files, and v1alpha2_state.go:218).
-// The types are registered once, for the release the node starts on: an upgrade across 1.10/1.11 keeps them
-// (ours; the runbook upgrades within a release).
+// The types are registered once, for the release the node starts on: an upgrade from 1.9/1.10 to 1.11+ keeps
+// them (ours; the runbook upgrades within a release).
 func releaseResources(tag string) []meta.ResourceWithRD {
 	if atLeast(tag, 1, 11) {
 		return talosResources

@@ -29,7 +29,7 @@ var talosNamespaces = []struct{ name, description string }{
 	{k8s.NamespaceName, "Kubernetes all node types resources."},
 }
 
-// Resource types a node registers (releaseResources adjusts them for 1.10): a subset of the ones Talos registers (same file, :98-250), so
+// Resource types a node registers (releaseResources adjusts them before 1.11): a subset of the ones Talos registers (same file, :98-250), so
 // their ResourceDefinitions (aliases, print columns) are the machinery's own. A type missing here answers
 // `resource "<type>" is not registered`, as it would on a Talos release without it.
 var talosResources = []meta.ResourceWithRD{

@@ -10,7 +10,7 @@ observes it (``with_observed``), so a config applied or an upgrade made by the r
 The switch is ``RUNBOOK_SIM_TALOSCTL``: ``auto`` (default: real when a talosctl of the nodes' minor release
 and simnode for the current sources are in the tools cache, else Python), ``real`` (build them if needed;
 an error when impossible) or ``python``. What simnode cannot do yet falls back to the Python talosctl with a
-one-line reason (``runbook sim status`` shows it): Talos 1.14 (no talosctl 1.14 builds), releases before 1.10
+one-line reason (``runbook sim status`` shows it): Talos 1.14 (no talosctl 1.14 builds), releases before 1.9
 (their API is not simulated, ``SIMNODE_RELEASES``), and scenarios with faults simnode does not simulate.
 """
 
@@ -66,9 +66,10 @@ START_TIMEOUT_S = 60.0
 #: The node releases simnode serves. It is built on pkg/machinery v1.13.0 (simnode/go.mod) and answers as each of
 #: these releases where they differ in what the runbook meets: the 1.13 upgrade API only to 1.13 nodes
 #: (simnode/lifecycle113.go), the 1.12 dry-run diff before 1.13 (configdiff112.go), and before 1.12 the
-#: MachineConfig spec as a YAML document, ``get modules`` on 1.10 as the config's module specs and
-#: ``/proc/modules`` (simnode/legacy.go, each cited). 1.9 and older: their API differences are not checked.
-SIMNODE_RELEASES = ((1, 10), (1, 11), (1, 12), (1, 13))
+#: MachineConfig spec as a YAML document, ``get modules`` before 1.11 as the config's module specs,
+#: ``/proc/modules``, and 1.9's dry-run diff (simnode/legacy.go, configdiff112.go, each cited). 1.8 and older:
+#: their API differences are not checked (and their talosctl was not built here).
+SIMNODE_RELEASES = ((1, 9), (1, 10), (1, 11), (1, 12), (1, 13))
 
 
 class RealTalosError(ValueError):
@@ -192,7 +193,7 @@ def _unsupported(talos_version: str, client: str, scenario: str) -> str:
         served = ", ".join(f"{major}.{minor}" for major, minor in SIMNODE_RELEASES)
         return (
             f"simnode does not simulate a {talos_version} node's API (checked against Talos's sources "
-            f"for 1.10 to 1.13; real: Talos {served} nodes only)"
+            f"for 1.9 to 1.13; real: Talos {served} nodes only)"
         )
     if minor_of(client) != minor_of(talos_version):
         return f"talosctl {client} is not the nodes' release {talos_version} (simnode pairs them)"

@@ -46,7 +46,7 @@ def test_auto_runs_the_real_talosctl_of_the_nodes_minor_release_when_built(tools
     [
         ("v1.14.0", "fresh", "Talos 1.14 nodes need talosctl 1.14, which does not build yet"),
         ("v1.12.7", "not-on-simnode", "scenario not-on-simnode has faults simnode does not simulate yet"),
-        ("v1.9.6", "fresh", "simnode does not simulate a v1.9.6 node's API"),
+        ("v1.8.4", "fresh", "simnode does not simulate a v1.8.4 node's API"),
     ],
 )
 def test_auto_falls_back_to_the_python_talosctl_saying_why(
@@ -57,11 +57,13 @@ def test_auto_falls_back_to_the_python_talosctl_saying_why(
     assert choice.reason.startswith(f"Python talosctl: {reason}")
 
 
-@pytest.mark.parametrize(("nodes", "client"), [("v1.10.9", "v1.10.0"), ("v1.11.6", "v1.11.0")])
-def test_talos_1_10_and_1_11_nodes_run_the_real_talosctl_of_their_release_when_built(
+@pytest.mark.parametrize(
+    ("nodes", "client"), [("v1.9.6", "v1.9.0"), ("v1.10.9", "v1.10.0"), ("v1.11.6", "v1.11.0")]
+)
+def test_talos_1_9_to_1_11_nodes_run_the_real_talosctl_of_their_release_when_built(
     tools: Path, nodes: str, client: str
 ) -> None:
-    """simnode answers as a 1.10/1.11 machined where the runbook meets a difference (simnode/legacy.go); they fell
+    """simnode answers as a 1.9-1.11 machined where the runbook meets a difference (simnode/legacy.go); they fell
     back to the Python talosctl while simnode answered every node as 1.12/1.13."""
     assert realtalos.choose(nodes, None, "fresh").reason == (
         f"Python talosctl: no talosctl {client} built (make tools, or RUNBOOK_SIM_TALOSCTL=real builds it)"
