@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from runbook_lib.sim.state import SimNode, minor_of, runtime
+from runbook_lib.sim.state import SimNode, minor_of, runtime, v1alpha1_doc
 from runbook_lib.sim.talosctl import hardware
 
 if TYPE_CHECKING:
@@ -80,6 +80,17 @@ TYPES: tuple[ResourceType, ...] = (
         (("NAME", "metadata.name"), ("VERSION", "metadata.version")),
     ),
     _LOADED_MODULES,
+    ResourceType(
+        # What the config asks to load, one per machine.kernel.modules entry (KernelModuleConfigController);
+        # up to 1.10 it holds the ``modules`` alias (talos@v1.10.0 pkg/machinery/resources/runtime/
+        # kernel_module_spec.go:46; v1.11.0 drops it for LoadedKernelModule; the same at v1.3.0).
+        "KernelModuleSpecs.runtime.talos.dev",
+        "KernelModuleSpec",
+        "runtime",
+        ("kernelmodulespec", "kernelmodulespecs", "modules"),
+        (),
+        until=(1, 11),
+    ),
     # Talos 1.14 moved the ``module``/``modules`` aliases to KernelModuleStatus, whose state is an enumer
     # ``-text`` type printed lowercase: live, loading, unloading, built-in (siderolabs/talos v1.14.0-rc.1
     # pkg/machinery/resources/runtime/kernel_module_status.go:25-60, kernelmodulestate_enumer.go); the
@@ -152,6 +163,7 @@ _OWNERS = {
     "PCIDevices.hardware.talos.dev": "hardware.PCIDevicesController",
     "ExtensionStatuses.runtime.talos.dev": "runtime.ExtensionStatusController",
     "LoadedKernelModules.runtime.talos.dev": "runtime.LoadedKernelModuleController",
+    "KernelModuleSpecs.runtime.talos.dev": "runtime.KernelModuleConfigController",
     "KernelModuleStatuses.runtime.talos.dev": "runtime.KernelModuleStatusController",
     "MachineConfigs.config.talos.dev": "",
     "Services.v1alpha1.talos.dev": "v1alpha1.ServiceController",
@@ -239,6 +251,18 @@ def modules(t: ResourceType, node: SimNode, _peers: list[SimNode]) -> list[Resou
         }
         out.append({"metadata": _meta(t, node, name), "spec": spec})
     return out
+
+
+def module_specs(t: ResourceType, node: SimNode, _peers: list[SimNode]) -> list[Resource]:
+    """KernelModuleSpec per configured module; its name's YAML key is ``string`` (the struct tag says so:
+    talos@v1.10.0 pkg/machinery/resources/runtime/kernel_module_spec.go:26)."""
+    machine = v1alpha1_doc(node.machine_config).get("machine") or {}
+    out: list[Resource] = []
+    for mod in (machine.get("kernel") or {}).get("modules") or []:
+        if isinstance(mod, dict) and mod.get("name"):
+            spec = {"string": str(mod["name"]), "parameters": list(mod.get("parameters") or [])}
+            out.append({"metadata": _meta(t, node, str(mod["name"])), "spec": spec})
+    return sorted(out, key=lambda r: str(r["metadata"]["id"]))  # COSI lists by ID
 
 
 def machineconfig(t: ResourceType, node: SimNode, _peers: list[SimNode]) -> list[Resource]:
@@ -381,6 +405,7 @@ BUILDERS: dict[str, Callable[[ResourceType, SimNode, list[SimNode]], list[Resour
     ],
     "ExtensionStatuses.runtime.talos.dev": extensions,
     "LoadedKernelModules.runtime.talos.dev": modules,
+    "KernelModuleSpecs.runtime.talos.dev": module_specs,
     "KernelModuleStatuses.runtime.talos.dev": modules,
     "MachineConfigs.config.talos.dev": machineconfig,
     "Services.v1alpha1.talos.dev": services,
