@@ -252,7 +252,9 @@ def test_fixing_the_values_brings_the_gpus(gpu_ready: Path) -> None:
             capture_output=True, text=True, timeout=60, check=True,
         ).stdout
     )  # fmt: skip
-    assert [h["status"] for h in history] == ["superseded", "deployed"]
+    # An upgrade, so helm ran the pre-upgrade hook Job (kwok completed it); revision 1 may be "failed" when a
+    # loaded machine made its 10 s --wait too short, which does not change what this test checks.
+    assert [h["revision"] for h in history] == [1, 2] and history[-1]["status"] == "deployed"
 
 
 @pytest.mark.slow
