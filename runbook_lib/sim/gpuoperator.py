@@ -310,7 +310,7 @@ class GpuOperator(Periodic):
     def sync(self) -> None:
         """One pass: nothing until the ClusterPolicy exists and the operator pod is Ready."""
         policy = self._policy()
-        namespace = self._operator_namespace()
+        namespace = self._operator_namespace() if policy is not None else None  # one list call while no chart
         if policy is None or namespace is None:
             self.toolkit_ready = frozenset()
             return
