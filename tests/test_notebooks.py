@@ -14,6 +14,7 @@ import pytest
 from runbook_lib.cli import main
 from runbook_lib.notebook import records
 from runbook_lib.notebook.steps import NOTEBOOK_PARAMETERS, ROLLBACK, STEPS, StepSpec
+from tests.fault_cases import CASES
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = REPO / "notebooks"
@@ -203,7 +204,9 @@ def test_default_run_only_plans_and_changes_nothing(sim_env: dict[str, Path]) ->
             ["gpu-worker-3"],
             "10.5.0.13:50000: connect: connection refused",
         ),
-        ("upgrade-fails", None, "image", ["gpu-worker-3"], "rolled back"),
+        # the real talosctl: "talosctl upgrade failed: sequence: upgrade action: NOOP error: ..." (simnode's failed
+        # installer, simnode/faults.go); the Python one adds "rolled back" (no source): both say "upgrade failed"
+        ("upgrade-fails", None, "image", ["gpu-worker-3"], CASES["upgrade-fails"][1]),
         ("driver-mismatch", "preflight,verify", "verify", None, "tracks lts and production are mixed"),
         ("extensions-no-patch", "preflight,verify", "verify", None, "NVIDIA kernel modules not loaded"),
     ],
