@@ -103,13 +103,18 @@ func writeKubeconfigs(dir, server, caFile string, ids []identity) (map[string]st
 	return paths, nil
 }
 
-// identities creates a fresh token for the admin, the controller-manager and the scheduler.
-func identities() ([]identity, error) {
-	ids := []identity{
+// baseIdentities are the admin, the controller-manager and the scheduler, without their tokens.
+func baseIdentities() []identity {
+	return []identity{
 		{Name: "admin", User: "admin", Group: "system:masters"},
 		{Name: "kube-controller-manager", User: "system:kube-controller-manager"},
 		{Name: "kube-scheduler", User: "system:kube-scheduler"},
 	}
+}
+
+// identities creates a fresh token for the admin, the controller-manager and the scheduler.
+func identities() ([]identity, error) {
+	ids := baseIdentities()
 
 	for i := range ids {
 		token, err := newToken()

@@ -4,10 +4,12 @@
 //
 //	simkube --state DIR --bin DIR [--components etcd,kube-apiserver,...]
 //
-// It writes certificates, tokens and kubeconfigs into DIR (0700), starts the processes with their logs in
-// DIR/logs, prints one JSON line (server, admin kubeconfig, pids; never a token) once the API server is ready,
-// and then supervises: SIGTERM/SIGINT stops everything; a component that exits stops the others. Children
-// get SIGKILL if simkube itself dies, so nothing is left running. Exit 2 is bad input, 1 a failed start.
+// It writes certificates, tokens and kubeconfigs into DIR (0700) (started again on the DIR of an earlier start,
+// it reuses that start's certificates, tokens and etcd data, as a real control plane keeps its cluster; see
+// resumable for what it refuses), starts the processes with their logs in DIR/logs, prints one JSON line
+// (server, admin kubeconfig, pids; never a token) once the API server is ready, and then supervises:
+// SIGTERM/SIGINT stops everything; a component that exits stops the others. Children get SIGKILL if simkube
+// itself dies, so nothing is left running. Exit 2 is bad input, 1 a failed start.
 package main
 
 import (
@@ -29,6 +31,7 @@ type options struct {
 	Components   []string
 	Timeout      time.Duration
 	KubeletProxy string
+	Resume       bool // the state directory holds an earlier start's PKI, tokens and etcd data
 }
 
 type usageError struct{ msg string }
@@ -37,7 +40,7 @@ func (e usageError) Error() string { return e.msg }
 
 func parseOptions(args []string) (options, error) {
 	fs := flag.NewFlagSet("simkube", flag.ContinueOnError)
-	state := fs.String("state", "", "state directory (created 0700; must be empty or absent)")
+	state := fs.String("state", "", "state directory (created 0700; empty, absent, or an earlier simkube's to resume)")
 	bin := fs.String("bin", "", "directory holding etcd, kube-apiserver, ... (tools/build-kube.sh prints it, plus /bin)")
 	comps := fs.String("components", "etcd,kube-apiserver,kube-controller-manager,kube-scheduler", "components to run")
 	timeout := fs.Duration("timeout", 120*time.Second, "how long each component may take to become ready")
@@ -52,8 +55,9 @@ func parseOptions(args []string) (options, error) {
 		return options{}, usageError{"--state and --bin are required"}
 	}
 
-	if entries, err := os.ReadDir(*state); err == nil && len(entries) > 0 {
-		return options{}, usageError{fmt.Sprintf("--state %s is not empty: give a new directory per control plane", *state)}
+	resume, err := resumable(*state)
+	if err != nil {
+		return options{}, err
 	}
 
 	if *kubeletProxy != "" && !filepath.IsAbs(*kubeletProxy) {
@@ -62,6 +66,7 @@ func parseOptions(args []string) (options, error) {
 
 	return options{
 		State: *state, Bin: *bin, Components: strings.Split(*comps, ","), Timeout: *timeout, KubeletProxy: *kubeletProxy,
+		Resume: resume,
 	}, nil
 }
 
@@ -88,20 +93,12 @@ func prepare(o options, p ports) (layout, string, error) {
 		return layout{}, "", err
 	}
 
-	if l.PKI, err = writePKI(l.PKIDir); err != nil {
-		return layout{}, "", err
-	}
-
-	ids, err := identities()
+	ids, err := credentials(o.Resume, &l)
 	if err != nil {
 		return layout{}, "", err
 	}
 
 	server := fmt.Sprintf("https://127.0.0.1:%d", p.APIServer)
-
-	if err := writeTokenFile(l.TokenFile, ids); err != nil {
-		return layout{}, "", err
-	}
 
 	if l.Kubeconfigs, err = writeKubeconfigs(state, server, l.PKI.CACert, ids); err != nil {
 		return layout{}, "", err
@@ -114,7 +111,32 @@ func prepare(o options, p ports) (layout, string, error) {
 		}
 	}
 
-	return l, server, writeJSON(l.AdmissionConfig, admissionConfiguration())
+	if err := writeJSON(l.AdmissionConfig, admissionConfiguration()); err != nil {
+		return layout{}, "", err
+	}
+
+	return l, server, writeMark(state)
+}
+
+// credentials reads the PKI and tokens an earlier start wrote (resume), or writes new ones.
+func credentials(resume bool, l *layout) ([]identity, error) {
+	if resume {
+		l.PKI = pkiPaths(l.PKIDir)
+
+		return readIdentities(l.TokenFile)
+	}
+
+	var err error
+	if l.PKI, err = writePKI(l.PKIDir); err != nil {
+		return nil, err
+	}
+
+	ids, err := identities()
+	if err != nil {
+		return nil, err
+	}
+
+	return ids, writeTokenFile(l.TokenFile, ids)
 }
 
 // ready is the line printed (and written to DIR/simkube.json) once the control plane serves requests.

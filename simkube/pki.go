@@ -18,10 +18,25 @@ import (
 	"time"
 )
 
-// pki holds the paths of the files the control plane is started with. Everything is generated fresh for
-// each state directory: the cluster is a rehearsal, so there is no CA to reuse and nothing to rotate.
+// pki holds the paths of the files the control plane is started with. They are generated on a state
+// directory's first start and reused on every restart (as a real control plane keeps its CA and keys), so
+// clients keep trusting the API server and service-account tokens stay valid; nothing is rotated.
 type pki struct {
 	CACert, ServingCert, ServingKey, SAPublic, SAPrivate string
+}
+
+// pkiPaths is where the files of the PKI in dir are.
+func pkiPaths(dir string) pki {
+	return pki{
+		CACert: filepath.Join(dir, "ca.crt"), ServingCert: filepath.Join(dir, "apiserver.crt"),
+		ServingKey: filepath.Join(dir, "apiserver.key"), SAPublic: filepath.Join(dir, "sa.pub"),
+		SAPrivate: filepath.Join(dir, "sa.key"),
+	}
+}
+
+// files lists every file of the PKI.
+func (p pki) files() []string {
+	return []string{p.CACert, p.ServingCert, p.ServingKey, p.SAPublic, p.SAPrivate}
 }
 
 // writePKI creates a self-signed CA, a serving certificate for 127.0.0.1/localhost signed by it, and the
@@ -31,11 +46,7 @@ func writePKI(dir string) (pki, error) {
 		return pki{}, err
 	}
 
-	p := pki{
-		CACert: filepath.Join(dir, "ca.crt"), ServingCert: filepath.Join(dir, "apiserver.crt"),
-		ServingKey: filepath.Join(dir, "apiserver.key"), SAPublic: filepath.Join(dir, "sa.pub"),
-		SAPrivate: filepath.Join(dir, "sa.key"),
-	}
+	p := pkiPaths(dir)
 
 	caKey, caCert, err := newCA()
 	if err != nil {

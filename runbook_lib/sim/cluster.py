@@ -31,7 +31,7 @@ from typing import Any
 import yaml
 
 from runbook_lib.model.params import Params
-from runbook_lib.sim import machineconfig, pidfile, realtalos, toolserver
+from runbook_lib.sim import machineconfig, pidfile, realkube, realtalos, toolserver
 from runbook_lib.sim.scenarios import apply_scenario
 from runbook_lib.sim.state import (
     KUBERNETES_FOR_TALOS,
@@ -195,6 +195,7 @@ def create(state_dir: Path, spec: ClusterSpec) -> list[SimNode]:
     if paths.nodes_dir.exists():
         shutil.rmtree(paths.nodes_dir)
     realtalos.forget(state_dir)
+    realkube.forget(state_dir)
     private_dir(paths.nodes_dir)
     cp_address = str(FIRST_ADDRESS)
     endpoint = f"https://{cp_address}:6443"

@@ -138,6 +138,11 @@ def _paths(state_dir: Path) -> dict[str, Path]:
     }
 
 
+def forget(state_dir: Path) -> None:
+    """A new cluster (``cluster.create``): its control plane starts from an empty etcd, not the earlier one's."""
+    shutil.rmtree(_paths(state_dir)["kube"], ignore_errors=True)
+
+
 def write_clients(state_dir: Path, tools: Tools) -> None:
     """``bin/helm`` and ``bin/kubectl`` run the real clients; helm keeps its repositories in the state dir."""
     bin_dir = sim_paths(state_dir).bin_dir
@@ -290,9 +295,9 @@ def _daemon_gone(state_dir: Path) -> Callable[[], bool]:
 def _start_simkube(
     state_dir: Path, tools: Tools, logs: Path, kubelet_proxy: Path
 ) -> tuple[subprocess.Popen[str], dict[str, Any]]:
-    """simkube in a fresh ``<state>/kube`` (it refuses a used one); the JSON line it prints when ready."""
+    """simkube on ``<state>/kube``; the JSON line it prints when ready. A restart resumes the cluster an earlier
+    start left there (etcd, PKI, tokens), as a real control plane does; ``forget`` empties it for a new one."""
     kube = _paths(state_dir)["kube"]
-    shutil.rmtree(kube, ignore_errors=True)
     err = open(os.open(logs / "simkube.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w")  # noqa: SIM115
     proc = subprocess.Popen(
         [

@@ -1,0 +1,132 @@
+"""The real control plane keeps its cluster between runs (issue 15, point 5).
+
+A real cluster's etcd survives a control-plane restart, so a second ``runbook run --apply`` finds the
+RuntimeClass and the Helm release the first one made and changes nothing. ``runbook run`` stops the simulator
+it started, so the second run restarts simkube on the same ``<state>/kube``. Every wait polls for the condition
+it needs with a generous deadline (a loaded machine delays every process). Skipped, saying what to build, when
+the control plane is not built (``make kube-tools``).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from runbook_lib.sim import realkube
+from tests.sim.test_sim_up_real_kube import _cmdline, runbook
+from tests.sim.test_sim_up_real_kube import tools as tools  # noqa: PLC0414  (the module-scoped fixture)
+from tests.sim.waiting import wait_for
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def processes_of(state: Path) -> list[str]:
+    """Command lines of the processes that name this state dir (simkube, etcd, kube-apiserver, kwok, ...)."""
+    found = (_cmdline(p) for p in Path("/proc").glob("[0-9]*"))
+    return [line for line in found if str(state) in line]
+
+
+def run_apply(state: Path, records: Path) -> tuple[subprocess.CompletedProcess[str], dict[str, object]]:
+    """``runbook run -p params/simulated.yaml --apply`` (what ``make demo`` runs) and its record's data."""
+    before = set(records.glob("*/record.json"))
+    params = str(ROOT / "params" / "simulated.yaml")
+    args = ["run", "-p", params, "--apply", "--state", str(state), "--records", str(records), "--no-progress"]
+    proc = runbook(*args, mode="real")
+    (new,) = set(records.glob("*/record.json")) - before
+    return proc, json.loads(new.read_text())
+
+
+def test_a_second_run_resumes_the_clusters_etcd_and_changes_nothing(
+    tools: realkube.Tools, tmp_path: Path
+) -> None:
+    """Without ``runbook sim up``: each run starts the real control plane and stops all of it; the second
+    sees the RuntimeClass and Helm release the first installed (etcd kept in ``<state>/kube``)."""
+    state, records = tmp_path / "sim", tmp_path / "records"
+    try:
+        first, data = run_apply(state, records)
+        assert first.returncode == 0, first.stdout + first.stderr
+        assert data["outcome"] == "changed", first.stdout
+        assert wait_for(lambda: not processes_of(state), timeout=60) is True
+        second, data = run_apply(state, records)
+        assert second.returncode == 0, second.stdout + second.stderr
+        assert data["outcome"] == "unchanged", second.stdout
+        assert "nothing changed on the cluster" in second.stdout
+        assert wait_for(lambda: not processes_of(state), timeout=60) is True
+    finally:
+        realkube.stop(state)
+        runbook("sim", "down", "--state", str(state), mode="real")
+
+
+def start_simkube(tools: realkube.Tools, state: Path) -> tuple[subprocess.Popen[str], dict[str, object]]:
+    """simkube on ``state`` until it prints its ready line (it exits with an error otherwise)."""
+    proc = subprocess.Popen(
+        [str(tools.simkube), "--state", str(state), "--bin", str(tools.kube_bin),
+         "--components", "etcd,kube-apiserver"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line:
+        proc.wait(timeout=60)
+        raise AssertionError(f"simkube exited {proc.returncode}: {proc.stderr.read() if proc.stderr else ''}")
+    return proc, json.loads(line)
+
+
+def stop_simkube(proc: subprocess.Popen[str]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+
+
+def kubectl(tools: realkube.Tools, kubeconfig: object, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(tools.kubectl), "--kubeconfig", str(kubeconfig), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def test_simkube_restarted_on_its_state_dir_serves_what_it_stored(
+    tools: realkube.Tools, tmp_path: Path
+) -> None:
+    """The objects, the CA and the admin's token survive; the restart is about as quick as the first start."""
+    state = tmp_path / "kube"
+    proc, ready = start_simkube(tools, state)
+    try:
+        created = kubectl(tools, ready["kubeconfig"], "create", "configmap", "kept", "--from-literal=a=1")
+        assert created.returncode == 0, created.stderr
+        ca = (state / "pki" / "ca.crt").read_bytes()
+    finally:
+        stop_simkube(proc)
+    proc, again = start_simkube(tools, state)
+    try:
+        got = kubectl(tools, again["kubeconfig"], "get", "configmap", "kept", "-o", "jsonpath={.data.a}")
+        assert (got.returncode, got.stdout) == (0, "1"), got.stderr
+        assert (state / "pki" / "ca.crt").read_bytes() == ca
+        # "about the same": etcd replays a small WAL; generous for a loaded 2-core machine
+        assert float(str(again["startup_seconds"])) < 3 * float(str(ready["startup_seconds"])) + 10
+    finally:
+        stop_simkube(proc)
+
+
+@pytest.mark.parametrize("leftover", ["notes.txt", "pki/ca.crt"])
+def test_simkube_refuses_a_state_dir_it_did_not_finish_writing(
+    tools: realkube.Tools, tmp_path: Path, leftover: str
+) -> None:
+    """A directory with files but without simkube's completion mark (another program's, or a start that died
+    half-way) is refused with exit 2 naming it, and left as it was."""
+    state = tmp_path / "kube"
+    (state / leftover).parent.mkdir(parents=True, exist_ok=True)
+    (state / leftover).write_text("not simkube's\n")
+    proc = subprocess.run(
+        [str(tools.simkube), "--state", str(state), "--bin", str(tools.kube_bin)],
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert f"--state {state}" in proc.stderr and "simkube-state.json" in proc.stderr
+    assert sorted(p.relative_to(state).as_posix() for p in state.rglob("*") if p.is_file()) == [leftover]
