@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from runbook_lib.sim import realkube
+from runbook_lib.sim import cluster, realkube
 from tests.sim.test_sim_up_real_kube import _cmdline, runbook
 from tests.sim.test_sim_up_real_kube import tools as tools  # noqa: PLC0414  (the module-scoped fixture)
 from tests.sim.waiting import wait_for
@@ -130,3 +130,15 @@ def test_simkube_refuses_a_state_dir_it_did_not_finish_writing(
     assert proc.returncode == 2, proc.stderr
     assert f"--state {state}" in proc.stderr and "simkube-state.json" in proc.stderr
     assert sorted(p.relative_to(state).as_posix() for p in state.rglob("*") if p.is_file()) == [leftover]
+
+
+def test_a_new_cluster_starts_its_control_plane_from_an_empty_etcd(tmp_path: Path) -> None:
+    """``runbook sim up`` (or a run with other parameters) re-creates the cluster: the earlier control plane's
+    etcd, PKI and tokens in ``<state>/kube`` go with the old nodes, so nothing of the old cluster is resumed."""
+    state = tmp_path / "sim"
+    cluster.create(state, cluster.ClusterSpec(workers=1))
+    kept = state / "kube" / "etcd" / "member" / "wal"
+    kept.mkdir(parents=True)
+    (state / "kube" / "simkube-state.json").write_text('{"simkube_state_format": 1}\n')
+    cluster.create(state, cluster.ClusterSpec(workers=1))
+    assert not (state / "kube").exists()
