@@ -1,9 +1,22 @@
-"""Suite-wide defaults.
+"""Suite-wide defaults: which talosctl and Kubernetes API answer the simulated cluster in each test.
 
-The simulated cluster stays on the Python talosctl and the Python Kubernetes API unless a test asks for the
-real ones (``RUNBOOK_SIM_TALOSCTL=real``: ``tests/sim/test_sim_up_real_talosctl.py``; ``RUNBOOK_SIM_KUBE=real``:
-``tests/sim/test_sim_up_real_kube.py``): with the binaries in the tools cache, their unset default would switch
-every test that starts the simulator to them, whose outputs and timings those tests were not written for.
+- ``RUNBOOK_SIM_TALOSCTL=auto``: every test that starts the simulator through ``runbook run`` or ``runbook sim up``
+  (in process or as a subprocess: ``tests/test_notebooks.py``, ``test_rollback.py``, ``test_run_safety.py``,
+  ``test_interrupts.py``, ``test_issue17_review.py``, ``test_frontpage.py``, ``tests/sim/test_sim_cluster.py``...)
+  runs the real talosctl of the nodes' release against simnode when both are in the tools cache (``make tools``;
+  ``.ci/run`` builds talosctl v1.12.0 and v1.13.0 and simnode first). Otherwise the Python talosctl answers and
+  ``runbook sim status`` says why: no talosctl of that release built, simnode not built for the current sources
+  (a working tree with edited ``simnode/*.go`` until ``make tools``), Talos 1.14 or a release simnode does not
+  serve (``runbook_lib/sim/realtalos.py`` ``SIMNODE_RELEASES``), a fault simnode does not simulate.
+- The library tests that build their cluster with ``tests/simcluster.py`` (``sim_cluster``, ``factory_only``:
+  the steps called directly, e.g. ``test_runbook_faults.py``, ``test_image_step.py``, ``test_step_verify.py``)
+  run the Python talosctl whatever the switch: they do not start simnode. The same scenarios on the real
+  talosctl: ``tests/sim/test_real_faults.py``; the Python talosctl against the real one on the same node state:
+  ``tests/sim/test_fake_vs_real_talosctl.py``.
+- Tests that need one talosctl set the switch themselves (``RUNBOOK_SIM_TALOSCTL=real``: the ``tests/sim/test_*real*``
+  files; the Python one: ``benchmarks/bench_fleet.py``'s figures).
+- ``RUNBOOK_SIM_KUBE=python``: the Python Kubernetes API; the real control plane only in the tests that ask for it
+  (``tests/sim/test_sim_up_real_kube.py``, ``test_real_control_plane.py``).
 
 Talos's durations run at ``RUNBOOK_SIM_TIME_SCALE`` = 0.01 (``TIME_SCALE``), as the real-talosctl acceptance
 test runs them (``tests/sim/test_sim_up_real_talosctl.py``), not at simnode's default 0.05: measured on the
@@ -22,6 +35,6 @@ import os
 #: Talos's durations for every simulator the suite starts (simnode's -time-factor, the Python talosctl's boot).
 TIME_SCALE = "0.01"
 
-os.environ.setdefault("RUNBOOK_SIM_TALOSCTL", "python")
+os.environ.setdefault("RUNBOOK_SIM_TALOSCTL", "auto")
 os.environ.setdefault("RUNBOOK_SIM_KUBE", "python")
 os.environ.setdefault("RUNBOOK_SIM_TIME_SCALE", TIME_SCALE)
