@@ -12,8 +12,9 @@ import contextlib
 import functools
 import json
 import time
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import urllib3
 from kubernetes import client, config, watch
@@ -22,6 +23,9 @@ from kubernetes.client.exceptions import ApiException
 from runbook_lib.errors import PermanentError, RetryableError
 
 from .proc import Journal
+
+_Item = TypeVar("_Item")
+_Out = TypeVar("_Out")
 
 Obj = dict[str, Any]
 
@@ -90,6 +94,36 @@ class Kube:
                 hint="set the `kubeconfig` parameter to the path of a valid kubeconfig",
             ) from None
         return cls(api_client, journal)
+
+    @property
+    def parallel_calls(self) -> int:
+        """How many API calls :meth:`each` keeps in flight: the client's connection pool size.
+
+        The official client's ``ApiClient`` is shared by threads through one urllib3 ``PoolManager`` whose
+        pools keep ``configuration.connection_pool_maxsize`` connections (kubernetes 37.0.2
+        client/configuration.py: ``cpu_count() * 5`` when unset; client/rest.py passes it as urllib3's
+        ``maxsize``).  More threads than that would not be faster: urllib3 (``block=False``) opens a fresh
+        connection for each extra request and discards it afterwards ("Connection pool is full"), a new
+        TCP and TLS handshake per call.
+        """
+        return max(1, int(self.api.configuration.connection_pool_maxsize or 1))
+
+    def each(self, fn: Callable[[_Item], _Out], items: Sequence[_Item]) -> list[_Out]:
+        """``fn`` over ``items`` with at most :attr:`parallel_calls` in flight, results in item order.
+
+        Why: a step's per-node calls one at a time cost ``nodes × calls × round trip`` (issue 16: 329 s of
+        cuda-test at 1,000 nodes).  On the first error, or Ctrl-C/SIGTERM in the calling thread, calls not
+        yet started are cancelled and those in flight are waited for before it re-raises, so a caller's
+        ``finally`` sees every call that may have reached the API server (the journal is thread-safe).
+        """
+        if len(items) <= 1:
+            return [fn(item) for item in items]
+        pool = ThreadPoolExecutor(max_workers=min(self.parallel_calls, len(items)))
+        try:
+            futures = [pool.submit(fn, item) for item in items]
+            return [future.result() for future in futures]
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
 
     def to_dict(self, obj: Any) -> Obj:
         data: Obj = self.api.sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]

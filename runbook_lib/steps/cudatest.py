@@ -132,27 +132,49 @@ def cuda_test(
         node_drivers = extension_drivers(ctx, nodes)
     pods = build_pods(ctx, nodes, run_id)
     kube = ctx.kube
-    created: list[TestPod] = []
+    attempted: list[TestPod] = []
+
+    def create(pod: TestPod) -> None:
+        attempted.append(pod)  # before the call: a pod whose creation was cut short may still exist
+        kube.create_pod(TEST_NAMESPACE, pod.manifest)
+
     try:
-        for pod in pods:
-            kube.create_pod(TEST_NAMESPACE, pod.manifest)
-            created.append(pod)
+        kube.each(create, pods)
         finished = _wait(ctx, run_id, {p.name for p in pods}, ctx.params.cuda_test.timeout_seconds, progress)
+        drivers = node_drivers or {}
+        checks = kube.each(
+            lambda pod: _judge(ctx, pod, finished.get(pod.name), drivers.get(pod.node.name)), pods
+        )
         by_node: dict[str, NodeResult] = {n.name: NodeResult(node=n.name, address=n.address) for n in nodes}
-        for pod in pods:
-            res = by_node[pod.node.name]
-            res.checks.append(
-                _judge(ctx, pod, finished.get(pod.name), (node_drivers or {}).get(pod.node.name))
-            )
+        for pod, check in zip(pods, checks, strict=True):
+            by_node[pod.node.name].checks.append(check)
         for res in by_node.values():
             res.status = "ok" if all(c.ok for c in res.checks) else "failed"
             res.message = "; ".join(c.message for c in res.checks if not c.ok) or res.checks[0].message
             result.nodes.append(res)
     finally:
-        for pod in created:
-            kube.delete_pod(TEST_NAMESPACE, pod.name)
-        result.data["pods_deleted"] = len(created)
+        _delete_pods(ctx, attempted, result)
     return result.finish()
+
+
+def _delete_pods(ctx: Context, pods: list[TestPod], result: StepResult) -> None:
+    """Delete every pod whose creation was attempted, concurrently; each one even when another fails.
+
+    A 404 is a pod never created (not counted).  The first failure is raised once every deletion was tried:
+    the pods still there carry the run label, which ``runbook run`` removes after the step.
+    """
+    errors: list[Exception] = []
+
+    def delete(pod: TestPod) -> bool:
+        try:
+            return ctx.kube.delete_pod(TEST_NAMESPACE, pod.name)
+        except Exception as exc:  # re-raised below, once the other deletions were tried
+            errors.append(exc)
+            return False
+
+    result.data["pods_deleted"] = sum(ctx.kube.each(delete, pods))
+    if errors:
+        raise errors[0]
 
 
 def extension_drivers(ctx: Context, nodes: list[Node]) -> dict[str, str]:

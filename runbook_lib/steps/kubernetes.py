@@ -133,13 +133,25 @@ def _did(what: str, dry_run: bool) -> str:
 
 
 def _label_nodes(ctx: Context, gpu_nodes: list[Any], changed: list[str], *, dry_run: bool) -> None:
+    """Label the GPU nodes that lack the label, concurrently (issue 16: one call at a time took 24 s for
+    1,000 nodes); ``changed`` lists the labelled nodes in the API's node order, also when one call fails."""
     names = {n.name for n in gpu_nodes}
-    for node in ctx.kube.nodes():
-        name = node["metadata"]["name"]
-        labels = node["metadata"].get("labels") or {}
-        if name in names and labels.get("nvidia.com/gpu.present") != "true":
-            ctx.kube.label_node(name, GPU_PRESENT_LABEL, dry_run=dry_run)
-            changed.append(f"label node {name} nvidia.com/gpu.present=true")
+    todo = [
+        node["metadata"]["name"]
+        for node in ctx.kube.nodes()
+        if node["metadata"]["name"] in names
+        and (node["metadata"].get("labels") or {}).get("nvidia.com/gpu.present") != "true"
+    ]
+    done: set[str] = set()
+
+    def label(name: str) -> None:
+        ctx.kube.label_node(name, GPU_PRESENT_LABEL, dry_run=dry_run)
+        done.add(name)
+
+    try:
+        ctx.kube.each(label, todo)
+    finally:
+        changed.extend(f"label node {name} nvidia.com/gpu.present=true" for name in todo if name in done)
 
 
 def _helm_release(
