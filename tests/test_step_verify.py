@@ -7,6 +7,7 @@ import pytest
 from runbook_lib.steps.patch import config_patch
 from runbook_lib.steps.preflight import preflight
 from runbook_lib.steps.verify import verify
+from tests.sim.waiting import wait_for
 from tests.simcluster import sim_cluster
 
 
@@ -293,5 +294,12 @@ def test_a_kubernetes_api_that_never_answers_does_not_hang_verify(tmp_path):
 def test_verify_reads_kubernetes_nodes_page_by_page_and_misses_none(tmp_path):
     """``iter_nodes`` follows ``continue`` (the Kubernetes API's list chunking) until the last page."""
     with sim_cluster(tmp_path, scenario="gpu-ready", workers=3) as (params, ctx):
+        # The simulated kubelet registers the Nodes in its own loop after start-up: wait for all four (a loaded
+        # machine ran the paged read while one was registered), then read them a page at a time.
+        def all_four() -> list[str] | None:
+            names = sorted(n["metadata"]["name"] for n in ctx.kube.nodes())
+            return names if len(names) == 4 else None
+
+        names = wait_for(all_four, timeout=60)
         paged = [n["metadata"]["name"] for n in ctx.kube.iter_nodes(page=1)]
-        assert sorted(paged) == sorted(n["metadata"]["name"] for n in ctx.kube.nodes()) and len(paged) == 4
+        assert sorted(paged) == names and len(paged) == 4
