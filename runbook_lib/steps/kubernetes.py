@@ -17,7 +17,7 @@ from typing import Any
 from runbook_lib.errors import RunbookError
 from runbook_lib.model.profiles import GPU_OPERATOR_VALUES
 
-from . import gpu_operator_handover
+from . import gpu_operator_handover, kube_diagnosis
 from .context import Context
 from .results import Check, NodeResult, StepResult
 
@@ -280,6 +280,9 @@ def _wait_for_gpus(ctx: Context, result: StepResult, gpu_nodes: list[Any], *, ti
 
 
 def _no_gpu_diagnosis(ctx: Context, node: dict[str, Any]) -> Check:
+    said = _kubernetes_says(ctx, node)
+    if said is not None:
+        return said
     release = ctx.plan.helm
     labels = node["metadata"].get("labels") or {}
     # Only the release's own DaemonSets: kube-proxy and flannel share kube-system on every Talos cluster.
@@ -312,6 +315,26 @@ def _no_gpu_diagnosis(ctx: Context, node: dict[str, Any]) -> Check:
         fix="run the verification step for this node; check `kubectl -n "
         f"{release.namespace} logs ds/{_plugin_daemonset(ctx)}` for 'Incompatible strategy' / NVML errors",
     )
+
+
+def _kubernetes_says(ctx: Context, node: dict[str, Any]) -> Check | None:
+    """What Kubernetes itself reports against the node: not Ready, or its device-plugin pod never started
+    (``kube_diagnosis``); None when it reports nothing, and the plugin or driver is the suspect."""
+    name = node["metadata"]["name"]
+    address = next((n.address for n in ctx.params.nodes if n.name == name), name)
+    not_ready = kube_diagnosis.node_not_ready(node, address)
+    if not_ready is not None:
+        return not_ready
+    selector = (
+        f"app={_plugin_daemonset(ctx)}"
+        if ctx.plan.kubernetes_layer == "gpu-operator"
+        else f"app.kubernetes.io/instance={ctx.plan.helm.release}"
+    )
+    for pod in kube_diagnosis.pods_for_node(ctx.kube.pods(ctx.plan.helm.namespace, selector), name):
+        stuck = kube_diagnosis.plugin_not_started(pod, name, "device plugin")
+        if stuck is not None:
+            return stuck
+    return None
 
 
 #: The GPU Operator's validator DaemonSet (gpu-operator@v26.3.3 assets/state-operator-validation/0500_daemonset.yaml).

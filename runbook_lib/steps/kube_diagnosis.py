@@ -1,0 +1,101 @@
+"""Why a GPU node advertises no ``nvidia.com/gpu``, read from what Kubernetes itself reports about the node and
+its device-plugin pod, before any guess about drivers or runtimes.
+
+Why this order: a node whose kubelet is gone, or whose plugin never started (its image cannot be pulled, the
+scheduler cannot place it), advertises no GPUs for a reason the API already states in the real components'
+words; sending the user to the plugin's logs or the driver then leads nowhere (the plugin never ran). The
+texts quoted are the components' own:
+
+- the node's Ready condition: the node lifecycle controller's "Kubelet stopped posting node status." (Unknown,
+  kubernetes@v1.35.0 pkg/controller/nodelifecycle/node_lifecycle_controller.go:966-971) or the kubelet's own
+  reason for False (pkg/kubelet/nodestatus/setters.go ``ReadyCondition``);
+- a container waiting in ``ErrImagePull``/``ImagePullBackOff`` with the kubelet's message, which from 1.31 carries
+  the last pull's error (pkg/kubelet/images/image_manager.go:336-348);
+- the pod's PodScheduled condition, reason ``Unschedulable``, with kube-scheduler's "0/N nodes are available: ..."
+  (pkg/scheduler/framework/types.go:784-860).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .results import Check
+
+#: Waiting reasons of a container whose image the node cannot pull (kubernetes@v1.35.0 pkg/kubelet/images/types.go).
+PULL_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull")
+
+
+def condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    """The status condition of type ``kind`` (Node or Pod), or None."""
+    conditions = (obj.get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c.get("type") == kind), None)
+
+
+def node_not_ready(node: dict[str, Any], address: str) -> Check | None:
+    """A failed check when the Node's Ready condition is False or Unknown, quoting it; None when Ready."""
+    ready = condition(node, "Ready")
+    if ready is None or ready.get("status") == "True":
+        return None
+    name = node["metadata"]["name"]
+    said = f"{ready.get('reason', '')}: {ready.get('message', '')}".strip(": ")
+    if ready.get("status") == "Unknown":
+        cause = (
+            "the node's kubelet stopped posting its status (the node is down, rebooting or cut off from the "
+            "API server, or its kubelet is not running): no device plugin can register GPUs there"
+        )
+    else:
+        cause = "the node's kubelet reports it not ready (its own reason above): pods do not start there"
+    return Check(
+        "node Ready",
+        False,
+        f"node {name} is not Ready (Ready={ready.get('status')}, {said})",
+        cause=cause,
+        fix=f"talosctl -n {address} service kubelet  # then `talosctl -n {address} logs kubelet`; "
+        f"`talosctl -n {address} health` if the node does not answer",
+    )
+
+
+def pods_for_node(pods: list[dict[str, Any]], node: str) -> list[dict[str, Any]]:
+    """The pods bound to ``node``, or (not yet bound) pinned to it by a DaemonSet's ``matchFields`` affinity
+    (the DaemonSet controller's pods are scheduled by kube-scheduler onto their one node)."""
+    return [p for p in pods if (p.get("spec") or {}).get("nodeName") == node or _pinned_to(p) == node]
+
+
+def _pinned_to(pod: dict[str, Any]) -> str | None:
+    affinity = ((pod.get("spec") or {}).get("affinity") or {}).get("nodeAffinity") or {}
+    required = affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+    for term in required.get("nodeSelectorTerms") or []:
+        for field in term.get("matchFields") or []:
+            if field.get("key") == "metadata.name" and len(field.get("values") or []) == 1:
+                return str(field["values"][0])
+    return None
+
+
+def plugin_not_started(pod: dict[str, Any], node: str, what: str) -> Check | None:
+    """A failed check when ``pod`` (the device plugin ``what`` for ``node``) never started: its image cannot be
+    pulled, or the scheduler cannot place it; None otherwise."""
+    meta = pod["metadata"]
+    describe = f"kubectl -n {meta['namespace']} describe pod {meta['name']}"
+    scheduled = condition(pod, "PodScheduled")
+    if scheduled is not None and scheduled.get("status") == "False":
+        return Check(
+            f"{what} scheduled",
+            False,
+            f"the {what} pod for {node} is not scheduled: {scheduled.get('message') or scheduled.get('reason')}",
+            cause="kube-scheduler cannot place the pod on this node, for the reasons it gives",
+            fix=f"{describe}  # free what the scheduler names on {node} (pods, resources, taints)",
+        )
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        waiting = (status.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in PULL_REASONS:
+            return Check(
+                f"{what} image pulled",
+                False,
+                f"the {what} on {node} waits in {waiting['reason']}: {waiting.get('message', '')}".rstrip(
+                    ": "
+                ),
+                cause=f"the node cannot pull the image {status.get('image', '')} (a wrong name or tag, the "
+                "registry unreachable from the node, or a missing pull secret), so the plugin never started",
+                fix=f"{describe}  # the kubelet's Failed events carry the registry's error",
+            )
+    return None
