@@ -21,6 +21,7 @@ type component struct {
 type layout struct {
 	State, PKIDir, EtcdData, Logs, TokenFile, AdmissionConfig string
 	EgressConfig                                              string // empty: kubelets reached directly
+	Issuer                                                    string // service-account issuer and API audience
 	PKI                                                       pki
 	Kubeconfigs                                               map[string]string
 }
@@ -66,8 +67,8 @@ func apiServerComponent(l layout, p ports) component {
 		"--admission-control-config-file=" + l.AdmissionConfig,
 		"--allow-privileged=true",
 		"--anonymous-auth=false",
-		fmt.Sprintf("--service-account-issuer=https://127.0.0.1:%d", p.APIServer),
-		fmt.Sprintf("--api-audiences=https://127.0.0.1:%d", p.APIServer),
+		"--service-account-issuer=" + l.Issuer,
+		"--api-audiences=" + l.Issuer,
 		"--service-account-key-file=" + l.PKI.SAPublic,
 		"--service-account-signing-key-file=" + l.PKI.SAPrivate,
 		"--service-cluster-ip-range=10.96.0.0/12",

@@ -5,8 +5,8 @@
 //	simkube --state DIR --bin DIR [--components etcd,kube-apiserver,...]
 //
 // It writes certificates, tokens and kubeconfigs into DIR (0700) (started again on the DIR of an earlier start,
-// it reuses that start's certificates, tokens and etcd data, as a real control plane keeps its cluster; see
-// resumable for what it refuses), starts the processes with their logs in DIR/logs, prints one JSON line
+// it reuses that start's certificates, tokens, etcd data, API server port and service-account issuer, as a real
+// control plane keeps its cluster and endpoint; see resumable for what it refuses), starts the processes with their logs in DIR/logs, prints one JSON line
 // (server, admin kubeconfig, pids; never a token) once the API server is ready, and then supervises:
 // SIGTERM/SIGINT stops everything; a component that exits stops the others. Children get SIGKILL if simkube
 // itself dies, so nothing is left running. Exit 2 is bad input, 1 a failed start.
@@ -71,7 +71,8 @@ func parseOptions(args []string) (options, error) {
 }
 
 // prepare writes every file the components read and returns the layout and the admin kubeconfig's server.
-func prepare(o options, p ports) (layout, string, error) {
+// issuer is the earlier start's service-account issuer ("" on a first start: the API server's URL).
+func prepare(o options, p ports, issuer string) (layout, string, error) {
 	state, err := filepath.Abs(o.State)
 	if err != nil {
 		return layout{}, "", err
@@ -99,6 +100,13 @@ func prepare(o options, p ports) (layout, string, error) {
 	}
 
 	server := fmt.Sprintf("https://127.0.0.1:%d", p.APIServer)
+	if l.Issuer = issuer; issuer == "" {
+		l.Issuer = server
+	}
+
+	if err := writeJSON(filepath.Join(state, endpointFile), endpoint{APIServerPort: p.APIServer, Issuer: l.Issuer}); err != nil {
+		return layout{}, "", err
+	}
 
 	if l.Kubeconfigs, err = writeKubeconfigs(state, server, l.PKI.CACert, ids); err != nil {
 		return layout{}, "", err
@@ -172,12 +180,22 @@ func run(o options) error {
 		return err
 	}
 
-	p, err := freePorts()
+	var saved endpoint
+	if o.Resume {
+		saved = readEndpoint(o.State)
+	}
+
+	p, kept, err := freePorts(saved.APIServerPort)
 	if err != nil {
 		return err
 	}
 
-	l, server, err := prepare(o, p)
+	if saved.APIServerPort != 0 && !kept {
+		fmt.Fprintf(os.Stderr, "simkube: port %d of the earlier start is taken: serving on %d (kubeconfigs saved "+
+			"before name the old port; the service-account issuer stays %s)\n", saved.APIServerPort, p.APIServer, saved.Issuer)
+	}
+
+	l, server, err := prepare(o, p, saved.Issuer)
 	if err != nil {
 		return err
 	}

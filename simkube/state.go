@@ -94,3 +94,28 @@ func readIdentities(path string) ([]identity, error) {
 
 	return ids, nil
 }
+
+// endpointFile keeps the API server's port and service-account issuer across restarts. Why: a Talos cluster's
+// API endpoint and issuer come from its machine config (cluster.controlPlane.endpoint; Talos sets
+// --service-account-issuer and --api-audiences to it: siderolabs/talos@v1.12.0
+// internal/app/machined/pkg/controllers/k8s/control_plane_static_pod.go, manageAPIServer), so they stay the same
+// when the control plane restarts, and a kubeconfig saved earlier keeps working.
+const endpointFile = "endpoint.json"
+
+type endpoint struct {
+	APIServerPort int    `json:"apiserver_port"`
+	Issuer        string `json:"service_account_issuer"`
+}
+
+// readEndpoint returns the endpoint an earlier start of dir served, or the zero endpoint when there is none (a
+// new directory, or one written before simkube kept its endpoint: a new port is picked then).
+func readEndpoint(dir string) endpoint {
+	var e endpoint
+
+	data, err := os.ReadFile(filepath.Join(dir, endpointFile))
+	if err != nil || json.Unmarshal(data, &e) != nil || e.APIServerPort <= 0 || e.APIServerPort > 65535 {
+		return endpoint{}
+	}
+
+	return e
+}

@@ -17,15 +17,25 @@ import (
 	"time"
 )
 
-// freePorts asks the kernel for three free loopback ports. Another process could take one before the
-// component binds it; the component then fails to start and its log says so.
-func freePorts() (ports, error) {
+// freePorts asks the kernel for three free loopback ports, the API server's on apiPort when that is not 0 and
+// still free (a restart serves where the earlier start did, see endpoint); kept tells whether it was. Another
+// process could take one before the component binds it; the component then fails to start and its log says so.
+func freePorts(apiPort int) (p ports, kept bool, err error) {
 	var got []int
 
-	for range 3 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+	for i := range 3 {
+		addr := "127.0.0.1:0"
+		if i == 2 && apiPort != 0 {
+			addr = fmt.Sprintf("127.0.0.1:%d", apiPort)
+		}
+
+		l, err := net.Listen("tcp", addr)
+		if err != nil && addr != "127.0.0.1:0" {
+			l, err = net.Listen("tcp", "127.0.0.1:0") // taken since: serve elsewhere rather than not at all
+		}
+
 		if err != nil {
-			return ports{}, err
+			return ports{}, false, err
 		}
 
 		defer l.Close() //nolint:errcheck // closing a probe listener
@@ -33,7 +43,7 @@ func freePorts() (ports, error) {
 		got = append(got, l.Addr().(*net.TCPAddr).Port)
 	}
 
-	return ports{EtcdClient: got[0], EtcdPeer: got[1], APIServer: got[2]}, nil
+	return ports{EtcdClient: got[0], EtcdPeer: got[1], APIServer: got[2]}, apiPort != 0 && got[2] == apiPort, nil
 }
 
 type running struct {

@@ -139,8 +139,18 @@ def _paths(state_dir: Path) -> dict[str, Path]:
 
 
 def forget(state_dir: Path) -> None:
-    """A new cluster (``cluster.create``): its control plane starts from an empty etcd, not the earlier one's."""
-    shutil.rmtree(_paths(state_dir)["kube"], ignore_errors=True)
+    """A new cluster (``cluster.create``): its control plane starts from an empty etcd, not the earlier one's.
+
+    What simkube keeps beside etcd stays: its CA, tokens, API server port and service-account issuer and key, as
+    a Talos cluster re-created from the same machine-config secrets keeps its endpoint (``cluster.ca``,
+    ``cluster.serviceAccount``, ``cluster.controlPlane.endpoint``), so a kubeconfig a user saved from an earlier
+    ``runbook sim up`` of this state dir keeps working. A directory simkube never finished writing (no
+    ``simkube-state.json``) would be refused on start, so it goes whole."""
+    kube = _paths(state_dir)["kube"]
+    if (kube / "simkube-state.json").is_file():
+        shutil.rmtree(kube / "etcd", ignore_errors=True)
+    else:
+        shutil.rmtree(kube, ignore_errors=True)
 
 
 def write_clients(state_dir: Path, tools: Tools) -> None:
