@@ -13,7 +13,6 @@ import functools
 import json
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import urllib3
@@ -22,7 +21,7 @@ from kubernetes.client.exceptions import ApiException
 
 from runbook_lib.errors import PermanentError, RetryableError
 
-from .proc import Journal
+from .proc import Journal, concurrently
 
 _Item = TypeVar("_Item")
 _Out = TypeVar("_Out")
@@ -112,18 +111,10 @@ class Kube:
         """``fn`` over ``items`` with at most :attr:`parallel_calls` in flight, results in item order.
 
         Why: a step's per-node calls one at a time cost ``nodes × calls × round trip`` (issue 16: 329 s of
-        cuda-test at 1,000 nodes).  On the first error, or Ctrl-C/SIGTERM in the calling thread, calls not
-        yet started are cancelled and those in flight are waited for before it re-raises, so a caller's
-        ``finally`` sees every call that may have reached the API server (the journal is thread-safe).
+        cuda-test at 1,000 nodes).  Errors and Ctrl-C as :func:`~runbook_lib.clients.proc.concurrently`: calls
+        in flight are waited for, so a caller's ``finally`` sees every call that may have reached the API.
         """
-        if len(items) <= 1:
-            return [fn(item) for item in items]
-        pool = ThreadPoolExecutor(max_workers=min(self.parallel_calls, len(items)))
-        try:
-            futures = [pool.submit(fn, item) for item in items]
-            return [future.result() for future in futures]
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+        return concurrently(fn, items, self.parallel_calls)
 
     def to_dict(self, obj: Any) -> Obj:
         data: Obj = self.api.sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]

@@ -15,17 +15,15 @@ from __future__ import annotations
 
 import re
 import tempfile
-from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import TypeVar
 
 from runbook_lib.errors import PermanentError
 from runbook_lib.model.parsers import ServiceStatus, TalosResource, parse_services_by_node, parse_talosctl_get
 
-from .proc import CommandResult, Runner, is_transient
+from .proc import CommandResult, Runner, concurrently, is_transient
 
 #: Most nodes in one talosctl call (``Talosctl.chunk_size``).  One-to-many calls (``version``, ``service``,
 #: ``logs``) take this many: apid asks their nodes concurrently, so the bound only keeps argv short (20,000
@@ -52,8 +50,6 @@ GET_CALLS = 4
 MIN_GET_CHUNK = 32
 _MULTIERROR_HEAD = re.compile(r"^\d+ errors? occurred:$")
 _NESTED_MULTIERROR_HEAD = re.compile(r"(?:^|\s)\d+ errors? occurred:$")
-_Job = TypeVar("_Job")
-_Out = TypeVar("_Out")
 
 
 @dataclass
@@ -287,18 +283,6 @@ def _ends_with_multierror_head(message: str) -> bool:
 
 def chunks(items: Sequence[str], size: int) -> list[list[str]]:
     return [list(items[i : i + size]) for i in range(0, len(items), size)] or [[]]
-
-
-def concurrently(fn: Callable[[_Job], _Out], jobs: Sequence[_Job], limit: int) -> list[_Out]:
-    """``fn`` over ``jobs`` on at most ``limit`` threads, results in job order.
-
-    The one place this client fans talosctl processes out: each job is one process, so ``limit`` bounds how
-    many run at once (the simulator and a real endpoint both pay per process).
-    """
-    if len(jobs) <= 1:
-        return [fn(job) for job in jobs]
-    with ThreadPoolExecutor(max_workers=max(1, min(limit, len(jobs)))) as pool:
-        return list(pool.map(fn, jobs))
 
 
 class Talosctl:
