@@ -2,20 +2,39 @@
 
 Tests import the simulator only here, to create and tear down a cluster; the library under test reaches it
 exactly as it reaches a real one (``runbook_lib.steps.context.connect``).
+
+The Talos side follows the rule ``runbook sim up`` follows (``RUNBOOK_SIM_TALOSCTL``, ``auto`` in the suite:
+``tests/conftest.py``): the real talosctl of the nodes' release against simnode when both are built for these
+sources and the scenario's faults are simulated by simnode, else the Python talosctl. Which one answers is
+recorded (``talosctl_choice``). With the real talosctl the node files keep what the scenario made and simnode
+keeps what the talosctl changed, so tests read nodes with ``node_state`` and inject faults with ``inject_fault``.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from runbook_lib.model.params import Params, validate
-from runbook_lib.sim import cluster, factory
-from runbook_lib.sim.state import load_nodes
+import pytest
+
+from runbook_lib.model.params import Params
+from runbook_lib.sim import cluster, factory, faults, realtalos
+from runbook_lib.sim.state import SimNode, load_cluster, load_node, load_nodes
 from runbook_lib.steps.context import Context, connect
+from tests.realplane import _params as gpu_params
+
+
+@contextmanager
+def _talos(state_dir: Path, spec: cluster.ClusterSpec) -> Iterator[realtalos.Choice]:
+    """simnode and the real talosctl when ``auto`` picks them (what ``runbook sim up`` starts), stopped after."""
+    try:
+        yield cluster.start_talos(state_dir, spec, load_nodes(state_dir))
+    finally:
+        cluster.stop_talos(state_dir)
 
 
 @contextmanager
@@ -32,29 +51,20 @@ def sim_cluster(
     """Create a simulated cluster, start its servers, and yield validated params + a connected context.
 
     ``latency_ms`` is every node's simulated round trip per talosctl call (what makes serial calls visible).
+    ``daemon=False`` starts no Kubernetes API or Image Factory (simnode still answers the Talos API).
     """
-    cluster.create(
-        state_dir,
-        cluster.ClusterSpec(
-            workers=workers, talos_version=talos_version, scenario=scenario, latency_ms=latency_ms
-        ),
+    spec = cluster.ClusterSpec(
+        workers=workers, talos_version=talos_version, scenario=scenario, latency_ms=latency_ms
     )
+    cluster.create(state_dir, spec)
     if daemon:
         cluster.start_daemon(state_dir)
+    else:
+        (state_dir / "endpoints.json").write_text("{}")
     try:
-        gpu_nodes = [n for n in load_nodes(state_dir) if n.gpus]
-        data: dict[str, Any] = {
-            "cluster": "test",
-            "target": "simulated",
-            "talos_version": talos_version,
-            "nodes": [{"name": n.name, "address": n.address} for n in gpu_nodes],
-        }
-        for key, value in params.items():
-            data[key] = value
-        if not daemon:
-            (state_dir / "endpoints.json").write_text("{}")
-        p = validate(data, source="test")
-        yield p, connect(p, state_dir=state_dir)
+        with _talos(state_dir, spec):
+            p = gpu_params(state_dir, talos_version, params)
+            yield p, connect(p, state_dir=state_dir)
     finally:
         if daemon:
             cluster.stop_daemon(state_dir)
@@ -64,14 +74,75 @@ def sim_cluster(
 def factory_only(
     state_dir: Path, *, workers: int, scenario: str, talos_version: str = "v1.12.7"
 ) -> Iterator[factory.FactoryServer]:
-    """A simulated cluster whose only server is the Image Factory, run in this process (talosctl reads the
-    state directory): what the image, rollout and rollback tests need, without the daemon's start-up."""
-    cluster.create(
-        state_dir, cluster.ClusterSpec(workers=workers, talos_version=talos_version, scenario=scenario)
-    )
+    """A simulated cluster whose only HTTP server is the Image Factory, run in this process: what the image,
+    rollout and rollback tests need, without the daemon's start-up. The Talos side is simnode with the real
+    talosctl when ``auto`` picks them (simnode resolves installer images from the factory's schematics in the
+    state directory), else the Python talosctl reading the state directory."""
+    spec = cluster.ClusterSpec(workers=workers, talos_version=talos_version, scenario=scenario)
+    cluster.create(state_dir, spec)
     with factory.running(state_dir) as server:
         (state_dir / "endpoints.json").write_text(json.dumps({"factory": server.url}))
-        yield server
+        with _talos(state_dir, spec):
+            yield server
+
+
+def talosctl_choice(state_dir: Path) -> realtalos.Choice:
+    """Which talosctl answers the cluster and why (what ``runbook sim status`` prints)."""
+    choice = realtalos.recorded(state_dir)
+    assert choice is not None, f"no talosctl recorded in {state_dir}: the cluster was not started here"
+    return choice
+
+
+def runs_real_talosctl(state_dir: Path) -> bool:
+    """True when the real talosctl against simnode answers the cluster."""
+    return talosctl_choice(state_dir).real
+
+
+def node_state(state_dir: Path, name: str) -> SimNode:
+    """The node as the talosctl answering it holds it: simnode's observed state (release, image, schematic,
+    extensions, config) with the real talosctl, the node file with the Python one."""
+    return realtalos.with_observed(load_node(state_dir, name), realtalos.observed_file(state_dir, name))
+
+
+def inject_fault(state_dir: Path, node: str, fault: str, value: Any = True) -> None:
+    """Switch a fault on for one node, where the talosctl answering it sees it. simnode switches
+    ``unreachable`` while it runs (what ``runbook sim fault`` does); other Talos faults it takes from its nodes
+    file when it starts, so it is restarted on the nodes as it observed them (what a new ``runbook sim up
+    --scenario`` would serve). A fault simnode does not simulate fails the test, which must then say why it
+    runs the Python talosctl (``python_talosctl``)."""
+    faults.inject(state_dir, node, fault, value)
+    if not runs_real_talosctl(state_dir):
+        return
+    if fault == "unreachable":
+        cluster.sync_talos_faults(state_dir)
+        return
+    _restart_simnode(state_dir, f"{fault} on {node}")
+
+
+def serve_node_files(state_dir: Path) -> None:
+    """A test edited the node files after the cluster started (``locked_node``, ``install_nvidia``): simnode
+    serves them as written from now on (what it observed so far is dropped); nothing to do for the Python
+    talosctl, which reads them at each call."""
+    if runs_real_talosctl(state_dir):
+        shutil.rmtree(realtalos.paths(state_dir).dir / "observed", ignore_errors=True)
+        _restart_simnode(state_dir, "the edited node files")
+
+
+def _restart_simnode(state_dir: Path, what: str) -> None:
+    made, nodes = load_cluster(state_dir), load_nodes(state_dir)
+    spec = cluster.ClusterSpec(
+        talos_version=made["talos_version"], scenario=made["scenario"], latency_ms=nodes[0].latency_ms
+    )
+    choice = cluster.start_talos(state_dir, spec, nodes)
+    assert choice.real, f"{what}: {choice.reason}; this test must run the Python talosctl (python_talosctl)"
+
+
+def python_talosctl(monkeypatch: pytest.MonkeyPatch, why: str) -> None:
+    """This test's cluster runs the Python talosctl whatever ``RUNBOOK_SIM_TALOSCTL`` says. ``why`` names what
+    simnode or the real talosctl does not do that the test needs (a fault it does not simulate, a text only
+    the Python talosctl prints, the Python talosctl itself under test); it is not otherwise used."""
+    assert why
+    monkeypatch.setenv(realtalos.MODE_ENV, "python")
 
 
 def node_config(ctx: Context, address: str) -> str:

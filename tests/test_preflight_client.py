@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from runbook_lib.steps.preflight import preflight
-from tests.simcluster import sim_cluster
+from tests.simcluster import python_talosctl, sim_cluster
 
 pytestmark = pytest.mark.slow
 
@@ -24,6 +24,9 @@ def test_preflight_refuses_a_talosctl_older_than_the_target_release(
     machinery: talosctl 1.13 answers ``"KernelModuleConfig" "v1alpha1": not registered``
     (talos@v1.13.0:pkg/machinery/config/internal/registry/registry.go:79).  So an older client must stop
     the run before the config-patch step; a newer client is fine."""
+    python_talosctl(
+        monkeypatch, "the client's version is RUNBOOK_SIM_TALOSCTL_VERSION, which the real one ignores"
+    )
     monkeypatch.setenv("RUNBOOK_SIM_TALOSCTL_VERSION", client)
     with sim_cluster(tmp_path / "sim", talos_version=target, workers=1) as (_params, ctx):
         result = preflight(ctx)
