@@ -44,7 +44,13 @@ func run() error {
 	listen := flag.String("listen", "127.0.0.1:0", "address of the simulated apid endpoint (127.0.0.1 only)")
 	resolver := flag.String("image-resolver", "", "executable asked what an installer image not in the nodes file's \"images\" installs (argv: the image reference; stdout: an \"images\" entry as JSON)")
 	factor := flag.Float64("time-factor", 1, "scales Talos-scale durations (BootTimeout 70m, the 10 s failed-boot countdown, an upgrade's 10 s pull and 30 s install unless pull_ms/install_ms are set): 0.001 makes a hung boot fail after 4.2 s")
+	parentPid := flag.Int("parent-pid", 0, "stop when this process is gone (with -parent-start: the simulator daemon that owns the nodes)")
+	parentStart := flag.String("parent-start", "", "-parent-pid's start time in clock ticks since boot (/proc/<pid>/stat field 22), so a reused pid is not taken for it")
 	flag.Parse()
+
+	if err := parentFlags(*parentPid, *parentStart); err != nil {
+		return err
+	}
 
 	if *factor <= 0 || *factor > 1 {
 		return fmt.Errorf("%w: -time-factor %v must be in (0, 1]", errUsage, *factor)
@@ -70,6 +76,10 @@ func run() error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+
+	if ctx, err = followParent(ctx, *parentPid, *parentStart); err != nil {
+		return err
+	}
 
 	return serve(ctx, nf, options{nodesPath: *nodesPath, stateDir: *stateDir, listen: *listen, factor: *factor, resolver: *resolver})
 }

@@ -399,6 +399,7 @@ def start(state_dir: Path, choice: Choice, nodes: list[SimNode], latency_ms: flo
     # The control-plane node hands out the cluster's kubeconfig, as machined does: talosctl 1.13's upgrade
     # --drain cordons and drains through it (simnode/kubeconfig.go). Read at each call: it may come later.
     argv += ["-kubeconfig", str(sim_paths(state_dir).kubeconfig.resolve())]
+    argv += _daemon_flags(state_dir)
     # owner-only whatever the umask, as the daemon's log (cluster.start_daemon; attack report F14)
     with os.fdopen(os.open(p.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab") as log:
         os.fchmod(log.fileno(), 0o600)
@@ -408,6 +409,20 @@ def start(state_dir: Path, choice: Choice, nodes: list[SimNode], latency_ms: flo
     atomic_write(p.pid, f"{proc.pid} {pidfile.start_time(proc.pid) or ''}\n")
     _wait_endpoint(proc, p)
     _point_at_real(state_dir, choice, p)
+
+
+def _daemon_flags(state_dir: Path) -> list[str]:
+    """``-parent-pid``/``-parent-start`` naming the state dir's running daemon, so simnode stops with it
+    (simnode/parent.go), as realkube's supervisor follows it; none when no daemon runs (a test's
+    ``daemon=False`` cluster: simnode then runs until :func:`stop`).
+
+    Why: simnode runs in its own session; a caller that stopped only the daemon (``cluster.stop_daemon``)
+    or a daemon killed with SIGKILL left it serving a cluster nobody ran (tests/sim/test_simnode_follows_daemon.py).
+    """
+    recorded = pidfile.read(sim_paths(state_dir).pid)
+    if recorded is None or recorded[1] is None or not pidfile.is_daemon(*recorded, state_dir):
+        return []
+    return ["-parent-pid", str(recorded[0]), "-parent-start", recorded[1]]
 
 
 def _wait_endpoint(proc: subprocess.Popen[bytes], p: Paths) -> None:
