@@ -74,26 +74,33 @@ def test_every_process_of_the_cluster_is_named_once() -> None:
     assert bench.component([]) is None
 
 
-def test_the_control_plane_sum_leaves_out_the_simulator() -> None:
-    peaks = {"etcd": [100], "kube-apiserver": [300], "kwok": [50], "simulator daemon": [40, 40]}
+def test_the_control_plane_sum_leaves_out_the_simulator_daemon() -> None:
+    """The daemon (Image Factory, tool server: two processes) is not Kubernetes; the supervisor, which runs the
+    kubelets' GPU side and the kubelet API, is."""
+    peaks = {
+        "etcd": [100],
+        "kube-apiserver": [300],
+        "realkube supervisor": [50],
+        "simulator daemon": [40, 40],
+    }
     assert bench.summed(peaks, bench.CONTROL_PLANE) == 450
     assert bench.summed(peaks, peaks) == 530
 
 
 @pytest.mark.parametrize(
-    ("nodes", "budget"), [(10, 60.0), (50, 60.0), (100, 90.0), (1000, 300.0), (2000, 600.0)]
+    ("nodes", "budget"), [(1, 45.0), (10, 45.0), (100, 45.0), (999, 45.0), (1000, 120.0), (2000, 240.0)]
 )
 def test_budget_per_fleet_size(nodes: int, budget: float) -> None:
     assert bench.budget_for(nodes) == budget
 
 
 def test_the_verdict_names_each_miss() -> None:
-    assert bench.verdict(12.0, 60.0, []) == (True, "")
-    assert bench.verdict(61.0, 60.0, ["kwok"]) == (
+    assert bench.verdict(12.0, 45.0, []) == (True, "")
+    assert bench.verdict(45.5, 45.0, ["kwok"]) == (
         False,
-        "Ready after 61.0 s > 60 s; left running after sim down: kwok",
+        "Ready after 45.5 s > 45 s; left running after sim down: kwok",
     )
-    assert bench.verdict(None, 60.0, []) == (False, "the Nodes never all became Ready")
+    assert bench.verdict(None, 45.0, []) == (False, "the Nodes never all became Ready")
 
 
 @pytest.mark.parametrize("text", ["", "10,,100", "ten", "0,10", "-5"])
