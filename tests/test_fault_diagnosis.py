@@ -17,7 +17,7 @@ from runbook_lib.steps.image import image_upgrade
 from runbook_lib.steps.patch import config_patch
 from runbook_lib.steps.preflight import preflight
 from runbook_lib.steps.results import Check, StepResult
-from tests.simcluster import sim_cluster
+from tests.simcluster import HUNG_BOOT_UNNAMED, python_talosctl, sim_cluster
 
 pytestmark = pytest.mark.slow
 #: The three workers of a 3-worker simulated cluster, all listed as GPU nodes (as params/simulated.yaml
@@ -68,7 +68,10 @@ UPGRADE_HANGS = {
 
 
 @pytest.mark.parametrize("scenario", sorted(UPGRADE_HANGS))
-def test_the_image_step_names_why_the_upgrade_hung(tmp_path: Path, scenario: str) -> None:
+def test_the_image_step_names_why_the_upgrade_hung(
+    tmp_path: Path, scenario: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    python_talosctl(monkeypatch, HUNG_BOOT_UNNAMED)
     cause, fix = UPGRADE_HANGS[scenario]
     with sim_cluster(
         tmp_path, scenario=scenario, workers=3, nodes=ALL_WORKERS, apply=True, timeouts=TIMEOUTS

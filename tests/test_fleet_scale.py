@@ -13,10 +13,9 @@ import pytest
 import yaml
 
 from runbook_lib.clients.talosctl import PATCH_CALLS, FanOut, patch_chunk_size
-from runbook_lib.sim.state import locked_node
 from runbook_lib.steps.patch import config_patch
 from runbook_lib.steps.verify import verify
-from tests.simcluster import sim_cluster
+from tests.simcluster import inject_fault, python_talosctl, sim_cluster
 
 WORKERS = 2 * PATCH_CALLS + 7  # dry-run chunks of 3 nodes, the last one short
 
@@ -46,8 +45,7 @@ def test_a_node_failing_its_dry_run_fails_the_group_as_one_call_would(tmp_path: 
 
         def read_then_lose_the_victim(resource: str, nodes: Sequence[str], **kw: Any) -> FanOut:
             fan = read_configs(resource, nodes, **kw)
-            with locked_node(tmp_path, victim.name) as node:  # it goes away before the dry run
-                node.faults["unreachable"] = "refused"
+            inject_fault(tmp_path, victim.name, "unreachable", "refused")  # it goes away before the dry run
             return fan
 
         ctx.talosctl.get = read_then_lose_the_victim  # type: ignore[method-assign]
@@ -80,8 +78,11 @@ def test_verify_over_a_long_node_list_checks_every_node_with_batched_gets(tmp_pa
     assert all(n.data["driver"] for n in result.nodes)
 
 
-def test_simulated_talosctl_read_does_not_import_patching_or_the_image_catalog(tmp_path: Path) -> None:
+def test_simulated_talosctl_read_does_not_import_patching_or_the_image_catalog(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Each fleet-wide verify starts one simulated talosctl per node; what it imports is paid N times."""
+    python_talosctl(monkeypatch, "the Python talosctl's own start-up is under test")
     with sim_cluster(tmp_path, workers=1, scenario="gpu-ready", daemon=False) as (_p, ctx):
         probe = (
             "import sys, runpy\n"
@@ -118,8 +119,11 @@ def talosctl(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_simulated_talosctl_follows_an_edited_talosconfig(tmp_path: Path) -> None:
+def test_simulated_talosctl_follows_an_edited_talosconfig(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The talosconfig is read through a cache; editing the file must still change what talosctl does."""
+    python_talosctl(monkeypatch, "the Python talosctl's talosconfig cache is under test")
     with sim_cluster(tmp_path, workers=2, scenario="gpu-ready", daemon=False) as (_p, ctx):
         first, second = (n.address for n in ctx.params.nodes)
         config = tmp_path / "talosconfig"

@@ -9,18 +9,15 @@ import yaml
 from runbook_lib.model.machineconfig import config_documents, duplicate_modules
 from runbook_lib.sim.state import load_node
 from runbook_lib.steps.patch import config_patch, read_configs
-from tests.simcluster import inject_fault, python_talosctl, runs_real_talosctl, sim_cluster
+from tests.simcluster import (
+    DEFAULT_RUNTIME_REFUSED,
+    inject_fault,
+    python_talosctl,
+    runs_real_talosctl,
+    sim_cluster,
+)
 
 MODULES = ["nvidia", "nvidia_uvm", "nvidia_drm", "nvidia_modeset"]
-#: The real talosctl refuses the patch file the step writes with the default-runtime patch: two ``machine:``
-#: (v1alpha1) documents in one file, "duplicate document /v1alpha1/ is not allowed" (talosctl v1.12.0 against
-#: simnode; talos@v1.12.0 pkg/machinery/config/configloader/internal/decoder/decoder.go:108-109, reached from
-#: configpatcher.LoadPatch, load.go:24). A library bug found by running these tests on the real talosctl, not
-#: fixed here (test_the_real_talosctl_accepts_the_default_runtime_patch holds it): until it is, the tests of
-#: what the step does after the dry run keep the Python talosctl, which accepts the file.
-DEFAULT_RUNTIME_REFUSED = (
-    "the real talosctl refuses the default-runtime patch file (duplicate v1alpha1 document)"
-)
 
 
 def nodes_of(entry):

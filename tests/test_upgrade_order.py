@@ -16,7 +16,7 @@ from runbook_lib.steps.context import Context
 from runbook_lib.steps.image import image_upgrade
 from runbook_lib.steps.patch import config_patch
 from tests.sim.waiting import wait_for
-from tests.simcluster import sim_cluster
+from tests.simcluster import DEFAULT_RUNTIME_REFUSED, python_talosctl, sim_cluster
 
 pytestmark = pytest.mark.slow
 
@@ -49,7 +49,7 @@ def _cri_accepts_default_runtime(state: Path) -> dict[str, bool]:
 
 @pytest.mark.parametrize("version", ["v1.12.7", "v1.14.0"])
 def test_default_runtime_patch_waits_until_the_image_brings_the_nvidia_runtime(
-    tmp_path: Path, version: str
+    tmp_path: Path, version: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """containerd refuses a CRI config whose ``default_runtime_name`` names no configured runtime
     ("no corresponding runtime configured in `containerd.runtimes` ...", containerd
@@ -58,6 +58,7 @@ def test_default_runtime_patch_waits_until_the_image_brings_the_nvidia_runtime(
     10-nvidia-container-runtime.part).  With the config patch before the image upgrade, making ``nvidia``
     the default then would take the node's CRI (every pod on it) down until the upgrade.  So the config
     patch defers it, and the image step applies it once the toolkit is there."""
+    python_talosctl(monkeypatch, DEFAULT_RUNTIME_REFUSED)
     state = tmp_path / "sim"
     with sim_cluster(state, talos_version=version, workers=2, default_runtime_patch=True) as (_p, ctx):
         patched = config_patch(ctx, apply=True)
@@ -112,9 +113,12 @@ def test_image_step_refuses_nodes_whose_config_does_not_load_the_modules(
         assert not [e for e in ctx.journal.entries if "upgrade" in e.argv]
 
 
-def test_image_plan_shows_the_default_runtime_it_will_set_on_nodes_already_upgraded(tmp_path: Path) -> None:
+def test_image_plan_shows_the_default_runtime_it_will_set_on_nodes_already_upgraded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Approve applies exactly the plan shown: a node already on the GPU image whose default runtime is
     still to set is planned (not "unchanged") by the image step that will set it."""
+    python_talosctl(monkeypatch, DEFAULT_RUNTIME_REFUSED)
     state = tmp_path / "sim"
     with sim_cluster(state, scenario="gpu-ready", workers=2, default_runtime_patch=True) as (_p, ctx):
         plan = image_upgrade(ctx, apply=False)
