@@ -298,8 +298,10 @@ def _first_error(futures: list[Future[_Out]]) -> BaseException | None:
     that lands just before the thread blocks in a lock is handled only when the lock is released, which
     here is when every job has ended (seen in tests/test_concurrently.py: 400 jobs ran after the signal).
     """
-    while True:
-        done, running = wait(futures, timeout=SIGNAL_CHECK_S, return_when=FIRST_EXCEPTION)
-        error = next((e for f in futures if f in done and (e := f.exception()) is not None), None)
-        if error is not None or not running:
-            return error
+    running: set[Future[_Out]] = set(futures)
+    while running:
+        done, running = wait(running, timeout=SIGNAL_CHECK_S, return_when=FIRST_EXCEPTION)
+        if any(f.exception() is not None for f in done):
+            break
+    ended = (f for f in futures if f.done() and not f.cancelled())
+    return next((e for f in ended if (e := f.exception()) is not None), None)
