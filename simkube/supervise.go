@@ -18,22 +18,14 @@ import (
 )
 
 // freePorts asks the kernel for three free loopback ports, the API server's on apiPort when that is not 0 and
-// still free (a restart serves where the earlier start did, see endpoint); kept tells whether it was. Another
-// process could take one before the component binds it; the component then fails to start and its log says so.
-func freePorts(apiPort int) (p ports, kept bool, err error) {
+// still free (a restart serves where the earlier start did, see endpoint; probed first, so the others cannot take
+// it); kept tells whether it was. Another process could take one before the component binds it; the component
+// then fails to start and its log says so.
+func freePorts(apiPort int) (ports, bool, error) {
 	var got []int
 
-	for i := range 3 {
-		addr := "127.0.0.1:0"
-		if i == 2 && apiPort != 0 {
-			addr = fmt.Sprintf("127.0.0.1:%d", apiPort)
-		}
-
-		l, err := net.Listen("tcp", addr)
-		if err != nil && addr != "127.0.0.1:0" {
-			l, err = net.Listen("tcp", "127.0.0.1:0") // taken since: serve elsewhere rather than not at all
-		}
-
+	for _, want := range []int{apiPort, 0, 0} {
+		l, err := probe(want)
 		if err != nil {
 			return ports{}, false, err
 		}
@@ -43,7 +35,19 @@ func freePorts(apiPort int) (p ports, kept bool, err error) {
 		got = append(got, l.Addr().(*net.TCPAddr).Port)
 	}
 
-	return ports{EtcdClient: got[0], EtcdPeer: got[1], APIServer: got[2]}, apiPort != 0 && got[2] == apiPort, nil
+	return ports{APIServer: got[0], EtcdClient: got[1], EtcdPeer: got[2]}, apiPort != 0 && got[0] == apiPort, nil
+}
+
+// probe listens on 127.0.0.1:port, or on a port the kernel picks when port is 0 or taken (serving elsewhere
+// beats not serving at all).
+func probe(port int) (net.Listener, error) {
+	if port != 0 {
+		if l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port)); err == nil {
+			return l, nil
+		}
+	}
+
+	return net.Listen("tcp", "127.0.0.1:0")
 }
 
 type running struct {
