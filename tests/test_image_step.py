@@ -11,13 +11,19 @@ import yaml
 from runbook_lib.model.params import load_params
 from runbook_lib.model.schematic import schematic_for
 from runbook_lib.sim import factory
-from runbook_lib.sim.faults import inject
 from runbook_lib.sim.scenarios import configure_modules
-from runbook_lib.sim.state import VANILLA_SCHEMATIC, InstalledExtension, load_node, locked_node
+from runbook_lib.sim.state import VANILLA_SCHEMATIC, InstalledExtension, locked_node
 from runbook_lib.steps.context import Context, connect
 from runbook_lib.steps.image import image_upgrade
 from runbook_lib.steps.results import StepResult
-from tests.simcluster import factory_only
+from tests.simcluster import (
+    factory_only,
+    inject_fault,
+    node_state,
+    python_talosctl,
+    runs_real_talosctl,
+    serve_node_files,
+)
 
 LTS = ["siderolabs/nvidia-open-gpu-kernel-modules-lts", "siderolabs/nvidia-container-toolkit-lts"]
 GPU_ID = schematic_for(LTS).id
@@ -76,7 +82,7 @@ def test_dry_run_returns_exact_commands_and_changes_nothing(sim: tuple[Path, fac
         assert " upgrade --image " in command
         assert f"{host}/metal-installer/{GPU_ID}:v1.12.7" in command
         assert f"-n {address}" in command
-    assert all(load_node(state, w).schematic_id == VANILLA_SCHEMATIC for w in WORKERS)
+    assert all(node_state(state, w).schematic_id == VANILLA_SCHEMATIC for w in WORKERS)
     assert not ctx.journal.changes()
     assert all(c.ok for c in result.checks)  # the factory resolved the extensions even in a dry run
     assert [m for m, _ in server.requests if m == "POST"] == []  # ...but nothing was registered
@@ -90,7 +96,7 @@ def test_apply_moves_nodes_to_the_gpu_schematic_then_skips_them(
     assert result.ok, result.to_dict()
     assert result.data["done"] == WORKERS
     for worker in WORKERS:
-        node = load_node(state, worker)
+        node = node_state(state, worker)
         assert node.schematic_id == GPU_ID
         names = {e.name: e.version for e in node.extensions}
         assert names["nvidia-open-gpu-kernel-modules-lts"] == "580.105.08-v1.12.7"
@@ -115,15 +121,19 @@ def test_stops_at_first_failure_and_reports_done_failed_untouched(
     sim: tuple[Path, factory.FactoryServer],
 ) -> None:
     state, _server = sim
-    inject(state, "talos-worker-2", "upgrade_fails")
+    inject_fault(state, "talos-worker-2", "upgrade_fails")
     result = _run(_ctx(state, apply=True))
     assert not result.ok
     assert result.data["done"] == ["talos-worker-1"]
     assert result.data["failed"] == ["talos-worker-2"]
     assert result.data["untouched"] == ["talos-worker-3"]
-    assert "rolled back" in result.node("talos-worker-2").message
-    assert load_node(state, "talos-worker-1").schematic_id == GPU_ID
-    assert load_node(state, "talos-worker-3").schematic_id == VANILLA_SCHEMATIC
+    # The Python talosctl says the node "rolled back" (no source). The real talosctl prints the sequence error
+    # Talos publishes when the installer fails and the node keeps its image (simnode/faults.go failInstall:
+    # talos@v1.12.0 internal/pkg/install/install.go:261, v1alpha1_controller.go:139-157 and :275-317).
+    failure = 'task "upgrade" failed: exit code 1' if runs_real_talosctl(state) else "rolled back"
+    assert failure in result.node("talos-worker-2").message
+    assert node_state(state, "talos-worker-1").schematic_id == GPU_ID
+    assert node_state(state, "talos-worker-3").schematic_id == VANILLA_SCHEMATIC
 
 
 def test_factory_problem_fails_before_any_change(sim: tuple[Path, factory.FactoryServer]) -> None:
@@ -140,7 +150,7 @@ def test_factory_problem_fails_before_any_change(sim: tuple[Path, factory.Factor
 
 def test_unreadable_node_blocks_the_rollout(sim: tuple[Path, factory.FactoryServer]) -> None:
     state, _server = sim
-    inject(state, "talos-worker-3", "unreachable", "refused")
+    inject_fault(state, "talos-worker-3", "unreachable", "refused")
     ctx = _ctx(state, apply=True)
     result = _run(ctx)
     assert result.data["failed"] == ["talos-worker-3"]
@@ -159,24 +169,32 @@ def test_nodes_already_on_the_gpu_schematic_are_skipped(tmp_path: Path) -> None:
 
 def test_concurrency_finishes_the_batch_then_stops(sim: tuple[Path, factory.FactoryServer]) -> None:
     state, _server = sim
-    inject(state, "talos-worker-1", "upgrade_fails")
+    inject_fault(state, "talos-worker-1", "upgrade_fails")
     result = _run(_ctx(state, apply=True, concurrency=2))
     assert result.data["failed"] == ["talos-worker-1"]
     assert result.data["done"] == ["talos-worker-2"]  # same batch, ran alongside
     assert result.data["untouched"] == ["talos-worker-3"]
-    assert load_node(state, "talos-worker-3").schematic_id == VANILLA_SCHEMATIC
+    assert node_state(state, "talos-worker-3").schematic_id == VANILLA_SCHEMATIC
 
 
 def test_hanging_upgrade_times_out_and_stops_the_rollout(sim: tuple[Path, factory.FactoryServer]) -> None:
     """extensions#888: the node waits for ext-nvidia-persistenced forever; the step must not wait forever."""
     state, _server = sim
-    inject(state, "talos-worker-1", "upgrade_hangs")
+    inject_fault(state, "talos-worker-1", "upgrade_hangs")
     result = image_upgrade(
         _ctx(state, apply=True), upgrade_timeout=2.0, settle_timeout=2.0, poll_interval=0.1
     )
     assert result.data["failed"] == ["talos-worker-1"]
     message = result.node("talos-worker-1").message
-    assert "timed out" in message or "context deadline exceeded" in message  # talosctl --timeout fires first
+    if runs_real_talosctl(state):
+        # At --timeout the real talosctl's reporter returns ctx.Err() with the command's errors suppressed
+        # (talos@v1.12.0 cmd/talosctl/pkg/talos/action/tracker.go:168-180, :282-284): it prints no timeout line,
+        # only the progress up to then, which the step sums up as the last phase.
+        assert "talosctl upgrade failed" in message and "(last phase: " in message, message
+    else:
+        assert (
+            "timed out" in message or "context deadline exceeded" in message
+        )  # talosctl --timeout fires first
     assert result.data["untouched"] == ["talos-worker-2", "talos-worker-3"]
 
 
@@ -217,6 +235,34 @@ def test_before_the_image_factory_the_upgrade_waits_for_the_install_extensions_p
         assert all("ghcr.io/siderolabs/installer:v1.4.8" in c for c in planned.data["commands"])
 
 
+#: ``_add_extensions`` gives a node extensions no schematic installs (its installer image stays the others'):
+#: simnode derives a node's extensions from its installer image, so such a node exists only for the Python
+#: talosctl (the scenario storage-extensions is the same case with a schematic, on either talosctl).
+EXTENSIONS_WITHOUT_SCHEMATIC = "the test adds extensions to a node without a schematic that installs them"
+
+
+#: talosctl 1.13's upgrade drains the node first through the cluster's Kubernetes API (its default --drain,
+#: with the kubeconfig the control plane hands out: talos@v1.13.0 cmd/talosctl/cmd/talos/upgrade.go), which
+#: factory_only does not run: the real talosctl's upgrade of a 1.13 node fails there ("error creating
+#: Kubernetes client for drain"), as it would on a cluster without Kubernetes.
+DRAIN_NEEDS_KUBERNETES = "talosctl 1.13 drains through the Kubernetes API, which factory_only does not run"
+#: simnode applies toolkit_missing / driver_mismatch to the extensions a node lists (realtalos.nodes_document):
+#: injected into a node still on the stock image they have nothing to apply to (the scenarios toolkit-missing
+#: and driver-mismatch run on the real talosctl in tests/sim/test_real_faults.py).
+EXTENSION_FAULT_ON_STOCK_IMAGE = (
+    "simnode takes an extension fault from the extensions the node runs, none here"
+)
+
+
+@pytest.fixture
+def sim_with_extensions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[Path, factory.FactoryServer]]:
+    """``sim`` for the tests that ``_add_extensions``: on the Python talosctl (EXTENSIONS_WITHOUT_SCHEMATIC)."""
+    python_talosctl(monkeypatch, EXTENSIONS_WITHOUT_SCHEMATIC)
+    yield from _sim(tmp_path)
+
+
 def _add_extensions(state: Path, node: str, names: list[str]) -> None:
     """Extensions a node already runs besides the GPU ones, as ``get extensions`` names them (manifest name)."""
     with locked_node(state, node) as sim_node:
@@ -226,11 +272,11 @@ def _add_extensions(state: Path, node: str, names: list[str]) -> None:
 
 
 def test_extensions_the_plan_lacks_block_the_upgrade_with_the_line_that_keeps_them(
-    sim: tuple[Path, factory.FactoryServer],
+    sim_with_extensions: tuple[Path, factory.FactoryServer],
 ) -> None:
     """docs:public/talos/v1.12/platform-specific-installations/boot-assets.mdx:236-250: after an upgrade to
     another schematic the node runs exactly that schematic's extensions, so iscsi-tools would be gone."""
-    state, _server = sim
+    state, _server = sim_with_extensions
     _add_extensions(state, "talos-worker-2", ["iscsi-tools", "qemu-guest-agent"])
     keep = "extra_extensions: [siderolabs/iscsi-tools, siderolabs/qemu-guest-agent]"
     plan = image_upgrade(_ctx(state, apply=False))
@@ -249,13 +295,14 @@ def test_extensions_the_plan_lacks_block_the_upgrade_with_the_line_that_keeps_th
     assert refused.data["untouched"] == ["talos-worker-1", "talos-worker-3"]
     kept = _run(_ctx(state, apply=True, extra_extensions=[e.strip() for e in keep[19:-1].split(",")]))
     assert kept.ok, kept.to_dict()
-    names = {e.name for e in load_node(state, "talos-worker-2").extensions}
+    names = {e.name for e in node_state(state, "talos-worker-2").extensions}
     assert {"iscsi-tools", "qemu-guest-agent", "nvidia-open-gpu-kernel-modules-lts"} <= names
 
 
 def _set_platform(state: Path, node: str, platform: str) -> None:
     with locked_node(state, node) as sim_node:
         sim_node.platform = platform
+    serve_node_files(state)
 
 
 def test_cloud_node_is_upgraded_with_the_installer_of_its_platform(
@@ -279,14 +326,18 @@ def test_cloud_node_is_upgraded_with_the_installer_of_its_platform(
     assert images["10.5.0.4"].startswith(f"{host}/metal-installer/")
 
 
-def test_grub_node_with_kernel_args_is_upgraded_with_legacy_on_talos_1_13(tmp_path: Path) -> None:
+def test_grub_node_with_kernel_args_is_upgraded_with_legacy_on_talos_1_13(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """docs:public/talos/v1.13/.../upgrading-talos.mdx:121-137: talosctl 1.13's new upgrade API does not
     pass ``extraKernelArgs``, and with ``grubUseUKICmdline`` false GRUB boots without them, silently;
     ``--legacy`` keeps them (flag in talos@v1.13.0:cmd/talosctl/cmd/talos/upgrade.go:368)."""
+    python_talosctl(monkeypatch, DRAIN_NEEDS_KUBERNETES)
     for state, _server in _sim(tmp_path, scenario="kernel-args-before-1-12", version="v1.13.2"):
         for worker in WORKERS:
             with locked_node(state, worker) as node:
                 configure_modules(node)  # the config-patch step comes first
+        serve_node_files(state)
         plan = image_upgrade(_ctx(state, apply=False, version="v1.13.3"))
         legacy = [c for c in plan.data["commands"] if " --legacy" in c]
         assert len(legacy) == 1 and "-n 10.5.0.5" in legacy[0]  # the scenario's last worker
@@ -300,12 +351,16 @@ def test_grub_node_with_kernel_args_is_upgraded_with_legacy_on_talos_1_13(tmp_pa
         assert cmdline.split()[-2:] == ["intel_iommu=on", "iommu=pt"]
 
 
-def test_simulated_new_upgrade_api_drops_kernel_args_that_legacy_keeps(tmp_path: Path) -> None:
+def test_simulated_new_upgrade_api_drops_kernel_args_that_legacy_keeps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The simulator reproduces the silent loss the image step avoids (docs v1.13 upgrading-talos.mdx:121-137):
     the same upgrade with talosctl 1.13 keeps ``extraKernelArgs`` with ``--legacy`` and drops them without."""
+    python_talosctl(monkeypatch, DRAIN_NEEDS_KUBERNETES)
     for state, server in _sim(tmp_path, scenario="kernel-args-before-1-12", version="v1.13.2"):
         with locked_node(state, "talos-worker-3") as node:
             configure_modules(node)
+        serve_node_files(state)
         ctx = _ctx(state, apply=True, version="v1.13.2")
         image = f"{server.url.removeprefix('http://')}/metal-installer/{VANILLA_SCHEMATIC}:v1.13.2"
         assert _args_after_upgrade(ctx, image, legacy=True) == ["intel_iommu=on", "iommu=pt"]
@@ -350,9 +405,9 @@ def test_before_the_image_factory_other_extensions_are_kept_by_the_config_and_no
 
 
 def test_the_line_that_keeps_extensions_adds_to_what_the_parameters_already_ask(
-    sim: tuple[Path, factory.FactoryServer],
+    sim_with_extensions: tuple[Path, factory.FactoryServer],
 ) -> None:
-    state, _server = sim
+    state, _server = sim_with_extensions
     _add_extensions(state, "talos-worker-2", ["iscsi-tools", "zfs"])
     nodes = [{"name": f"talos-worker-{i}", "address": f"10.5.0.{2 + i}"} for i in (1, 2, 3)]
     nodes[1]["overrides"] = {"extra_extensions": ["siderolabs/zfs"]}
@@ -366,10 +421,13 @@ def test_the_line_that_keeps_extensions_adds_to_what_the_parameters_already_ask(
     )
 
 
-def test_extension_the_config_still_installs_on_talos_1_9_is_not_refused(tmp_path: Path) -> None:
+def test_extension_the_config_still_installs_on_talos_1_9_is_not_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Up to Talos 1.9 the installer also pulls the images ``machine.install.extensions`` lists
     (talos@v1.9.6:internal/pkg/install/install.go:59-104; gone in v1.10.0), so an extension listed there
     survives the new schematic; one only in the old schematic does not."""
+    python_talosctl(monkeypatch, EXTENSIONS_WITHOUT_SCHEMATIC)
     for state, _server in _sim(tmp_path, version="v1.9.6"):
         _add_extensions(state, "talos-worker-1", ["iscsi-tools"])
         _add_extensions(state, "talos-worker-2", ["iscsi-tools"])
@@ -455,7 +513,7 @@ def test_upgrade_to_1_13_is_refused_when_the_device_plugin_cannot_be_looked_up(
     check = next(c for c in result.checks if "before the Talos 1.13 upgrade" in c.name)
     assert "Kubernetes cluster unreachable" in check.message and "helm list -A" in check.fix
     assert not any("upgrade" in e.argv for e in ctx.journal.changes())
-    assert all(load_node(state, w).schematic_id == VANILLA_SCHEMATIC for w in WORKERS)
+    assert all(node_state(state, w).schematic_id == VANILLA_SCHEMATIC for w in WORKERS)
 
 
 @pytest.mark.parametrize(
@@ -463,16 +521,17 @@ def test_upgrade_to_1_13_is_refused_when_the_device_plugin_cannot_be_looked_up(
     [("toolkit_missing", "nvidia-container-toolkit"), ("driver_mismatch", "driver")],
 )
 def test_a_node_that_came_back_stably_wrong_fails_at_once_not_after_node_ready_seconds(
-    sim: tuple[Path, factory.FactoryServer], fault: str, cause: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str, cause: str
 ) -> None:
     """toolkit-missing / driver-mismatch: the upgrade succeeded (talosctl --wait returns once the boot ID changed,
     talos@v1.12.0 cmd/talosctl/pkg/talos/action/tracker.go post check), the node answers and reports the same
     wrong extensions read after read; waiting node_ready_seconds (default 300 s) for it to change was the whole
     wait of a real run. The node fails after a few identical reads, with its diagnosis; the others pass."""
-    state, _server = sim
-    inject(state, "talos-worker-3", fault)
-    ctx = _ctx(state, apply=True, rollout={"max_failures": 1})
-    result = image_upgrade(ctx, settle_timeout=60.0, poll_interval=0.1)
+    python_talosctl(monkeypatch, EXTENSION_FAULT_ON_STOCK_IMAGE)
+    for state, _server in _sim(tmp_path):
+        inject_fault(state, "talos-worker-3", fault)
+        ctx = _ctx(state, apply=True, rollout={"max_failures": 1})
+        result = image_upgrade(ctx, settle_timeout=60.0, poll_interval=0.1)
     assert result.data["done"] == ["talos-worker-1", "talos-worker-2"]
     assert result.data["failed"] == ["talos-worker-3"]
     node = result.node("talos-worker-3")
