@@ -3,13 +3,16 @@ concurrently, so the run is not ``nodes × calls × latency``.
 
 Found by benchmarks/bench_whole_change.py: at 1,000 GPU nodes cuda-test spent 329 s creating, reading and
 deleting its 4 pods per node one call at a time, against 17.7 s of the cluster's own time.  Each test here
-gives every API request a fixed latency (the simulated API server's ``api_latency_ms`` fault) and asserts a
-ratio against the sum of the per-call latencies, not a wall-clock constant, so a loaded machine only makes
-the assertion easier to meet for the serial code, never the concurrent one flaky.
+gives every API request a fixed latency (the simulated API server's ``api_latency_ms`` fault), so calls last
+long enough to overlap, and counts the calls in flight at once through the client (``Kube._call``): more than
+one (not one at a time) and never more than the client's connection pool (``Kube.parallel_calls``).  Counted,
+not timed: a wall-clock ratio failed on a loaded machine (1.38 s against a 1.33 s bound); speed lives in
+benchmarks/.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +20,7 @@ from unittest import mock
 
 import pytest
 
+from runbook_lib.clients.kube import Kube
 from runbook_lib.sim.state import save_cluster_faults
 from runbook_lib.steps.cudatest import RUN_LABEL, TEST_NAMESPACE, cuda_test
 from runbook_lib.steps.kubernetes import GPU_PRESENT_LABEL, _label_nodes, kubernetes_layer
@@ -26,19 +30,36 @@ from tests.simcluster import sim_cluster
 pytestmark = pytest.mark.slow
 
 NODES = 40
-LATENCY_MS = (
-    100  # large against the client's and server's CPU per call, so a loaded machine barely moves the ratio
-)
+LATENCY_MS = 100  # long against the client's and server's CPU per call, so calls in flight overlap
 
 
-def test_cuda_test_on_40_nodes_takes_far_less_than_its_calls_one_at_a_time(tmp_path: Path) -> None:
+class InFlight:
+    """Counts the client's API calls in flight at once (every call goes through ``Kube._call``)."""
+
+    def __init__(self, kube: Kube) -> None:
+        self.lock = threading.Lock()
+        self.now = self.most = 0
+        self._call = kube._call
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with self.lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+        try:
+            return self._call(*args, **kwargs)
+        finally:
+            with self.lock:
+                self.now -= 1
+
+
+def test_cuda_test_on_40_nodes_runs_its_api_calls_concurrently_within_the_pool(tmp_path: Path) -> None:
     with sim_cluster(tmp_path, scenario="gpu-ready", workers=NODES, apply=True) as (params, ctx):
         assert kubernetes_layer(ctx, timeout_s=120).ok
-        drivers = {n.name: "" for n in params.nodes}  # no talosctl read: only the API calls are timed
+        drivers = {n.name: "" for n in params.nodes}  # no talosctl read: only the API calls count
         save_cluster_faults(tmp_path, {"api_latency_ms": LATENCY_MS})
-        t0 = time.monotonic()
-        result = cuda_test(ctx, node_drivers=drivers)
-        elapsed = time.monotonic() - t0
+        calls = InFlight(ctx.kube)
+        with mock.patch.object(ctx.kube, "_call", calls):
+            result = cuda_test(ctx, node_drivers=drivers)
         assert result.ok and len(result.nodes) == NODES, result.to_dict()
         assert all(len(n.checks) == 4 for n in result.nodes)
         run_id = result.data["run_id"]
@@ -47,19 +68,16 @@ def test_cuda_test_on_40_nodes_takes_far_less_than_its_calls_one_at_a_time(tmp_p
         created = [s for s in summaries if s.startswith("create Pod ")]
         deleted = [s for s in summaries if s.startswith("delete Pod ")]
         assert len(created) == len(deleted) == 4 * NODES == result.data["pods_deleted"]
-        # each pod: created, its log read, deleted: three calls that pay the latency
-        one_at_a_time = 3 * len(created) * LATENCY_MS / 1000
-        print(f"elapsed {elapsed:.2f} s against {one_at_a_time:.2f} s one call at a time")
-        assert elapsed < one_at_a_time / 3, (elapsed, one_at_a_time)
+        assert 1 < calls.most <= ctx.kube.parallel_calls, (calls.most, ctx.kube.parallel_calls)
 
 
-def test_labelling_40_nodes_takes_far_less_than_one_call_per_node_in_turn(tmp_path: Path) -> None:
+def test_labelling_40_nodes_runs_the_calls_concurrently_within_the_pool(tmp_path: Path) -> None:
     with sim_cluster(tmp_path, scenario="gpu-ready", workers=NODES, apply=True) as (params, ctx):
         save_cluster_faults(tmp_path, {"api_latency_ms": LATENCY_MS})
         changed: list[str] = []
-        t0 = time.monotonic()
-        _label_nodes(ctx, list(params.nodes), changed, dry_run=False)
-        elapsed = time.monotonic() - t0
+        calls = InFlight(ctx.kube)
+        with mock.patch.object(ctx.kube, "_call", calls):
+            _label_nodes(ctx, list(params.nodes), changed, dry_run=False)
         assert sorted(changed) == sorted(
             f"label node {n.name} nvidia.com/gpu.present=true" for n in params.nodes
         )
@@ -68,9 +86,7 @@ def test_labelling_40_nodes_takes_far_less_than_one_call_per_node_in_turn(tmp_pa
             n["metadata"]["name"] for n in ctx.kube.nodes() if n["metadata"]["labels"].get(key) == value
         }
         assert labelled == {n.name for n in params.nodes}
-        one_at_a_time = NODES * LATENCY_MS / 1000
-        print(f"elapsed {elapsed:.2f} s against {one_at_a_time:.2f} s one call at a time")
-        assert elapsed < one_at_a_time / 3, (elapsed, one_at_a_time)
+        assert 1 < calls.most <= ctx.kube.parallel_calls, (calls.most, ctx.kube.parallel_calls)
 
 
 def test_ctrl_c_while_pods_are_created_concurrently_deletes_every_pod_created(tmp_path: Path) -> None:
