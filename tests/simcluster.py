@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -121,18 +123,47 @@ def node_state(state_dir: Path, name: str) -> SimNode:
 
 
 def inject_fault(state_dir: Path, node: str, fault: str, value: Any = True) -> None:
-    """Switch a fault on for one node, where the talosctl answering it sees it. simnode switches
-    ``unreachable`` while it runs (what ``runbook sim fault`` does); other Talos faults it takes from its nodes
-    file when it starts, so it is restarted on the nodes as it observed them (what a new ``runbook sim up
-    --scenario`` would serve). A fault simnode does not simulate fails the test, which must then say why it
-    runs the Python talosctl (``python_talosctl``)."""
+    """Switch a fault on for one node, where the talosctl answering it sees it (``_faults_to_simnode``)."""
     faults.inject(state_dir, node, fault, value)
+    _faults_to_simnode(state_dir, node, fault)
+
+
+def clear_fault(state_dir: Path, node: str, fault: str) -> None:
+    """Switch a fault off for one node, where the talosctl answering it sees it (``_faults_to_simnode``)."""
+    faults.clear(state_dir, node, fault)
+    _faults_to_simnode(state_dir, node, fault)
+
+
+def _faults_to_simnode(state_dir: Path, node: str, fault: str) -> None:
+    """simnode switches ``unreachable`` while it runs (what ``runbook sim fault`` does); other Talos faults it
+    takes from its nodes file when it starts, so it is restarted on the nodes as it observed them (what a new
+    ``runbook sim up --scenario`` would serve). A fault simnode does not simulate fails the test, which must
+    then say why it runs the Python talosctl (``python_talosctl``). Nothing to do for the Python talosctl,
+    which reads the node files at each call."""
     if not runs_real_talosctl(state_dir):
         return
     if fault == "unreachable":
         cluster.sync_talos_faults(state_dir)
+        _wait_reachable(state_dir, load_node(state_dir, node))
         return
     _restart_simnode(state_dir, f"{fault} on {node}")
+
+
+def _wait_reachable(state_dir: Path, node: SimNode, timeout: float = 30.0) -> None:
+    """Until the real talosctl meets the node as its fault says (``version`` fails while it is down, answers
+    once it is back): simnode's observed file says a cleared node is up before its API front answers it again
+    (a dial refused for up to a second or two after ``realtalos.sync_faults`` returned, measured here)."""
+    want_up = not node.faults.get("unreachable")
+    argv = [str(state_dir / "bin" / "talosctl"), "--talosconfig", str(state_dir / "talosconfig")]
+    deadline = time.monotonic() + timeout
+    while True:
+        done = subprocess.run([*argv, "-n", node.address, "version"], capture_output=True, check=False)
+        if (done.returncode == 0) == want_up:
+            return
+        assert time.monotonic() < deadline, (
+            f"{node.name} still {'down' if want_up else 'up'} after {timeout} s"
+        )
+        time.sleep(0.1)
 
 
 def serve_node_files(state_dir: Path) -> None:

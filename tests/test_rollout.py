@@ -19,13 +19,12 @@ import yaml
 from runbook_lib.errors import ParametersInvalid
 from runbook_lib.model.params import load_params, parameter_rows, parameters_markdown, validate
 from runbook_lib.model.rollout import batch_sizes, failure_budget, parse_budget, schedule
-from runbook_lib.sim.faults import clear, inject
-from runbook_lib.sim.state import VANILLA_SCHEMATIC, load_node, locked_node
+from runbook_lib.sim.state import VANILLA_SCHEMATIC, load_node
 from runbook_lib.steps.context import Context, connect
 from runbook_lib.steps.image import image_upgrade
 from runbook_lib.steps.patch import config_patch
 from runbook_lib.steps.results import StepResult
-from tests.simcluster import factory_only, sim_cluster
+from tests.simcluster import clear_fault, factory_only, inject_fault, node_state, sim_cluster
 
 WORKERS = ["talos-worker-1", "talos-worker-2", "talos-worker-3"]
 
@@ -155,8 +154,7 @@ def _unreachable_when_applied(state: Path, victims: list[str]) -> Callable[[list
         for victim in victims:
             node = load_node(state, victim)
             if node.address in addresses:
-                with locked_node(state, victim) as n:
-                    n.faults["unreachable"] = "refused"
+                inject_fault(state, victim, "unreachable", "refused")
 
     return on_apply
 
@@ -193,7 +191,7 @@ def test_patch_rerun_after_a_failed_rollout_changes_only_the_remaining_nodes(tmp
         done, victim, *rest = params.nodes
         _record_applies(ctx, _unreachable_when_applied(tmp_path, [victim.name]))
         first = config_patch(ctx)
-        clear(tmp_path, victim.name)
+        clear_fault(tmp_path, victim.name, "unreachable")
         again = connect(params, state_dir=tmp_path)
         calls = _record_applies(again)
         second = config_patch(again)
@@ -243,17 +241,17 @@ def test_image_plan_shows_the_schedule_and_a_failed_canary_protects_the_rest(ima
     plan = _upgrade(_image_ctx(image_sim, apply=False, rollout_concurrency=2, rollout={"canary": 1}))
     assert plan.data["batches"] == [WORKERS[:1], WORKERS[1:]]
     assert any("batch(es) of 1, 2" in note for note in plan.notes)
-    inject(image_sim, "talos-worker-1", "upgrade_fails")
+    inject_fault(image_sim, "talos-worker-1", "upgrade_fails")
     result = _upgrade(_image_ctx(image_sim, apply=True, rollout_concurrency=2, rollout={"canary": 1}))
     # without the canary, worker-2 would have been upgraded alongside worker-1 (rollout_concurrency 2)
     assert result.data["failed"] == ["talos-worker-1"]
     assert result.data["untouched"] == WORKERS[1:]
-    assert load_node(image_sim, "talos-worker-2").schematic_id == VANILLA_SCHEMATIC
+    assert node_state(image_sim, "talos-worker-2").schematic_id == VANILLA_SCHEMATIC
 
 
 @pytest.mark.slow
 def test_image_failure_budget_as_a_percentage_keeps_going_within_it(image_sim: Path) -> None:
-    inject(image_sim, "talos-worker-1", "upgrade_fails")
+    inject_fault(image_sim, "talos-worker-1", "upgrade_fails")
     result = _upgrade(_image_ctx(image_sim, apply=True, rollout={"max_failures": "50%"}))  # 1 of 3 nodes
     assert result.data["failed"] == ["talos-worker-1"]
     assert result.data["done"] == WORKERS[1:]
@@ -270,14 +268,14 @@ def test_image_pause_between_batches(image_sim: Path) -> None:
 
 @pytest.mark.slow
 def test_image_rerun_after_a_failed_rollout_upgrades_only_the_remaining_nodes(image_sim: Path) -> None:
-    inject(image_sim, "talos-worker-2", "upgrade_fails")
+    inject_fault(image_sim, "talos-worker-2", "upgrade_fails")
     first = _upgrade(_image_ctx(image_sim, apply=True))
     assert (first.data["done"], first.data["failed"], first.data["untouched"]) == (
         WORKERS[:1],
         WORKERS[1:2],
         WORKERS[2:],
     )
-    clear(image_sim, "talos-worker-2")
+    clear_fault(image_sim, "talos-worker-2", "upgrade_fails")
     ctx = _image_ctx(image_sim, apply=True)
     calls = _record_upgrades(ctx)
     second = _upgrade(ctx)
