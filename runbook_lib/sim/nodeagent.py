@@ -188,6 +188,18 @@ def kubelet_stopped(node: SimNode, cluster_faults: dict[str, Any]) -> bool:
     )
 
 
+def pod_room(node: SimNode) -> str:
+    """How many pods the node's kubelet takes (its ``pods`` capacity and allocatable): none under the
+    ``pods_pending`` fault, so kube-scheduler leaves every pod meant for the node Pending, Unschedulable, with
+    its own message ("0/N nodes are available: 1 Too many pods, ...": kubernetes@v1.35.0
+    pkg/scheduler/framework/plugins/noderesources/fit.go:652-660), the device plugin's DaemonSet pod included
+    (the DaemonSet controller checks only name, affinity and taints: pkg/controller/daemon/daemon_controller.go
+    ``predicates``). Simplified: a real node has no room once it runs its kubelet's maxPods pods, and then the
+    scheduler may preempt lower-priority pods there for the system-node-critical plugin; 0 leaves nothing whose
+    preemption would help, so the plugin stays Pending as the Python API server's fault keeps it."""
+    return "0" if node.faults.get("pods_pending") else BASICS["pods"]
+
+
 #: The Initialized condition's reason on a pod whose image pull fails here: not a kubelet's (it reports
 #: Initialized True and the container waiting), but what keeps kwok's pod-ready stage (phase Pending, Initialized
 #: True) from starting the pod, and what tells the agent to retry the pull (``_retry_pulls``).
@@ -336,11 +348,23 @@ class NodeAgent(Periodic):
             want = wanted_gpus(node, plugin_pods, handlers)
             if node.name in current and current[node.name] != want:
                 self._advertise(node.name, want)
+        self._room_for_pods(objs, by_name)
         self._complete(pods, by_name, handlers)
         for pod in plugin_pods:
             on = by_name.get((pod.get("spec") or {}).get("nodeName", ""))
             if on is not None:
                 self._plugin(pod, on, _handler(pod, handlers, on))
+
+    def _room_for_pods(self, objs: list[dict[str, Any]], nodes: dict[str, SimNode]) -> None:
+        """Each Node's ``pods`` capacity as ``pod_room`` says, patched where it differs (the fault switches)."""
+        for obj in objs:
+            node = nodes.get(obj["metadata"]["name"])
+            have = ((obj.get("status") or {}).get("allocatable") or {}).get("pods")
+            if node is not None and have != pod_room(node):
+                room = {"pods": pod_room(node)}
+                body = {"status": {"capacity": room, "allocatable": room}}
+                self.core.patch_node_status(node.name, body)
+                log.info("node %s: room for %s pods", node.name, room["pods"])
 
     def _follow_kubelets(self, objs: list[dict[str, Any]], nodes: list[SimNode]) -> set[str]:
         """The nodes whose kubelet is stopped now (``kubelet_stopped``). kwok plays a

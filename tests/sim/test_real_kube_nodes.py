@@ -14,7 +14,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -109,11 +109,17 @@ GPU_WAIT_S = 90
 
 
 def kube_fault_run(
-    tmp: Path, mode: str, fault: str
+    tmp: Path,
+    mode: str,
+    fault: str,
+    then: Callable[[Path], None] | None = None,
+    also: dict[str, str] | None = None,
 ) -> tuple[dict[str, str], list[tuple[str, str, list[str]]]]:
-    """``runbook sim up`` (gpu-ready), ``runbook sim fault gpu-worker-3 FAULT true``, then ``runbook run --apply``
-    of the kubernetes and cuda-test steps on the API server ``mode``: the step outcomes, and per failed GPU node
-    its message and its checks' messages (the diagnosis a user reads)."""
+    """``runbook sim up`` (gpu-ready), ``runbook sim fault gpu-worker-3 FAULT true`` (and ``also``'s node: fault),
+    then ``runbook run --apply`` of the kubernetes and cuda-test steps on the API server ``mode``: the step
+    outcomes, and per failed GPU node its message and its checks' messages (the diagnosis a user reads).
+    ``then(state)`` runs after the run, on the same cluster, before it goes down (a control plane is slow to
+    start: checks share this one)."""
     state, records = tmp / mode / "state", tmp / mode / "records"
     env = {**os.environ, realkube.MODE_ENV: mode, "RUNBOOK_SIM_TALOSCTL": "python"}
     sim = [sys.executable, "-m", "runbook_lib", "sim"]
@@ -127,12 +133,15 @@ def kube_fault_run(
     try:
         started = run(*sim, "up", "-p", params, "--state", str(state), "--scenario", "gpu-ready")
         assert started.returncode == 0, started.stderr
-        assert run(*sim, "fault", "--state", str(state), "gpu-worker-3", fault, "true").returncode == 0
+        for node, name in {"gpu-worker-3": fault, **(also or {})}.items():
+            assert run(*sim, "fault", "--state", str(state), node, name, "true").returncode == 0
         proc = run(
             sys.executable, "-m", "runbook_lib", "run", "-p", params, "--apply", "--state", str(state),
             "--records", str(records), "--no-progress", "--steps", "kubernetes,cuda-test",
             "--set", "simulation.scenario=gpu-ready", "--set", f"timeouts.kubernetes_seconds={GPU_WAIT_S}",
         )  # fmt: skip
+        if then is not None:
+            then(state)
     finally:
         run(*sim, "down", "--state", str(state))
     [path] = records.glob("*/results/kubernetes.json")
@@ -152,11 +161,21 @@ def test_a_kubernetes_fault_stops_the_run_at_the_same_step_with_the_same_diagnos
     """``runbook sim fault gpu-worker-3 image_pull_error true`` (every image on that node fails to pull): on the
     Python API server the device plugin never starts there, so the kubernetes step fails on that node alone with
     no GPUs. On the real control plane kwok ran the pods anyway and the node got its GPU: the run went on.
-    ``node_not_ready``: no kubelet runs the node's plugin pod on either API server, same failure."""
-    python = kube_fault_run(tmp_path, "python", fault)
+    ``node_not_ready``: no kubelet runs the node's plugin pod on either API server, same failure.
+
+    The image-pull run also puts ``pods_pending`` on gpu-worker-2 and checks a Terminating pod on gpu-worker-1
+    (``tests/sim/test_real_kube_pods.py``: a control plane is slow to start, so they share this one)."""
+    from tests.sim.test_real_kube_pods import PENDING, assert_pending_quotes_the_scheduler, terminating
+
+    also, then = (PENDING, terminating) if fault == "image_pull_error" else (None, None)
+    python = kube_fault_run(tmp_path, "python", fault, also=also)
     assert python[0] == {"kubernetes": "failed"}, python
-    assert [node for node, _, _ in python[1]] == ["gpu-worker-3"], python
-    assert kube_fault_run(tmp_path, "real", fault) == python
+    assert [node for node, _, _ in python[1]] == sorted({"gpu-worker-3", *(also or {})}), python
+    real = kube_fault_run(tmp_path, "real", fault, then, also)
+    if also:
+        real = assert_pending_quotes_the_scheduler(real, python)
+        python = (python[0], [entry for entry in python[1] if entry[0] not in also])
+    assert real == python
 
 
 # ---------------------------------------------------------------- kube-system as Talos fills it

@@ -21,6 +21,8 @@ from runbook_lib.model.plan import build_plan
 from runbook_lib.steps.context import Context, Endpoints
 from runbook_lib.steps.kubernetes import _no_gpu_diagnosis
 from runbook_lib.steps.results import Check
+from tests.sim.test_sim_up_real_kube import tools as tools  # noqa: PLC0414  (the module-scoped fixture)
+from tests.sim.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 NODE = "gpu-worker-3"
@@ -266,3 +268,92 @@ def test_a_ready_node_with_a_running_plugin_keeps_the_plugin_diagnosis() -> None
     ready_plugin["status"]["conditions"][0]["status"] = "True"
     check = diagnose(node_object(READY), [ready_plugin])
     assert not check.ok and "the device plugin runs but the node advertises no GPUs" in check.message
+
+
+# ---------------------------------------------------------------- on the real control plane (slow)
+
+#: A GPU workload that takes its time to stop: a real kubelet keeps a deleted pod (Terminating, deletionTimestamp
+#: set) until its containers exited or the grace period ended, then deletes it (kubernetes@v1.35.0
+#: pkg/kubelet/status/status_manager.go ``canBeDeleted``); until then kube-scheduler counts its nvidia.com/gpu as
+#: used. kwok, the simulated kubelet, deletes a Terminating pod after its pod-delete stage's delay, which the
+#: annotation sets, plus a jitter up to the deletionTimestamp (sigs.k8s.io/kwok@v0.8.0
+#: kustomize/stage/pod/general/pod-delete.yaml, pkg/utils/lifecycle/lifecycle.go ``Delay``): 15-30 s here.
+GRACE_S = 30
+HOLDER = "gpu-holder"
+
+
+def gpu_holder(node: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": HOLDER, "annotations": {"pod-delete.stage.kwok.x-k8s.io/delay": "15s"}},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "terminationGracePeriodSeconds": GRACE_S,
+            "containers": [
+                {
+                    "name": "app",
+                    "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                }
+            ],
+        },
+    }
+
+
+def terminating(state: Path) -> None:
+    """On gpu-worker-1 (its one GPU advertised): a pod holding the GPU is deleted with its grace period and shows
+    Terminating; cuda-test started meanwhile waits for it (its GPU pods Pending, "Insufficient nvidia.com/gpu")
+    and passes once the simulated kubelet finished the deletion."""
+    from kubernetes.client.exceptions import ApiException
+
+    from runbook_lib.steps.context import connect
+    from runbook_lib.steps.cudatest import cuda_test
+    from tests.sim.test_real_talos_113 import core_api, pod_phase
+
+    api = core_api(state)
+    api.create_namespaced_pod("default", gpu_holder("gpu-worker-1"))
+    wait_for(lambda: pod_phase(api, HOLDER) == "Running", timeout=180)
+    deleted = api.delete_namespaced_pod(HOLDER, "default")  # kubectl delete pod: the pod's own grace period
+    assert deleted.metadata.deletion_timestamp is not None, deleted.metadata
+    assert deleted.metadata.deletion_grace_period_seconds == GRACE_S
+    assert api.read_namespaced_pod(HOLDER, "default").metadata.deletion_timestamp  # Terminating, still there
+    ctx = connect(load_params(ROOT / "params" / "simulated.yaml"), state_dir=state)
+    result = cuda_test(ctx, only=["gpu-worker-1"], apply=True, node_drivers={})
+    assert result.ok, result.to_dict()
+    waited = [
+        e.message
+        for e in api.list_namespaced_event("default").items
+        if e.reason == "FailedScheduling" and e.involved_object.name.startswith("cuda-gpu-gpu-worker-1-")
+    ]
+    assert any("Insufficient nvidia.com/gpu" in m for m in waited), waited
+
+    def gone() -> bool:
+        try:
+            api.read_namespaced_pod(HOLDER, "default")
+        except ApiException as exc:
+            return exc.status == 404
+        return False
+
+    wait_for(gone, timeout=GRACE_S + 60)
+
+
+#: ``runbook sim fault gpu-worker-2 pods_pending true``, run beside gpu-worker-3's image-pull fault by
+#: ``tests/sim/test_real_kube_nodes.py`` (one control plane for both).
+PENDING = {"gpu-worker-2": "pods_pending"}
+Outcome = tuple[dict[str, str], list[tuple[str, str, list[str]]]]
+
+
+def assert_pending_quotes_the_scheduler(real: Outcome, python: Outcome) -> Outcome:
+    """The ``pods_pending`` node on the real control plane: the node takes no more pods
+    (``nodeagent.pod_room``), so kube-scheduler leaves its device-plugin pod Pending and the kubernetes step
+    fails on it, as on the Python API server (whose kubelet never starts the node's pods), with the scheduler's
+    own message. Before, the fault did nothing on the real control plane: the plugin ran there and the run went
+    on (failed first: ``{'kubernetes': 'changed', 'cuda-test': 'ok'}``). Returns ``real`` without that node."""
+    [node] = PENDING
+    assert real[0] == python[0], (real, python)
+    assert [n for n, _, _ in real[1]] == [n for n, _, _ in python[1]], (real, python)
+    said = " ".join(checks for n, _, messages in real[1] if n == node for checks in messages)
+    assert f"device plugin pod for {node} is not scheduled: 0/" in said, said
+    assert "Too many pods" in said, said
+    return real[0], [entry for entry in real[1] if entry[0] != node]
