@@ -21,6 +21,8 @@ from runbook_lib.errors import PermanentError
 from runbook_lib.model.params import Node, Params
 from runbook_lib.model.plan import Plan, build_plan
 
+from .events import Events
+
 if TYPE_CHECKING:  # imported on first use: see Context.kube
     from runbook_lib.clients.kube import Kube
 
@@ -93,6 +95,8 @@ class Context:
     talosctl: Talosctl
     helm: Helm
     _kube: Kube | None = field(default=None, repr=False)
+    events: Events = field(default_factory=Events, repr=False)
+    """Where a rollout reports node failures and batch ends as they happen (``events.py``); nowhere by default."""
 
     @property
     def kube(self) -> Kube:

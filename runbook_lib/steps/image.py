@@ -19,7 +19,7 @@ from __future__ import annotations
 import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -38,6 +38,7 @@ from runbook_lib.model.versions import TalosVersion
 
 from . import fixes, gpu_operator_handover, image_diagnosis, image_risks
 from .context import Context
+from .events import Events
 from .image_risks import NodeFacts
 from .patch import (
     config_patch,
@@ -270,6 +271,7 @@ def image_upgrade(
             poll_interval=poll_interval,
         ),
         log=result.data.setdefault("rollout", []),
+        events=ctx.events,
     )
     return _finish(_default_runtime_after_upgrade(ctx, result, apply=True))
 
@@ -282,17 +284,20 @@ def _roll_out(
     run_batch: Callable[[list[NodeImage]], int],
     *,
     log: list[dict[str, Any]],
+    events: Events | None = None,
 ) -> None:
     """Run the schedule's batches (``run_batch`` returns a batch's failed count) until the failure budget is
     used up; the nodes of the batches never started are marked untouched.  Each batch run goes to ``log``
-    (``patch.log_batch``)."""
+    (``patch.log_batch``) and, as it ends, to ``events``."""
     batches = schedule.batches(todo)
     done = failed = 0
     for index, batch in enumerate(batches):
         pause_before(schedule, index)
         started = time.time()
         failed += run_batch(batch)
-        log_batch(log, index, schedule, [results[plan.node.address] for plan in batch], started)
+        log_batch(
+            log, index, schedule, [results[plan.node.address] for plan in batch], started, events=events
+        )
         done += len(batch)
         if progress:
             progress(done, len(todo))
@@ -321,7 +326,8 @@ def _default_runtime_after_upgrade(ctx: Context, result: StepResult, *, apply: b
     ready = [r.node for r in result.nodes if r.status in statuses]
     if not ctx.params.default_runtime_patch or not ready:
         return result
-    follow = config_patch(ctx, only=ready, apply=apply)
+    # Its own batches would be reported as the image rollout's: its failures show in the step's result.
+    follow = config_patch(replace(ctx, events=Events()), only=ready, apply=apply)
     by_name = {r.node: r for r in result.nodes}
     for patched in follow.nodes:
         res = by_name[patched.node]
@@ -538,8 +544,18 @@ def _run_batch(
             return plan, None
         return plan, run.stderr.strip() or f"talosctl upgrade exited {run.exit_code}"
 
+    outcomes: list[tuple[NodeImage, str | None]] = []
     with ThreadPoolExecutor(max_workers=min(len(batch), MAX_PARALLEL_UPGRADES)) as pool:
-        outcomes = list(pool.map(upgrade, batch))
+        for future in as_completed([pool.submit(upgrade, plan) for plan in batch]):
+            outcomes.append(future.result())
+            plan, error = outcomes[-1]
+            if error:  # known now: reported before the batch-mates finish (events.py)
+                res = results[plan.node.address]
+                res.status = "failed"
+                res.message = f"talosctl upgrade failed: {image_diagnosis.upgrade_report(error)}"
+                ctx.events.node_failed(res)
+    order = {plan.node.address: index for index, plan in enumerate(batch)}
+    outcomes.sort(key=lambda outcome: order[outcome[0].node.address])  # the batch's order, as before
     pending: list[NodeImage] = []
     diagnosed = image_diagnosis.upgrade_failures(
         ctx, {plan.node.address: (plan.node, error) for plan, error in outcomes if error}
@@ -547,8 +563,6 @@ def _run_batch(
     for plan, error in outcomes:
         res = results[plan.node.address]
         if error:
-            res.status = "failed"
-            res.message = f"talosctl upgrade failed: {image_diagnosis.upgrade_report(error)}"
             res.checks += diagnosed[plan.node.address]
         else:
             res.checks.append(Check("upgrade", True, "the installer was accepted and the node rebooted"))

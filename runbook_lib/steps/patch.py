@@ -27,6 +27,7 @@ from runbook_lib.model.rollout import Schedule, schedule
 
 from . import fixes
 from .context import Context
+from .events import Events
 from .results import Check, NodeResult, StepResult
 
 Progress = Callable[[int, int], None]
@@ -198,7 +199,13 @@ def pause_before(plan: Schedule, index: int) -> None:
 
 
 def log_batch(
-    log: list[dict[str, Any]], index: int, plan: Schedule, members: list[NodeResult], started: float
+    log: list[dict[str, Any]],
+    index: int,
+    plan: Schedule,
+    members: list[NodeResult],
+    started: float,
+    *,
+    events: Events | None = None,
 ) -> None:
     """Append what one batch did to ``log`` (the result's ``data["rollout"]``): its nodes, when it started,
     how long it took and which of its nodes failed.
@@ -218,6 +225,8 @@ def log_batch(
             "outcome": "failed" if failed else "ok",
         }
     )
+    if events is not None:  # the watcher learns of the batch now, not when the step ends
+        events.batch_done(log, plan.total, members)
 
 
 def _apply_in_batches(
@@ -281,7 +290,9 @@ def _apply_in_batches(
                 res.message = "patched, but the node did not answer again after its reboot"
                 failed.append(res.node)
         batch_results = [by_address[node.address] for _patch, node in batch]
-        log_batch(result.data.setdefault("rollout", []), index, plan, batch_results, started)
+        log_batch(
+            result.data.setdefault("rollout", []), index, plan, batch_results, started, events=ctx.events
+        )
         if plan.exhausted(len(failed)):
             stopped_by = failed[-1]
         done += len(batch)

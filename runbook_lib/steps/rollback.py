@@ -354,7 +354,9 @@ def _roll_out(
         pause_before(schedule, index)
         started = time.time()
         failed += _run_batch(ctx, batch, results, timeout=timeout, interval=interval)
-        log_batch(log, index, schedule, [results[plan.node.address] for plan in batch], started)
+        log_batch(
+            log, index, schedule, [results[plan.node.address] for plan in batch], started, events=ctx.events
+        )
         done += len(batch)
         if progress:
             progress(done, len(todo))

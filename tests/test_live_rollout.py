@@ -1,0 +1,73 @@
+"""Live rollout reporting (issue 16): a node that fails its upgrade is reported while the rollout goes on, not when
+the step ends, and each batch says when it ended.  The steps hand events to ``Context.events``
+(``runbook_lib/steps/events.py``); ``runbook run`` prints them as they come (``tests/test_run_live_events.py``).
+
+The failing upgrade is the simulator's ``upgrade_fails`` (the real talosctl against simnode: the installer exits
+non-zero, simnode/faults.go; the Python talosctl: its own wording, no source).  Batches, budgets and the lines are
+this project's own design: no upstream tool defines them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runbook_lib.model.params import validate
+from runbook_lib.sim.state import load_nodes
+from runbook_lib.steps.context import Context, connect
+from runbook_lib.steps.events import BatchDone, Events, NodeFailed, RolloutEvent, one_line
+from runbook_lib.steps.image import image_upgrade
+from tests.simcluster import factory_only, inject_fault
+
+
+def _six_nodes(state: Path, **extra: Any) -> Context:
+    """A context for the GPU workers of ``state`` (made by ``factory_only``), applying, with ``extra`` parameters."""
+    nodes = [{"name": n.name, "address": n.address} for n in load_nodes(state) if n.gpus]
+    data = {"cluster": "sim-gpu", "talos_version": "v1.12.7", "nodes": nodes, "track": "lts", "apply": True}
+    return connect(validate(data | extra, source="test"), state_dir=state)
+
+
+@pytest.mark.slow
+def test_a_failed_upgrade_is_reported_before_its_batch_mate_is_confirmed_and_every_batch_when_it_ends(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "sim"
+    seen: list[tuple[RolloutEvent, list[tuple[str, ...]]]] = []
+    # config-patched: the image step refuses nodes whose config lacks the modules patch
+    with factory_only(state, workers=6, scenario="config-patched"):
+        ctx = _six_nodes(state, rollout_concurrency=2, rollout={"max_failures": 1})
+        middle, mate = ctx.params.nodes[2], ctx.params.nodes[3]  # batch 2 of 3
+        inject_fault(state, middle.name, "upgrade_fails")
+        ctx.events = Events(lambda event: seen.append((event, [e.argv for e in ctx.journal.entries])))
+        result = image_upgrade(ctx, settle_timeout=5.0, poll_interval=0.1)
+
+    assert result.data["failed"] == [middle.name] and len(result.data["done"]) == 5
+    events = [event for event, _journal in seen]
+    assert [type(e).__name__ for e in events] == ["BatchDone", "NodeFailed", "BatchDone", "BatchDone"]
+    failed = events[1]
+    assert isinstance(failed, NodeFailed) and failed.node == middle.name and failed.address == middle.address
+    assert "upgrade failed" in failed.reason and "\n" not in failed.reason
+    assert [
+        (e.batch, e.batches, e.ok, e.failed, e.nodes_done, e.failed_total)
+        for e in events
+        if isinstance(e, BatchDone)
+    ] == [
+        (1, 3, 2, 0, 2, 0),
+        (2, 3, 1, 1, 4, 1),
+        (3, 3, 2, 0, 6, 1),
+    ]
+    # reported as soon as its upgrade returned: its batch-mate was not yet read back after its own upgrade
+    journal = seen[1][1]
+    upgraded = [i for i, argv in enumerate(journal) if "upgrade" in argv and mate.address in argv]
+    after = journal[upgraded[0] + 1 :] if upgraded else []
+    assert not [argv for argv in after if mate.address in " ".join(argv)], (
+        "reported only after the batch ended"
+    )
+
+
+def test_a_reason_is_one_line_and_bounded() -> None:
+    assert one_line("\n  talosctl upgrade failed: boom\n(last phase: x)") == "talosctl upgrade failed: boom"
+    assert len(one_line("x" * 1000)) == 300
+    assert one_line("") == "no reason given"
