@@ -22,7 +22,7 @@ from runbook_lib.notebook import runner
 from runbook_lib.notebook.rollback_records import load_evidence, record_path
 from runbook_lib.notebook.steps import ROLLBACK
 
-from . import cmd_run
+from . import cmd_run, live
 
 _NOT_APPROVED = (
     "runbook rollback: apply: true in the parameters (file or --set) does not approve a rollback: "
@@ -87,6 +87,7 @@ def _rollback(args: argparse.Namespace) -> int:
             cluster=lambda params: cmd_run._simulated_cluster(params, state_dir),
             cluster_key=str(state_dir),
             progress=not args.no_progress,
+            on_event=live.print_event,
         )
     except KeyboardInterrupt:
         sys.excepthook = _quiet_interrupt  # this process ends by it: no traceback under the sealed record

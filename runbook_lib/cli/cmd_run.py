@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from runbook_lib.cli import live
 from runbook_lib.cli.cmd_params import add_set_arg
 from runbook_lib.errors import PermanentError
 from runbook_lib.model.params import Params
@@ -326,6 +327,7 @@ def _run(args: argparse.Namespace) -> int:
         cluster=lambda params: _simulated_cluster(params, state_dir),
         cluster_key=str(state_dir),
         progress=not args.no_progress,
+        on_event=live.print_event,
     )
     sys.stdout.write(outcome.report())
     return 0 if outcome.ok else 1

@@ -45,7 +45,7 @@ from runbook_lib.model.params import Params, load_params
 from runbook_lib.model.plan import build_plan
 from runbook_lib.steps.context import Context, connect, resolve_endpoints, sim_state_dir
 
-from . import interrupts, lock, offline_html, records
+from . import interrupts, live_events, lock, offline_html, records
 from .steps import RESULT_FILE_ENV, ROLLBACK, RUN_ID_ENV, STEP_NAMES, STEPS, StepSpec, journal_file
 
 REPO = Path(__file__).resolve().parents[2]
@@ -462,8 +462,12 @@ def _execute(
     background: _Background | None = None,
     kernel: _Kernel | None = None,
     signals: interrupts.SignalGuard | None = None,
+    on_event: live_events.Deliver | None = None,
 ) -> StepOutcome:
     """Execute one step notebook into the record, in ``kernel`` when one was pre-started for it.
+
+    While it runs, each rollout event its kernel appends to ``results/<step>.events.jsonl`` goes to ``on_event``
+    (``live_events.following``); the file stays in the record.
 
     The kernel is stopped on ``background`` when given: its result file is complete once papermill returns.
     Interrupted (the first Ctrl-C or SIGTERM, see :class:`~.interrupts.SignalGuard`), the cell is
@@ -486,7 +490,7 @@ def _execute(
     km = kernel.km
     with _environment({RESULT_FILE_ENV: str(result_file)}):
         try:
-            with guard.armed():
+            with guard.armed(), live_events.following(live_events.events_file(result_file), on_event):
                 papermill.execute_notebook(
                     str(notebooks / item.notebook),
                     str(out_nb),
@@ -797,6 +801,19 @@ def cluster_lock(params: Params, cluster_key: str | None = None) -> AbstractCont
     return lock.exclusive(lock.key_path("cluster", what, ".lock"), what)
 
 
+def scrubbed(deliver: live_events.Deliver | None, secrets: Sequence[str]) -> live_events.Deliver | None:
+    """``deliver`` with the run's secrets scrubbed from every text of the event, as the record is scrubbed at
+    its seal: a line on a terminal or in a CI log leaves the machine too."""
+    if deliver is None:
+        return None
+    values = list(secrets)
+
+    def scrub(event: dict[str, Any]) -> None:
+        deliver({k: records.redact(v, values) if isinstance(v, str) else v for k, v in event.items()})
+
+    return scrub
+
+
 def lock_for_apply(stack: contextlib.ExitStack, params: Params, root: Path, cluster_key: str | None) -> None:
     """Hold, for the rest of ``stack``, the records folder's and the cluster's apply locks (exit 2 naming
     the holder when another run has one), before the cluster is brought up.
@@ -825,13 +842,15 @@ def run(
     notebooks_dir: Path | None = None,
     html: bool = True,
     cluster_key: str | None = None,
+    on_event: live_events.Deliver | None = None,
 ) -> RunOutcome:
     """Run the selected step notebooks into a new record; stop at the first failing step.
 
     ``values`` (validated parameters of an earlier record) replace the parameter file for ``--from``.
     ``cluster`` brings a cluster up for the run (the CLI passes the simulator for ``target: simulated``)
     and yields environment variables the kernels need.  ``cluster_key`` names the simulated cluster for
-    the apply lock (see :func:`lock_for_apply`; the CLI passes its state directory).
+    the apply lock (see :func:`lock_for_apply`; the CLI passes its state directory).  ``on_event`` gets each
+    rollout event (a node failed, a batch ended) while its step runs, with the run's secrets scrubbed.
     """
     merged = dict(values or {})
     if apply is not None:
@@ -921,6 +940,7 @@ def run(
                     background=background,
                     kernel=kernel,
                     signals=signals,
+                    on_event=scrubbed(on_event, secrets),
                 )
             except (KeyboardInterrupt, SystemExit) as exc:  # Ctrl-C or SIGTERM: seal what happened
                 signals.note(exc)

@@ -28,8 +28,10 @@ from runbook_lib.model.params import Params, load_params
 from runbook_lib.model.plan import build_plan
 from runbook_lib.model.rollout import schedule
 from runbook_lib.steps.context import Context, connect
+from runbook_lib.steps.events import Events
 from runbook_lib.steps.results import StepResult
 
+from .live_events import events_file, file_sink
 from .render import failure_text, render_html, show_html
 
 if TYPE_CHECKING:  # imported when a step changes the cluster: see run_step
@@ -267,6 +269,8 @@ def run_step(
         fn = functools.partial(fn, evidence=load_evidence(params))
     journal = _step_journal()
     ctx = connect(params, journal=journal)
+    if os.environ.get(RESULT_FILE_ENV):  # runbook run follows the rollout's events (live_events.py)
+        ctx.events = Events(file_sink(events_file(Path(os.environ[RESULT_FILE_ENV])), item.name))
     only = list(nodes) if nodes else None
     ctx.nodes(only)  # unknown node names fail here, before anything runs
     gate: ApprovalGate | None = None

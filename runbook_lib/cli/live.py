@@ -1,0 +1,37 @@
+"""The lines ``runbook run`` and ``runbook rollback`` print while a rollout runs (issue 16).
+
+Why: the step lines come when the run ends, and a rollout over 1,000 nodes is one step that runs for an hour;
+the operator must see a node fail when the library knows it (``runbook_lib/steps/events.py``).  One line per
+failed node (its name, address, the step and the first line of its reason; secrets are scrubbed by the runner
+before the line gets here) and one per batch as it ends.  They go to stdout, flushed at once (a pipe would
+otherwise hold them until the run ends), before the step lines, and never start with a bare step name (scripts
+read ``<step> <status>`` from the step lines).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from tqdm import tqdm
+
+
+def event_line(event: Mapping[str, Any]) -> str:
+    """``image: gpu-3 (10.5.0.5) failed: <reason>`` or ``image: batch 2/3 done: 1 ok, 1 failed (…)``."""
+    step = event.get("step", "?")
+    if event.get("kind") == "node_failed":
+        return f"{step}: {event.get('node')} ({event.get('address')}) failed: {event.get('reason')}"
+    if event.get("kind") == "batch_done":
+        return (
+            f"{step}: batch {event.get('batch')}/{event.get('batches')} done: {event.get('ok')} ok, "
+            f"{event.get('failed')} failed ({event.get('nodes_done')}/{event.get('nodes_total')} nodes, "
+            f"{event.get('failed_total')} failed so far)"
+        )
+    return f"{step}: {dict(event)}"
+
+
+def print_event(event: Mapping[str, Any]) -> None:
+    """Print the event's line now (above the progress bar, if one is drawn)."""
+    tqdm.write(event_line(event), file=sys.stdout)
+    sys.stdout.flush()
