@@ -16,8 +16,10 @@ run of this script (benchmarks/README.md defines each figure):
   the simulated controllers' and kubelets' ticks, which no program can skip);
 - **first failure** (``BENCH_WHOLE_FAILURE``, default on): the same fleet with node N/2 failing its installer
   (simnode's ``fail_install``, ``runbook sim fault NODE upgrade_fails``), at the largest c: from the image step's
-  first call to the failed upgrade in the step's journal (written as each call ends) and to the ``image failed``
-  line ``runbook run`` prints (with its other lines, when the run ends), against when that node's batch started.
+  first call to the failed upgrade in the step's journal (written as each call ends), to the line ``runbook run``
+  prints for that node as soon as the step knows it failed (read from its stdout as it streams:
+  ``failure_line_time``), and to the ``image failed`` step line (printed with the others when the run ends),
+  against when that node's batch started.
 
 Settings: ``BENCH_WHOLE_NODES`` (default 100: 1,000 takes ~10 min per run on 2 cores, see benchmarks/README.md),
 ``BENCH_WHOLE_CONCURRENCY`` (default ``25,50``),
@@ -95,13 +97,20 @@ class Run:
     record: Path | None
 
     def line_time(self, step: str) -> float | None:
-        """When ``runbook run`` printed the step's line (it prints it as the step ends)."""
+        """When ``runbook run`` printed the step's line (it prints the step lines together when the run ends)."""
         return next((t for t, line in self.lines if line.split()[:1] == [step]), None)
 
     def journal(self, step: str) -> list[dict[str, Any]]:
         if self.record is None or not (self.record / "results" / f"{step}.json").exists():
             return []
         return list(json.loads((self.record / "results" / f"{step}.json").read_text())["journal"])
+
+
+def failure_line_time(run: Run, node: str) -> float | None:
+    """When ``runbook run`` printed ``image: <node> (<address>) failed: …``, the line it prints as soon as the image
+    step knows the node failed (``runbook_lib/cli/live.py``), read from its stdout as it streamed."""
+    prefix = f"image: {node} ("
+    return next((t for t, line in run.lines if line.startswith(prefix) and ") failed: " in line), None)
 
 
 def env(time_scale: float) -> dict[str, str]:
@@ -307,10 +316,11 @@ def measure_failure(work: Path, nodes: int, concurrency: int, settings: dict[str
         )
     batches = batches_by_start([start_of(e) for e in entries], concurrency)
     index = next(i for i, b in enumerate(batches) if start_of(failed[0]) in b)
-    # runbook run prints its step lines together at its end (RunOutcome.report); the image step's journal file
-    # (results/image.journal.jsonl in the record) gets each call as it ends: that is where the failure shows first.
+    # runbook run prints the node's failure line as the image step learns it (cli/live.py), and its step lines
+    # together at its end (RunOutcome.report); the journal gets each call as it ends.
     image_start = min(start_of(e) for e in run.journal("image"))
-    reported = run.line_time("image") or float("nan")
+    reported = failure_line_time(run, f"gpu-{bad:04d}") or float("nan")
+    step_line = run.line_time("image") or float("nan")
     return {
         "nodes": nodes,
         "concurrency": concurrency,
@@ -320,6 +330,7 @@ def measure_failure(work: Path, nodes: int, concurrency: int, settings: dict[str
         "batch_start_s": round(batches[index][0] - image_start, 1),
         "journaled_s": round(float(failed[0]["at"]) - image_start, 1),
         "reported_s": round(reported - image_start, 1),
+        "step_line_s": round(step_line - image_start, 1),
         "failed_call_s": round(float(failed[0]["duration_s"]), 1),
         "wall_s": round(run.wall_s, 1),
     }
@@ -349,8 +360,8 @@ def report_failure(fig: dict[str, Any]) -> None:
         f"{fig['batches_started']} started, rollout_concurrency {fig['concurrency']}), from the image step's first "
         "call: "
         f"its batch started at {fig['batch_start_s']:.1f} s, its failed upgrade was journaled at "
-        f"{fig['journaled_s']:.1f} s (the call took {fig['failed_call_s']:.1f} s), runbook run printed "
-        f"'image failed' at {fig['reported_s']:.1f} s",
+        f"{fig['journaled_s']:.1f} s (the call took {fig['failed_call_s']:.1f} s), runbook run printed its "
+        f"failure line at {fig['reported_s']:.1f} s and the step line 'image failed' at {fig['step_line_s']:.1f} s",
         flush=True,
     )
 

@@ -16,10 +16,13 @@ from benchmarks.bench_whole_change import (
     batches_by_start,
     cluster_time,
     cpu_bound_floor,
+    failure_line_time,
+    outcomes,
     rolling_floor,
     start_of,
 )
 from benchmarks.real_fleet import union_seconds
+from runbook_lib.cli.live import event_line
 
 
 def test_the_rolling_floor_counts_a_partial_last_batch_as_a_whole_one() -> None:
@@ -77,3 +80,23 @@ def test_a_steps_cluster_time_is_its_helm_wait_and_its_waits_not_its_other_calls
     assert start_of(journal[1]) == pytest.approx(10.5)
     assert cluster_time(run, "kubernetes") == pytest.approx(1.5 + 1.5)  # 10.5-12.0 and 12.0-13.5
     assert cluster_time(run, "cuda-test") == 0.0  # no journal: no cluster time
+
+
+def test_the_first_failure_is_timed_by_its_live_line_not_by_the_step_line_at_the_end() -> None:
+    """``runbook run`` prints a node's failure as the image step learns it (``runbook_lib/cli/live.py``) and the
+    step lines when the run ends; the benchmark's "time to the first failure report" is the first one's time."""
+    failed = {"step": "image", "kind": "node_failed", "node": "gpu-0050", "address": "10.5.0.53"}
+    failed["reason"] = "talosctl upgrade failed: sequence: upgrade action: NOOP error: install failed"
+    batch = {"step": "image", "kind": "batch_done", "batch": 2, "batches": 2, "ok": 49, "failed": 1}
+    batch |= {"nodes_done": 100, "nodes_total": 100, "failed_total": 1}
+    lines = [
+        (10.0, event_line(failed)),
+        (14.0, event_line(batch)),
+        (30.0, "preflight     ok            2.1 s  3 ok"),
+        (30.0, "image         failed       20.5 s  99 changed, 1 failed"),
+    ]
+    run = Run(1, 0.0, 31.0, lines, None)
+    assert failure_line_time(run, "gpu-0050") == 10.0
+    assert failure_line_time(run, "gpu-0005") is None
+    assert run.line_time("image") == 30.0
+    assert outcomes(run) == {"preflight": "ok", "image": "failed"}  # the live lines are not step lines
