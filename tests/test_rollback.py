@@ -29,7 +29,6 @@ from runbook_lib.notebook.lock import LOCKS_ENV
 from runbook_lib.notebook.runner import StepOutcome, _journal_record, select_steps
 from runbook_lib.notebook.steps import GATES, RESULT_FILE_ENV, ROLLBACK, run_step
 from runbook_lib.sim import patching, realtalos
-from runbook_lib.sim.faults import clear, inject
 from runbook_lib.sim.state import VANILLA_SCHEMATIC, load_node
 from runbook_lib.steps.context import SIM_STATE_ENV, Context, connect
 from runbook_lib.steps.image import image_upgrade
@@ -37,7 +36,7 @@ from runbook_lib.steps.kubernetes import kubernetes_layer
 from runbook_lib.steps.patch import config_patch, read_configs
 from runbook_lib.steps.results import StepResult
 from runbook_lib.steps.rollback import rollback
-from tests.simcluster import factory_only, sim_cluster
+from tests.simcluster import clear_fault, factory_only, inject_fault, node_state, sim_cluster
 
 PARAMS = str(Path(__file__).resolve().parents[1] / "params" / "simulated.yaml")
 MODULES_PATCH = (
@@ -160,7 +159,7 @@ ADDRESS = {name: f"10.5.0.{3 + i}" for i, name in enumerate(WORKERS)}
 
 @pytest.fixture
 def sim(tmp_path: Path) -> Iterator[Path]:
-    """Four fresh GPU workers and the Image Factory (talosctl runs against the state directory)."""
+    """Four fresh GPU workers and the Image Factory (the real talosctl against simnode under ``auto``)."""
     state = tmp_path / "sim"
     with factory_only(state, workers=4, scenario="fresh"):
         yield state
@@ -220,11 +219,11 @@ def _modules(ctx: Context, name: str) -> list[str]:
 def test_after_a_half_finished_rollout_only_the_changed_nodes_go_back(sim: Path) -> None:
     """The first run patched three nodes, then its image rollout stopped at worker-2 (the failure budget;
     that node rolled itself back) with worker-3 untouched; worker-4 was never part of it."""
-    inject(sim, "talos-worker-2", "upgrade_fails")
+    inject_fault(sim, "talos-worker-2", "upgrade_fails")
     record = _patch_and_upgrade(sim, WORKERS[:3])
     steps = {s["name"]: s["result"] for s in record[1]["steps"]}
     assert [g["nodes"] for g in steps["image"]["node_groups"] if g["status"] == "changed"] == [WORKERS[:1]]
-    clear(sim, "talos-worker-2")
+    clear_fault(sim, "talos-worker-2", "upgrade_fails")
     ctx = _ctx(sim, rollout_concurrency=2, rollout={"canary": 1})  # the rollout controls apply here too
     plan = rollback(ctx, apply=False, evidence=evidence_from_records([record]))
     assert [plan.node(n).status for n in WORKERS] == ["planned", "planned", "planned", "unchanged"]
@@ -235,7 +234,7 @@ def test_after_a_half_finished_rollout_only_the_changed_nodes_go_back(sim: Path)
     calls = _calls(ctx)
     assert [a for what, a in calls if what == "upgrade"] == [ADDRESS["talos-worker-1"]]
     assert sorted(a for what, a in calls if what == "patch") == sorted(ADDRESS[n] for n in WORKERS[:3])
-    assert all(load_node(sim, n).schematic_id == VANILLA_SCHEMATIC for n in WORKERS)
+    assert all(node_state(sim, n).schematic_id == VANILLA_SCHEMATIC for n in WORKERS)
     assert all("nvidia" not in _modules(ctx, n) for n in WORKERS)
     again = rollback(_ctx(sim), apply=False, evidence=evidence_from_records([record]))
     assert {n.status for n in again.nodes} == {"unchanged"}
@@ -246,7 +245,7 @@ def test_the_image_comes_back_before_the_modules_patch_and_a_node_still_on_it_ke
     """The reverse of the config-patch-then-image order: an NVIDIA image without the modules in its config
     hangs at boot (kmod blacklist, talos@v1.12.0 v1alpha1_sequencer_tasks.go BootTimeout)."""
     record = _patch_and_upgrade(sim, WORKERS[:2])
-    inject(sim, "talos-worker-2", "upgrade_fails")  # the way back fails on worker-2
+    inject_fault(sim, "talos-worker-2", "upgrade_fails")  # the way back fails on worker-2
     ctx = _ctx(sim, rollout={"max_failures": 1})
     result = rollback(ctx, evidence=evidence_from_records([record]), settle_timeout=30.0, poll_interval=0.1)
     first = ADDRESS["talos-worker-1"]
@@ -256,9 +255,9 @@ def test_the_image_comes_back_before_the_modules_patch_and_a_node_still_on_it_ke
     assert failed.status == "failed" and "modules patch is kept" in failed.message
     assert [w for w, a in _calls(ctx) if a == ADDRESS["talos-worker-2"]] == ["upgrade"]
     assert "nvidia" in _modules(ctx, "talos-worker-2")
-    assert load_node(sim, "talos-worker-2").schematic_id != VANILLA_SCHEMATIC
+    assert node_state(sim, "talos-worker-2").schematic_id != VANILLA_SCHEMATIC
     # fixed and run again, the rollback resumes: only the node left goes back
-    clear(sim, "talos-worker-2")
+    clear_fault(sim, "talos-worker-2", "upgrade_fails")
     again = _ctx(sim)
     resumed = rollback(
         again, evidence=evidence_from_records([record]), settle_timeout=30.0, poll_interval=0.1
@@ -368,9 +367,9 @@ def test_the_default_runtime_goes_before_the_image_and_the_modules_after_it(sim:
 
 @pytest.mark.slow
 def test_a_run_and_its_resume_roll_back_together_to_where_the_first_found_the_nodes(sim: Path) -> None:
-    inject(sim, "talos-worker-2", "upgrade_fails")
+    inject_fault(sim, "talos-worker-2", "upgrade_fails")
     first = _patch_and_upgrade(sim, WORKERS[:3])  # stops at worker-2
-    clear(sim, "talos-worker-2")
+    clear_fault(sim, "talos-worker-2", "upgrade_fails")
     resume_ctx = _ctx(sim)
     resumed = image_upgrade(resume_ctx, only=WORKERS[:3], settle_timeout=30.0, poll_interval=0.1)
     assert resumed.data["done"] == WORKERS[1:3]
@@ -385,7 +384,7 @@ def test_a_run_and_its_resume_roll_back_together_to_where_the_first_found_the_no
     result = rollback(ctx, evidence=evidence, settle_timeout=30.0, poll_interval=0.1)
     assert [result.node(n).status for n in WORKERS] == ["changed", "changed", "changed", "unchanged"]
     assert sorted(a for w, a in _calls(ctx) if w == "upgrade") == sorted(ADDRESS[n] for n in WORKERS[:3])
-    assert all(load_node(sim, n).schematic_id == VANILLA_SCHEMATIC for n in WORKERS)
+    assert all(node_state(sim, n).schematic_id == VANILLA_SCHEMATIC for n in WORKERS)
 
 
 def test_the_notebook_call_without_records_names_the_parameter(
