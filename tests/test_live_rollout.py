@@ -9,12 +9,16 @@ this project's own design: no upstream tool defines them.
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from runbook_lib.model.params import validate
+from runbook_lib.notebook.live_events import following
+from runbook_lib.notebook.runner import scrubbed
 from runbook_lib.sim.state import load_nodes
 from runbook_lib.steps.context import Context, connect
 from runbook_lib.steps.events import BatchDone, Events, NodeFailed, RolloutEvent, one_line
@@ -71,3 +75,31 @@ def test_a_reason_is_one_line_and_bounded() -> None:
     assert one_line("\n  talosctl upgrade failed: boom\n(last phase: x)") == "talosctl upgrade failed: boom"
     assert len(one_line("x" * 1000)) == 300
     assert one_line("") == "no reason given"
+
+
+def test_a_line_for_the_terminal_has_the_runs_secrets_scrubbed_like_the_record() -> None:
+    """A talosctl error can quote a config value; the record is scrubbed at its seal, a terminal line must be too."""
+    secret = "c2VjcmV0LWNsaWVudC1rZXktbWF0ZXJpYWwtMDEyMzQ1Njc4OQ=="
+    got: list[dict[str, Any]] = []
+    deliver = scrubbed(got.append, [secret])
+    assert deliver is not None
+    deliver(
+        {"step": "image", "kind": "node_failed", "node": "gpu-3", "reason": f"bad key {secret} in config"}
+    )
+    assert (
+        secret not in json.dumps(got) and got[0]["node"] == "gpu-3" and got[0]["reason"].startswith("bad key")
+    )
+
+
+def test_the_follower_hands_on_whole_lines_in_order_and_the_rest_at_the_end(tmp_path: Path) -> None:
+    """The kernel appends while the runner reads: a line cut short is left for the next read, never lost or doubled."""
+    path, got = tmp_path / "image.events.jsonl", list[dict[str, Any]]()
+    with following(path, got.append), path.open("a") as out:
+        out.write('{"batch": 1}\n{"bat')
+        out.flush()
+        deadline = time.monotonic() + 60
+        while not got and time.monotonic() < deadline:  # the follower's thread reads it
+            time.sleep(0.01)
+        assert got == [{"batch": 1}]
+        out.write('ch": 2}\n')
+    assert got == [{"batch": 1}, {"batch": 2}]
