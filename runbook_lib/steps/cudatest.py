@@ -26,6 +26,7 @@ from runbook_lib.model.diagnosis import NodeContext, match_failures
 from runbook_lib.model.params import Node
 from runbook_lib.model.parsers import extensions_from_resources, parse_nvidia_smi
 
+from . import kube_diagnosis
 from .context import Context
 from .results import Check, NodeResult, StepResult
 
@@ -263,6 +264,10 @@ def _judge(ctx: Context, pod: TestPod, obj: dict[str, Any] | None, node_driver: 
         if phase in ("Failed",)
         else f"pod still {phase} after {ctx.params.cuda_test.timeout_seconds} s"
     )
+    # A pod that never started says why in its own status (the scheduler's or the kubelet's words).
+    stuck = kube_diagnosis.pod_not_started(obj, pod.node.name, "CUDA test") if obj else None
+    if stuck is not None and phase == "Pending":
+        reason = f"{reason}: {stuck.message}"
     return _failed(ctx, title, pod, reason, log)
 
 

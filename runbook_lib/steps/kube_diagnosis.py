@@ -71,9 +71,9 @@ def _pinned_to(pod: dict[str, Any]) -> str | None:
     return None
 
 
-def plugin_not_started(pod: dict[str, Any], node: str, what: str) -> Check | None:
-    """A failed check when ``pod`` (the device plugin ``what`` for ``node``) never started: its image cannot be
-    pulled, or the scheduler cannot place it; None otherwise."""
+def pod_not_started(pod: dict[str, Any], node: str, what: str) -> Check | None:
+    """A failed check when ``pod`` (``what`` for ``node``: the device plugin, a CUDA test) never started: its image
+    cannot be pulled, or the scheduler cannot place it; None otherwise."""
     meta = pod["metadata"]
     describe = f"kubectl -n {meta['namespace']} describe pod {meta['name']}"
     scheduled = condition(pod, "PodScheduled")

@@ -331,7 +331,7 @@ def _kubernetes_says(ctx: Context, node: dict[str, Any]) -> Check | None:
         else f"app.kubernetes.io/instance={ctx.plan.helm.release}"
     )
     for pod in kube_diagnosis.pods_for_node(ctx.kube.pods(ctx.plan.helm.namespace, selector), name):
-        stuck = kube_diagnosis.plugin_not_started(pod, name, "device plugin")
+        stuck = kube_diagnosis.pod_not_started(pod, name, "device plugin")
         if stuck is not None:
             return stuck
     return None

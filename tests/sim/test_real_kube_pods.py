@@ -357,3 +357,43 @@ def assert_pending_quotes_the_scheduler(real: Outcome, python: Outcome) -> Outco
     assert f"device plugin pod for {node} is not scheduled: 0/" in said, said
     assert "Too many pods" in said, said
     return real[0], [entry for entry in real[1] if entry[0] != node]
+
+
+# ---------------------------------------------------------------- the cuda-test step's pods
+
+
+def test_a_cuda_test_pod_left_pending_by_the_scheduler_is_diagnosed_with_the_schedulers_message() -> None:
+    """A GPU test pod kube-scheduler cannot place (the node's GPU held by another pod) ends the step "still
+    Pending": the reason must say why, in the scheduler's words, as the PodScheduled condition carries them.
+    Before, the message was only "pod still Pending after 300 s" (the reason at best in the evidence)."""
+    from runbook_lib.steps.cudatest import _judge, build_pods
+
+    ctx = context(FixedKube([]))
+    node = next(n for n in ctx.params.nodes if n.name == NODE)
+    pod = next(p for p in build_pods(ctx, [node], "abc123") if p.kind == "gpu")
+    # kube-scheduler 1.35's text for a resource no node has free, with the DRA clause (reality-gaps.md §3 item 8).
+    insufficient = (
+        "0/5 nodes are available: 1 Insufficient nvidia.com/gpu, 4 node(s) didn't match Pod's node "
+        "affinity/selector. no new claims to deallocate, preemption: 0/5 nodes are available: 1 No preemption "
+        "victims found for incoming pod, 4 Preemption is not helpful for scheduling."
+    )
+    status = {
+        "phase": "Pending",
+        "conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": insufficient}
+        ],
+    }
+    check = _judge(ctx, pod, {"metadata": {"name": pod.name, "namespace": "default"}, "status": status}, None)
+    assert not check.ok and "still Pending" in check.message and insufficient in check.message, check
+
+
+def test_a_cuda_test_pod_in_image_pull_back_off_is_diagnosed_with_the_kubelets_message() -> None:
+    from runbook_lib.steps.cudatest import _judge, build_pods
+
+    ctx = context(FixedKube([]))
+    node = next(n for n in ctx.params.nodes if n.name == NODE)
+    pod = next(p for p in build_pods(ctx, [node], "abc123") if p.kind == "smi")
+    obj = pulling_plugin("ImagePullBackOff", BACKING_OFF)
+    obj["metadata"] = {"name": pod.name, "namespace": "default"}
+    check = _judge(ctx, pod, obj, None)
+    assert not check.ok and "ImagePullBackOff" in check.message and BACKING_OFF in check.message, check
