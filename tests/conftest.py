@@ -6,13 +6,18 @@
   runs the real talosctl of the nodes' release against simnode when both are in the tools cache (``make tools``;
   ``.ci/run`` builds talosctl v1.12.0 and v1.13.0 and simnode first). Otherwise the Python talosctl answers and
   ``runbook sim status`` says why: no talosctl of that release built, simnode not built for the current sources
-  (a working tree with edited ``simnode/*.go`` until ``make tools``), Talos 1.14 or a release simnode does not
+  (``simnode/*.go`` edited during the session: the session start builds it, see below), Talos 1.14 or a release simnode does not
   serve (``runbook_lib/sim/realtalos.py`` ``SIMNODE_RELEASES``), a fault simnode does not simulate.
 - The library tests that build their cluster with ``tests/simcluster.py`` (``sim_cluster``, ``factory_only``:
-  the steps called directly, e.g. ``test_runbook_faults.py``, ``test_image_step.py``, ``test_step_verify.py``)
-  run the Python talosctl whatever the switch: they do not start simnode. The same scenarios on the real
-  talosctl: ``tests/sim/test_real_faults.py``; the Python talosctl against the real one on the same node state:
-  ``tests/sim/test_fake_vs_real_talosctl.py``.
+  the steps called directly, e.g. ``test_runbook_faults.py``, ``test_image_step.py``, ``test_step_verify.py``,
+  ``test_step_patch.py``, ``test_rollout.py``, ``test_rollback.py``) follow the same rule: they start simnode
+  and the real talosctl when both are built (``simcluster.talosctl_choice`` says which runs), inject faults and
+  edit nodes where simnode sees them (``inject_fault``, ``clear_fault``, ``serve_node_files``) and read nodes as
+  it holds them (``node_state``). A test whose scenario simnode does not simulate, or that tests the Python
+  talosctl itself, keeps the Python one and says why (``simcluster.python_talosctl(monkeypatch, why)``).
+- simnode current: when a talosctl is built and simnode's sources changed since ``make tools``, the session
+  start rebuilds simnode (``tools/build-simnode.sh``, ~3 s warm), and ends the session with the reason if that
+  fails (``pytest_sessionstart`` below): ``auto`` never falls back to the Python talosctl unnoticed.
 - Tests that need one talosctl set the switch themselves (``RUNBOOK_SIM_TALOSCTL=real``: the ``tests/sim/test_*real*``
   files; the Python one: ``benchmarks/bench_fleet.py``'s figures).
 - ``RUNBOOK_SIM_KUBE=python``: the Python Kubernetes API; the real control plane only in the tests that ask for it
@@ -31,6 +36,9 @@ it timeouts of at most 30 s, under the 42 s it now takes.
 from __future__ import annotations
 
 import os
+import sys
+
+import pytest
 
 #: Talos's durations for every simulator the suite starts (simnode's -time-factor, the Python talosctl's boot).
 TIME_SCALE = "0.01"
@@ -38,3 +46,17 @@ TIME_SCALE = "0.01"
 os.environ.setdefault("RUNBOOK_SIM_TALOSCTL", "auto")
 os.environ.setdefault("RUNBOOK_SIM_KUBE", "python")
 os.environ.setdefault("RUNBOOK_SIM_TIME_SCALE", TIME_SCALE)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """simnode built for the current sources before any test, when a talosctl is built: else ``auto`` runs the
+    Python talosctl everywhere without a word (``tests/simcluster.py`` ``ensure_current_simnode``). A failed
+    build ends the session before any test runs, saying what to do."""
+    from tests.simcluster import StaleSimnode, ensure_current_simnode
+
+    try:
+        built = ensure_current_simnode()
+    except StaleSimnode as exc:
+        pytest.exit(str(exc), returncode=pytest.ExitCode.USAGE_ERROR)
+    if built is not None:
+        sys.stderr.write(f"simnode rebuilt for the current sources: {built}\n")

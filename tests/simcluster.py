@@ -13,10 +13,11 @@ keeps what the talosctl changed, so tests read nodes with ``node_state`` and inj
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -195,3 +196,53 @@ def python_talosctl(monkeypatch: pytest.MonkeyPatch, why: str) -> None:
 def node_config(ctx: Context, address: str) -> str:
     """The node's machine config as talosctl shows it (what a user would look at)."""
     return ctx.talosctl.run(["get", "machineconfig", "-o", "yaml"], [address]).stdout
+
+
+# ---------------------------------------------------------------- simnode current for the sources
+
+
+class StaleSimnode(RuntimeError):
+    """A talosctl is built but simnode is not built for these sources, and building it failed: ``auto`` would
+    run the Python talosctl in every test without saying so."""
+
+
+def build_simnode() -> Path:
+    """``tools/build-simnode.sh`` (what ``make tools`` runs; ~3 s warm on the 2-core machine): the binary's path."""
+    go = shutil.which("go") or shutil.which("go", path="/usr/local/go/bin")
+    path = f"{Path(go).parent}:{os.environ.get('PATH', '')}" if go else os.environ.get("PATH", "")
+    env = {**os.environ, "PATH": path}
+    done = subprocess.run(
+        [str(realtalos.ROOT / "tools" / "build-simnode.sh")],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise StaleSimnode(f"tools/build-simnode.sh failed: {done.stderr.strip()[-2000:]}")
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+def ensure_current_simnode(build: Callable[[], Path] = build_simnode) -> Path | None:
+    """Build simnode for the current sources when a talosctl is built (``make tools`` ran) but simnode's
+    sources changed since: otherwise ``RUNBOOK_SIM_TALOSCTL=auto`` falls back to the Python talosctl in every
+    test, unnoticed. Nothing to do with no talosctl built, with ``python`` chosen, or with simnode current.
+    Returns the simnode built, None when none was needed; ``StaleSimnode`` when the build failed."""
+    if realtalos.mode() == "python" or not realtalos.SIMNODE_SRC.is_dir():
+        return None
+    if not any(realtalos.tools_cache().glob("talosctl/v*/talosctl")) or realtalos.cached_simnode():
+        return None
+    try:
+        built = build()
+    except (OSError, StaleSimnode) as exc:
+        raise StaleSimnode(
+            f"talosctl is built in {realtalos.tools_cache()} but simnode is not built for the sources in "
+            f"{realtalos.SIMNODE_SRC} (hash {realtalos.simnode_hash()}), and building it failed: {exc}. Fix the "
+            f"build and run `make tools`, or run the tests on the Python talosctl knowingly with "
+            f"{realtalos.MODE_ENV}=python"
+        ) from exc
+    if realtalos.cached_simnode() is None:
+        raise StaleSimnode(
+            f"simnode built at {built}, but not for the sources' hash {realtalos.simnode_hash()}"
+        )
+    return built
