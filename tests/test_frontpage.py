@@ -23,9 +23,9 @@ import pytest
 from runbook_lib.cli import main
 from runbook_lib.notebook import frontpage, records
 from runbook_lib.notebook.runner import group_nodes
-from runbook_lib.sim.faults import inject
 from runbook_lib.steps.results import Check, NodeResult, StepResult
 from tests import test_rollout
+from tests.simcluster import inject_fault
 
 PATCH_DIFF = "machine:\n  kernel:\n    modules:\n    - name: nvidia\n    - name: nvidia_uvm\n"
 CAUSE = "the kernel modules and the container toolkit carry different driver versions"
@@ -456,7 +456,7 @@ def test_image_rollout_logs_its_batches_and_the_page_says_where_it_stopped(
 ) -> None:
     """A failed canary (rollout.canary 1, failure budget 0) on the simulated cluster: one batch logged, the
     other batch of the schedule never started, and the page says which nodes that left untouched."""
-    inject(image_sim, "talos-worker-1", "upgrade_fails")
+    inject_fault(image_sim, "talos-worker-1", "upgrade_fails")
     ctx = test_rollout._image_ctx(image_sim, apply=True, rollout_concurrency=2, rollout={"canary": 1})
     result = test_rollout._upgrade(ctx)
     assert [(b["nodes"], b["failed"]) for b in result.data["rollout"]] == [(["talos-worker-1"],) * 2]

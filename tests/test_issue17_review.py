@@ -27,12 +27,12 @@ from runbook_lib.notebook import records
 from runbook_lib.notebook.gates import ApprovalGate
 from runbook_lib.notebook.lock import LOCKS_ENV
 from runbook_lib.notebook.runner import StepOutcome, cluster_lock
-from runbook_lib.sim.state import VANILLA_SCHEMATIC, load_node, load_nodes
+from runbook_lib.sim.state import VANILLA_SCHEMATIC, load_nodes
 from runbook_lib.steps.context import connect
 from runbook_lib.steps.kubernetes import kubernetes_layer
 from runbook_lib.steps.results import StepResult
 from runbook_lib.steps.rollback import rollback
-from tests.simcluster import sim_cluster
+from tests.simcluster import node_state, sim_cluster
 from tests.test_interactive_records import NODES, Cluster, approve, recorder
 from tests.test_interrupts import _default_sigint, expected_status, interrupt, running_sim, wait_until
 from tests.test_rollback import ADDRESS, WORKERS, _patch_and_upgrade, sim  # noqa: F401 - sim: a fixture
@@ -101,7 +101,7 @@ def test_a_record_whose_node_names_sit_at_other_addresses_is_refused_not_taken_a
     assert refused.status == "failed", refused.message
     assert ADDRESS["talos-worker-1"] in refused.message and ADDRESS["talos-worker-3"] in refused.message
     assert ctx.journal.changes() == []
-    assert load_node(sim, "talos-worker-1").schematic_id != VANILLA_SCHEMATIC  # still to be rolled back
+    assert node_state(sim, "talos-worker-1").schematic_id != VANILLA_SCHEMATIC  # still to be rolled back
 
 
 # -- records verify on interactive records (Done when: "detects tampering with interactive records as it does
