@@ -53,10 +53,20 @@ def test_a_url_that_is_not_http_names_the_parameter(tmp_path: Path, section: str
 @pytest.mark.slow
 def test_the_kubernetes_step_adds_the_repository_of_the_parameter(tmp_path: Path) -> None:
     """The step runs ``helm repo add nvdp <repo_url>``: here the simulated helm, which knows only NVIDIA's
-    URLs, answers the mirror with helm's unreachable-repository error, and the step reports it."""
+    URLs, answers the mirror with helm's unreachable-repository error, in helm's words: ``looks like %q is not a
+    valid chart repository or cannot be reached`` (helm/helm pkg/cmd/repo_add.go, ``repoAddOptions.run``, the wrap
+    of ``DownloadIndexFile``'s error; read at commit 0e32b3a, the helm v3 line of that file; the real helm 4.1.4
+    printed the same words for this URL on this machine). The step reports it.
+
+    Stays on the Python helm: on the real control plane ``connect`` replaces every ``repo_url`` with the
+    simulator's own chart repository (``endpoints.json`` ``charts``, as for the Image Factory), so a mirror URL
+    never reaches the real helm through the step on target simulated."""
     with sim_cluster(tmp_path, scenario="gpu-ready", device_plugin={"repo_url": MIRROR}) as (params, ctx):
         result = kubernetes_layer(ctx)
     commands = [" ".join(e.argv[1:5]) for e in ctx.journal.entries if e.argv]
     assert f"repo add nvdp {MIRROR}" in commands
     (failed,) = [c for c in result.checks if not c.ok]
     assert MIRROR in failed.message
+    assert f'looks like "{MIRROR}" is not a valid chart repository or cannot be reached' in (
+        failed.message + failed.evidence
+    ), failed
