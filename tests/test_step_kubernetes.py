@@ -191,8 +191,9 @@ def test_migration_to_1_13_removes_the_device_plugin_and_its_runtime_class_first
             values["driver"]["enabled"] in (False, "false")
             and values["hostPaths"]["driverInstallDir"] == "/usr/local"
         )
-        owners = ctx13.kube.runtime_class("nvidia")["metadata"].get("ownerReferences") or []
-        assert [o["kind"] for o in owners] == ["ClusterPolicy"]  # the operator's own, not the old one
+        # the operator's own, not the old one: its controller creates it from the ClusterPolicy on its own schedule,
+        # which the step does not wait for (it waits for the GPUs), so the test waits for it
+        assert wait_for(lambda: _runtime_class_owners(ctx13) == ["ClusterPolicy"], 120)
         kinds = [c.summary for c in ctx13.journal.changes()]
         assert any("helm uninstall nvidia-device-plugin" in s for s in kinds), kinds
         assert any("delete RuntimeClass nvidia" in s for s in kinds), kinds
@@ -215,6 +216,12 @@ def test_zero_desired_diagnosis_looks_at_the_releases_own_daemonset(tmp_path):
         check = result.failing()[0].checks[0]
         assert check.message == "the device-plugin DaemonSet has 0 desired pods", check
         assert "nvidia.com/gpu.present=true" in check.fix
+
+
+def _runtime_class_owners(ctx):
+    """The kinds owning RuntimeClass nvidia (None while there is none)."""
+    found = ctx.kube.runtime_class("nvidia")
+    return None if found is None else [o["kind"] for o in found["metadata"].get("ownerReferences") or []]
 
 
 def _desired(ctx, name):
