@@ -115,9 +115,9 @@ def test_cuda_vectoradd_runs_with_the_runtime_class_only_as_talos_ci_does(tmp_pa
     nvidiaCDITestJob; up to v1.12.0 only the first). With no device plugin installed the runtime-class-only
     run still computes, and only the GPU-requesting pods fail: the report tells the two paths apart."""
     # The GPU-requesting pods never schedule (no device plugin), so the run lasts the whole timeout; the runtime
-    # class's pods must finish within it, through kwok's pod stages (each "delay" 1 s with "jitter" 5 s:
-    # kwok v0.8.0 kustomize/stage/pod/general) and the node agent: 8 pods took 16 s here on a loaded machine,
-    # so 45 s rather than the 10 s the Python API allowed.
+    # class's pods must finish within it, through kwok's pod-create and pod-ready stages (each waits a random
+    # 1-5 s: kwok@v0.8.0 kustomize/stage/pod/general, pkg/apis/v1alpha1/stage_types.go:104-115) and the node
+    # agent: 8 pods took 16 s here on a loaded machine, so 45 s rather than the 10 s the Python API allowed.
     with real_cluster(tmp_path, scenario="gpu-ready", apply=True, cuda_test={"timeout_seconds": 45}) as (
         params,
         ctx,
