@@ -22,7 +22,7 @@ from benchmarks.bench_whole_change import (
     start_of,
 )
 from benchmarks.real_fleet import union_seconds
-from runbook_lib.cli.live import event_line
+from runbook_lib.notebook.live_events import event_line
 
 
 def test_the_rolling_floor_counts_a_partial_last_batch_as_a_whole_one() -> None:

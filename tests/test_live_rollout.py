@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from runbook_lib.model.params import validate
-from runbook_lib.notebook.live_events import following
+from runbook_lib.notebook.live_events import file_sink, following
 from runbook_lib.notebook.runner import scrubbed
 from runbook_lib.sim.state import load_nodes
 from runbook_lib.steps.context import Context, connect
@@ -103,3 +103,16 @@ def test_the_follower_hands_on_whole_lines_in_order_and_the_rest_at_the_end(tmp_
         assert got == [{"batch": 1}]
         out.write('ch": 2}\n')
     assert got == [{"batch": 1}, {"batch": 2}]
+
+
+def test_the_kernels_sink_appends_the_event_and_prints_its_line_for_the_executed_notebook(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """In a ``runbook run`` kernel the line printed is the step cell's output, so the executed notebook in the record
+    shows it as the terminal did; the JSON line is what ``runbook run`` follows."""
+    path = tmp_path / "image.events.jsonl"
+    file_sink(path, "image")(NodeFailed("gpu-3", "10.5.0.5", "talosctl upgrade failed: install failed"))
+    kept = json.loads(path.read_text())
+    assert (kept["step"], kept["kind"], kept["node"]) == ("image", "node_failed", "gpu-3")
+    printed = "image: gpu-3 (10.5.0.5) failed: talosctl upgrade failed: install failed\n"
+    assert capsys.readouterr().out == printed

@@ -5,7 +5,8 @@ the operator must see a node fail when the library knows it (``runbook_lib/steps
 failed node (its name, address, the step and the first line of its reason; secrets are scrubbed by the runner
 before the line gets here) and one per batch as it ends.  They go to stdout, flushed at once (a pipe would
 otherwise hold them until the run ends), before the step lines, and never start with a bare step name (scripts
-read ``<step> <status>`` from the step lines).
+read ``<step> <status>`` from the step lines).  The line is ``live_events.event_line``'s, as the executed notebook
+shows it.
 """
 
 from __future__ import annotations
@@ -16,19 +17,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-
-def event_line(event: Mapping[str, Any]) -> str:
-    """``image: gpu-3 (10.5.0.5) failed: <reason>`` or ``image: batch 2/3 done: 1 ok, 1 failed (…)``."""
-    step = event.get("step", "?")
-    if event.get("kind") == "node_failed":
-        return f"{step}: {event.get('node')} ({event.get('address')}) failed: {event.get('reason')}"
-    if event.get("kind") == "batch_done":
-        return (
-            f"{step}: batch {event.get('batch')}/{event.get('batches')} done: {event.get('ok')} ok, "
-            f"{event.get('failed')} failed ({event.get('nodes_done')}/{event.get('nodes_total')} nodes, "
-            f"{event.get('failed_total')} failed so far)"
-        )
-    return f"{step}: {dict(event)}"
+from runbook_lib.notebook.live_events import event_line
 
 
 def print_event(event: Mapping[str, Any]) -> None:

@@ -5,8 +5,8 @@ the runner nothing until the cell ends.  The kernel appends each event (``runboo
 JSON line to ``results/<step>.events.jsonl`` next to the step's result, as its journal goes to
 ``<step>.journal.jsonl``; the runner follows the file while the notebook executes and hands each event to its
 caller (the CLI prints it).  The file stays in the change record, sealed with it (secrets scrubbed), so the
-record shows what the operator was shown and when (``at``).  The executed notebook does not show these events:
-they are not cell output.
+record shows what the operator was shown and when (``at``).  The kernel also prints each event's line, so the
+executed notebook in the record shows them under the step's cell, as the terminal did.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import contextlib
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -32,14 +32,31 @@ def events_file(result_file: Path) -> Path:
     return result_file.with_name(result_file.stem + ".events.jsonl")
 
 
+def event_line(event: Mapping[str, Any]) -> str:
+    """``image: gpu-3 (10.5.0.5) failed: <reason>`` or ``image: batch 2/3 done: 1 ok, 1 failed (…)``: never a bare
+    step name first (scripts read ``<step> <status>`` from ``runbook run``'s step lines)."""
+    step = event.get("step", "?")
+    if event.get("kind") == "node_failed":
+        return f"{step}: {event.get('node')} ({event.get('address')}) failed: {event.get('reason')}"
+    if event.get("kind") == "batch_done":
+        return (
+            f"{step}: batch {event.get('batch')}/{event.get('batches')} done: {event.get('ok')} ok, "
+            f"{event.get('failed')} failed ({event.get('nodes_done')}/{event.get('nodes_total')} nodes, "
+            f"{event.get('failed_total')} failed so far)"
+        )
+    return f"{step}: {dict(event)}"
+
+
 def file_sink(path: Path, step: str) -> Sink:
     """A sink (in the step's kernel) appending each event as one line: one ``write`` per line, so a reader never
-    sees half of one except at the file's end, which it leaves for the next read."""
+    sees half of one except at the file's end, which it leaves for the next read; and printing the event's line
+    (cell output: the executed notebook shows it)."""
 
     def write(event: RolloutEvent) -> None:
-        line = json.dumps({"step": step, "at": round(time.time(), 3), **asdict(event)})
+        data = {"step": step, "at": round(time.time(), 3), **asdict(event)}
         with path.open("a", encoding="utf-8") as out:
-            out.write(line + "\n")
+            out.write(json.dumps(data) + "\n")
+        print(event_line(data), flush=True)  # the notebook layer renders: this is the cell's output
 
     return write
 
