@@ -145,7 +145,9 @@ def _up(args: argparse.Namespace) -> int:
     if paths.kubeconfig.exists() and endpoints.get("kube"):
         out.write(f"kubeconfig:  {paths.kubeconfig}\n")
     if "charts" in endpoints:
-        out.write("kubernetes:  the real control plane (RUNBOOK_SIM_KUBE=python: the Python API server)\n")
+        out.write(
+            "kubernetes:  the real control plane (RUNBOOK_SIM_KUBE=python starts the Python one instead)\n"
+        )
     for key in ("kube", "charts", "factory", "tools"):
         if key in endpoints:
             out.write(f"{key + ':':<12} {endpoints[key]}\n")
