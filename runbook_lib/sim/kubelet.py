@@ -110,12 +110,25 @@ def failing_pull(image: str, sim: sim_state.SimNode, cluster_faults: dict[str, A
     )
 
 
-def pull_failure(image: str) -> str:
-    """The kubelet's Failed event for an image the registry does not have (containerd's "not found")."""
+def cri_pull_error(image: str) -> str:
+    """containerd's error for an image the registry does not have ("not found"), as the CRI returns it: the
+    ErrImagePull container's waiting message (kubernetes@v1.35.0 pkg/kubelet/images/image_manager.go:410-411)."""
     return (
-        f'Failed to pull image "{image}": rpc error: code = NotFound desc = failed to pull and unpack image '
-        f'"{image}": failed to resolve reference "{image}": {image}: not found'
+        f'rpc error: code = NotFound desc = failed to pull and unpack image "{image}": failed to resolve '
+        f'reference "{image}": {image}: not found'
     )
+
+
+def pull_failure(image: str) -> str:
+    """The kubelet's Failed event for that pull (image_manager.go:361)."""
+    return f'Failed to pull image "{image}": {cri_pull_error(image)}'
+
+
+def pull_backoff(image: str) -> str:
+    """The container's waiting message in ImagePullBackOff: "Back-off pulling image %q" wrapped with the last
+    pull's "ErrImagePull: <CRI error>" (image_manager.go:336-348, 362-367, since Kubernetes 1.31); the BackOff
+    event keeps the short text."""
+    return f'Back-off pulling image "{image}": ErrImagePull: {cri_pull_error(image)}'
 
 
 def _mtime(path: Path) -> int:
@@ -1527,14 +1540,13 @@ class Controllers:
                 run.pull_failures += 1
                 if run.pull_failures == 1:
                     self.event(pod, "Pulling", f'Pulling image "{image}"', host=host)
-                    msg = pull_failure(image)
-                    self.event(pod, "Failed", msg, warning=True, host=host)
+                    self.event(pod, "Failed", pull_failure(image), warning=True, host=host)
                     self.event(pod, "Failed", "Error: ErrImagePull", warning=True, host=host)
-                    self._waiting(pod, "ErrImagePull", msg)
+                    self._waiting(pod, "ErrImagePull", cri_pull_error(image))
                 else:
                     self.event(pod, "BackOff", f'Back-off pulling image "{image}"', host=host)
                     self.event(pod, "Failed", "Error: ImagePullBackOff", warning=True, host=host)
-                    self._waiting(pod, "ImagePullBackOff", f'Back-off pulling image "{image}"')
+                    self._waiting(pod, "ImagePullBackOff", pull_backoff(image))
                 run.next_try = time.monotonic() + min(BACKOFF_START_S * 2**run.pull_failures, BACKOFF_MAX_S)
                 return
         run.pull_failures = 0

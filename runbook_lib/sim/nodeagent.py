@@ -27,7 +27,7 @@ from kubernetes.client.exceptions import ApiException
 from runbook_lib.sim.kubeapi.faults import FaultFile, matches
 from runbook_lib.sim.kubelet import _CONTAINERD as CONTAINERD_VERSIONS
 from runbook_lib.sim.kubelet import _KERNEL as KERNEL_VERSIONS
-from runbook_lib.sim.kubelet import NodeView, Outcome, failing_pull, program, pull_failure
+from runbook_lib.sim.kubelet import NodeView, Outcome, failing_pull, program, pull_backoff, pull_failure
 from runbook_lib.sim.kubeletapi import KUBELET_PORT, Logs
 from runbook_lib.sim.realtalos import observed_nodes
 from runbook_lib.sim.state import SimNode, runtime
@@ -430,7 +430,7 @@ class NodeAgent(Periodic):
         are kubelet.py's, ``pull_failure``). Simplified: the pull is retried every pass, not with back-off."""
         meta = pod["metadata"]
         backoff = f'Back-off pulling image "{image}"'
-        pulling = {"waiting": {"reason": "ImagePullBackOff", "message": backoff}}
+        pulling = {"waiting": {"reason": "ImagePullBackOff", "message": pull_backoff(image)}}
         creating = {"waiting": {"reason": "ContainerCreating"}}
         statuses = [
             {"name": c["name"], "image": c.get("image", ""), "imageID": "", "ready": False, "restartCount": 0,

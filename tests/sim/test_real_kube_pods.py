@@ -356,6 +356,10 @@ def assert_pending_quotes_the_scheduler(real: Outcome, python: Outcome) -> Outco
     said = " ".join(checks for n, _, messages in real[1] if n == node for checks in messages)
     assert f"device plugin pod for {node} is not scheduled: 0/" in said, said
     assert "Too many pods" in said, said
+    # gpu-worker-3's image-pull fault, in the kubelet's words on both API servers (the comparison checks they agree)
+    pulled = " ".join(message for n, _, messages in real[1] if n == "gpu-worker-3" for message in messages)
+    assert "waits in ImagePullBackOff: Back-off pulling image" in pulled, pulled
+    assert ": ErrImagePull: rpc error: code = NotFound" in pulled, pulled
     return real[0], [entry for entry in real[1] if entry[0] != node]
 
 
