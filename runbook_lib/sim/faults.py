@@ -28,7 +28,7 @@ FAULTS: dict[str, str] = {
     "upgrade_hangs": "talosctl upgrade never completes (ext-nvidia-persistenced waits); --wait runs into --timeout",
     # Read by the Kubernetes room's kubelets and controllers (runbook_lib/sim/kubelet.py):
     "node_not_ready": "the node's kubelet reports NotReady (its pods are marked not ready)",
-    "pods_pending": "pods bound to this node stay Pending",
+    "pods_pending": "pods for this node stay Pending (real control plane: the node has no room, kube-scheduler says Too many pods)",
     "image_pull_error": "containers on this node fail to pull their image (ErrImagePull / ImagePullBackOff)",
 }
 
