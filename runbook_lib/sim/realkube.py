@@ -37,7 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runbook_lib.sim import pidfile
+from runbook_lib.sim import kwokstages, pidfile
+from runbook_lib.sim.realtalos import time_factor
 from runbook_lib.sim.state import atomic_write, load_cluster, load_nodes, sim_paths
 
 MODE_ENV = "RUNBOOK_SIM_KUBE"
@@ -135,6 +136,7 @@ def _paths(state_dir: Path) -> dict[str, Path]:
         "kube": state_dir / "kube",
         "charts": state_dir / "charts",
         "helm_home": state_dir / "helm",
+        "stages": state_dir / "kwok-stages.yaml",
     }
 
 
@@ -334,7 +336,7 @@ def _start_simkube(
     return proc, json.loads(line)
 
 
-def _start_kwok(tools: Tools, kubeconfig: Path, logs: Path) -> subprocess.Popen[bytes]:
+def _start_kwok(tools: Tools, kubeconfig: Path, logs: Path, stages: Path) -> subprocess.Popen[bytes]:
     """kwok for every node whose kubelet runs (``nodeagent.KUBELET_LABEL``, which the agent takes off while the
     node is down), renewing each node's Lease as a kubelet does (``nodeLeaseDurationSeconds`` 40, the kubelet's
     default: kubernetes@v1.35.0 pkg/kubelet/apis/config/v1beta1/defaults.go). Without renewals the node
@@ -342,7 +344,8 @@ def _start_kwok(tools: Tools, kubeconfig: Path, logs: Path) -> subprocess.Popen[
     (50 s, pkg/controller/nodelifecycle/config/v1alpha1/defaults.go) passes. A label, not an annotation: kwok
     filters annotations on its side and so never sees a node leave (sigs.k8s.io/kwok@v0.8.0
     pkg/utils/informer/informer.go), while a label selector makes the API server send it a deletion, on which
-    kwok stops renewing the node's Lease (pkg/kwok/controllers/node_controller.go, ``onNodeUnmanagedFunc``)."""
+    kwok stops renewing the node's Lease (pkg/kwok/controllers/node_controller.go, ``onNodeUnmanagedFunc``).
+    Its stages: ``write_stages``."""
     from runbook_lib.sim.nodeagent import KUBELET_LABEL, KUBELET_RUNNING  # noqa: PLC0415 - the Kubernetes client is slow to import
 
     out = open(os.open(logs / "kwok.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb")  # noqa: SIM115
@@ -353,7 +356,7 @@ def _start_kwok(tools: Tools, kubeconfig: Path, logs: Path) -> subprocess.Popen[
                 "--kubeconfig",
                 str(kubeconfig),
                 "--config",
-                str(tools.stages),
+                str(stages),
                 f"--manage-nodes-with-label-selector={KUBELET_LABEL}={KUBELET_RUNNING}",
                 "--node-lease-duration-seconds=40",
             ],
@@ -361,6 +364,12 @@ def _start_kwok(tools: Tools, kubeconfig: Path, logs: Path) -> subprocess.Popen[
             stdout=out,
             stderr=out,
         )
+
+
+def write_stages(state_dir: Path, tools: Tools) -> Path:
+    """``<state>/kwok-stages.yaml``: kwok's Node stages and our pod stages, their delays scaled by the Talos
+    side's time factor (``RUNBOOK_SIM_TIME_SCALE``), so pods start and end on the simulator's clock."""
+    return kwokstages.write(_paths(state_dir)["stages"], tools.stages, time_factor())
 
 
 def _publish(state_dir: Path, info: dict[str, Any]) -> None:
@@ -408,7 +417,8 @@ def _running(state_dir: Path, tools: Tools) -> Iterator[dict[str, Any]]:
         kubernetes = str(load_cluster(state_dir)["kubernetes_version"])
         nodeagent.register(core, load_nodes(state_dir), kubernetes)
         kubesystem.apply(core.api_client, kubernetes)  # what Talos's manifest controller applies
-        stack.callback(_stop_process, _start_kwok(tools, kubeconfig, paths["logs"]), 30)
+        kwok = _start_kwok(tools, kubeconfig, paths["logs"], write_stages(state_dir, tools))
+        stack.callback(_stop_process, kwok, 30)
         repo = chartrepo.serve(tools.helm, paths["charts"])
         stack.callback(repo.stop)
         # The simulated GPU Operator runs on every cluster, as the chart's operator would once installed: it does
