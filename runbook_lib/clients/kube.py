@@ -207,6 +207,14 @@ class Kube:
     def runtime_class(self, name: str) -> Obj | None:
         return self._read_or_none(f"read runtimeclass {name}", lambda: self.node_api.read_runtime_class(name))
 
+    def cluster_objects(self, group: str, version: str, plural: str) -> list[Obj] | None:
+        """Cluster-scoped custom objects (e.g. the GPU Operator's ClusterPolicies); None when the API server
+        does not serve them (their CRD is not installed), which a diagnosis reports differently from none."""
+        listed = self._read_or_none(
+            f"list {plural}.{group}", lambda: self.custom.list_cluster_custom_object(group, version, plural)
+        )
+        return None if listed is None else list(listed.get("items") or [])
+
     def daemonsets(self, namespace: str, label_selector: str | None = None) -> list[Obj]:
         result = self._call(
             "list daemonsets",

@@ -7,7 +7,11 @@ real API server, once the operator pod is Ready (sources: NVIDIA/gpu-operator at
 
 - ``pre-requisites``: RuntimeClass ``nvidia`` (handler ``nvidia``), and ``nvidia-cdi``/``nvidia-legacy`` while
   ``cdi.enabled`` (controllers/object_controls.go ``RuntimeClasses``, assets/pre-requisites/02*_runtime_class*),
-  owned by the ClusterPolicy;
+  owned by the ClusterPolicy; first in each pass, as ``pre-requisites`` is the first state of each reconcile
+  (controllers/state_manager.go:889), so before any operand DaemonSet. Simplified: this reconciles every pass
+  while the operator pod is Ready, where the real one reconciles on ClusterPolicy, GPU Node label and
+  DaemonSet events and every 5 s while not ready (clusterpolicy_controller.go:180-186, 345-385), so a
+  RuntimeClass deleted under a ready ClusterPolicy comes back here within a pass, there only at the next event;
 - GPU nodes: NFD's ``feature.node.kubernetes.io/pci-10de.present`` (the NFD subchart is not shipped: this
   plays it, from each node's simulated PCI devices) and the operator's ``nvidia.com/gpu.present`` and
   ``nvidia.com/gpu.deploy.<operand>`` labels (controllers/state_manager.go:42,88-117);
@@ -311,8 +315,12 @@ class GpuOperator(Periodic):
         """One pass: nothing until the ClusterPolicy exists and the operator pod is Ready."""
         policy = self._policy()
         namespace = self._operator_namespace() if policy is not None else None  # one list call while no chart
-        if policy is None or namespace is None:
+        if policy is None:
             self.toolkit_ready = frozenset()
+            return
+        if namespace is None:
+            # The operator is down (scaled to 0, crash-looping): nothing is reconciled, but its operands keep
+            # running where they validated, so the nodes keep their GPUs.
             return
         spec = policy.get("spec") or {}
         owner = {

@@ -322,6 +322,10 @@ class NodeAgent(Periodic):
         self.core = api(kubeconfig)
         self.nodes_api = client.NodeV1Api(self.core.api_client)
         self.faults = FaultFile(state_dir)
+        self._handlers: dict[str, str] = {}
+        """Every RuntimeClass's handler as last listed: a running pod keeps the handler its sandbox was created
+        with after its RuntimeClass is deleted, and the API server admits no new pod naming a missing one
+        (kubernetes plugin/pkg/admission/runtimeclass/admission.go ``prepareObjects``)."""
 
     def sync(self) -> None:
         """One pass: what every node should advertise, patched where the Node says otherwise."""
@@ -331,7 +335,8 @@ class NodeAgent(Periodic):
         classes = self.core.api_client.sanitize_for_serialization(self.nodes_api.list_runtime_class())[
             "items"
         ]
-        handlers = {c["metadata"]["name"]: c["handler"] for c in classes}
+        self._handlers.update({c["metadata"]["name"]: c["handler"] for c in classes})
+        handlers = dict(self._handlers)
         objs = self.core.api_client.sanitize_for_serialization(self.core.list_node())["items"]
         current = {o["metadata"]["name"]: _advertised(o) for o in objs}
         nodes = observed_nodes(self.state_dir)  # with the real talosctl: as simnode observes it

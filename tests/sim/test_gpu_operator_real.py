@@ -297,3 +297,60 @@ def test_runbook_run_on_talos_1_13_passes_every_step_with_the_gpu_operator_on_th
         assert "nothing changed on the cluster" in second.stdout
     finally:
         runbook(env, "sim", "down", "--state", str(state))
+
+
+def operator_pods(state: Path) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = json.loads(
+        kubectl(state, "get", "pods", "-n", NAMESPACE, "-l", gpuoperator.OPERATOR_SELECTOR, "-o", "json")
+    )["items"]
+    return items
+
+
+def advertised(state: Path) -> list[str]:
+    """The nvidia.com/gpu each worker's Node advertises, as kubectl prints it."""
+    out = kubectl(
+        state, "get", "nodes", *WORKERS, "-o", r"jsonpath={.items[*].status.allocatable.nvidia\.com/gpu}"
+    )
+    return out.split()
+
+
+@pytest.mark.slow
+def test_the_step_is_ok_only_once_the_operators_runtime_class_nvidia_exists(gpu_ready: Path) -> None:
+    """cuda-test's pods set ``runtimeClassName: nvidia``; without that RuntimeClass the API server refuses them
+    (``pod rejected: RuntimeClass "nvidia" not found``, kubernetes plugin/pkg/admission/runtimeclass/admission.go
+    ``prepareObjects``). The operator creates it in its first state, pre-requisites (gpu-operator@v26.3.3
+    controllers/state_manager.go:889, object_controls.go:5115-5160 ``transformRuntimeClass``: name and handler
+    ``operator.runtimeClass``, default ``nvidia`` (object_controls.go:91), owned by the ClusterPolicy), and only
+    while it runs and reconciles. Here the operator is scaled to 0 after a good install and the RuntimeClass
+    deleted: the nodes keep their GPUs (the operands keep running), which is all the step waited for; it said ok
+    and cuda-test then failed. One cluster for the three runs."""
+    ctx = context(gpu_ready)
+    first = kubernetes_layer(ctx, apply=True, timeout_s=180)
+    assert first.ok, first.to_dict()
+    assert (ctx.kube.runtime_class("nvidia") or {}).get("handler") == "nvidia"  # when the step says ok
+
+    kubectl(gpu_ready, "-n", NAMESPACE, "scale", "deployment/gpu-operator", "--replicas=0")
+    wait_for(lambda: not operator_pods(gpu_ready), 120)
+    kubectl(gpu_ready, "delete", "runtimeclass", "nvidia")
+    assert advertised(gpu_ready) == ["1", "1"]
+    stalled = kubernetes_layer(context(gpu_ready), apply=True, timeout_s=5)
+    assert not stalled.ok
+    failed = [c for c in stalled.checks if not c.ok]
+    assert [c.name for c in failed] == ["RuntimeClass nvidia created by the GPU Operator"], stalled.to_dict()
+    assert [n.status for n in stalled.nodes] == [
+        "ok",
+        "ok",
+    ]  # the GPUs are there: only the RuntimeClass is not
+    check = failed[0]
+    assert check.message == (
+        "missing after 5 s: the GPU Operator creates it (ClusterPolicy cluster-policy, state ready), "
+        "but no gpu-operator pod is Ready in namespace gpu-operator"
+    )
+    assert check.fix.startswith("kubectl -n gpu-operator rollout status deployment/gpu-operator")
+
+    kubectl(gpu_ready, "-n", NAMESPACE, "scale", "deployment/gpu-operator", "--replicas=1")
+    again = kubernetes_layer(context(gpu_ready), apply=True, timeout_s=180)
+    assert again.ok, again.to_dict()
+    runtime_class = ctx.kube.runtime_class("nvidia") or {}
+    assert runtime_class.get("handler") == "nvidia"
+    assert [o["kind"] for o in runtime_class["metadata"]["ownerReferences"]] == ["ClusterPolicy"]
