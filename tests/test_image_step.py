@@ -242,7 +242,7 @@ EXTENSIONS_WITHOUT_SCHEMATIC = "the test adds extensions to a node without a sch
 
 
 #: talosctl 1.13's upgrade drains the node first through the cluster's Kubernetes API (its default --drain,
-#: with the kubeconfig the control plane hands out: talos@v1.13.0 cmd/talosctl/cmd/talos/upgrade.go), which
+#: with the kubeconfig the control plane hands out: talos@v1.13.0 cmd/talosctl/cmd/talos/upgrade.go:143-144,360), which
 #: factory_only does not run: the real talosctl's upgrade of a 1.13 node fails there ("error creating
 #: Kubernetes client for drain"), as it would on a cluster without Kubernetes.
 DRAIN_NEEDS_KUBERNETES = "talosctl 1.13 drains through the Kubernetes API, which factory_only does not run"
