@@ -366,17 +366,7 @@ def _operator_validation_waiting(ctx: Context, node: str) -> Check | None:
                 continue
             message = f"{OPERATOR_VALIDATOR} on {node} waits in {status['name']}"
             if status["name"] == "driver-validation":
-                values = " ".join(f"--set {k}={v}" for k, v in GPU_OPERATOR_VALUES.items())
-                return Check(
-                    "GPU Operator driver validation",
-                    False,
-                    message,
-                    cause="the operator waits for its own driver container (driver.enabled=true), which "
-                    "cannot load its modules on Talos, or finds no driver under hostPaths.driverInstallDir "
-                    "(Talos ships it under /usr/local)",
-                    fix=f"helm upgrade {release.release} {release.chart} --version {release.version} "
-                    f"-n {release.namespace} --reuse-values {values}  # the values the runbook sets",
-                )
+                return _driver_validation(ctx, message)
             if status["name"] == "toolkit-validation":
                 return Check(
                     "GPU Operator toolkit validation",
@@ -387,6 +377,37 @@ def _operator_validation_waiting(ctx: Context, node: str) -> Check | None:
                     fix="run the verification step for this node",
                 )
     return None
+
+
+def _driver_validation(ctx: Context, message: str) -> Check:
+    """Why driver-validation waits: the release's values, or the node. The pod's status is the same either way
+    (running driver-validation), and with the right values its log says only "failed to validate the driver,
+    retrying" (gpu-operator@v26.3.3 cmd/nvidia-validator/main.go:795-806), so the values the release has decide:
+    ``helm upgrade`` with values it already has changes nothing (U5's finding)."""
+    release = ctx.plan.helm
+    stored = ctx.helm.values(release.release, release.namespace)
+    if all(_dotted(stored, key) == value for key, value in GPU_OPERATOR_VALUES.items()):
+        return Check(
+            "GPU Operator driver validation",
+            False,
+            message,
+            cause="the release already has the runbook's values (driver.enabled=false, "
+            "hostPaths.driverInstallDir=/usr/local), so the validator finds no working nvidia-smi and "
+            "libnvidia-ml.so.1 under /usr/local: the node lacks the NVIDIA extensions or their modules",
+            fix="runbook run -p <params> --steps config-patch,image,verify --apply  # the modules patch, the "
+            "extensions, then what verify finds on this node",
+        )
+    values = " ".join(f"--set {k}={v}" for k, v in GPU_OPERATOR_VALUES.items())
+    return Check(
+        "GPU Operator driver validation",
+        False,
+        message,
+        cause="the operator waits for its own driver container (driver.enabled=true), which "
+        "cannot load its modules on Talos, or finds no driver under hostPaths.driverInstallDir "
+        "(Talos ships it under /usr/local)",
+        fix=f"helm upgrade {release.release} {release.chart} --version {release.version} "
+        f"-n {release.namespace} --reuse-values {values}  # the values the runbook sets",
+    )
 
 
 def _plugin_daemonset(ctx: Context) -> str:

@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -46,13 +47,11 @@ def tools() -> realkube.Tools:
     return found
 
 
-@pytest.fixture
-def gpu_ready(tools: realkube.Tools, tmp_path: Path) -> Iterator[Path]:
-    """Two Talos 1.13 GPU workers with the NVIDIA extensions and modules (gpu-ready) on the real control plane."""
+@contextmanager
+def started(tools: realkube.Tools, tmp_path: Path, scenario: str) -> Iterator[Path]:
+    """Two Talos 1.13 GPU workers in ``scenario`` on the real control plane, stopped afterwards."""
     state = tmp_path / "sim"
-    cluster.create(
-        state, cluster.ClusterSpec(workers=len(WORKERS), talos_version=TALOS, scenario="gpu-ready")
-    )
+    cluster.create(state, cluster.ClusterSpec(workers=len(WORKERS), talos_version=TALOS, scenario=scenario))
     cluster.start_daemon(state, rooms=["factory"])
     try:
         realkube.start(state, tools)
@@ -60,6 +59,13 @@ def gpu_ready(tools: realkube.Tools, tmp_path: Path) -> Iterator[Path]:
     finally:
         realkube.stop(state)
         cluster.stop_daemon(state)
+
+
+@pytest.fixture
+def gpu_ready(tools: realkube.Tools, tmp_path: Path) -> Iterator[Path]:
+    """Two Talos 1.13 GPU workers with the NVIDIA extensions and modules (gpu-ready) on the real control plane."""
+    with started(tools, tmp_path, "gpu-ready") as state:
+        yield state
 
 
 def context(state: Path) -> Context:
@@ -354,3 +360,30 @@ def test_the_step_is_ok_only_once_the_operators_runtime_class_nvidia_exists(gpu_
     runtime_class = ctx.kube.runtime_class("nvidia") or {}
     assert runtime_class.get("handler") == "nvidia"
     assert [o["kind"] for o in runtime_class["metadata"]["ownerReferences"]] == ["ClusterPolicy"]
+
+
+@pytest.mark.slow
+def test_on_nodes_without_the_nvidia_extensions_the_diagnosis_points_at_the_node_not_the_values(
+    tools: realkube.Tools, tmp_path: Path
+) -> None:
+    """Talos 1.13 nodes that never got the NVIDIA extensions (scenario fresh), the runbook's own values: the
+    validator waits in driver-validation exactly as with wrong values (gpu-operator@v26.3.3
+    cmd/nvidia-validator/main.go:745-837: no /host/usr/bin/nvidia-smi, then nvidia-smi and libnvidia-ml.so.1
+    looked for under driverInstallDir, retried while WITH_WAIT logging only "failed to validate the driver,
+    retrying" (main.go:795-806)), so its pod status cannot tell the two apart; the release's values can. The fix was ``helm upgrade --reuse-values`` with the values the release
+    already had, which changes nothing (U5's finding)."""
+    with started(tools, tmp_path, "fresh") as state:
+        first = kubernetes_layer(
+            context(state), apply=True, timeout_s=5
+        )  # installs; the pods may not be held yet
+        assert not first.ok
+        wait_for(lambda: held_on_every_worker(state, "nvidia-operator-validator", "driver-validation"), 120)
+        result = kubernetes_layer(context(state), apply=True, timeout_s=1)
+    assert [(n.status, [c.name for c in n.checks]) for n in result.nodes] == [
+        ("failed", ["GPU Operator driver validation"])
+    ] * len(WORKERS)
+    for node in result.nodes:
+        (check,) = node.checks
+        assert "helm upgrade" not in check.fix, check
+        assert "--steps config-patch,image,verify --apply" in check.fix
+        assert "the release already has the runbook's values" in check.cause
