@@ -203,10 +203,14 @@ def test_wrong_values_leave_the_nodes_without_gpus_and_the_step_fails_with_its_d
     nvidia.com/gpu, and the kubernetes step fails each node with its diagnosis."""
     ctx = context(gpu_ready)
     ctx.plan.helm.values.update(wrong)
-    result = kubernetes_layer(ctx, apply=True, timeout_s=60)  # generous: the pods must be held by then
+    assert not kubernetes_layer(ctx, apply=True, timeout_s=10).ok  # installs; the pods may not be held yet
+    # The diagnosis reads where the pods wait: wait for them to be held there, then let the step diagnose (a
+    # 60 s step timeout stood in for this wait before, a minute per case).
+    wait_for(lambda: held_on_every_worker(gpu_ready, "nvidia-operator-validator", "driver-validation"), 120)
+    result = kubernetes_layer(ctx, apply=True, timeout_s=1)
     assert not result.ok
     assert [(n.status, n.message) for n in result.nodes] == [
-        ("failed", "no allocatable nvidia.com/gpu after 60 s")
+        ("failed", "no allocatable nvidia.com/gpu after 1 s")
     ] * len(WORKERS)
     # The diagnosis names where the operator's stack stops and the values that move it on (was: "the device
     # plugin runs but the node advertises no GPUs", while the plugin never left its init container).
@@ -216,7 +220,6 @@ def test_wrong_values_leave_the_nodes_without_gpus_and_the_step_fails_with_its_d
         assert check.message == f"nvidia-operator-validator on {node.node} waits in driver-validation"
         assert "driver.enabled=false" in check.fix and "hostPaths.driverInstallDir=/usr/local" in check.fix
     # The pods are held where the real ones loop, not merely slow: wait for that, then check nothing advertises.
-    wait_for(lambda: held_on_every_worker(gpu_ready, "nvidia-operator-validator", "driver-validation"), 120)
     wait_for(
         lambda: held_on_every_worker(gpu_ready, "nvidia-device-plugin-daemonset", "toolkit-validation"), 120
     )
@@ -373,10 +376,8 @@ def test_on_nodes_without_the_nvidia_extensions_the_diagnosis_points_at_the_node
     retrying" (main.go:795-806)), so its pod status cannot tell the two apart; the release's values can. The fix was ``helm upgrade --reuse-values`` with the values the release
     already had, which changes nothing (U5's finding)."""
     with started(tools, tmp_path, "fresh") as state:
-        first = kubernetes_layer(
-            context(state), apply=True, timeout_s=5
-        )  # installs; the pods may not be held yet
-        assert not first.ok
+        # installs; the pods may not be held yet
+        assert not kubernetes_layer(context(state), apply=True, timeout_s=10).ok
         wait_for(lambda: held_on_every_worker(state, "nvidia-operator-validator", "driver-validation"), 120)
         result = kubernetes_layer(context(state), apply=True, timeout_s=1)
     assert [(n.status, [c.name for c in n.checks]) for n in result.nodes] == [
