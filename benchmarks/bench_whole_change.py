@@ -113,6 +113,18 @@ def failure_line_time(run: Run, node: str) -> float | None:
     return next((t for t, line in run.lines if line.startswith(prefix) and ") failed: " in line), None)
 
 
+def failure_event_time(run: Run, node: str) -> float | None:
+    """When the image step's kernel emitted the node's failure (``at`` in ``results/image.events.jsonl``): the
+    failure line's delay split into the step's part and the delivery's (the runner follows the file)."""
+    path = run.record / "results" / "image.events.jsonl" if run.record else None
+    if path is None or not path.exists():
+        return None
+    events = [json.loads(line) for line in path.read_text().splitlines()]
+    return next(
+        (float(e["at"]) for e in events if e.get("kind") == "node_failed" and e.get("node") == node), None
+    )
+
+
 def env(time_scale: float) -> dict[str, str]:
     return {
         **os.environ,
@@ -320,6 +332,7 @@ def measure_failure(work: Path, nodes: int, concurrency: int, settings: dict[str
     # together at its end (RunOutcome.report); the journal gets each call as it ends.
     image_start = min(start_of(e) for e in run.journal("image"))
     reported = failure_line_time(run, f"gpu-{bad:04d}") or float("nan")
+    emitted = failure_event_time(run, f"gpu-{bad:04d}") or float("nan")
     step_line = run.line_time("image") or float("nan")
     return {
         "nodes": nodes,
@@ -329,6 +342,7 @@ def measure_failure(work: Path, nodes: int, concurrency: int, settings: dict[str
         "batches_started": len(batches),
         "batch_start_s": round(batches[index][0] - image_start, 1),
         "journaled_s": round(float(failed[0]["at"]) - image_start, 1),
+        "emitted_s": round(emitted - image_start, 1),
         "reported_s": round(reported - image_start, 1),
         "step_line_s": round(step_line - image_start, 1),
         "failed_call_s": round(float(failed[0]["duration_s"]), 1),
@@ -360,7 +374,8 @@ def report_failure(fig: dict[str, Any]) -> None:
         f"{fig['batches_started']} started, rollout_concurrency {fig['concurrency']}), from the image step's first "
         "call: "
         f"its batch started at {fig['batch_start_s']:.1f} s, its failed upgrade was journaled at "
-        f"{fig['journaled_s']:.1f} s (the call took {fig['failed_call_s']:.1f} s), runbook run printed its "
+        f"{fig['journaled_s']:.1f} s (the call took {fig['failed_call_s']:.1f} s), the step emitted it at "
+        f"{fig['emitted_s']:.1f} s, runbook run printed its "
         f"failure line at {fig['reported_s']:.1f} s and the step line 'image failed' at {fig['step_line_s']:.1f} s",
         flush=True,
     )

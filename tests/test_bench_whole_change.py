@@ -16,6 +16,7 @@ from benchmarks.bench_whole_change import (
     batches_by_start,
     cluster_time,
     cpu_bound_floor,
+    failure_event_time,
     failure_line_time,
     outcomes,
     rolling_floor,
@@ -100,3 +101,16 @@ def test_the_first_failure_is_timed_by_its_live_line_not_by_the_step_line_at_the
     assert failure_line_time(run, "gpu-0005") is None
     assert run.line_time("image") == 30.0
     assert outcomes(run) == {"preflight": "ok", "image": "failed"}  # the live lines are not step lines
+
+
+def test_the_failures_emission_is_read_from_the_records_events_file(tmp_path: Path) -> None:
+    """The line's delay splits into the step's (its kernel emits the event, ``at``) and the delivery's."""
+    (tmp_path / "results").mkdir()
+    batch = {"step": "image", "at": 5.0, "kind": "batch_done", "batch": 1, "batches": 2}
+    failed = {"step": "image", "at": 7.5, "kind": "node_failed", "node": "gpu-0050", "address": "10.5.0.53"}
+    lines = [json.dumps(batch), json.dumps(failed | {"reason": "talosctl upgrade failed: x"})]
+    (tmp_path / "results" / "image.events.jsonl").write_text("\n".join(lines) + "\n")
+    run = Run(1, 0.0, 31.0, [], tmp_path)
+    assert failure_event_time(run, "gpu-0050") == 7.5
+    assert failure_event_time(run, "gpu-0049") is None
+    assert failure_event_time(Run(1, 0.0, 1.0, [], None), "gpu-0050") is None
