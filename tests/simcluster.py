@@ -30,15 +30,6 @@ from runbook_lib.sim.state import SimNode, load_cluster, load_node, load_nodes
 from runbook_lib.steps.context import Context, connect
 from tests.realplane import _params as gpu_params
 
-#: The real talosctl refuses the patch file the step writes with the default-runtime patch: two ``machine:``
-#: (v1alpha1) documents in one file, "duplicate document /v1alpha1/ is not allowed" (talosctl v1.12.0 against
-#: simnode; talos@v1.12.0 pkg/machinery/config/configloader/internal/decoder/decoder.go:108-109, reached from
-#: configpatcher.LoadPatch, load.go:24). A library bug found by running these tests on the real talosctl, not
-#: fixed here (tests/test_step_patch.py test_the_real_talosctl_accepts_the_default_runtime_patch holds it): until it is, the tests of
-#: what the step does after the dry run keep the Python talosctl, which accepts the file.
-DEFAULT_RUNTIME_REFUSED = (
-    "the real talosctl refuses the default-runtime patch file (duplicate v1alpha1 document)"
-)
 #: A boot hung on ext-nvidia-persistenced: the real talosctl reports Talos's sequence error, which names no
 #: service (tests/sim/test_real_faults.py HUNG_BOOT, citing talos@v1.12.0 v1alpha1_sequencer_tasks.go
 #: StartAllServices), so the library cannot name the cause from it yet. The tests of that diagnosis keep the

@@ -10,9 +10,7 @@ from runbook_lib.model.machineconfig import config_documents, duplicate_modules
 from runbook_lib.sim.state import load_node
 from runbook_lib.steps.patch import config_patch, read_configs
 from tests.simcluster import (
-    DEFAULT_RUNTIME_REFUSED,
     inject_fault,
-    python_talosctl,
     runs_real_talosctl,
     sim_cluster,
 )
@@ -90,7 +88,6 @@ def test_only_a_subset_of_nodes(tmp_path):
 @pytest.mark.slow
 def test_default_runtime_patch_reports_the_reboot_it_needs_before_1_14(tmp_path, monkeypatch):
     # extensions-no-patch: the toolkit (and its nvidia runtime) is there, so the default runtime is not deferred
-    python_talosctl(monkeypatch, DEFAULT_RUNTIME_REFUSED)
     with sim_cluster(tmp_path, daemon=False, scenario="extensions-no-patch", default_runtime_patch=True) as (
         params,
         ctx,
@@ -133,7 +130,6 @@ def test_sim_node_state_is_what_talosctl_reports(tmp_path):
 
 @pytest.mark.slow
 def test_default_runtime_patch_applied_node_by_node_waits_for_each_reboot(tmp_path, monkeypatch):
-    python_talosctl(monkeypatch, DEFAULT_RUNTIME_REFUSED)
     with sim_cluster(
         tmp_path, daemon=False, scenario="extensions-no-patch", default_runtime_patch=True, apply=True
     ) as (params, ctx):
@@ -209,11 +205,10 @@ def test_talosctl_1_3_reboot_is_seen_on_stdout(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=DEFAULT_RUNTIME_REFUSED)
 def test_the_real_talosctl_accepts_the_default_runtime_patch(tmp_path):
-    """Fails today (strict xfail: it turns into an error once the step writes a patch the real talosctl takes,
-    and then the tests above can leave the Python talosctl): the modules and default-runtime patches as one
-    dry run on the real talosctl against simnode."""
+    """The modules and default-runtime patches as one dry run on the real talosctl against simnode. Failed
+    before the step merged them into one ``machine:`` document: talosctl v1.12.0 refused the file with
+    "duplicate document /v1alpha1/ is not allowed" (tests/test_patch_documents.py cites the source)."""
     with sim_cluster(tmp_path, daemon=False, scenario="extensions-no-patch", default_runtime_patch=True) as (
         _params,
         ctx,

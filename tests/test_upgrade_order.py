@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from runbook_lib.model.profiles import profile_for, render_documents
-from runbook_lib.sim.state import load_nodes, runtime
+from runbook_lib.sim.state import SimNode, load_nodes, runtime
 from runbook_lib.steps.context import Context
 from runbook_lib.steps.image import image_upgrade
 from runbook_lib.steps.patch import config_patch
 from tests.sim.waiting import wait_for
-from tests.simcluster import DEFAULT_RUNTIME_REFUSED, python_talosctl, sim_cluster
+from tests.simcluster import node_state, sim_cluster
 
 pytestmark = pytest.mark.slow
 
@@ -41,9 +41,14 @@ def test_upgrade_keeps_the_ephemeral_partition_below_talos_1_8(
         assert runs and all(("--preserve" in argv) == preserve for argv in runs)
 
 
+def _gpu_nodes(state: Path) -> list[SimNode]:
+    """The GPU nodes as the talosctl answering them holds them (simnode's observed state, or the node files)."""
+    return [node_state(state, n.name) for n in load_nodes(state) if n.gpus]
+
+
 def _cri_accepts_default_runtime(state: Path) -> dict[str, bool]:
     """Per GPU node: does containerd accept the CRI config (its default runtime is a defined runtime)?"""
-    nodes = [n for n in load_nodes(state) if n.gpus]
+    nodes = _gpu_nodes(state)
     return {n.name: runtime(n).default_runtime in runtime(n).cri_runtime_handlers for n in nodes}
 
 
@@ -58,7 +63,6 @@ def test_default_runtime_patch_waits_until_the_image_brings_the_nvidia_runtime(
     10-nvidia-container-runtime.part).  With the config patch before the image upgrade, making ``nvidia``
     the default then would take the node's CRI (every pod on it) down until the upgrade.  So the config
     patch defers it, and the image step applies it once the toolkit is there."""
-    python_talosctl(monkeypatch, DEFAULT_RUNTIME_REFUSED)
     state = tmp_path / "sim"
     with sim_cluster(state, talos_version=version, workers=2, default_runtime_patch=True) as (_p, ctx):
         patched = config_patch(ctx, apply=True)
@@ -67,8 +71,7 @@ def test_default_runtime_patch_waits_until_the_image_brings_the_nvidia_runtime(
         assert any("default runtime" in note for note in patched.notes)
         upgraded = image_upgrade(ctx, apply=True, settle_timeout=10.0, poll_interval=0.1)
         assert upgraded.ok, upgraded.summary()
-        gpu_nodes = [n for n in load_nodes(state) if n.gpus]
-        assert {runtime(n).default_runtime for n in gpu_nodes} == {"nvidia"}
+        assert {runtime(n).default_runtime for n in _gpu_nodes(state)} == {"nvidia"}
         assert all(_cri_accepts_default_runtime(state).values())
         assert config_patch(ctx, apply=False).counts() == {"unchanged": 2}
 
@@ -118,7 +121,6 @@ def test_image_plan_shows_the_default_runtime_it_will_set_on_nodes_already_upgra
 ) -> None:
     """Approve applies exactly the plan shown: a node already on the GPU image whose default runtime is
     still to set is planned (not "unchanged") by the image step that will set it."""
-    python_talosctl(monkeypatch, DEFAULT_RUNTIME_REFUSED)
     state = tmp_path / "sim"
     with sim_cluster(state, scenario="gpu-ready", workers=2, default_runtime_patch=True) as (_p, ctx):
         plan = image_upgrade(ctx, apply=False)
@@ -126,5 +128,5 @@ def test_image_plan_shows_the_default_runtime_it_will_set_on_nodes_already_upgra
         assert all("default runtime" in n.message for n in plan.nodes)
         applied = image_upgrade(ctx, apply=True, settle_timeout=10.0, poll_interval=0.1)
         assert applied.counts() == {"changed": 2}
-        assert {runtime(n).default_runtime for n in load_nodes(state) if n.gpus} == {"nvidia"}
+        assert {runtime(n).default_runtime for n in _gpu_nodes(state)} == {"nvidia"}
         assert image_upgrade(ctx, apply=False).counts() == {"unchanged": 2}

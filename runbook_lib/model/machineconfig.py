@@ -114,7 +114,39 @@ def remaining_patch(wanted: list[Doc], current: list[Doc]) -> list[Doc]:
             remaining["install"] = {"extensions": missing_images}
         if remaining:
             out.append({"machine": remaining})
-    return out
+    return _one_v1alpha1(out)
+
+
+def _one_v1alpha1(docs: list[Doc]) -> list[Doc]:
+    """``docs`` with every ``machine:`` document merged into the first.
+
+    Why: talosctl loads a patch file with the config decoder, which refuses a second v1alpha1 document
+    ("duplicate document /v1alpha1/ is not allowed", talos@v1.12.0
+    pkg/machinery/config/configloader/internal/decoder/decoder.go:108-109), so the modules patch and the
+    default-runtime ``machine.files`` patch must reach it as one document. Lists of the same key are joined.
+    """
+    machines = [d for d in docs if "machine" in d and "kind" not in d]
+    if len(machines) < 2:
+        return docs
+    merged: Doc = {}
+    for doc in machines:
+        for key, value in doc["machine"].items():
+            _merge_into(merged, key, value)
+    first = docs.index(machines[0])
+    rest = [d for d in docs if d not in machines]
+    return [*rest[:first], {"machine": merged}, *rest[first:]]
+
+
+def _merge_into(target: Doc, key: str, value: Any) -> None:
+    """Deep-merge ``value`` under ``key``: mappings key by key, lists joined, scalars from the later one."""
+    present = target.get(key)
+    if isinstance(present, dict) and isinstance(value, dict):
+        for k, v in value.items():
+            _merge_into(present, k, v)
+    elif isinstance(present, list) and isinstance(value, list):
+        present.extend(value)
+    else:
+        target[key] = copy.deepcopy(value)
 
 
 def contains(current: list[Doc], wanted: list[Doc]) -> bool:
