@@ -106,6 +106,40 @@ def test_cuda_test_passes_on_ready_nodes_cleans_up_and_compares_nvidia_smi_with_
         assert not smi.ok and "1.2.3" in smi.message
         again = cuda_test(ctx, only=[name])  # drivers read from the node's extensions agree
         assert again.data["run_id"] not in (run_id, wrong.data["run_id"]) and again.ok, again.to_dict()
+        assert_a_running_pod_is_deleted_with_its_grace_period(ctx, name)
+
+
+def assert_a_running_pod_is_deleted_with_its_grace_period(ctx, node: str) -> None:
+    """The runbook deletes a test pod still running (timeout, Ctrl-C) with the pod's grace period: it shows
+    Terminating until the kubelet stopped its containers. Before, ``grace_period_seconds=0`` was a force delete:
+    the API server removes the object at once (k8s.io/apiserver@v0.35.0
+    pkg/registry/generic/registry/store.go:1106-1116) while a real node's containers may still run, and the
+    scheduler then counts their GPU as free. kwok holds the pod for its pod-delete stage (15 s by annotation,
+    kwok@v0.8.0 kustomize/stage/pod/general/pod-delete.yaml)."""
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "still-running", "annotations": {"pod-delete.stage.kwok.x-k8s.io/delay": "15s"}},
+        "spec": {
+            "nodeName": node,
+            "terminationGracePeriodSeconds": 30,
+            "tolerations": [{"operator": "Exists"}],
+            "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10"}],
+        },
+    }
+    ctx.kube.create_pod(TEST_NAMESPACE, pod)
+
+    def phase():
+        return [
+            p["status"].get("phase")
+            for p in ctx.kube.pods(TEST_NAMESPACE)
+            if p["metadata"]["name"] == "still-running"
+        ]
+
+    assert wait_for(lambda: phase() == ["Running"], 120), phase()
+    assert ctx.kube.delete_pod(TEST_NAMESPACE, "still-running")
+    (left,) = [p for p in ctx.kube.pods(TEST_NAMESPACE) if p["metadata"]["name"] == "still-running"]
+    assert left["metadata"]["deletionTimestamp"] and left["metadata"]["deletionGracePeriodSeconds"] == 30
 
 
 def test_cuda_vectoradd_runs_with_the_runtime_class_only_as_talos_ci_does(tmp_path):
@@ -115,10 +149,11 @@ def test_cuda_vectoradd_runs_with_the_runtime_class_only_as_talos_ci_does(tmp_pa
     nvidiaCDITestJob; up to v1.12.0 only the first). With no device plugin installed the runtime-class-only
     run still computes, and only the GPU-requesting pods fail: the report tells the two paths apart."""
     # The GPU-requesting pods never schedule (no device plugin), so the run lasts the whole timeout; the runtime
-    # class's pods must finish within it, through kwok's pod-create and pod-ready stages (each waits a random
-    # 1-5 s: kwok@v0.8.0 kustomize/stage/pod/general, pkg/apis/v1alpha1/stage_types.go:104-115) and the node
-    # agent: 8 pods took 16 s here on a loaded machine, so 45 s rather than the 10 s the Python API allowed.
-    with real_cluster(tmp_path, scenario="gpu-ready", apply=True, cuda_test={"timeout_seconds": 45}) as (
+    # class's pods must finish within it, through kwok's pod stages and the node agent. With kwok's own stages
+    # (each a random 1-5 s: kwok@v0.8.0 kustomize/stage/pod/general) 8 pods took 16 s on a loaded machine;
+    # ours follow RUNBOOK_SIM_TIME_SCALE (kwokstages.py: well under 1 s per pod at the suite's 0.01), so 20 s
+    # leaves the node agent's passes (0.5 s each) a wide margin on a loaded machine.
+    with real_cluster(tmp_path, scenario="gpu-ready", apply=True, cuda_test={"timeout_seconds": 20}) as (
         params,
         ctx,
     ):
