@@ -341,8 +341,16 @@ class Kube:
         return self.to_dict(created)
 
     def delete_pod(self, namespace: str, name: str) -> bool:
+        """Delete with the pod's own grace period (as ``kubectl delete pod``), never a force delete.
+
+        Why: ``grace_period_seconds=0`` removes the object at once (k8s.io/apiserver@v0.35.0
+        pkg/registry/generic/registry/store.go:1106-1116) while a real node may still run its containers,
+        and the scheduler then counts their GPU as free. A finished pod goes at once either way
+        (pkg/registry/core/pod/strategy.go:183-186); a running one (timeout, Ctrl-C) shows Terminating until
+        its kubelet stopped it.
+        """
         try:
-            self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+            self.core.delete_namespaced_pod(name, namespace)
         except ApiException as exc:
             if exc.status == 404:
                 return False
