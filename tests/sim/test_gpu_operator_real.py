@@ -207,6 +207,11 @@ def test_wrong_values_leave_the_nodes_without_gpus_and_the_step_fails_with_its_d
     # The diagnosis reads where the pods wait: wait for them to be held there, then let the step diagnose (a
     # 60 s step timeout stood in for this wait before, a minute per case).
     wait_for(lambda: held_on_every_worker(gpu_ready, "nvidia-operator-validator", "driver-validation"), 120)
+    # ... and the device plugin's new pods held in toolkit-validation: until the DaemonSet controller replaced the
+    # previous test's plugin pods, those still read "ready" and the diagnosis named them (a race seen once).
+    wait_for(
+        lambda: held_on_every_worker(gpu_ready, "nvidia-device-plugin-daemonset", "toolkit-validation"), 120
+    )
     result = kubernetes_layer(ctx, apply=True, timeout_s=1)
     assert not result.ok
     assert [(n.status, n.message) for n in result.nodes] == [
@@ -219,10 +224,7 @@ def test_wrong_values_leave_the_nodes_without_gpus_and_the_step_fails_with_its_d
         assert not check.ok and check.name == "GPU Operator driver validation", node.to_dict()
         assert check.message == f"nvidia-operator-validator on {node.node} waits in driver-validation"
         assert "driver.enabled=false" in check.fix and "hostPaths.driverInstallDir=/usr/local" in check.fix
-    # The pods are held where the real ones loop, not merely slow: wait for that, then check nothing advertises.
-    wait_for(
-        lambda: held_on_every_worker(gpu_ready, "nvidia-device-plugin-daemonset", "toolkit-validation"), 120
-    )
+    # The pods are held where the real ones loop, not merely slow (waited for above): nothing advertises.
     allocatable = kubectl(gpu_ready, "get", "nodes", "-o", "jsonpath={.items[*].status.allocatable}")
     assert "nvidia.com/gpu" not in allocatable
     listed = kubectl(gpu_ready, "get", "pods", "-n", NAMESPACE, "-l", "app=nvidia-device-plugin-daemonset")
