@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import re
 import secrets
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from runbook_lib.errors import RunbookError
+from runbook_lib.errors import RetryableError, RunbookError
 from runbook_lib.model.diagnosis import NodeContext, match_failures
 from runbook_lib.model.params import Node
-from runbook_lib.model.parsers import extensions_from_resources, parse_nvidia_smi
+from runbook_lib.model.parsers import OutputParseError, extensions_from_resources, parse_nvidia_smi
 
 from . import kube_diagnosis
 from .context import Context
@@ -229,12 +230,18 @@ def _judge(ctx: Context, pod: TestPod, obj: dict[str, Any] | None, node_driver: 
         "vectoradd-gpu": "CUDA vectoradd with nvidia.com/gpu: 1",
     }[pod.kind]
     phase = ((obj or {}).get("status") or {}).get("phase", "Unknown")
-    log = ""
-    if phase in ("Succeeded", "Failed"):
-        try:
-            log = ctx.kube.pod_log(TEST_NAMESPACE, pod.name)
-        except RunbookError as exc:  # a pod rejected before any container ran has no log (HTTP 400)
-            log = f"(no log: {exc.message})"
+    log, unread = _read_log(ctx, pod) if phase in ("Succeeded", "Failed") else ("", None)
+    if unread is not None:
+        if phase == "Succeeded":
+            return Check(
+                title,
+                False,
+                f"the pod succeeded, but its log could not be read: {unread}",
+                cause="the API server could not fetch the log from the node's kubelet",
+                fix=f"run the cuda-test step again; if the log stays unreadable, check the node's kubelet "
+                f"(`talosctl -n {pod.node.address} service kubelet`) and that `kubectl logs` works for its pods",
+            )
+        log = f"(no log: {unread})"  # a pod rejected before any container ran has no log (HTTP 400)
     if phase == "Succeeded":
         if pod.kind.startswith("vectoradd"):
             ok = "Test PASSED" in log
@@ -244,7 +251,12 @@ def _judge(ctx: Context, pod: TestPod, obj: dict[str, Any] | None, node_driver: 
                 "Test PASSED" if ok else "the sample did not print Test PASSED",
                 evidence=log[-500:],
             )
-        smi = parse_nvidia_smi(log)
+        try:
+            smi = parse_nvidia_smi(log)
+        except OutputParseError as exc:  # an empty or foreign log is the pod's fault, not the step's
+            return _failed(
+                ctx, title, pod, f"nvidia-smi printed nothing the runbook recognises: {exc.message}", log
+            )
         if smi.error or not smi.gpus:
             return _failed(ctx, title, pod, f"nvidia-smi ran but reported {smi.error or 'no GPUs'}", log)
         gpus = ", ".join(sorted({g.name for g in smi.gpus}))
@@ -269,6 +281,32 @@ def _judge(ctx: Context, pod: TestPod, obj: dict[str, Any] | None, node_driver: 
     if stuck is not None and phase == "Pending":
         reason = f"{reason}: {stuck.message}"
     return _failed(ctx, title, pod, reason, log)
+
+
+#: Attempts at a log read the API server answers with a retryable error (5xx), and the pause before each retry.
+LOG_READ_ATTEMPTS = 3
+LOG_READ_PAUSE_S = 0.5
+
+
+def _read_log(ctx: Context, pod: TestPod) -> tuple[str, str | None]:
+    """The pod's log, or why it could not be read.
+
+    Why retry: the API server fetches a log from the node's kubelet, and that hop can fail for a moment while
+    the pod itself succeeded (seen as HTTP 500 on the real control plane); a step that crashed on it, or failed
+    a GPU that worked, would send the operator after the wrong fault. A 4xx is final (a pod rejected before any
+    container ran has no log: HTTP 400).
+    """
+    last = ""
+    for attempt in range(LOG_READ_ATTEMPTS):
+        if attempt:
+            time.sleep(LOG_READ_PAUSE_S * attempt)
+        try:
+            return ctx.kube.pod_log(TEST_NAMESPACE, pod.name), None
+        except RetryableError as exc:
+            last = exc.message
+        except RunbookError as exc:
+            return "", exc.message
+    return "", last
 
 
 def _failed(ctx: Context, title: str, pod: TestPod, reason: str, log: str) -> Check:
