@@ -1,9 +1,11 @@
 """cuda-test reading a finished pod's log: the read goes through the API server to the node's kubelet, and it can
-fail on a real cluster while the pod itself succeeded (a kubelet restarting, a node's port unreachable: the API
-server then answers HTTP 500 with the dial error; our reading of kubernetes pkg/registry/core/pod/rest/log.go,
-not checked at a tag). Seen in the suite on the real control plane: one log read answered
-``HTTP 500 Internal Server Error`` and the whole step crashed with ``OutputParseError: not nvidia-smi output``
-instead of judging the pod (tests/sim/test_real_kube_restart.py, 2 Dec)."""
+fail on a real cluster while the pod itself succeeded (a kubelet restarting, a node's port unreachable). Seen in
+the suite on the real control plane (tests/sim/test_real_kube_restart.py, 2 Dec): kube-apiserver v1.35 logged
+``apiserver received an error that is not an metav1.Status: … Get "https://gpu-worker-1:10250/containerLogs/…":
+dial unix …/kubelet.sock: connect: resource temporarily unavailable`` and answered the client HTTP 500, and the
+whole step crashed with ``OutputParseError: not nvidia-smi output`` instead of judging the pod. (The dial error
+was the simulated kubelet's listen backlog, fixed in runbook_lib/sim/kubeletapi.py; the step must survive the
+same answer from a real kubelet.)"""
 
 from __future__ import annotations
 

@@ -94,6 +94,12 @@ class KubeletProxy(socketserver.ThreadingUnixStreamServer):
     """The HTTP CONNECT proxy on unix socket ``socket_path`` (what ``simkube --kubelet-proxy-socket`` takes)."""
 
     daemon_threads = True
+    #: listen(2) backlog. socketserver's default of 5 made kube-apiserver's concurrent log reads (cuda-test reads
+    #: a dozen pods' logs at once) fail with "dial unix …/kubelet.sock: connect: resource temporarily
+    #: unavailable" (EAGAIN: backlog full), which the API server answers as HTTP 500. A real kubelet listens
+    #: through Go's net.Listen, whose backlog is the system's somaxconn (go/src/net/sock_linux.go
+    #: ``maxListenerBacklog``), so it does not refuse a dozen connections at once.
+    request_queue_size = 4096
 
     def __init__(self, socket_path: Path, cert: Path, key: Path, logs: Logs) -> None:
         if len(os.fsencode(socket_path)) > MAX_SOCKET_PATH:
