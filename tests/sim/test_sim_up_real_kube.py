@@ -369,7 +369,11 @@ def test_runbook_run_applies_every_step_on_the_real_control_plane_and_a_second_r
         ]
         first = runbook(*run, mode="real")
         assert first.returncode == 0, first.stdout + first.stderr
-        steps = [line.split()[:2] for line in first.stdout.splitlines()[:6]]
+        names = ("preflight", "config-patch", "image", "verify", "kubernetes", "cuda-test")
+        # the step lines (the rollout's live lines, "image: batch 1/1 done: …", come before them)
+        steps = [
+            words[:2] for words in map(str.split, first.stdout.splitlines()) if words and words[0] in names
+        ]
         assert steps == [
             ["preflight", "ok"],
             ["config-patch", "changed"],
