@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import kube_diagnosis
 from .context import Context
 from .results import Check
 
@@ -73,7 +74,10 @@ def _missing(ctx: Context, missing: str) -> Check:
     policy = policies[0]
     state = (policy.get("status") or {}).get("state") or "not reported yet"
     creates = f"the GPU Operator creates it (ClusterPolicy {policy['metadata']['name']}, state {state})"
-    if not any(_ready(pod) for pod in ctx.kube.pods(namespace, OPERATOR_PODS)):
+    if not any(
+        (kube_diagnosis.condition(pod, "Ready") or {}).get("status") == "True"
+        for pod in ctx.kube.pods(namespace, OPERATOR_PODS)
+    ):
         return Check(
             CHECK,
             False,
@@ -91,8 +95,3 @@ def _missing(ctx: Context, missing: str) -> Check:
         fix=f"kubectl -n {namespace} rollout restart {OPERATOR_DEPLOYMENT}  # a started operator reconciles; "
         f"then kubectl -n {namespace} logs {OPERATOR_DEPLOYMENT}",
     )
-
-
-def _ready(pod: dict[str, Any]) -> bool:
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
