@@ -10,7 +10,7 @@ to do".  Pure functions only; the config comes in as parsed documents.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import yaml
@@ -69,6 +69,7 @@ def remaining_patch(wanted: list[Doc], current: list[Doc]) -> list[Doc]:
     """
     base = _v1alpha1(current)
     out: list[Doc] = []
+    machine_remaining: Doc = {}  # one v1alpha1 document for all of ``wanted``'s (see :func:`merge_into`)
     for doc in wanted:
         if "kind" in doc and "machine" not in doc:
             existing = _named_doc(current, str(doc["kind"]), str(doc.get("name")))
@@ -113,40 +114,28 @@ def remaining_patch(wanted: list[Doc], current: list[Doc]) -> list[Doc]:
         if missing_images:
             remaining["install"] = {"extensions": missing_images}
         if remaining:
-            out.append({"machine": remaining})
-    return _one_v1alpha1(out)
+            if not machine_remaining:
+                out.append({"machine": machine_remaining})
+            merge_into(machine_remaining, remaining)
+    return out
 
 
-def _one_v1alpha1(docs: list[Doc]) -> list[Doc]:
-    """``docs`` with every ``machine:`` document merged into the first.
+def merge_into(target: Doc, more: Mapping[str, Any]) -> None:
+    """Deep-merge ``more`` into ``target``: mappings key by key, lists joined, other values replaced (copied).
 
-    Why: talosctl loads a patch file with the config decoder, which refuses a second v1alpha1 document
-    ("duplicate document /v1alpha1/ is not allowed", talos@v1.12.0
-    pkg/machinery/config/configloader/internal/decoder/decoder.go:108-109), so the modules patch and the
-    default-runtime ``machine.files`` patch must reach it as one document. Lists of the same key are joined.
+    Why one document: talosctl loads a patch file with the config decoder, which refuses a second v1alpha1
+    document ("duplicate document /v1alpha1/ is not allowed", talos@v1.12.0
+    pkg/machinery/config/configloader/internal/decoder/decoder.go:108-109), so every ``machine:`` part of a
+    patch (the modules, the default-runtime file, a rollback's deletes) is merged into one.
     """
-    machines = [d for d in docs if "machine" in d and "kind" not in d]
-    if len(machines) < 2:
-        return docs
-    merged: Doc = {}
-    for doc in machines:
-        for key, value in doc["machine"].items():
-            _merge_into(merged, key, value)
-    first = docs.index(machines[0])
-    rest = [d for d in docs if d not in machines]
-    return [*rest[:first], {"machine": merged}, *rest[first:]]
-
-
-def _merge_into(target: Doc, key: str, value: Any) -> None:
-    """Deep-merge ``value`` under ``key``: mappings key by key, lists joined, scalars from the later one."""
-    present = target.get(key)
-    if isinstance(present, dict) and isinstance(value, dict):
-        for k, v in value.items():
-            _merge_into(present, k, v)
-    elif isinstance(present, list) and isinstance(value, list):
-        present.extend(value)
-    else:
-        target[key] = copy.deepcopy(value)
+    for key, value in more.items():
+        present = target.get(key)
+        if isinstance(present, dict) and isinstance(value, dict):
+            merge_into(present, value)
+        elif isinstance(present, list) and isinstance(value, list):
+            present.extend(copy.deepcopy(value))
+        else:
+            target[key] = copy.deepcopy(value)
 
 
 def contains(current: list[Doc], wanted: list[Doc]) -> bool:

@@ -27,7 +27,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .machineconfig import Doc, parse_documents
+from .machineconfig import Doc, merge_into, parse_documents
 
 DELETE = {"$patch": "delete"}
 #: Document kinds removed before the image goes back (the others after it): containerd refuses a default
@@ -321,24 +321,14 @@ def removal_documents(
         for path, key in lists:
             deletes = _item_deletes(doc, base, path, key)
             if deletes:
-                _merge_into(machine, _nest(path[1:], deletes))
+                merge_into(machine, _nest(path[1:], deletes))
         if phase == "after-image":
             sysctls = _sysctl_changes(doc, base, sysctls_before)
             if sysctls:
-                _merge_into(machine, {"sysctls": sysctls})
+                merge_into(machine, {"sysctls": sysctls})
     if machine:
         docs.insert(0, {"machine": machine})
     return docs
-
-
-def _merge_into(target: dict[str, Any], more: Mapping[str, Any]) -> None:
-    for key, value in more.items():
-        if isinstance(value, dict) and isinstance(target.get(key), dict):
-            _merge_into(target[key], value)
-        elif isinstance(value, list) and isinstance(target.get(key), list):
-            target[key] = [*target[key], *value]
-        else:
-            target[key] = value
 
 
 def runs_nvidia_image(extensions: Mapping[str, str]) -> bool:
