@@ -541,12 +541,15 @@ def check_switchable(state_dir: Path, fault: str) -> None:
 
 def sync_faults(state_dir: Path) -> bool:
     """Make simnode take nodes down or bring them back as their ``unreachable`` fault says (nodes file +
-    SIGHUP), and wait until each node's observed file shows it; False when no simnode runs here."""
+    SIGHUP), and wait until each node's observed file shows it and the real talosctl reaches every node that
+    was down and is wanted up (``_wait_answering``); False when no simnode runs here."""
     p = paths(state_dir)
     pid = running_pid(state_dir)
     if pid is None:
         return False
-    wanted = {n.name: down_kind(n) for n in load_nodes(state_dir)}
+    nodes = load_nodes(state_dir)
+    wanted = {n.name: down_kind(n) for n in nodes}
+    back = [n.address for n in nodes if not wanted[n.name] and _observed_down(state_dir, n.name)]
     doc = json.loads(p.nodes.read_text())
     for entry in doc["nodes"]:
         entry["down"] = wanted.get(entry["name"], "")
@@ -559,7 +562,40 @@ def sync_faults(state_dir: Path) -> bool:
                 f"simnode did not apply the faults within {SYNC_TIMEOUT_S:.0f} s (log: {p.log})"
             )
         time.sleep(0.05)
+    _wait_answering(state_dir, back)
     return True
+
+
+#: How long a node brought back may still refuse: simnode's apid front redials a node only after apid's
+#: backoff, which grows to 15 s (simnode/front.go ``apidBackoff``, talos@v1.12.0
+#: internal/app/apid/pkg/backend/apid.go:95-118), so a node that was down long waits up to that; doubled.
+ANSWER_TIMEOUT_S = 30.0
+
+
+def _wait_answering(state_dir: Path, addresses: list[str]) -> None:
+    """Until ``talosctl version`` reaches every node in ``addresses``. Why: simnode marks a node up (its
+    observed file) before its apid front redials it, and until then every call fails with the old dial error
+    (``connection refused``), as a real apid does while its backoff lasts; ``runbook sim fault --clear``
+    returned into that window (tests/sim/test_fault_clear_reachable.py)."""
+    if not addresses:
+        return
+    sp = sim_paths(state_dir)
+    argv = [str(sp.bin_dir / "talosctl"), "--talosconfig", str(sp.talosconfig), "-n", ",".join(addresses)]
+    deadline = time.monotonic() + ANSWER_TIMEOUT_S
+    while True:
+        try:
+            done = subprocess.run([*argv, "version"], capture_output=True, text=True, timeout=30, check=False)
+            refused, why = done.returncode != 0, done.stderr.strip()
+        except subprocess.TimeoutExpired:
+            refused, why = True, "talosctl version did not return within 30 s"
+        if not refused:
+            return
+        if time.monotonic() > deadline:
+            raise RealTalosError(
+                f"nodes {', '.join(addresses)} still refuse talosctl {ANSWER_TIMEOUT_S:.0f} s after simnode "
+                f"brought them back: {(why.splitlines() or [''])[-1]} (log: {paths(state_dir).log})"
+            )
+        time.sleep(0.1)
 
 
 def _observed_down(state_dir: Path, name: str) -> str:
