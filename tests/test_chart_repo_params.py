@@ -58,9 +58,8 @@ def test_the_kubernetes_step_adds_the_repository_of_the_parameter(tmp_path: Path
     of ``DownloadIndexFile``'s error; read at commit 0e32b3a, the helm v3 line of that file; the real helm 4.1.4
     printed the same words for this URL on this machine). The step reports it.
 
-    Stays on the Python helm: on the real control plane ``connect`` replaces every ``repo_url`` with the
-    simulator's own chart repository (``endpoints.json`` ``charts``, as for the Image Factory), so a mirror URL
-    never reaches the real helm through the step on target simulated."""
+    On the Python helm; the real helm with the simulator's own mirror, and a wrong one that fails the step
+    before anything changes: ``tests/sim/test_real_chart_mirror.py``."""
     with sim_cluster(tmp_path, scenario="gpu-ready", device_plugin={"repo_url": MIRROR}) as (params, ctx):
         result = kubernetes_layer(ctx)
     commands = [" ".join(e.argv[1:5]) for e in ctx.journal.entries if e.argv]

@@ -148,7 +148,7 @@ def _up(args: argparse.Namespace) -> int:
         out.write(
             "kubernetes:  the real control plane (RUNBOOK_SIM_KUBE=python starts the Python one instead)\n"
         )
-    for key in ("kube", "charts", "factory", "tools"):
+    for key in ("kube", "charts", "charts_mirror", "factory", "tools"):
         if key in endpoints:
             out.write(f"{key + ':':<12} {endpoints[key]}\n")
     if endpoints and "tools" not in endpoints and toolserver.client_binary() is not None:

@@ -5,12 +5,18 @@ Why a served repository: the runbook installs charts the way a site does (``helm
 archives like NVIDIA's repositories, or an air-gapped site's mirror, do. The charts are our own
 (``chartsrc/``, each fact with its source); ``helm package --version`` stamps every version the runbook pins
 and ``helm repo index`` writes the index, so what helm reads is what helm itself produced.
+
+The same archives are also served at a second URL, the *mirror* (``charts_mirror`` in ``endpoints.json``), as an
+air-gapped site's copy of NVIDIA's repository under a path of its own: a ``repo_url`` parameter naming it is
+used as given, and each repository logs the requests it answered (``<state>/logs/charts*.log``), so a run can
+be shown to have fetched from the mirror and never from the default.
 """
 
 from __future__ import annotations
 
 import functools
 import http.server
+import shutil
 import subprocess
 import threading
 from pathlib import Path
@@ -25,11 +31,25 @@ CHART_VERSIONS: dict[str, tuple[str, ...]] = {
 }
 
 
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    """Serves the repository directory; request lines go nowhere (the supervisor's log is for failures)."""
+#: The mirror's path: a site's mirror is rarely at a host's root (e.g. https://charts.example.com/nvidia).
+MIRROR_PATH = "nvidia"
+
+
+class _LoggingHandler(http.server.SimpleHTTPRequestHandler):
+    """Serves the repository directory; one line per request (``GET /index.yaml 200``) in the repository's own
+    log, not the supervisor's (which is for failures)."""
+
+    request_log: Path | None = None
+    _lock = threading.Lock()
 
     def log_message(self, format: str, *args: object) -> None:
         return
+
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        if self.request_log is None:
+            return
+        with self._lock, self.request_log.open("a") as out:
+            out.write(f"{self.command} {self.path} {code}\n")
 
 
 def package(helm: Path, out: Path) -> list[Path]:
@@ -52,13 +72,15 @@ def _run(argv: list[str], what: str) -> None:
 
 
 class ChartRepo:
-    """An HTTP server on a free loopback port serving ``directory`` once ``index`` has written index.yaml."""
+    """An HTTP server on a free loopback port serving ``root`` once ``index`` has written index.yaml into
+    ``root/path`` (the repository's URL ends in ``path``); requests logged to ``request_log`` when given."""
 
-    def __init__(self, directory: Path) -> None:
-        handler = functools.partial(_QuietHandler, directory=str(directory))
-        self.directory = directory
+    def __init__(self, root: Path, path: str = "", request_log: Path | None = None) -> None:
+        handler_class = type("_Handler", (_LoggingHandler,), {"request_log": request_log})
+        handler = functools.partial(handler_class, directory=str(root))
+        self.directory = root / path if path else root
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}" + (f"/{path}" if path else "")
         self._thread = threading.Thread(target=self.server.serve_forever, name="chart-repo", daemon=True)
 
     def index(self, helm: Path) -> None:
@@ -77,10 +99,25 @@ class ChartRepo:
         self.server.server_close()
 
 
-def serve(helm: Path, directory: Path) -> ChartRepo:
+def serve(helm: Path, directory: Path, request_log: Path | None = None) -> ChartRepo:
     """Package the charts into ``directory``, index them for a fresh loopback port and serve them."""
     package(helm, directory)
-    repo = ChartRepo(directory)
+    repo = ChartRepo(directory, request_log=request_log)
+    repo.index(helm)
+    repo.start()
+    return repo
+
+
+def serve_mirror(helm: Path, source: ChartRepo, root: Path, request_log: Path | None = None) -> ChartRepo:
+    """The archives ``source`` serves, copied under ``root/nvidia`` and indexed for a second loopback port:
+    what ``helm repo add`` finds at a site's mirror (its own index.yaml, whose archive URLs point at the
+    mirror, so helm never reaches the source)."""
+    directory = root / MIRROR_PATH
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    root.chmod(0o700)
+    for archive in source.directory.glob("*.tgz"):
+        shutil.copyfile(archive, directory / archive.name)
+    repo = ChartRepo(root, MIRROR_PATH, request_log)
     repo.index(helm)
     repo.start()
     return repo

@@ -135,6 +135,7 @@ def _paths(state_dir: Path) -> dict[str, Path]:
         "logs": state_dir / "logs",
         "kube": state_dir / "kube",
         "charts": state_dir / "charts",
+        "charts_mirror": state_dir / "charts-mirror",
         "helm_home": state_dir / "helm",
         "stages": state_dir / "kwok-stages.yaml",
     }
@@ -268,7 +269,7 @@ def start_servers(state_dir: Path) -> dict[str, Any]:
     except RuntimeError:
         cluster.stop_daemon(state_dir)
         raise
-    return endpoints | {"kube": info["kube"], "charts": info["charts"]}
+    return endpoints | {k: info[k] for k in ("kube", "charts", "charts_mirror")}
 
 
 def describe(state_dir: Path) -> str:
@@ -373,11 +374,12 @@ def write_stages(state_dir: Path, tools: Tools) -> Path:
 
 
 def _publish(state_dir: Path, info: dict[str, Any]) -> None:
-    """``realkube.json`` (what ``start`` waits for) and ``kube``/``charts`` in ``endpoints.json``."""
+    """``realkube.json`` (what ``start`` waits for) and ``kube``/``charts``/``charts_mirror`` in
+    ``endpoints.json``."""
     endpoints_file = sim_paths(state_dir).endpoints
     with contextlib.suppress(FileNotFoundError, ValueError):
         endpoints = json.loads(endpoints_file.read_text())
-        endpoints |= {"kube": info["kube"], "charts": info["charts"]}
+        endpoints |= {k: info[k] for k in ("kube", "charts", "charts_mirror")}
         atomic_write(endpoints_file, json.dumps(endpoints, indent=1))
     atomic_write(_paths(state_dir)["info"], json.dumps(info, indent=1))
 
@@ -396,7 +398,14 @@ def _stop_process(proc: subprocess.Popen[Any], timeout: float) -> None:
 def _running(state_dir: Path, tools: Tools) -> Iterator[dict[str, Any]]:
     """Everything started in order; on exit (or a failed start) stopped in reverse order."""
     # Imported here: the Kubernetes client costs ~0.4 s, which every `runbook` command would pay otherwise.
-    from runbook_lib.sim import chartrepo, gpuoperator, kubeletapi, kubesystem, nodeagent  # noqa: PLC0415
+    from runbook_lib.sim import (  # noqa: PLC0415
+        chartrepo,
+        gpuoperator,
+        kubeletapi,
+        kubesystem,
+        latencyproxy,
+        nodeagent,
+    )
 
     paths = _paths(state_dir)
     paths["logs"].mkdir(mode=0o700, exist_ok=True)
@@ -410,17 +419,23 @@ def _running(state_dir: Path, tools: Tools) -> Iterator[dict[str, Any]]:
         stack.callback(proxy.stop)
         simkube, ready = _start_simkube(state_dir, tools, paths["logs"], proxy.socket_path)
         stack.callback(_stop_process, simkube, 60)
-        kubeconfig = sim_paths(state_dir).kubeconfig
-        atomic_write(kubeconfig, Path(ready["kubeconfig"]).read_text())
-        kubeconfig.chmod(0o600)
+        # The user's kubeconfig goes through the relay (the network a test may slow: ``api_latency_ms``); the
+        # simulated cluster's own components use simkube's, straight to kube-apiserver.
+        relay = latencyproxy.serve_for_users(state_dir, Path(ready["kubeconfig"]), ready["server"])
+        stack.callback(relay.stop)
+        kubeconfig = Path(ready["kubeconfig"])
         core = nodeagent.api(kubeconfig)
         kubernetes = str(load_cluster(state_dir)["kubernetes_version"])
         nodeagent.register(core, load_nodes(state_dir), kubernetes)
         kubesystem.apply(core.api_client, kubernetes)  # what Talos's manifest controller applies
         kwok = _start_kwok(tools, kubeconfig, paths["logs"], write_stages(state_dir, tools))
         stack.callback(_stop_process, kwok, 30)
-        repo = chartrepo.serve(tools.helm, paths["charts"])
+        repo = chartrepo.serve(tools.helm, paths["charts"], paths["logs"] / "charts.log")
         stack.callback(repo.stop)
+        mirror = chartrepo.serve_mirror(
+            tools.helm, repo, paths["charts_mirror"], paths["logs"] / "charts-mirror.log"
+        )
+        stack.callback(mirror.stop)
         # The simulated GPU Operator runs on every cluster, as the chart's operator would once installed: it does
         # nothing until a ClusterPolicy exists and the operator pod is Ready (nodes may reach Talos 1.13 mid-run).
         operator = gpuoperator.GpuOperator(state_dir, kubeconfig, logs)
@@ -429,7 +444,13 @@ def _running(state_dir: Path, tools: Tools) -> Iterator[dict[str, Any]]:
         stack.callback(agent.stop)
         operator.start()
         stack.callback(operator.stop)
-        yield {"pid": os.getpid(), "kube": ready["server"], "charts": repo.url, "components": ready["pids"]}
+        yield {
+            "pid": os.getpid(),
+            "kube": relay.url,
+            "charts": repo.url,
+            "charts_mirror": mirror.url,
+            "components": ready["pids"],
+        }
 
 
 def serve(state_dir: Path) -> int:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from runbook_lib.errors import RunbookError
+from runbook_lib.errors import PermanentError, RunbookError
 from runbook_lib.model.profiles import GPU_OPERATOR_VALUES
 
 from . import gpu_operator_handover, kube_diagnosis, operator_runtime_class
@@ -50,6 +50,7 @@ def kubernetes_layer(
         result.data["created"] = []
     changed: list[str] = []
     try:
+        _chart_repository(ctx)  # before any change: a repository helm cannot read stops the step here
         if plan.kubernetes_layer == "gpu-operator":
             _retire_device_plugin(ctx, result, changed, dry_run=dry_run, timeout_s=timeout_s)
         _runtime_class(ctx, result, changed, dry_run=dry_run)
@@ -160,12 +161,29 @@ def _label_nodes(ctx: Context, gpu_nodes: list[Any], changed: list[str], *, dry_
         changed.extend(f"label node {name} nvidia.com/gpu.present=true" for name in todo if name in done)
 
 
+def _chart_repository(ctx: Context) -> None:
+    """``helm repo add`` + ``helm repo update`` of the release's repository, first: a mirror URL that is wrong
+    or unreachable (the parameter an air-gapped site sets) fails the step before it changes anything, naming
+    the parameter, where it used to retire releases or create RuntimeClass ``nvidia`` and then stop half-way.
+    Only helm's local repository list changes here."""
+    release = ctx.plan.helm
+    section = "gpu_operator" if ctx.plan.kubernetes_layer == "gpu-operator" else "device_plugin"
+    try:
+        ctx.helm.repo_add(release.repo_name, release.repo_url)
+        ctx.helm.repo_update(release.repo_name)
+    except RunbookError as exc:
+        raise PermanentError(
+            f"{section}.repo_url {release.repo_url}: helm cannot read a chart repository there, so nothing "
+            f"was changed: {exc.message}",
+            hint=f"set {section}.repo_url to a Helm repository (the folder holding index.yaml) this machine "
+            f"reaches, NVIDIA's or your mirror of it; check with: helm repo add {release.repo_name} <url>",
+        ) from None
+
+
 def _helm_release(
     ctx: Context, result: StepResult, changed: list[str], *, dry_run: bool, timeout_s: float
 ) -> None:
     release = ctx.plan.helm
-    ctx.helm.repo_add(release.repo_name, release.repo_url)
-    ctx.helm.repo_update(release.repo_name)
     chart_name = release.chart.split("/", 1)[1]
     current = ctx.helm.release(release.release, release.namespace)
     if (

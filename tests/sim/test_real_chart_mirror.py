@@ -1,0 +1,69 @@
+"""The chart repository parameter on the real control plane: an air-gapped site's mirror, with the real helm 4.1.4.
+
+The simulator serves the same charts at two URLs (``endpoints.json`` ``charts`` and ``charts_mirror``,
+``runbook_lib/sim/chartrepo.py``) and logs every request each one answers, so a test can show which one helm
+read. A ``repo_url`` the parameters set is used as given on target simulated too (``Params.with_chart_repo``).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runbook_lib.model.params import Params, validate
+from runbook_lib.steps.context import Context, connect
+from runbook_lib.steps.kubernetes import kubernetes_layer
+from tests.realplane import real_cluster
+
+pytestmark = pytest.mark.slow
+
+GPUS_WITHIN = 180  # as tests/test_step_kubernetes.py: the step returns as soon as the GPUs are advertised
+
+
+def _requests(state_dir: Path, log: str) -> list[str]:
+    path = state_dir / "logs" / log
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def _with_repo(params: Params, url: str, state_dir: Path) -> Context:
+    """A context for these parameters with ``device_plugin.repo_url: <url>`` in them, as a user writes it."""
+    data: dict[str, Any] = params.model_dump(mode="json", exclude_unset=True)
+    data["device_plugin"] = {**data.get("device_plugin", {}), "repo_url": url}
+    return connect(validate(data, source="test"), state_dir=state_dir)
+
+
+def test_the_step_installs_from_the_mirror_of_the_parameters_and_a_wrong_mirror_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    """A wrong mirror (a port where nothing listens: helm's ``cannot be reached``) fails the step naming the
+    parameter and the URL before anything is changed, where it used to create RuntimeClass ``nvidia`` first;
+    the mirror the simulator serves installs the release, and the default repository sees no request."""
+    with socket.socket() as closed, real_cluster(tmp_path, scenario="gpu-ready", apply=True) as (params, _):
+        closed.bind(("127.0.0.1", 0))  # bound, never listening: a connection is refused, and no one takes it
+        wrong = f"http://127.0.0.1:{closed.getsockname()[1]}/nvidia"
+        ctx = _with_repo(params, wrong, tmp_path)
+        failed = kubernetes_layer(ctx, timeout_s=GPUS_WITHIN)
+        assert not failed.ok
+        (check,) = [c for c in failed.checks if not c.ok]
+        assert "device_plugin.repo_url" in check.message and wrong in check.message, check
+        assert "device_plugin.repo_url" in check.fix, check
+        assert ctx.kube.runtime_class("nvidia") is None
+        assert ctx.helm.release("nvidia-device-plugin", "kube-system") is None
+        assert ctx.journal.changes() == []
+
+        mirror = json.loads((tmp_path / "endpoints.json").read_text())["charts_mirror"]
+        ctx = _with_repo(params, mirror, tmp_path)
+        assert ctx.plan.helm.repo_url == mirror
+        done = kubernetes_layer(ctx, timeout_s=GPUS_WITHIN)
+        assert done.ok, done.to_dict()
+        assert all(n.data["allocatable_gpus"] == 1 for n in done.nodes)
+    served = _requests(tmp_path, "charts-mirror.log")
+    assert "GET /nvidia/index.yaml 200" in served
+    assert any(
+        line.startswith("GET /nvidia/nvidia-device-plugin-") and line.endswith(" 200") for line in served
+    )
+    assert _requests(tmp_path, "charts.log") == []
