@@ -25,10 +25,11 @@ from typing import Any
 import pytest
 
 from runbook_lib.model.params import Params
-from runbook_lib.sim import cluster, factory, faults, realtalos
+from runbook_lib.sim import cluster, factory, faults, realkube, realtalos
 from runbook_lib.sim.state import SimNode, load_cluster, load_node, load_nodes
 from runbook_lib.steps.context import Context, connect
 from tests.realplane import _params as gpu_params
+from tests.realplane import wait_nodes_ready
 
 #: A boot hung on ext-nvidia-persistenced: the real talosctl reports Talos's sequence error, which names no
 #: service (tests/sim/test_real_faults.py HUNG_BOOT, citing talos@v1.12.0 v1alpha1_sequencer_tasks.go
@@ -62,21 +63,27 @@ def sim_cluster(
 
     ``latency_ms`` is every node's simulated round trip per talosctl call (what makes serial calls visible).
     ``daemon=False`` starts no Kubernetes API or Image Factory (simnode still answers the Talos API).
+    The Kubernetes side is the one ``runbook sim up`` picks (``RUNBOOK_SIM_KUBE``, ``realkube.start_servers``):
+    on the real control plane it yields once every Node is Ready and untainted (``tests/realplane.py``).
     """
     spec = cluster.ClusterSpec(
         workers=workers, talos_version=talos_version, scenario=scenario, latency_ms=latency_ms
     )
     cluster.create(state_dir, spec)
     if daemon:
-        cluster.start_daemon(state_dir)
+        realkube.start_servers(state_dir)  # the real control plane when RUNBOOK_SIM_KUBE chooses it
     else:
         (state_dir / "endpoints.json").write_text("{}")
     try:
         with _talos(state_dir, spec):
             p = gpu_params(state_dir, talos_version, params)
-            yield p, connect(p, state_dir=state_dir)
+            ctx = connect(p, state_dir=state_dir)
+            if realkube.supervisor_pid(state_dir) is not None:
+                wait_nodes_ready(ctx, state_dir)  # as real_cluster: no pod before the taint is lifted
+            yield p, ctx
     finally:
         if daemon:
+            realkube.stop(state_dir)
             cluster.stop_daemon(state_dir)
 
 
