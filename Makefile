@@ -27,8 +27,13 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# Worker processes for the suite (pytest-xdist): the suite mostly waits on simulated durations and process
+# start-ups, so workers overlap the waits. 0 runs it serially in this process. --dist loadfile keeps a test
+# file on one worker, so a module-scoped control plane starts once; tests/conftest.py starts the long files first.
+PYTEST_WORKERS ?= 3
+
 unit: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile
 
 test: lint typecheck unit
 

@@ -37,8 +37,11 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import pytest
+
+from tests.buildlock import build_lock
 
 #: Talos's durations for every simulator the suite starts (simnode's -time-factor, the Python talosctl's boot).
 TIME_SCALE = "0.01"
@@ -48,15 +51,36 @@ os.environ.setdefault("RUNBOOK_SIM_KUBE", "python")
 os.environ.setdefault("RUNBOOK_SIM_TIME_SCALE", TIME_SCALE)
 
 
+#: The files that take longest (measured with ``--durations``, see README "Tests"), started first under
+#: pytest-xdist so they do not form the tail of a parallel run: ``--dist loadfile`` hands out whole files in
+#: collection order. A file missing from the list only runs later; the order of the rest is unchanged.
+LONG_FILES: tuple[str, ...] = ("tests/sim/test_gpu_operator_real.py",)
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     """simnode built for the current sources before any test, when a talosctl is built: else ``auto`` runs the
     Python talosctl everywhere without a word (``tests/simcluster.py`` ``ensure_current_simnode``). A failed
-    build ends the session before any test runs, saying what to do."""
+    build ends the session before any test runs, saying what to do. Under pytest-xdist only the controller
+    does it, before it starts the workers (its own ``pytest_sessionstart`` is ``trylast``), under
+    ``build_lock`` against any other pytest run on the machine: workers never build."""
+    if hasattr(session.config, "workerinput"):
+        return
     from tests.simcluster import StaleSimnode, ensure_current_simnode
 
     try:
-        built = ensure_current_simnode()
+        with build_lock("simnode"):
+            built = ensure_current_simnode()
     except StaleSimnode as exc:
         pytest.exit(str(exc), returncode=pytest.ExitCode.USAGE_ERROR)
     if built is not None:
         sys.stderr.write(f"simnode rebuilt for the current sources: {built}\n")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In an xdist worker, the ``LONG_FILES`` first (a stable sort: each file's tests keep their order and
+    stay together). Every worker collects the same order, as xdist requires; a serial run is left as is."""
+    if not hasattr(config, "workerinput"):
+        return
+    rank = {name: index for index, name in enumerate(LONG_FILES)}
+    root = Path(str(config.rootpath))
+    items.sort(key=lambda item: rank.get(item.path.relative_to(root).as_posix(), len(rank)))

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.buildlock import build_lock
 from tests.sim.test_talosctl_get import json_stream  # one JSON document per resource, back to back
 
 pytestmark = pytest.mark.slow
@@ -127,14 +128,15 @@ def build(script: str, *args: str) -> Path:
     if go is None:
         pytest.skip("go is not installed: the real talosctl and simnode are built from Go modules")
     env = {**os.environ, "PATH": f"{Path(go).parent}:{os.environ['PATH']}", "GOFLAGS": "-p=1"}
-    proc = subprocess.run(
-        ["nice", "-n", "10", str(ROOT / "tools" / script), *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-        timeout=1800,
-    )
+    with build_lock(script):  # parallel workers: one builds, the others then find it cached
+        proc = subprocess.run(
+            ["nice", "-n", "10", str(ROOT / "tools" / script), *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=False,
+            timeout=1800,
+        )
     assert proc.returncode == 0, proc.stderr
     return Path(proc.stdout.strip().splitlines()[-1])
 
