@@ -113,3 +113,18 @@ def test_first_cell_output_is_kept_with_the_quick_ready_client(tmp_path: Path) -
         cells = nbformat.read(out, as_version=4).cells
         assert [o.get("text") for o in cells[0].outputs] == ["first output\n"]
         assert [o.get("text") for o in cells[1].outputs] == ["second\n"]
+
+
+def test_the_runner_imports_papermill_without_building_jsonschemas_iri_grammars() -> None:
+    """papermill -> nbformat -> jsonschema imports ``rfc3987_syntax`` when it is installed (jsonschema 4.26.0
+    ``_format.py``: ``with suppress(ImportError): from rfc3987_syntax import is_valid_syntax`` registers the
+    ``iri`` format checks), and that module compiles 38 lark grammars at import: 1-8 s of the runbook process's
+    CPU per run on this 2-core machine (cProfile of an 8-node ``runbook run``: 20 of 60 s), while the first
+    kernel starts.  nbformat validates notebooks without a FormatChecker, so the ``iri`` checks are never used
+    by the runner: it must not pay for them, and papermill must still work."""
+    code = (
+        "import sys\nfrom runbook_lib.notebook import runner\nrunner.import_before_threads()\nimport papermill, nbformat\n"
+        "print(sys.modules.get('rfc3987_syntax') is not None, 'lark' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    assert out.stdout.split() == ["False", "False"]

@@ -653,6 +653,19 @@ def import_for_kernel_start() -> None:
     KernelSpecManager().get_kernel_spec(KERNEL)
 
 
+def skip_iri_format_checks() -> None:
+    """Keep jsonschema from importing ``rfc3987_syntax``, which compiles 38 lark grammars when imported.
+
+    papermill imports nbformat, which imports jsonschema, whose ``_format.py`` (jsonschema 4.26.0) registers
+    the ``iri``/``iri-reference`` format checks only ``with suppress(ImportError): from rfc3987_syntax import
+    …``.  Installed with jupyter-events' ``jsonschema[format-nongpl]``, it cost the runbook process 1-8 s of
+    CPU per run on 2 cores (cProfile of an 8-node ``runbook run``), while the first kernel starts.  nbformat
+    validates notebooks without a FormatChecker, so those checks are never used here; a ``None`` entry in
+    ``sys.modules`` makes that import raise ImportError, which jsonschema expects.  Done only when nothing
+    imported it yet."""
+    sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]
+
+
 def import_before_threads() -> None:
     """Import, on the main thread, every module the run's worker threads would otherwise import first.
 
@@ -663,6 +676,7 @@ def import_before_threads() -> None:
     worker threads import nothing: papermill, the Kubernetes client and the classes
     :func:`collect_versions` uses are imported here, while the first kernels start in their own processes.
     """
+    skip_iri_format_checks()
     importlib.import_module("papermill")
     importlib.import_module("runbook_lib.clients.kube")
     kube = importlib.import_module("kubernetes.client")
