@@ -12,9 +12,12 @@ on_talos_1_13_passes_every_step_with_the_gpu_operator_on_the_real_control_plane`
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from runbook_lib.model.params import validate
+from runbook_lib.sim.kwokstages import run_seconds
 from runbook_lib.steps.context import connect
 from runbook_lib.steps.cudatest import RUN_LABEL, TEST_NAMESPACE, cuda_test
 from runbook_lib.steps.kubernetes import allocatable_gpus, kubernetes_layer
@@ -107,6 +110,7 @@ def test_cuda_test_passes_on_ready_nodes_cleans_up_and_compares_nvidia_smi_with_
         again = cuda_test(ctx, only=[name])  # drivers read from the node's extensions agree
         assert again.data["run_id"] not in (run_id, wrong.data["run_id"]) and again.ok, again.to_dict()
         assert_a_running_pod_is_deleted_with_its_grace_period(ctx, name)
+        assert_a_bare_pod_runs_for_its_run_time(ctx, name)
 
 
 def assert_a_running_pod_is_deleted_with_its_grace_period(ctx, node: str) -> None:
@@ -116,30 +120,50 @@ def assert_a_running_pod_is_deleted_with_its_grace_period(ctx, node: str) -> Non
     pkg/registry/generic/registry/store.go:1106-1116) while a real node's containers may still run, and the
     scheduler then counts their GPU as free. kwok holds the pod for its pod-delete stage (15 s by annotation,
     kwok@v0.8.0 kustomize/stage/pod/general/pod-delete.yaml)."""
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "still-running", "annotations": {"pod-delete.stage.kwok.x-k8s.io/delay": "15s"}},
-        "spec": {
-            "nodeName": node,
-            "terminationGracePeriodSeconds": 30,
-            "tolerations": [{"operator": "Exists"}],
-            "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10"}],
-        },
-    }
-    ctx.kube.create_pod(TEST_NAMESPACE, pod)
-
-    def phase():
-        return [
-            p["status"].get("phase")
-            for p in ctx.kube.pods(TEST_NAMESPACE)
-            if p["metadata"]["name"] == "still-running"
-        ]
-
-    assert wait_for(lambda: phase() == ["Running"], 120), phase()
+    app = {"name": "app", "image": "registry.k8s.io/pause:3.10"}
+    _create_pod(
+        ctx, "still-running", node, {"pod-delete": "15s"}, containers=[app], terminationGracePeriodSeconds=30
+    )
+    assert wait_for(lambda: _phase(ctx, "still-running") == "Running", 120), _phase(ctx, "still-running")
     assert ctx.kube.delete_pod(TEST_NAMESPACE, "still-running")
     (left,) = [p for p in ctx.kube.pods(TEST_NAMESPACE) if p["metadata"]["name"] == "still-running"]
     assert left["metadata"]["deletionTimestamp"] and left["metadata"]["deletionGracePeriodSeconds"] == 30
+
+
+def assert_a_bare_pod_runs_for_its_run_time(ctx, node: str) -> None:
+    """A bare pod (what cuda-test creates) runs for the pod-complete stage's time before it ends, as a Job's pod
+    does through kwok (kwokstages.py: scaled by RUNBOOK_SIM_TIME_SCALE, or the wall time of kwok's per-pod
+    annotation ``pod-complete.stage.kwok.x-k8s.io/delay``). Before, the node agent ended it at its next pass,
+    0-0.5 s after it started, whatever the time factor or the annotation said."""
+    app = {"name": "app", "image": "busybox:1.37", "command": ["echo", "done"]}
+    _create_pod(ctx, "runs-4s", node, {"pod-complete": "4s"}, containers=[app], restartPolicy="Never")
+
+    def phase():
+        return _phase(ctx, "runs-4s")
+
+    assert wait_for(lambda: phase() in ("Running", "Succeeded"), 120), phase()
+    seen_running = time.monotonic()
+    assert wait_for(lambda: phase() == "Succeeded", 120), phase()
+    # seen Running at most one poll after it started: it must not end before its 4 s, less that poll
+    assert time.monotonic() - seen_running >= 2.5, phase()
+    ctx.kube.delete_pod(TEST_NAMESPACE, "runs-4s")
+
+
+def _create_pod(ctx, name: str, node: str, delays: dict[str, str], **spec) -> None:
+    """A pod on ``node`` in the test namespace whose kwok stages wait ``delays`` (stage: Go duration, wall time)."""
+    annotations = {f"{stage}.stage.kwok.x-k8s.io/delay": delay for stage, delay in delays.items()}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": {"nodeName": node, "tolerations": [{"operator": "Exists"}], **spec},
+    }
+    ctx.kube.create_pod(TEST_NAMESPACE, pod)
+
+
+def _phase(ctx, name: str) -> str | None:
+    found = [p for p in ctx.kube.pods(TEST_NAMESPACE) if p["metadata"]["name"] == name]
+    return found[0]["status"].get("phase") if found else None
 
 
 def test_cuda_vectoradd_runs_with_the_runtime_class_only_as_talos_ci_does(tmp_path):
@@ -280,3 +304,13 @@ def test_gpu_operator_no_gpu_hint_names_the_operators_device_plugin_daemonset(tm
         fixes = " ".join(c.fix for n in result.failing() for c in n.checks)
         assert "logs ds/nvidia-device-plugin-daemonset" in fixes, fixes
         assert "ds/gpu-operator" not in fixes
+
+
+def test_a_bare_pods_run_time_follows_the_time_factor_unless_kwoks_annotation_sets_it():
+    """The node agent's run time for a bare pod (kwokstages.run_seconds): the pod-complete stage's delay scaled
+    as kwok's stages are, so pods at the suite's 0.01 end in milliseconds and at 1 in about a second; kwok's
+    per-pod annotation is wall time (a Go duration, as kwok parses it)."""
+    assert all(0.5 <= run_seconds({}, 1.0) <= 1.5 for _ in range(20))
+    assert all(run_seconds({}, 0.01) <= 0.015 for _ in range(20))
+    annotated = {"metadata": {"annotations": {"pod-complete.stage.kwok.x-k8s.io/delay": "1m30s"}}}
+    assert run_seconds(annotated, 0.01) == 90.0

@@ -20,6 +20,8 @@ Terminating before it goes.
 
 from __future__ import annotations
 
+import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,6 +52,32 @@ DELAYS: dict[str, Delay] = {
     "pod-complete": Delay(0.5, 1.5),  # a Job's container runs to its end (a bare pod: nodeagent)
     "pod-delete": Delay(1.0, 1.0),  # SIGTERM to gone; at most the grace period (deletionTimestamp)
 }
+
+
+#: A Go duration as kwok parses its delay annotations (``time.ParseDuration``: ``4s``, ``500ms``, ``1m30s``).
+_GO_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def go_duration(text: str) -> float | None:
+    """Seconds of a Go duration (``4s``, ``1m30s``), None for anything else."""
+    text = text.strip()
+    parts = _GO_DURATION.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        return None
+    return sum(float(n) * _UNIT_SECONDS[u] for n, u in parts)
+
+
+def run_seconds(pod: dict[str, Any], factor: float, rng: random.Random | None = None) -> float:
+    """How long a bare pod's containers run before they end (the node agent ends it: kwok's pod-complete stage
+    takes only a Job's pods): the pod's ``pod-complete.stage.kwok.x-k8s.io/delay`` annotation as wall time, as
+    kwok reads it for a Job's pod, else the pod-complete stage's delay at ``factor``, uniform as kwok's jitter."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    given = go_duration(str(annotations.get(ANNOTATION.format(stage="pod-complete", what="delay"), "")))
+    if given is not None:
+        return given
+    delay = DELAYS["pod-complete"]
+    return (rng or random).uniform(delay.seconds, delay.up_to) * factor
 
 
 def _ms(seconds: float, factor: float) -> int:

@@ -24,12 +24,13 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from runbook_lib.sim import kwokstages
 from runbook_lib.sim.kubeapi.faults import FaultFile, matches
 from runbook_lib.sim.kubelet import _CONTAINERD as CONTAINERD_VERSIONS
 from runbook_lib.sim.kubelet import _KERNEL as KERNEL_VERSIONS
 from runbook_lib.sim.kubelet import NodeView, Outcome, failing_pull, program, pull_backoff, pull_failure
 from runbook_lib.sim.kubeletapi import KUBELET_PORT, Logs
-from runbook_lib.sim.realtalos import observed_nodes
+from runbook_lib.sim.realtalos import observed_nodes, time_factor
 from runbook_lib.sim.state import SimNode, runtime
 
 log = logging.getLogger("runbook_lib.sim.nodeagent")
@@ -317,6 +318,8 @@ class NodeAgent(Periodic):
         self.state_dir = state_dir
         self.admits: Admits = admits or (lambda _pod, _node: True)
         self.logs = logs
+        self._ends: dict[str, float] = {}
+        """Running bare pods by uid: the monotonic time their containers end (``_complete``)."""
         self._restarts: dict[str, tuple[int, float]] = {}
         """Crash-looping plugin containers by pod uid: (restarts so far, monotonic time of the next restart)."""
         self.core = api(kubeconfig)
@@ -544,10 +547,19 @@ class NodeAgent(Periodic):
     def _complete(
         self, pods: list[dict[str, Any]], nodes: dict[str, SimNode], handlers: dict[str, str]
     ) -> None:
+        """Each bare pod ends once it ran its run time (``kwokstages.run_seconds``: scaled by the time factor as
+        kwok's stages are), counted from the pass that first saw it running; before, at the next pass."""
+        now, running = time.monotonic(), set()
         for pod in pods:
             on = nodes.get((pod.get("spec") or {}).get("nodeName", ""))
-            if on is not None and _runs_to_completion(pod):
+            if on is None or not _runs_to_completion(pod):
+                continue
+            uid = pod["metadata"]["uid"]
+            running.add(uid)
+            ends = self._ends.setdefault(uid, now + kwokstages.run_seconds(pod, time_factor()))
+            if now >= ends:
                 self._run_to_completion(pod, on, _handler(pod, handlers, on))
+        self._ends = {uid: t for uid, t in self._ends.items() if uid in running}
 
     def _run_to_completion(self, pod: dict[str, Any], node: SimNode, handler: str) -> None:
         """A pod that kwok started and that ends by itself: what its containers print and exit with on this
