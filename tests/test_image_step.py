@@ -11,8 +11,9 @@ import yaml
 from runbook_lib.model.params import load_params
 from runbook_lib.model.schematic import schematic_for
 from runbook_lib.sim import factory
-from runbook_lib.sim.scenarios import configure_modules
+from runbook_lib.sim.scenarios import configure_modules, register_schematic
 from runbook_lib.sim.state import VANILLA_SCHEMATIC, InstalledExtension, locked_node
+from runbook_lib.sim.talosctl import images
 from runbook_lib.steps.context import Context, connect
 from runbook_lib.steps.image import image_upgrade
 from runbook_lib.steps.results import StepResult
@@ -235,12 +236,6 @@ def test_before_the_image_factory_the_upgrade_waits_for_the_install_extensions_p
         assert all("ghcr.io/siderolabs/installer:v1.4.8" in c for c in planned.data["commands"])
 
 
-#: ``_add_extensions`` gives a node extensions no schematic installs (its installer image stays the others'):
-#: simnode derives a node's extensions from its installer image, so such a node exists only for the Python
-#: talosctl (the scenario storage-extensions is the same case with a schematic, on either talosctl).
-EXTENSIONS_WITHOUT_SCHEMATIC = "the test adds extensions to a node without a schematic that installs them"
-
-
 #: talosctl 1.13's upgrade drains the node first through the cluster's Kubernetes API (its default --drain,
 #: with the kubeconfig the control plane hands out: talos@v1.13.0 cmd/talosctl/cmd/talos/upgrade.go:143-144,360), which
 #: factory_only does not run: the real talosctl's upgrade of a 1.13 node fails there ("error creating
@@ -254,17 +249,24 @@ EXTENSION_FAULT_ON_STOCK_IMAGE = (
 )
 
 
-@pytest.fixture
-def sim_with_extensions(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[tuple[Path, factory.FactoryServer]]:
-    """``sim`` for the tests that ``_add_extensions``: on the Python talosctl (EXTENSIONS_WITHOUT_SCHEMATIC)."""
-    python_talosctl(monkeypatch, EXTENSIONS_WITHOUT_SCHEMATIC)
-    yield from _sim(tmp_path)
+def _boot_with(state: Path, node: str, names: list[str]) -> None:
+    """The node booted an Image Factory schematic with these extensions (``get extensions`` lists their manifest
+    names), as the scenario storage-extensions does; served as edited from now on.
+
+    Why a schematic: a node's ExtensionStatus lists exactly the layers of the image it booted (talos@v1.12.0
+    internal/app/machined/pkg/controllers/runtime/extension_status.go: ``/etc/extensions.yaml``, read once), so
+    a node with extensions runs an image that installs them, and simnode derives the list from that image."""
+    refs = [f"siderolabs/{name}" for name in names]
+    with locked_node(state, node) as sim_node:
+        available = {e["name"]: e for e in images.official_extensions(sim_node.talos_version)}
+        sim_node.schematic_id = register_schematic(state, refs)
+        sim_node.extensions = [images.to_installed(available[ref]) for ref in refs]
+    serve_node_files(state)
 
 
-def _add_extensions(state: Path, node: str, names: list[str]) -> None:
-    """Extensions a node already runs besides the GPU ones, as ``get extensions`` names them (manifest name)."""
+def _install_extensions_listed(state: Path, node: str, names: list[str]) -> None:
+    """Before the Image Factory (Talos 1.3-1.4) a node runs the extensions its installer pulled from
+    ``machine.install.extensions``, with no schematic (the Python talosctl: simnode serves Talos 1.9+)."""
     with locked_node(state, node) as sim_node:
         for name in names:
             image = f"ghcr.io/siderolabs/{name}:v0.1.6"
@@ -272,12 +274,12 @@ def _add_extensions(state: Path, node: str, names: list[str]) -> None:
 
 
 def test_extensions_the_plan_lacks_block_the_upgrade_with_the_line_that_keeps_them(
-    sim_with_extensions: tuple[Path, factory.FactoryServer],
+    sim: tuple[Path, factory.FactoryServer],
 ) -> None:
     """docs:public/talos/v1.12/platform-specific-installations/boot-assets.mdx:236-250: after an upgrade to
     another schematic the node runs exactly that schematic's extensions, so iscsi-tools would be gone."""
-    state, _server = sim_with_extensions
-    _add_extensions(state, "talos-worker-2", ["iscsi-tools", "qemu-guest-agent"])
+    state, _server = sim
+    _boot_with(state, "talos-worker-2", ["iscsi-tools", "qemu-guest-agent"])
     keep = "extra_extensions: [siderolabs/iscsi-tools, siderolabs/qemu-guest-agent]"
     plan = image_upgrade(_ctx(state, apply=False))
     node = plan.node("talos-worker-2")
@@ -398,17 +400,17 @@ def test_before_the_image_factory_other_extensions_are_kept_by_the_config_and_no
     from tests.simcluster import sim_cluster
 
     with sim_cluster(tmp_path, talos_version="v1.4.8") as (_params, ctx):
-        _add_extensions(tmp_path, "talos-worker-1", ["iscsi-tools"])
+        _install_extensions_listed(tmp_path, "talos-worker-1", ["iscsi-tools"])
         plan = image_upgrade(ctx, apply=False)
         assert [n.status for n in plan.nodes] == ["planned", "planned"]
         assert "dropped_extensions" not in plan.data
 
 
 def test_the_line_that_keeps_extensions_adds_to_what_the_parameters_already_ask(
-    sim_with_extensions: tuple[Path, factory.FactoryServer],
+    sim: tuple[Path, factory.FactoryServer],
 ) -> None:
-    state, _server = sim_with_extensions
-    _add_extensions(state, "talos-worker-2", ["iscsi-tools", "zfs"])
+    state, _server = sim
+    _boot_with(state, "talos-worker-2", ["iscsi-tools", "zfs"])
     nodes = [{"name": f"talos-worker-{i}", "address": f"10.5.0.{2 + i}"} for i in (1, 2, 3)]
     nodes[1]["overrides"] = {"extra_extensions": ["siderolabs/zfs"]}
     plan = image_upgrade(
@@ -421,19 +423,16 @@ def test_the_line_that_keeps_extensions_adds_to_what_the_parameters_already_ask(
     )
 
 
-def test_extension_the_config_still_installs_on_talos_1_9_is_not_refused(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_extension_the_config_still_installs_on_talos_1_9_is_not_refused(tmp_path: Path) -> None:
     """Up to Talos 1.9 the installer also pulls the images ``machine.install.extensions`` lists
     (talos@v1.9.6:internal/pkg/install/install.go:59-104; gone in v1.10.0), so an extension listed there
     survives the new schematic; one only in the old schematic does not."""
-    python_talosctl(monkeypatch, EXTENSIONS_WITHOUT_SCHEMATIC)
     for state, _server in _sim(tmp_path, version="v1.9.6"):
-        _add_extensions(state, "talos-worker-1", ["iscsi-tools"])
-        _add_extensions(state, "talos-worker-2", ["iscsi-tools"])
         with locked_node(state, "talos-worker-1") as node:
             install = node.machine_config[0]["machine"]["install"]
             install["extensions"] = [{"image": "ghcr.io/siderolabs/iscsi-tools:v0.1.6"}]
+        _boot_with(state, "talos-worker-1", ["iscsi-tools"])
+        _boot_with(state, "talos-worker-2", ["iscsi-tools"])
         plan = image_upgrade(_ctx(state, apply=False, version="v1.9.6"))
         assert [n.status for n in plan.nodes] == ["planned", "failed", "planned"]
 
