@@ -69,3 +69,19 @@ def test_the_kubernetes_step_adds_the_repository_of_the_parameter(tmp_path: Path
     assert f'looks like "{MIRROR}" is not a valid chart repository or cannot be reached' in (
         failed.message + failed.evidence
     ), failed
+
+
+def test_runbook_runs_kernels_still_take_the_simulators_chart_repository(tmp_path: Path) -> None:
+    """``runbook run`` writes the validated parameters, defaults included (``Params.public_dict``), to the record's
+    ``params.yaml``, and each step's kernel loads them from there: a default ``repo_url`` is then *set* in that
+    file.  It must still go to the simulator's repository (an 8-node ``runbook run --apply`` on the real control
+    plane failed ``helm repo add nvdp https://nvidia.github.io/k8s-device-plugin``: no network), while a mirror the
+    user set is kept."""
+    import yaml
+
+    user = load_params(write(tmp_path, {**GOOD, "gpu_operator": {"repo_url": MIRROR}}))
+    as_recorded = tmp_path / "params.yaml"
+    as_recorded.write_text(yaml.safe_dump(user.public_dict(), sort_keys=False))
+    served = load_params(as_recorded).with_chart_repo("http://127.0.0.1:40000")
+    assert served.device_plugin.repo_url == "http://127.0.0.1:40000"
+    assert served.gpu_operator.repo_url == MIRROR

@@ -359,14 +359,16 @@ class Params(_Strict):
     def with_chart_repo(self, url: str) -> Params:
         """These parameters with both chart repositories at ``url`` (a simulated cluster serving both charts),
         except a ``repo_url`` the parameters set: that one is kept, as on a real cluster (an air-gapped
-        site's mirror; the simulator serves one too, ``charts_mirror``), and helm is pointed where it says."""
+        site's mirror; the simulator serves one too, ``charts_mirror``), and helm is pointed where it says.
+        NVIDIA's own repository (the default) counts as not set even when written out: ``runbook run`` hands its
+        kernels the validated parameters with every default in them (the record's ``params.yaml``)."""
         url = _check_repo_url(url)
         sections = {"device_plugin": self.device_plugin, "gpu_operator": self.gpu_operator}
         return self.model_copy(
             update={
                 name: section.model_copy(update={"repo_url": url})
                 for name, section in sections.items()
-                if "repo_url" not in section.model_fields_set
+                if section.repo_url == type(section).model_fields["repo_url"].default
             }
         )
 
