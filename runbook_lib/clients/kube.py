@@ -215,6 +215,13 @@ class Kube:
         )
         return None if listed is None else list(listed.get("items") or [])
 
+    def lease(self, namespace: str, name: str) -> Obj | None:
+        """A coordination.k8s.io Lease (a controller's leader election), None when there is none."""
+        leases = client.CoordinationV1Api(self.api)
+        return self._read_or_none(
+            f"read lease {namespace}/{name}", lambda: leases.read_namespaced_lease(name, namespace)
+        )
+
     def daemonsets(self, namespace: str, label_selector: str | None = None) -> list[Obj]:
         result = self._call(
             "list daemonsets",

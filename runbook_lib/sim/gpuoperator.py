@@ -21,6 +21,14 @@ real API server, once the operator pod is Ready (sources: NVIDIA/gpu-operator at
   ``nvidia-device-plugin-daemonset`` (state_manager.go:1107-1113 ``isStateEnabled``); a disabled one is deleted;
 - the ClusterPolicy's ``status.state``: ``ready`` once every operand DaemonSet has all its pods ready.
 
+Leader election: the chart runs the operator with ``--leader-elect`` (deployments/gpu-operator/templates/
+operator.yaml), so it reconciles only while it holds the Lease ``53822513.nvidia.com`` in its namespace
+(cmd/gpu-operator/main.go ``LeaderElectionID``), while its readiness probe is a bare ``healthz.Ping``
+(main.go ``AddReadyzCheck``): a pod waiting for the lease is Ready and reconciles nothing. The node fault
+``gpu_operator_lease_held`` (scenario ``operator-not-leader``) plays another instance holding and renewing that
+Lease; then this reconciler does nothing. Simplified: without the fault no Lease is written (the real operator
+holds one, named after its pod).
+
 The node side (what kwok cannot know): an operand pod waits in the init container whose validation does not
 pass on its node, as the real ones loop (``until [ -f /run/nvidia/validations/toolkit-ready ]``, or
 nvidia-validator with ``WITH_WAIT``), and the driver and toolkit containers crash-loop on Talos. Left out:
@@ -35,6 +43,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +72,8 @@ DEFAULT_DRIVER_INSTALL_DIR = "/run/nvidia/driver"
 TALOS_DRIVER_ROOT = "/usr/local"
 VALIDATIONS = "/run/nvidia/validations"
 HASH_ANNOTATION = "nvidia.com/last-applied-hash"
+LEASE = "53822513.nvidia.com"  # cmd/gpu-operator/main.go LeaderElectionID
+LEASE_FAULT = "gpu_operator_lease_held"  # faults.FAULTS: the holder identity of another instance
 
 
 @dataclass(frozen=True)
@@ -301,6 +312,7 @@ class GpuOperator(Periodic):
         self.apps = client.AppsV1Api(api_client)
         self.nodes_api = client.NodeV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
+        self.leases = client.CoordinationV1Api(api_client)
         self.toolkit_ready: frozenset[str] = frozenset()
         """Nodes whose toolkit validation passes: the node agent counts the operator's device plugin only there."""
         self._crashed: set[str] = set()
@@ -322,6 +334,9 @@ class GpuOperator(Periodic):
             # The operator is down (scaled to 0, crash-looping): nothing is reconciled, but its operands keep
             # running where they validated, so the nodes keep their GPUs.
             return
+        nodes = {n.name: n for n in observed_nodes(self.state_dir)}
+        if self._lease_held_elsewhere(namespace, nodes):
+            return  # Ready, waiting for the lease: nothing reconciled, no status written
         spec = policy.get("spec") or {}
         owner = {
             "apiVersion": "nvidia.com/v1",
@@ -332,7 +347,6 @@ class GpuOperator(Periodic):
             "blockOwnerDeletion": True,
         }
         self._runtime_classes(spec, owner)
-        nodes = {n.name: n for n in observed_nodes(self.state_dir)}
         advertised = self._label_nodes(nodes)
         wanted = operands(spec)
         self._daemonsets(namespace, spec, owner, wanted)
@@ -347,6 +361,23 @@ class GpuOperator(Periodic):
                 return None
             raise
         return min(items, key=lambda p: p["metadata"]["creationTimestamp"]) if items else None
+
+    def _lease_held_elsewhere(self, namespace: str, nodes: dict[str, SimNode]) -> bool:
+        """With the ``gpu_operator_lease_held`` fault: the Lease written (or renewed) as its other holder renews
+        it (controller-runtime's default lease duration, 15 s); True then, as this operator does not lead."""
+        holder = next((str(n.faults[LEASE_FAULT]) for n in nodes.values() if n.faults.get(LEASE_FAULT)), None)
+        if holder is None:
+            return False
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        spec = {"holderIdentity": holder, "leaseDurationSeconds": 15, "renewTime": now}
+        try:
+            self.leases.patch_namespaced_lease(LEASE, namespace, {"spec": spec})
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            body = {"metadata": {"name": LEASE, "namespace": namespace}, "spec": spec | {"acquireTime": now}}
+            self._create(self.leases.create_namespaced_lease, body, namespace=namespace)
+        return True
 
     def _operator_namespace(self) -> str | None:
         pods = self._items(self.core.list_pod_for_all_namespaces(label_selector=OPERATOR_SELECTOR))

@@ -43,7 +43,7 @@ TALOS_FAULTS = frozenset(
         "toolkit_missing",
     }
 )
-KUBE_FAULTS = frozenset({"node_not_ready", "pods_pending", "image_pull_error"})
+KUBE_FAULTS = frozenset({"node_not_ready", "pods_pending", "image_pull_error", "gpu_operator_lease_held"})
 
 
 def down_kind(node: SimNode) -> str:

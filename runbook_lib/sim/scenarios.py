@@ -104,6 +104,16 @@ def _extensions_without_patch(state_dir: Path, nodes: list[SimNode]) -> None:
             install_nvidia(state_dir, n, patch_modules=False)
 
 
+#: The holder identity of the other instance in ``operator-not-leader``: controller-runtime's leader-election
+#: identity is ``<hostname>_<uuid>`` (the pod name is the hostname), here of a pod that is not this release's.
+OTHER_OPERATOR = "gpu-operator-5b8d9c7f4-old42_0f6c2d1e-7a35-4b8e-9c1d-2e4f6a8b0c3d"
+
+
+def _operator_not_leader(state_dir: Path, nodes: list[SimNode]) -> None:
+    _gpu_ready(state_dir, nodes)
+    _first_worker(nodes).faults["gpu_operator_lease_held"] = OTHER_OPERATOR
+
+
 def _mismatch(state_dir: Path, nodes: list[SimNode]) -> None:
     node = _first_worker(nodes)
     node.faults["driver_mismatch"] = True
@@ -202,6 +212,11 @@ SCENARIOS: dict[str, Scenario] = {
         "last worker: config generated before Talos 1.12 with machine.install.extraKernelArgs (GRUB builds "
         "the command line from them)",
         _kernel_args_before_1_12,
+    ),
+    "operator-not-leader": Scenario(
+        "gpu-ready, and another GPU Operator instance holds the operator's leader-election Lease: its pod is "
+        "Ready but reconciles nothing (real control plane only)",
+        _operator_not_leader,
     ),
     "chaos": Scenario("unreachable, slow, unsupported-GPU and failing-upgrade workers at once", _chaos),
 }

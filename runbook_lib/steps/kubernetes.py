@@ -328,7 +328,7 @@ def _no_gpu_diagnosis(ctx: Context, node: dict[str, Any]) -> Check:
             fix=f"kubectl label node {node['metadata']['name']} nvidia.com/gpu.present=true",
         )
     if ctx.plan.kubernetes_layer == "gpu-operator":
-        waiting = _operator_validation_waiting(ctx, node["metadata"]["name"])
+        waiting = _operator_plugin_missing(ctx) or _operator_validation_waiting(ctx, node["metadata"]["name"])
         if waiting is not None:
             return waiting
     return Check(
@@ -363,6 +363,23 @@ def _kubernetes_says(ctx: Context, node: dict[str, Any]) -> Check | None:
 
 #: The GPU Operator's validator DaemonSet (gpu-operator@v26.3.3 assets/state-operator-validation/0500_daemonset.yaml).
 OPERATOR_VALIDATOR = "nvidia-operator-validator"
+
+
+def _operator_plugin_missing(ctx: Context) -> Check | None:
+    """The operator has not created its device-plugin DaemonSet at all: it has not reconciled the ClusterPolicy
+    (not running, or not leading: the RuntimeClass check says which), so no plugin runs to be suspected."""
+    namespace = ctx.plan.helm.namespace
+    name = _plugin_daemonset(ctx)
+    if ctx.kube.daemonsets(namespace, f"app={name}"):
+        return None
+    return Check(
+        "GPU Operator device plugin",
+        False,
+        f"the GPU Operator has not created {name} in namespace {namespace}",
+        cause="the operator has not reconciled its ClusterPolicy (see the check "
+        f"'{operator_runtime_class.CHECK}')",
+        fix=f"kubectl -n {namespace} logs {operator_runtime_class.OPERATOR_DEPLOYMENT}",
+    )
 
 
 def _operator_validation_waiting(ctx: Context, node: str) -> Check | None:

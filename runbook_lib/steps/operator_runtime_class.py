@@ -25,6 +25,10 @@ CLUSTER_POLICY = ("nvidia.com", "v1", "clusterpolicies")
 #: The operator's pods (deployments/gpu-operator/templates/operator.yaml, Deployment ``gpu-operator``).
 OPERATOR_PODS = "app=gpu-operator,app.kubernetes.io/component=gpu-operator"
 OPERATOR_DEPLOYMENT = "deployment/gpu-operator"
+#: The operator's leader-election Lease: the chart runs it with ``--leader-elect`` (templates/operator.yaml) and it
+#: reconciles only while it holds this Lease (cmd/gpu-operator/main.go ``LeaderElectionID``), while its readiness
+#: check is ``healthz.Ping`` (main.go ``AddReadyzCheck``): a Ready operator pod may be waiting for it.
+OPERATOR_LEASE = "53822513.nvidia.com"
 CHECK = f"RuntimeClass {RUNTIME_CLASS} created by the GPU Operator"
 
 
@@ -74,10 +78,12 @@ def _missing(ctx: Context, missing: str) -> Check:
     policy = policies[0]
     state = (policy.get("status") or {}).get("state") or "not reported yet"
     creates = f"the GPU Operator creates it (ClusterPolicy {policy['metadata']['name']}, state {state})"
-    if not any(
-        (kube_diagnosis.condition(pod, "Ready") or {}).get("status") == "True"
+    ready = [
+        pod["metadata"]["name"]
         for pod in ctx.kube.pods(namespace, OPERATOR_PODS)
-    ):
+        if (kube_diagnosis.condition(pod, "Ready") or {}).get("status") == "True"
+    ]
+    if not ready:
         return Check(
             CHECK,
             False,
@@ -86,6 +92,8 @@ def _missing(ctx: Context, missing: str) -> Check:
             fix=f"kubectl -n {namespace} rollout status {OPERATOR_DEPLOYMENT}; "
             f"kubectl -n {namespace} describe pods -l {OPERATOR_PODS}",
         )
+    if not policy.get("status"):
+        return _never_reconciled(ctx, f"{missing}: {creates}", ready)
     return Check(
         CHECK,
         False,
@@ -94,4 +102,35 @@ def _missing(ctx: Context, missing: str) -> Check:
         "RuntimeClasses), so one deleted after the ClusterPolicy became ready stays missing until then",
         fix=f"kubectl -n {namespace} rollout restart {OPERATOR_DEPLOYMENT}  # a started operator reconciles; "
         f"then kubectl -n {namespace} logs {OPERATOR_DEPLOYMENT}",
+    )
+
+
+def _never_reconciled(ctx: Context, missing: str, ready: list[str]) -> Check:
+    """A ClusterPolicy with no status was never reconciled (the operator writes ``status.state`` from its first
+    reconcile, controllers/clusterpolicy_controller.go); with a Ready pod, the usual reason is that the pod does
+    not lead: another instance (a second release, a leftover Deployment) holds the operator's Lease. Controller-
+    runtime's holder identity is ``<hostname>_<uuid>``, and a pod's hostname is its name."""
+    namespace = ctx.plan.helm.namespace
+    said = f"{missing}, and its pod is Ready but has not reconciled the ClusterPolicy (it has no status)"
+    logs = f"kubectl -n {namespace} logs {OPERATOR_DEPLOYMENT}"
+    holder = str(
+        ((ctx.kube.lease(namespace, OPERATOR_LEASE) or {}).get("spec") or {}).get("holderIdentity") or ""
+    )
+    if holder and holder.split("_", 1)[0] not in ready:
+        return Check(
+            CHECK,
+            False,
+            f"{said}: its leader-election Lease {OPERATOR_LEASE} is held by {holder}, not by a gpu-operator "
+            f"pod of namespace {namespace} that is Ready",
+            cause="the operator reconciles only while it holds that Lease, and its readiness probe passes "
+            "without it: another GPU Operator instance leads (a second release or a leftover Deployment)",
+            fix=f"kubectl -n {namespace} get lease {OPERATOR_LEASE} -o yaml  # find the instance that holds it "
+            f"and remove it; the operator takes the Lease once it expires, then {logs}",
+        )
+    return Check(
+        CHECK,
+        False,
+        said,
+        cause="the operator has not started its controllers or fails before its first status update",
+        fix=f"{logs}  # its errors; kubectl -n {namespace} get lease {OPERATOR_LEASE} shows which pod leads",
     )
