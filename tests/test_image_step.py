@@ -241,12 +241,6 @@ def test_before_the_image_factory_the_upgrade_waits_for_the_install_extensions_p
 #: factory_only does not run: the real talosctl's upgrade of a 1.13 node fails there ("error creating
 #: Kubernetes client for drain"), as it would on a cluster without Kubernetes.
 DRAIN_NEEDS_KUBERNETES = "talosctl 1.13 drains through the Kubernetes API, which factory_only does not run"
-#: simnode applies toolkit_missing / driver_mismatch to the extensions a node lists (realtalos.nodes_document):
-#: injected into a node still on the stock image they have nothing to apply to (the scenarios toolkit-missing
-#: and driver-mismatch run on the real talosctl in tests/sim/test_real_faults.py).
-EXTENSION_FAULT_ON_STOCK_IMAGE = (
-    "simnode takes an extension fault from the extensions the node runs, none here"
-)
 
 
 def _boot_with(state: Path, node: str, names: list[str]) -> None:
@@ -520,13 +514,12 @@ def test_upgrade_to_1_13_is_refused_when_the_device_plugin_cannot_be_looked_up(
     [("toolkit_missing", "nvidia-container-toolkit"), ("driver_mismatch", "driver")],
 )
 def test_a_node_that_came_back_stably_wrong_fails_at_once_not_after_node_ready_seconds(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str, cause: str
+    tmp_path: Path, fault: str, cause: str
 ) -> None:
     """toolkit-missing / driver-mismatch: the upgrade succeeded (talosctl --wait returns once the boot ID changed,
     talos@v1.12.0 cmd/talosctl/pkg/talos/action/tracker.go post check), the node answers and reports the same
     wrong extensions read after read; waiting node_ready_seconds (default 300 s) for it to change was the whole
     wait of a real run. The node fails after a few identical reads, with its diagnosis; the others pass."""
-    python_talosctl(monkeypatch, EXTENSION_FAULT_ON_STOCK_IMAGE)
     for state, _server in _sim(tmp_path):
         inject_fault(state, "talos-worker-3", fault)
         ctx = _ctx(state, apply=True, rollout={"max_failures": 1})

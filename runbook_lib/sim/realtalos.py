@@ -38,6 +38,7 @@ from runbook_lib.sim import scenarios as sim_scenarios
 from runbook_lib.sim.realfaults import down_kind, extension_faults, fault_fields
 from runbook_lib.sim.state import (
     BASE_SERVICES_WORKER,
+    TOOLKIT_PREFIX,
     VANILLA_SCHEMATIC,
     InstalledExtension,
     SimNode,
@@ -45,6 +46,7 @@ from runbook_lib.sim.state import (
     load_nodes,
     minor_of,
     sim_paths,
+    toolkit_extension,
 )
 from runbook_lib.sim.talosctl import images
 from runbook_lib.sim.talosctl.hardware import pci_specs
@@ -282,7 +284,7 @@ def nodes_document(state_dir: Path, nodes: list[SimNode], latency_ms: float) -> 
         if any(f in node.faults for f in ("driver_mismatch", "toolkit_missing")):
             # the node lists its schematic's extensions with the fault applied: the image installs them unfaulted
             spec = resolve_image(state_dir, installed_image(node))
-            if swaps := extension_faults(spec["extensions"], listed):
+            if swaps := extension_faults(spec["extensions"], listed) or _toolkit_faults(node):
                 entry["extension_faults"] = swaps
         if images.setdefault(installed_image(node), spec) != spec:
             raise RealTalosError(
@@ -302,6 +304,30 @@ def _resume(state_dir: Path, entry: dict[str, Any], images: dict[str, dict[str, 
         images[image] = resolve_image(state_dir, image)
     config = obs.get("machine_config") or entry["machine_config"]
     return entry | {"talos_version": images[image]["talos_version"], "image": image, "machine_config": config}
+
+
+def _toolkit_faults(node: SimNode) -> list[dict[str, Any]]:
+    """The extension faults of a node that runs no NVIDIA toolkit yet (the stock image): each toolkit of its
+    release dropped or swapped as the fault says, so the image the upgrade brings lists it faulted (simnode keeps
+    a node's extension faults across the images it boots, simnode/faults.go). Why: ``extension_faults`` swaps
+    only what the current image installs, and a fault injected before the upgrade had nothing to apply to (the
+    Python talosctl applies it to what the upgrade installs, ``images.resolve``). The replacement has no
+    ``image``: simnode then gives it the index of the toolkit it replaces as its ID."""
+    if toolkit_extension(node) is not None:
+        return []
+    out: list[dict[str, Any]] = []
+    for info in images.official_extensions(node.talos_version):
+        toolkit = images.to_installed(info)
+        if not toolkit.name.startswith(TOOLKIT_PREFIX):
+            continue
+        image, listed = (
+            extension_specs(node.talos_version, exts, "")[:-1]
+            for exts in ([toolkit], images.apply_extension_faults([toolkit], node.talos_version, node.faults))
+        )
+        for fault in extension_faults(image, listed):
+            fault.get("replace", {}).pop("image", None)
+            out.append(fault)
+    return out
 
 
 def resolve_image(state_dir: Path, ref: str) -> dict[str, Any]:
