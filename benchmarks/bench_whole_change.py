@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.real_fleet import Cli, go_on_path, timed, union_seconds, verify_pools
+from benchmarks.real_fleet import Cli, go_on_path, timed, union_seconds, update_results, verify_pools
 from tests.sim.test_library_real_talosctl import TALOS
 from tests.sim.test_real_talosctl import build
 
@@ -125,17 +125,19 @@ def failure_event_time(run: Run, node: str) -> float | None:
     )
 
 
-def env(time_scale: float) -> dict[str, str]:
-    return {
-        **os.environ,
-        "RUNBOOK_SIM_TALOSCTL": "real",
-        "RUNBOOK_SIM_KUBE": "python",
-        "RUNBOOK_SIM_TIME_SCALE": repr(time_scale),
-        "PYTHONUNBUFFERED": "1",  # each step's line when it is printed, as on a terminal (a pipe buffers it)
-    }
+def env(time_scale: float | None) -> dict[str, str]:
+    """The real talosctl against simnode at ``time_scale`` with the Python Kubernetes API; ``None``: the simulated
+    cluster ``runbook run`` brings up by default (``RUNBOOK_SIM_TIME_SCALE`` and ``RUNBOOK_SIM_KUBE`` unset: simnode's
+    ``realtalos.DEFAULT_TIME_FACTOR`` and the real control plane where it is built)."""
+    unset = ("RUNBOOK_SIM_TIME_SCALE", "RUNBOOK_SIM_KUBE")
+    base = {k: v for k, v in os.environ.items() if time_scale is not None or k not in unset}
+    if time_scale is not None:
+        base |= {"RUNBOOK_SIM_KUBE": "python", "RUNBOOK_SIM_TIME_SCALE": repr(time_scale)}
+    # PYTHONUNBUFFERED: each step's line when it is printed, as on a terminal (a pipe buffers it)
+    return base | {"RUNBOOK_SIM_TALOSCTL": "real", "PYTHONUNBUFFERED": "1"}
 
 
-def runbook(work: Path, time_scale: float, *args: str) -> None:
+def runbook(work: Path, time_scale: float | None, *args: str) -> None:
     """A ``runbook`` command that must succeed (``sim up``/``sim fault``/``sim down``)."""
     argv = [sys.executable, "-m", "runbook_lib", *args, "--state", str(work / "state")]
     proc = subprocess.run(argv, capture_output=True, text=True, env=env(time_scale), timeout=600, check=False)
@@ -143,7 +145,7 @@ def runbook(work: Path, time_scale: float, *args: str) -> None:
         raise RuntimeError(f"runbook {' '.join(args)} failed: {proc.stdout[-1000:]}{proc.stderr[-2000:]}")
 
 
-def run_apply(work: Path, time_scale: float) -> Run:
+def run_apply(work: Path, time_scale: float | None) -> Run:
     argv = [sys.executable, "-m", "runbook_lib", "run", "-p", str(work / "params.json"), "--apply"]
     argv += ["--state", str(work / "state"), "--records", str(work / "records"), "--no-progress"]
     lines: list[tuple[float, str]] = []
@@ -384,9 +386,8 @@ def report_failure(fig: dict[str, Any]) -> None:
 def merge(figures: dict[str, Any]) -> None:
     """Into results.json beside the other benchmarks' figures (bench_fleet rewrites the file; this adds its key),
     per fleet size: a run at another size (``BENCH_WHOLE_NODES``) keeps this one's figures."""
-    data = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    data.setdefault("whole_change", {})[str(figures["settings"]["nodes"])] = figures
-    RESULTS.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    old = json.loads(RESULTS.read_text()).get("whole_change", {}) if RESULTS.exists() else {}
+    update_results(RESULTS, "whole_change", old | {str(figures["settings"]["nodes"]): figures})
 
 
 def settings_from_env() -> dict[str, Any]:

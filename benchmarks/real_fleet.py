@@ -67,6 +67,13 @@ def go_on_path() -> bool:
     return True
 
 
+def update_results(path: Path, key: str, value: Any) -> None:
+    """Set ``key`` in ``benchmarks/results.json``, keeping the other benchmarks' figures (each script owns keys)."""
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data[key] = value
+    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+
+
 def union_seconds(spans: Sequence[tuple[float, float]]) -> float:
     """Seconds covered by at least one of the (start, end) spans: overlapping ones count once."""
     total, start, end = 0.0, None, float("-inf")
