@@ -47,13 +47,19 @@ func (s *NodeSpec) withFaults(img ImageSpec) ImageSpec {
 // device probed ("NVRM: None of the NVIDIA devices were initialized.", NVIDIA/open-gpu-kernel-modules
 // kernel-open/nvidia/nv.c; no tag checked), so modprobe fails, nothing that depends on nvidia loads, the driver
 // directory never appears and ext-nvidia-persistenced waits: the node derives as if no module were configured.
+// A node whose pci_devices list no NVIDIA display controller is the same case with no device at all (nv.c:
+// "NVRM: No NVIDIA GPU found.", -ENODEV; no tag checked): the NVIDIA extensions on a CPU-only node hang its
+// boot in startAllServices on ext-nvidia-persistenced (siderolabs/extensions#888).
 func (s *NodeSpec) moduleConfig(cfg config.Provider) config.Provider {
-	if s.NvidiaProbeFails {
+	if s.NvidiaProbeFails || (len(s.PCIDevices) > 0 && !slices.ContainsFunc(s.PCIDevices, isNvidiaGPU)) {
 		return nil
 	}
 
 	return cfg
 }
+
+// isNvidiaGPU: vendor NVIDIA (0x10de), class display controller (0x03).
+func isNvidiaGPU(d PCIDeviceSpec) bool { return d.VendorID == "0x10de" && d.ClassID == "0x03" }
 
 func validateFaults(n *NodeSpec, label string) error {
 	for i, f := range n.ExtensionFaults {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/go-multierror"
@@ -253,6 +254,7 @@ func (n *simNode) runBoot() {
 	bus.publish("", &machine.PhaseEvent{Phase: "startEverything", Action: machine.PhaseEvent_START})
 	bus.publish("", &machine.TaskEvent{Task: "startAllServices", Action: machine.TaskEvent_START})
 	bus.publish("", &machine.MachineStatusEvent{Stage: machine.MachineStatusEvent_BOOTING, Status: &machine.MachineStatusEvent_MachineStatus{}})
+	n.publishServiceEvents(bus)
 
 	deadline := time.Now().Add(n.scaled(constants.BootTimeout))
 
@@ -301,6 +303,30 @@ func (n *simNode) failBoot(bus *eventBus) {
 	n.powerOff()
 	n.powerOn(rollback, "")
 	n.runBoot()
+}
+
+// publishServiceEvents publishes each service's state events of this boot, as machined's ServiceRunner does on
+// every state change (UpdateState publishes event.AsProto(id), talos@v1.12.0:internal/app/machined/pkg/system/
+// service_runner.go:115-145, events/events.go:70-77) with no actor ID (the runner's context is Background's,
+// v1alpha1_events.go:214-218). talosctl's tracker prints them once it re-watches the new boot with tail -1
+// ("service: <id> message: <msg> healthy: <bool>", cmd/talosctl/pkg/talos/action/node.go:172-180, :306-310):
+// what it shows of a boot hung on a service is that service's last event, "Waiting for <condition>".
+func (n *simNode) publishServiceEvents(bus *eventBus) {
+	for _, svc := range n.currentServices() {
+		for i, ev := range svc.Events {
+			health := &machine.ServiceHealth{Unknown: true}
+			if i == len(svc.Events)-1 && svc.Healthy != nil {
+				health = &machine.ServiceHealth{Healthy: *svc.Healthy}
+			}
+
+			bus.publish("", &machine.ServiceStateEvent{
+				Service: svc.ID,
+				Action:  machine.ServiceStateEvent_Action(machine.ServiceStateEvent_Action_value[strings.ToUpper(ev.State)]),
+				Message: ev.Msg,
+				Health:  health,
+			})
+		}
+	}
 }
 
 // waiting names the services not up yet (see derived.waiting).

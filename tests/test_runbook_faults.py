@@ -10,7 +10,7 @@ from runbook_lib.steps.patch import config_patch
 from runbook_lib.steps.preflight import preflight
 from runbook_lib.steps.verify import verify
 from tests.fault_cases import CASES, assert_fails_on_one_node
-from tests.simcluster import HUNG_BOOT_UNNAMED, python_talosctl, sim_cluster
+from tests.simcluster import sim_cluster
 
 pytestmark = pytest.mark.slow
 STEPS = [
@@ -22,9 +22,7 @@ STEPS = [
 
 
 @pytest.mark.parametrize("scenario", sorted(CASES))
-def test_runbook_stops_at_the_right_step_with_the_right_diagnosis(tmp_path, scenario, monkeypatch):
-    if scenario in ("upgrade-hangs", "unsupported-gpu"):
-        python_talosctl(monkeypatch, HUNG_BOOT_UNNAMED)
+def test_runbook_stops_at_the_right_step_with_the_right_diagnosis(tmp_path, scenario):
     expected_step, needle = CASES[scenario]
     timeouts = {"upgrade_seconds": 10, "node_ready_seconds": 5}
     with sim_cluster(

@@ -531,7 +531,7 @@ def _run_batch(
 ) -> int:
     """Upgrade one batch concurrently, then confirm each node; returns how many nodes of the batch failed."""
 
-    def upgrade(plan: NodeImage) -> tuple[NodeImage, str | None]:
+    def upgrade(plan: NodeImage) -> tuple[NodeImage, image_diagnosis.UpgradeFailure | None]:
         run = ctx.talosctl.upgrade(
             plan.node.address,
             plan.image,
@@ -542,9 +542,12 @@ def _run_batch(
         )
         if run.ok:
             return plan, None
-        return plan, run.stderr.strip() or f"talosctl upgrade exited {run.exit_code}"
+        output = run.stderr.strip() or f"talosctl upgrade exited {run.exit_code}"
+        # talosctl's --timeout spans the whole command (tracker.go:168-169): a failure that took that long is it
+        timed_out = upgrade_timeout if run.duration_s >= upgrade_timeout else None
+        return plan, image_diagnosis.UpgradeFailure(plan.node, output, timed_out)
 
-    outcomes: list[tuple[NodeImage, str | None]] = []
+    outcomes: list[tuple[NodeImage, image_diagnosis.UpgradeFailure | None]] = []
     with ThreadPoolExecutor(max_workers=min(len(batch), MAX_PARALLEL_UPGRADES)) as pool:
         for future in as_completed([pool.submit(upgrade, plan) for plan in batch]):
             outcomes.append(future.result())
@@ -552,13 +555,15 @@ def _run_batch(
             if error:  # known now: reported before the batch-mates finish (events.py)
                 res = results[plan.node.address]
                 res.status = "failed"
-                res.message = f"talosctl upgrade failed: {image_diagnosis.upgrade_report(error)}"
+                res.message = (
+                    f"talosctl upgrade failed: {image_diagnosis.upgrade_report(error.output, error)}"
+                )
                 ctx.events.node_failed(res)
     order = {plan.node.address: index for index, plan in enumerate(batch)}
     outcomes.sort(key=lambda outcome: order[outcome[0].node.address])  # the batch's order, as before
     pending: list[NodeImage] = []
     diagnosed = image_diagnosis.upgrade_failures(
-        ctx, {plan.node.address: (plan.node, error) for plan, error in outcomes if error}
+        ctx, {plan.node.address: error for plan, error in outcomes if error}
     )
     for plan, error in outcomes:
         res = results[plan.node.address]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from runbook_lib.model.diagnosis import (
@@ -52,6 +53,12 @@ _PROGRESS = re.compile(
     r"|error: stopAllServices task completed)$"
 )
 _STARTED = re.compile(r"^(?P<kind>phase|task): (?P<name>\S+) action: START$")
+#: The tracker's line for a ServiceStateEvent of the node's new boot (node.go:306-310, ``service: %v message: %v
+#: healthy: %v``): machined publishes one at each state change of each service (service_runner.go:115-145), and
+#: the tracker, re-watching with tail -1 after the reboot (node.go:172-180), prints the whole boot's.
+_SERVICE_EVENT = re.compile(r"^service: (?P<id>\S+) message: (?P<msg>.*) healthy: (?:true|false)$")
+#: A service waiting on its dependencies: ServiceRunner.waitFor's ``Waiting for <condition>`` (service_runner.go:158).
+_WAITING = "Waiting for "
 #: At most this many lines of the tracker's error updates go into a message (the last ones: the node's final error).
 MAX_ERROR_LINES = 12
 JOURNAL_NOTE = (
@@ -60,24 +67,83 @@ JOURNAL_NOTE = (
 )
 
 
-def upgrade_report(output: str) -> str:
-    """What a user needs of a failed ``talosctl upgrade --wait``: its error lines and the node's last phase.
+@dataclass(frozen=True)
+class UpgradeFailure:
+    """A failed ``talosctl upgrade --wait`` of one node: what it printed, and its ``--timeout`` in seconds when
+    it ran that long (talosctl then gives up printing no line that says so: its reporter stops with the
+    context, talos@v1.12.0 cmd/talosctl/pkg/talos/action/tracker.go:168-180, 282-284)."""
 
-    Why: the real talosctl prints one tracker line per phase and task (about 50 for an upgrade), then the
-    error; the node's message and check carried all of it.  Output without tracker progress lines (an older
-    talosctl, the simulator's) is returned as it is.  The whole output stays in the journal.
+    node: Node
+    output: str
+    timed_out: float | None = None
+
+    def lines(self) -> list[str]:
+        """The step's own lines about the node: the --timeout that passed, the services its new boot waits for."""
+        head = f"{self.node.name} ({self.node.address})"
+        progress = [e[0] for e in _tracker_entries(self.output) if _PROGRESS.match(e[0])]
+        out = []
+        if self.timed_out is not None:
+            phase = _last_phase(progress)
+            out.append(
+                f"{head}: no answer after the upgrade's --timeout of {go_duration(self.timed_out)}"
+                + (f" (last {phase})" if phase else "")
+            )
+        for service, message in hung_services(self.output).items():
+            out.append(
+                f'{head}: the new boot waits for service "{service}" to be "up" (its last event: {message})'
+            )
+        return out
+
+    def evidence(self) -> str:
+        """The output and the step's lines: what the failure table is matched against."""
+        return "\n".join([self.output, *self.lines()])
+
+
+def go_duration(seconds: float) -> str:
+    """``seconds`` as Go's time.Duration prints it (``10m0s``, ``1h10m0s``, ``45s``): how talosctl shows --timeout."""
+    hours, rest = divmod(int(seconds), 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes}m{secs}s"
+    return f"{minutes}m{secs}s" if minutes else f"{secs}s"
+
+
+def hung_services(output: str) -> dict[str, str]:
+    """The services whose last event the tracker printed is ``Waiting for …``, with that message.
+
+    Why: talosctl's error for a hung boot names no service (the sequence error carries one ``context deadline
+    exceeded`` per service still waiting, pkg/conditions/all.go), and at its --timeout it prints nothing; the
+    new boot's service events it printed are where the hung service shows.  A reconnect replays the boot's
+    history, so each ``unavailable, retrying...`` starts over."""
+    last: dict[str, str] = {}
+    for entry in _tracker_entries(output):
+        if entry[0] == "unavailable, retrying...":
+            last = {}
+        elif match := _SERVICE_EVENT.match(entry[0]):
+            last[match["id"]] = match["msg"]
+    return {service: msg for service, msg in last.items() if msg.startswith(_WAITING)}
+
+
+def upgrade_report(output: str, failure: UpgradeFailure | None = None) -> str:
+    """What a user needs of a failed ``talosctl upgrade --wait``: the step's own lines (``failure``: the
+    --timeout that passed, the hung services), its error lines and the node's last phase.
+
+    Why: the real talosctl prints one tracker line per phase, task and service event (about 50 for an
+    upgrade), then the error; the node's message and check carried all of it.  Output without tracker progress
+    lines (an older talosctl, the simulator's) is kept as it is.  The whole output stays in the journal.
     """
+    own = failure.lines() if failure is not None else []
     entries = _tracker_entries(output)
     progress = [e[0] for e in entries if _PROGRESS.match(e[0])]
     if not progress:
-        return output
+        return "\n".join([*own, output])
     errors = [line for e in entries if not _PROGRESS.match(e[0]) for line in e if line.strip()]
     kept = errors[-MAX_ERROR_LINES:]
     cut = len(errors) - len(kept)
     notes = [f"last {_last_phase(progress)}"] if _last_phase(progress) else []
     left_out = f"{len(progress)} progress lines" + (f" and {cut} earlier error lines" if cut else "")
     notes.append(f"{left_out} left out: {JOURNAL_NOTE}")
-    return "\n".join([*kept, f"({'; '.join(notes)})"])
+    return "\n".join([*own, *kept, f"({'; '.join(notes)})"])
 
 
 def _tracker_entries(output: str) -> list[list[str]]:
@@ -107,20 +173,20 @@ def _last_phase(progress: list[str]) -> str | None:
     return f"phase: {phase}" + (f" (task {task})" if task else "")
 
 
-def upgrade_failures(ctx: Context, errors: Mapping[str, tuple[Node, str]]) -> dict[str, list[Check]]:
-    """The checks of each node whose ``talosctl upgrade`` failed (``errors``: address -> (node, error))."""
-    if not errors:
+def upgrade_failures(ctx: Context, failures: Mapping[str, UpgradeFailure]) -> dict[str, list[Check]]:
+    """The checks of each node whose ``talosctl upgrade`` failed (``failures``: by address)."""
+    if not failures:
         return {}
-    pci = read_pci(ctx, list(errors))
+    pci = read_pci(ctx, list(failures))
     hung = [
-        node
-        for address, (node, error) in errors.items()
-        if _hung(ctx, node, error) and nvidia_gpus(pci.get(address, []))
+        f.node
+        for address, f in failures.items()
+        if _hung(ctx, f.node, f.evidence()) and nvidia_gpus(pci.get(address, []))
     ]
     configs, _unread = read_configs(ctx, hung) if hung else ({}, {})
     return {
-        address: _upgrade_checks(ctx, node, error, pci.get(address), configs.get(address))
-        for address, (node, error) in errors.items()
+        address: _upgrade_checks(ctx, f, pci.get(address), configs.get(address))
+        for address, f in failures.items()
     }
 
 
@@ -133,15 +199,19 @@ def _hung(ctx: Context, node: Node, error: str) -> bool:
 
 
 def _upgrade_checks(
-    ctx: Context, node: Node, error: str, devices: list[PciDevice] | None, config: list[dict[str, Any]] | None
+    ctx: Context,
+    failure: UpgradeFailure,
+    devices: list[PciDevice] | None,
+    config: list[dict[str, Any]] | None,
 ) -> list[Check]:
     """The failed ``upgrade`` check (the tool's own error lines, see ``upgrade_report``) carrying the cause's fix,
-    then the cause itself; the cause is read from the whole output."""
-    shown = upgrade_report(error)
+    then the cause itself; the cause is read from the whole output and the step's own lines."""
+    node = failure.node
+    shown = upgrade_report(failure.output, failure)
     if devices is not None and not nvidia_gpus(devices):
         cause = gpu_check(ctx, node, devices, has_gpu_image=False)
     else:
-        found = _cause(ctx, node, error, devices, config)
+        found = _cause(ctx, node, failure.evidence(), devices, config)
         if found is None:
             return [Check("upgrade", False, shown, fix=fixes.upgrade_failed(node.address))]
         [cause] = checks_from_findings([found])
