@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-dev
 
-.PHONY: venv demo test lint typecheck unit bench clean
+.PHONY: venv demo test lint typecheck unit bench bench-full clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,8 +37,13 @@ unit: $(STAMP)
 
 test: lint typecheck unit
 
+# make bench: issue 16's figures in about 10 minutes on 2 cores; bench-full adds the long variants (the whole
+# change at 1,000 nodes, every floor candidate, the Python simulator's issue 8 figures), about an hour.
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks
+
+bench-full: $(STAMP)
+	$(BIN)/python -m benchmarks --full
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

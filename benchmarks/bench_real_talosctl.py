@@ -58,6 +58,7 @@ from benchmarks.real_fleet import (
     watched_run,
     watched_verify,
 )
+from runbook_lib.clients.talosctl import PATCH_CALLS
 from runbook_lib.model.params import load_params
 from runbook_lib.steps.context import connect
 from runbook_lib.steps.patch import config_patch
@@ -75,14 +76,31 @@ TARGET_TREE_MB = 1024.0
 TARGET_RUNBOOK_MB = 400.0
 
 
-def median(fn: Callable[[], float], repeats: int = REPEATS) -> float:
-    return statistics.median(fn() for _ in range(repeats))
+#: what ``BENCH_REAL_QUICK=1`` (``make bench``) leaves out, printed when it applies
+QUICK_NOTE = (
+    "the get fan-out measured once; the verify floor with the library's read fan-out only (8 and 32 reads at once "
+    "measured the same); patch chunks 32/64/128 at 1,000 nodes (64 was the fastest); 2 alternating runs at 1,000 "
+    "nodes, 3 below; no separate memory run of verify (the runbook run below measures the whole tree)"
+)
 
 
-def alternating(candidates: dict[str, Callable[[], float]]) -> dict[str, float]:
-    """Each candidate ``REPEATS`` times, in turn, so that drifting load hits them all alike; medians."""
+def quick() -> bool:
+    """``make bench`` runs this benchmark in its quick form (``QUICK_NOTE``), ``make bench-full`` in full."""
+    return os.environ.get("BENCH_REAL_QUICK", "") == "1"
+
+
+def repeats(count: int) -> int:
+    return 2 if quick() and count >= 1000 else REPEATS
+
+
+def median(fn: Callable[[], float], times: int = REPEATS) -> float:
+    return statistics.median(fn() for _ in range(times))
+
+
+def alternating(candidates: dict[str, Callable[[], float]], times: int = REPEATS) -> dict[str, float]:
+    """Each candidate ``times`` times, in turn, so that drifting load hits them all alike; medians."""
     samples: dict[str, list[float]] = {name: [] for name in candidates}
-    for _ in range(REPEATS):
+    for _ in range(times):
         for name, fn in candidates.items():
             samples[name].append(fn())
     return {name: statistics.median(s) for name, s in samples.items()}
@@ -110,7 +128,8 @@ def get_fanouts(fleet: Fleet) -> dict[str, float]:
     def way(chunk: int, per_node: int) -> float:
         return timed(lambda: fleet.cli.jobs(get_only_pools(fleet.nodes, chunk, per_node)))
 
-    return {name: median(lambda k=k, c=c: way(k, c)) for name, (k, c) in ways.items()}  # type: ignore[misc]
+    times = 1 if quick() else REPEATS
+    return {name: median(lambda k=k, c=c: way(k, c), times) for name, (k, c) in ways.items()}  # type: ignore[misc]
 
 
 def library_verify(fleet: Fleet) -> float:
@@ -129,9 +148,9 @@ def bench_verify(fleet: Fleet) -> dict[str, Any]:
     best_get = min((n for n in gets if n.startswith(("chunks", "one call"))), key=gets.__getitem__)
     chunk = len(fleet.nodes) if best_get.startswith("one call") else int(best_get.rsplit(" ", 1)[1])
     candidates: dict[str, Callable[[], float]] = {"library": lambda: library_verify(fleet)}
-    for reads in (8, 32):
+    for reads in (PATCH_CALLS,) if quick() else (8, 32):
         candidates[f"gets {best_get}, reads ×{reads}"] = verify_floor(fleet, chunk, reads)
-    times = alternating(candidates)
+    times = alternating(candidates, repeats(len(fleet.nodes)))
     loop, scaled = loop_time(fleet, verify_loop_jobs)
     return summary(times, loop, scaled) | {
         "get_fanout_s": rounded(gets),
@@ -163,12 +182,13 @@ def bench_patch(fleet: Fleet, tmp: Path) -> dict[str, Any]:
     patch_file = tmp / "patch.yaml"
     patch_file.write_text(box["patch"])
     count = len(fleet.nodes)
-    sizes = [k for k in (8, 16, 32, 64, 128, 256) if k < count] + ([count] if count <= PER_NODE_MAX else [])
+    chunks = (32, 64, 128) if quick() and count >= 1000 else (8, 16, 32, 64, 128, 256)
+    sizes = [k for k in chunks if k < count] + ([count] if count <= PER_NODE_MAX else [])
     scan = {k: patch_floor(fleet, k, patch_file)() for k in sizes}
     best = sorted(scan, key=scan.__getitem__)[:2]
     candidates: dict[str, Callable[[], float]] = {"library": lambda: library_patch(fleet, box)}
     candidates |= {f"chunks of {k}": patch_floor(fleet, k, patch_file) for k in best}
-    times = alternating(candidates)
+    times = alternating(candidates, repeats(count))
 
     def loop_jobs(nodes: list[str]) -> list[Any]:
         return [(args, [n]) for n in nodes for args in (get_args("machineconfig"), patch_args(patch_file))]
@@ -291,6 +311,8 @@ def main() -> int:
     latency_ms = int(os.environ.get("BENCH_REAL_LATENCY_MS", "2"))
     binaries = (build("build-talosctl.sh", TALOS), build("build-simnode.sh"))
     print(f"real talosctl {TALOS} against simnode, {latency_ms} ms per node per call, {os.cpu_count()} cores")
+    if quick():
+        print(f"BENCH_REAL_QUICK=1 (make bench): {QUICK_NOTE}")
     started = time.perf_counter()
     figures: dict[str, Any] = {
         "talosctl": TALOS,
@@ -299,7 +321,8 @@ def main() -> int:
         "sizes": {},
     }
     for count in sizes:
-        figures["sizes"][str(count)] = bench_size(binaries, count, latency_ms, memory=count == max(sizes))
+        memory = count == max(sizes) and not quick()
+        figures["sizes"][str(count)] = bench_size(binaries, count, latency_ms, memory)
         figures["sizes"][str(count)]["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     run_nodes = int(os.environ.get("BENCH_REAL_RUN_NODES", "1000"))
     if run_nodes:
