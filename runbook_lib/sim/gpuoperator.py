@@ -18,7 +18,11 @@ real API server, once the operator pod is Ready (sources: NVIDIA/gpu-operator at
 - the operand DaemonSets by their real names, labels, node selectors, service accounts and init containers
   (assets/state-*/0500_daemonset.yaml): ``nvidia-driver-daemonset`` only with ``driver.enabled``,
   ``nvidia-container-toolkit-daemonset`` only with ``toolkit.enabled``, ``nvidia-operator-validator`` and
-  ``nvidia-device-plugin-daemonset`` (state_manager.go:1107-1113 ``isStateEnabled``); a disabled one is deleted;
+  ``nvidia-device-plugin-daemonset`` and, with ``gfd.enabled`` (the chart's default), ``gpu-feature-discovery``
+  (state_manager.go:1107-1113 ``isStateEnabled``); a disabled one is deleted;
+- GPU Feature Discovery's node labels (``nvidia.com/gpu.product``, ``gpu.count``, ``gpu.memory``,
+  ``cuda.driver.major``…, NVIDIA/k8s-device-plugin@v0.18.0 internal/lm/resource.go ``baseLabeler``, nvml.go
+  ``newVersionLabeler``) on each node where its pod runs: what lets a user target a GPU model;
 - the ClusterPolicy's ``status.state``: ``ready`` once every operand DaemonSet has all its pods ready.
 
 Leader election: the chart runs the operator with ``--leader-elect`` (deployments/gpu-operator/templates/
@@ -32,7 +36,8 @@ holds one, named after its pod).
 The node side (what kwok cannot know): an operand pod waits in the init container whose validation does not
 pass on its node, as the real ones loop (``until [ -f /run/nvidia/validations/toolkit-ready ]``, or
 nvidia-validator with ``WITH_WAIT``), and the driver and toolkit containers crash-loop on Talos. Left out:
-GPU Feature Discovery, DCGM and its exporter, MIG manager, the NVIDIADriver CRD, the cuda-validation workload
+DCGM and its exporter, MIG manager (both enabled by the chart's defaults, values.yaml:280-281, 350-351), GFD's
+architecture, MIG and MPS labels and its timestamp, the NVIDIADriver CRD, the cuda-validation workload
 pod, node-status-exporter, upgrades of the driver, and any state the runbook's values do not touch.
 """
 
@@ -41,6 +46,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -50,6 +56,7 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from runbook_lib.sim.kubeapi.nvidia import cuda_version
 from runbook_lib.sim.kubelet import NodeView, program
 from runbook_lib.sim.kubeletapi import Logs
 from runbook_lib.sim.nodeagent import GPU_RESOURCE, Periodic, _container_status, _readiness, _ready
@@ -110,7 +117,14 @@ DEVICE_PLUGIN = Operand(
     "nvidia-device-plugin-daemonset", "device-plugin", "nvidia-device-plugin",
     ("toolkit-validation", "config-manager-init"), "nvidia-device-plugin", "devicePlugin",
 )  # fmt: skip
-ALL_OPERANDS = (DRIVER, TOOLKIT, VALIDATOR, DEVICE_PLUGIN)
+#: assets/gpu-feature-discovery/0500_daemonset.yaml (labels 7-8, nodeSelector 21, SA 27, init containers 29,39,
+#: container 67).
+GFD = Operand(
+    "gpu-feature-discovery", "gpu-feature-discovery", "nvidia-gpu-feature-discovery",
+    ("toolkit-validation", "config-manager-init"), "gpu-feature-discovery", "gfd",
+    (("app.kubernetes.io/part-of", "nvidia-gpu"),),
+)  # fmt: skip
+ALL_OPERANDS = (DRIVER, TOOLKIT, VALIDATOR, DEVICE_PLUGIN, GFD)
 
 
 def _enabled(spec: dict[str, Any], key: str) -> bool:
@@ -124,7 +138,8 @@ def operands(spec: dict[str, Any]) -> list[Operand]:
     wanted = [DRIVER] if _enabled(spec, "driver") else []
     wanted += [TOOLKIT] if _enabled(spec, "toolkit") else []
     wanted.append(VALIDATOR)
-    return wanted + ([DEVICE_PLUGIN] if _enabled(spec, "devicePlugin") else [])
+    wanted += [DEVICE_PLUGIN] if _enabled(spec, "devicePlugin") else []
+    return wanted + ([GFD] if _enabled(spec, "gfd") else [])  # after the device plugin, as its state runs
 
 
 def _image(spec: dict[str, Any], op: Operand) -> str:
@@ -196,6 +211,41 @@ def daemonset(op: Operand, spec: dict[str, Any], namespace: str, owner: dict[str
 
 def _hash(body: dict[str, Any]) -> str:
     return str(body["metadata"]["annotations"][HASH_ANNOTATION])
+
+
+def gfd_labels(node: SimNode) -> dict[str, str]:
+    """The labels GPU Feature Discovery puts on a node (NVIDIA/k8s-device-plugin@v0.18.0 internal/lm:
+    resource.go ``baseLabeler``, ``sanitise`` and the memory label; nvml.go ``newVersionLabeler``, both the
+    deprecated ``cuda.driver.*`` and the ``cuda.driver-version.*`` names). The operator's GFD image is v0.19.3
+    (values.yaml:339-343): its label names are assumed unchanged from v0.18.0 (not checked)."""
+    gpu = node.gpus[0]
+    product = "-".join(re.sub(r"[^A-Za-z0-9-_. ]", "", gpu.model).split())
+    labels = {
+        "nvidia.com/gpu.product": product,
+        "nvidia.com/gpu.count": str(len(node.gpus)),
+        "nvidia.com/gpu.memory": str(gpu.memory_mib),
+        "nvidia.com/gpu.replicas": "1",
+        "nvidia.com/gpu.sharing-strategy": "none",
+    }
+    driver = runtime(node).driver_version
+    if driver is None:
+        return labels
+    major, minor, rev = ([*driver.split("."), "", ""])[:3]
+    cuda_major, cuda_minor = cuda_version(driver).split(".")
+    return labels | {
+        "nvidia.com/cuda.driver.major": major,
+        "nvidia.com/cuda.driver.minor": minor,
+        "nvidia.com/cuda.driver.rev": rev,
+        "nvidia.com/cuda.runtime.major": cuda_major,
+        "nvidia.com/cuda.runtime.minor": cuda_minor,
+        "nvidia.com/cuda.driver-version.major": major,
+        "nvidia.com/cuda.driver-version.minor": minor,
+        "nvidia.com/cuda.driver-version.revision": rev,
+        "nvidia.com/cuda.driver-version.full": driver,
+        "nvidia.com/cuda.runtime-version.major": cuda_major,
+        "nvidia.com/cuda.runtime-version.minor": cuda_minor,
+        "nvidia.com/cuda.runtime-version.full": f"{cuda_major}.{cuda_minor}",
+    }
 
 
 # ---------------------------------------------------------------- the node side: which validations pass
@@ -316,6 +366,8 @@ class GpuOperator(Periodic):
         self.toolkit_ready: frozenset[str] = frozenset()
         """Nodes whose toolkit validation passes: the node agent counts the operator's device plugin only there."""
         self._crashed: set[str] = set()
+        self.node_labels: dict[str, dict[str, str]] = {}
+        """Each Node's labels at this pass's node list (GFD's are patched only when they differ)."""
 
     def admits(self, pod: dict[str, Any], node: SimNode) -> bool:
         """For the node agent: a device-plugin pod of the operator registers GPUs only where its
@@ -411,6 +463,7 @@ class GpuOperator(Periodic):
         advertised: dict[str, int] = {}
         for obj in self._items(self.core.list_node()):
             name = obj["metadata"]["name"]
+            self.node_labels[name] = obj["metadata"].get("labels") or {}
             allocatable = ((obj.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE, "0")
             advertised[name] = int(allocatable) if str(allocatable).isdigit() else 0
             sim = nodes.get(name)
@@ -469,6 +522,14 @@ class GpuOperator(Periodic):
             self._gate(body, checks[node.name], advertised.get(node.name, 0))
             if body["spec"]["containers"][0]["name"] in (DRIVER.container, TOOLKIT.container):
                 self._crash(body, node)
+            elif body["spec"]["containers"][0]["name"] == GFD.container and _ready(body) and node.gpus:
+                self._label(node.name, gfd_labels(node))
+
+    def _label(self, name: str, labels: dict[str, str]) -> None:
+        """GFD's labels on the Node, patched only when one differs (GFD relabels every 60 s)."""
+        current = self.node_labels.get(name, {})
+        if any(current.get(k) != v for k, v in labels.items()):
+            self.core.patch_node(name, {"metadata": {"labels": labels}})
 
     def _gate(self, pod: dict[str, Any], checks: Validations, advertised: int) -> None:
         meta, status = pod["metadata"], pod.get("status") or {}

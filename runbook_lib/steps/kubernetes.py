@@ -292,7 +292,7 @@ def _wait_for_gpus(ctx: Context, result: StepResult, gpu_nodes: list[Any], *, ti
             res.data["allocatable_gpus"] = gpus
             if gpus > 0:
                 res.status = "ok"
-                res.message = f"{gpus} allocatable {GPU_RESOURCE}"
+                res.message = f"{gpus} allocatable {GPU_RESOURCE}" + _gpu_product(obj, res)
             elif not result.applied:
                 res.status = "planned"
                 res.message = f"no allocatable {GPU_RESOURCE} yet (apply to install the Kubernetes layer)"
@@ -301,6 +301,21 @@ def _wait_for_gpus(ctx: Context, result: StepResult, gpu_nodes: list[Any], *, ti
                 res.message = f"no allocatable {GPU_RESOURCE} after {timeout_s:.0f} s"
                 res.checks.append(_no_gpu_diagnosis(ctx, obj))
         result.nodes.append(res)
+
+
+#: GPU Feature Discovery's label naming the node's GPU model (NVIDIA/k8s-device-plugin@v0.18.0 internal/lm/
+#: resource.go ``baseLabeler``); the GPU Operator runs GFD by default (gpu-operator@v26.3.3 values.yaml
+#: ``gfd.enabled: true``). Absent with the device-plugin chart alone (its ``gfd.enabled`` is false).
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+
+
+def _gpu_product(node: dict[str, Any], res: NodeResult) -> str:
+    """`` (<model>)`` when GFD labelled the node: the value a workload's nodeSelector targets a GPU model by."""
+    product = (node["metadata"].get("labels") or {}).get(GPU_PRODUCT_LABEL)
+    if not product:
+        return ""
+    res.data["gpu_product"] = product
+    return f" ({GPU_PRODUCT_LABEL}={product})"
 
 
 def _no_gpu_diagnosis(ctx: Context, node: dict[str, Any]) -> Check:

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from runbook_lib.sim import cluster, gpuoperator, realkube
-from runbook_lib.sim.state import load_nodes
+from runbook_lib.sim.state import load_nodes, runtime
 from runbook_lib.steps.context import Context
 from runbook_lib.steps.kubernetes import kubernetes_layer
 from tests.sim.test_real_talosctl import build, find_go
@@ -111,10 +111,16 @@ def held_on_every_worker(state: Path, app: str, init: str) -> bool:
 @pytest.mark.parametrize(
     ("values", "daemonsets"),
     [
-        ({"driver": {"enabled": False}, "toolkit": {"enabled": False}}, ["validator", "device-plugin"]),
-        ({}, ["driver", "container-toolkit", "validator", "device-plugin"]),  # the chart's defaults
         (
-            {"driver": {"enabled": "false"}, "devicePlugin": {"enabled": False}},
+            {"driver": {"enabled": False}, "toolkit": {"enabled": False}},
+            ["validator", "device-plugin", "gpu-feature-discovery"],
+        ),
+        (  # the chart's defaults (values.yaml:119,211,223,339-340)
+            {},
+            ["driver", "container-toolkit", "validator", "device-plugin", "gpu-feature-discovery"],
+        ),
+        (
+            {"driver": {"enabled": "false"}, "devicePlugin": {"enabled": False}, "gfd": {"enabled": False}},
             ["container-toolkit", "validator"],
         ),
     ],
@@ -175,13 +181,39 @@ def test_kubectl_sees_the_cluster_policy_and_the_operand_daemonsets_by_their_rea
     wait_for(lambda: "ready" in kubectl(gpu_ready, "get", "clusterpolicy", "cluster-policy").split(), 120)
     names = kubectl(gpu_ready, "get", "daemonsets", "-n", NAMESPACE, "-o", "name").split()
     assert names == [
+        "daemonset.apps/gpu-feature-discovery",  # gfd.enabled: the chart's default (values.yaml:339-340)
         "daemonset.apps/nvidia-device-plugin-daemonset",
         "daemonset.apps/nvidia-operator-validator",
     ]
+    _gfd_labelled_the_gpu_nodes(gpu_ready, ctx)
     assert "simulated GPU Operator" in realkube.describe(gpu_ready)  # what `runbook sim status` prints
     runtime_class = json.loads(kubectl(gpu_ready, "get", "runtimeclass", "nvidia", "-o", "json"))
     assert runtime_class["handler"] == "nvidia"
     assert [o["kind"] for o in runtime_class["metadata"]["ownerReferences"]] == ["ClusterPolicy"]
+
+
+def _gfd_labelled_the_gpu_nodes(state: Path, ctx: Context) -> None:
+    """GPU Feature Discovery's labels on each worker (NVIDIA/k8s-device-plugin@v0.18.0 internal/lm: the model
+    with blanks as dashes, resource.go ``sanitise``; the driver's major version, nvml.go ``newVersionLabeler``),
+    and the step's per-node line names the model, the value a nodeSelector targets it by."""
+    drivers = {n.name: str(runtime(n).driver_version) for n in load_nodes(state) if n.name in WORKERS}
+
+    def labels() -> dict[str, tuple[str, str]]:
+        nodes = json.loads(kubectl(state, "get", "nodes", *WORKERS, "-o", "json"))["items"]
+        got = {n["metadata"]["name"]: n["metadata"]["labels"] for n in nodes}
+        return {
+            k: (v.get("nvidia.com/gpu.product", ""), v.get("nvidia.com/cuda.driver.major", ""))
+            for k, v in got.items()
+        }
+
+    want = {
+        name: ("NVIDIA-L4", driver.split(".")[0]) for name, driver in drivers.items()
+    }  # cluster.DEFAULT_GPU
+    wait_for(lambda: labels() == want, 120)
+    again = kubernetes_layer(ctx, apply=True, timeout_s=180)  # changes nothing: the per-node lines only
+    assert [n.message for n in again.nodes] == [
+        "1 allocatable nvidia.com/gpu (nvidia.com/gpu.product=NVIDIA-L4)"
+    ] * 2
 
 
 #: Regressions of the runbook's GPU_OPERATOR_VALUES (model/profiles.py), each leaving a real Talos node without
