@@ -57,6 +57,7 @@ SIM_SCENARIOS = (
     "aws",
     "storage-extensions",
     "kernel-args-before-1-12",
+    "operator-not-leader",
     "chaos",
 )
 _SECRET_HINT = "give a path to the file, never its contents"
