@@ -364,7 +364,10 @@ class Params(_Strict):
         NVIDIA's own repository (the default) counts as not set even when written out: ``runbook run`` hands its
         kernels the validated parameters with every default in them (the record's ``params.yaml``)."""
         url = _check_repo_url(url)
-        sections = {"device_plugin": self.device_plugin, "gpu_operator": self.gpu_operator}
+        sections: dict[str, DevicePlugin | GpuOperator] = {
+            "device_plugin": self.device_plugin,
+            "gpu_operator": self.gpu_operator,
+        }
         return self.model_copy(
             update={
                 name: section.model_copy(update={"repo_url": url})
