@@ -6,8 +6,10 @@ for ext-nvidia-persistenced", "missing extensions …") with a read-only command
 2026-12-01, F13).  The image step has two kinds of failed nodes, and each gets the evidence that tells
 the causes apart, read only from the failed nodes (a healthy rollout pays nothing):
 
-- the upgrade itself failed: its error text matched against the table, plus the node's PCI bus (Talos >=
-  1.8) and, when the boot hung on ``ext-nvidia-persistenced``, its machine config.  That service waits for
+- the upgrade itself failed: its error text matched against the table, with the step's own lines (the
+  --timeout that passed, the services the new boot waits for, read from the tracker's service events: the real
+  talosctl names neither, see ``UpgradeFailure``), plus the node's PCI bus (Talos >= 1.8) and, when the boot
+  hung on ``ext-nvidia-persistenced``, its machine config.  That service waits for
   the nvidia driver to bind (siderolabs/extensions nvidia-persistenced.yaml, ``depends: path``), which it
   never does without an NVIDIA GPU, without the modules in the config, or on a GPU the driver branch does
   not support;
