@@ -128,3 +128,21 @@ def test_the_runner_imports_papermill_without_building_jsonschemas_iri_grammars(
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+def _cuda_outcome(status: str, journal: list[dict[str, object]]) -> runner.StepOutcome:
+    return runner.StepOutcome("cuda-test", "06-cuda-test.ipynb", status, journal=journal)
+
+
+def test_the_runner_looks_for_left_test_pods_only_when_the_step_may_have_left_some() -> None:
+    """After cuda-test the runner lists the run's test pods through the Kubernetes client and deletes what is left
+    (attack F5/F6: a Ctrl-C or a dead kernel).  That list cost the runbook process the CoreV1Api import and a
+    client per run (9.5 s of 64 in a cProfile of an 8-node run at load 25), also after a step that ended ``ok``
+    having deleted every pod it created, as its journal shows (entries as an 8-node run journaled them)."""
+    pods = ["default/cuda-smi-gpu-0000-cbd7d091", "default/cuda-vectoradd-gpu-0000-cbd7d091"]
+    created = [{"kind": "api", "summary": f"create Pod {p}"} for p in pods]
+    deleted = [{"kind": "api", "summary": f"delete Pod {p}"} for p in pods]
+    assert not runner.test_pods_may_be_left(_cuda_outcome("ok", created + deleted))
+    assert runner.test_pods_may_be_left(_cuda_outcome("ok", created + deleted[:1]))
+    for status in ("failed", "interrupted"):
+        assert runner.test_pods_may_be_left(_cuda_outcome(status, created + deleted))
