@@ -104,6 +104,7 @@ func (n *simNode) upgrade(actorID, image string) {
 	}
 
 	n.runSequence(actorID, "upgrade", upgradePhases)
+	n.install(installArgs(n.activeConfig()))
 
 	current := n.bootState().image
 	n.powerOff()
@@ -117,6 +118,7 @@ func (n *simNode) upgrade(actorID, image string) {
 // it installs the staged image and reboots into it, so the API stays down across both reboots and the install.
 func (n *simNode) stagedUpgrade(actorID, image string) {
 	n.runSequence(actorID, "stageUpgrade", rebootPhases)
+	n.install(installArgs(n.activeConfig()))
 
 	current := n.bootState().image
 	n.powerOff()
@@ -225,7 +227,10 @@ func (n *simNode) powerOn(image, previous string) {
 		version = img.TalosVersion
 	}
 
-	n.boot = bootInfo{image: image, version: version, previous: previous, bootID: newUUID()}
+	n.boot = bootInfo{
+		image: image, version: version, previous: previous, bootID: newUUID(), args: n.bootArgs(image, previous),
+		previousArgs: n.boot.args,
+	}
 	n.events = newEventBus()
 	n.mu.Unlock()
 

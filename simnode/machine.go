@@ -84,8 +84,12 @@ const bootIDPath = "/proc/sys/kernel/random/boot_id"
 // a missing path is NotFound with os.Stat's text.
 func (s *machineServer) Read(in *machine.ReadRequest, srv grpc.ServerStreamingServer[common.Data]) error {
 	content, ok := s.node.file(in.GetPath())
-	if in.GetPath() == bootIDPath {
+
+	switch in.GetPath() {
+	case bootIDPath:
 		content, ok = s.node.bootState().bootID+"\n", true
+	case cmdlinePath:
+		content, ok = s.node.cmdline(), true
 	}
 
 	if !ok {

@@ -50,6 +50,11 @@ type simNode struct {
 type bootInfo struct {
 	image, version, previous, bootID string
 	next                             string // installed for the next boot (LifecycleService.Upgrade); "": image
+	// The extra kernel arguments of this boot, of the boot before it, and what the last installer run wrote for
+	// the next one (cmdline.go).
+	args, previousArgs []string
+	installed          bool
+	installedArgs      []string
 }
 
 func newSimNode(ctx context.Context, spec *NodeSpec, catalog *imageCatalog, factor float64) (*simNode, error) {
@@ -66,7 +71,7 @@ func newSimNode(ctx context.Context, spec *NodeSpec, catalog *imageCatalog, fact
 		spec: spec, state: st, images: catalog.static, catalog: catalog, factor: factor, events: newEventBus(),
 		services: spec.Services,
 	}
-	n.boot = bootInfo{image: spec.Image, version: spec.TalosVersion, bootID: newUUID()}
+	n.boot = bootInfo{image: spec.Image, version: spec.TalosVersion, bootID: newUUID(), args: installArgs(n.activeConfig())}
 
 	if _, err = n.refresh(ctx); err != nil {
 		return nil, fmt.Errorf("node %s (%s): %w", spec.Name, spec.Address, err)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +22,6 @@ from tests.simcluster import (
     factory_only,
     inject_fault,
     node_state,
-    python_talosctl,
     runs_real_talosctl,
     serve_node_files,
 )
@@ -236,11 +236,17 @@ def test_before_the_image_factory_the_upgrade_waits_for_the_install_extensions_p
         assert all("ghcr.io/siderolabs/installer:v1.4.8" in c for c in planned.data["commands"])
 
 
-#: talosctl 1.13's upgrade drains the node first through the cluster's Kubernetes API (its default --drain,
-#: with the kubeconfig the control plane hands out: talos@v1.13.0 cmd/talosctl/cmd/talos/upgrade.go:143-144,360), which
-#: factory_only does not run: the real talosctl's upgrade of a 1.13 node fails there ("error creating
-#: Kubernetes client for drain"), as it would on a cluster without Kubernetes.
-DRAIN_NEEDS_KUBERNETES = "talosctl 1.13 drains through the Kubernetes API, which factory_only does not run"
+def _sim_with_kubernetes(tmp_path: Path, scenario: str, version: str) -> Iterator[tuple[Path, str]]:
+    """``_sim`` with the cluster's Kubernetes API (``sim_cluster``'s daemon; its Image Factory URL yielded):
+    talosctl 1.13's upgrade drains the node first through it (its default --drain, with the kubeconfig the
+    control plane hands out: talos@v1.13.0 cmd/talosctl/cmd/talos/upgrade.go:143-144,360). Without one the
+    real talosctl's upgrade of a 1.13 node fails ("error creating Kubernetes client for drain"), as it would
+    on a cluster without Kubernetes."""
+    from tests.simcluster import sim_cluster
+
+    state = tmp_path / "sim"
+    with sim_cluster(state, workers=3, scenario=scenario, talos_version=version):
+        yield state, json.loads((state / "endpoints.json").read_text())["factory"]
 
 
 def _boot_with(state: Path, node: str, names: list[str]) -> None:
@@ -322,14 +328,11 @@ def test_cloud_node_is_upgraded_with_the_installer_of_its_platform(
     assert images["10.5.0.4"].startswith(f"{host}/metal-installer/")
 
 
-def test_grub_node_with_kernel_args_is_upgraded_with_legacy_on_talos_1_13(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_grub_node_with_kernel_args_is_upgraded_with_legacy_on_talos_1_13(tmp_path: Path) -> None:
     """docs:public/talos/v1.13/.../upgrading-talos.mdx:121-137: talosctl 1.13's new upgrade API does not
     pass ``extraKernelArgs``, and with ``grubUseUKICmdline`` false GRUB boots without them, silently;
     ``--legacy`` keeps them (flag in talos@v1.13.0:cmd/talosctl/cmd/talos/upgrade.go:368)."""
-    python_talosctl(monkeypatch, DRAIN_NEEDS_KUBERNETES)
-    for state, _server in _sim(tmp_path, scenario="kernel-args-before-1-12", version="v1.13.2"):
+    for state, _factory in _sim_with_kubernetes(tmp_path, "kernel-args-before-1-12", "v1.13.2"):
         for worker in WORKERS:
             with locked_node(state, worker) as node:
                 configure_modules(node)  # the config-patch step comes first
@@ -347,18 +350,15 @@ def test_grub_node_with_kernel_args_is_upgraded_with_legacy_on_talos_1_13(
         assert cmdline.split()[-2:] == ["intel_iommu=on", "iommu=pt"]
 
 
-def test_simulated_new_upgrade_api_drops_kernel_args_that_legacy_keeps(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_simulated_new_upgrade_api_drops_kernel_args_that_legacy_keeps(tmp_path: Path) -> None:
     """The simulator reproduces the silent loss the image step avoids (docs v1.13 upgrading-talos.mdx:121-137):
     the same upgrade with talosctl 1.13 keeps ``extraKernelArgs`` with ``--legacy`` and drops them without."""
-    python_talosctl(monkeypatch, DRAIN_NEEDS_KUBERNETES)
-    for state, server in _sim(tmp_path, scenario="kernel-args-before-1-12", version="v1.13.2"):
+    for state, factory_url in _sim_with_kubernetes(tmp_path, "kernel-args-before-1-12", "v1.13.2"):
         with locked_node(state, "talos-worker-3") as node:
             configure_modules(node)
         serve_node_files(state)
         ctx = _ctx(state, apply=True, version="v1.13.2")
-        image = f"{server.url.removeprefix('http://')}/metal-installer/{VANILLA_SCHEMATIC}:v1.13.2"
+        image = f"{factory_url.removeprefix('http://')}/metal-installer/{VANILLA_SCHEMATIC}:v1.13.2"
         assert _args_after_upgrade(ctx, image, legacy=True) == ["intel_iommu=on", "iommu=pt"]
         assert _args_after_upgrade(ctx, image, legacy=False) == []
 
