@@ -67,7 +67,8 @@ class LatencyProxy:
                     sock.shutdown(socket.SHUT_RDWR)
                 sock.close()
             self._open.clear()
-        self._thread.join(timeout=5)
+        if self._thread.ident is not None:  # started
+            self._thread.join(timeout=5)
 
     def _accept(self) -> None:
         while not self._stopped.is_set():
