@@ -43,6 +43,15 @@ def tools_for(kubernetes_version: str) -> realkube.Tools:
     return found
 
 
+def use_real_plane(monkeypatch: pytest.MonkeyPatch, kubernetes_version: str = "1.35.0") -> None:
+    """This test's simulator runs its Kubernetes side on the real control plane (issue 15: one truth):
+    ``RUNBOOK_SIM_KUBE=real`` for ``sim_cluster``, ``realkube.start_servers`` and the ``runbook run``/``sim up``
+    processes it starts; skips naming ``make kube-tools`` when that release's control plane is not built
+    (Talos v1.12 ships Kubernetes 1.35.0, v1.13 1.36.0: ``runbook_lib.sim.state``)."""
+    tools_for(kubernetes_version)
+    monkeypatch.setenv(realkube.MODE_ENV, "real")
+
+
 def _unready_nodes(ctx: Context, names: set[str]) -> list[str]:
     """The simulated nodes whose Node is missing, not Ready, or still tainted not-ready (what blocks pods)."""
     seen: dict[str, dict[str, Any]] = {n["metadata"]["name"]: n for n in ctx.kube.nodes()}
@@ -65,6 +74,19 @@ def wait_nodes_ready(ctx: Context, state_dir: Path, timeout: float = NODES_READY
         if time.monotonic() > deadline:
             raise AssertionError(f"Nodes not Ready and untainted after {timeout:.0f} s: {waiting}")
         time.sleep(0.2)
+
+
+def ready_if_real(ctx: Context, state_dir: Path) -> None:
+    """On the real control plane (``realkube.start_servers`` chose it for this state dir), wait until every Node
+    is Ready and untainted before the test creates pods; nothing to wait for on the Python API server."""
+    if realkube.supervisor_pid(state_dir) is not None:
+        wait_nodes_ready(ctx, state_dir)
+
+
+def stop_servers(state_dir: Path) -> None:
+    """What ``realkube.start_servers`` started: the real control plane (if any) first, then the daemon."""
+    realkube.stop(state_dir)
+    cluster.stop_daemon(state_dir)
 
 
 def _params(state_dir: Path, talos_version: str, params: dict[str, Any]) -> Params:

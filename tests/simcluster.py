@@ -29,7 +29,7 @@ from runbook_lib.sim import cluster, factory, faults, realkube, realtalos
 from runbook_lib.sim.state import SimNode, load_cluster, load_node, load_nodes
 from runbook_lib.steps.context import Context, connect
 from tests.realplane import _params as gpu_params
-from tests.realplane import wait_nodes_ready
+from tests.realplane import ready_if_real, stop_servers
 
 #: A boot hung on ext-nvidia-persistenced: the real talosctl reports Talos's sequence error, which names no
 #: service (tests/sim/test_real_faults.py HUNG_BOOT, citing talos@v1.12.0 v1alpha1_sequencer_tasks.go
@@ -78,13 +78,11 @@ def sim_cluster(
         with _talos(state_dir, spec):
             p = gpu_params(state_dir, talos_version, params)
             ctx = connect(p, state_dir=state_dir)
-            if realkube.supervisor_pid(state_dir) is not None:
-                wait_nodes_ready(ctx, state_dir)  # as real_cluster: no pod before the taint is lifted
+            ready_if_real(ctx, state_dir)  # as real_cluster: no pod before the not-ready taint is lifted
             yield p, ctx
     finally:
         if daemon:
-            realkube.stop(state_dir)
-            cluster.stop_daemon(state_dir)
+            stop_servers(state_dir)
 
 
 @contextmanager
