@@ -312,9 +312,9 @@ func (n *simNode) failBoot(bus *eventBus) {
 
 // publishServiceEvents publishes each service's state events of this boot, as machined's ServiceRunner does on
 // every state change (UpdateState publishes event.AsProto(id), talos@v1.12.0:internal/app/machined/pkg/system/
-// service_runner.go:115-145, events/events.go:70-77) with no actor ID (the runner's context is Background's,
+// service_runner.go:73-93, events/events.go:70-77) with no actor ID (the runner's context is Background's,
 // v1alpha1_events.go:214-218). talosctl's tracker prints them once it re-watches the new boot with tail -1
-// ("service: <id> message: <msg> healthy: <bool>", cmd/talosctl/pkg/talos/action/node.go:172-180, :306-310):
+// ("service: <id> message: <msg> healthy: <bool>", cmd/talosctl/pkg/talos/action/node.go:163-172, :306-310):
 // what it shows of a boot hung on a service is that service's last event, "Waiting for <condition>".
 func (n *simNode) publishServiceEvents(bus *eventBus) {
 	for _, svc := range n.currentServices() {

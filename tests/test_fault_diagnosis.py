@@ -71,7 +71,7 @@ UPGRADE_HANGS = {
 def test_the_image_step_names_why_the_upgrade_hung(tmp_path: Path, scenario: str) -> None:
     """On the real talosctl (``auto``): its tracker prints no timeout line and no error naming a service; the
     hung service is named from the new boot's service events it printed (``service: <id> message: Waiting for
-    …``, talos@v1.12.0 cmd/talosctl/pkg/talos/action/node.go:306-310), and the step itself says the --timeout
+    …``, talos@v1.12.0 cmd/talosctl/pkg/talos/action/node.go:303-307), and the step itself says the --timeout
     passed. Talos's BootTimeout (70 min x RUNBOOK_SIM_TIME_SCALE 0.01 = 42 s) is longer than the 10 s
     --timeout, so the node still hangs when talosctl gives up, as with a real --timeout under 70 minutes."""
     cause, fix = UPGRADE_HANGS[scenario]

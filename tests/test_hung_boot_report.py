@@ -4,14 +4,14 @@ CAPTURED is the stderr of the real talosctl v1.12.0 (``RUNBOOK_SIM_TALOSCTL=auto
 --timeout=10s`` of simnode's ``unsupported-gpu`` node gave up while the new boot still hung (a run of
 tests/test_fault_diagnosis.py, the upgrade-phase lines cut). Its shape is talos@v1.12.0's:
 
-- after the reboot the tracker re-watches with tail -1 (cmd/talosctl/pkg/talos/action/node.go:172-180) and
+- after the reboot the tracker re-watches with tail -1 (cmd/talosctl/pkg/talos/action/node.go:163-172) and
   prints every event of the new boot, the ServiceStateEvents included (``service: %v message: %v healthy: %v``,
-  node.go:306-310), which machined publishes at each service state change (internal/app/machined/pkg/system/
-  service_runner.go:115-145); a service waiting on a dependency says ``Waiting for <condition>`` (:158,
+  node.go:303-307), which machined publishes at each service state change (internal/app/machined/pkg/system/
+  service_runner.go:73-93); a service waiting on a dependency says ``Waiting for <condition>`` (:158,
   pkg/conditions/files.go ``file %q to exist``);
 - at --timeout the command ends with no line saying so: the reporter stops with the context
   (action/tracker.go:168-180, 282-284); what is left is the watch's own ``error: rpc error: code =
-  DeadlineExceeded …`` (node.go:198-203).
+  DeadlineExceeded …`` (node.go:175-181).
 
 That last service line is simnode's (it publishes the boot's service events as machined does); no capture from
 a real Talos node was at hand.

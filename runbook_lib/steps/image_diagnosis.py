@@ -55,9 +55,9 @@ _PROGRESS = re.compile(
     r"|error: stopAllServices task completed)$"
 )
 _STARTED = re.compile(r"^(?P<kind>phase|task): (?P<name>\S+) action: START$")
-#: The tracker's line for a ServiceStateEvent of the node's new boot (node.go:306-310, ``service: %v message: %v
-#: healthy: %v``): machined publishes one at each state change of each service (service_runner.go:115-145), and
-#: the tracker, re-watching with tail -1 after the reboot (node.go:172-180), prints the whole boot's.
+#: The tracker's line for a ServiceStateEvent of the node's new boot (node.go:303-307, ``service: %v message: %v
+#: healthy: %v``): machined publishes one at each state change of each service (service_runner.go:73-93), and
+#: the tracker, re-watching with tail -1 after the reboot (node.go:163-172), prints the whole boot's.
 _SERVICE_EVENT = re.compile(r"^service: (?P<id>\S+) message: (?P<msg>.*) healthy: (?:true|false)$")
 #: A service waiting on its dependencies: ServiceRunner.waitFor's ``Waiting for <condition>`` (service_runner.go:158).
 _WAITING = "Waiting for "

@@ -34,7 +34,7 @@ NODE_READY_SECONDS = 15
 #: A boot hung on ext-nvidia-persistenced: the real talosctl's error names no service (startAllServices fails with
 #: the conditions' multierror, one "context deadline exceeded" per service still waiting: talos@v1.12.0
 #: v1alpha1_sequencer_tasks.go StartAllServices, pkg/conditions/all.go), but before it the tracker printed the new
-#: boot's service events (action/node.go:306-310), where the service's last one is "Waiting for file …": the image
+#: boot's service events (action/node.go:303-307), where the service's last one is "Waiting for file …": the image
 #: step names it with Talos's condition text, 'service "ext-nvidia-persistenced" to be "up"', the needle the
 #: Python talosctl's run is held to as well.
 REAL_CASES = RUN_CASES
