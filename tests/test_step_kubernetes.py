@@ -2,9 +2,10 @@
 
 Most tests that create, read or wait on Kubernetes objects run on the real control plane (``tests/realplane.py``:
 kube-apiserver, controller-manager and scheduler of the nodes' Kubernetes release, kwok as kubelets, the real
-helm 4.1.4), so what they assert is what the real API server and helm answer (issue 15: one truth). The cuda-test
-plans (which read no Kubernetes object) and the GPU Operator's no-GPU hint (see its docstring) stay on
-``sim_cluster``. Moved to ``tests/sim`` real-plane tests:
+helm 4.1.4), so what they assert is what the real API server and helm answer (issue 15: one truth); the plan-only
+tests share one such cluster (``planned``). Only the GPU Operator's no-GPU hint stays on the Python API server
+(see its docstring). They skip naming ``make kube-tools`` where the control plane is not built. Moved to
+``tests/sim`` real-plane tests:
 the missing-toolkit sandbox error (``test_sim_up_real_kube.py::test_without_the_toolkit_pods_of_runtime_class_
 nvidia_get_no_sandbox``) and both vectoradd runs on Talos 1.13 (``test_gpu_operator_real.py::test_runbook_run_
 on_talos_1_13_passes_every_step_with_the_gpu_operator_on_the_real_control_plane``: cuda-test ok needs all four).
@@ -18,6 +19,7 @@ import pytest
 
 from runbook_lib.model.params import validate
 from runbook_lib.sim.kwokstages import run_seconds
+from runbook_lib.sim.realkube import MODE_ENV
 from runbook_lib.steps.context import connect
 from runbook_lib.steps.cudatest import RUN_LABEL, TEST_NAMESPACE, cuda_test
 from runbook_lib.steps.kubernetes import allocatable_gpus, kubernetes_layer
@@ -192,23 +194,33 @@ def test_cuda_vectoradd_runs_with_the_runtime_class_only_as_talos_ci_does(tmp_pa
         assert ctx.kube.pods(TEST_NAMESPACE, f"{RUN_LABEL}={result.data['run_id']}") == []
 
 
-def test_cuda_test_plan_names_its_pods_and_request_gpu_off_keeps_the_runtime_class_only_ones(tmp_path):
-    with sim_cluster(tmp_path, scenario="gpu-ready") as (params, ctx):
-        assert cuda_test(ctx).nodes[0].message == "would run pods: gpu, smi, vectoradd, vectoradd-gpu"
-    with sim_cluster(tmp_path, scenario="gpu-ready", cuda_test={"request_gpu": False}) as (params, ctx):
-        assert cuda_test(ctx).nodes[0].message == "would run pods: smi, vectoradd"
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory):
+    """One gpu-ready cluster on the real control plane for the plan-only tests, which change nothing in it."""
+    state_dir = tmp_path_factory.mktemp("plans")
+    with real_cluster(state_dir, scenario="gpu-ready") as (params, ctx):
+        yield params, ctx, state_dir
 
 
-def test_cuda_test_waits_for_approval_and_its_plan_is_stable(tmp_path):
-    with sim_cluster(tmp_path, scenario="gpu-ready") as (params, ctx):
-        first, second = cuda_test(ctx), cuda_test(ctx)
-        assert first.status == "planned" and first.counts() == {"planned": 2}
-        strip = lambda r: {k: v for k, v in r.to_dict().items() if k != "duration_s"}  # noqa: E731
-        assert strip(first) == strip(second)
-        assert ctx.kube.pods(TEST_NAMESPACE) == []
+def test_cuda_test_plan_names_its_pods_and_request_gpu_off_keeps_the_runtime_class_only_ones(planned):
+    params, ctx, state_dir = planned
+    assert cuda_test(ctx).nodes[0].message == "would run pods: gpu, smi, vectoradd, vectoradd-gpu"
+    without = _on_release(
+        params, params.talos_version, state_dir, apply=False, cuda_test={"request_gpu": False}
+    )
+    assert cuda_test(without).nodes[0].message == "would run pods: smi, vectoradd"
 
 
-def _on_release(params, version, state_dir, *, apply):
+def test_cuda_test_waits_for_approval_and_its_plan_is_stable(planned):
+    params, ctx, state_dir = planned
+    first, second = cuda_test(ctx), cuda_test(ctx)
+    assert first.status == "planned" and first.counts() == {"planned": 2}
+    strip = lambda r: {k: v for k, v in r.to_dict().items() if k != "duration_s"}  # noqa: E731
+    assert strip(first) == strip(second)
+    assert ctx.kube.pods(TEST_NAMESPACE) == []
+
+
+def _on_release(params, version, state_dir, *, apply, **more):
     """The same simulated cluster seen with other parameters (what a user does when moving to 1.13)."""
     data = {
         "cluster": params.cluster,
@@ -216,6 +228,7 @@ def _on_release(params, version, state_dir, *, apply):
         "talos_version": version,
         "apply": apply,
         "nodes": [{"name": n.name, "address": n.address} for n in params.nodes],
+        **more,
     }
     return connect(validate(data, source="test"), state_dir=state_dir)
 
@@ -290,14 +303,16 @@ def _desired(ctx, name):
     return ctx.kube.apps.read_namespaced_daemon_set(name, "kube-system").status.desired_number_scheduled
 
 
-def test_gpu_operator_no_gpu_hint_names_the_operators_device_plugin_daemonset(tmp_path):
+def test_gpu_operator_no_gpu_hint_names_the_operators_device_plugin_daemonset(tmp_path, monkeypatch):
     """The operator's device plugin runs as DaemonSet nvidia-device-plugin-daemonset (gpu-operator@v26.3.3
     assets/state-device-plugin/0500_daemonset.yaml), not ds/<release> (reality-gaps.md §1 finding 19).
 
-    Stays on the Python API: on the real control plane the simulated operator's validator waits in
-    driver-validation on a node without the driver, so the step gives that diagnosis instead, and this hint only
-    while the validator pod has not started yet (a race); a real-plane version needs a node whose validations
-    pass and whose plugin advertises no GPU, which no scenario simulates yet."""
+    Stays on the Python API whatever RUNBOOK_SIM_KUBE says: on the real control plane the simulated operator's
+    validator waits in driver-validation on a node without the driver, so the step gives that diagnosis instead
+    (checked: 'runbook run -p <params> --steps config-patch,image,verify --apply'), and this hint only while the
+    validator pod has not started yet (a race); a real-plane version needs a node whose validations pass and whose
+    plugin advertises no GPU, which no scenario simulates yet."""
+    monkeypatch.setenv(MODE_ENV, "python")
     with sim_cluster(tmp_path, scenario="fresh", talos_version="v1.13.2", apply=True) as (params, ctx):
         result = kubernetes_layer(ctx, timeout_s=3)
         assert not result.ok
