@@ -31,11 +31,12 @@ from runbook_lib.cli import main
 from runbook_lib.clients.proc import Journal, Runner
 from runbook_lib.model.params import Params, load_params
 from runbook_lib.notebook import interrupts, records, runner
-from runbook_lib.sim import cluster, faults
+from runbook_lib.sim import cluster, faults, realkube
 from runbook_lib.sim.state import load_nodes
 from runbook_lib.steps.context import SIM_STATE_ENV, Context, connect
 from runbook_lib.steps.cudatest import MANAGED_BY, TEST_NAMESPACE, build_pods
 from runbook_lib.steps.kubernetes import kubernetes_layer
+from tests.realplane import ready_if_real, stop_servers, use_real_plane
 
 REPO = Path(__file__).resolve().parents[1]
 PARAMS = str(REPO / "params" / "simulated.yaml")
@@ -56,19 +57,28 @@ class Sim:
 
 
 @contextmanager
-def running_sim(tmp_path: Path, scenario: str, latency_ms: float) -> Iterator[Sim]:
+def running_sim(
+    tmp_path: Path, scenario: str, latency_ms: float, *, real_plane: bool = True
+) -> Iterator[Sim]:
     """The simulator started by the test (so it outlives the run and its API can be read afterwards);
-    `runbook run` finds it running for the same parameters and leaves it as found."""
+    `runbook run` finds it running for the same parameters and leaves it as found. Its Kubernetes side is the
+    real control plane (skipped, naming ``make kube-tools``, where it is not built); ``real_plane=False`` for a
+    test that never reaches Kubernetes: the suite's default then, which starts faster."""
     overrides = [f"simulation.scenario={scenario}"]
     params: Params = load_params(PARAMS, overrides, None)
     state = tmp_path / "sim"
     spec = cluster.spec_from_params(params)
-    cluster.create(state, dataclasses.replace(spec, latency_ms=latency_ms))
-    cluster.start_daemon(state)
-    try:
-        yield Sim(state, tmp_path / "records", connect(params, state_dir=state), overrides)
-    finally:
-        cluster.stop_daemon(state)
+    with pytest.MonkeyPatch.context() as env:
+        if real_plane:
+            use_real_plane(env)  # also for the `runbook run` the test starts
+        cluster.create(state, dataclasses.replace(spec, latency_ms=latency_ms))
+        realkube.start_servers(state)  # the Kubernetes side RUNBOOK_SIM_KUBE picks, as `runbook sim up` does
+        try:
+            ctx = connect(params, state_dir=state)
+            ready_if_real(ctx, state)
+            yield Sim(state, tmp_path / "records", ctx, overrides)
+        finally:
+            stop_servers(state)
 
 
 def _default_sigint() -> None:
@@ -154,7 +164,7 @@ def test_interrupted_config_patch_is_sealed_with_every_patch_the_nodes_received(
     tmp_path: Path, how: str
 ) -> None:
     """I1 (SIGINT), I6 (SIGTERM), I7 (double SIGINT): each patch a node received is in the sealed record."""
-    with running_sim(tmp_path, "extensions-no-patch", latency_ms=700) as sim:
+    with running_sim(tmp_path, "extensions-no-patch", latency_ms=700, real_plane=False) as sim:
         before = {n.address: n.config_version for n in load_nodes(sim.state) if n.gpus}
 
         def patched() -> set[str]:
@@ -203,9 +213,19 @@ def test_interrupted_cuda_test_leaves_no_pod_and_records_their_deletion(tmp_path
         assert_no_pod_left_and_deletions_recorded(sim, sealed_record(sim))
 
 
+def undeleted_test_pods(sim: Sim) -> list[str]:
+    """The test pods no one has deleted. A deleted pod that was bound to a node stays in the API, Terminating
+    (``metadata.deletionTimestamp`` set), until its kubelet has stopped it, at most its grace period later
+    (kubernetes@v1.35.0 pkg/registry/core/pod/strategy.go ``CheckGracefulDelete``; kwok's pod-delete stage
+    picks a time up to ``deletionTimestamp``): on the real control plane it is still listed right after the run.
+    The Python API removed it at once."""
+    pods = sim.ctx.kube.pods(TEST_NAMESPACE, TEST_PODS)
+    return sorted(p["metadata"]["name"] for p in pods if not p["metadata"].get("deletionTimestamp"))
+
+
 def assert_no_pod_left_and_deletions_recorded(sim: Sim, data: dict[str, Any]) -> list[str]:
     """No test pod in the API; the record lists each pod's creation and deletion; the deletion summaries."""
-    left = [p["metadata"]["name"] for p in sim.ctx.kube.pods(TEST_NAMESPACE, TEST_PODS)]
+    left = undeleted_test_pods(sim)
     assert left == [], f"test pods left behind: {left}"
     summaries = [c.get("summary", "") for c in data["commands"] if c["step"] == "cuda-test"]
     created = {s.removeprefix("create Pod ") for s in summaries if s.startswith("create Pod ")}
@@ -226,7 +246,7 @@ def test_the_run_removes_test_pods_of_its_run_id_left_in_the_api(tmp_path: Path)
                 sim.ctx.kube.create_pod(TEST_NAMESPACE, pod.manifest)
         with mock.patch.dict(os.environ, {SIM_STATE_ENV: str(sim.state)}):  # as `runbook run` sets it
             entries = interrupts.remove_test_pods(sim.ctx.params, "0a1b2c3d")
-        left = sorted(p["metadata"]["name"] for p in sim.ctx.kube.pods(TEST_NAMESPACE, TEST_PODS))
+        left = undeleted_test_pods(sim)
         others = build_pods(sim.ctx, nodes[:2], "99999999")
         assert sorted(left) == sorted(p.name for p in others)  # another run's pods are left alone
         deleted = sorted(e["summary"].split()[2].split("/")[1] for e in entries)
