@@ -18,8 +18,9 @@ real API server, once the operator pod is Ready (sources: NVIDIA/gpu-operator at
 - the operand DaemonSets by their real names, labels, node selectors, service accounts and init containers
   (assets/state-*/0500_daemonset.yaml): ``nvidia-driver-daemonset`` only with ``driver.enabled``,
   ``nvidia-container-toolkit-daemonset`` only with ``toolkit.enabled``, ``nvidia-operator-validator`` and
-  ``nvidia-device-plugin-daemonset`` and, with ``gfd.enabled`` (the chart's default), ``gpu-feature-discovery``
-  (state_manager.go:1107-1113 ``isStateEnabled``); a disabled one is deleted;
+  ``nvidia-device-plugin-daemonset`` and, with ``dcgmExporter.enabled`` and ``gfd.enabled`` (the chart's
+  defaults), ``nvidia-dcgm-exporter`` and ``gpu-feature-discovery``, in the order of their states
+  (state_manager.go:889-900; 1107-1113 ``isStateEnabled``); a disabled one is deleted;
 - GPU Feature Discovery's node labels (``nvidia.com/gpu.product``, ``gpu.count``, ``gpu.memory``,
   ``cuda.driver.major``…, NVIDIA/k8s-device-plugin@v0.18.0 internal/lm/resource.go ``baseLabeler``, nvml.go
   ``newVersionLabeler``) on each node where its pod runs: what lets a user target a GPU model;
@@ -36,7 +37,8 @@ holds one, named after its pod).
 The node side (what kwok cannot know): an operand pod waits in the init container whose validation does not
 pass on its node, as the real ones loop (``until [ -f /run/nvidia/validations/toolkit-ready ]``, or
 nvidia-validator with ``WITH_WAIT``), and the driver and toolkit containers crash-loop on Talos. Left out:
-DCGM and its exporter, MIG manager (both enabled by the chart's defaults, values.yaml:280-281, 350-351), GFD's
+the DCGM exporter's metrics (its pod only runs), standalone DCGM (off by default, values.yaml:268-270), MIG manager
+(enabled by default, values.yaml:350-351, but scheduled only on MIG-capable GPUs' nodes), GFD's
 architecture, MIG and MPS labels and its timestamp, the NVIDIADriver CRD, the cuda-validation workload
 pod, node-status-exporter, upgrades of the driver, and any state the runbook's values do not touch.
 """
@@ -117,6 +119,11 @@ DEVICE_PLUGIN = Operand(
     "nvidia-device-plugin-daemonset", "device-plugin", "nvidia-device-plugin",
     ("toolkit-validation", "config-manager-init"), "nvidia-device-plugin", "devicePlugin",
 )  # fmt: skip
+#: assets/state-dcgm-exporter/0800_daemonset.yaml (labels 5-6, nodeSelector 20, SA 26, init container 29, container 41).
+DCGM_EXPORTER = Operand(
+    "nvidia-dcgm-exporter", "dcgm-exporter", "nvidia-dcgm-exporter", ("toolkit-validation",),
+    "nvidia-dcgm-exporter", "dcgmExporter",
+)  # fmt: skip
 #: assets/gpu-feature-discovery/0500_daemonset.yaml (labels 7-8, nodeSelector 21, SA 27, init containers 29,39,
 #: container 67).
 GFD = Operand(
@@ -124,7 +131,7 @@ GFD = Operand(
     ("toolkit-validation", "config-manager-init"), "gpu-feature-discovery", "gfd",
     (("app.kubernetes.io/part-of", "nvidia-gpu"),),
 )  # fmt: skip
-ALL_OPERANDS = (DRIVER, TOOLKIT, VALIDATOR, DEVICE_PLUGIN, GFD)
+ALL_OPERANDS = (DRIVER, TOOLKIT, VALIDATOR, DEVICE_PLUGIN, DCGM_EXPORTER, GFD)
 
 
 def _enabled(spec: dict[str, Any], key: str) -> bool:
@@ -139,6 +146,7 @@ def operands(spec: dict[str, Any]) -> list[Operand]:
     wanted += [TOOLKIT] if _enabled(spec, "toolkit") else []
     wanted.append(VALIDATOR)
     wanted += [DEVICE_PLUGIN] if _enabled(spec, "devicePlugin") else []
+    wanted += [DCGM_EXPORTER] if _enabled(spec, "dcgmExporter") else []
     return wanted + ([GFD] if _enabled(spec, "gfd") else [])  # after the device plugin, as its state runs
 
 

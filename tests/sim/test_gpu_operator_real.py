@@ -113,14 +113,22 @@ def held_on_every_worker(state: Path, app: str, init: str) -> bool:
     [
         (
             {"driver": {"enabled": False}, "toolkit": {"enabled": False}},
-            ["validator", "device-plugin", "gpu-feature-discovery"],
+            ["validator", "device-plugin", "dcgm-exporter", "gpu-feature-discovery"],
         ),
-        (  # the chart's defaults (values.yaml:119,211,223,339-340)
+        (  # the chart's defaults (values.yaml:119,211,223,280-281,339-340)
             {},
-            ["driver", "container-toolkit", "validator", "device-plugin", "gpu-feature-discovery"],
+            [
+                "driver",
+                "container-toolkit",
+                "validator",
+                "device-plugin",
+                "dcgm-exporter",
+                "gpu-feature-discovery",
+            ],
         ),
         (
-            {"driver": {"enabled": "false"}, "devicePlugin": {"enabled": False}, "gfd": {"enabled": False}},
+            {"driver": {"enabled": "false"}, "devicePlugin": {"enabled": False}, "gfd": {"enabled": False}}
+            | {"dcgmExporter": {"enabled": False}},
             ["container-toolkit", "validator"],
         ),
     ],
@@ -182,6 +190,7 @@ def test_kubectl_sees_the_cluster_policy_and_the_operand_daemonsets_by_their_rea
     names = kubectl(gpu_ready, "get", "daemonsets", "-n", NAMESPACE, "-o", "name").split()
     assert names == [
         "daemonset.apps/gpu-feature-discovery",  # gfd.enabled: the chart's default (values.yaml:339-340)
+        "daemonset.apps/nvidia-dcgm-exporter",  # dcgmExporter.enabled: the default too (values.yaml:280-281)
         "daemonset.apps/nvidia-device-plugin-daemonset",
         "daemonset.apps/nvidia-operator-validator",
     ]
