@@ -1,8 +1,7 @@
 """The network between the user's clients and the real control plane's kube-apiserver, with a latency a test sets.
 
-The Python API server answers every request ``api_latency_ms`` later (``kubeapi/faults.py``); kube-apiserver has
-no flag that delays its answers (none among its options in kubernetes@v1.35.0
-``cmd/kube-apiserver/app/options`` and ``staging/src/k8s.io/apiserver/pkg/server/options``, as far as we read), so on
+The Python API server answers every request ``api_latency_ms`` later (``kubeapi/faults.py``); we know of no
+kube-apiserver flag that delays its answers (not checked against its whole option list), so on
 the real control plane the delay is where a real one comes from: the network. This TCP relay sits between the
 state's ``kubeconfig`` (kubectl, helm, the library) and kube-apiserver and holds every chunk the client sends for
 ``api_latency_ms`` before passing it on: one-way latency on the client's path, TLS untouched (the API server's
