@@ -27,9 +27,45 @@ if ! go mod download -json "github.com/siderolabs/talos@$version" >download.json
     python3 -c 'import json; print(json.load(open("download.json")).get("Error", "download failed"))' >&2
     exit 1
 fi
-python3 - "$version" >go.mod <<'PY'
-import json, re, sys
+python3 - "$version" >go.mod.new <<'PY'
+import json, re, subprocess, sys
 version = sys.argv[1]
+#: Dependencies of a release that the module proxy refuses ("403 This module version is not available", asked
+#: 2026-12-02 for talos v1.14.1's go.mod), and the nearest version it serves. Each is printed when used and
+#: recorded in substitutions.txt beside the binary: that talosctl is the release's own source built on these.
+SUBSTITUTES = {
+    "github.com/cosi-project/runtime v1.16.3": "v1.16.2",
+    "github.com/jsimonetti/rtnetlink/v2 v2.2.1-0.20260802200809-43bafec815b3": "v2.3.0",
+}
+
+
+def served(line):
+    """Whether the module proxy serves the fork a replace line points at. Talos 1.14.1's forks of ethtool
+    (v0.6.0-sidero) and siv-go (a pseudo-version) are answered "403 This module version is not available", which
+    stops go mod tidy although talosctl may import neither: such a line is dropped, saying so, and the build
+    below either succeeds on the upstream module or fails naming the package that needs the fork."""
+    target = line.split("=>")[1].split()
+    if len(target) != 2:
+        return True
+    proc = subprocess.run(["go", "mod", "download", "-json", "@".join(target)], capture_output=True, text=True)
+    if proc.returncode == 0:
+        return True
+    print(f"build-talosctl.sh: dropped replace {line}: the module proxy does not serve the fork", file=sys.stderr)
+    return False
+
+
+def substitutes(text):
+    """Replace lines for the refused versions this go.mod requires (SUBSTITUTES)."""
+    lines = []
+    for wanted, served_version in SUBSTITUTES.items():
+        if re.search(rf"^\s*{re.escape(wanted)}(\s|$)", text, flags=re.M):
+            lines.append(f"{wanted} => {wanted.split()[0]} {served_version}")
+            print(f"build-talosctl.sh: substituted {wanted} => {served_version} (not served)", file=sys.stderr)
+    with open("substitutions.txt", "w") as out:
+        out.writelines(line + "\n" for line in lines)
+    return lines
+
+
 info = json.load(open("download.json"))
 text = open(info["GoMod"]).read()
 replaces = []
@@ -41,6 +77,8 @@ print("module talosctl-build\n")
 print(f"go {go}\n")
 print(f"require (\n\tgithub.com/siderolabs/talos {version}\n\tgithub.com/siderolabs/talos/pkg/machinery {version}\n)\n")
 print("replace (")
+for line in substitutes(text):
+    print("\t" + line)
 for line in replaces:
     line = line.split("//")[0].strip()
     # Local paths are talos's own tree; the containerd fork only trims dead code from machined (talos
@@ -48,14 +86,18 @@ for line in replaces:
     # version is not available" for v1.13.0's): upstream containerd builds the same talosctl.
     if "=> ./" in line or "=> ../" in line or line.startswith("github.com/containerd/containerd/v2 "):
         continue
+    if not served(line):
+        continue
     print("\t" + line)
 print(")")
 PY
+mv go.mod.new go.mod
 cp "$(python3 -c 'import json; print(json.load(open("download.json"))["Dir"])')/go.sum" go.sum
 chmod u+w go.sum
 printf '//go:build tools\n\npackage tools\n\nimport _ "github.com/siderolabs/talos/cmd/talosctl"\n' >tools.go
 go mod tidy >/dev/null
 mkdir -p "$cache"
+if [[ -s substitutions.txt ]]; then cp substitutions.txt "$cache/substitutions.txt"; fi
 go build -trimpath -o "$out.tmp.$$" github.com/siderolabs/talos/cmd/talosctl
 mv "$out.tmp.$$" "$out"
 echo "$out"
