@@ -32,6 +32,7 @@ from runbook_lib.steps.context import connect
 from runbook_lib.steps.kubernetes import kubernetes_layer
 from runbook_lib.steps.results import StepResult
 from runbook_lib.steps.rollback import rollback
+from tests.realplane import use_real_plane
 from tests.simcluster import node_state, sim_cluster
 from tests.test_interactive_records import NODES, Cluster, approve, recorder
 from tests.test_interrupts import _default_sigint, expected_status, interrupt, running_sim, wait_until
@@ -393,11 +394,15 @@ def test_the_rollback_notebooks_overrides_cannot_approve_it() -> None:
 
 
 @pytest.mark.slow
-def test_naming_every_gpu_node_removes_the_kubernetes_layer_as_naming_none_does(tmp_path: Path) -> None:
+def test_naming_every_gpu_node_removes_the_kubernetes_layer_as_naming_none_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``nodes`` listing every GPU node (the notebook's ``nodes`` parameter filled in, headless with
     ``apply``) is the whole cluster: the Kubernetes layer the run created goes first.  Before, any ``nodes``
     kept it with the note "only some GPU nodes go back", leaving the device plugin on nodes losing their
-    driver (the JupyterLab node picker already passes no list when every node is picked, gates.py)."""
+    driver (the JupyterLab node picker already passes no list when every node is picked, gates.py).
+    On the real control plane and the real helm (``use_real_plane``)."""
+    use_real_plane(monkeypatch)
     with sim_cluster(tmp_path, scenario="gpu-ready", apply=True) as (params, ctx):
         installed = kubernetes_layer(ctx, timeout_s=240)  # generous: a loaded CI machine
         assert installed.ok

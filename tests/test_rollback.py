@@ -36,6 +36,7 @@ from runbook_lib.steps.kubernetes import kubernetes_layer
 from runbook_lib.steps.patch import config_patch, read_configs
 from runbook_lib.steps.results import StepResult
 from runbook_lib.steps.rollback import rollback
+from tests.realplane import use_real_plane
 from tests.simcluster import clear_fault, factory_only, inject_fault, node_state, sim_cluster
 
 PARAMS = str(Path(__file__).resolve().parents[1] / "params" / "simulated.yaml")
@@ -401,9 +402,13 @@ def test_the_notebook_call_without_records_names_the_parameter(
 
 
 @pytest.mark.slow
-def test_only_the_kubernetes_objects_the_runbook_created_are_removed(tmp_path: Path) -> None:
+def test_only_the_kubernetes_objects_the_runbook_created_are_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A RuntimeClass ``nvidia`` the cluster had before the run stays; the Helm release the run installed
-    goes (the kubernetes step records what it created in ``data.created``); node labels stay, and are named."""
+    goes (the kubernetes step records what it created in ``data.created``); node labels stay, and are named.
+    On the real control plane and the real helm (``use_real_plane``)."""
+    use_real_plane(monkeypatch)
     with sim_cluster(tmp_path, scenario="gpu-ready", apply=True) as (params, ctx):
         ctx.kube.create_runtime_class("nvidia", "nvidia", dry_run=False)
         installed = kubernetes_layer(ctx, timeout_s=60)
