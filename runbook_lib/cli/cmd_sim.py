@@ -171,8 +171,18 @@ def _start_talos(state_dir: Path, spec: cluster.ClusterSpec, nodes: list[Any]) -
     try:
         return cluster.start_talos(state_dir, spec, nodes).reason
     except ValueError as exc:  # RUNBOOK_SIM_TALOSCTL=real that cannot be honoured: nothing left running
-        cluster.stop_daemon(state_dir)
+        _stop_all(state_dir)
         raise PermanentError(str(exc)) from None
+    except BaseException:  # simnode that did not start, Ctrl-C: the control plane must not outlive sim up
+        _stop_all(state_dir)
+        raise
+
+
+def _stop_all(state_dir: Path) -> bool:
+    """Everything ``sim up`` starts, stopped before returning; True if something ran. The real control plane
+    first, and waited for (``realkube.stop``): left alone it would stop only once it noticed the daemon gone."""
+    kube = realkube.stop(state_dir)
+    return cluster.stop_talos(state_dir) | cluster.stop_daemon(state_dir) | kube
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -219,8 +229,7 @@ def _down(args: argparse.Namespace) -> int:
             f"{sim_paths(state_dir).pid} names process {foreign}, which is not this simulator's daemon "
             "(stale pid file): left alone\n"
         )
-    realkube.stop(state_dir)  # the real control plane first: it stops itself too once the daemon is gone
-    stopped = cluster.stop_talos(state_dir) | cluster.stop_daemon(state_dir)
+    stopped = _stop_all(state_dir)
     sys.stdout.write("simulator stopped\n" if stopped else "simulator was not running\n")
     if args.purge and state_dir.exists():
         shutil.rmtree(state_dir)

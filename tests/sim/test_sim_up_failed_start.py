@@ -1,0 +1,45 @@
+"""A ``runbook sim up`` that fails after the real control plane started stops everything it started.
+
+Issue 15 ("nothing left after down or a failed start"): the talosctl side is started last
+(``runbook_lib/cli/cmd_sim.py``), after the daemon and the real control plane; when it cannot be honoured
+(``RUNBOOK_SIM_TALOSCTL=real`` with a talosctl of another minor release than the nodes, which simnode refuses
+to pair), ``sim up`` exits 2 and must leave no process of its state dir behind. Before, it stopped only the
+daemon and the control plane went down later, whenever its supervisor noticed the daemon was gone.
+Skipped, saying what to build, when the control plane is not built (``make kube-tools``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from runbook_lib.sim import realkube
+from tests.sim.test_sim_up_real_kube import _cmdline, runbook, tools
+
+pytestmark = pytest.mark.slow
+
+__all__ = ["tools"]  # the fixture, imported so that this file skips where the control plane is not built
+
+
+def processes_of(state: Path) -> list[str]:
+    """Command lines of the processes naming ``state`` (this test's own dir: other tests' are not counted)."""
+    return [line for p in Path("/proc").glob("[0-9]*") if str(state) in (line := _cmdline(p))]
+
+
+def test_a_failed_talosctl_start_stops_the_control_plane_before_sim_up_returns(
+    tools: realkube.Tools, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = tmp_path / "sim"
+    monkeypatch.setenv("RUNBOOK_SIM_TALOSCTL", "real")
+    try:
+        failed = runbook(
+            "sim", "up", "--state", str(state), "--nodes", "1", "--talosctl-version", "1.11", mode="real"
+        )
+        assert failed.returncode == 2, failed.stdout + failed.stderr
+        assert "RUNBOOK_SIM_TALOSCTL=real: talosctl v1.11" in failed.stderr
+        assert "is not the nodes' release" in failed.stderr
+        assert realkube.supervisor_pid(state) is None
+        assert processes_of(state) == []
+    finally:
+        runbook("sim", "down", "--state", str(state), mode="real")
