@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from runbook_lib.sim import chartrepo, realkube
 from tests.realplane import real_cluster
 from tests.sim.waiting import wait_for
 
@@ -199,3 +201,74 @@ def test_helm_error_texts_a_user_sees(real: Tools) -> None:
         1,
         'Error: INSTALLATION FAILED: create: failed to create: namespaces "absent" not found\n',
     )
+
+
+# ---------------------------------------------------------------- what the charts render (real helm template, no cluster)
+
+
+@pytest.fixture(scope="module")
+def packaged(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The real helm and the archives the simulator's repository serves (``chartrepo.package``)."""
+    found = realkube.find_tools("1.35.0")
+    if isinstance(found, str):
+        pytest.skip(f"the real helm comes with the control plane 1.35.0, which is {found}")
+    out = tmp_path_factory.mktemp("charts")
+    chartrepo.package(found.helm, out)
+    return found.helm, out
+
+
+def template(packaged: tuple[Path, Path], archive: str, *argv: str) -> list[dict[str, Any]]:
+    """``helm template`` of a served archive: the objects the real helm renders."""
+    helm, out = packaged
+    proc = subprocess.run(
+        [str(helm), "template", *argv, str(out / archive)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
+
+
+def test_the_device_plugin_schedules_only_onto_labelled_gpu_nodes_unless_affinity_is_switched_off(
+    packaged: tuple[Path, Path],
+) -> None:
+    """From chart 0.15.0 the plugin's DaemonSet requires NFD's NVIDIA PCI label, NFD's vendor label or
+    ``nvidia.com/gpu.present`` (NVIDIA/k8s-device-plugin@v0.18.0 deployments/helm/nvidia-device-plugin/values.yaml
+    ``affinity``): a node without them gets no plugin. ``--set affinity=null`` removes it; the release name
+    prefixes the DaemonSet's name and the image is the chart's appVersion."""
+    (ds,) = [
+        o
+        for o in template(packaged, "nvidia-device-plugin-0.18.0.tgz", "-n", "kube-system")
+        if o["kind"] == "DaemonSet"
+    ]
+    terms = ds["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert [t["matchExpressions"][0]["key"] for t in terms["nodeSelectorTerms"]] == [
+        "feature.node.kubernetes.io/pci-10de.present",
+        "feature.node.kubernetes.io/cpu-model.vendor_id",
+        "nvidia.com/gpu.present",
+    ]
+    switched = ["dp", "-n", "kube-system", "--set", "affinity=null", "--set", "runtimeClassName=nvidia"]
+    (ds,) = [
+        o
+        for o in template(packaged, "nvidia-device-plugin-0.17.2.tgz", *switched)
+        if o["kind"] == "DaemonSet"
+    ]
+    spec = ds["spec"]["template"]["spec"]
+    assert "affinity" not in spec and spec["runtimeClassName"] == "nvidia"
+    assert ds["metadata"]["name"] == "dp-nvidia-device-plugin"
+    assert spec["containers"][0]["image"] == "nvcr.io/nvidia/k8s-device-plugin:v0.17.2"
+
+
+def test_the_gpu_operators_switches_reach_the_cluster_policy(packaged: tuple[Path, Path]) -> None:
+    """The runbook's GPU Operator values (driver and toolkit off: Talos ships both as extensions) land in the
+    ClusterPolicy the operator reconciles (gpu-operator@v26.3.3 deployments/gpu-operator/templates/clusterpolicy.yaml)."""
+    values = ["--set", "driver.enabled=false", "--set", "toolkit.enabled=false"]
+    values += ["--set", "hostPaths.driverInstallDir=/usr/local"]
+    objs = template(packaged, "gpu-operator-v26.3.3.tgz", "gpu-operator", "-n", "gpu-operator", *values)
+    (policy,) = [o for o in objs if o["kind"] == "ClusterPolicy"]
+    assert policy["spec"]["driver"]["enabled"] is False and policy["spec"]["toolkit"]["enabled"] is False
+    assert policy["spec"]["hostPaths"]["driverInstallDir"] == "/usr/local"
