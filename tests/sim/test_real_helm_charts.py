@@ -88,7 +88,8 @@ class Tools:
         return self.run("helm", *argv)
 
     def releases(self, namespace: str) -> list[tuple[str, str, str]]:
-        """``helm list`` in ``namespace``: (name, revision, status) of its releases (helm 4 has no ``--all``)."""
+        """``helm list`` in ``namespace``: (name, revision, status) of its releases, in every status: helm 4 lists
+        all by default and has no ``--all``/``-a`` (helm/helm#31295; helm 4.1.4 answers ``unknown flag: --all``)."""
         listed: list[dict[str, Any]] = json.loads(self.ok("helm", "list", "-n", namespace, "-o", "json"))
         return [(r["name"], r["revision"], r["status"]) for r in listed]
 
