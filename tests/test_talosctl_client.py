@@ -387,11 +387,12 @@ class LogsRunner(Runner):
 
 
 def test_logs_lines_go_to_their_node_even_when_one_address_prefixes_another() -> None:
-    logs = Talosctl(runner=LogsRunner()).logs("ext-nvidia-cdi-gen", ["10.0.0.1", "10.0.0.10"])
+    logs, errors = Talosctl(runner=LogsRunner()).logs("ext-nvidia-cdi-gen", ["10.0.0.1", "10.0.0.10"])
     assert logs == {
         "10.0.0.10": 'level=warning msg="Could not locate a: not found"\n',
         "10.0.0.1": 'level=info msg="x"\n',
     }
+    assert errors == {}
 
 
 # Captured from the real talosctl v1.13.0 (`patch machineconfig --dry-run`, one node) against simnode: the node's

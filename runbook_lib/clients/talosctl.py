@@ -381,22 +381,39 @@ class Talosctl:
             errors.update(group_errors)
         return services, errors
 
-    def logs(self, service: str, nodes: Sequence[str]) -> dict[str, str]:
-        """``talosctl logs <service>`` per node, one call per chunk: the API is one-to-many and talosctl prints
-        every line as ``<node>: <line>`` (siderolabs/talos v1.13.0 cmd/talosctl/cmd/talos/logs.go:74-92).
-        A node whose log could not be read has no entry (its error line names no node)."""
+    def logs(self, service: str, nodes: Sequence[str]) -> tuple[dict[str, str], dict[str, str]]:
+        """``talosctl logs <service>`` per node, and per-node errors; one call per chunk: the API is one-to-many
+        and talosctl prints every line as ``<node>: <line>`` (siderolabs/talos v1.13.0
+        cmd/talosctl/cmd/talos/logs.go:74-92).  A node read without error but with no line has no entry.
+
+        Why a second read: a node's error is printed as ``ERROR: <error>``, naming no node, and talosctl exits 1
+        (logs.go:74-83, 104-106), so in a failed call the nodes that printed nothing are read again one by one,
+        each error then being its node's.  A call that failed as a whole (no ``ERROR:`` line, no node
+        answered: the endpoint refused it) gives its error to all its nodes without re-reading.
+        """
         groups = chunks(list(nodes), self.chunk_size)
-        results = concurrently(
-            lambda group: self.run(["logs", service], group, journal_output=False), groups, 8
-        )
         logs: dict[str, str] = {}
-        for group, result in zip(groups, results, strict=True):
-            wanted = sorted(group, key=len, reverse=True)
-            for line in result.stdout.splitlines():
-                node = next((n for n in wanted if line.startswith(n + ": ")), None)
-                if node is not None:
-                    logs[node] = logs.get(node, "") + line[len(node) + 2 :] + "\n"
-        return logs
+        errors: dict[str, str] = {}
+        for group_logs, group_errors in concurrently(lambda g: self._logs_chunk(service, g), groups, 8):
+            logs.update(group_logs)
+            errors.update(group_errors)
+        return logs, errors
+
+    def _logs_chunk(self, service: str, group: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+        result = self.run(["logs", service], group, journal_output=False)
+        logs = _lines_by_node(result.stdout, group)
+        silent = [n for n in group if n not in logs]
+        if result.ok or not silent:
+            return logs, {}
+        if len(group) == 1 or (len(silent) == len(group) and "ERROR: " not in result.stderr):
+            return logs, dict.fromkeys(silent, _failure(result))
+        errors: dict[str, str] = {}
+        for node_logs, node_errors in concurrently(
+            lambda node: self._logs_chunk(service, [node]), silent, self.parallel
+        ):
+            logs.update(node_logs)
+            errors.update(node_errors)
+        return logs, errors
 
     def read(self, path: str, nodes: Sequence[str]) -> dict[str, NodeRead]:
         """``talosctl read <path>`` on each node, ``parallel`` at once (talosctl refuses multi-node reads).
@@ -552,6 +569,17 @@ def upgrade_flags(image: str, *, preserve: bool, legacy: bool = False) -> list[s
     for such clients (``steps.image_risks``).
     """
     return ["--image", image, *(["--preserve"] if preserve else []), *(["--legacy"] if legacy else [])]
+
+
+def _lines_by_node(stdout: str, nodes: Sequence[str]) -> dict[str, str]:
+    """``<node>: <line>`` lines gathered per node; the longest address first, so 10.0.0.10 is not 10.0.0.1's."""
+    wanted = sorted(nodes, key=len, reverse=True)
+    out: dict[str, str] = {}
+    for line in stdout.splitlines():
+        node = next((n for n in wanted if line.startswith(n + ": ")), None)
+        if node is not None:
+            out[node] = out.get(node, "") + line[len(node) + 2 :] + "\n"
+    return out
 
 
 def _failure(result: CommandResult) -> str:

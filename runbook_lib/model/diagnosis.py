@@ -1031,6 +1031,14 @@ _CDI_BASELINES = {
 _COULD_NOT_LOCATE = re.compile(r'msg="Could not locate ([^:"]+)')
 
 
+def cdi_baseline(kmod: str, ctx: NodeContext, *, arch: str | None) -> int | None:
+    """How many ``Could not locate`` lines Talos CI expects for this release, architecture and kernel-module
+    extension; ``None`` where CI publishes no baseline (the CDI-spec check does not apply there)."""
+    table = _CDI_BASELINES.get(str(ctx.talos)) if ctx.talos is not None else None
+    match = _EXT_RE.match(kmod)
+    return (table or {}).get(arch or "", {}).get((match["track"] or "") if match else "")
+
+
 def check_cdi_spec(log: str, kmod: str, ctx: NodeContext, *, arch: str | None) -> Finding | None:
     """Is the CDI spec ``ext-nvidia-cdi-gen`` wrote as complete as Talos CI requires?
 
@@ -1038,9 +1046,7 @@ def check_cdi_spec(log: str, kmod: str, ctx: NodeContext, *, arch: str | None) -
     generator missed files the spec should list (a library a CUDA pod would lack), fewer is more complete.
     ``None`` where CI publishes no baseline (another Talos tag, an unknown architecture or extension).
     """
-    table = _CDI_BASELINES.get(str(ctx.talos)) if ctx.talos is not None else None
-    match = _EXT_RE.match(kmod)
-    baseline = (table or {}).get(arch or "", {}).get((match["track"] or "") if match else "")
+    baseline = cdi_baseline(kmod, ctx, arch=arch)
     if baseline is None:
         return None
     count = log.count("Could not locate")

@@ -19,8 +19,8 @@ from runbook_lib.clients.talosctl import FanOut, NodeRead
 from runbook_lib.errors import RunbookError
 from runbook_lib.model.diagnosis import (
     Evidence,
-    Finding,
     NodeContext,
+    cdi_baseline,
     check_cdi_spec,
     classify_extensions,
     diagnose,
@@ -57,6 +57,9 @@ from .patch import read_configs
 from .results import Check, NodeResult, StepResult, checks_from_findings
 
 DRIVER_VERSION_FILE = "/proc/driver/nvidia/version"
+#: The one-shot service that writes the CDI spec (siderolabs/extensions v1.13.0
+#: nvidia-gpu/nvidia-container-toolkit/lts/nvidia-cdi-gen.yaml: ``nvidia-ctk cdi generate``).
+CDI_GEN = "ext-nvidia-cdi-gen"
 #: (connect, read) seconds for the optional Kubernetes view of the GPUs: a silent API must not hang verify
 #: (kubernetes 37.0.2 kubernetes/client/rest.py: ``_request_timeout=None`` by default, i.e. no timeout;
 #: urllib3 retries a timed-out GET 3 times, so a black-holed API costs about 4 x 5 s here).
@@ -73,8 +76,9 @@ class _Collected:
     drivers: dict[str, NodeRead]
     modules: dict[str, dict[str, str]]
     module_errors: dict[str, str]
-    cdi_logs: dict[str, str] | None
-    """``ext-nvidia-cdi-gen``'s log per node (Talos >= 1.13), for Talos CI's CDI-spec check."""
+    cdi_logs: tuple[dict[str, str], dict[str, str]] | None
+    """``ext-nvidia-cdi-gen``'s log and the read's error per node (Talos >= 1.13), for Talos CI's CDI-spec
+    check; ``None`` where the release has no such service."""
     talos: dict[str, str]
     """The Talos version each node reports (``talosctl version``), for the inventory."""
     pci: dict[str, list[PciDevice]]
@@ -93,8 +97,8 @@ def _collect(ctx: Context, addresses: list[str]) -> _Collected:
         kube_call = pool.submit(_kube_gpus, ctx)
         services_call = pool.submit(ctx.talosctl.services, addresses)
         drivers_call = pool.submit(ctx.talosctl.read, DRIVER_VERSION_FILE, addresses)
-        cdi = "ext-nvidia-cdi-gen" in ctx.params.profile().services
-        logs_call = pool.submit(ctx.talosctl.logs, "ext-nvidia-cdi-gen", addresses) if cdi else None
+        cdi = CDI_GEN in ctx.params.profile().services
+        logs_call = pool.submit(ctx.talosctl.logs, CDI_GEN, addresses) if cdi else None
         module_state, module_errors = _read_modules(ctx, addresses)
         services, service_errors = services_call.result()
         return _Collected(
@@ -185,10 +189,10 @@ def verify(
             NodeContext(node=node.address, talos=ctx.params.talos, schematic=planned),
             planned_schematic=planned,
         )
-        cdi = _cdi_spec(
-            seen, node.address, ext_versions, driver, NodeContext(node=node.address, talos=ctx.params.talos)
-        )
-        res.checks = checks_from_findings([*findings, *([cdi] if cdi else [])])
+        res.checks = checks_from_findings(findings)
+        cdi = _cdi_spec(seen, ext_versions, evidence, NodeContext(node=node.address, talos=ctx.params.talos))
+        if cdi is not None:
+            res.checks.append(cdi)
         if any(f.failure == "modules-not-configured" for f in findings):
             unconfigured.append((node, res))
         if driver_check is not None:
@@ -258,14 +262,40 @@ _GO_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
 
 
 def _cdi_spec(
-    seen: _Collected, address: str, extensions: dict[str, str], driver: DriverInfo | None, ctx: NodeContext
-) -> Finding | None:
-    """Talos CI's CDI-spec completeness check, where CI publishes a baseline for the node's release."""
+    seen: _Collected, extensions: dict[str, str], evidence: Evidence, ctx: NodeContext
+) -> Check | None:
+    """Talos CI's CDI-spec completeness check, where CI publishes a baseline for the node's release.
+
+    Judged as CI does, once ``ext-nvidia-cdi-gen`` Finished (talos v1.13.0 internal/integration/api/
+    extensions_nvidia.go:84-88 asserts that first; until then the services check fails the node).  A log that
+    could not be read, or has no line, is no evidence: counting its 0 ``Could not locate`` lines passed the node.
+    """
     kmod = classify_extensions(extensions).kmod
-    if seen.cdi_logs is None or kmod is None or driver is None:
+    driver = evidence.driver
+    if seen.cdi_logs is None or kmod is None or driver is None or ctx.node is None:
         return None
-    return check_cdi_spec(
-        seen.cdi_logs.get(address, ""), kmod.name, ctx, arch=_GO_ARCH.get(driver.arch or "")
+    arch = _GO_ARCH.get(driver.arch or "")
+    state = (evidence.services or {}).get(CDI_GEN)
+    if cdi_baseline(kmod.name, ctx, arch=arch) is None or state is None or state.state != "Finished":
+        return None
+    logs, errors = seen.cdi_logs
+    if ctx.node in errors or not logs.get(ctx.node):
+        return _cdi_log_unread(ctx.node, errors.get(ctx.node))
+    finding = check_cdi_spec(logs[ctx.node], kmod.name, ctx, arch=arch)
+    return checks_from_findings([finding])[0] if finding else None
+
+
+def _cdi_log_unread(address: str, error: str | None) -> Check:
+    """The cdi-spec check of a node whose ``ext-nvidia-cdi-gen`` log talosctl could not give (or gave empty)."""
+    command = f"talosctl -n {address} logs {CDI_GEN}"
+    what = f"`{command}` failed: {error.strip()}" if error else f"`{command}` printed no line"
+    return Check(
+        "cdi-spec",
+        False,
+        f"cannot check the CDI spec: {what}; a healthy node's log lists the files Talos CI counts",
+        cause="the log was not read: the node or its API refused the request, or the service has not run "
+        "since the node booted (its log is kept in memory)",
+        fix=f"talosctl -n {address} service {CDI_GEN}   # has it run since boot? then read its log: {command}",
     )
 
 

@@ -1,0 +1,95 @@
+"""Verify must not pass a node on evidence it could not read.
+
+The cdi-spec check counts ``Could not locate`` in ``talosctl logs ext-nvidia-cdi-gen``; when that read failed it
+counted 0 lines and passed the node.  Here the real verify runs against a simulated Talos 1.13.2 cluster, and one
+node's log read is refused exactly as the real talosctl prints it:
+
+* ``talosctl logs`` always sends ``nodes`` metadata (talos@v1.13.0 cmd/talosctl/pkg/talos/global/client.go:109
+  ``client.WithNodes``), so apid proxies one-to-many (internal/app/apid/pkg/director/director.go:87-99) and a
+  node's error comes back as ``Metadata.Error`` (internal/app/apid/pkg/backend/apid.go:239-256 BuildError),
+  which talosctl prints as ``ERROR: <error>`` on stderr, naming no node, while the other nodes' lines go to
+  stdout as ``<node>: <line>``; it then exits 1 (cmd/talosctl/cmd/talos/logs.go:74-106).
+* machined's error for a service whose log was never written (it has not run since boot):
+  ``log "<id>" was not registered`` (internal/app/machined/pkg/runtime/logging/circular.go:235-247), a plain
+  error, so gRPC code Unknown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from runbook_lib.clients.proc import CommandResult, Runner
+from runbook_lib.steps.verify import verify
+from tests.simcluster import sim_cluster
+
+NOT_REGISTERED = 'ERROR: rpc error: code = Unknown desc = log "ext-nvidia-cdi-gen" was not registered\n'
+
+
+class RefusedLogs(Runner):
+    """Runs every talosctl call for real, except that ``refused``'s log read fails as the real talosctl prints it."""
+
+    def __init__(self, inner: Runner, refused: str) -> None:
+        super().__init__(inner.journal)
+        self.inner = inner
+        self.refused = refused
+
+    def run(self, argv: Sequence[str], **kwargs: Any) -> CommandResult:
+        result = self.inner.run(argv, **kwargs)
+        nodes = argv[argv.index("-n") + 1].split(",") if "-n" in argv else []
+        if "logs" not in argv or self.refused not in nodes:
+            return result
+        kept = "".join(
+            line
+            for line in result.stdout.splitlines(keepends=True)
+            if not line.startswith(self.refused + ": ")
+        )
+        return CommandResult(result.argv, 1, kept, result.stderr + NOT_REGISTERED, result.duration_s)
+
+
+@pytest.mark.slow
+def test_a_cdi_gen_log_that_cannot_be_read_fails_the_node_instead_of_passing_it(tmp_path):
+    with sim_cluster(tmp_path, daemon=False, scenario="gpu-ready", talos_version="v1.13.2") as (params, ctx):
+        refused = params.nodes[0]
+        ctx.talosctl.runner = RefusedLogs(ctx.talosctl.runner, refused.address)
+        result = verify(ctx)
+        by_name = {n.node: n for n in result.nodes}
+        cdi = next(c for c in by_name[refused.name].checks if c.name == "cdi-spec")
+        assert not cdi.ok and by_name[refused.name].status == "failed"
+        assert f"talosctl -n {refused.address} logs ext-nvidia-cdi-gen" in cdi.message
+        assert 'log "ext-nvidia-cdi-gen" was not registered' in cdi.message
+        assert f"talosctl -n {refused.address} service ext-nvidia-cdi-gen" in cdi.fix
+        # the node whose log was read is still judged on it, and passes
+        other = by_name[params.nodes[1].name]
+        assert other.status == "ok", other.to_dict()
+        assert next(c for c in other.checks if c.name == "cdi-spec").message.startswith(
+            "ext-nvidia-cdi-gen could not locate 9 files"
+        )
+
+
+class LogsOfThree(Runner):
+    """``talosctl logs`` as the real one answers when 10.0.0.2's log was never written: the others' lines on
+    stdout, ``ERROR: …`` naming no node on stderr, exit 1."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[list[str]] = []
+
+    def run(self, argv: Sequence[str], **kwargs: Any) -> CommandResult:
+        nodes = argv[argv.index("-n") + 1].split(",")
+        self.calls.append(nodes)
+        out = "".join(f'{n}: level=info msg="Generated CDI spec"\n' for n in nodes if n != "10.0.0.2")
+        refused = "10.0.0.2" in nodes
+        return CommandResult(tuple(argv), int(refused), out, NOT_REGISTERED if refused else "", 0.0)
+
+
+def test_a_log_error_naming_no_node_is_given_to_the_node_that_printed_nothing() -> None:
+    from runbook_lib.clients.talosctl import Talosctl
+
+    runner = LogsOfThree()
+    logs, errors = Talosctl(runner=runner).logs("ext-nvidia-cdi-gen", ["10.0.0.1", "10.0.0.2", "10.0.0.3"])
+    assert sorted(logs) == ["10.0.0.1", "10.0.0.3"]
+    assert errors == {"10.0.0.2": NOT_REGISTERED.strip()}
+    assert runner.calls == [["10.0.0.1", "10.0.0.2", "10.0.0.3"], ["10.0.0.2"]]  # only the silent node again
