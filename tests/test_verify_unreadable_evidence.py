@@ -93,3 +93,46 @@ def test_a_log_error_naming_no_node_is_given_to_the_node_that_printed_nothing() 
     assert sorted(logs) == ["10.0.0.1", "10.0.0.3"]
     assert errors == {"10.0.0.2": NOT_REGISTERED.strip()}
     assert runner.calls == [["10.0.0.1", "10.0.0.2", "10.0.0.3"], ["10.0.0.2"]]  # only the silent node again
+
+
+#: ``talosctl read`` with a talosconfig whose role is not os:admin: MachineService/Read is for os:admin only
+#: (talos@v1.13.0 internal/app/machined/pkg/system/services/machined.go:99; os:operator and os:reader may read
+#: logs and resources, :89), refused with authz.ErrNotAuthorized (pkg/grpc/middleware/authz/authorizer.go:18);
+#: talosctl prints the stream's error as ``error reading: %w`` (cmd/talosctl/cmd/talos/read.go:45-48) then exits 1
+#: (cmd/talosctl/cmd/root.go:35-37).
+READ_REFUSED = "error reading: rpc error: code = PermissionDenied desc = not authorized\n"
+
+
+class RefusedRead(Runner):
+    """Runs every talosctl call for real, except ``read <path>`` on ``refused``, refused as for an os:operator."""
+
+    def __init__(self, inner: Runner, refused: str) -> None:
+        super().__init__(inner.journal)
+        self.inner = inner
+        self.refused = refused
+
+    def run(self, argv: Sequence[str], **kwargs: Any) -> CommandResult:
+        if "read" in argv and argv[argv.index("-n") + 1] == self.refused:
+            return CommandResult(tuple(argv), 1, "", READ_REFUSED, 0.01)
+        return self.inner.run(argv, **kwargs)
+
+
+@pytest.mark.slow
+def test_a_refused_driver_version_read_fails_the_node_instead_of_skipping_the_driver_checks(tmp_path):
+    """Before: the refused read counted as "file absent", so the driver checks (and the CDI-spec check, which
+    needs the driver's architecture) were skipped and the node passed on its modules alone."""
+    with sim_cluster(tmp_path, daemon=False, scenario="gpu-ready", talos_version="v1.13.2") as (params, ctx):
+        refused = params.nodes[1]
+        ctx.talosctl.runner = RefusedRead(ctx.talosctl.runner, refused.address)
+        result = verify(ctx)
+        node = next(n for n in result.nodes if n.node == refused.name)
+        assert node.status == "failed", node.to_dict()
+        check = next(c for c in node.checks if c.name == "driver version file")
+        command = f"talosctl -n {refused.address} read /proc/driver/nvidia/version"
+        assert (
+            not check.ok
+            and command in check.message
+            and "PermissionDenied desc = not authorized" in check.message
+        )
+        assert "os:admin" in check.fix and command in check.fix
+        assert all(n.status == "ok" for n in result.nodes if n is not node), result.to_dict()

@@ -10,6 +10,7 @@ carries the likely cause and the command that fixes it, not just "failed".
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -172,9 +173,7 @@ def verify(
             continue
         exts = extensions_from_resources(ext_by_node.get(node.address, []))
         ext_versions = extension_versions(exts)
-        driver, driver_check = _driver(
-            seen.drivers[node.address].text if node.address in seen.drivers else None
-        )
+        driver, driver_check = _driver(node.address, seen.drivers.get(node.address))
         service_error = seen.service_errors.get(node.address)
         evidence = Evidence(
             modules=seen.modules.get(node.address, {}),
@@ -338,13 +337,44 @@ def _configured_but_not_loaded(ctx: Context, suspects: list[tuple[Node, NodeResu
                 )
 
 
-def _driver(text: str | None) -> tuple[DriverInfo | None, Check | None]:
-    if text is None:
-        return None, None  # file absent: the module checks say why the driver is not loaded
+def _driver(address: str, read: NodeRead | None) -> tuple[DriverInfo | None, Check | None]:
+    """The driver the node runs, or the check that says why it is not known.
+
+    Only an absent file (the NVIDIA module not loaded: the module checks say why) is left to other checks; any
+    other failed read is no evidence, and skipping the driver checks on it passed the node on its modules alone.
+    """
+    if read is None or read.text is None:
+        error = (read.error or "") if read is not None else "no answer"
+        if _ABSENT.search(error):
+            return None, None
+        return None, _driver_unread(address, error)
     try:
-        return parse_driver_version(text), None
+        return parse_driver_version(read.text), None
     except OutputParseError as exc:
         return None, Check("driver version file", False, exc.message, fix=exc.hint or "")
+
+
+#: How a read of a file that does not exist fails: ``NotFound`` from Talos 1.8, the bare ``stat`` error before
+#: (talos@v1.13.0 internal/app/machined/internal/server/v1alpha1/v1alpha1_server.go:1388-1396 Read; v1.7.0 :1278-1282).
+_ABSENT = re.compile(r"code = NotFound|no such file or directory")
+
+
+def _driver_unread(address: str, error: str) -> Check:
+    """The failed ``driver version file`` check of a node whose file talosctl could not read."""
+    command = f"talosctl -n {address} read {DRIVER_VERSION_FILE}"
+    first = (error.strip() or "no output").splitlines()[0]
+    fix = command
+    if "PermissionDenied" in error:
+        # MachineService/Read is for os:admin only (talos@v1.13.0 internal/app/machined/pkg/system/services/
+        # machined.go:99); os:operator and os:reader may read logs and resources
+        fix = f"use a talosconfig with the os:admin role (talosctl read needs it), then: {command}"
+    return Check(
+        "driver version file",
+        False,
+        f"cannot check the driver: `{command}` failed: {first}",
+        cause="the file was not read, so the driver's version and its match with the extensions are unknown",
+        fix=fix,
+    )
 
 
 def node_driver_versions(result: StepResult) -> dict[str, str]:
