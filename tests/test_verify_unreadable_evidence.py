@@ -28,13 +28,17 @@ from tests.simcluster import sim_cluster
 NOT_REGISTERED = 'ERROR: rpc error: code = Unknown desc = log "ext-nvidia-cdi-gen" was not registered\n'
 
 
-class RefusedLogs(Runner):
-    """Runs every talosctl call for real, except that ``refused``'s log read fails as the real talosctl prints it."""
+class Refusing(Runner):
+    """Runs every talosctl call for real through ``inner``; subclasses refuse some of ``refused``'s calls."""
 
     def __init__(self, inner: Runner, refused: str) -> None:
         super().__init__(inner.journal)
         self.inner = inner
         self.refused = refused
+
+
+class RefusedLogs(Refusing):
+    """``refused``'s log read fails as the real talosctl prints it; the other nodes' lines are kept."""
 
     def run(self, argv: Sequence[str], **kwargs: Any) -> CommandResult:
         result = self.inner.run(argv, **kwargs)
@@ -103,13 +107,8 @@ def test_a_log_error_naming_no_node_is_given_to_the_node_that_printed_nothing() 
 READ_REFUSED = "error reading: rpc error: code = PermissionDenied desc = not authorized\n"
 
 
-class RefusedRead(Runner):
-    """Runs every talosctl call for real, except ``read <path>`` on ``refused``, refused as for an os:operator."""
-
-    def __init__(self, inner: Runner, refused: str) -> None:
-        super().__init__(inner.journal)
-        self.inner = inner
-        self.refused = refused
+class RefusedRead(Refusing):
+    """``read <path>`` on ``refused`` is refused as for an os:operator talosconfig."""
 
     def run(self, argv: Sequence[str], **kwargs: Any) -> CommandResult:
         if "read" in argv and argv[argv.index("-n") + 1] == self.refused:
