@@ -9,6 +9,14 @@ certificate names 127.0.0.1, whatever the port). A request on a kept-alive conne
 a new connection also pays it on each TLS handshake flight, as over a slow link. Chunks keep their order and are
 not serialised behind each other: a chunk waits from when it arrived, not from when the one before it left.
 
+``watch_drop_after_s`` (also in ``faults.json``) is the other half of a real network path: a load balancer in
+front of the API server cuts a connection its client has sent nothing on for that long (an idle or stream
+timeout; AWS's NLB idles out after 350 s, others differ: the figure is the test's, no source for a particular
+one). A watch is one request and then only answers, so it is cut mid-stream, with no final chunk, like the Python
+API server's fault of the same name; a kept-alive connection between requests is cut too, which clients redial.
+Counted from the client's last bytes rather than the connection's age, so a request in flight is never cut just
+because its connection is old.
+
 The simulated cluster's own components (kwok, the node agent, the simulated operator) talk to kube-apiserver
 directly, as a node's kubelet talks to its control plane over the cluster's network, not the user's.
 """
@@ -35,17 +43,28 @@ CHUNK = 65536
 
 
 class LatencyProxy:
-    """Relays 127.0.0.1:``port`` to ``upstream``, delaying the client's bytes by ``latency_ms()`` milliseconds."""
+    """Relays 127.0.0.1:``port`` to ``upstream``, delaying the client's bytes by ``latency_ms()`` milliseconds
+    and cutting a connection whose client has sent nothing for ``drop_after_s()`` seconds (0: never)."""
 
-    def __init__(self, upstream: tuple[str, int], latency_ms: Callable[[], float], port: int = 0) -> None:
+    def __init__(
+        self,
+        upstream: tuple[str, int],
+        latency_ms: Callable[[], float],
+        port: int = 0,
+        drop_after_s: Callable[[], float] = lambda: 0.0,
+    ) -> None:
         self.upstream = upstream
         self.latency_ms = latency_ms
+        self.drop_after_s = drop_after_s
+        #: each relayed client socket: its upstream socket and when the client last sent bytes
+        self._quiet: dict[socket.socket, tuple[socket.socket, float]] = {}
         self._listener = _listen(port)
         self.port: int = self._listener.getsockname()[1]
         self._open: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._accept, name="latency-proxy", daemon=True)
+        self._reaper = threading.Thread(target=self._cut_quiet, name="latency-proxy-cut", daemon=True)
 
     @property
     def url(self) -> str:
@@ -53,6 +72,7 @@ class LatencyProxy:
 
     def start(self) -> None:
         self._thread.start()
+        self._reaper.start()
 
     def stop(self) -> None:
         """Close the listener and every relayed connection (their threads end on the closed sockets)."""
@@ -84,6 +104,7 @@ class LatencyProxy:
             server.settimeout(None)
             with self._lock:
                 self._open.update((client, server))
+                self._quiet[client] = (server, time.monotonic())
             late: queue.SimpleQueue[tuple[float, bytes] | None] = queue.SimpleQueue()
             for target, args in (
                 (self._read, (client, late)),
@@ -96,7 +117,11 @@ class LatencyProxy:
         """The client's bytes, each chunk stamped with when it is due upstream (arrival + latency)."""
         try:
             while chunk := src.recv(CHUNK):
-                late.put((time.monotonic() + max(self.latency_ms(), 0.0) / 1000.0, chunk))
+                now = time.monotonic()
+                with self._lock:
+                    if src in self._quiet:
+                        self._quiet[src] = (self._quiet[src][0], now)
+                late.put((now + max(self.latency_ms(), 0.0) / 1000.0, chunk))
         except OSError:
             pass
         late.put(None)
@@ -122,12 +147,26 @@ class LatencyProxy:
             pass
         self._close(src, dst)
 
+    def _cut_quiet(self) -> None:
+        """Every 0.1 s: the connections whose client has been quiet for ``drop_after_s()`` cut, both ends."""
+        while not self._stopped.wait(0.1):
+            limit = self.drop_after_s()
+            if limit <= 0:
+                continue
+            now = time.monotonic()
+            with self._lock:
+                quiet = [(c, s) for c, (s, last) in self._quiet.items() if now - last >= limit]
+            for client, server in quiet:
+                log.info("cut a client connection quiet for %.1f s (watch_drop_after_s)", limit)
+                self._close(client, server)
+
     def _close(self, *socks: socket.socket) -> None:
         for sock in socks:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
         with self._lock:
             for sock in socks:
+                self._quiet.pop(sock, None)
                 if sock in self._open:
                     self._open.discard(sock)
                     sock.close()
@@ -159,7 +198,8 @@ def remembered_port(path: Path) -> int:
 def serve_for_users(state_dir: Path, direct_kubeconfig: Path, server: str) -> LatencyProxy:
     """The relay to ``server`` started, and ``<state>/kubeconfig`` (the user's) pointing at it; the relay's
     port kept in ``<state>/kube/relay.json`` and taken again on the next start when free, as simkube keeps its own
-    (a kubeconfig saved before a restart keeps working). Its latency: ``api_latency_ms`` in ``faults.json``."""
+    (a kubeconfig saved before a restart keeps working). Its latency: ``api_latency_ms`` in ``faults.json``; its
+    idle cut: ``watch_drop_after_s``."""
     host, _, port = server.removeprefix("https://").rstrip("/").rpartition(":")
     remembered = state_dir / "kube" / "relay.json"
     faults = FaultFile(state_dir)
@@ -167,6 +207,7 @@ def serve_for_users(state_dir: Path, direct_kubeconfig: Path, server: str) -> La
         (host, int(port)),
         lambda: float(faults.read().get("api_latency_ms") or 0),
         remembered_port(remembered),
+        lambda: float(faults.read().get("watch_drop_after_s") or 0),
     )
     atomic_write(remembered, json.dumps({"port": relay.port}))
     config = yaml.safe_load(direct_kubeconfig.read_text())
