@@ -8,8 +8,10 @@ balancer applies is not sourced here: the figure is the test's.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,48 +25,42 @@ from tests.sim.test_sim_up_real_kube import context, down, tools, up
 __all__ = ["echo", "tools"]  # fixtures
 
 
-def relay_to(upstream: tuple[str, int], drop_after_s: float) -> latencyproxy.LatencyProxy:
+@contextlib.contextmanager
+def connected(upstream: tuple[str, int], drop_after_s: float) -> Iterator[socket.socket]:
+    """A client connection through a relay to ``upstream`` that cuts after ``drop_after_s`` quiet seconds."""
     relay = latencyproxy.LatencyProxy(upstream, lambda: 0.0, drop_after_s=lambda: drop_after_s)
     relay.start()
-    return relay
+    try:
+        with socket.create_connection(("127.0.0.1", relay.port), timeout=30) as conn:
+            yield conn
+    finally:
+        relay.stop()
 
 
 def test_a_connection_whose_client_is_quiet_is_cut_after_the_fault_s_seconds(echo: tuple[str, int]) -> None:
-    relay = relay_to(echo, 0.5)
-    try:
-        with socket.create_connection(("127.0.0.1", relay.port), timeout=30) as conn:
-            conn.sendall(b"watch")
-            assert conn.recv(100) == b"watch"
-            sent = time.monotonic()
-            assert conn.recv(100) == b""  # cut: no more bytes, the peer closed
-            assert time.monotonic() - sent >= 0.45
-    finally:
-        relay.stop()
+    with connected(echo, 0.5) as conn:
+        conn.sendall(b"watch")
+        assert conn.recv(100) == b"watch"
+        sent = time.monotonic()
+        assert conn.recv(100) == b""  # cut: no more bytes, the peer closed
+        assert time.monotonic() - sent >= 0.45
 
 
 def test_a_client_that_keeps_sending_is_not_cut(echo: tuple[str, int]) -> None:
-    relay = relay_to(echo, 0.5)
-    try:
-        with socket.create_connection(("127.0.0.1", relay.port), timeout=30) as conn:
-            for _ in range(12):  # 1.2 s in all, never quiet for 0.5 s
-                conn.sendall(b"x")
-                assert conn.recv(100) == b"x"
-                time.sleep(0.1)
-    finally:
-        relay.stop()
+    with connected(echo, 0.5) as conn:
+        for _ in range(12):  # 1.2 s in all, never quiet for 0.5 s
+            conn.sendall(b"x")
+            assert conn.recv(100) == b"x"
+            time.sleep(0.1)
 
 
 def test_no_fault_no_cut(echo: tuple[str, int]) -> None:
-    relay = relay_to(echo, 0.0)
-    try:
-        with socket.create_connection(("127.0.0.1", relay.port), timeout=30) as conn:
-            conn.sendall(b"a")
-            assert conn.recv(100) == b"a"
-            time.sleep(0.5)  # the reaper's 0.1 s tick, five times over: a cut would have happened
-            conn.sendall(b"b")
-            assert conn.recv(100) == b"b"
-    finally:
-        relay.stop()
+    with connected(echo, 0.0) as conn:
+        conn.sendall(b"a")
+        assert conn.recv(100) == b"a"
+        time.sleep(0.5)  # the reaper's 0.1 s tick, five times over: a cut would have happened
+        conn.sendall(b"b")
+        assert conn.recv(100) == b"b"
 
 
 @pytest.mark.slow
