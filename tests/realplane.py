@@ -4,8 +4,10 @@
 kube-apiserver, kube-controller-manager, kube-scheduler of the nodes' Talos release), kwok as the nodes'
 kubelets, the GPU node agent, the simulated GPU Operator and the chart repository, all started by
 ``runbook_lib.sim.realkube`` exactly as ``runbook sim up`` starts them with ``RUNBOOK_SIM_KUBE=real``; ``bin/helm``
-and ``bin/kubectl`` are the real helm 4.1.4 and kubectl 1.35.2. The Talos side stays the Python talosctl (as
-in ``sim_cluster``: no simnode). The library reaches it only through the kubeconfig, the binaries and the URLs.
+and ``bin/kubectl`` are the real helm 4.1.4 and kubectl 1.35.2. The Talos side is the Python talosctl
+(``bin/talosctl`` as ``cluster.create`` writes it, answered by the daemon's tool server): ``real_cluster`` starts
+no simnode, unlike ``sim_cluster``, which starts simnode and the real talosctl where ``RUNBOOK_SIM_TALOSCTL`` picks
+them (``cluster.start_talos``). The library reaches it only through the kubeconfig, the binaries and the URLs.
 
 It yields once every simulated node's Node is Ready and carries no ``node.kubernetes.io/not-ready`` taint: the
 node lifecycle controller lifts that taint on its own schedule after the node first reports Ready, and a test

@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,13 +29,6 @@ from runbook_lib.sim.state import SimNode, load_cluster, load_node, load_nodes
 from runbook_lib.steps.context import Context, connect
 from tests.realplane import _params as gpu_params
 from tests.realplane import ready_if_real, stop_servers
-
-#: A boot hung on ext-nvidia-persistenced: the real talosctl reports Talos's sequence error, which names no
-#: service (tests/sim/test_real_faults.py HUNG_BOOT, citing talos@v1.12.0 v1alpha1_sequencer_tasks.go
-#: StartAllServices), so the library cannot name the cause from it yet. The tests of that diagnosis keep the
-#: Python talosctl, whose 'service "ext-nvidia-persistenced" to be "up"' has no source; on the real talosctl
-#: tests/sim/test_real_faults.py holds the run to Talos's error.
-HUNG_BOOT_UNNAMED = "the real talosctl's hung-boot error names no service, so the cause is not diagnosed yet"
 
 
 @contextmanager
@@ -140,27 +132,9 @@ def _faults_to_simnode(state_dir: Path, node: str, fault: str) -> None:
     if not runs_real_talosctl(state_dir):
         return
     if fault == "unreachable":
-        cluster.sync_talos_faults(state_dir)
-        _wait_reachable(state_dir, load_node(state_dir, node))
+        cluster.sync_talos_faults(state_dir)  # returns once talosctl meets each node as its fault says
         return
     _restart_simnode(state_dir, f"{fault} on {node}")
-
-
-def _wait_reachable(state_dir: Path, node: SimNode, timeout: float = 30.0) -> None:
-    """Until the real talosctl meets the node as its fault says (``version`` fails while it is down, answers
-    once it is back): simnode's observed file says a cleared node is up before its API front answers it again
-    (a dial refused for up to a second or two after ``realtalos.sync_faults`` returned, measured here)."""
-    want_up = not node.faults.get("unreachable")
-    argv = [str(state_dir / "bin" / "talosctl"), "--talosconfig", str(state_dir / "talosconfig")]
-    deadline = time.monotonic() + timeout
-    while True:
-        done = subprocess.run([*argv, "-n", node.address, "version"], capture_output=True, check=False)
-        if (done.returncode == 0) == want_up:
-            return
-        assert time.monotonic() < deadline, (
-            f"{node.name} still {'down' if want_up else 'up'} after {timeout} s"
-        )
-        time.sleep(0.1)
 
 
 def serve_node_files(state_dir: Path) -> None:
