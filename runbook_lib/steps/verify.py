@@ -197,8 +197,9 @@ def verify(
         if driver_check is not None:
             res.checks.append(driver_check)
         if service_error:
+            command = f"talosctl -n {node.address} service"
             res.checks.append(
-                Check("services", False, f"talosctl services failed: {service_error.splitlines()[0]}")
+                _unread("services", "the services", command, service_error, fix=command, cause=_NOT_READ)
             )
         res.data = {
             "extensions": ext_versions,
@@ -287,15 +288,32 @@ def _cdi_spec(
 def _cdi_log_unread(address: str, error: str | None) -> Check:
     """The cdi-spec check of a node whose ``ext-nvidia-cdi-gen`` log talosctl could not give (or gave empty)."""
     command = f"talosctl -n {address} logs {CDI_GEN}"
-    what = f"`{command}` failed: {error.strip()}" if error else f"`{command}` printed no line"
-    return Check(
+    return _unread(
         "cdi-spec",
-        False,
-        f"cannot check the CDI spec: {what}; a healthy node's log lists the files Talos CI counts",
+        "the CDI spec (a healthy node's log lists the files Talos CI counts)",
+        command,
+        error,
         cause="the log was not read: the node or its API refused the request, or the service has not run "
         "since the node booted (its log is kept in memory)",
         fix=f"talosctl -n {address} service {CDI_GEN}   # has it run since boot? then read its log: {command}",
     )
+
+
+#: Why a check whose read failed says nothing about the node itself.
+_NOT_READ = (
+    "the evidence was not read (the node, its API or the network refused the request), so nothing is known"
+)
+
+
+def _unread(name: str, subject: str, command: str, error: str | None, *, fix: str, cause: str) -> Check:
+    """The failed check of evidence talosctl could not read: a read that failed is no evidence, and counting it
+    as "nothing wrong" passed nodes (the cdi-spec and driver checks did)."""
+    what = (
+        f"failed: {(error.strip() or 'no output').splitlines()[0]}"
+        if error is not None
+        else "printed no line"
+    )
+    return Check(name, False, f"cannot check {subject}: `{command}` {what}", cause=cause, fix=fix)
 
 
 def _unreachable(res: NodeResult, error: str) -> None:
@@ -362,19 +380,13 @@ _ABSENT = re.compile(r"code = NotFound|no such file or directory")
 def _driver_unread(address: str, error: str) -> Check:
     """The failed ``driver version file`` check of a node whose file talosctl could not read."""
     command = f"talosctl -n {address} read {DRIVER_VERSION_FILE}"
-    first = (error.strip() or "no output").splitlines()[0]
     fix = command
     if "PermissionDenied" in error:
         # MachineService/Read is for os:admin only (talos@v1.13.0 internal/app/machined/pkg/system/services/
         # machined.go:99); os:operator and os:reader may read logs and resources
         fix = f"use a talosconfig with the os:admin role (talosctl read needs it), then: {command}"
-    return Check(
-        "driver version file",
-        False,
-        f"cannot check the driver: `{command}` failed: {first}",
-        cause="the file was not read, so the driver's version and its match with the extensions are unknown",
-        fix=fix,
-    )
+    cause = "the file was not read, so the driver's version and its match with the extensions are unknown"
+    return _unread("driver version file", "the driver", command, error, fix=fix, cause=cause)
 
 
 def node_driver_versions(result: StepResult) -> dict[str, str]:
