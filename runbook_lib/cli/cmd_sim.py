@@ -65,7 +65,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     up.add_argument("--gpus-per-node", type=int, default=1, metavar="N")
     up.add_argument(
-        "--no-daemon", action="store_true", help="only write the state (no Kubernetes API/factory)"
+        "--no-daemon",
+        action="store_true",
+        help="only write the state: no Kubernetes API or Image Factory, and the Python talosctl answers the "
+        "nodes (simnode follows the daemon, so without one it is not started)",
     )
     up.set_defaults(handler=_up)
 
