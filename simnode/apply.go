@@ -87,6 +87,10 @@ func (s *machineServer) validated(ctx context.Context, data []byte) (config.Prov
 
 // resolveMode: try and no-reboot need an immediate-apply change, auto picks no-reboot when it is one (:213-240).
 func (s *machineServer) resolveMode(in *machine.ApplyConfigurationRequest, cfg config.Provider) (string, string, string, error) {
+	if atLeast(s.node.bootState().version, 1, 14) {
+		return resolveMode114(in)
+	}
+
 	mode, modeDetails, modeErr := in.Mode.String(), "Applied configuration with a reboot", ""
 
 	switch in.Mode { //nolint:exhaustive
@@ -111,6 +115,28 @@ func (s *machineServer) resolveMode(in *machine.ApplyConfigurationRequest, cfg c
 	}
 
 	return mode, modeDetails, modeErr, nil
+}
+
+// resolveMode114 is Talos 1.14's: no mode reboots and none checks for an immediate apply; auto is no-reboot and
+// reboot is refused (talos@v1.14.1:internal/app/machined/internal/server/v1alpha1/v1alpha1_server.go:215-250).
+func resolveMode114(in *machine.ApplyConfigurationRequest) (string, string, string, error) {
+	mode := in.Mode.String()
+
+	switch in.Mode { //nolint:exhaustive
+	case machine.ApplyConfigurationRequest_REBOOT: //nolint:staticcheck // as machined, for older clients
+		return "", "", "", status.Error(codes.Unimplemented, "the REBOOT mode is not supported, please use AUTO or NO_REBOOT modes instead")
+	case machine.ApplyConfigurationRequest_AUTO:
+		in.Mode = machine.ApplyConfigurationRequest_NO_REBOOT
+		mode = fmt.Sprintf("%s(%s)", mode, in.Mode)
+
+		return mode, "Applied configuration without a reboot", "", nil
+	case machine.ApplyConfigurationRequest_TRY, machine.ApplyConfigurationRequest_NO_REBOOT:
+		return mode, "Applied configuration without a reboot", "", nil
+	case machine.ApplyConfigurationRequest_STAGED:
+		return mode, "Staged configuration to be applied after the next reboot", "", nil
+	default:
+		return "", "", "", status.Errorf(codes.InvalidArgument, "incorrect mode '%s' specified for the apply config call", in.Mode.String())
+	}
 }
 
 // dryRun answers with the summary and the diff against the active config (:242-256, generateDiff :332-343).

@@ -180,14 +180,16 @@ func toolkitServices(bound, withCDIGen bool, now time.Time) []ServiceSpec {
 	return append(out, gen)
 }
 
-// configModules are the names in machine.kernel.modules.
+// configModules are the modules the config loads: machine.kernel.modules and, from Talos 1.14, the
+// KernelModuleConfig documents, which the container merges (talos@v1.14.1:pkg/machinery/config/container/
+// container.go:360-372, KernelModuleConfigs: v1alpha1's first, the documents after).
 func configModules(cfg config.Provider) []string {
-	if cfg == nil || cfg.Machine() == nil {
+	if cfg == nil {
 		return nil
 	}
 
 	var out []string
-	for _, m := range cfg.Machine().Kernel().Modules() {
+	for _, m := range cfg.KernelModuleConfigs() {
 		out = append(out, m.Name())
 	}
 
@@ -204,11 +206,13 @@ func atLeast(tag string, major, minor int) bool {
 	return ma > major || (ma == major && mi >= minor)
 }
 
-// writeDerived replaces the node's ExtensionStatus, LoadedKernelModule and Service resources with d's.
-func writeDerived(ctx context.Context, st state.State, d derived) error {
+// writeDerived replaces the node's ExtensionStatus, LoadedKernelModule (KernelModuleStatus from 1.14) and Service
+// resources with d's, for a node running release tag.
+func writeDerived(ctx context.Context, st state.State, d derived, tag string) error {
 	for _, kind := range []resource.Metadata{
 		resource.NewMetadata(runtime.NamespaceName, runtime.ExtensionStatusType, "", resource.VersionUndefined),
-		resource.NewMetadata(runtime.NamespaceName, runtime.LoadedKernelModuleType, "", resource.VersionUndefined),
+		resource.NewMetadata(runtime.NamespaceName, runtime.LoadedKernelModuleType, "", resource.VersionUndefined), //nolint:staticcheck
+		resource.NewMetadata(runtime.NamespaceName, runtime.KernelModuleStatusType, "", resource.VersionUndefined),
 		resource.NewMetadata(v1alpha1.NamespaceName, v1alpha1.ServiceType, "", resource.VersionUndefined),
 	} {
 		if err := destroyAll(ctx, st, kind); err != nil {
@@ -216,7 +220,7 @@ func writeDerived(ctx context.Context, st state.State, d derived) error {
 		}
 	}
 
-	spec := &NodeSpec{Extensions: d.extensions, KernelModules: d.modules, Services: d.services}
+	spec := &NodeSpec{TalosVersion: tag, Extensions: d.extensions, KernelModules: d.modules, Services: d.services}
 
 	for _, step := range []func(context.Context, state.State, *NodeSpec) error{createExtensions, createModules, createServices} {
 		if err := step(ctx, st, spec); err != nil {
@@ -229,18 +233,19 @@ func writeDerived(ctx context.Context, st state.State, d derived) error {
 
 // writeModuleSpecs replaces the KernelModuleSpec resources with one per machine.kernel.modules entry, as
 // KernelModuleConfigController writes them (talos@v1.10.0 and v1.12.0:internal/app/machined/pkg/controllers/
-// runtime/kernel_module_config.go: ID and name the module's, its parameters).
+// runtime/kernel_module_config.go: ID and name the module's, its parameters; v1.14.1 reads KernelModuleConfigs,
+// the v1alpha1 entries and the KernelModuleConfig documents).
 func writeModuleSpecs(ctx context.Context, st state.State, cfg config.Provider) error {
 	kind := resource.NewMetadata(runtime.NamespaceName, runtime.KernelModuleSpecType, "", resource.VersionUndefined)
 	if err := destroyAll(ctx, st, kind); err != nil {
 		return err
 	}
 
-	if cfg == nil || cfg.Machine() == nil {
+	if cfg == nil {
 		return nil
 	}
 
-	for _, m := range cfg.Machine().Kernel().Modules() {
+	for _, m := range cfg.KernelModuleConfigs() {
 		res := runtime.NewKernelModuleSpec(runtime.NamespaceName, m.Name())
 		*res.TypedSpec() = runtime.KernelModuleSpecSpec{Name: m.Name(), Parameters: m.Parameters()}
 

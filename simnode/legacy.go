@@ -111,16 +111,19 @@ func legacyMachineConfig(res *cosiapi.Resource) error {
 	return nil
 }
 
-// releaseResources are the resource types a node of release tag registers (state.go's talosResources). Talos
-// 1.9 and 1.10 have no LoadedKernelModule, and their KernelModuleSpec (the modules the config asks for) carries the
-// alias "modules" (talos@v1.10.0:pkg/machinery/resources/runtime/kernel_module_spec.go:43-49, v1alpha2_state.go
-// registers no LoadedKernelModule; the same in v1.9.0): `talosctl get modules` lists the config's modules there,
-// not the loaded ones, which is why the runbook reads /proc/modules before 1.11. 1.11 added LoadedKernelModule with the aliases
-// "module", "modules" and dropped KernelModuleSpec's (talos@v1.11.0, same files, and v1alpha2_state.go:218).
+// releaseResources are the resource types a node of release tag registers (state.go's talosResources, on
+// pkg/machinery v1.14.1). Talos 1.9 and 1.10 have no LoadedKernelModule, and their KernelModuleSpec (the modules the
+// config asks for) carries the alias "modules" (talos@v1.10.0:pkg/machinery/resources/runtime/kernel_module_spec.go:
+// 43-49, v1alpha2_state.go registers no LoadedKernelModule; the same in v1.9.0): `talosctl get modules` lists the
+// config's modules there, not the loaded ones, which is why the runbook reads /proc/modules before 1.11. 1.11 added
+// LoadedKernelModule with the aliases "module", "modules" and dropped KernelModuleSpec's (talos@v1.11.0, same
+// files, and v1alpha2_state.go:218). 1.14 added KernelModuleStatus and moved the aliases to it
+// (talos@v1.14.1:pkg/machinery/resources/runtime/kernel_module_status.go:50-68; loaded_kernel_module.go has none),
+// so before 1.14 there is no KernelModuleStatus and LoadedKernelModule keeps them (talos@v1.13.0, same file:48).
 // The types are registered once, for the release the node starts on: an upgrade from 1.9/1.10 to 1.11+ keeps
 // them (ours; the runbook upgrades within a release).
 func releaseResources(tag string) []meta.ResourceWithRD {
-	if atLeast(tag, 1, 11) {
+	if atLeast(tag, 1, 14) {
 		return talosResources
 	}
 
@@ -128,12 +131,22 @@ func releaseResources(tag string) []meta.ResourceWithRD {
 
 	for _, r := range talosResources {
 		switch r.(type) {
-		case *runtime.LoadedKernelModule:
+		case *runtime.KernelModuleStatus:
 			continue
-		case *runtime.KernelModuleSpec:
+		case *runtime.LoadedKernelModule: //nolint:staticcheck
+			if !atLeast(tag, 1, 11) {
+				continue
+			}
+
 			rd := r.ResourceDefinition()
-			rd.Aliases = []resource.Type{"modules"}
+			rd.Aliases = []resource.Type{"module", "modules"}
 			r = withDefinition{r, rd}
+		case *runtime.KernelModuleSpec:
+			if !atLeast(tag, 1, 11) {
+				rd := r.ResourceDefinition()
+				rd.Aliases = []resource.Type{"modules"}
+				r = withDefinition{r, rd}
+			}
 		}
 
 		out = append(out, r)

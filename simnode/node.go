@@ -106,7 +106,7 @@ func (n *simNode) refresh(ctx context.Context) (derived, error) {
 	}
 
 	d := deriveState(n.spec.withFaults(img), n.spec.moduleConfig(n.activeConfig()), n.spec.Services, time.Now())
-	if err = writeDerived(ctx, n.state, d); err != nil {
+	if err = writeDerived(ctx, n.state, d, img.TalosVersion); err != nil {
 		return d, err
 	}
 

@@ -38,6 +38,7 @@ var talosResources = []meta.ResourceWithRD{
 	&k8s.Nodename{},
 	&runtime.ExtensionStatus{},
 	&runtime.KernelModuleSpec{},
+	&runtime.KernelModuleStatus{},
 	&runtime.LoadedKernelModule{},
 	&runtime.PlatformMetadata{},
 	&v1alpha1.Service{},
@@ -122,8 +123,9 @@ func createExtensions(ctx context.Context, st state.State, n *NodeSpec) error {
 
 func createModules(ctx context.Context, st state.State, n *NodeSpec) error {
 	for _, mod := range n.KernelModules {
-		res := runtime.NewLoadedKernelModule(runtime.NamespaceName, mod.Name)
-		*res.TypedSpec() = runtime.LoadedKernelModuleSpec{
+		// Deprecated in 1.14's machinery, and still written by 1.14's machined (moduleOwner).
+		res := runtime.NewLoadedKernelModule(runtime.NamespaceName, mod.Name) //nolint:staticcheck
+		*res.TypedSpec() = runtime.LoadedKernelModuleSpec{                    //nolint:staticcheck
 			Size:           mod.Size,
 			ReferenceCount: mod.ReferenceCount,
 			Dependencies:   mod.Dependencies,
@@ -131,9 +133,55 @@ func createModules(ctx context.Context, st state.State, n *NodeSpec) error {
 			Address:        mod.Address,
 		}
 
-		if err := st.Create(ctx, res, state.WithCreateOwner("runtime.LoadedKernelModuleController")); err != nil {
+		if err := st.Create(ctx, res, state.WithCreateOwner(moduleOwner(n.TalosVersion))); err != nil {
 			return fmt.Errorf("kernel module %q: %w", mod.Name, err)
 		}
+
+		if err := createModuleStatus(ctx, st, n.TalosVersion, mod); err != nil {
+			return err
+		}
+	}
+
+	return nil
+}
+
+// moduleOwner: Talos 1.14 writes the deprecated LoadedKernelModule from KernelModuleStatusController
+// (talos@v1.14.1:internal/app/machined/pkg/controllers/runtime/kernel_module_status.go:45-46,194-207); up to
+// 1.13 LoadedKernelModuleController writes it (talos@v1.12.0 .../runtime/loaded_kernel_module.go:33).
+func moduleOwner(tag string) string {
+	if atLeast(tag, 1, 14) {
+		return "runtime.KernelModuleStatusController"
+	}
+
+	return "runtime.LoadedKernelModuleController"
+}
+
+// createModuleStatus: from 1.14, each loaded module is also a KernelModuleStatus of type dynamic with its
+// /proc/modules state parsed (Live -> live), the resource `talosctl get modules` lists there (same file,
+// :209-227). Built-in modules (type and state built-in, :160-175) are not simulated: simnode has no
+// modules.builtin list.
+func createModuleStatus(ctx context.Context, st state.State, tag string, mod ModuleSpec) error {
+	if !atLeast(tag, 1, 14) {
+		return nil
+	}
+
+	moduleState, err := runtime.ParseDynamicModuleState(mod.State)
+	if err != nil {
+		return fmt.Errorf("kernel module %q: %w", mod.Name, err)
+	}
+
+	res := runtime.NewKernelModuleStatus(runtime.NamespaceName, mod.Name)
+	*res.TypedSpec() = runtime.KernelModuleStatusSpec{
+		Type:           runtime.KernelModuleTypeDynamic,
+		Size:           mod.Size,
+		ReferenceCount: mod.ReferenceCount,
+		Dependencies:   mod.Dependencies,
+		State:          moduleState,
+		Address:        mod.Address,
+	}
+
+	if err := st.Create(ctx, res, state.WithCreateOwner(moduleOwner(tag))); err != nil {
+		return fmt.Errorf("kernel module status %q: %w", mod.Name, err)
 	}
 
 	return nil

@@ -15,6 +15,7 @@ import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -190,20 +191,29 @@ def test_runbook_run_applies_all_six_steps_and_a_second_run_changes_nothing(
     ``recovered: expected a mapping node``; before 1.11 verify reads ``/proc/modules``, which simnode did not serve.
     The image step upgrades to the factory's installer for the release (``installer`` before 1.10)."""
     env = run_env(tmp_path, client)
-    first = runbook(env, *run_args(tmp_path, talos))
-    assert first.returncode == 0, first.stdout + first.stderr
-    assert f"simulated Talos nodes: real talosctl {client} against simnode" in first.stderr
-    changed = ["config-patch", "image", "kubernetes"]  # preflight, verify and cuda-test: ok
-    assert [s for s, outcome in step_lines(first.stdout).items() if outcome != "ok"] == changed, first.stdout
-    for node in ("gpu-worker-1", "gpu-worker-2", "gpu-worker-3"):
-        observed = json.loads((tmp_path / "state" / "simnode" / "observed" / f"{node}.json").read_text())
-        assert observed["talos_version"] == talos and observed["booted"]
+    for observed in assert_run_applies_all_six_steps(tmp_path, talos, client):
         assert f"/{installer_kind(talos, 'metal')}/" in observed["image"] and observed["image"].endswith(
             f":{talos}"
         )
     second = runbook(env, *run_args(tmp_path, talos))
     assert second.returncode == 0, second.stdout + second.stderr
     assert "nothing changed on the cluster" in second.stdout
+
+
+def assert_run_applies_all_six_steps(tmp_path: Path, talos: str, client: str) -> list[dict[str, Any]]:
+    """``runbook run --apply`` of a fresh cluster of the release passes, changing config-patch, image and kubernetes;
+    every GPU worker is booted on the release. Returns simnode's observed state of each worker."""
+    run = runbook(run_env(tmp_path, client), *run_args(tmp_path, talos))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert f"simulated Talos nodes: real talosctl {client} against simnode" in run.stderr
+    changed = ["config-patch", "image", "kubernetes"]  # preflight, verify and cuda-test: ok
+    assert [s for s, outcome in step_lines(run.stdout).items() if outcome != "ok"] == changed, run.stdout
+    out = []
+    for node in ("gpu-worker-1", "gpu-worker-2", "gpu-worker-3"):
+        observed = json.loads((tmp_path / "state" / "simnode" / "observed" / f"{node}.json").read_text())
+        assert observed["talos_version"] == talos and observed["booted"], observed
+        out.append(observed)
+    return out
 
 
 @pytest.mark.parametrize(("talos", "client"), RELEASES, ids=[r[1] for r in RELEASES])
@@ -213,6 +223,14 @@ def test_a_fault_stops_the_run_at_its_step_on_the_faulty_node_only(
 ) -> None:
     """test_real_faults' check on the older releases: the step, the node (scenarios.py breaks the last worker)
     and the diagnosis tests/fault_cases.py expects, whichever talosctl answers."""
+    assert_stops_at_its_step_on_the_last_worker(tmp_path, talos, client, scenario)
+
+
+def assert_stops_at_its_step_on_the_last_worker(
+    tmp_path: Path, talos: str, client: str, scenario: str
+) -> None:
+    """``runbook run`` of the scenario on the release fails at the step tests/fault_cases.py expects, there on
+    gpu-worker-3 only (scenarios.py breaks the last worker), with its diagnosis, and runs no later step."""
     expected, needle = RUN_CASES[scenario]
     assert expected is not None
     more = ["--steps", ",".join(STEPS), "--set", f"simulation.scenario={scenario}"]
