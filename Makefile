@@ -45,11 +45,12 @@ typecheck: $(STAMP)
 
 # Worker processes for the suite (pytest-xdist): the suite mostly waits on simulated durations and process
 # start-ups, so workers overlap the waits. 0 runs it serially in this process. --dist loadfile keeps a test
-# file on one worker, so a module-scoped control plane starts once; tests/conftest.py starts the long files first.
+# file on one worker, so a module-scoped control plane starts once; --no-loadscope-reorder keeps the order of
+# tests/conftest.py (LONG_FILES first), where xdist would otherwise start the files with the most tests first.
 PYTEST_WORKERS ?= 3
 
 unit: $(STAMP)
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test: setup lint typecheck unit
 
