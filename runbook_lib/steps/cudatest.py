@@ -130,8 +130,9 @@ def cuda_test(
         return result.finish()
     run_id = run_id or secrets.token_hex(3)
     result.data["run_id"] = run_id
+    unread: dict[str, str] = {}
     if node_drivers is None:
-        node_drivers = extension_drivers(ctx, nodes)
+        node_drivers, unread = extension_drivers(ctx, nodes)
     pods = build_pods(ctx, nodes, run_id)
     kube = ctx.kube
     attempted: list[TestPod] = []
@@ -145,7 +146,14 @@ def cuda_test(
         finished = _wait(ctx, run_id, {p.name for p in pods}, ctx.params.cuda_test.timeout_seconds, progress)
         drivers = node_drivers or {}
         checks = kube.each(
-            lambda pod: _judge(ctx, pod, finished.get(pod.name), drivers.get(pod.node.name)), pods
+            lambda pod: _judge(
+                ctx,
+                pod,
+                finished.get(pod.name),
+                drivers.get(pod.node.name),
+                driver_unread=unread.get(pod.node.name),
+            ),
+            pods,
         )
         by_node: dict[str, NodeResult] = {n.name: NodeResult(node=n.name, address=n.address) for n in nodes}
         for pod, check in zip(pods, checks, strict=True):
@@ -179,16 +187,24 @@ def _delete_pods(ctx: Context, pods: list[TestPod], result: StepResult) -> None:
         raise errors[0]
 
 
-def extension_drivers(ctx: Context, nodes: list[Node]) -> dict[str, str]:
-    """Driver version of each node's kernel-module extension (one fan-out call), to compare with nvidia-smi."""
+def extension_drivers(ctx: Context, nodes: list[Node]) -> tuple[dict[str, str], dict[str, str]]:
+    """Driver version of each node's kernel-module extension (one fan-out call), to compare with nvidia-smi;
+    and, by node name, why a node's extensions could not be read.
+
+    Why the errors: a node with no driver to compare passed its nvidia-smi checks, so a failed read looked
+    like a matching driver.  ``Talosctl.get`` already tells which node failed (``talosctl get`` names none).
+    """
     fan = ctx.talosctl.get("extensions", [n.address for n in nodes])
     by_address = fan.by_node()
     out: dict[str, str] = {}
+    errors: dict[str, str] = {}
     for node in nodes:
+        if node.address in fan.errors:
+            errors[node.name] = fan.errors[node.address]
         for ext in extensions_from_resources(by_address.get(node.address, [])):
             if ext.name.startswith(("nvidia-open-gpu-kernel-modules", "nonfree-kmod-nvidia")):
                 out[node.name] = ext.version.split("-", 1)[0]
-    return out
+    return out, errors
 
 
 def _wait(
@@ -222,7 +238,14 @@ def _wait(
     return seen
 
 
-def _judge(ctx: Context, pod: TestPod, obj: dict[str, Any] | None, node_driver: str | None) -> Check:
+def _judge(
+    ctx: Context,
+    pod: TestPod,
+    obj: dict[str, Any] | None,
+    node_driver: str | None,
+    *,
+    driver_unread: str | None = None,
+) -> Check:
     title = {
         "smi": "nvidia-smi (runtimeClass nvidia)",
         "gpu": "nvidia-smi with nvidia.com/gpu: 1",
@@ -251,26 +274,7 @@ def _judge(ctx: Context, pod: TestPod, obj: dict[str, Any] | None, node_driver: 
                 "Test PASSED" if ok else "the sample did not print Test PASSED",
                 evidence=log[-500:],
             )
-        try:
-            smi = parse_nvidia_smi(log)
-        except OutputParseError as exc:  # an empty or foreign log is the pod's fault, not the step's
-            return _failed(
-                ctx, title, pod, f"nvidia-smi printed nothing the runbook recognises: {exc.message}", log
-            )
-        if smi.error or not smi.gpus:
-            return _failed(ctx, title, pod, f"nvidia-smi ran but reported {smi.error or 'no GPUs'}", log)
-        gpus = ", ".join(sorted({g.name for g in smi.gpus}))
-        message = f"{len(smi.gpus)} GPU(s) ({gpus}), driver {smi.driver_version}, CUDA {smi.cuda_version}"
-        if node_driver and smi.driver_version and smi.driver_version != node_driver:
-            return Check(
-                title,
-                False,
-                f"{message}; but the node's extension carries driver {node_driver}",
-                cause="kernel module and userspace driver differ",
-                fix="use the same track for the kernel-module and toolkit extensions",
-                evidence=log[-500:],
-            )
-        return Check(title, True, message, evidence=log[:2000])
+        return _judge_smi(ctx, title, pod, log, node_driver, driver_unread=driver_unread)
     reason = (
         f"pod ended {phase}"
         if phase in ("Failed",)
@@ -281,6 +285,49 @@ def _judge(ctx: Context, pod: TestPod, obj: dict[str, Any] | None, node_driver: 
     if stuck is not None and phase == "Pending":
         reason = f"{reason}: {stuck.message}"
     return _failed(ctx, title, pod, reason, log)
+
+
+def _judge_smi(
+    ctx: Context, title: str, pod: TestPod, log: str, node_driver: str | None, *, driver_unread: str | None
+) -> Check:
+    """A succeeded nvidia-smi pod: its GPUs, and its driver against the node's extension driver.
+
+    A node whose extensions could not be read fails here: without the comparison a driver from another track
+    than the kernel module would pass unseen.
+    """
+    try:
+        smi = parse_nvidia_smi(log)
+    except OutputParseError as exc:  # an empty or foreign log is the pod's fault, not the step's
+        return _failed(
+            ctx, title, pod, f"nvidia-smi printed nothing the runbook recognises: {exc.message}", log
+        )
+    if smi.error or not smi.gpus:
+        return _failed(ctx, title, pod, f"nvidia-smi ran but reported {smi.error or 'no GPUs'}", log)
+    gpus = ", ".join(sorted({g.name for g in smi.gpus}))
+    message = f"{len(smi.gpus)} GPU(s) ({gpus}), driver {smi.driver_version}, CUDA {smi.cuda_version}"
+    if driver_unread is not None:
+        command = f"talosctl -n {pod.node.address} get extensions"
+        return Check(
+            title,
+            False,
+            f"{message}; but the node's extension driver could not be compared: "
+            f"`{command}` failed: {driver_unread.strip()}",
+            cause="talosctl could not read the node's extensions, so nvidia-smi's driver was compared with "
+            "nothing (a driver from another track than the kernel module would pass unseen)",
+            fix=f"{command}   # why it fails (the node's Talos API or the talosconfig's endpoint); "
+            "once it lists the node's extensions, run the cuda-test step again",
+            evidence=log[-500:],
+        )
+    if node_driver and smi.driver_version and smi.driver_version != node_driver:
+        return Check(
+            title,
+            False,
+            f"{message}; but the node's extension carries driver {node_driver}",
+            cause="kernel module and userspace driver differ",
+            fix="use the same track for the kernel-module and toolkit extensions",
+            evidence=log[-500:],
+        )
+    return Check(title, True, message, evidence=log[:2000])
 
 
 #: Attempts at a log read the API server answers with a retryable error (5xx), and the pause before each retry.
