@@ -136,9 +136,19 @@ func (s *lifecycleServer) Upgrade(in *machine.LifecycleServiceUpgradeRequest, sr
 		return err
 	}
 
-	s.node.installNext(ref)
+	code := int32(0)
+	if s.node.spec.FailInstall {
+		// fail_install (faults.go failInstall; ours, no source for why an installer would fail): the installer
+		// exits non-zero, the server streams its exit code and returns no error (talos@v1.13.0:
+		// internal/app/lifecycle/container.go:212-221), nothing is installed for the next boot, and talosctl
+		// prints "<node>: upgrade failed with exit code 1" and stops before its drain and reboot
+		// (cmd/talosctl/cmd/talos/upgrade.go:136-139,216-224).
+		code = 1
+	} else {
+		s.node.installNext(ref)
+	}
 
-	exit := &machine.LifecycleServiceInstallProgress{Response: &machine.LifecycleServiceInstallProgress_ExitCode{ExitCode: 0}}
+	exit := &machine.LifecycleServiceInstallProgress{Response: &machine.LifecycleServiceInstallProgress_ExitCode{ExitCode: code}}
 
 	return srv.Send(&machine.LifecycleServiceUpgradeResponse{Progress: exit})
 }

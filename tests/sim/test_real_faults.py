@@ -21,6 +21,7 @@ from runbook_lib.sim import cluster, realfaults, realtalos
 from runbook_lib.sim.scenarios import SCENARIOS
 from runbook_lib.sim.state import SimNode, load_node
 from tests.fault_cases import RUN_CASES, STEPS, assert_fails_on_one_node
+from tests.sim.test_real_talosctl import build
 from tests.sim.test_sim_up_real_talosctl import real_env, runbook, step_lines
 
 #: A hung boot fails after Talos's BootTimeout (70 min) x 0.005 = 21 s; talosctl's --timeout (upgrade_seconds)
@@ -123,8 +124,10 @@ def test_chaos_puts_each_fault_on_its_own_worker(tmp_path: Path) -> None:
     ]
 
 
-def run_scenario(tmp: Path, scenario: str) -> tuple[Any, Path]:
+def run_scenario(tmp: Path, scenario: str, talos: str = "v1.12.7") -> tuple[Any, Path]:
     env = real_env(tmp) | {"RUNBOOK_SIM_KUBE": "python", "RUNBOOK_SIM_TIME_SCALE": TIME_SCALE}
+    client = realtalos.talosctl_version_for(talos)
+    build("build-talosctl.sh", client)  # skips without go; cached: instant
     state = tmp / "state"
     proc = runbook(
         env,
@@ -138,15 +141,15 @@ def run_scenario(tmp: Path, scenario: str) -> tuple[Any, Path]:
         "--steps",
         ",".join(STEPS),
         "--set",
+        f"talos_version={talos}",
+        "--set",
         f"simulation.scenario={scenario}",
         "--set",
         f"timeouts.upgrade_seconds={UPGRADE_SECONDS}",
         "--set",
         f"timeouts.node_ready_seconds={NODE_READY_SECONDS}",
     )
-    assert (
-        f"simulated Talos nodes: real talosctl {realtalos.talosctl_version_for('v1.12.7')}" in proc.stderr
-    ), proc.stderr
+    assert f"simulated Talos nodes: real talosctl {client} against simnode" in proc.stderr, proc.stderr
     return proc, state
 
 
@@ -156,26 +159,68 @@ def step_result(tmp: Path, step: str) -> dict[str, Any]:
     return result
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("scenario", sorted(REAL_CASES))
-def test_runbook_run_with_the_real_talosctl_stops_at_the_right_step_on_the_faulty_node_only(
-    tmp_path: Path, scenario: str
-) -> None:
+def assert_stops_at_the_right_step_on_the_faulty_node_only(
+    tmp: Path, scenario: str, talos: str
+) -> dict[str, Any] | None:
+    """The run of ``scenario`` on ``talos`` nodes stops at the step ``RUN_CASES`` expects (every step before it
+    ok or changed, none after it run), with only the faulty node failed and its diagnosis; returns that node's
+    result (``None`` for a scenario that passes)."""
     expected, needle = REAL_CASES[scenario]
-    proc, _state = run_scenario(tmp_path, scenario)
+    proc, _state = run_scenario(tmp, scenario, talos)
     lines = step_lines(proc.stdout)
     outcomes = [lines.get(step) for step in STEPS]
     stop = STEPS.index(expected) if expected else len(STEPS)
     assert set(outcomes[:stop]) <= {"ok", "changed"}, proc.stdout + proc.stderr
     if expected is None:
         assert proc.returncode == 0 and None not in outcomes, proc.stdout + proc.stderr
-        return
+        return None
     assert proc.returncode != 0 and outcomes[stop:] == ["failed"] + [None] * (len(STEPS) - stop - 1), (
         proc.stdout
     )
-    failing = assert_fails_on_one_node(step_result(tmp_path, expected), needle)
+    failing = assert_fails_on_one_node(step_result(tmp, expected), needle)
     # scenarios.py breaks the last worker; chaos takes the first one down (and breaks others preflight never reaches)
     assert failing["node"] == ("gpu-worker-1" if scenario == "chaos" else "gpu-worker-3"), failing["node"]
+    return failing
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", sorted(REAL_CASES))
+def test_runbook_run_with_the_real_talosctl_stops_at_the_right_step_on_the_faulty_node_only(
+    tmp_path: Path, scenario: str
+) -> None:
+    assert_stops_at_the_right_step_on_the_faulty_node_only(tmp_path, scenario, "v1.12.7")
+
+
+#: The Talos-side scenarios on Talos 1.13 with the real talosctl v1.13.0, where the upgrade goes through the
+#: LifecycleService and talosctl drains each node through Kubernetes before its reboot (``--drain`` by default,
+#: talos@v1.13.0:cmd/talosctl/cmd/talos/upgrade.go:69-71,360; here against the Python Kubernetes API, as
+#: test_real_talos_113's run): a dead node, an install that fails, a boot that hangs after the install and drain,
+#: and a node that boots another toolkit than its schematic's.
+#: Each with what talosctl v1.13.0 itself prints for the faulty node, where it differs from 1.12's legacy API: the
+#: installer's exit code streamed back (talos@v1.13.0:internal/app/lifecycle/container.go:212-221) reported by
+#: talosctl as "<node>: upgrade failed with exit code 1" (cmd/talosctl/cmd/talos/upgrade.go:216-224).
+TALOS_113_CASES = {
+    "driver-mismatch": "",
+    "unreachable-node": "",
+    "upgrade-fails": "10.5.0.13: upgrade failed with exit code 1",
+    "upgrade-hangs": "",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", sorted(TALOS_113_CASES))
+def test_on_talos_1_13_the_real_talosctl_run_stops_at_the_right_step_on_the_faulty_node_only(
+    tmp_path: Path, scenario: str
+) -> None:
+    """The image step's healthy nodes went through talosctl's drain (its own lines in the step's record): the
+    run took 1.13's path, not the legacy API's."""
+    failing = assert_stops_at_the_right_step_on_the_faulty_node_only(tmp_path, scenario, "v1.13.0")
+    assert failing is not None
+    assert TALOS_113_CASES[scenario] in json.dumps(failing), failing
+    if REAL_CASES[scenario][0] == "image":
+        [record] = (tmp_path / "records").glob("*/results/image.json")
+        image = record.read_text()
+        assert "gpu-worker-1: node drained" in image and "gpu-worker-1: node uncordoned" in image
 
 
 @pytest.mark.slow
