@@ -29,12 +29,19 @@ var cdiDriverLibs = []string{
 }
 
 // Logs is MachineService.Logs for a service's log (talos@v1.12.0 internal/app/machined/internal/server/v1alpha1/
-// v1alpha1_server.go Logs: the service's log, which may be empty; follow and tail are not simulated). Only
-// ext-nvidia-cdi-gen says anything here, once Finished: nvidia-container-toolkit's logrus text lines, its
-// "Could not locate" warnings as Warningf("Could not locate %v: %v", candidate, err) prints them
-// (NVIDIA/nvidia-container-toolkit internal/discover/mounts.go; no tag checked), which the runbook's verify
-// counts against Talos CI's baseline. The other lines' wording is the Python talosctl's (no source).
+// v1alpha1_server.go Logs: the service's log, which may be empty; follow and tail are not simulated). A service
+// with no log yet fails as logRegistered says. Only ext-nvidia-cdi-gen says anything here, once Finished:
+// nvidia-container-toolkit's logrus text lines, its "Could not locate" warnings as
+// Warningf("Could not locate %v: %v", candidate, err) prints them (NVIDIA/nvidia-container-toolkit
+// internal/discover/mounts.go; no tag checked), which the runbook's verify counts against Talos CI's baseline.
+// The other lines' wording is the Python talosctl's (no source).
 func (s *machineServer) Logs(in *machine.LogsRequest, srv grpc.ServerStreamingServer[common.Data]) error {
+	if systemLog(in) && !s.node.logRegistered(in.GetId()) {
+		// a plain error, so gRPC code Unknown, as machined's (talos@v1.13.0 internal/app/machined/pkg/runtime/
+		// logging/circular.go:235-247); apid puts it in the node's Metadata.Error and talosctl exits 1
+		return fmt.Errorf("log %q was not registered", in.GetId())
+	}
+
 	text := ""
 	if in.GetId() == cdiGen {
 		text = s.node.cdiGenLog(time.Now().UTC())
@@ -45,6 +52,25 @@ func (s *machineServer) Logs(in *machine.LogsRequest, srv grpc.ServerStreamingSe
 	}
 
 	return srv.Send(&common.Data{Bytes: []byte(text)})
+}
+
+// systemLog says whether the request reads a Talos service's in-memory log (the system namespace, or kubelet
+// in any), not a Kubernetes container's (v1alpha1_server.go Logs), which simnode does not simulate.
+func systemLog(in *machine.LogsRequest) bool {
+	return in.GetNamespace() == "system" || in.GetId() == "kubelet"
+}
+
+// logRegistered says whether machined has a log for id: its own, and each service's once its runner opened the
+// log's writer, i.e. once it started (talos@v1.13.0 internal/app/machined/pkg/system/runner/process/process.go:198,
+// runner/containerd/containerd.go:170, runner/goroutine/goroutine.go:123). The log lives until the reboot, so a
+// Finished one-shot keeps it; a service that only ever waited has none. Simnode knows a service's history from
+// its state and events: it started if either is a state only a started service reaches.
+func (n *simNode) logRegistered(id string) bool {
+	started := func(state string) bool { return slices.Contains([]string{"Running", "Stopping", "Finished"}, state) }
+
+	return id == "machined" || slices.ContainsFunc(n.currentServices(), func(s ServiceSpec) bool {
+		return s.ID == id && (started(s.State) || slices.ContainsFunc(s.Events, func(e EventSpec) bool { return started(e.State) }))
+	})
 }
 
 // cdiGenLog is ext-nvidia-cdi-gen's log: empty unless it Finished on a node running a kmod and a toolkit.
