@@ -14,14 +14,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from runbook_lib.sim.cluster import ClusterSpec, create
+from runbook_lib.sim.faults import inject
+from tests.sim.talosctl_legs import LEGS, leg
 from tests.sim.test_real_talosctl import TALOS, Sim, build, live_node, start_simnode
 
-pytestmark = pytest.mark.slow
-
 NODE = "10.5.0.3"
+W1, W2 = "10.5.0.3", "10.5.0.4"
 
 
 def not_registered(service: str) -> re.Pattern[str]:
@@ -59,6 +62,7 @@ def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sim]:
     proc.wait(timeout=10)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("service", ["nosuchservice", "ext-nvidia-persistenced"])
 def test_a_service_with_no_log_fails_with_not_registered_and_exit_1(sim: Sim, service: str) -> None:
     proc = sim.run("-n", NODE, "logs", service)
@@ -67,7 +71,23 @@ def test_a_service_with_no_log_fails_with_not_registered_and_exit_1(sim: Sim, se
     assert [line for line in proc.stderr.splitlines() if not_registered(service).match(line)], proc.stderr
 
 
+@pytest.mark.slow
 def test_a_finished_one_shot_has_a_log_and_reads_with_exit_0(sim: Sim) -> None:
     proc = sim.run("-n", NODE, "logs", "udevd-trigger")
     assert proc.returncode == 0, proc
     assert "ERROR" not in proc.stderr
+
+
+@pytest.mark.parametrize("which", LEGS)
+def test_a_node_error_in_logs_exits_1_after_the_other_nodes_lines(tmp_path: Path, which: str) -> None:
+    """One dead node of two: talosctl prints the live node's lines, the dead one's error as ``ERROR: <error>``
+    naming no node, and exits 1 (talos v1.12.0/v1.13.0 cmd/talosctl/cmd/talos/logs.go: ``gotErrors`` then
+    ``os.Exit(1)``); the Python talosctl exited 0, so a script checking the exit code saw success."""
+    create(tmp_path, ClusterSpec(workers=2, talos_version="v1.13.0", scenario="gpu-ready"))
+    inject(tmp_path, W1, "unreachable")
+    with leg(which, tmp_path, "v1.13.0") as run:
+        r = run("logs", "ext-nvidia-cdi-gen", "-n", f"{W1},{W2}")
+    assert r.returncode == 1, r
+    assert r.stderr.startswith("ERROR: rpc error: code = Unavailable"), r.stderr  # no node prefix
+    lines = r.stdout.splitlines()
+    assert lines and all(line.startswith(f"{W2}: ") for line in lines)

@@ -379,15 +379,18 @@ def cmd_service(env: Env, p: fl.Parsed) -> int:
 
 def cmd_logs(env: Env, p: fl.Parsed) -> int:
     """``talosctl logs <service>``: one-to-many, every line printed as ``<node>: <line>`` and a node's error as
-    ``ERROR: <error>`` on stderr (siderolabs/talos v1.13.0 cmd/talosctl/cmd/talos/logs.go:74-92)."""
+    ``ERROR: <error>`` on stderr, and then exit 1 if any node failed (siderolabs/talos v1.13.0
+    cmd/talosctl/cmd/talos/logs.go:74-106, ``gotErrors`` then ``os.Exit(1)``)."""
     if len(p.args) != 1:
         raise fl.UsageError(f"accepts 1 arg(s), received {len(p.args)}", "logs")
     target = resolve_target(env, p)
+    failed = False
     for address, lines, err in fan_out(env, target.nodes, lambda n: res.service_log(n, p.args[0])):
         if err:
             env.stderr.write(f"ERROR: {err}\n")
+            failed = True
         env.stdout.write("".join(f"{address}: {line}\n" for line in lines or []))
-    return 0
+    return 1 if failed else 0
 
 
 NVIDIA_VERSION_OPEN = (
