@@ -14,7 +14,7 @@ import (
 // cdiNotShipped are the files `nvidia-ctk cdi generate` (ext-nvidia-cdi-gen) cannot locate on a healthy node
 // because the extensions do not ship them: the lines Talos CI quotes and counts (siderolabs/talos v1.13.0
 // internal/integration/api/extensions_nvidia.go:160-169, the LTS list; runbook_lib/sim/talosctl/resources.py
-// _CDI_NOT_SHIPPED has the same). %[1]s is the driver version.
+// _CDI_NOT_SHIPPED has the same). %[1]s stands for the driver version.
 var cdiNotShipped = []string{
 	"libnvidia-vulkan-producer.so.%[1]s", "X11/xorg.conf.d/10-nvidia.conf", "X11/xorg.conf.d/nvidia-drm-outputclass.conf",
 	"vulkan/implicit_layer.d/nvidia_layers.json", "vulkan/icd.d/nvidia_icd.x86_64.json", "/nvidia-fabricmanager/socket",
@@ -100,7 +100,7 @@ func (n *simNode) cdiGenLog(now time.Time) string {
 	lines := []string{fmt.Sprintf("%s level=info msg=%q", stamp, "Using driver version "+kmod)}
 
 	for _, m := range missing {
-		name := fmt.Sprintf(m, kmod)
+		name := strings.ReplaceAll(m, "%[1]s", kmod) // Sprintf would append %!(EXTRA ...) to a name with no verb
 		lines = append(lines, fmt.Sprintf("%s level=warning msg=%q", stamp, fmt.Sprintf("Could not locate %s: %s: not found", name, name)))
 	}
 

@@ -91,3 +91,16 @@ def test_a_node_error_in_logs_exits_1_after_the_other_nodes_lines(tmp_path: Path
     assert r.stderr.startswith("ERROR: rpc error: code = Unavailable"), r.stderr  # no node prefix
     lines = r.stdout.splitlines()
     assert lines and all(line.startswith(f"{W2}: ") for line in lines)
+
+
+@pytest.mark.parametrize("which", LEGS)
+def test_both_talosctls_fail_a_service_the_node_never_ran(tmp_path: Path, which: str) -> None:
+    """The Python talosctl answered an unknown service with an empty log and exit 0; on both legs now the error
+    of machined's log manager (circular.go:235-247) and exit 1, while a Finished one-shot still reads."""
+    create(tmp_path, ClusterSpec(workers=1, talos_version="v1.13.0", scenario="gpu-ready"))
+    with leg(which, tmp_path, "v1.13.0") as run:
+        missing = run("logs", "nosuchservice", "-n", W1)
+        finished = run("logs", "ext-nvidia-cdi-gen", "-n", W1)
+    assert missing.returncode == 1 and missing.stdout == "", missing
+    assert not_registered("nosuchservice").match(missing.stderr.rstrip("\n")), missing.stderr
+    assert finished.returncode == 0 and finished.stdout.startswith(f"{W1}: "), finished
