@@ -14,6 +14,7 @@ import (
 	"github.com/cosi-project/runtime/pkg/state"
 	"github.com/siderolabs/talos/pkg/machinery/api/common"
 	"github.com/siderolabs/talos/pkg/machinery/resources/k8s"
+	"go.yaml.in/yaml/v4"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -25,6 +26,14 @@ import (
 // the control plane the simulated cluster runs (runbook_lib/sim/realkube.py writes it). It is read at each call:
 // the control plane may start after simnode.
 var kubeconfigPath = flag.String("kubeconfig", "", "admin kubeconfig a control-plane node answers MachineService.Kubeconfig with (read at each call; empty: Unimplemented, no Kubernetes API)")
+
+// talosKubeconfigPath is the admin kubeconfig with the structure Talos generates (one cluster with its CA, one
+// user with a client certificate and key, no token: talos@v1.14.1 pkg/kubeconfig/generate.go:102-124), which
+// talosctl 1.14 requires of the kubeconfig it fetches (pkg/kubeconfig/validate.go:29, 149-176: its upgrade drain
+// refuses a token user). The Python Kubernetes API writes it beside its token kubeconfig
+// (runbook_lib/sim/kubeapi/server.py write_talos_kubeconfig); it is served while its server is the one -kubeconfig
+// names, so a real control plane started later (which writes only -kubeconfig) is never given the stale one.
+var talosKubeconfigPath = flag.String("talos-kubeconfig", "", "admin kubeconfig with Talos's structure (client certificate), served instead of -kubeconfig while both name the same server")
 
 // Kubeconfig is MachineService.Kubeconfig (talos@v1.13.0:internal/app/machined/internal/server/v1alpha1/v1alpha1_server.go:1241-1285):
 // only a control-plane node has it (machinehelper.CheckControlplane, internal/app/internal/machinehelper/machinehelper.go:23-38),
@@ -48,12 +57,35 @@ func (s *machineServer) Kubeconfig(_ *emptypb.Empty, srv grpc.ServerStreamingSer
 		return status.Errorf(codes.Unavailable, "simnode: the control plane's kubeconfig is not there yet: %v", err)
 	}
 
+	if *talosKubeconfigPath != "" {
+		if talos, err := os.ReadFile(*talosKubeconfigPath); err == nil && kubeServer(talos) != "" && kubeServer(talos) == kubeServer(content) {
+			content = talos
+		}
+	}
+
 	archive, err := tarGz("kubeconfig", content)
 	if err != nil {
 		return err
 	}
 
 	return srv.Send(&common.Data{Bytes: archive})
+}
+
+// kubeServer is the server URL of a kubeconfig's first cluster ("" when it has none or does not parse).
+func kubeServer(content []byte) string {
+	var doc struct {
+		Clusters []struct {
+			Cluster struct {
+				Server string `yaml:"server"`
+			} `yaml:"cluster"`
+		} `yaml:"clusters"`
+	}
+
+	if err := yaml.Unmarshal(content, &doc); err != nil || len(doc.Clusters) == 0 {
+		return ""
+	}
+
+	return doc.Clusters[0].Cluster.Server
 }
 
 // tarGz wraps one file as machined does for the Copy protocol (same function, :1255-1280).

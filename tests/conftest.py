@@ -6,7 +6,7 @@
   runs the real talosctl of the nodes' release against simnode when both are in the tools cache (``make tools``;
   ``.ci/run`` builds talosctl v1.12.0 and v1.13.0 and simnode first). Otherwise the Python talosctl answers and
   ``runbook sim status`` says why: no talosctl of that release built, simnode not built for the current sources
-  (``simnode/*.go`` edited during the session: the session start builds it, see below), Talos 1.14 or a release simnode does not
+  (``simnode/*.go`` edited during the session: the session start builds it, see below), a release simnode does not
   serve (``runbook_lib/sim/realtalos.py`` ``SIMNODE_RELEASES``), a fault simnode does not simulate.
 - The library tests that build their cluster with ``tests/simcluster.py`` (``sim_cluster``, ``factory_only``:
   the steps called directly, e.g. ``test_runbook_faults.py``, ``test_image_step.py``, ``test_step_verify.py``,

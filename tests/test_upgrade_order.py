@@ -71,7 +71,9 @@ def test_default_runtime_patch_waits_until_the_image_brings_the_nvidia_runtime(
         assert any("default runtime" in note for note in patched.notes)
         upgraded = image_upgrade(ctx, apply=True, settle_timeout=10.0, poll_interval=0.1)
         assert upgraded.ok, upgraded.summary()
-        assert {runtime(n).default_runtime for n in _gpu_nodes(state)} == {"nvidia"}
+        # simnode writes its observed state on its next 100 ms tick (simnode/observe.go), later on a loaded machine
+        wanted = {"nvidia"}
+        wait_for(lambda: {runtime(n).default_runtime for n in _gpu_nodes(state)} == wanted, timeout=30.0)
         assert all(_cri_accepts_default_runtime(state).values())
         assert config_patch(ctx, apply=False).counts() == {"unchanged": 2}
 

@@ -184,6 +184,13 @@ def sim_paths(state_dir: Path | str) -> SimPaths:
     )
 
 
+def talos_kubeconfig_path(state_dir: Path | str) -> Path:
+    """The admin kubeconfig with Talos's structure (a client certificate, no token) that the Python Kubernetes API
+    writes (kubeapi/server.py write_talos_kubeconfig) and a simulated control-plane node hands out (simnode
+    ``-talos-kubeconfig``): talosctl 1.14's drain refuses any other (talos@v1.14.1 pkg/kubeconfig/validate.go:29)."""
+    return Path(state_dir) / "kube" / "talos-admin.kubeconfig"
+
+
 def default_state_dir() -> Path:
     """``$RUNBOOK_SIM_STATE`` or ``<repo>/.sim/default``, so every room and the library agree without flags."""
     env = os.environ.get(STATE_ENV)

@@ -100,6 +100,10 @@ class KubeServer(ThreadingHTTPServer):
         if tls is not None:
             ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             ctx.load_cert_chain(certfile=str(tls[0]), keyfile=str(tls[1]))
+            # As kube-apiserver's --client-ca-file: a client certificate this CA signed authenticates its holder
+            # (the Talos admin kubeconfig's, see admin_client_cert); clients without one still use the token.
+            ctx.load_verify_locations(cafile=str(tls[0]))
+            ctx.verify_mode = ssl.CERT_OPTIONAL
             # Handshakes happen in the handler threads, so one slow client cannot stall accept().
             self.socket = ctx.wrap_socket(self.socket, server_side=True, do_handshake_on_connect=False)
         self.state_dir = Path(state_dir)
@@ -156,36 +160,24 @@ def serving_cert(state_dir: Path) -> tuple[Path, Path] | None:
     HTTPS matters beyond realism: Go clients (kubectl, real helm) never send a bearer token over plain HTTP.
     Without ``openssl`` the server falls back to HTTP, which the Python client still accepts.
     """
-    d = Path(state_dir) / "kube"
-    cert, key = d / "apiserver.crt", d / "apiserver.key"
+    subject = ["-subj", "/CN=kube-apiserver", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"]
+    return openssl_keypair(
+        Path(state_dir) / "kube", "apiserver", [*subject, "-addext", "basicConstraints=critical,CA:TRUE"]
+    )
+
+
+def openssl_keypair(d: Path, name: str, args: list[str]) -> tuple[Path, Path] | None:
+    """``<d>/<name>.crt`` and its P-256 key ``<name>.key`` (mode 0600), made once with ``openssl req -x509``
+    and ``args`` (subject, extensions, issuer); None without ``openssl`` or when it fails."""
+    cert, key = d / f"{name}.crt", d / f"{name}.key"
     if cert.exists() and key.exists():
         return cert, key
     openssl = shutil.which("openssl")
     if openssl is None:
         return None
     d.mkdir(parents=True, exist_ok=True)
-    cmd = [
-        openssl,
-        "req",
-        "-x509",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-        "-keyout",
-        str(key),
-        "-out",
-        str(cert),
-        "-days",
-        "3650",
-        "-subj",
-        "/CN=kube-apiserver",
-        "-addext",
-        "subjectAltName=IP:127.0.0.1,DNS:localhost",
-        "-addext",
-        "basicConstraints=critical,CA:TRUE",
-    ]
+    cmd = [openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    cmd += ["-keyout", str(key), "-out", str(cert), "-days", "3650", *args]
     result = subprocess.run(cmd, capture_output=True, check=False, timeout=30)
     if result.returncode != 0:
         return None
@@ -213,18 +205,90 @@ def kubeconfig(url: str, token: str, ca: bytes | None = None) -> dict[str, Any]:
     }
 
 
-def on_started(state_dir: Path, url: str) -> Path:
-    """Write the kubeconfig (mode 0600) pointing at ``url`` with the token of the running server."""
-    token = token_path(state_dir).read_text().strip()
-    path = kubeconfig_path(state_dir)
+#: Talos's admin certificate subject (talos@v1.14.1 pkg/machinery/constants/constants.go:268-275, used by
+#: pkg/kubeconfig/generate.go:35-52): kube-apiserver maps O to the user's groups, and system:masters is the admin.
+ADMIN_COMMON_NAME = "admin"
+ADMIN_ORGANIZATION = "system:masters"
+#: The simulated cluster's name (cluster.CLUSTER_NAME, which imports this module's package).
+CLUSTER_NAME = "talos-gpu-sim"
+
+
+def admin_client_cert(state_dir: Path, ca: tuple[Path, Path]) -> tuple[Path, Path] | None:
+    """The admin client certificate and key (made once per state dir with the ``openssl`` CLI), signed by the
+    serving certificate, which is this API server's CA; with the usages Talos gives it (generate.go:80-93)."""
+    args = [
+        "-CA",
+        str(ca[0]),
+        "-CAkey",
+        str(ca[1]),
+        "-subj",
+        f"/O={ADMIN_ORGANIZATION}/CN={ADMIN_COMMON_NAME}",
+    ]
+    args += ["-addext", "basicConstraints=CA:FALSE", "-addext", "extendedKeyUsage=clientAuth"]
+    args += ["-addext", "keyUsage=critical,digitalSignature,keyEncipherment"]
+    return openssl_keypair(Path(state_dir) / "kube", "admin", args)
+
+
+def talos_kubeconfig(url: str, ca: bytes, client: tuple[bytes, bytes]) -> dict[str, Any]:
+    """What kubeconfig.Generate writes (generate.go:102-124): one cluster named after the cluster, one user
+    ``admin@<cluster>`` with the client certificate and key only, one context in namespace default."""
+    name = CLUSTER_NAME
+    b64 = base64.b64encode
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": name, "cluster": {"server": url, "certificate-authority-data": b64(ca).decode()}}
+        ],
+        "users": [
+            {
+                "name": f"admin@{name}",
+                "user": {
+                    "client-certificate-data": b64(client[0]).decode(),
+                    "client-key-data": b64(client[1]).decode(),
+                },
+            }
+        ],
+        "contexts": [
+            {
+                "name": f"admin@{name}",
+                "context": {"cluster": name, "namespace": "default", "user": f"admin@{name}"},
+            }
+        ],
+        "current-context": f"admin@{name}",
+    }
+
+
+def _write_private(path: Path, doc: dict[str, Any]) -> None:
+    """Write ``doc`` as YAML, mode 0600, replacing ``path`` in one step (readers never see half a file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
-        cert = Path(state_dir) / "kube" / "apiserver.crt"
-        ca = cert.read_bytes() if cert.exists() else None
-        yaml.safe_dump(kubeconfig(url, token, ca), f, sort_keys=False)
+        yaml.safe_dump(doc, f, sort_keys=False)
     os.replace(tmp, path)
+
+
+def write_talos_kubeconfig(state_dir: Path, url: str) -> Path | None:
+    """Write the Talos-structured admin kubeconfig for ``url`` (none over plain HTTP or without ``openssl``)."""
+    ca = (Path(state_dir) / "kube" / "apiserver.crt", Path(state_dir) / "kube" / "apiserver.key")
+    client = admin_client_cert(state_dir, ca) if url.startswith("https") and ca[0].exists() else None
+    path = sim_state.talos_kubeconfig_path(state_dir)
+    if client is None:
+        path.unlink(missing_ok=True)
+        return None
+    doc = talos_kubeconfig(url, ca[0].read_bytes(), (client[0].read_bytes(), client[1].read_bytes()))
+    _write_private(path, doc)
+    return path
+
+
+def on_started(state_dir: Path, url: str) -> Path:
+    """Write the kubeconfig (mode 0600) pointing at ``url`` with the token of the running server."""
+    token = token_path(state_dir).read_text().strip()
+    path = kubeconfig_path(state_dir)
+    cert = Path(state_dir) / "kube" / "apiserver.crt"
+    _write_private(path, kubeconfig(url, token, cert.read_bytes() if cert.exists() else None))
+    write_talos_kubeconfig(state_dir, url)
     return path
 
 
@@ -411,7 +475,17 @@ class Handler(BaseHTTPRequestHandler):
 
     def _authorized(self) -> bool:
         header = self.headers.get("Authorization", "")
-        return header.startswith("Bearer ") and secrets.compare_digest(header[7:].strip(), self.server.token)
+        if header.startswith("Bearer ") and secrets.compare_digest(header[7:].strip(), self.server.token):
+            return True
+        return self._admin_certificate()
+
+    def _admin_certificate(self) -> bool:
+        """A client certificate the CA verified (CERT_OPTIONAL: ``getpeercert`` is empty otherwise) whose O is
+        system:masters: kube-apiserver's x509 authenticator makes O the groups, and that group is the admin."""
+        conn = self.connection
+        cert = conn.getpeercert() if isinstance(conn, ssl.SSLSocket) else None
+        subject = cert.get("subject", ()) if cert else ()
+        return any(tuple(attr) == ("organizationName", ADMIN_ORGANIZATION) for rdn in subject for attr in rdn)
 
     def _handle(self) -> None:
         split = urlsplit(self.path)
