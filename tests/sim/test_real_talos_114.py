@@ -15,14 +15,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
+from runbook_lib.sim import cluster, realtalos
+from runbook_lib.sim.kubeapi import server
+from runbook_lib.sim.state import talos_kubeconfig_path
 from tests.sim.test_real_talos_110_111 import (
     Release,
     assert_run_applies_all_six_steps,
     assert_stops_at_its_step_on_the_last_worker,
+    built_talosctl,
     patch_dry_run,
     serve,
 )
+from tests.sim.test_real_talosctl import Sim, build, start_simnode
 
 pytestmark = pytest.mark.slow
 
@@ -86,6 +92,48 @@ def test_get_modules_lists_kernel_module_status_live_on_1_14(gpu_ready: Release)
     assert header[-2:] == ["TYPE", "STATE"], proc.stdout
     assert sorted(r[3] for r in rows) == ["nvidia", "nvidia_drm", "nvidia_modeset", "nvidia_uvm"], proc.stdout
     assert {(r[2], r[-2], r[-1]) for r in rows} == {("KernelModuleStatus", "dynamic", "live")}, proc.stdout
+
+
+def _write_kubeconfigs(state: Path, talos_server: str, token_server: str) -> tuple[Path, Path]:
+    """The Python API's two kubeconfigs as on_started writes them, the token one naming ``token_server``."""
+    assert server.serving_cert(state) is not None
+    token = state / "kubeconfig"
+    token.write_text(
+        yaml.safe_dump(server.kubeconfig(token_server, "t0ken", (state / "kube/apiserver.crt").read_bytes()))
+    )
+    assert server.write_talos_kubeconfig(state, talos_server) == talos_kubeconfig_path(state)
+    return token, talos_kubeconfig_path(state)
+
+
+def test_talosctl_1_14_accepts_the_kubeconfig_a_control_plane_node_hands_out_and_refuses_a_token_one(
+    tmp_path: Path,
+) -> None:
+    """``talosctl kubeconfig`` validates what the node sends as the drain does (talos@v1.14.1
+    cmd/talosctl/cmd/talos/kubeconfig.go:123, pkg/kubeconfig/validate.go): the client-certificate kubeconfig
+    passes. Once ``-kubeconfig`` names another server (a real control plane started later in the state dir),
+    simnode serves that token kubeconfig, not the stale one, and talosctl refuses it with Talos's error."""
+    talosctl = built_talosctl(CLIENT)
+    nodes = cluster.create(tmp_path / "cluster", cluster.ClusterSpec(workers=1, talos_version=TALOS))
+    token, _ = _write_kubeconfigs(tmp_path, "https://127.0.0.1:6443", "https://127.0.0.1:6443")
+    flags = ("-kubeconfig", str(token), "-talos-kubeconfig", str(talos_kubeconfig_path(tmp_path)))
+    doc = realtalos.nodes_document(tmp_path / "cluster", nodes, 0)
+    proc = start_simnode(build("build-simnode.sh"), tmp_path / "state", doc, *flags)
+    try:
+        sim, cp = Sim(talosctl, tmp_path / "state" / "talosconfig"), nodes[0].address
+        fetched = sim.run("-n", cp, "kubeconfig", "-")
+        # Only return codes and stderr in messages: stdout holds a (throwaway) client key.
+        fetched_rc = fetched.returncode
+        assert fetched_rc == 0, fetched.stderr
+        [user] = yaml.safe_load(fetched.stdout)["users"]
+        assert set(user["user"]) == {"client-certificate-data", "client-key-data"}, user["name"]
+        _write_kubeconfigs(tmp_path, "https://127.0.0.1:6443", "https://127.0.0.1:7443")
+        refused = sim.run("-n", cp, "kubeconfig", "-")
+        refused_rc = refused.returncode
+        assert refused_rc != 0, "talosctl 1.14 accepted a token kubeconfig"
+        assert 'user field "token" is not allowed' in refused.stderr, refused.stderr
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
 
 
 # ---------------------------------------------------------------- runbook run on Talos 1.14.1
