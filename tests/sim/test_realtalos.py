@@ -108,7 +108,9 @@ def test_a_talosctl_of_another_release_than_the_nodes_falls_back(tools: Path) ->
 def test_real_that_cannot_be_honoured_is_an_error(tools: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(realtalos.MODE_ENV, "real")
     # (1.14 is served since simnode is on pkg/machinery v1.14.1: releases before 1.9 are not)
-    with pytest.raises(realtalos.RealTalosError, match=r"RUNBOOK_SIM_TALOSCTL=real: simnode does not simulate"):
+    with pytest.raises(
+        realtalos.RealTalosError, match=r"RUNBOOK_SIM_TALOSCTL=real: simnode does not simulate"
+    ):
         realtalos.choose("v1.8.4", None, "fresh")
 
 
