@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,7 +99,7 @@ def _collect(ctx: Context, addresses: list[str]) -> _Collected:
         services_call = pool.submit(ctx.talosctl.services, addresses)
         drivers_call = pool.submit(ctx.talosctl.read, DRIVER_VERSION_FILE, addresses)
         cdi = CDI_GEN in ctx.params.profile().services
-        logs_call = pool.submit(ctx.talosctl.logs, CDI_GEN, addresses) if cdi else None
+        logs_call = pool.submit(_cdi_logs, ctx, addresses, services_call) if cdi else None
         module_state, module_errors = _read_modules(ctx, addresses)
         services, service_errors = services_call.result()
         return _Collected(
@@ -114,6 +114,22 @@ def _collect(ctx: Context, addresses: list[str]) -> _Collected:
             pci_call.result(),
             kube_call.result(),
         )
+
+
+def _cdi_logs(
+    ctx: Context,
+    addresses: list[str],
+    services_call: Future[tuple[dict[str, dict[str, ServiceStatus]], dict[str, str]]],
+) -> tuple[dict[str, str], dict[str, str]]:
+    """``ext-nvidia-cdi-gen``'s log, read only on the nodes where it Finished: the only ones ``_cdi_spec`` judges.
+
+    Why not every node: a node where it has not run since boot (no NVIDIA image yet, verify as a pre-check)
+    answers ``log "ext-nvidia-cdi-gen" was not registered`` (talos@v1.13.0 runtime/logging/circular.go:235-247),
+    and the log client then re-reads each such node on its own: one talosctl process per node for nothing.
+    """
+    services = services_call.result()[0]  # the other reads go on meanwhile
+    finished = [n for n in addresses if (s := services.get(n, {}).get(CDI_GEN)) and s.state == "Finished"]
+    return ctx.talosctl.logs(CDI_GEN, finished) if finished else ({}, {})
 
 
 def _read_modules(ctx: Context, addresses: list[str]) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
