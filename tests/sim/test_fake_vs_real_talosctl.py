@@ -6,8 +6,9 @@ simnode does not simulate, and Talos 1.14 nodes whose Kubernetes side cannot iss
 kubeconfig talosctl 1.14's drain needs (``realtalos.choose``). talosctl 1.14 itself builds: v1.14.0 is not on the Go
 module proxy, v1.14.1 is (``tools/build-talosctl.sh v1.14.1``, tests/sim/test_real_talos_114.py).
 
-What it prints is checked here against what the real binary prints, for every command the runbook runs (``runbook_lib/clients/talosctl.py``, ``runbook_lib/steps/``), asking
-the fake to be the same release as the real binary. The node state is one simulated cluster: the fake reads its
+What it prints is checked here against what the real binary prints, for every command the runbook runs
+(``runbook_lib/clients/talosctl.py``, ``runbook_lib/steps/``), asking the fake to be the same release as the real
+binary. The node state is one simulated cluster: the fake reads its
 node files, simnode serves the same nodes through the nodes file ``runbook_lib.sim.realtalos`` derives from them
 (what ``runbook sim up`` does on the real path).
 
