@@ -95,17 +95,15 @@ class ChartRepo:
         self._thread.start()
 
     def stop(self) -> None:
-        self.server.shutdown()
+        if self._thread.ident is not None:  # shutdown() of a server never served would wait forever
+            self.server.shutdown()
         self.server.server_close()
 
 
 def serve(helm: Path, directory: Path, request_log: Path | None = None) -> ChartRepo:
     """Package the charts into ``directory``, index them for a fresh loopback port and serve them."""
     package(helm, directory)
-    repo = ChartRepo(directory, request_log=request_log)
-    repo.index(helm)
-    repo.start()
-    return repo
+    return _indexed_and_started(ChartRepo(directory, request_log=request_log), helm)
 
 
 def serve_mirror(helm: Path, source: ChartRepo, root: Path, request_log: Path | None = None) -> ChartRepo:
@@ -117,7 +115,16 @@ def serve_mirror(helm: Path, source: ChartRepo, root: Path, request_log: Path | 
     root.chmod(0o700)
     for archive in source.directory.glob("*.tgz"):
         shutil.copyfile(archive, directory / archive.name)
-    repo = ChartRepo(root, MIRROR_PATH, request_log)
-    repo.index(helm)
-    repo.start()
+    return _indexed_and_started(ChartRepo(root, MIRROR_PATH, request_log), helm)
+
+
+def _indexed_and_started(repo: ChartRepo, helm: Path) -> ChartRepo:
+    """``repo`` indexed and serving; its port released when ``helm repo index`` fails, as the caller registers
+    ``stop()`` only once this returns."""
+    try:
+        repo.index(helm)
+        repo.start()
+    except BaseException:
+        repo.stop()
+        raise
     return repo

@@ -82,9 +82,7 @@ class LatencyProxy:
         self._listener.close()
         with self._lock:
             for sock in self._open:
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
-                sock.close()
+                _hang_up(sock)
             self._open.clear()
         if self._thread.ident is not None:  # started
             self._thread.join(timeout=5)
@@ -96,22 +94,38 @@ class LatencyProxy:
             except OSError:
                 return
             try:
-                server = socket.create_connection(self.upstream, timeout=10)
+                server = self._dial()
             except OSError as exc:
                 log.warning("kube-apiserver at %s:%s refused the relay: %s", *self.upstream, exc)
                 client.close()
                 continue
-            server.settimeout(None)
-            with self._lock:
+            self._relay(client, server)
+
+    def _dial(self) -> socket.socket:
+        """A connection to kube-apiserver for one client (blocking, as the relay forwards)."""
+        server = socket.create_connection(self.upstream, timeout=10)
+        server.settimeout(None)
+        return server
+
+    def _relay(self, client: socket.socket, server: socket.socket) -> None:
+        """The connection registered and its three threads started; closed instead when ``stop()`` ran while it
+        was being dialled (checked under the lock ``stop()`` clears the set with, so none is left behind)."""
+        with self._lock:
+            stopped = self._stopped.is_set()
+            if not stopped:
                 self._open.update((client, server))
                 self._quiet[client] = (server, time.monotonic())
-            late: queue.SimpleQueue[tuple[float, bytes] | None] = queue.SimpleQueue()
-            for target, args in (
-                (self._read, (client, late)),
-                (self._send_late, (late, server)),
-                (self._pump, (server, client)),
-            ):
-                threading.Thread(target=target, args=args, daemon=True).start()
+        if stopped:
+            _hang_up(client)
+            _hang_up(server)
+            return
+        late: queue.SimpleQueue[tuple[float, bytes] | None] = queue.SimpleQueue()
+        for target, args in (
+            (self._read, (client, late)),
+            (self._send_late, (late, server)),
+            (self._pump, (server, client)),
+        ):
+            threading.Thread(target=target, args=args, daemon=True).start()
 
     def _read(self, src: socket.socket, late: queue.SimpleQueue[tuple[float, bytes] | None]) -> None:
         """The client's bytes, each chunk stamped with when it is due upstream (arrival + latency)."""
@@ -172,6 +186,13 @@ class LatencyProxy:
                     sock.close()
 
 
+def _hang_up(sock: socket.socket) -> None:
+    """Shut both directions (wakes a thread blocked reading it, which close alone does not) and close."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    sock.close()
+
+
 def _listen(port: int) -> socket.socket:
     """127.0.0.1:``port`` when free (a restart keeps the kubeconfig's endpoint), else a port the kernel picks."""
     for candidate in dict.fromkeys((port, 0)):
@@ -209,12 +230,16 @@ def serve_for_users(state_dir: Path, direct_kubeconfig: Path, server: str) -> La
         remembered_port(remembered),
         lambda: float(faults.read().get("watch_drop_after_s") or 0),
     )
-    atomic_write(remembered, json.dumps({"port": relay.port}))
-    config = yaml.safe_load(direct_kubeconfig.read_text())
-    for entry in config.get("clusters") or []:
-        entry["cluster"]["server"] = relay.url
-    kubeconfig = sim_paths(state_dir).kubeconfig
-    atomic_write(kubeconfig, yaml.safe_dump(config, sort_keys=False))
-    kubeconfig.chmod(0o600)
-    relay.start()
+    try:
+        atomic_write(remembered, json.dumps({"port": relay.port}))
+        config = yaml.safe_load(direct_kubeconfig.read_text())
+        for entry in config.get("clusters") or []:
+            entry["cluster"]["server"] = relay.url
+        kubeconfig = sim_paths(state_dir).kubeconfig
+        atomic_write(kubeconfig, yaml.safe_dump(config, sort_keys=False))
+        kubeconfig.chmod(0o600)
+        relay.start()
+    except BaseException:
+        relay.stop()  # the caller registers stop() only once this returns: the port is not left bound
+        raise
     return relay

@@ -4,11 +4,13 @@ Against a plain TCP echo server here, so the timing is the relay's alone; ports 
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -109,3 +111,51 @@ def test_a_restarted_relay_listens_on_its_remembered_port_so_saved_kubeconfigs_k
     finally:
         again.stop()
     assert latencyproxy.remembered_port(Path(tmp_path / "missing.json")) == 0
+
+
+class DialledWhileStopping(latencyproxy.LatencyProxy):
+    """A relay whose dial to kube-apiserver returns only once ``stop()`` has closed every connection it knew
+    of (its join on the accept thread is where it waits): the race of a client accepted just before stop."""
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        super().__init__(upstream, lambda: 0.0)
+        self.dialling, self.stopping = threading.Event(), threading.Event()
+        join = self._thread.join
+
+        def join_once_stopping(timeout: float | None = None) -> None:
+            self.stopping.set()
+            join(timeout)
+
+        self._thread.join = join_once_stopping  # type: ignore[method-assign]
+
+    def _dial(self) -> socket.socket:
+        self.dialling.set()
+        assert self.stopping.wait(timeout=30), "stop() never reached its join"
+        return super()._dial()
+
+
+def test_a_client_accepted_while_the_relay_stops_is_hung_up_not_relayed_forever(echo):
+    relay = DialledWhileStopping(echo)
+    relay.start()
+    with socket.create_connection(("127.0.0.1", relay.port), timeout=30) as conn:
+        assert relay.dialling.wait(timeout=30)  # accepted
+        relay.stop()  # the accept thread is dialling: it registers the connection after stop() cleared them
+        assert not relay._open
+        conn.settimeout(10)
+        with contextlib.suppress(ConnectionResetError):
+            assert conn.recv(100) == b""  # hung up: no thread left relaying it
+
+
+def test_a_relay_whose_kubeconfig_cannot_be_written_releases_its_port(tmp_path, monkeypatch):
+    made: list[latencyproxy.LatencyProxy] = []
+
+    class Recorded(latencyproxy.LatencyProxy):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(latencyproxy, "LatencyProxy", Recorded)
+    (tmp_path / "kube").mkdir()
+    with pytest.raises(FileNotFoundError):
+        latencyproxy.serve_for_users(tmp_path, tmp_path / "missing.kubeconfig", "https://127.0.0.1:6443")
+    assert len(made) == 1 and made[0]._listener.fileno() == -1  # closed: the port is not left bound
