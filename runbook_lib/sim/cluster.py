@@ -287,7 +287,22 @@ def start_talos(state_dir: Path, spec: ClusterSpec, nodes: list[SimNode]) -> rea
         talosctl_version=talosctl,
         scenario=spec.scenario,
         latency_ms=spec.latency_ms,
+        kube=kube_side(state_dir),
     )
+
+
+def kube_side(state_dir: Path) -> str:
+    """Which Kubernetes API serves the cluster now: ``real`` (realkube's supervisor runs the real control plane),
+    ``python`` (the daemon's API: a ``kube`` endpoint without it) or ``none``. ``runbook sim up`` and ``runbook
+    run`` start it before the Talos side, whose talosctl choice depends on it (talosctl 1.14's drain,
+    ``realtalos.choose``)."""
+    if realkube.supervisor_pid(state_dir) is not None:
+        return "real"
+    try:
+        endpoints = json.loads(sim_paths(state_dir).endpoints.read_text())
+    except (OSError, ValueError):
+        return "none"
+    return "python" if isinstance(endpoints, dict) and endpoints.get("kube") else "none"
 
 
 def talos_mode() -> str:

@@ -47,6 +47,7 @@ from runbook_lib.sim.state import (
     load_nodes,
     minor_of,
     sim_paths,
+    talos_kubeconfig_error_path,
     talos_kubeconfig_path,
     toolkit_extension,
 )
@@ -169,13 +170,22 @@ def mode() -> str:
     return value
 
 
-def choose(talos_version: str, talosctl_version: str | None, scenario: str) -> Choice:
-    """Real talosctl + simnode when the mode, the release and the scenario allow it; else why not."""
+def choose(
+    talos_version: str,
+    talosctl_version: str | None,
+    scenario: str,
+    *,
+    kube: str = "none",
+    state_dir: Path | None = None,
+) -> Choice:
+    """Real talosctl + simnode when the mode, the release, the scenario and the Kubernetes side allow it; else why
+    not. ``kube`` is the side ``cluster.kube_side`` found (``real``, ``python`` or ``none``); ``state_dir`` holds
+    the Python API's Talos kubeconfig."""
     wanted = mode()
     if wanted == "python":
         return Choice(False, f"Python talosctl: {MODE_ENV}=python")
     client = talosctl_version or talosctl_version_for(talos_version)
-    why_not = _unsupported(talos_version, client, scenario)
+    why_not = _unsupported(talos_version, client, scenario) or _drain_refused(talos_version, kube, state_dir)
     if why_not:
         if wanted == "real":
             raise RealTalosError(f"{MODE_ENV}=real: {why_not}")
@@ -190,6 +200,38 @@ def choose(talos_version: str, talosctl_version: str | None, scenario: str) -> C
         missing = f"no talosctl {client} built" if talosctl is None else "simnode not built for these sources"
         return Choice(False, f"Python talosctl: {missing} (make tools, or {MODE_ENV}=real builds it)")
     return Choice(True, f"real talosctl {talosctl.parent.name} against simnode", str(talosctl), str(simnode))
+
+
+#: Why talosctl 1.14+ cannot drain through the real control plane: its drain validates the kubeconfig the node hands
+#: out (cmd/talosctl/cmd/talos/kubeconfig.go:123) and refuses a user with a token (talos@v1.14.1
+#: pkg/kubeconfig/validate.go:29,149-176); simkube keeps no CA key, so only the token kubeconfig exists there.
+DRAIN_NEEDS_CLIENT_CERT = (
+    "talosctl 1.14's upgrade drain accepts only a kubeconfig with a client certificate (talos@v1.14.1 "
+    "pkg/kubeconfig/validate.go:29), which the real control plane here cannot issue (simkube keeps no CA key), so "
+    "the run would stop at the image step's drain after config-patch changed every node; RUNBOOK_SIM_KUBE=python "
+    "runs 1.14 nodes on the real talosctl"
+)
+
+
+def _drain_refused(talos_version: str, kube: str, state_dir: Path | None) -> str:
+    """Why talosctl 1.14+'s upgrade drain would refuse the kubeconfig this Kubernetes side gives, or ``""``.
+
+    No Kubernetes (a test's ``daemon=False`` cluster) has nothing to drain through: nothing to refuse here.
+    """
+    if minor_of(talos_version) < (1, 14) or kube == "none":
+        return ""
+    if kube == "real":
+        return DRAIN_NEEDS_CLIENT_CERT
+    if state_dir is None or talos_kubeconfig_path(state_dir).is_file():
+        return ""
+    try:
+        why = talos_kubeconfig_error_path(state_dir).read_text(errors="replace").strip()
+    except OSError:
+        why = "no error was recorded"
+    return (
+        f"the Python Kubernetes API wrote no {talos_kubeconfig_path(state_dir)}, the client-certificate kubeconfig "
+        f"talosctl 1.14's upgrade drain needs ({why})"
+    )
 
 
 def talosctl_version_for(talos_version: str) -> str:
@@ -535,10 +577,11 @@ def up(
     talosctl_version: str | None,
     scenario: str,
     latency_ms: float,
+    kube: str = "none",
 ) -> Choice:
-    """What ``runbook sim up`` and ``runbook run`` call after creating the cluster: real talosctl when chosen,
-    else the Python one stays (the reason is recorded either way)."""
-    choice = choose(talos_version, talosctl_version, scenario)
+    """What ``runbook sim up`` and ``runbook run`` call after creating the cluster and starting its Kubernetes side
+    (``kube``, see ``choose``): real talosctl when chosen, else the Python one stays (the reason is recorded)."""
+    choice = choose(talos_version, talosctl_version, scenario, kube=kube, state_dir=state_dir)
     if choice.real and (faults := sorted({f for n in nodes for f in realfaults.unsupported(n)})):
         why = f"faults {', '.join(faults)} are not simulated by simnode yet"
         if mode() == "real":

@@ -1,0 +1,98 @@
+"""Which talosctl runs Talos 1.14 nodes depends on the Kubernetes side: talosctl 1.14's upgrade drain accepts only a
+kubeconfig with Talos's structure, a client certificate and no token (talos@v1.14.1 pkg/kubeconfig/validate.go:29,
+149-176, checked by cmd/talosctl/cmd/talos/kubeconfig.go:123). Only the Python Kubernetes API can issue one
+(kubeapi/server.py write_talos_kubeconfig); the real control plane's simkube throws away its CA key, so simnode keeps
+handing out its token kubeconfig, which talosctl 1.14 refuses at the drain, after config-patch has changed every
+node (half-applied). So ``auto`` keeps the Python talosctl there, and for a Python API that could not write it.
+
+Fast: stand-in executables in a temporary tools cache, as tests/sim/test_realtalos.py; nothing runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from runbook_lib.sim import cluster, realkube, realtalos
+from runbook_lib.sim.state import talos_kubeconfig_error_path, talos_kubeconfig_path
+from tests.sim.test_realtalos import tools as tools_112  # noqa: F401 - the fixture, extended below
+
+
+@pytest.fixture
+def tools(tools_112: Path) -> Path:  # noqa: F811 - the imported fixture, asked for by name
+    """test_realtalos's tools cache (talosctl v1.12.0, simnode) with stand-ins for talosctl v1.13.0 and v1.14.1."""
+    for version in ("v1.13.0", "v1.14.1"):
+        path = tools_112 / "talosctl" / version / "talosctl"
+        path.parent.mkdir(parents=True)
+        path.write_text("#!/bin/sh\n")
+        path.chmod(0o700)
+    return tools_112
+
+
+def _talos_kubeconfig(state: Path) -> None:
+    path = talos_kubeconfig_path(state)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("apiVersion: v1\nkind: Config\n")
+
+
+def test_talos_1_14_on_the_real_control_plane_keeps_the_python_talosctl_saying_why(tools: Path) -> None:
+    choice = realtalos.choose("v1.14.0", None, "fresh", kube="real")
+    assert not choice.real
+    assert choice.reason.startswith("Python talosctl: talosctl 1.14's upgrade drain accepts only"), (
+        choice.reason
+    )
+    assert "real control plane" in choice.reason and "RUNBOOK_SIM_KUBE=python" in choice.reason
+
+
+def test_talos_1_13_on_the_real_control_plane_still_runs_the_real_talosctl(tools: Path) -> None:
+    """talosctl 1.13's drain takes the token kubeconfig (it has no such validation)."""
+    choice = realtalos.choose("v1.13.2", None, "fresh", kube="real")
+    assert choice.real and choice.reason == "real talosctl v1.13.0 against simnode", choice.reason
+
+
+def test_talos_1_14_on_the_python_api_with_its_talos_kubeconfig_runs_the_real_talosctl(
+    tools: Path, tmp_path: Path
+) -> None:
+    _talos_kubeconfig(tmp_path)
+    choice = realtalos.choose("v1.14.0", None, "fresh", kube="python", state_dir=tmp_path)
+    assert choice.real and choice.reason == "real talosctl v1.14.1 against simnode", choice.reason
+
+
+def test_talos_1_14_whose_python_api_wrote_no_talos_kubeconfig_keeps_the_python_talosctl_with_openssls_error(
+    tools: Path, tmp_path: Path
+) -> None:
+    """openssl's own words (here OpenSSL 1.1.1's, which has no ``req -CA``) reach the reason ``sim status`` shows."""
+    why = talos_kubeconfig_error_path(tmp_path)
+    why.parent.mkdir(parents=True)
+    why.write_text("openssl req failed (exit 1): req: Unrecognized flag CA\n")
+    choice = realtalos.choose("v1.14.0", None, "fresh", kube="python", state_dir=tmp_path)
+    assert not choice.real
+    assert str(talos_kubeconfig_path(tmp_path)) in choice.reason
+    assert "req: Unrecognized flag CA" in choice.reason, choice.reason
+
+
+def test_real_mode_refuses_talos_1_14_on_the_real_control_plane_before_anything_starts(
+    tools: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(realtalos.MODE_ENV, "real")
+    with pytest.raises(
+        realtalos.RealTalosError, match=r"RUNBOOK_SIM_TALOSCTL=real: talosctl 1.14's upgrade drain"
+    ):
+        realtalos.choose("v1.14.0", None, "fresh", kube="real")
+
+
+def test_start_talos_tells_choose_which_kubernetes_side_runs(
+    tools: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``cluster.start_talos`` asks realkube (its supervisor runs: the real control plane) and the endpoints (a
+    ``kube`` URL without it: the Python API), as ``runbook sim up`` and ``runbook run`` start them in that order."""
+    state = tmp_path / "state"
+    cluster.create(state, cluster.ClusterSpec(workers=1, talos_version="v1.14.0"))
+    (state / "endpoints.json").write_text('{"kube": "https://127.0.0.1:1"}')
+    monkeypatch.setattr(realkube, "supervisor_pid", lambda _state: 4242)
+    assert cluster.kube_side(state) == "real"
+    monkeypatch.setattr(realkube, "supervisor_pid", lambda _state: None)
+    assert cluster.kube_side(state) == "python"
+    (state / "endpoints.json").write_text("{}")
+    assert cluster.kube_side(state) == "none"
