@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import logging
 import os
 import secrets
 import shutil
@@ -35,6 +36,8 @@ from .faults import FaultFile
 from .resources import Resource
 from .selectors import parse_field_selector, parse_label_selector
 from .store import Store, WatchEntry
+
+logger = logging.getLogger("runbook_lib.sim.kubeapi")
 
 KUBE_VERSION = {
     "major": "1",
@@ -168,21 +171,38 @@ def serving_cert(state_dir: Path) -> tuple[Path, Path] | None:
 
 def openssl_keypair(d: Path, name: str, args: list[str]) -> tuple[Path, Path] | None:
     """``<d>/<name>.crt`` and its P-256 key ``<name>.key`` (mode 0600), made once with ``openssl req -x509``
-    and ``args`` (subject, extensions, issuer); None without ``openssl`` or when it fails."""
+    and ``args`` (subject, extensions, issuer); None without ``openssl`` or when it fails (logged)."""
+    made = make_keypair(d, name, args)
+    return made if isinstance(made, tuple) else None
+
+
+def make_keypair(
+    d: Path, name: str, args: list[str], *, issuer: Path | None = None
+) -> tuple[Path, Path] | str:
+    """``openssl_keypair``, or why not: openssl's own error, also logged (the daemon's log), so a failure is said
+    where it happens. Made again when ``issuer`` (its CA's certificate) is newer: a certificate signed by a CA
+    made since is refused (401)."""
     cert, key = d / f"{name}.crt", d / f"{name}.key"
-    if cert.exists() and key.exists():
+    stale = issuer is not None and cert.exists() and issuer.stat().st_mtime > cert.stat().st_mtime
+    if cert.exists() and key.exists() and not stale:
         return cert, key
     openssl = shutil.which("openssl")
     if openssl is None:
-        return None
+        return _keypair_failed(name, "no openssl on PATH")
     d.mkdir(parents=True, exist_ok=True)
     cmd = [openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
     cmd += ["-keyout", str(key), "-out", str(cert), "-days", "3650", *args]
     result = subprocess.run(cmd, capture_output=True, check=False, timeout=30)
     if result.returncode != 0:
-        return None
+        error = result.stderr.decode(errors="replace").strip()  # openssl's messages: no key material
+        return _keypair_failed(name, f"openssl req failed (exit {result.returncode}): {error}")
     key.chmod(0o600)
     return cert, key
+
+
+def _keypair_failed(name: str, why: str) -> str:
+    logger.warning("certificate %s not made: %s", name, why)
+    return why
 
 
 def kubeconfig(url: str, token: str, ca: bytes | None = None) -> dict[str, Any]:
@@ -213,9 +233,10 @@ ADMIN_ORGANIZATION = "system:masters"
 CLUSTER_NAME = "talos-gpu-sim"
 
 
-def admin_client_cert(state_dir: Path, ca: tuple[Path, Path]) -> tuple[Path, Path] | None:
-    """The admin client certificate and key (made once per state dir with the ``openssl`` CLI), signed by the
-    serving certificate, which is this API server's CA; with the usages Talos gives it (generate.go:80-93)."""
+def admin_client_cert(state_dir: Path, ca: tuple[Path, Path]) -> tuple[Path, Path] | str:
+    """The admin client certificate and key (made once per state dir with the ``openssl`` CLI, again when the CA
+    is newer), signed by the serving certificate, which is this API server's CA; with the usages Talos gives it
+    (generate.go:80-93). Else why not (openssl's error)."""
     args = [
         "-CA",
         str(ca[0]),
@@ -226,7 +247,7 @@ def admin_client_cert(state_dir: Path, ca: tuple[Path, Path]) -> tuple[Path, Pat
     ]
     args += ["-addext", "basicConstraints=CA:FALSE", "-addext", "extendedKeyUsage=clientAuth"]
     args += ["-addext", "keyUsage=critical,digitalSignature,keyEncipherment"]
-    return openssl_keypair(Path(state_dir) / "kube", "admin", args)
+    return make_keypair(Path(state_dir) / "kube", "admin", args, issuer=ca[0])
 
 
 def talos_kubeconfig(url: str, ca: bytes, client: tuple[bytes, bytes]) -> dict[str, Any]:
@@ -270,15 +291,26 @@ def _write_private(path: Path, doc: dict[str, Any]) -> None:
 
 
 def write_talos_kubeconfig(state_dir: Path, url: str) -> Path | None:
-    """Write the Talos-structured admin kubeconfig for ``url`` (none over plain HTTP or without ``openssl``)."""
+    """Write the Talos-structured admin kubeconfig for ``url`` (none over plain HTTP or without ``openssl``).
+
+    Without it, why is kept beside it (``talos_kubeconfig_error_path``): ``realtalos.choose`` then keeps 1.14 nodes
+    on the Python talosctl saying so, instead of a run that fails later at the drain with no hint."""
     ca = (Path(state_dir) / "kube" / "apiserver.crt", Path(state_dir) / "kube" / "apiserver.key")
-    client = admin_client_cert(state_dir, ca) if url.startswith("https") and ca[0].exists() else None
-    path = sim_state.talos_kubeconfig_path(state_dir)
-    if client is None:
+    if not url.startswith("https") or not ca[0].exists():
+        client: tuple[Path, Path] | str = (
+            f"the API serves plain HTTP ({url}): no serving certificate was made"
+        )
+    else:
+        client = admin_client_cert(state_dir, ca)
+    path, why = sim_state.talos_kubeconfig_path(state_dir), sim_state.talos_kubeconfig_error_path(state_dir)
+    if isinstance(client, str):
         path.unlink(missing_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        why.write_text(client + "\n")
         return None
     doc = talos_kubeconfig(url, ca[0].read_bytes(), (client[0].read_bytes(), client[1].read_bytes()))
     _write_private(path, doc)
+    why.unlink(missing_ok=True)
     return path
 
 
