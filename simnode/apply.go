@@ -82,7 +82,24 @@ func (s *machineServer) validated(ctx context.Context, data []byte) (config.Prov
 		return nil, nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 
-	return cfg, slices.Concat(warnings, runtimeWarnings), nil
+	return cfg, s.releaseWarnings(slices.Concat(warnings, runtimeWarnings)), nil
+}
+
+// newIn114Warnings are the v1alpha1 validation warnings pkg/machinery v1.14.1 adds to v1.13's
+// (config/types/v1alpha1/v1alpha1_validation.go:95-100 at v1.14.1; absent from the same file at v1.13.9). simnode
+// validates with v1.14.1's machinery, but a node of an earlier release runs its own, which does not warn.
+var newIn114Warnings = []string{
+	".machine.files is deprecated; use dedicated configuration documents instead",
+	".machine.baseRuntimeSpecOverrides is deprecated; use a CRIBaseRuntimeSpecConfig document instead",
+}
+
+// releaseWarnings drops the warnings the node's release does not print.
+func (s *machineServer) releaseWarnings(warnings []string) []string {
+	if atLeast(s.node.bootState().version, 1, 14) {
+		return warnings
+	}
+
+	return slices.DeleteFunc(warnings, func(w string) bool { return slices.Contains(newIn114Warnings, w) })
 }
 
 // resolveMode: try and no-reboot need an immediate-apply change, auto picks no-reboot when it is one (:213-240).

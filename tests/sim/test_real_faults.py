@@ -55,7 +55,7 @@ def test_a_fault_simnode_does_not_map_falls_back_to_the_python_talosctl_saying_w
 ) -> None:
     monkeypatch.delenv(realtalos.MODE_ENV, raising=False)
     monkeypatch.setattr(
-        realtalos, "choose", lambda *_a: realtalos.Choice(True, "real", "talosctl", "simnode")
+        realtalos, "choose", lambda *_a, **_kw: realtalos.Choice(True, "real", "talosctl", "simnode")
     )
     monkeypatch.setattr(realtalos, "start", lambda *_a: pytest.fail("simnode must not start"))
     node = SimNode(name="n", address="10.5.0.3", talos_version="v1.12.7", faults={"gpu_on_fire": True})
