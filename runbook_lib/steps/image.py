@@ -555,9 +555,7 @@ def _run_batch(
             if error:  # known now: reported before the batch-mates finish (events.py)
                 res = results[plan.node.address]
                 res.status = "failed"
-                res.message = (
-                    f"talosctl upgrade failed: {image_diagnosis.upgrade_report(error.output, error)}"
-                )
+                res.message = f"talosctl upgrade failed: {error.report()}"
                 ctx.events.node_failed(res)
     order = {plan.node.address: index for index, plan in enumerate(batch)}
     outcomes.sort(key=lambda outcome: order[outcome[0].node.address])  # the batch's order, as before

@@ -79,6 +79,10 @@ class UpgradeFailure:
     output: str
     timed_out: float | None = None
 
+    def report(self) -> str:
+        """``upgrade_report`` of this failure: its own lines, then talosctl's error lines and last phase."""
+        return upgrade_report(self.output, self)
+
     def lines(self) -> list[str]:
         """The step's own lines about the node: the --timeout that passed, the services its new boot waits for."""
         head = f"{self.node.name} ({self.node.address})"
@@ -209,7 +213,7 @@ def _upgrade_checks(
     """The failed ``upgrade`` check (the tool's own error lines, see ``upgrade_report``) carrying the cause's fix,
     then the cause itself; the cause is read from the whole output and the step's own lines."""
     node = failure.node
-    shown = upgrade_report(failure.output, failure)
+    shown = failure.report()
     if devices is not None and not nvidia_gpus(devices):
         cause = gpu_check(ctx, node, devices, has_gpu_image=False)
     else:
