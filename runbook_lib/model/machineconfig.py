@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from runbook_lib.errors import PermanentError
+
 Doc = dict[str, Any]
 
 
@@ -61,12 +63,75 @@ class FileConflict(ValueError):
     """A ``machine.files`` entry exists at the path with other content: ``op: create`` would fail."""
 
 
+class UnhandledPatchKey(PermanentError):
+    """A wanted patch document has a key :func:`remaining_patch` cannot subtract, which it would drop."""
+
+
+#: What :func:`remaining_patch` subtracts from a ``machine:`` document, key by key: a mapping's keys, ``None``
+#: for any value (each sysctl is compared), a frozenset for a list of entries with these keys.
+_SUBTRACTED: Mapping[str, Any] = {
+    "machine": {
+        "kernel": {"modules": frozenset({"name"})},
+        "sysctls": None,
+        "files": frozenset({"path", "content", "op"}),
+        "install": {"extensions": frozenset({"image"})},
+    }
+}
+
+
+def _unhandled_keys(value: Any, spec: Any, path: str) -> list[str]:
+    """The dotted paths in ``value`` that ``spec`` (see ``_SUBTRACTED``) does not cover."""
+    if isinstance(spec, Mapping) and isinstance(value, dict):
+        found: list[str] = []
+        for key, sub in value.items():
+            where = f"{path}.{key}" if path else str(key)
+            found += _unhandled_keys(sub, spec[key], where) if key in spec else [where]
+        return found
+    if isinstance(spec, frozenset) and isinstance(value, list):
+        return [
+            f"{path}[{index}].{key}"
+            for index, entry in enumerate(value)
+            if isinstance(entry, dict)
+            for key in entry
+            if key not in spec
+        ]
+    return []
+
+
+def refuse_unhandled_keys(wanted: list[Doc]) -> None:
+    """Raise :class:`UnhandledPatchKey` naming every key of ``wanted`` the subtraction would drop.
+
+    Why: :func:`remaining_patch` builds the patch from the keys it can compare with the node's config, so any
+    other key (a typo such as ``modlues``, a module's ``parameters`` compared by name only) would silently be
+    left out of what the node gets, and a node lacking only that key would read as already patched. Checked on
+    the documents alone, so every node of a fleet is refused alike, before the first is patched. Documents with
+    a ``kind`` (``KernelModuleConfig``…) are compared whole, so any key of theirs is carried.
+    """
+    problems = [
+        f"patch document {number} (machine:) has key {key}"
+        for number, doc in enumerate(wanted, start=1)
+        if not ("kind" in doc and "machine" not in doc)
+        for key in _unhandled_keys(doc, _SUBTRACTED, "")
+    ]
+    if problems:
+        raise UnhandledPatchKey(
+            "; ".join(problems)
+            + ", which the runbook cannot compare with a node's machine config: the patch "
+            "would go out without it, so nothing was patched",
+            hint="the keys it subtracts are machine.kernel.modules[].name, machine.sysctls, "
+            "machine.files[].path/content/op and machine.install.extensions[].image, and whole documents "
+            "with a kind; a profile that needs another key needs its subtraction in model/machineconfig.py",
+        )
+
+
 def remaining_patch(wanted: list[Doc], current: list[Doc]) -> list[Doc]:
     """The part of ``wanted`` (profile patch documents) that ``current`` does not contain yet.
 
     Raises :class:`FileConflict` when a wanted file path already exists with different content, because
-    neither appending nor creating it again would give the node the intended configuration.
+    neither appending nor creating it again would give the node the intended configuration; and
+    :class:`UnhandledPatchKey` for a key of ``wanted`` it cannot subtract (:func:`refuse_unhandled_keys`).
     """
+    refuse_unhandled_keys(wanted)
     base = _v1alpha1(current)
     out: list[Doc] = []
     machine_remaining: Doc = {}  # one v1alpha1 document for all of ``wanted``'s (see :func:`merge_into`)
