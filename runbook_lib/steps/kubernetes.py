@@ -13,6 +13,7 @@ apply off, writes go to the API server's dry run and helm's ``--dry-run``.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from runbook_lib.errors import PermanentError, RunbookError
@@ -264,7 +265,8 @@ def _dotted(values: dict[str, Any], key: str) -> str | None:
 def _wait_for_gpus(ctx: Context, result: StepResult, gpu_nodes: list[Any], *, timeout_s: float) -> None:
     """Watch nodes until every GPU node advertises ``nvidia.com/gpu`` (or the timeout), then report per node."""
     names = {n.name for n in gpu_nodes}
-    ready = {n["metadata"]["name"] for n in ctx.kube.nodes() if allocatable_gpus(n) > 0} & names
+    listed = ctx.kube.nodes()
+    ready = {n["metadata"]["name"] for n in listed if allocatable_gpus(n) > 0} & names
 
     def all_ready(obj: dict[str, Any]) -> bool:
         # Track readiness from the watch events themselves: no re-list per event at fleet scale.
@@ -280,7 +282,9 @@ def _wait_for_gpus(ctx: Context, result: StepResult, gpu_nodes: list[Any], *, ti
             timeout=timeout_s,
             until="every GPU node Ready with nvidia.com/gpu",
         )
-    by_name = {n["metadata"]["name"]: n for n in ctx.kube.nodes()}
+        listed = ctx.kube.nodes()  # as the watch left them; without a watch the first list is current
+    by_name = {n["metadata"]["name"]: n for n in listed}
+    reads = ClusterReads(ctx)  # one set of reads for every GPU-less node's diagnosis
     for node in gpu_nodes:
         obj = by_name.get(node.name)
         res = NodeResult(node=node.name, address=node.address)
@@ -288,19 +292,36 @@ def _wait_for_gpus(ctx: Context, result: StepResult, gpu_nodes: list[Any], *, ti
             res.status = "failed"
             res.message = "no Kubernetes node of this name"
         else:
-            gpus = allocatable_gpus(obj)
-            res.data["allocatable_gpus"] = gpus
-            if gpus > 0:
-                res.status = "ok"
-                res.message = f"{gpus} allocatable {GPU_RESOURCE}" + _gpu_product(obj, res)
-            elif not result.applied:
-                res.status = "planned"
-                res.message = f"no allocatable {GPU_RESOURCE} yet (apply to install the Kubernetes layer)"
-            else:
-                res.status = "failed"
-                res.message = f"no allocatable {GPU_RESOURCE} after {timeout_s:.0f} s"
-                res.checks.append(_no_gpu_diagnosis(ctx, obj))
+            _judge_gpus(ctx, res, obj, reads, applied=result.applied, timeout_s=timeout_s)
         result.nodes.append(res)
+
+
+def _judge_gpus(
+    ctx: Context,
+    res: NodeResult,
+    obj: dict[str, Any],
+    reads: ClusterReads,
+    *,
+    applied: bool,
+    timeout_s: float,
+) -> None:
+    """``res`` for a GPU node Kubernetes knows: its allocatable GPUs, or why it has none."""
+    gpus = allocatable_gpus(obj)
+    res.data["allocatable_gpus"] = gpus
+    if gpus > 0:
+        res.status = "ok"
+        res.message = f"{gpus} allocatable {GPU_RESOURCE}"
+        product = _gpu_product(obj)
+        if product:
+            res.data["gpu_product"] = product
+            res.message += f" ({GPU_PRODUCT_LABEL}={product})"
+    elif not applied:
+        res.status = "planned"
+        res.message = f"no allocatable {GPU_RESOURCE} yet (apply to install the Kubernetes layer)"
+    else:
+        res.status = "failed"
+        res.message = f"no allocatable {GPU_RESOURCE} after {timeout_s:.0f} s"
+        res.checks.append(_no_gpu_diagnosis(ctx, obj, reads))
 
 
 #: GPU Feature Discovery's label naming the node's GPU model (NVIDIA/k8s-device-plugin@v0.18.0 internal/lm/
@@ -309,23 +330,60 @@ def _wait_for_gpus(ctx: Context, result: StepResult, gpu_nodes: list[Any], *, ti
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 
 
-def _gpu_product(node: dict[str, Any], res: NodeResult) -> str:
-    """`` (<model>)`` when GFD labelled the node: the value a workload's nodeSelector targets a GPU model by."""
+def _gpu_product(node: dict[str, Any]) -> str | None:
+    """The GPU model GFD labelled the node with: the value a workload's nodeSelector targets a model by."""
     product = (node["metadata"].get("labels") or {}).get(GPU_PRODUCT_LABEL)
-    if not product:
-        return ""
-    res.data["gpu_product"] = product
-    return f" ({GPU_PRODUCT_LABEL}={product})"
+    return str(product) if product else None
 
 
-def _no_gpu_diagnosis(ctx: Context, node: dict[str, Any]) -> Check:
-    said = _kubernetes_says(ctx, node)
+class ClusterReads:
+    """The cluster reads the no-GPU diagnosis makes, each made once per step and shared by every node.
+
+    Why: what it reads (the device plugin's pods, the release's and the GPU Operator's DaemonSets, the
+    validator's pods, the release's values) is the same for every node, and it used to be read again for each
+    GPU-less node: on a 1,000-node fleet without a loaded driver, thousands of API list calls and a ``helm get
+    values`` per node where one of each does. Each read happens on first use, so a node the first checks
+    explain costs none of the later ones, as before.
+    """
+
+    def __init__(self, ctx: Context) -> None:
+        self._ctx = ctx
+        self._done: dict[tuple[str, ...], Any] = {}
+
+    def _once(self, key: tuple[str, ...], read: Callable[[], Any]) -> Any:
+        if key not in self._done:
+            self._done[key] = read()
+        return self._done[key]
+
+    def daemonsets(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = self._once(
+            ("daemonsets", namespace, selector), lambda: self._ctx.kube.daemonsets(namespace, selector)
+        )
+        return found
+
+    def pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = self._once(
+            ("pods", namespace, selector), lambda: self._ctx.kube.pods(namespace, selector)
+        )
+        return found
+
+    def helm_values(self, release: str, namespace: str) -> dict[str, Any]:
+        found: dict[str, Any] = self._once(
+            ("values", release, namespace), lambda: self._ctx.helm.values(release, namespace)
+        )
+        return found
+
+
+def _no_gpu_diagnosis(ctx: Context, node: dict[str, Any], reads: ClusterReads | None = None) -> Check:
+    """Why a GPU node advertises no ``nvidia.com/gpu``; ``reads`` shared by the step's nodes (fresh if None)."""
+    reads = reads or ClusterReads(ctx)
+    said = _kubernetes_says(ctx, node, reads)
     if said is not None:
         return said
     release = ctx.plan.helm
     labels = node["metadata"].get("labels") or {}
     # Only the release's own DaemonSets: kube-proxy and flannel share kube-system on every Talos cluster.
-    daemonsets = ctx.kube.daemonsets(release.namespace, f"app.kubernetes.io/instance={release.release}")
+    daemonsets = reads.daemonsets(release.namespace, f"app.kubernetes.io/instance={release.release}")
     desired = sum(int((d.get("status") or {}).get("desiredNumberScheduled", 0)) for d in daemonsets)
     if ctx.plan.kubernetes_layer == "device-plugin" and desired == 0:
         return Check(
@@ -343,7 +401,9 @@ def _no_gpu_diagnosis(ctx: Context, node: dict[str, Any]) -> Check:
             fix=f"kubectl label node {node['metadata']['name']} nvidia.com/gpu.present=true",
         )
     if ctx.plan.kubernetes_layer == "gpu-operator":
-        waiting = _operator_plugin_missing(ctx) or _operator_validation_waiting(ctx, node["metadata"]["name"])
+        waiting = _operator_plugin_missing(ctx, reads) or _operator_validation_waiting(
+            ctx, node["metadata"]["name"], reads
+        )
         if waiting is not None:
             return waiting
     return Check(
@@ -356,7 +416,7 @@ def _no_gpu_diagnosis(ctx: Context, node: dict[str, Any]) -> Check:
     )
 
 
-def _kubernetes_says(ctx: Context, node: dict[str, Any]) -> Check | None:
+def _kubernetes_says(ctx: Context, node: dict[str, Any], reads: ClusterReads) -> Check | None:
     """What Kubernetes itself reports against the node: not Ready, or its device-plugin pod never started
     (``kube_diagnosis``); None when it reports nothing, and the plugin or driver is the suspect."""
     name = node["metadata"]["name"]
@@ -369,7 +429,7 @@ def _kubernetes_says(ctx: Context, node: dict[str, Any]) -> Check | None:
         if ctx.plan.kubernetes_layer == "gpu-operator"
         else f"app.kubernetes.io/instance={ctx.plan.helm.release}"
     )
-    for pod in kube_diagnosis.pods_for_node(ctx.kube.pods(ctx.plan.helm.namespace, selector), name):
+    for pod in kube_diagnosis.pods_for_node(reads.pods(ctx.plan.helm.namespace, selector), name):
         stuck = kube_diagnosis.pod_not_started(pod, name, "device plugin")
         if stuck is not None:
             return stuck
@@ -380,12 +440,12 @@ def _kubernetes_says(ctx: Context, node: dict[str, Any]) -> Check | None:
 OPERATOR_VALIDATOR = "nvidia-operator-validator"
 
 
-def _operator_plugin_missing(ctx: Context) -> Check | None:
+def _operator_plugin_missing(ctx: Context, reads: ClusterReads) -> Check | None:
     """The operator has not created its device-plugin DaemonSet at all: it has not reconciled the ClusterPolicy
     (not running, or not leading: the RuntimeClass check says which), so no plugin runs to be suspected."""
     namespace = ctx.plan.helm.namespace
     name = _plugin_daemonset(ctx)
-    if ctx.kube.daemonsets(namespace, f"app={name}"):
+    if reads.daemonsets(namespace, f"app={name}"):
         return None
     return Check(
         "GPU Operator device plugin",
@@ -397,7 +457,7 @@ def _operator_plugin_missing(ctx: Context) -> Check | None:
     )
 
 
-def _operator_validation_waiting(ctx: Context, node: str) -> Check | None:
+def _operator_validation_waiting(ctx: Context, node: str, reads: ClusterReads) -> Check | None:
     """The validation the GPU Operator's stack waits in on ``node``, as a failed check; None if it waits in none.
 
     Why: the operator's device plugin waits in its ``toolkit-validation`` init container until the validator
@@ -408,7 +468,7 @@ def _operator_validation_waiting(ctx: Context, node: str) -> Check | None:
     (Talos: /usr/local, the Talos 1.13 docs); ``toolkit-validation`` runs ``nvidia-smi`` with the nvidia runtime
     (main.go:1132-1158)."""
     release = ctx.plan.helm
-    for pod in ctx.kube.pods(release.namespace, f"app={OPERATOR_VALIDATOR}"):
+    for pod in reads.pods(release.namespace, f"app={OPERATOR_VALIDATOR}"):
         if (pod.get("spec") or {}).get("nodeName") != node:
             continue
         for status in (pod.get("status") or {}).get("initContainerStatuses") or []:
@@ -416,7 +476,7 @@ def _operator_validation_waiting(ctx: Context, node: str) -> Check | None:
                 continue
             message = f"{OPERATOR_VALIDATOR} on {node} waits in {status['name']}"
             if status["name"] == "driver-validation":
-                return _driver_validation(ctx, message)
+                return _driver_validation(ctx, message, reads)
             if status["name"] == "toolkit-validation":
                 return Check(
                     "GPU Operator toolkit validation",
@@ -429,13 +489,13 @@ def _operator_validation_waiting(ctx: Context, node: str) -> Check | None:
     return None
 
 
-def _driver_validation(ctx: Context, message: str) -> Check:
+def _driver_validation(ctx: Context, message: str, reads: ClusterReads) -> Check:
     """Why driver-validation waits: the release's values, or the node. The pod's status is the same either way
     (running driver-validation), and with the right values its log says only "failed to validate the driver,
     retrying" (gpu-operator@v26.3.3 cmd/nvidia-validator/main.go:795-806), so the values the release has decide:
     ``helm upgrade`` with values it already has changes nothing (U5's finding)."""
     release = ctx.plan.helm
-    stored = ctx.helm.values(release.release, release.namespace)
+    stored = reads.helm_values(release.release, release.namespace)
     if all(_dotted(stored, key) == value for key, value in GPU_OPERATOR_VALUES.items()):
         return Check(
             "GPU Operator driver validation",

@@ -1,0 +1,226 @@
+"""The kubernetes step's no-GPU diagnosis reads the cluster once per step, not once per GPU-less node.
+
+After waiting for ``nvidia.com/gpu``, the step diagnoses each GPU node that still advertises none. Each
+diagnosis listed the device plugin's pods and the release's DaemonSets (and, under the GPU Operator, its
+device-plugin DaemonSet, its validator's pods and ``helm get values``) for itself: on a fleet whose driver is
+not loaded anywhere that is several API list calls (and a helm process) per node, where the objects are the
+same for every node. Here the step's client answers from fixed objects shaped as kube-apiserver v1.35 serves
+them (the shapes of tests/sim/test_real_kube_pods.py), counts every read, and each node's diagnosis is compared
+with the one the diagnosis gives that node when it reads the cluster for itself.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from runbook_lib.clients.proc import Journal
+from runbook_lib.clients.talosctl import Talosctl
+from runbook_lib.model.params import validate
+from runbook_lib.model.plan import build_plan
+from runbook_lib.steps.context import Context, Endpoints
+from runbook_lib.steps.kubernetes import OPERATOR_VALIDATOR, _no_gpu_diagnosis, _wait_for_gpus
+from runbook_lib.steps.results import StepResult
+from tests.sim.test_real_kube_pods import (
+    READY,
+    STOPPED_POSTING,
+    UNREACHABLE,
+    node_object,
+    pulling_plugin,
+    running_plugin,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+NODES = 30
+Obj = dict[str, Any]
+
+
+class CountingKube:
+    """The reads the step makes after its wait, answered from fixed objects; every read counted."""
+
+    def __init__(self, nodes: list[Obj], pods: list[Obj], daemonsets: list[Obj]) -> None:
+        self._nodes, self._pods, self._daemonsets = nodes, pods, daemonsets
+        self.reads: Counter[str] = Counter()
+
+    def nodes(self, label_selector: str | None = None, **_: Any) -> list[Obj]:
+        self.reads["list nodes"] += 1
+        return copy.deepcopy(self._nodes)
+
+    def daemonsets(self, namespace: str, label_selector: str | None = None) -> list[Obj]:
+        self.reads["list daemonsets"] += 1
+        return [d for d in self._daemonsets if _selected(d, namespace, label_selector)]
+
+    def pods(self, namespace: str, label_selector: str | None = None) -> list[Obj]:
+        self.reads["list pods"] += 1
+        return copy.deepcopy([p for p in self._pods if _selected(p, namespace, label_selector)])
+
+
+class CountingHelm:
+    """``helm get values`` of the release: the runbook's own values (the validator then waits on the node)."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def values(self, name: str, namespace: str) -> Obj:
+        self.reads += 1
+        return {
+            "driver": {"enabled": False},
+            "toolkit": {"enabled": False},
+            "hostPaths": {"driverInstallDir": "/usr/local"},
+        }
+
+
+def _selected(obj: Obj, namespace: str, selector: str | None) -> bool:
+    """``namespace`` and an equality label selector (``key=value``), as the API server filters a list."""
+    meta = obj["metadata"]
+    if meta["namespace"] != namespace:
+        return False
+    if not selector:
+        return True
+    key, value = selector.split("=", 1)
+    return (meta.get("labels") or {}).get(key) == value
+
+
+def _names() -> list[str]:
+    return [f"gpu-worker-{i}" for i in range(NODES)]
+
+
+def _context(talos: str, kube: CountingKube, helm: CountingHelm) -> Context:
+    data = yaml.safe_load((ROOT / "params" / "simulated.yaml").read_text())
+    data["talos_version"] = talos
+    data["nodes"] = [{"name": name, "address": f"10.5.1.{i + 10}"} for i, name in enumerate(_names())]
+    params = validate(data, source="test")
+    ctx = Context(
+        params=params,
+        plan=build_plan(params),
+        endpoints=Endpoints("talosctl", "helm", None, None, "https://factory.talos.dev"),
+        journal=Journal(),
+        talosctl=Talosctl("talosctl"),
+        helm=helm,  # type: ignore[arg-type]
+    )
+    ctx._kube = kube  # type: ignore[assignment]
+    return ctx
+
+
+def _node(name: str, ready: dict[str, str], taints: list[dict[str, str]] | None = None) -> Obj:
+    """A GPU worker's Node (tests/sim/test_real_kube_pods.py's), named ``name``: labelled for the chart, no
+    nvidia.com/gpu."""
+    node = node_object(ready, taints)
+    node["metadata"]["name"] = node["metadata"]["labels"]["kubernetes.io/hostname"] = name
+    return node
+
+
+def _on(pod: Obj, node: str, namespace: str, labels: dict[str, str]) -> Obj:
+    """``pod`` (a plugin pod of tests/sim/test_real_kube_pods.py) as the DaemonSet's pod for ``node``."""
+    pod = copy.deepcopy(pod)
+    pod["metadata"].update(name=f"{labels.get('app', 'nvidia-device-plugin')}-{node}", namespace=namespace)
+    pod["metadata"]["labels"] = labels
+    pod["spec"]["nodeName"] = node
+    terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    terms["nodeSelectorTerms"][0]["matchFields"][0]["values"] = [node]
+    return pod
+
+
+def _fleet(namespace: str, labels: dict[str, str]) -> tuple[list[Obj], list[Obj]]:
+    """NODES Nodes and their plugin pods: node 0's kubelet stopped posting, node 1's plugin cannot pull its
+    image, the others run a ready plugin that registers nothing (so each diagnosis differs by node)."""
+    names = _names()
+    nodes = [_node(names[0], STOPPED_POSTING, UNREACHABLE)] + [_node(n, READY) for n in names[1:]]
+    ready_plugin = running_plugin()
+    ready_plugin["status"]["conditions"][0]["status"] = "True"
+    pulling = pulling_plugin("ImagePullBackOff", "Back-off pulling image")
+    pods = [_on(pulling if i == 1 else ready_plugin, n, namespace, labels) for i, n in enumerate(names)]
+    return nodes, pods
+
+
+def _diagnose_all(ctx: Context) -> StepResult:
+    result = StepResult(step="kubernetes", applied=True)
+    _wait_for_gpus(ctx, result, list(ctx.params.nodes), timeout_s=0)
+    return result
+
+
+def _alone(talos: str, kube: CountingKube, node: Obj) -> dict[str, Any]:
+    """The node's diagnosis when it reads the cluster for itself (as before: one set of reads per node)."""
+    return _no_gpu_diagnosis(_context(talos, kube, CountingHelm()), node).to_dict()
+
+
+def test_device_plugin_layer_diagnoses_every_gpu_less_node_from_one_read_of_pods_and_daemonsets() -> None:
+    nodes, pods = _fleet("kube-system", {"app.kubernetes.io/instance": "nvidia-device-plugin"})
+    daemonset = {
+        "metadata": {
+            "name": "nvidia-device-plugin",
+            "namespace": "kube-system",
+            "labels": {"app.kubernetes.io/instance": "nvidia-device-plugin"},
+        },
+        "status": {"desiredNumberScheduled": NODES},
+    }
+    kube = CountingKube(nodes, pods, [daemonset])
+    result = _diagnose_all(_context("v1.12.7", kube, CountingHelm()))
+    assert [n.status for n in result.nodes] == ["failed"] * NODES
+    assert kube.reads == {"list nodes": 1, "list pods": 1, "list daemonsets": 1}, kube.reads
+    for res, node in zip(result.nodes, nodes, strict=True):
+        assert [c.to_dict() for c in res.checks] == [_alone("v1.12.7", kube, node)], res.node
+    first, second, third = (result.nodes[i].checks[0].message for i in range(3))
+    assert "not Ready" in first and "ImagePullBackOff" in second
+    assert third == "the device plugin runs but the node advertises no GPUs"
+
+
+def test_gpu_operator_layer_reads_its_daemonsets_validator_pods_and_release_values_once() -> None:
+    """Talos 1.13 (the GPU Operator): every node's validator waits in driver-validation; the release has the
+    runbook's values, so each node gets the "node lacks the NVIDIA extensions" diagnosis."""
+    namespace = "gpu-operator"
+    nodes, pods = _fleet(namespace, {"app": "nvidia-device-plugin-daemonset"})
+    validator: Obj = {
+        "spec": {},
+        "status": {"initContainerStatuses": [{"name": "driver-validation", "state": {"running": {}}}]},
+    }
+    for name in _names():
+        pod = copy.deepcopy(validator)
+        pod["metadata"] = {
+            "name": f"{OPERATOR_VALIDATOR}-{name}",
+            "namespace": namespace,
+            "labels": {"app": OPERATOR_VALIDATOR},
+        }
+        pod["spec"]["nodeName"] = name
+        pods.append(pod)
+    plugin = {
+        "metadata": {
+            "name": "nvidia-device-plugin-daemonset",
+            "namespace": namespace,
+            "labels": {"app": "nvidia-device-plugin-daemonset"},
+        },
+        "status": {"desiredNumberScheduled": NODES},
+    }
+    kube = CountingKube(nodes, pods, [plugin])
+    helm = CountingHelm()
+    ctx = _context("v1.13.2", kube, helm)
+    assert ctx.plan.kubernetes_layer == "gpu-operator" and ctx.plan.helm.namespace == namespace
+    result = _diagnose_all(ctx)
+    # the plugin's pods, the validator's pods; the release's DaemonSets, the operator's device-plugin DaemonSet
+    assert kube.reads == {"list nodes": 1, "list pods": 2, "list daemonsets": 2}, kube.reads
+    assert helm.reads == 1
+    for res, node in zip(result.nodes, nodes, strict=True):
+        assert [c.to_dict() for c in res.checks] == [_alone("v1.13.2", kube, node)], res.node
+    assert "driver-validation" in result.nodes[2].checks[0].message
+
+
+def test_a_node_with_gpus_names_its_gfd_product_in_message_and_data() -> None:
+    """The GPU Feature Discovery label (``nvidia.com/gpu.product``) reaches the node's line and its data, and
+    a node with GPUs costs no diagnosis read."""
+    nodes, _pods = _fleet("kube-system", {})
+    for node in nodes:
+        node["status"]["allocatable"]["nvidia.com/gpu"] = "1"
+    nodes[0]["metadata"]["labels"]["nvidia.com/gpu.product"] = "NVIDIA-L4"
+    kube = CountingKube(nodes, [], [])
+    result = _diagnose_all(_context("v1.12.7", kube, CountingHelm()))
+    assert result.nodes[0].message == "1 allocatable nvidia.com/gpu (nvidia.com/gpu.product=NVIDIA-L4)"
+    assert result.nodes[0].data["gpu_product"] == "NVIDIA-L4"
+    assert (
+        result.nodes[1].message == "1 allocatable nvidia.com/gpu"
+        and "gpu_product" not in result.nodes[1].data
+    )
+    assert kube.reads == {"list nodes": 1}
