@@ -35,6 +35,8 @@ MANAGED_BY = {"app.kubernetes.io/managed-by": "talos-gpu-runbooks"}
 RUN_LABEL = "talos-gpu-runbooks/run-id"
 TEST_NAMESPACE = "default"
 _DNS_SAFE = re.compile(r"[^a-z0-9-]")
+#: Name prefixes of the NVIDIA kernel-module extensions, every track (facts §1.2).
+KMOD_EXTENSIONS = ("nvidia-open-gpu-kernel-modules", "nonfree-kmod-nvidia")
 
 
 @dataclass(frozen=True)
@@ -202,7 +204,7 @@ def extension_drivers(ctx: Context, nodes: list[Node]) -> tuple[dict[str, str], 
         if node.address in fan.errors:
             errors[node.name] = fan.errors[node.address]
         for ext in extensions_from_resources(by_address.get(node.address, [])):
-            if ext.name.startswith(("nvidia-open-gpu-kernel-modules", "nonfree-kmod-nvidia")):
+            if ext.name.startswith(KMOD_EXTENSIONS):
                 out[node.name] = ext.version.split("-", 1)[0]
     return out, errors
 
@@ -327,7 +329,27 @@ def _judge_smi(
             fix="use the same track for the kernel-module and toolkit extensions",
             evidence=log[-500:],
         )
+    if not node_driver:
+        message = f"{message}; {_not_compared(node_driver)}"
     return Check(title, True, message, evidence=log[:2000])
+
+
+def _not_compared(node_driver: str | None) -> str:
+    """Why nvidia-smi's driver was compared with nothing on a node whose extensions were read.
+
+    Not a failure: a Talos node can load an NVIDIA driver no kernel-module extension carries. The Talos
+    "NVIDIA GPU (Proprietary drivers)" guide before v1.4.8 copies the modules into a custom installer and
+    installs only the toolkit extension (siderolabs/talos
+    website/content/v1.4/talos-guides/configuration/nvidia-gpu-proprietary.md). But a pass must not read as a
+    matching driver, so the node's line says it.
+    """
+    if node_driver is None:
+        return (
+            "driver not compared: `talosctl get extensions` lists no NVIDIA kernel-module extension "
+            f"({'*, '.join(KMOD_EXTENSIONS)}*) on the node, so its driver came from elsewhere (e.g. a custom "
+            "installer with the modules built in)"
+        )
+    return "driver not compared: the node's NVIDIA kernel-module extension reports no driver version"
 
 
 #: Attempts at a log read the API server answers with a retryable error (5xx), and the pause before each retry.
