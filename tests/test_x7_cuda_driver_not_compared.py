@@ -6,8 +6,9 @@ Yes: the Talos "NVIDIA GPU (Proprietary drivers)" guide for releases before v1.4
 copies the modules (signed by that kernel) into a custom installer's ``/lib/modules``; only the toolkit is an
 extension, and the guide's own ``talosctl get extensions`` lists ``nvidia-container-toolkit`` alone while
 ``/proc/driver/nvidia/version`` shows the loaded driver (siderolabs/talos
-website/content/v1.4/talos-guides/configuration/nvidia-gpu-proprietary.md, "Building the installer image (Talos
-prior to v1.4.8)"). So such a node is not inconsistent by itself; the check passes on what the pod printed and
+website/content/v1.4/talos-guides/configuration/nvidia-gpu-proprietary.md at commit 0cdcb2e0, the docs branch,
+not a release tag: "Building the installer image (Talos prior to v1.4.8)"). Whether a later release can do the
+same (a user-built extension under another name, on a custom-built kernel) was not found in a source. So such a node is not inconsistent by itself; the check passes on what the pod printed and
 says that the driver was not compared, and why.
 """
 
