@@ -24,6 +24,7 @@ type layout struct {
 	Issuer                                                    string // service-account issuer and API audience
 	PKI                                                       pki
 	Kubeconfigs                                               map[string]string
+	TalosKubeconfig, TalosKubeconfigError                     string // admincert.go
 }
 
 func etcdComponent(l layout, p ports) component {

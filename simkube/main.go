@@ -31,7 +31,8 @@ type options struct {
 	Components   []string
 	Timeout      time.Duration
 	KubeletProxy string
-	Resume       bool // the state directory holds an earlier start's PKI, tokens and etcd data
+	ClusterName  string // the cluster's name in the Talos-shaped admin kubeconfig (admincert.go)
+	Resume       bool   // the state directory holds an earlier start's PKI, tokens and etcd data
 }
 
 type usageError struct{ msg string }
@@ -46,6 +47,7 @@ func parseOptions(args []string) (options, error) {
 	timeout := fs.Duration("timeout", 120*time.Second, "how long each component may take to become ready")
 	kubeletProxy := fs.String("kubelet-proxy-socket", "", "unix socket of an HTTP CONNECT proxy the API server "+
 		"reaches kubelets through (logs, exec), for simulated nodes whose addresses are not routable")
+	clusterName := fs.String("cluster-name", "simkube", "the cluster's name in the admin kubeconfig with Talos's structure")
 
 	if err := fs.Parse(args); err != nil {
 		return options{}, usageError{err.Error()}
@@ -53,6 +55,10 @@ func parseOptions(args []string) (options, error) {
 
 	if *state == "" || *bin == "" {
 		return options{}, usageError{"--state and --bin are required"}
+	}
+
+	if *clusterName == "" {
+		return options{}, usageError{"--cluster-name must not be empty (Talos's kubeconfig names its cluster)"}
 	}
 
 	resume, err := resumable(*state)
@@ -66,7 +72,7 @@ func parseOptions(args []string) (options, error) {
 
 	return options{
 		State: *state, Bin: *bin, Components: strings.Split(*comps, ","), Timeout: *timeout, KubeletProxy: *kubeletProxy,
-		Resume: resume,
+		ClusterName: *clusterName, Resume: resume,
 	}, nil
 }
 
@@ -112,6 +118,12 @@ func prepare(o options, p ports, issuer string) (layout, string, error) {
 		return layout{}, "", err
 	}
 
+	if l.TalosKubeconfig, err = writeTalosKubeconfig(state, server, o.ClusterName, l.PKI); errors.Is(err, errNoCAKey) {
+		l.TalosKubeconfigError = err.Error() + ": remove it for a new cluster"
+	} else if err != nil {
+		return layout{}, "", err
+	}
+
 	if o.KubeletProxy != "" {
 		l.EgressConfig = filepath.Join(state, "egress-selector-config.yaml")
 		if err := writeJSON(l.EgressConfig, egressSelectorConfiguration(o.KubeletProxy)); err != nil {
@@ -154,6 +166,10 @@ type ready struct {
 	Pids           map[string]int `json:"pids"`
 	Logs           string         `json:"logs"`
 	StartupSeconds float64        `json:"startup_seconds"`
+	// TalosKubeconfig is the admin kubeconfig with Talos's structure (a client certificate, admincert.go); ""
+	// with TalosKubeconfigError saying why when the state directory has no CA key to sign one.
+	TalosKubeconfig      string `json:"talos_kubeconfig"`
+	TalosKubeconfigError string `json:"talos_kubeconfig_error,omitempty"`
 }
 
 // validate checks the components and their binaries before anything is written, so bad input leaves no
@@ -216,7 +232,8 @@ func run(o options) error {
 	}
 
 	r := ready{Server: server, Kubeconfig: l.Kubeconfigs["admin"], Pids: sup.pids(), Logs: l.Logs,
-		StartupSeconds: time.Since(started).Seconds()}
+		StartupSeconds: time.Since(started).Seconds(), TalosKubeconfig: l.TalosKubeconfig,
+		TalosKubeconfigError: l.TalosKubeconfigError}
 
 	line, err := json.Marshal(r)
 	if err != nil {

@@ -20,15 +20,17 @@ import (
 
 // pki holds the paths of the files the control plane is started with. They are generated on a state
 // directory's first start and reused on every restart (as a real control plane keeps its CA and keys), so
-// clients keep trusting the API server and service-account tokens stay valid; nothing is rotated.
+// clients keep trusting the API server and service-account tokens stay valid; nothing is rotated. CAKey signs
+// the admin client certificate of the Talos-shaped kubeconfig (admincert.go); it is not in files(): a state
+// directory an earlier simkube wrote without it still resumes, only without that kubeconfig.
 type pki struct {
-	CACert, ServingCert, ServingKey, SAPublic, SAPrivate string
+	CACert, CAKey, ServingCert, ServingKey, SAPublic, SAPrivate string
 }
 
 // pkiPaths is where the files of the PKI in dir are.
 func pkiPaths(dir string) pki {
 	return pki{
-		CACert: filepath.Join(dir, "ca.crt"), ServingCert: filepath.Join(dir, "apiserver.crt"),
+		CACert: filepath.Join(dir, "ca.crt"), CAKey: filepath.Join(dir, "ca.key"), ServingCert: filepath.Join(dir, "apiserver.crt"),
 		ServingKey: filepath.Join(dir, "apiserver.key"), SAPublic: filepath.Join(dir, "sa.pub"),
 		SAPrivate: filepath.Join(dir, "sa.key"),
 	}
@@ -78,15 +80,20 @@ func writePKI(dir string) (pki, error) {
 		{p.SAPrivate, "RSA PRIVATE KEY", x509.MarshalPKCS1PrivateKey(saKey)},
 	}
 
-	servingKeyDER, err := x509.MarshalECPrivateKey(servingKey)
-	if err != nil {
-		return pki{}, err
-	}
+	for _, k := range []struct {
+		path string
+		key  *ecdsa.PrivateKey
+	}{{p.ServingKey, servingKey}, {p.CAKey, caKey}} {
+		der, err := x509.MarshalECPrivateKey(k.key)
+		if err != nil {
+			return pki{}, err
+		}
 
-	files = append(files, struct {
-		path, kind string
-		der        []byte
-	}{p.ServingKey, "EC PRIVATE KEY", servingKeyDER})
+		files = append(files, struct {
+			path, kind string
+			der        []byte
+		}{k.path, "EC PRIVATE KEY", der})
+	}
 
 	for _, f := range files {
 		if err := os.WriteFile(f.path, pem.EncodeToMemory(&pem.Block{Type: f.kind, Bytes: f.der}), 0o600); err != nil {

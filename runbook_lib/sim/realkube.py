@@ -39,7 +39,14 @@ from typing import Any
 
 from runbook_lib.sim import kwokstages, pidfile
 from runbook_lib.sim.realtalos import time_factor
-from runbook_lib.sim.state import atomic_write, load_cluster, load_nodes, sim_paths
+from runbook_lib.sim.state import (
+    atomic_write,
+    load_cluster,
+    load_nodes,
+    sim_paths,
+    talos_kubeconfig_error_path,
+    talos_kubeconfig_path,
+)
 
 MODE_ENV = "RUNBOOK_SIM_KUBE"
 MODULE = "runbook_lib.sim.realkube"
@@ -73,8 +80,44 @@ def simkube_key() -> str:
     return hashlib.sha256(listing.encode()).hexdigest()[:16]
 
 
+#: The Kubernetes release ``make kube-tools`` is asked to build for a minor whose version in the Talos profile
+#: (``state.KUBERNETES_FOR_TALOS``) it does not build: Talos 1.14 ships 1.37.0 (talos@v1.14.1
+#: pkg/machinery/constants/constants.go:381), and the Go module proxy lists v1.37.2 of k8s.io/kubernetes, not v1.37.0
+#: (/work/.library/env/packages/go-partial.tsv, 2026-11-25), so tools/build-kube.sh builds v1.37.2.
+BUILT_FOR_MINOR = {"1.37": "v1.37.2"}
+KUBE_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
+
+
+def kube_bin(kubernetes_version: str) -> Path:
+    """The cached control plane of exactly this release, else the newest cached patch of its minor release.
+
+    Why a patch may stand in: a Kubernetes patch release is the minor's release branch plus cherry-picked fixes
+    (kubernetes/sig-release release-engineering/versioning.md: "X.Y.Z, Z > 0 ... Patch releases are released as
+    we cherrypick commits into the release-X.Y branch"), so it serves the same API groups, versions and kinds as
+    the minor's .0, which is what the runbook and the clients meet. kube-apiserver reports its own patch
+    (``kubectl version``); the Nodes keep the profile's kubelet version."""
+    root = cache_root() / "kube"
+    exact = root / f"v{kubernetes_version.lstrip('v')}" / "bin"
+    if all((exact / b).is_file() for b in KUBE_BINARIES):
+        return exact
+    minor = ".".join(kubernetes_version.lstrip("v").split(".")[:2])
+    same = [
+        d / "bin"
+        for d in root.glob(f"v{minor}.*")
+        if d.name.rsplit(".", 1)[-1].isdigit() and all((d / "bin" / b).is_file() for b in KUBE_BINARIES)
+    ]
+    return max(same, key=lambda b: int(b.parent.name.rsplit(".", 1)[-1]), default=exact)
+
+
+def build_hint(kubernetes_version: str) -> str:
+    """What to run to build this release's control plane: ``KUBE_VERSIONS``, as the README and .ci/run say it."""
+    version = kubernetes_version.lstrip("v")
+    tag = BUILT_FOR_MINOR.get(".".join(version.split(".")[:2]), f"v{version}")
+    return f"make kube-tools KUBE_VERSIONS={tag}"
+
+
 def find_tools(kubernetes_version: str) -> Tools | str:
-    """The cached binaries for this Kubernetes release, or why they cannot be used (what to run)."""
+    """The cached binaries for this Kubernetes release (``kube_bin``), or why they cannot be used (what to run)."""
     cache = cache_root()
     kwok = cache / "kwok" / KWOK_VERSION
     clients = cache / "kube-clients" / CLIENTS_PACKAGE_VERSION / "bin"
@@ -82,19 +125,17 @@ def find_tools(kubernetes_version: str) -> Tools | str:
         simkube=cache / "simkube" / simkube_key() / "simkube"
         if (ROOT / "simkube").is_dir()
         else Path("/nonexistent"),
-        kube_bin=cache / "kube" / f"v{kubernetes_version.lstrip('v')}" / "bin",
+        kube_bin=kube_bin(kubernetes_version),
         kwok=kwok / "bin" / "kwok",
         stages=kwok / "stages.yaml",
         kubectl=clients / "kubectl",
         helm=clients / "helm",
     )
     wanted = [tools.simkube, tools.kwok, tools.stages, tools.kubectl, tools.helm]
-    wanted += [
-        tools.kube_bin / b for b in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
-    ]
+    wanted += [tools.kube_bin / b for b in KUBE_BINARIES]
     missing = [str(p) for p in wanted if not p.is_file()]
     if missing:
-        return f"not built: {', '.join(missing)} (make kube-tools KUBE_VERSION=v{kubernetes_version.lstrip('v')})"
+        return f"not built: {', '.join(missing)} ({build_hint(kubernetes_version)})"
     return tools
 
 
@@ -321,6 +362,8 @@ def _start_simkube(
             str(tools.kube_bin),
             "--kubelet-proxy-socket",
             str(kubelet_proxy),
+            "--cluster-name",
+            str(load_cluster(state_dir).get("name") or "simkube"),
         ],
         stdout=subprocess.PIPE,
         stderr=err,
@@ -373,6 +416,24 @@ def write_stages(state_dir: Path, tools: Tools) -> Path:
     return kwokstages.write(_paths(state_dir)["stages"], tools.stages, time_factor())
 
 
+def write_talos_kubeconfig(state_dir: Path, ready: dict[str, Any], url: str) -> None:
+    """The admin kubeconfig with Talos's structure (client certificate, no token) that simkube wrote, its server
+    the user's relay ``url``, at ``talos_kubeconfig_path`` (0600), where simnode hands it out to talosctl 1.14's
+    drain, which refuses the token one (talos@v1.14.1 pkg/kubeconfig/validate.go:29). Else why not, at
+    ``talos_kubeconfig_error_path`` (``realtalos.choose`` gives it as the reason), and no stale kubeconfig."""
+    path, why = talos_kubeconfig_path(state_dir), talos_kubeconfig_error_path(state_dir)
+    if not ready.get("talos_kubeconfig"):
+        path.unlink(missing_ok=True)
+        atomic_write(why, f"simkube: {ready.get('talos_kubeconfig_error') or 'no Talos-shaped kubeconfig'}\n")
+        return
+    config = json.loads(Path(ready["talos_kubeconfig"]).read_text())
+    for entry in config["clusters"]:
+        entry["cluster"]["server"] = url
+    atomic_write(path, json.dumps(config, indent=1))
+    path.chmod(0o600)
+    why.unlink(missing_ok=True)
+
+
 def _publish(state_dir: Path, info: dict[str, Any]) -> None:
     """``realkube.json`` (what ``start`` waits for) and ``kube``/``charts``/``charts_mirror`` in
     ``endpoints.json``."""
@@ -423,6 +484,7 @@ def _running(state_dir: Path, tools: Tools) -> Iterator[dict[str, Any]]:
         # simulated cluster's own components use simkube's, straight to kube-apiserver.
         relay = latencyproxy.serve_for_users(state_dir, Path(ready["kubeconfig"]), ready["server"])
         stack.callback(relay.stop)
+        write_talos_kubeconfig(state_dir, ready, relay.url)
         kubeconfig = Path(ready["kubeconfig"])
         core = nodeagent.api(kubeconfig)
         kubernetes = str(load_cluster(state_dir)["kubernetes_version"])

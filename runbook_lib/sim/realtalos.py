@@ -81,7 +81,8 @@ SIMNODE_RELEASES = ((1, 9), (1, 10), (1, 11), (1, 12), (1, 13), (1, 14))
 DEFAULT_CLIENT = {(1, 14): "v1.14.1"}
 #: Releases simnode serves that ``auto`` still leaves to the Python talosctl, and why (``real`` runs them). None
 #: since 1.14's control-plane node hands out a client-certificate kubeconfig talosctl 1.14's drain accepts
-#: (talos@v1.14.1 pkg/kubeconfig/validate.go:29; simnode -talos-kubeconfig, kubeapi/server.py write_talos_kubeconfig).
+#: (talos@v1.14.1 pkg/kubeconfig/validate.go:29; simnode -talos-kubeconfig, written by kubeapi/server.py
+#: write_talos_kubeconfig on the Python API and realkube.write_talos_kubeconfig on the real control plane).
 AUTO_PYTHON: dict[tuple[int, int], str] = {}
 
 
@@ -202,34 +203,26 @@ def choose(
     return Choice(True, f"real talosctl {talosctl.parent.name} against simnode", str(talosctl), str(simnode))
 
 
-#: Why talosctl 1.14+ cannot drain through the real control plane: its drain validates the kubeconfig the node hands
-#: out (cmd/talosctl/cmd/talos/kubeconfig.go:123) and refuses a user with a token (talos@v1.14.1
-#: pkg/kubeconfig/validate.go:29,149-176); simkube keeps no CA key, so only the token kubeconfig exists there.
-DRAIN_NEEDS_CLIENT_CERT = (
-    "talosctl 1.14's upgrade drain accepts only a kubeconfig with a client certificate (talos@v1.14.1 "
-    "pkg/kubeconfig/validate.go:29), which the real control plane here cannot issue (simkube keeps no CA key), so "
-    "the run would stop at the image step's drain after config-patch changed every node; RUNBOOK_SIM_KUBE=python "
-    "runs 1.14 nodes on the real talosctl"
-)
-
-
 def _drain_refused(talos_version: str, kube: str, state_dir: Path | None) -> str:
     """Why talosctl 1.14+'s upgrade drain would refuse the kubeconfig this Kubernetes side gives, or ``""``.
 
-    No Kubernetes (a test's ``daemon=False`` cluster) has nothing to drain through: nothing to refuse here.
+    talosctl 1.14's drain accepts only a kubeconfig with Talos's structure, a client certificate and no token
+    (talos@v1.14.1 pkg/kubeconfig/validate.go:29, cmd/talosctl/pkg/talos/kubeclient/kubeclient.go:30). Both sides
+    write one at ``talos_kubeconfig_path`` (the Python API with openssl, the real control plane's simkube with the
+    CA key it keeps), or why not beside it; without it the run would stop at the image step's drain after
+    config-patch changed every node. No Kubernetes (a test's ``daemon=False`` cluster) has nothing to drain through.
     """
     if minor_of(talos_version) < (1, 14) or kube == "none":
         return ""
-    if kube == "real":
-        return DRAIN_NEEDS_CLIENT_CERT
     if state_dir is None or talos_kubeconfig_path(state_dir).is_file():
         return ""
     try:
         why = talos_kubeconfig_error_path(state_dir).read_text(errors="replace").strip()
     except OSError:
         why = "no error was recorded"
+    side = "real control plane" if kube == "real" else "Python Kubernetes API"
     return (
-        f"the Python Kubernetes API wrote no {talos_kubeconfig_path(state_dir)}, the client-certificate kubeconfig "
+        f"the {side} wrote no {talos_kubeconfig_path(state_dir)}, the client-certificate kubeconfig "
         f"talosctl 1.14's upgrade drain needs ({why})"
     )
 

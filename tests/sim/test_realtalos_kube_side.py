@@ -1,9 +1,10 @@
 """Which talosctl runs Talos 1.14 nodes depends on the Kubernetes side: talosctl 1.14's upgrade drain accepts only a
 kubeconfig with Talos's structure, a client certificate and no token (talos@v1.14.1 pkg/kubeconfig/validate.go:29,
-149-176, checked by cmd/talosctl/cmd/talos/kubeconfig.go:123). Only the Python Kubernetes API can issue one
-(kubeapi/server.py write_talos_kubeconfig); the real control plane's simkube throws away its CA key, so simnode keeps
-handing out its token kubeconfig, which talosctl 1.14 refuses at the drain, after config-patch has changed every
-node (half-applied). So ``auto`` keeps the Python talosctl there, and for a Python API that could not write it.
+149-176, checked by cmd/talosctl/cmd/talos/kubeconfig.go:123). Both sides write one at ``talos_kubeconfig_path``: the
+Python Kubernetes API (kubeapi/server.py write_talos_kubeconfig) and the real control plane (simkube signs it with
+the CA key it keeps, realkube.write_talos_kubeconfig). Where a side wrote none, simnode would hand out the token
+kubeconfig, which talosctl 1.14 refuses at the drain after config-patch has changed every node (half-applied), so
+``auto`` keeps the Python talosctl there, saying why, and ``real`` refuses before anything starts.
 
 Fast: stand-in executables in a temporary tools cache, as tests/sim/test_realtalos.py; nothing runs.
 """
@@ -36,27 +37,33 @@ def _talos_kubeconfig(state: Path) -> None:
     path.write_text("apiVersion: v1\nkind: Config\n")
 
 
-def test_talos_1_14_on_the_real_control_plane_keeps_the_python_talosctl_saying_why(tools: Path) -> None:
-    choice = realtalos.choose("v1.14.0", None, "fresh", kube="real")
-    assert not choice.real
-    assert choice.reason.startswith("Python talosctl: talosctl 1.14's upgrade drain accepts only"), (
-        choice.reason
+@pytest.mark.parametrize("kube", ["real", "python"])
+def test_talos_1_14_on_a_kubernetes_side_that_wrote_its_talos_kubeconfig_runs_the_real_talosctl(
+    tools: Path, tmp_path: Path, kube: str
+) -> None:
+    _talos_kubeconfig(tmp_path)
+    choice = realtalos.choose("v1.14.0", None, "fresh", kube=kube, state_dir=tmp_path)
+    assert choice.real and choice.reason == "real talosctl v1.14.1 against simnode", choice.reason
+
+
+def test_talos_1_14_on_a_real_control_plane_that_wrote_no_talos_kubeconfig_keeps_the_python_talosctl_saying_why(
+    tools: Path, tmp_path: Path
+) -> None:
+    """A state dir an older simkube wrote has no CA key to sign the admin certificate: simkube's reason, as
+    realkube.write_talos_kubeconfig records it, reaches ``sim status``, with what to do."""
+    realkube.write_talos_kubeconfig(
+        tmp_path, {"talos_kubeconfig": "", "talos_kubeconfig_error": "no CA key: remove it"}, "https://x:1"
     )
-    assert "real control plane" in choice.reason and "RUNBOOK_SIM_KUBE=python" in choice.reason
+    choice = realtalos.choose("v1.14.0", None, "fresh", kube="real", state_dir=tmp_path)
+    assert not choice.real
+    assert choice.reason.startswith("Python talosctl: the real control plane wrote no "), choice.reason
+    assert "simkube: no CA key: remove it" in choice.reason, choice.reason
 
 
 def test_talos_1_13_on_the_real_control_plane_still_runs_the_real_talosctl(tools: Path) -> None:
     """talosctl 1.13's drain takes the token kubeconfig (it has no such validation)."""
     choice = realtalos.choose("v1.13.2", None, "fresh", kube="real")
     assert choice.real and choice.reason == "real talosctl v1.13.0 against simnode", choice.reason
-
-
-def test_talos_1_14_on_the_python_api_with_its_talos_kubeconfig_runs_the_real_talosctl(
-    tools: Path, tmp_path: Path
-) -> None:
-    _talos_kubeconfig(tmp_path)
-    choice = realtalos.choose("v1.14.0", None, "fresh", kube="python", state_dir=tmp_path)
-    assert choice.real and choice.reason == "real talosctl v1.14.1 against simnode", choice.reason
 
 
 def test_talos_1_14_whose_python_api_wrote_no_talos_kubeconfig_keeps_the_python_talosctl_with_openssls_error(
@@ -72,14 +79,14 @@ def test_talos_1_14_whose_python_api_wrote_no_talos_kubeconfig_keeps_the_python_
     assert "req: Unrecognized flag CA" in choice.reason, choice.reason
 
 
-def test_real_mode_refuses_talos_1_14_on_the_real_control_plane_before_anything_starts(
-    tools: Path, monkeypatch: pytest.MonkeyPatch
+def test_real_mode_refuses_talos_1_14_on_a_real_control_plane_without_its_talos_kubeconfig_before_anything_starts(
+    tools: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(realtalos.MODE_ENV, "real")
     with pytest.raises(
-        realtalos.RealTalosError, match=r"RUNBOOK_SIM_TALOSCTL=real: talosctl 1.14's upgrade drain"
+        realtalos.RealTalosError, match=r"RUNBOOK_SIM_TALOSCTL=real: the real control plane wrote no"
     ):
-        realtalos.choose("v1.14.0", None, "fresh", kube="real")
+        realtalos.choose("v1.14.0", None, "fresh", kube="real", state_dir=tmp_path)
 
 
 def test_start_talos_tells_choose_which_kubernetes_side_runs(
