@@ -324,8 +324,10 @@ def describe(state_dir: Path) -> str:
     except (OSError, ValueError):
         return f"real control plane starting (supervisor pid {pid})"
     alive = [name for name, p in info.get("components", {}).items() if pidfile.start_time(int(p)) is not None]
+    built = kube_bin(str(kubernetes)).parent.name
+    patch = f" on its patch release {built}" if built != f"v{kubernetes}" else ""
     return (
-        f"real control plane v{kubernetes} (supervisor pid {pid}: {', '.join(alive) or 'no component running'}; "
+        f"real control plane v{kubernetes}{patch} (supervisor pid {pid}: {', '.join(alive) or 'no component running'}; "
         f"kwok {KWOK_VERSION}; GPU node agent; simulated GPU Operator v26.3.3 controller for the gpu-operator "
         f"chart; kubectl 1.35.2 and helm 4.1.4 in bin/; logs in {_paths(state_dir)['logs']})"
     )

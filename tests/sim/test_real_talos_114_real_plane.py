@@ -80,6 +80,20 @@ def test_the_built_patch_of_talos_1_14_s_kubernetes_minor_stands_in_for_1_37_0(
     assert realkube.kube_bin("1.38.0") == tmp_path / "kube" / "v1.38.0" / "bin"
 
 
+def test_sim_status_says_which_patch_release_runs_the_control_plane(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``runbook sim status`` names the profile's release and the patch that runs it, so a user reading v1.37.0
+    there is not surprised by ``kubectl version`` answering v1.37.2."""
+    monkeypatch.setenv("RUNBOOK_TOOLS_CACHE", str(tmp_path / "cache"))
+    _plane_cache(tmp_path / "cache", "v1.37.2")
+    state = tmp_path / "state"
+    cluster.create(state, cluster.ClusterSpec(workers=1, talos_version=TALOS))
+    (state / "realkube.json").write_text('{"components": {}}')
+    monkeypatch.setattr(realkube, "supervisor_pid", lambda _state: 4242)
+    assert realkube.describe(state).startswith("real control plane v1.37.0 on its patch release v1.37.2 (")
+
+
 @pytest.mark.parametrize(("kubernetes", "hint"), [(KUBERNETES, "v1.37.2"), ("1.36.0", "v1.36.0")])
 def test_an_unbuilt_plane_names_the_makefile_variable_and_the_release_it_builds(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kubernetes: str, hint: str
