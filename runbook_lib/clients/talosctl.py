@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import re
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import TypeVar
 
 from runbook_lib.errors import PermanentError
 from runbook_lib.model.parsers import ServiceStatus, TalosResource, parse_services_by_node, parse_talosctl_get
@@ -48,6 +49,7 @@ GET_CALLS = 4
 #: 2 ms latency), and a process costs ~25 ms of CPU, so chunks under ~32 nodes spend more on processes than
 #: they save in sequence (100 nodes: chunks of 32 0.21 s, of 8 0.36 s, one call 0.36 s).
 MIN_GET_CHUNK = 32
+_Out = TypeVar("_Out")
 _MULTIERROR_HEAD = re.compile(r"^\d+ errors? occurred:$")
 _NESTED_MULTIERROR_HEAD = re.compile(r"(?:^|\s)\d+ errors? occurred:$")
 
@@ -321,9 +323,7 @@ class Talosctl:
         Resource outputs are not journalled (a machine config is full of keys; 1,000 nodes of extensions
         would bloat the record); the argv and exit code are.
         """
-        args = ["get", resource, "-o", "json"]
-        if namespace:
-            args += ["--namespace", namespace]
+        args = _get_args(resource, namespace)
         fan = FanOut()
         size = min(self.chunk_size, get_chunk_size(len(nodes)))
         for part in concurrently(
@@ -331,6 +331,26 @@ class Talosctl:
         ):
             fan.add(part)
         return fan
+
+    def get_call(self, resource: str, nodes: Sequence[str]) -> FanOut:
+        """``get <resource>`` over ``nodes`` as ONE call (no chunking): for a caller that already works per
+        chunk (:meth:`pipeline`).  A failed call is resolved per node as in :meth:`get`."""
+        return self._get_chunk(_get_args(resource, None), list(nodes))
+
+    def pipeline(self, nodes: Sequence[str], stage: Callable[[list[str]], _Out]) -> list[_Out]:
+        """``stage`` over the chunks a patch of ``nodes`` is split into (:func:`patch_chunk_size`), at most
+        ``parallel`` chunks at once; results in chunk order.
+
+        Why: the config-patch dry run needs each node's config before it can dry-run that node's patch.  Reading
+        the whole fleet first and dry-running it afterwards puts the slowest read chunk, all the planning and the
+        slowest dry-run chunk one after the other; per chunk (read, plan, dry run) the chunks overlap each other,
+        which is what the fastest direct use of talosctl does (``benchmarks/bench_real_talosctl.py``, the patch
+        floor: ``get machineconfig`` then ``patch --dry-run`` per chunk, all chunks at once).  A stage that runs
+        one talosctl process at a time keeps the ``parallel`` bound on processes (the config-patch stage does,
+        except while it resolves a failed read node by node).
+        """
+        size = min(self.chunk_size, patch_chunk_size(len(nodes), self.parallel))
+        return concurrently(stage, [c for c in chunks(list(nodes), size) if c], self.parallel)
 
     def _get_chunk(self, args: list[str], group: list[str]) -> FanOut:
         """One ``get`` call over ``group``; when it fails, which of its nodes failed.
@@ -481,6 +501,7 @@ class Talosctl:
         dry_run: bool,
         mode: str | None = None,
         timeout: float = 300.0,
+        split: bool = True,
     ) -> list[PatchResult]:
         """Several patches (each with its nodes) at once; one :class:`PatchResult` per patch, in order.
 
@@ -495,10 +516,13 @@ class Talosctl:
         only), which is what a batch means; :meth:`PatchCall.outcome` tells patched, failed and untouched
         nodes apart.  Each chunk is its own journal entry with its full argv and the patch as its diff.
 
+        ``split=False``: each patch's nodes as one call, the patches one after the other (one process at a
+        time): for a caller that already runs one chunk per thread (:meth:`pipeline`).
+
         ``@file`` works on every talosctl (bare file names only from 1.12).
         """
         total = sum(len(nodes) for _patch, nodes in patches)
-        size = min(self.chunk_size, patch_chunk_size(total, self.parallel))
+        size = min(self.chunk_size, patch_chunk_size(total, self.parallel) if split else max(1, total))
         with tempfile.TemporaryDirectory(prefix="runbook-patch-") as tmp:
             jobs: list[tuple[int, list[str], list[str], str]] = []
             for index, (patch_yaml, nodes) in enumerate(patches):
@@ -516,7 +540,7 @@ class Talosctl:
                     job[1], job[2], timeout=timeout, changes_cluster=not dry_run, diff=job[3]
                 ),
                 jobs,
-                self.parallel,
+                self.parallel if split else 1,
             )
         calls: list[list[PatchCall]] = [[] for _ in patches]
         for (index, _args, group, _patch), result in zip(jobs, results, strict=True):
@@ -569,6 +593,10 @@ def upgrade_flags(image: str, *, preserve: bool, legacy: bool = False) -> list[s
     for such clients (``steps.image_risks``).
     """
     return ["--image", image, *(["--preserve"] if preserve else []), *(["--legacy"] if legacy else [])]
+
+
+def _get_args(resource: str, namespace: str | None) -> list[str]:
+    return ["get", resource, "-o", "json", *(["--namespace", namespace] if namespace else [])]
 
 
 def _lines_by_node(stdout: str, nodes: Sequence[str]) -> dict[str, str]:

@@ -6,9 +6,10 @@ thing, so nodes with an identical remaining patch share one ``talosctl patch mc 
 second run finds nothing missing and changes nothing, so a re-run after a failed rollout changes only the
 nodes it did not reach.  Applying goes in the batches of the ``rollout`` schedule (a canary, then batches
 growing to ``rollout_concurrency``, optionally paused, see ``model/rollout.py``) and stops starting batches
-once the failure budget is used up (default: the first failure).  Within a batch (and for the
-dry run) the nodes are patched concurrently, in small chunk calls (``Talosctl.patch_machineconfigs``),
-because talosctl patches the nodes of one ``-n a,b,c`` call one after the other.
+once the failure budget is used up (default: the first failure).  Within a batch the nodes are patched
+concurrently, in small chunk calls (``Talosctl.patch_machineconfigs``), because talosctl patches the nodes of
+one ``-n a,b,c`` call one after the other; the plan reads, plans and dry-runs the same chunks one chunk at a
+time, the chunks side by side (``patch_plan``).
 """
 
 from __future__ import annotations
@@ -17,35 +18,35 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from runbook_lib.model.machineconfig import FileConflict, config_documents, contains, remaining_patch
+from runbook_lib.model.machineconfig import contains
 from runbook_lib.model.params import Node
 from runbook_lib.model.parsers import extension_versions, extensions_from_resources
-from runbook_lib.model.profiles import render_documents
 from runbook_lib.model.redact import redact
-from runbook_lib.model.rollback import sysctls_before
 from runbook_lib.model.rollout import Schedule, schedule
 
-from . import fixes
 from .context import Context
 from .events import Events
+from .patch_plan import (
+    configs_of,
+    plan_and_dry_run,
+    wanted_documents,
+)
 from .results import Check, NodeResult, StepResult
 
+#: ``wanted_documents`` moved to ``patch_plan`` and is still imported from here (preflight, tests).
+__all__ = [
+    "Progress",
+    "config_patch",
+    "log_batch",
+    "nodes_with_nvidia_runtime",
+    "pause_before",
+    "read_configs",
+    "rollout_schedule",
+    "wait_for_nodes",
+    "wanted_documents",
+]
+
 Progress = Callable[[int, int], None]
-#: The MachineConfig resource talosctl patch acts on (``config.ActiveID``).
-ACTIVE_CONFIG_ID = "v1alpha1"
-
-
-def wanted_documents(ctx: Context, node: Node, *, default_runtime: bool = True) -> list[dict[str, Any]]:
-    """The patch documents the node should carry; ``default_runtime`` False leaves out the default-runtime
-    patch (see :func:`nodes_with_nvidia_runtime`)."""
-    profile = ctx.params.profile(node)
-    images = (
-        profile.install_extension_images() if profile.extension_delivery == "install-extensions" else None
-    )
-    docs = profile.machine_config_patch_documents(install_images=images)
-    if ctx.params.default_runtime_patch and default_runtime:
-        docs += profile.default_runtime_documents()
-    return docs
 
 
 def nodes_with_nvidia_runtime(ctx: Context, nodes: list[Node]) -> set[str]:
@@ -75,15 +76,7 @@ def nodes_with_nvidia_runtime(ctx: Context, nodes: list[Node]) -> set[str]:
 
 def read_configs(ctx: Context, nodes: list[Node]) -> tuple[dict[str, list[dict[str, Any]]], dict[str, str]]:
     """Current machine config documents per node address, plus per-node read errors (one fan-out call)."""
-    fan = ctx.talosctl.get("machineconfig", [n.address for n in nodes])
-    configs: dict[str, list[dict[str, Any]]] = {}
-    for node, resources in fan.by_node().items():
-        docs: list[dict[str, Any]] = []
-        # Real nodes also expose the "persistent" (and "maintenance") config; patches apply to the active one.
-        for resource in [r for r in resources if r.id == ACTIVE_CONFIG_ID] or resources:
-            docs += config_documents(resource.spec_text if resource.spec_text is not None else resource.spec)
-        configs[node] = docs
-    return configs, fan.errors
+    return configs_of(ctx.talosctl.get("machineconfig", [n.address for n in nodes]))
 
 
 def config_patch(
@@ -97,40 +90,9 @@ def config_patch(
     do_apply = ctx.apply if apply is None else apply
     nodes = ctx.nodes(only)
     result = StepResult(step="config-patch", applied=do_apply)
-    configs, errors = read_configs(ctx, nodes)
-    runtime_ready = nodes_with_nvidia_runtime(ctx, nodes)
-    by_address: dict[str, NodeResult] = {}
-    groups: dict[str, list[Node]] = {}
-    for node in nodes:
-        res = NodeResult(node=node.name, address=node.address)
-        by_address[node.address] = res
-        result.nodes.append(res)
-        if node.address in errors or node.address not in configs:
-            res.status = "failed"
-            res.message = f"cannot read the machine config: {errors.get(node.address, 'no answer')}"
-            res.checks.append(
-                Check("machine config readable", False, res.message, fix=_unreachable_fix(node))
-            )
-            continue
-        try:
-            if node.address not in runtime_ready:
-                res.data["default_runtime_deferred"] = True
-            wanted = wanted_documents(ctx, node, default_runtime=node.address in runtime_ready)
-            remaining = remaining_patch(wanted, configs[node.address])
-        except FileConflict as exc:
-            res.status = "failed"
-            res.message = str(exc)
-            res.checks.append(Check("default-runtime file", False, str(exc)))
-            continue
-        if not remaining:
-            res.status = "unchanged"
-            res.message = "the machine config already contains the patch"
-            continue
-        res.status = "planned"
-        replaced = sysctls_before(remaining, configs[node.address])
-        if replaced:  # what the rollback step sets back (model/rollback.py)
-            res.data["sysctls_before"] = replaced
-        groups.setdefault(render_documents(remaining), []).append(node)
+    plan = plan_and_dry_run(ctx, nodes, nodes_with_nvidia_runtime(ctx, nodes))
+    by_address, groups = plan.results, plan.groups
+    result.nodes = [by_address[n.address] for n in nodes]
 
     deferred = [n.name for n in nodes if by_address[n.address].data.get("default_runtime_deferred")]
     if deferred:
@@ -141,11 +103,9 @@ def config_patch(
             "applies it right after the upgrade"
         )
     result.data["groups"] = []
-    # Every group's dry run at once: the groups are independent and a dry run changes nothing.
-    dry_runs = ctx.talosctl.patch_machineconfigs(
-        [(patch_yaml, [n.address for n in members]) for patch_yaml, members in groups.items()], dry_run=True
-    )
-    for index, ((patch_yaml, members), dry) in enumerate(zip(groups.items(), dry_runs, strict=True)):
+    for index, ((patch_yaml, members), dry) in enumerate(
+        zip(groups.items(), plan.dry_runs.values(), strict=True)
+    ):
         # A refused dry run fails the whole group, as one call over the group would: the group shares one
         # patch, so what one node refuses is not applied to its siblings either.
         group_errors = dry.outcomes()[0] if not dry.ok else {}
@@ -166,12 +126,12 @@ def config_patch(
         for node in members
         if by_address[node.address].status == "planned"
     ]
-    plan = rollout_schedule(ctx, result, [node.name for _patch, node in todo])
+    batches = rollout_schedule(ctx, result, [node.name for _patch, node in todo])
     if not do_apply:
         result.notes.append("plan only (apply is off): nothing was changed")
         return result.finish()
 
-    _apply_in_batches(ctx, result, plan, todo, by_address, progress=progress)
+    _apply_in_batches(ctx, result, batches, todo, by_address, progress=progress)
     return result.finish()
 
 
@@ -337,9 +297,3 @@ def _confirm(ctx: Context, result: StepResult, by_address: dict[str, NodeResult]
         if not ok:
             res.status = "failed"
             res.message = message
-
-
-def _unreachable_fix(node: Node) -> str:
-    return "a node that is rebooting answers again after a few minutes; otherwise " + fixes.unreachable(
-        node.address, "config-patch"
-    )
