@@ -23,7 +23,7 @@ from runbook_lib.errors import ParametersInvalid
 from runbook_lib.model.machineconfig import remaining_patch
 from runbook_lib.model.params import Node, load_params
 from runbook_lib.notebook.render import render_markdown
-from runbook_lib.steps import patch as patch_step
+from runbook_lib.steps import patch_plan
 from runbook_lib.steps.context import Context
 from runbook_lib.steps.patch import config_patch, read_configs
 from tests.simcluster import runs_real_talosctl, sim_cluster
@@ -77,7 +77,7 @@ def test_a_misspelt_key_is_refused_by_the_real_talosctl_on_each_nodes_line(
 ) -> None:
     """``apply: true``: the dry run is refused, so each node's line names it with talosctl's own text (the
     misspelt key included) and nothing is applied: no change command runs, the configs stay as they were."""
-    monkeypatch.setattr(patch_step, "remaining_patch", _misspelt)
+    monkeypatch.setattr(patch_plan, "remaining_patch", _misspelt)
     with sim_cluster(tmp_path, daemon=False, apply=True, rollout_concurrency=2) as (params, ctx):
         if not runs_real_talosctl(tmp_path):
             pytest.skip("the real talosctl is not built (make tools)")
