@@ -120,34 +120,16 @@ def cuda_test(
     do_apply = ctx.apply if apply is None else apply
     result = StepResult(step="cuda-test", applied=do_apply)
     if not do_apply:
-        # Deterministic (no run id): the approval gate compares this plan with a fresh one before applying.
-        kinds = sorted({p.kind for p in build_pods(ctx, nodes[:1], "plan")})
-        for node in nodes:
-            result.nodes.append(
-                NodeResult(
-                    node.name, node.address, status="planned", message="would run pods: " + ", ".join(kinds)
-                )
-            )
-        result.notes.append("plan only (apply is off): no test pod was created")
-        return result.finish()
+        return _plan_only(ctx, nodes, result)
     run_id = run_id or secrets.token_hex(3)
     result.data["run_id"] = run_id
-    unread: dict[str, str] = {}
-    if node_drivers is None:
-        node_drivers, unread = extension_drivers(ctx, nodes)
+    drivers, unread = extension_drivers(ctx, nodes) if node_drivers is None else (node_drivers, {})
     pods = build_pods(ctx, nodes, run_id)
-    kube = ctx.kube
     attempted: list[TestPod] = []
-
-    def create(pod: TestPod) -> None:
-        attempted.append(pod)  # before the call: a pod whose creation was cut short may still exist
-        kube.create_pod(TEST_NAMESPACE, pod.manifest)
-
     try:
-        kube.each(create, pods)
+        _create_pods(ctx, pods, attempted)
         finished = _wait(ctx, run_id, {p.name for p in pods}, ctx.params.cuda_test.timeout_seconds, progress)
-        drivers = node_drivers or {}
-        checks = kube.each(
+        checks = ctx.kube.each(
             lambda pod: _judge(
                 ctx,
                 pod,
@@ -157,16 +139,48 @@ def cuda_test(
             ),
             pods,
         )
-        by_node: dict[str, NodeResult] = {n.name: NodeResult(node=n.name, address=n.address) for n in nodes}
-        for pod, check in zip(pods, checks, strict=True):
-            by_node[pod.node.name].checks.append(check)
-        for res in by_node.values():
-            res.status = "ok" if all(c.ok for c in res.checks) else "failed"
-            res.message = "; ".join(c.message for c in res.checks if not c.ok) or res.checks[0].message
-            result.nodes.append(res)
+        result.nodes += _node_results(nodes, pods, checks)
     finally:
         _delete_pods(ctx, attempted, result)
     return result.finish()
+
+
+def _plan_only(ctx: Context, nodes: list[Node], result: StepResult) -> StepResult:
+    """The pods each node would run, with no pod created: the pods pull images and run on the GPU nodes, so
+    they wait for approval like every change. Deterministic (no run id): the approval gate compares this plan
+    with a fresh one before applying."""
+    kinds = sorted({p.kind for p in build_pods(ctx, nodes[:1], "plan")})
+    for node in nodes:
+        result.nodes.append(
+            NodeResult(
+                node.name, node.address, status="planned", message="would run pods: " + ", ".join(kinds)
+            )
+        )
+    result.notes.append("plan only (apply is off): no test pod was created")
+    return result.finish()
+
+
+def _create_pods(ctx: Context, pods: list[TestPod], attempted: list[TestPod]) -> None:
+    """Create the pods concurrently, each one listed in ``attempted`` before its call: a pod whose creation
+    was cut short (an error, Ctrl-C) may still exist, and the caller deletes every pod listed there."""
+
+    def create(pod: TestPod) -> None:
+        attempted.append(pod)
+        ctx.kube.create_pod(TEST_NAMESPACE, pod.manifest)
+
+    ctx.kube.each(create, pods)
+
+
+def _node_results(nodes: list[Node], pods: list[TestPod], checks: list[Check]) -> list[NodeResult]:
+    """One result per node from its pods' checks: ok when all passed; the failures' messages, else the first
+    check's, as the node's line."""
+    by_node = {n.name: NodeResult(node=n.name, address=n.address) for n in nodes}
+    for pod, check in zip(pods, checks, strict=True):
+        by_node[pod.node.name].checks.append(check)
+    for res in by_node.values():
+        res.status = "ok" if all(c.ok for c in res.checks) else "failed"
+        res.message = "; ".join(c.message for c in res.checks if not c.ok) or res.checks[0].message
+    return list(by_node.values())
 
 
 def _delete_pods(ctx: Context, pods: list[TestPod], result: StepResult) -> None:
