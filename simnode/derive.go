@@ -73,7 +73,9 @@ func (d derived) waiting() []string {
 }
 
 func deriveState(img ImageSpec, cfg config.Provider, base []ServiceSpec, now time.Time) derived {
-	d := derived{extensions: img.Extensions, services: slices.Clone(base)}
+	var p pids
+
+	d := derived{extensions: img.Extensions, services: bootServices(base, now, &p)}
 
 	if i := slices.IndexFunc(img.Extensions, func(e ExtensionSpec) bool { return isKmodExtension(e.Name) }); i >= 0 {
 		wanted := configModules(cfg)
@@ -92,7 +94,7 @@ func deriveState(img ImageSpec, cfg config.Provider, base []ServiceSpec, now tim
 	}
 
 	if slices.ContainsFunc(img.Extensions, func(e ExtensionSpec) bool { return isToolkitExtension(e.Name) }) {
-		d.services = append(d.services, toolkitServices(d.driverBound(), atLeast(img.TalosVersion, 1, 13), now)...)
+		d.services = append(d.services, toolkitServices(d.driverBound(), atLeast(img.TalosVersion, 1, 13), now, &p)...)
 	}
 
 	return d
@@ -154,13 +156,13 @@ func driverVersion(kmod ExtensionSpec) string {
 	return "NVRM version: NVIDIA UNIX x86_64 Kernel Module  " + drv + "  Thu Oct 30 06:09:39 UTC 2025\nGCC version:  gcc version 14.2.0 (GCC) \n"
 }
 
-func toolkitServices(bound, withCDIGen bool, now time.Time) []ServiceSpec {
+func toolkitServices(bound, withCDIGen bool, now time.Time, p *pids) []ServiceSpec {
 	pers := ServiceSpec{ID: persistenced, State: "Waiting", LastMessage: ""}
 	pers.Events = []EventSpec{{Msg: fmt.Sprintf("Waiting for file %q to exist", nvidiaDriverFS), State: "Waiting", Ts: now}}
 
-	if bound { // runner/containerd/containerd.go:224 (the PID is ours)
+	if bound { // runner/containerd/containerd.go:224 (the PID is ours: services.go pids)
 		pers.State = "Running"
-		pers.Events = append(pers.Events, EventSpec{Msg: "Started task ext-nvidia-persistenced (PID 0) for container ext-nvidia-persistenced", State: "Running", Ts: now})
+		pers.Events = append(pers.Events, EventSpec{Msg: startedTask(persistenced, p.take()), State: "Running", Ts: now})
 	}
 
 	out := []ServiceSpec{pers}

@@ -41,9 +41,9 @@ func (s *machineServer) Version(context.Context, *emptypb.Empty) (*machine.Versi
 }
 
 // ServiceList answers like machined (same file, :707-719) with ServiceRunner.AsProto's fields
-// (talos@v1.12.0:internal/app/machined/pkg/system/service_runner.go:377-387).
+// (talos@v1.12.0:internal/app/machined/pkg/system/service_runner.go:377-387), sorted by ID (byID).
 func (s *machineServer) ServiceList(context.Context, *emptypb.Empty) (*machine.ServiceListResponse, error) {
-	current := s.node.currentServices()
+	current := byID(s.node.currentServices())
 	services := make([]*machine.ServiceInfo, 0, len(current))
 
 	for _, svc := range current {

@@ -222,7 +222,9 @@ func createMachineConfig(ctx context.Context, st state.State, n *NodeSpec) error
 }
 
 // createPlatformMetadata: the single "platformmetadata" resource, owned by the controller that writes it
-// (talos@v1.12.0:internal/app/machined/pkg/controllers/network/platform_config_apply.go:33,399-408).
+// (talos@v1.12.0:internal/app/machined/pkg/controllers/network/platform_config_apply.go:33,399-408; before
+// 1.12 PlatformConfigController, talos@v1.9.0 to v1.11.0 .../network/platform_config.go Name and :112,518 at
+// v1.11.0).
 func createPlatformMetadata(ctx context.Context, st state.State, n *NodeSpec) error {
 	if n.PlatformMetadata == nil {
 		return nil
@@ -231,7 +233,12 @@ func createPlatformMetadata(ctx context.Context, st state.State, n *NodeSpec) er
 	res := runtime.NewPlatformMetadataSpec(runtime.NamespaceName, runtime.PlatformMetadataID)
 	*res.TypedSpec() = *n.PlatformMetadata
 
-	return st.Create(ctx, res, state.WithCreateOwner("network.PlatformConfigApplyController"))
+	owner := "network.PlatformConfigApplyController"
+	if !atLeast(n.TalosVersion, 1, 12) {
+		owner = "network.PlatformConfigController"
+	}
+
+	return st.Create(ctx, res, state.WithCreateOwner(owner))
 }
 
 // createPCIDevices: one PCIDevice per device, ID = PCI address

@@ -40,6 +40,7 @@ from runbook_lib.sim.realfaults import down_kind, extension_faults, fault_fields
 from runbook_lib.sim.state import (
     BASE_SERVICES_WORKER,
     TOOLKIT_PREFIX,
+    UNCHECKED_SERVICES,
     VANILLA_SCHEMATIC,
     InstalledExtension,
     SimNode,
@@ -307,11 +308,31 @@ def node_entry(node: SimNode, latency_ms: float) -> dict[str, Any]:
         "talos_version": node.talos_version,
         "image": installed_image(node),
         "machine_config": yaml.safe_dump_all(node.machine_config, sort_keys=False),
-        "services": [{"id": s, "state": "Running", "healthy": True} for s in BASE_SERVICES_WORKER],
-        "platform_metadata": {"platform": node.platform, "hostname": node.name},
+        "services": [_base_service(s) for s in BASE_SERVICES_WORKER],
+        "platform_metadata": _platform_metadata(node),
         "pci_devices": _pci_devices(node),
         "reboot_ms": REBOOT_MS,
     } | fault_fields(node, latency_ms)
+
+
+def _base_service(service: str) -> dict[str, Any]:
+    """A base service running since boot; ``healthy`` only where it has a health check (``UNCHECKED_SERVICES``):
+    simnode derives machined's events from it (simnode/services.go)."""
+    if service in UNCHECKED_SERVICES:
+        return {"id": service, "state": "Running"}
+    return {"id": service, "state": "Running", "healthy": True}
+
+
+def _platform_metadata(node: SimNode) -> dict[str, Any]:
+    """What the node's platform reports. Metal reports a hostname only from ``talos.hostname=`` on the kernel
+    cmdline (talos@v1.12.0 internal/app/machined/pkg/runtime/v1alpha1/platform/metal/metal.go:194-196), which
+    the simulated nodes do not have; the Kubernetes node name talosctl's drain looks up is the Nodename resource's
+    (talos@v1.13.0 cmd/talosctl/pkg/talos/nodedrain/nodedrain.go:47-62), which simnode gives the node's name
+    (simnode/kubeconfig.go). Other platforms keep the node's name as their hostname (not checked against a
+    source: their metadata is not simulated further)."""
+    if node.platform == "metal":
+        return {"platform": node.platform}
+    return {"platform": node.platform, "hostname": node.name}
 
 
 def nodes_document(state_dir: Path, nodes: list[SimNode], latency_ms: float) -> dict[str, Any]:

@@ -467,6 +467,10 @@ BASE_SERVICES_WORKER = (
     "syslogd",
     "udevd",
 )
+#: The base services without a health check: every other one implements HealthcheckedService, dashboard does
+#: not (talos@v1.9.0 to v1.13.0 internal/app/machined/pkg/system/services/*.go HealthFunc), so its health is
+#: unknown ("?" in ``talosctl service``) and its last event is its process runner's, not "Health check successful".
+UNCHECKED_SERVICES = frozenset({"dashboard"})
 
 
 def runtime(node: SimNode) -> NodeRuntime:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from runbook_lib.sim.state import SimNode, minor_of, runtime, v1alpha1_doc
+from runbook_lib.sim.state import UNCHECKED_SERVICES, SimNode, minor_of, runtime, v1alpha1_doc
 from runbook_lib.sim.talosctl import hardware
 
 if TYPE_CHECKING:
@@ -282,10 +282,10 @@ def services(t: ResourceType, node: SimNode, _peers: list[SimNode]) -> list[Reso
             # The resource exists only while the service runs: every other state (Finished included)
             # destroys it (siderolabs/talos v1.13.0 internal/app/machined/pkg/controllers/v1alpha1/service.go:73-92).
             continue
-        # An extension service has no health check, so its health is unknown: the resource copies the event's
-        # Healthy/Unknown (talos@v1.12.0 internal/app/machined/pkg/controllers/v1alpha1/service.go:77-81), and
-        # a status with no check has Unknown = Healthy == nil (pkg/system/health/status.go:29).
-        unknown = name.startswith("ext-")
+        # An extension service, and dashboard, have no health check, so their health is unknown: the resource
+        # copies the event's Healthy/Unknown (talos@v1.12.0 internal/app/machined/pkg/controllers/v1alpha1/
+        # service.go:77-81), and a status with no check has Unknown = Healthy == nil (pkg/system/health/status.go:29).
+        unknown = not _health_checked(name)
         spec = {"running": True, "healthy": not unknown, "unknown": unknown}
         out.append({"metadata": _meta(t, node, name), "spec": spec})
     return out
@@ -324,10 +324,28 @@ _LAST_EVENT = {
 }
 
 
+def _health_checked(service: str) -> bool:
+    """Whether machined runs a health check for the service: not for extension services nor ``dashboard``
+    (``UNCHECKED_SERVICES``)."""
+    return not service.startswith("ext-") and service not in UNCHECKED_SERVICES
+
+
+def _running_event(service: str, pid: int) -> str:
+    """The last event of a running service: its health check's where it has one (service_runner.go:119-124 at
+    talos@v1.12.0), else its runner's: dashboard's process runner (runner/process/process.go:457,504-506,
+    services/dashboard.go:101-104), an extension's containerd task (runner/containerd/containerd.go:224)."""
+    if _health_checked(service):
+        return "Health check successful"
+    if service == "dashboard":
+        return f'Process Process(["/sbin/dashboard"]) started with PID {pid}'
+    return f"Started task {service} (PID {pid}) for container {service}"
+
+
 def service_rows(node: SimNode) -> list[tuple[str, str, str, float, str]]:
     """(service, state, health, seconds since the last change, last event) as ``talosctl services`` lists them.
 
-    Extension services have no health check, so their health is unknown (``?``, formatters.go:271-281).
+    A service without a health check has health unknown (``?``, formatters.go:271-281). The PIDs are the
+    kernel's: ours are made up (non-zero, one per row).
     """
     since = max(
         0.0,
@@ -335,12 +353,8 @@ def service_rows(node: SimNode) -> list[tuple[str, str, str, float, str]]:
     )
     rows: list[tuple[str, str, str, float, str]] = []
     for name, state in runtime(node).services.items():
-        health = "?" if name.startswith("ext-") or state != "Running" else "OK"
-        event = _LAST_EVENT.get(state) or (
-            f"Started task {name} (PID {1000 + len(rows)}) for container {name}"
-            if name.startswith("ext-")
-            else "Health check successful"
-        )
+        health = "OK" if _health_checked(name) and state == "Running" else "?"
+        event = _LAST_EVENT.get(state) or _running_event(name, 1000 + len(rows))
         rows.append((name, state, health, since, event))
     return rows
 
