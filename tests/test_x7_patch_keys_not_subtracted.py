@@ -14,14 +14,17 @@ before any node is patched.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from runbook_lib.errors import PermanentError
 from runbook_lib.model.machineconfig import UnhandledPatchKey, contains, remaining_patch
-from runbook_lib.model.profiles import profile_for
+from runbook_lib.model.profiles import GpuProfile, profile_for
 from runbook_lib.model.versions import SUPPORTED_MINORS
+from runbook_lib.steps.patch import config_patch, read_configs
+from tests.simcluster import sim_cluster
 
 MODULES = [{"name": n} for n in ("nvidia", "nvidia_uvm", "nvidia_drm", "nvidia_modeset")]
 #: A node that has the modules patch already (as a second run finds it).
@@ -98,3 +101,29 @@ def applied(remaining: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"version": "v1alpha1", "machine": {"type": "worker", **machine}}] + [
         d for d in remaining if "kind" in d
     ]
+
+
+@pytest.mark.slow
+def test_the_config_patch_step_refuses_before_any_node_is_patched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the step with ``apply: true`` on a simulated fleet: the profile's documents carry a key the
+    subtraction does not handle, the step raises the refusal, and no node's config changed (no change command
+    ran; every config reads back as before)."""
+    profile_docs = GpuProfile.machine_config_patch_documents
+
+    def with_node_labels(self: GpuProfile, **kwargs: Any) -> list[dict[str, Any]]:
+        docs = profile_docs(self, **kwargs)
+        docs[0]["machine"]["nodeLabels"] = {"nvidia.com/gpu.present": "true"}
+        return docs
+
+    monkeypatch.setattr(GpuProfile, "machine_config_patch_documents", with_node_labels)
+    with sim_cluster(tmp_path, daemon=False, apply=True, rollout_concurrency=2) as (params, ctx):
+        before, errors = read_configs(ctx, list(params.nodes))
+        with pytest.raises(UnhandledPatchKey) as caught:
+            config_patch(ctx)
+        after, _errors = read_configs(ctx, list(params.nodes))
+        changes = ctx.journal.changes()
+    assert not errors and after == before
+    assert changes == []
+    assert "machine.nodeLabels" in caught.value.message
