@@ -143,9 +143,9 @@ def _diagnose_all(ctx: Context) -> StepResult:
     return result
 
 
-def _alone(talos: str, kube: CountingKube, node: Obj) -> dict[str, Any]:
+def _alone(ctx: Context, node: Obj) -> dict[str, Any]:
     """The node's diagnosis when it reads the cluster for itself (as before: one set of reads per node)."""
-    return _no_gpu_diagnosis(_context(talos, kube, CountingHelm()), node).to_dict()
+    return _no_gpu_diagnosis(ctx, node).to_dict()
 
 
 def test_device_plugin_layer_diagnoses_every_gpu_less_node_from_one_read_of_pods_and_daemonsets() -> None:
@@ -159,11 +159,12 @@ def test_device_plugin_layer_diagnoses_every_gpu_less_node_from_one_read_of_pods
         "status": {"desiredNumberScheduled": NODES},
     }
     kube = CountingKube(nodes, pods, [daemonset])
-    result = _diagnose_all(_context("v1.12.7", kube, CountingHelm()))
+    ctx = _context("v1.12.7", kube, CountingHelm())
+    result = _diagnose_all(ctx)
     assert [n.status for n in result.nodes] == ["failed"] * NODES
     assert kube.reads == {"list nodes": 1, "list pods": 1, "list daemonsets": 1}, kube.reads
     for res, node in zip(result.nodes, nodes, strict=True):
-        assert [c.to_dict() for c in res.checks] == [_alone("v1.12.7", kube, node)], res.node
+        assert [c.to_dict() for c in res.checks] == [_alone(ctx, node)], res.node
     first, second, third = (result.nodes[i].checks[0].message for i in range(3))
     assert "not Ready" in first and "ImagePullBackOff" in second
     assert third == "the device plugin runs but the node advertises no GPUs"
@@ -204,7 +205,7 @@ def test_gpu_operator_layer_reads_its_daemonsets_validator_pods_and_release_valu
     assert kube.reads == {"list nodes": 1, "list pods": 2, "list daemonsets": 2}, kube.reads
     assert helm.reads == 1
     for res, node in zip(result.nodes, nodes, strict=True):
-        assert [c.to_dict() for c in res.checks] == [_alone("v1.13.2", kube, node)], res.node
+        assert [c.to_dict() for c in res.checks] == [_alone(ctx, node)], res.node
     assert "driver-validation" in result.nodes[2].checks[0].message
 
 
