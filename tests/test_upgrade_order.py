@@ -78,28 +78,33 @@ def test_default_runtime_patch_waits_until_the_image_brings_the_nvidia_runtime(
         assert config_patch(ctx, apply=False).counts() == {"unchanged": 2}
 
 
-def _ready(ctx: Context, name: str) -> tuple[str, str]:
+def _ready(ctx: Context, name: str) -> tuple[str, str, str]:
+    """The Node's Ready condition as ``kubectl describe node`` shows it: status, reason, message."""
     [node] = [n for n in ctx.kube.nodes() if n["metadata"]["name"] == name]
     [cond] = [c for c in node["status"]["conditions"] if c["type"] == "Ready"]
-    return cond["status"], cond.get("message", "")
+    return cond["status"], cond.get("reason", ""), cond.get("message", "")
 
 
 def test_simulated_node_is_not_ready_while_containerd_lacks_its_default_runtime(tmp_path: Path) -> None:
     """What the deferral above prevents, as a user would see it: containerd's CRI does not load with a
     default runtime it has no definition for (containerd internal/cri/config/config.go
-    ``ValidateRuntimeConfig``), so the kubelet reports Ready=False "container runtime is down" (the message
-    users capture, e.g. ``kubectl describe node``; the kubelet source was not checked at a tag)."""
+    ``ValidateRuntimeConfig``), the kubelet's runtime status sync stops, and its Node's Ready condition goes
+    False with reason ``KubeletNotReady`` and message "container runtime is down" (kubernetes@v1.35.0
+    pkg/kubelet/runtime.go:124 ``runtimeErrors``, pkg/kubelet/nodestatus/setters.go:505-512
+    ``ReadyCondition``). On whichever Kubernetes side the suite runs: the real control plane (kwok and the
+    node agent) or the Python API server."""
     state = tmp_path / "sim"
     with sim_cluster(state, talos_version="v1.12.7", workers=1) as (params, ctx):
         name, address = params.nodes[0].name, params.nodes[0].address
-        wait_for(lambda: _ready(ctx, name)[0] == "True")
+        wait_for(lambda: _ready(ctx, name)[0] == "True", timeout=60.0)
         docs = profile_for("v1.12.7").default_runtime_documents()
         patch = ctx.talosctl.patch_machineconfigs([(render_documents(docs), [address])], dry_run=False)
         assert patch[0].ok
-        assert wait_for(lambda: _ready(ctx, name) == ("False", "container runtime is down"))
+        down = ("False", "KubeletNotReady", "container runtime is down")
+        assert wait_for(lambda: _ready(ctx, name) == down, timeout=60.0)
         assert config_patch(ctx, apply=True).ok
         assert image_upgrade(ctx, apply=True, settle_timeout=10.0, poll_interval=0.1).ok
-        assert wait_for(lambda: _ready(ctx, name)[0] == "True")
+        assert wait_for(lambda: _ready(ctx, name)[0] == "True", timeout=60.0)
 
 
 @pytest.mark.parametrize("version", ["v1.4.8", "v1.12.7"])

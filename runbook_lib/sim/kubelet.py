@@ -139,16 +139,29 @@ def _mtime(path: Path) -> int:
         return 0
 
 
-def _cri_down(view: NodeView) -> bool:
+#: The kubelet's Ready condition while its container runtime does not answer: the runtime status sync stops, so
+#: after its threshold ``runtimeErrors`` says "container runtime is down" and ``ReadyCondition`` posts it as
+#: the message of Ready=False, reason KubeletNotReady (kubernetes@v1.35.0 pkg/kubelet/runtime.go:124,
+#: pkg/kubelet/nodestatus/setters.go:505-512). Simplified: after 3 minutes a real kubelet appends
+#: "PLEG is not healthy: ..." (runtime.go:128), which no simulated node does.
+RUNTIME_DOWN_REASON = "KubeletNotReady"
+RUNTIME_DOWN_MESSAGE = "container runtime is down"
+
+
+def cri_down(rt: sim_state.NodeRuntime) -> bool:
     """containerd's CRI does not load when its default runtime has no definition ("no corresponding runtime
     configured in `containerd.runtimes`", containerd internal/cri/config/config.go ``ValidateRuntimeConfig``),
     e.g. ``default_runtime_name = "nvidia"`` before the toolkit extension brings the ``nvidia`` runtime."""
-    return view.rt.default_runtime not in view.rt.cri_runtime_handlers
+    return rt.default_runtime not in rt.cri_runtime_handlers
+
+
+def _cri_down(view: NodeView) -> bool:
+    return cri_down(view.rt)
 
 
 def _ready_condition(unreachable: bool, cri_down: bool) -> dict[str, str]:
     """The node's Ready condition: Unknown when the kubelet stopped posting, False while the CRI is down
-    (the kubelet's "container runtime is down", as users capture it; not checked in the kubelet source)."""
+    (``RUNTIME_DOWN_MESSAGE``)."""
     if unreachable:
         return {
             "type": "Ready",
@@ -160,8 +173,8 @@ def _ready_condition(unreachable: bool, cri_down: bool) -> dict[str, str]:
         return {
             "type": "Ready",
             "status": "False",
-            "reason": "KubeletNotReady",
-            "message": "container runtime is down",
+            "reason": RUNTIME_DOWN_REASON,
+            "message": RUNTIME_DOWN_MESSAGE,
         }
     return {
         "type": "Ready",

@@ -28,6 +28,8 @@ from typing import Any
 
 import yaml
 
+from runbook_lib.sim.kubelet import RUNTIME_DOWN_MESSAGE, RUNTIME_DOWN_REASON
+
 API_VERSION = "kwok.x-k8s.io/v1alpha1"
 ANNOTATION = "{stage}.stage.kwok.x-k8s.io/{what}"
 
@@ -253,9 +255,57 @@ def node_stages(kwok_stages: Path) -> list[dict[str, Any]]:
     return [d for d in docs if d.get("kind") == "Stage" and d["spec"]["resourceRef"].get("kind") == "Node"]
 
 
+#: Not on a real node: the label the node agent sets while a node's containerd CRI does not load
+#: (``nodeagent.NodeAgent._follow_runtimes``), which the ``node-runtime-down`` stage selects.
+RUNTIME_LABEL = "sim.talos-gpu-runbooks.local/container-runtime"
+RUNTIME_DOWN = "down"
+_RUNTIME = f'.metadata.labels["{RUNTIME_LABEL}"]'
+
+_RUNTIME_DOWN = f"""\
+{{{{ $now := Now | Quote }}}}
+conditions:
+- type: Ready
+  status: "False"
+  reason: {RUNTIME_DOWN_REASON}
+  message: "{RUNTIME_DOWN_MESSAGE}"
+  lastHeartbeatTime: {{{{ $now }}}}
+  lastTransitionTime: {{{{ $now }}}}
+"""
+
+
+def runtime_down_stage() -> dict[str, Any]:
+    """Ready=False with the kubelet's reason and message while the node's container runtime is down
+    (``kubelet.RUNTIME_DOWN_MESSAGE``); only the Ready condition is patched (kwok's strategic merge keeps the
+    others). kwok's lease heartbeats go on, as a real kubelet's do while its runtime is down."""
+    ready_reason = '.status.conditions.[] | select( .type == "Ready" ) | .reason'
+    selector = [_expr(_RUNTIME, "In", RUNTIME_DOWN), _expr(ready_reason, "NotIn", RUNTIME_DOWN_REASON)]
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "Stage",
+        "metadata": {"name": "node-runtime-down"},
+        "spec": {
+            "resourceRef": {"apiGroup": "v1", "kind": "Node"},
+            "selector": {"matchExpressions": selector},
+            "next": {"statusTemplate": _RUNTIME_DOWN},
+        },
+    }
+
+
+def _not_while_runtime_down(stage: dict[str, Any]) -> dict[str, Any]:
+    """kwok's Node stages never select a node whose runtime is down: ``node-initialize`` (every Node not Ready
+    made Ready) would undo ``node-runtime-down`` at once, and kwok plays one stage of those that match, picked
+    at random when none has a weight (sigs.k8s.io/kwok@v0.8.0 ``pkg/utils/lifecycle/lifecycle.go`` ``Match``),
+    so ``node-heartbeat-with-lease`` (600 s delay) could be picked instead of it. Once the agent takes the
+    label off, ``node-initialize`` makes the node Ready again, as the kubelet's next status sync does."""
+    selector = stage["spec"].setdefault("selector", {}).setdefault("matchExpressions", [])
+    selector.append(_expr(_RUNTIME, "NotIn", RUNTIME_DOWN))
+    return stage
+
+
 def write(path: Path, kwok_stages: Path, factor: float) -> Path:
     """``path``: kwok's Node stages and our pod stages at ``factor``, the file kwok's ``--config`` reads."""
-    docs = [*node_stages(kwok_stages), *pod_stages(factor)]
+    nodes = [_not_while_runtime_down(stage) for stage in node_stages(kwok_stages)]
+    docs = [*nodes, runtime_down_stage(), *pod_stages(factor)]
     path.write_text(yaml.safe_dump_all(docs, sort_keys=False))
     path.chmod(0o600)
     return path

@@ -28,7 +28,15 @@ from runbook_lib.sim import kwokstages
 from runbook_lib.sim.kubeapi.faults import FaultFile, matches
 from runbook_lib.sim.kubelet import _CONTAINERD as CONTAINERD_VERSIONS
 from runbook_lib.sim.kubelet import _KERNEL as KERNEL_VERSIONS
-from runbook_lib.sim.kubelet import NodeView, Outcome, failing_pull, program, pull_backoff, pull_failure
+from runbook_lib.sim.kubelet import (
+    NodeView,
+    Outcome,
+    cri_down,
+    failing_pull,
+    program,
+    pull_backoff,
+    pull_failure,
+)
 from runbook_lib.sim.kubeletapi import KUBELET_PORT, Logs
 from runbook_lib.sim.realtalos import observed_nodes, time_factor
 from runbook_lib.sim.state import SimNode, runtime
@@ -345,6 +353,7 @@ class NodeAgent(Periodic):
         nodes = observed_nodes(self.state_dir)  # with the real talosctl: as simnode observes it
         down = self._follow_kubelets(objs, nodes)
         nodes = [n for n in nodes if n.name not in down]  # no kubelet there: nothing changes until it is back
+        self._follow_runtimes(objs, nodes)
         by_name = {n.name: n for n in nodes}
         pods = [p for p in pods if (p.get("spec") or {}).get("nodeName") not in down]
         self._repost_readiness(pods, {o["metadata"]["name"] for o in objs if _node_ready(o)})
@@ -387,6 +396,17 @@ class NodeAgent(Periodic):
                 self.core.patch_node(name, {"metadata": {"labels": {KUBELET_LABEL: want}}})
                 log.info("node %s: kubelet %s", name, "stopped (node down)" if want is None else "running")
         return down
+
+    def _follow_runtimes(self, objs: list[dict[str, Any]], nodes: list[SimNode]) -> None:
+        """``kwokstages.RUNTIME_LABEL`` on the Nodes whose containerd CRI does not load (``kubelet.cri_down``),
+        off the others: kwok's ``node-runtime-down`` stage then posts the kubelet's Ready=False "container
+        runtime is down", and its ``node-initialize`` stage Ready again once the label is off."""
+        labels = {o["metadata"]["name"]: o["metadata"].get("labels") or {} for o in objs}
+        for node in nodes:
+            want = kwokstages.RUNTIME_DOWN if cri_down(runtime(node)) else None
+            if node.name in labels and labels[node.name].get(kwokstages.RUNTIME_LABEL) != want:
+                self.core.patch_node(node.name, {"metadata": {"labels": {kwokstages.RUNTIME_LABEL: want}}})
+                log.info("node %s: container runtime %s", node.name, "down" if want else "up")
 
     def _repost_readiness(self, pods: list[dict[str, Any]], ready_nodes: set[str]) -> None:
         """A kubelet back on a Ready node posts its pods' readiness again, which the node lifecycle controller

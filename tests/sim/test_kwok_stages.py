@@ -116,7 +116,8 @@ def test_realkube_gives_kwok_its_node_stages_and_our_scaled_pod_stages(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """What ``realkube`` writes into the state dir for kwok's ``--config`` at ``RUNBOOK_SIM_TIME_SCALE=0.01``:
-    kwok's own Node stages (read from the build, not copied), and our pod stages in place of kwok's 1-5 s ones."""
+    kwok's own Node stages (read from the build, not copied) kept off a node whose container runtime is down,
+    our ``node-runtime-down`` stage for that node, and our pod stages in place of kwok's 1-5 s ones."""
     built = tmp_path / "stages.yaml"
     built.write_text(KWOK_STAGES)
     tools = realkube.Tools(*(Path("/nonexistent"),) * 3, built, *(Path("/nonexistent"),) * 2)
@@ -125,7 +126,16 @@ def test_realkube_gives_kwok_its_node_stages_and_our_scaled_pod_stages(
     assert written.parent == tmp_path and written.stat().st_mode & 0o077 == 0
     docs = list(yaml.safe_load_all(written.read_text()))
     node = [d for d in docs if d["spec"]["resourceRef"]["kind"] == "Node"]
-    assert [d["metadata"]["name"] for d in node] == ["node-initialize"]
+    assert [d["metadata"]["name"] for d in node] == ["node-initialize", "node-runtime-down"]
+    runtime_down = _runtime_down_expression()
+    assert runtime_down in node[0]["spec"]["selector"]["matchExpressions"]
+    assert node[1] == kwokstages.runtime_down_stage()
     pods = by_name([d for d in docs if d["spec"]["resourceRef"]["kind"] == "Pod"])
     assert pods == by_name(kwokstages.pod_stages(0.01))
     assert waits_ms(pods["pod-create"]) < (1000, 5000)  # not kwok's
+
+
+def _runtime_down_expression() -> dict[str, Any]:
+    """The selector expression that keeps a kwok Node stage off a node whose runtime the agent marked down."""
+    label = f'.metadata.labels["{kwokstages.RUNTIME_LABEL}"]'
+    return {"key": label, "operator": "NotIn", "values": [kwokstages.RUNTIME_DOWN]}
