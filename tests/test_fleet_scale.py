@@ -7,7 +7,6 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -41,14 +40,16 @@ def test_dry_run_over_a_long_node_list_answers_for_every_node_in_a_few_calls(tmp
 def test_a_node_failing_its_dry_run_fails_the_group_as_one_call_would(tmp_path: Path) -> None:
     with sim_cluster(tmp_path, workers=WORKERS, scenario="extensions-no-patch", daemon=False) as (_p, ctx):
         victim = ctx.params.nodes[PATCH_CALLS + 3]
-        read_configs = ctx.talosctl.get
+        # the step reads and dry-runs chunk by chunk (steps/patch_plan.py)
+        read_configs = ctx.talosctl.get_call
 
-        def read_then_lose_the_victim(resource: str, nodes: Sequence[str], **kw: Any) -> FanOut:
-            fan = read_configs(resource, nodes, **kw)
-            inject_fault(tmp_path, victim.name, "unreachable", "refused")  # it goes away before the dry run
+        def read_then_lose_the_victim(resource: str, nodes: Sequence[str]) -> FanOut:
+            fan = read_configs(resource, nodes)
+            if victim.address in nodes:  # read, then gone before its chunk's dry run
+                inject_fault(tmp_path, victim.name, "unreachable", "refused")
             return fan
 
-        ctx.talosctl.get = read_then_lose_the_victim  # type: ignore[method-assign]
+        ctx.talosctl.get_call = read_then_lose_the_victim  # type: ignore[method-assign]
         result = config_patch(ctx, apply=False)
     assert result.counts() == {"failed": WORKERS}
     assert "dry run refused" in result.node(victim.name).message
