@@ -50,9 +50,9 @@ def _misspelt(wanted: list[dict[str, Any]], current: list[dict[str, Any]]) -> li
     """What the step sends (``remaining_patch``'s documents) with ``machine.kernel.modules`` misspelt
     ``modlues``: a nested key no parameter check could know, as a typo in a profile would make it.
 
-    Planted after ``remaining_patch`` because that function copies only the keys it knows (modules, sysctls,
-    files, …) from the wanted documents: a typo in the profile's documents never reaches talosctl; it is
-    dropped, and the node is patched without it (verify then finds the modules missing)."""
+    Planted after ``remaining_patch`` because that function refuses a key it cannot subtract before any node
+    is touched (``UnhandledPatchKey``, tests/test_x7_patch_keys_not_subtracted.py): a typo in the profile's
+    documents never reaches talosctl that way. This test checks talosctl's own refusal, the second guard."""
     docs = _remaining(wanted, current)
     for doc in docs:
         kernel = doc.get("machine", {}).get("kernel")
