@@ -1,12 +1,13 @@
 """The fixed costs of ``runbook run`` stay out of the places every run pays them (issue 8, the 8-node run).
 
-Each step notebook starts a fresh kernel that imports the step code, and ``runbook run`` itself starts a
-Python process: an import added to either is paid once per notebook or once per run.  These tests pin
+The run's one kernel imports the step code, and ``runbook run`` itself starts a Python process: an import
+added to either is paid by every run.  These tests pin
 what must stay lazy, and that work moved to worker threads still finishes, or fails, before the seal.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
 import sys
@@ -76,14 +77,23 @@ def test_an_early_read_that_failed_is_read_again(tmp_path: Path):
 
 @pytest.mark.parametrize("step", STEPS, ids=[s.name for s in STEPS])
 def test_kernel_warm_up_imports_the_step_code_and_leaves_no_names(step: StepSpec) -> None:
-    assert "kubernetes.client" not in runner.warm_code(step, kubernetes=False)
-    """A pre-started kernel runs this before its notebook: the notebook must find its namespace untouched."""
+    """The run's kernel runs this before its first notebook: the notebook must find its namespace untouched."""
     namespace: dict[str, object] = {}
-    exec(runner.warm_code(step), namespace)  # the code the runner sends to a kernel
+    try:
+        exec(runner.warm_code([step]), namespace)  # the code the runner sends to a kernel
+    finally:
+        gc.unfreeze()  # the warm-up freezes what the kernel imported (see warm_code): not this process's
     assert set(namespace) == {"__builtins__"}
     assert f"runbook_lib.steps.{step.module}" in sys.modules
     for api in step.kubernetes_apis:  # the classes the step calls are the ones built ahead
-        assert api in runner.warm_code(step) and getattr(client, api).__module__ in sys.modules
+        assert api in runner.warm_code([step]) and getattr(client, api).__module__ in sys.modules
+
+
+def test_the_runs_kernel_warms_the_code_of_every_step_it_will_run() -> None:
+    code = runner.warm_code(STEPS)
+    for step in STEPS:
+        assert f"runbook_lib.steps.{step.module}" in code
+        assert all(code.count(repr(api)) == 1 for api in step.kubernetes_apis)  # each class built once
 
 
 @pytest.mark.slow
@@ -146,3 +156,35 @@ def test_the_runner_looks_for_left_test_pods_only_when_the_step_may_have_left_so
     assert runner.test_pods_may_be_left(_cuda_outcome("ok", created + deleted[:1]))
     for status in ("failed", "interrupted"):
         assert runner.test_pods_may_be_left(_cuda_outcome(status, created + deleted))
+
+
+def _executed_notebook(path: Path) -> None:
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("print('ok')")]
+    nbformat.write(nb, path)
+
+
+@pytest.mark.slow
+def test_the_html_copies_are_made_by_a_process_of_their_own_and_its_failure_stops_the_seal(
+    tmp_path: Path,
+) -> None:
+    """nbconvert's import cost the runbook process 1.5-5 s before the first step (it had to be on the main
+    thread, F1); the copies are now made by ``html_worker`` in its own process.  A copy it cannot write must
+    still keep the record from being sealed, with the reason."""
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    for record in (good, bad):
+        record.mkdir()
+        _executed_notebook(record / "01-preflight.ipynb")
+    (good / "html").mkdir()  # the runner makes it; "bad" lacks it, so its copy cannot be written
+    background = runner._Background()
+    background.export_html(good, "01-preflight.ipynb")
+    background.export_html(good, "02-config-patch.ipynb")  # a step that never ran: no copy, no failure
+    background.wait()
+    assert "ok" in (good / "html" / "01-preflight.html").read_text()
+    assert not (good / "html" / "02-config-patch.html").exists()
+    background = runner._Background()
+    background.export_html(bad, "01-preflight.ipynb")
+    with pytest.raises(RuntimeError, match=r"HTML copies were not written \(exit 1\).*01-preflight.html"):
+        background.wait()

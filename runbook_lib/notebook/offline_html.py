@@ -15,6 +15,7 @@ JavaScript outputs; a widget kind this module does not know is shown by its name
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping
 from html import escape
 from typing import Any
@@ -36,6 +37,20 @@ _PICKED_NAMES = 20
 _NOT_LIVE = "a record shows the notebook as it ran: the button works only in a live JupyterLab kernel"
 
 Draw = Callable[[str], str]
+
+
+def skip_iri_format_checks() -> None:
+    """Keep jsonschema from importing ``rfc3987_syntax``, which compiles 38 lark grammars when imported.
+
+    papermill imports nbformat, which imports jsonschema, whose ``_format.py`` (jsonschema 4.26.0) registers
+    the ``iri``/``iri-reference`` format checks only ``with suppress(ImportError): from rfc3987_syntax import
+    …``.  Installed with jupyter-events' ``jsonschema[format-nongpl]``, it cost the runbook process 1-8 s of
+    CPU per run on 2 cores (cProfile of an 8-node ``runbook run``), while the first kernel starts; nbconvert
+    (``html_worker``) imports it too.  nbformat validates notebooks without a FormatChecker, so those checks
+    are never used here; a ``None`` entry in
+    ``sys.modules`` makes that import raise ImportError, which jsonschema expects.  Done only when nothing
+    imported it yet."""
+    sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]
 
 
 def exporter() -> Any:

@@ -1,7 +1,11 @@
 """``runbook run``: execute the step notebooks headless, in-process, into one sealed change record.
 
 Why in-process papermill and not one ``papermill`` CLI call per notebook: the CLI pays a 3–5 s import per
-call (test-infra notes §3); in-process only a kernel start (~1 s) per notebook remains.
+call (test-infra notes §3).  Why one kernel for all the step notebooks of a run: a kernel start and the step
+code's imports cost ~1–2.6 s each on 2 cores, and six of them bounded the 8-node run's own time (issue 16 point
+5, benchmarks/README.md).  Each notebook is still executed by papermill into its own executed notebook (the
+record keeps one per step); between two notebooks the runner resets the kernel as a fresh one would be (see
+:func:`next_step_code`), and a step that fails, is interrupted or loses its kernel ends the run as before.
 
 Why the notebooks read a parameter file written into the record: every step of a run, and a later
 ``--from`` resume, must see exactly the same validated parameters, and the record must show them.  The file
@@ -22,6 +26,7 @@ import os
 import platform
 import queue
 import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -30,7 +35,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import yaml
 from jupyter_client.blocking.client import BlockingKernelClient
@@ -51,8 +56,6 @@ from .steps import RESULT_FILE_ENV, ROLLBACK, RUN_ID_ENV, STEP_NAMES, STEPS, Ste
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = REPO / "notebooks"
 KERNEL = "python3"
-#: How many steps ahead ``runbook run`` starts kernels (see prestart_kernel); each holds ~100 MB.
-PRESTART_AHEAD = 2
 #: Seconds a single notebook cell may run (a whole-fleet rollout is one cell).
 CELL_TIMEOUT = 6 * 3600
 
@@ -154,27 +157,29 @@ def _no_cluster(_params: Params) -> AbstractContextManager[Mapping[str, str]]:
 
 
 class _Background:
-    """Work for the record that need not hold up the next notebook, on worker threads.
+    """Work for the record that need not hold up the next notebook: on worker threads, and the HTML copies
+    in a process of their own (:mod:`.html_worker`).
 
-    Why: ``runbook run`` is bound by fixed costs per notebook, not by the cluster (benchmarks/README.md, the
-    8-node run).  Stopping a finished kernel waits ~0.1 s for the process to go; nbconvert's import and
-    templates cost ~0.7 s and each export some more.  Done in line, both added to every run's wall time;
-    here they overlap the next kernel's start-up and the steps, which mostly wait on other processes.
+    Why: ``runbook run`` is bound by fixed costs, not by the cluster (benchmarks/README.md, the 8-node run).
+    Starting and stopping the kernel takes ~1 s and ~0.1 s; nbconvert's import and templates cost ~1.5 s of
+    CPU and each export some more.  Done in line, all of it added to every run's wall time; here it overlaps
+    the runbook process's imports and the steps, which mostly wait on other processes.
 
     Everything submitted is finished by :meth:`wait`, which the runner calls before it seals the record, so
-    the record holds exactly what it held when this work was done in line.  One thread per kind of work:
-    HTML copies are made in step order by one reused exporter (its templates are loaded once).
+    the record holds exactly what it held when this work was done in line.  HTML copies are made in step
+    order by one exporter (its templates are loaded once).
     """
 
     def __init__(self) -> None:
         self._kernels = ThreadPoolExecutor(max_workers=1, thread_name_prefix="runbook-kernel-stop")
-        self._html = ThreadPoolExecutor(max_workers=1, thread_name_prefix="runbook-html")
-        self._starts = ThreadPoolExecutor(
-            max_workers=PRESTART_AHEAD, thread_name_prefix="runbook-kernel-start"
-        )
+        self._html: subprocess.Popen[str] | None = None
+        self._html_errors: IO[bytes] | None = None
+        self._starts = ThreadPoolExecutor(max_workers=1, thread_name_prefix="runbook-kernel-start")
         self._pending: list[Future[_Kernel]] = []
         self._jobs: list[Future[None]] = []
         self._exporter: Any = None
+        #: The run's kernel while steps may still use it; :meth:`wait` stops it.
+        self.kernel: _Kernel | None = None
 
     def early(self, read: Callable[[], dict[str, Any] | None]) -> Future[dict[str, Any] | None]:
         """Start a read-only call that the end of the run needs, on the kernel-stop thread (idle until the
@@ -193,16 +198,10 @@ class _Background:
         self._jobs.append(self._kernels.submit(stop))
 
     def prestart(self, start: Callable[[], _Kernel]) -> Future[_Kernel]:
-        """Start the next step's kernel on its own thread; :meth:`take` hands it over."""
+        """Start the run's kernel on its own thread; :meth:`take` hands it over."""
         job = self._starts.submit(start)
         self._pending.append(job)
         return job
-
-    def then(self, job: Future[_Kernel], more: Callable[[_Kernel], _Kernel]) -> Future[_Kernel]:
-        """More warm-up for a kernel being pre-started, once it has started; :meth:`take` the new future."""
-        chained = self._starts.submit(lambda: more(job.result()))
-        self._pending[self._pending.index(job)] = chained
-        return chained
 
     def take(self, job: Future[_Kernel]) -> _Kernel | None:
         """The pre-started kernel, or None when it could not start (the step then starts its own, which
@@ -213,33 +212,39 @@ class _Background:
         except Exception:
             return None
 
-    def warm_exporter(self) -> None:
-        """Build the HTML exporter and render a sample notebook, on the calling (main) thread.
-
-        Why here and not on the HTML thread: nbconvert imports ~230 modules, and ~100 more on its first
-        export (lexers, filters, templates).  Imported on a worker thread they raced the main thread's
-        imports (F1: see :func:`import_before_threads`).  ``run`` calls this while the first kernels start
-        in their own processes, so it still overlaps them.
-        """
-        import nbformat  # noqa: PLC0415 - lazy (run start-up; papermill has loaded it by now)
-
-        self._exporter = offline_html.exporter()  # no script from the network (see offline_html)
-        self._exporter.from_notebook_node(nbformat.from_dict(_SAMPLE_NOTEBOOK))  # type: ignore[no-untyped-call]
-
     def export_html(self, record: Path, notebook: str) -> None:
-        if self._exporter is None:  # the HTML thread must import nothing (F1)
-            self.warm_exporter()
-        self._jobs.append(self._html.submit(self._export, record, notebook))
+        """Have the HTML copy of ``record/notebook`` made by the HTML process (:mod:`.html_worker`), started
+        at the first copy: the runbook process never imports nbconvert."""
+        if self._html is None:
+            self._html_errors = tempfile.TemporaryFile()  # noqa: SIM115 - closed by _finish_html
+            self._html = subprocess.Popen(
+                [sys.executable, "-m", f"{__package__}.html_worker"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=self._html_errors,
+                text=True,
+                start_new_session=True,  # a Ctrl-C at the terminal is the run's to handle, not this process's
+            )
+        with contextlib.suppress(BrokenPipeError):  # it failed: wait() reports why
+            assert self._html.stdin is not None
+            self._html.stdin.write(f"{record}\t{notebook}\n")
+            self._html.stdin.flush()
 
-    def _export(self, record: Path, name: str) -> None:
-        path = record / name
-        if not path.exists():
+    def _finish_html(self) -> None:
+        """Wait for the HTML process to write every copy asked for; its failure is raised."""
+        proc, self._html = self._html, None
+        if proc is None:
             return
-        import nbformat  # noqa: PLC0415 - imported by warm_exporter on the main thread
-
-        notebook = nbformat.read(path, as_version=4)  # type: ignore[no-untyped-call]
-        body, _ = self._exporter.from_notebook_node(offline_html.static_widgets(notebook))
-        (record / "html" / (Path(name).stem + ".html")).write_text(body, encoding="utf-8")
+        with contextlib.suppress(BrokenPipeError):
+            assert proc.stdin is not None
+            proc.stdin.close()
+        if proc.wait() != 0:
+            assert self._html_errors is not None
+            self._html_errors.seek(0)
+            reason = self._html_errors.read().decode(errors="replace").strip()[-2000:]
+            raise RuntimeError(
+                f"the record's HTML copies were not written (exit {proc.returncode}): {reason}"
+            )
 
     def wait(self) -> None:
         """Finish everything submitted; the first failure is raised (the record is then not sealed).
@@ -250,29 +255,69 @@ class _Background:
         for pending in unused:  # a kernel started for a step that did not run (failure, plan only)
             with contextlib.suppress(Exception):
                 self.stop_kernel(pending.result().stop)
+        kernel, self.kernel = self.kernel, None
+        if kernel is not None and not kernel.retired:  # the run's kernel, after its last step
+            self.stop_kernel(kernel.stop)
         jobs, self._jobs = self._jobs, []
         try:
             for job in jobs:
                 job.result()
+            self._finish_html()
         finally:
             self._starts.shutdown(wait=True)
             self._kernels.shutdown(wait=True)
-            self._html.shutdown(wait=True)
+            if self._html is not None:  # an earlier failure: the copies no longer matter
+                self._html.kill()
+                self._html.wait()
+
+
+class _RunKernelManager(KernelManager):
+    """A kernel manager that remembers the clients it made.
+
+    Why: nbclient leaves the channels of its client open on a kernel it did not start; the runner closes them
+    (:meth:`_Kernel.release_clients`) before the run's kernel executes the next notebook."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.made: list[BlockingKernelClient] = []
+
+    def client(self, **kwargs: Any) -> BlockingKernelClient:
+        made: BlockingKernelClient = super().client(**kwargs)
+        self.made.append(made)
+        return made
 
 
 @dataclass
 class _Kernel:
-    """A started kernel for one step: its manager and the private directory of its IPC sockets."""
+    """The run's kernel: its manager and the private directory of its IPC sockets.  ``retired`` once it is
+    being stopped (after a step failed, was interrupted or lost it): no later step may use it."""
 
-    km: KernelManager
+    km: _RunKernelManager
     sockets: tempfile.TemporaryDirectory[str]
+    retired: bool = False
 
     def stop(self) -> None:
+        self.retired = True
         try:
             if self.km.has_kernel:  # nbclient leaves a kernel it did not start running
                 self.km.shutdown_kernel(now=True)
         finally:
+            self.release_clients()
             self.sockets.cleanup()
+
+    def release_clients(self) -> None:
+        """Close the channels of every client made so far (a finished notebook's, a silent run's)."""
+        made, self.km.made = self.km.made, []
+        for kc in made:
+            with contextlib.suppress(Exception):
+                kc.stop_channels()
+
+    def next_step(self, result_file: Path, notebooks: Path) -> None:
+        """Make the kernel what a fresh one started for this step would be (:func:`next_step_code`)."""
+        self.release_clients()
+        reply = _run_silently(self, next_step_code(result_file, notebooks))
+        if reply.get("status") != "ok":
+            raise RuntimeError(f"the kernel could not be reset: {reply.get('ename')}: {reply.get('evalue')}")
 
 
 class ReadyClient(BlockingKernelClient):
@@ -332,42 +377,10 @@ class ReadyClient(BlockingKernelClient):
                 break
 
 
-#: Each kind of cell and output a step notebook has, rendered once by :meth:`_Background.warm_exporter`.
-_SAMPLE_NOTEBOOK: dict[str, Any] = {
-    "nbformat": 4,
-    "nbformat_minor": 5,
-    "metadata": {
-        "kernelspec": {"name": KERNEL, "display_name": "Python 3", "language": "python"},
-        "language_info": {"name": "python", "pygments_lexer": "ipython3"},
-    },
-    "cells": [
-        {"cell_type": "markdown", "id": "m", "metadata": {}, "source": "# Step\n`code`, [a link](x)"},
-        {
-            "cell_type": "code",
-            "id": "c",
-            "metadata": {"tags": ["parameters"]},
-            "execution_count": 1,
-            "source": "import x\nx.run()",
-            "outputs": [
-                {"output_type": "stream", "name": "stdout", "text": "ok\n"},
-                {"output_type": "display_data", "metadata": {}, "data": {"text/html": "<b>x</b>"}},
-                {
-                    "output_type": "execute_result",
-                    "execution_count": 1,
-                    "metadata": {},
-                    "data": {"text/plain": "1"},
-                },
-                {"output_type": "error", "ename": "E", "evalue": "e", "traceback": ["\x1b[0;31mE\x1b[0m: e"]},
-            ],
-        },
-    ],
-}
-
-
 def _new_kernel() -> _Kernel:
     # IPC sockets in a private directory: the kernel (cluster data, outputs) is not reachable over TCP.
     sockets = tempfile.TemporaryDirectory()
-    km = KernelManager(
+    km = _RunKernelManager(
         kernel_name=KERNEL,
         transport="ipc",
         ip=str(Path(sockets.name) / "kernel"),
@@ -376,29 +389,54 @@ def _new_kernel() -> _Kernel:
     return _Kernel(km, sockets)
 
 
-def warm_code(item: StepSpec, *, kubernetes: bool = True) -> str:
-    """What a pre-started kernel imports before its notebook runs: the step code the notebook's first cell
-    imports, the approval gate for steps that change the cluster, and (``kubernetes``) the Kubernetes
-    client's API classes the step calls: the 37.x client builds validators for every method of a class on
-    first use, ~1 s and ~35 MB for all five.  Inside a function, so the notebook's namespace
-    stays as the notebook makes it."""
-    modules = ["runbook_lib.notebook.steps", f"runbook_lib.steps.{item.module}"]
-    if item.changes_cluster:
+def warm_code(items: Sequence[StepSpec]) -> str:
+    """What the run's kernel imports before its first notebook runs: the step code the notebooks' first cells
+    import, the approval gate when a step changes the cluster, and the Kubernetes client's API classes the
+    steps call: the 37.x client builds validators for every method of a class on first use, ~1 s and ~35 MB
+    for all five.  Done while the runbook process imports papermill, so it overlaps that instead of the
+    steps.  Then ``gc.freeze()``: what is imported stays for the run, and IPython's ``reset`` between two
+    notebooks runs ``gc.collect()``, which scanned all of it (0.6 s at load 50).  Inside a function, so the
+    notebook's namespace stays as the notebook makes it."""
+    modules = ["runbook_lib.notebook.steps", *(f"runbook_lib.steps.{item.module}" for item in items)]
+    if any(item.changes_cluster for item in items):
         modules.append("runbook_lib.notebook.gates")
-    apis = list(item.kubernetes_apis) if kubernetes else []
+    apis = list(dict.fromkeys(api for item in items for api in item.kubernetes_apis))
     body = f"    for name in {modules!r}:\n        importlib.import_module(name)\n"
     if apis:
         body += f"    client = importlib.import_module('kubernetes.client')\n    for api in {apis!r}:\n"
         body += "        getattr(client, api)\n"
     return (
-        "def _runbook_warm():\n    import importlib\n"
+        "def _runbook_warm():\n    import gc, importlib\n"
         + body
+        + "    gc.freeze()\n"
         + "try:\n    _runbook_warm()\nfinally:\n    del _runbook_warm\n"
     )
 
 
-def _run_silently(kernel: _Kernel, code: str, timeout: float = 120.0) -> None:
-    """Run ``code`` in the kernel without output, history or execution count (nothing the notebook shows)."""
+def next_step_code(result_file: Path, notebooks: Path) -> str:
+    """What the runner runs in its kernel between two step notebooks, so that the next one starts as in a
+    fresh kernel: IPython's ``reset`` (``%reset -f`` with a new session: no name an earlier notebook set,
+    execution counts from 1, an empty output cache), this step's result file in ``RUNBOOK_RESULT_FILE``, the
+    notebooks directory as working directory, and warnings shown again.
+
+    Why the last one: Python shows a warning once per code location (the ``default`` action's registry);
+    in a fresh kernel per step, a warning the library gave in step 1 was shown in step 2's notebook too.
+    ``warnings._filters_mutated()`` is what ``warnings.simplefilter`` calls to invalidate those registries
+    (CPython Lib/warnings.py at v3.11.7).  Modules stay imported: that is the point of one kernel."""
+    return (
+        "def _runbook_next_step():\n"
+        "    import os, warnings\n"
+        "    get_ipython().reset(new_session=True)\n"
+        f"    os.environ[{RESULT_FILE_ENV!r}] = {str(result_file)!r}\n"
+        f"    os.chdir({str(notebooks)!r})\n"
+        "    warnings._filters_mutated()\n"
+        "_runbook_next_step()\n"
+    )
+
+
+def _run_silently(kernel: _Kernel, code: str, timeout: float = 120.0) -> dict[str, Any]:
+    """Run ``code`` in the kernel without output, history or execution count (nothing the notebook shows);
+    the content of its ``execute_reply`` (``status`` ``ok`` or ``error``).  Raises when no reply came."""
     kc = kernel.km.client()
     kc.start_channels()
     try:
@@ -408,25 +446,22 @@ def _run_silently(kernel: _Kernel, code: str, timeout: float = 120.0) -> None:
         while time.monotonic() < deadline:
             reply = kc.get_shell_msg(timeout=max(0.1, deadline - time.monotonic()))
             if reply.get("parent_header", {}).get("msg_id") == msg_id:
-                break
+                content: dict[str, Any] = reply.get("content", {})
+                return content
+        raise TimeoutError(f"no reply from the kernel within {timeout:.0f} s")
     finally:
         kc.stop_channels()
 
 
-def prestart_kernel(
-    item: StepSpec, *, result_file: Path, notebooks: Path, kubernetes: bool = True
-) -> _Kernel:
-    """Start the kernel of a later step and import its step code, while the current step runs.
+def prestart_kernel(items: Sequence[StepSpec], *, result_file: Path, notebooks: Path) -> _Kernel:
+    """Start the run's kernel and import the step code of ``items``, while the runbook process imports
+    papermill.
 
-    Why: each notebook runs in a fresh kernel (a step's state never leaks into the next), and starting one
-    plus importing the step code costs ~1 s, ~2 s for steps that call the Kubernetes API (issue 8's 8-node
-    run).  Started during the previous notebook, that cost overlaps the cluster work instead of adding to it.
-    The kernel gets what papermill would give it: the notebooks directory as working directory, this
-    step's result file in its environment, an in-memory IPython history.  The warm-up runs silently and
-    outside the history, so the executed notebook (outputs, execution counts) is the same; an import error
-    here is ignored and surfaces, as before, when the notebook's own cell runs.  ``kubernetes=False`` leaves
-    the API classes for :func:`warm_api_of`, once this kernel's step is the next one: a kernel two
-    steps ahead then holds ~65 MB instead of ~100 MB (the 1,000-node run's memory target).
+    The kernel gets what papermill would give it: the notebooks directory as working directory, the first
+    step's result file in its environment (:func:`next_step_code` sets the later ones), an in-memory IPython
+    history.  The warm-up runs silently and outside the history, so the executed notebook (outputs,
+    execution counts) is the same; an import error here is ignored and surfaces, as before, when the
+    notebook's own cell runs.
     """
     kernel = _new_kernel()
     try:
@@ -435,20 +470,28 @@ def prestart_kernel(
             env={**os.environ, RESULT_FILE_ENV: str(result_file)},
             extra_arguments=["--HistoryManager.hist_file=:memory:"],
         )
-        _run_silently(kernel, warm_code(item, kubernetes=kubernetes))
+        _run_silently(kernel, warm_code(items))
     except BaseException:
         kernel.stop()
         raise
     return kernel
 
 
-def warm_api_of(item: StepSpec, kernel: _Kernel) -> _Kernel:
-    """Build the Kubernetes API classes in a pre-started kernel whose step is next; never fails (the step
-    builds them itself if this did not)."""
-    if item.uses_kubernetes:
-        with contextlib.suppress(Exception):
-            _run_silently(kernel, warm_code(item))
-    return kernel
+def step_kernel(
+    kernel: _Kernel | None, result_file: Path, notebooks: Path, background: _Background
+) -> _Kernel:
+    """The kernel the next step's notebook runs in: the run's kernel, reset for it by
+    :meth:`_Kernel.next_step`; a new one (started by papermill) when there is none or the reset failed, so
+    a step never runs in a kernel that still holds an earlier step's names."""
+    if kernel is not None and not kernel.retired:
+        try:
+            kernel.next_step(result_file, notebooks)
+        except Exception:  # no reply: the kernel is gone or stuck
+            kernel.retired = True
+            background.stop_kernel(kernel.stop)
+        else:
+            return kernel
+    return _new_kernel()
 
 
 def _execute(
@@ -463,13 +506,16 @@ def _execute(
     kernel: _Kernel | None = None,
     signals: interrupts.SignalGuard | None = None,
     on_event: live_events.Deliver | None = None,
+    keep_kernel: bool = False,
 ) -> StepOutcome:
-    """Execute one step notebook into the record, in ``kernel`` when one was pre-started for it.
+    """Execute one step notebook into the record, in ``kernel`` when one was started for it.
 
     While it runs, each rollout event its kernel appends to ``results/<step>.events.jsonl`` goes to ``on_event``
     (``live_events.following``); the file stays in the record.
 
-    The kernel is stopped on ``background`` when given: its result file is complete once papermill returns.
+    With ``keep_kernel`` a kernel whose notebook ran without error stays up for the next step (the caller
+    stops it after the last one); otherwise it is stopped on ``background`` when given: its result file is
+    complete once papermill returns.
     Interrupted (the first Ctrl-C or SIGTERM, see :class:`~.interrupts.SignalGuard`), the cell is
     interrupted so its ``finally`` blocks run, the kernel is stopped, and the step's journal is read from
     the file its kernel appended it to.
@@ -524,9 +570,12 @@ def _execute(
         finally:
             if interrupted_at is not None:  # gone before the runner removes any test pod left
                 interrupts.off_the_main_thread(kernel.stop)
+            elif keep_kernel and error is None:
+                kernel.release_clients()  # the notebook's client; the kernel runs the next step
             elif background is None:
                 kernel.stop()
             else:
+                kernel.retired = True
                 background.stop_kernel(kernel.stop)
     duration = time.monotonic() - started
     if interrupted_at is not None:
@@ -669,19 +718,6 @@ def test_pods_may_be_left(outcome: StepOutcome) -> bool:
     return not created <= deleted
 
 
-def skip_iri_format_checks() -> None:
-    """Keep jsonschema from importing ``rfc3987_syntax``, which compiles 38 lark grammars when imported.
-
-    papermill imports nbformat, which imports jsonschema, whose ``_format.py`` (jsonschema 4.26.0) registers
-    the ``iri``/``iri-reference`` format checks only ``with suppress(ImportError): from rfc3987_syntax import
-    …``.  Installed with jupyter-events' ``jsonschema[format-nongpl]``, it cost the runbook process 1-8 s of
-    CPU per run on 2 cores (cProfile of an 8-node ``runbook run``), while the first kernel starts.  nbformat
-    validates notebooks without a FormatChecker, so those checks are never used here; a ``None`` entry in
-    ``sys.modules`` makes that import raise ImportError, which jsonschema expects.  Done only when nothing
-    imported it yet."""
-    sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]
-
-
 def import_before_threads() -> None:
     """Import, on the main thread, every module the run's worker threads would otherwise import first.
 
@@ -692,7 +728,7 @@ def import_before_threads() -> None:
     worker threads import nothing: papermill, the Kubernetes client and the classes
     :func:`collect_versions` uses are imported here, while the first kernels start in their own processes.
     """
-    skip_iri_format_checks()
+    offline_html.skip_iri_format_checks()
     importlib.import_module("papermill")
     importlib.import_module("runbook_lib.clients.kube")
     kube = importlib.import_module("kubernetes.client")
@@ -927,38 +963,25 @@ def run(
             (record / "html").mkdir()
         bar = tqdm(total=len(selected), unit="step", disable=not progress, desc="runbook")
 
-        def start_for(step: StepSpec, *, kubernetes: bool) -> Future[_Kernel]:
-            return background.prestart(
-                lambda: prestart_kernel(
-                    step,
-                    result_file=results / f"{step.name}.json",
-                    notebooks=notebooks,
-                    kubernetes=kubernetes,
-                )
-            )
-
-        # Kernels are started PRESTART_AHEAD steps ahead: one start (~0.8 s of CPU) plus its warm-up can
-        # outlast a short step, and a second one in flight keeps the next step from waiting for it.  Only
-        # the next step's kernel gets the Kubernetes API classes (memory: see prestart_kernel).
+        # One kernel for the run (module docstring), started and warmed while this process imports papermill.
         import_for_kernel_start()  # worker threads import nothing (F1): see import_before_threads
-        upcoming = [start_for(step, kubernetes=i == 0) for i, step in enumerate(selected[:PRESTART_AHEAD])]
-        import_before_threads()  # while the first kernels start (papermill: see _execute)
-        if html:
-            background.warm_exporter()
+        first = background.prestart(
+            lambda: prestart_kernel(
+                selected, result_file=results / f"{selected[0].name}.json", notebooks=notebooks
+            )
+        )
+        import_before_threads()  # while the kernel starts (papermill: see _execute)
         helm_version = background.early(lambda: early_helm_version(params))
         for index, item in enumerate(selected):
             if signals.received is not None:  # between two steps: the next one is not started
                 break
             bar.set_description(item.name)
             try:  # waiting for this step's kernel is part of the step: Ctrl-C here is sealed like any other
-                kernel = background.take(upcoming.pop(0)) if upcoming else None
-                if upcoming:
-                    upcoming[0] = background.then(
-                        upcoming[0], functools.partial(warm_api_of, selected[index + 1])
-                    )
-                if index + PRESTART_AHEAD < len(selected):
-                    upcoming.append(
-                        start_for(selected[index + PRESTART_AHEAD], kubernetes=PRESTART_AHEAD == 1)
+                if index == 0:
+                    background.kernel = background.take(first) or _new_kernel()
+                else:
+                    background.kernel = step_kernel(
+                        background.kernel, results / f"{item.name}.json", notebooks, background
                     )
                 outcome = _execute(
                     item,
@@ -968,9 +991,10 @@ def run(
                     notebooks=notebooks,
                     results=results,
                     background=background,
-                    kernel=kernel,
+                    kernel=background.kernel,
                     signals=signals,
                     on_event=scrubbed(on_event, secrets),
+                    keep_kernel=index + 1 < len(selected),
                 )
             except (KeyboardInterrupt, SystemExit) as exc:  # Ctrl-C or SIGTERM: seal what happened
                 signals.note(exc)
