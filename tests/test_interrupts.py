@@ -63,7 +63,8 @@ def running_sim(
     """The simulator started by the test (so it outlives the run and its API can be read afterwards);
     `runbook run` finds it running for the same parameters and leaves it as found. Its Kubernetes side is the
     real control plane (skipped, naming ``make kube-tools``, where it is not built); ``real_plane=False`` for a
-    test that never reaches Kubernetes: the suite's default then, which starts faster."""
+    test that never reaches Kubernetes: the Python API server then, which starts faster, whatever the suite's
+    default (since the real plane became it, unset ``RUNBOOK_SIM_KUBE`` would start it here too)."""
     overrides = [f"simulation.scenario={scenario}"]
     params: Params = load_params(PARAMS, overrides, None)
     state = tmp_path / "sim"
@@ -71,6 +72,8 @@ def running_sim(
     with pytest.MonkeyPatch.context() as env:
         if real_plane:
             use_real_plane(env)  # also for the `runbook run` the test starts
+        else:
+            env.setenv(realkube.MODE_ENV, "python")  # a Talos-only step: no Kubernetes to start or wait for
         cluster.create(state, dataclasses.replace(spec, latency_ms=latency_ms))
         realkube.start_servers(state)  # the Kubernetes side RUNBOOK_SIM_KUBE picks, as `runbook sim up` does
         try:
