@@ -119,7 +119,8 @@ func prepare(o options, p ports, issuer string) (layout, string, error) {
 	}
 
 	if l.TalosKubeconfig, err = writeTalosKubeconfig(state, server, o.ClusterName, l.PKI); errors.Is(err, errNoCAKey) {
-		l.TalosKubeconfigError = err.Error() + ": remove it for a new cluster"
+		l.TalosKubeconfigError = fmt.Sprintf("%v: remove %s for a new cluster", err, state)
+		os.Remove(filepath.Join(state, talosKubeconfigName)) //nolint:errcheck,gosec // none is the aim
 	} else if err != nil {
 		return layout{}, "", err
 	}

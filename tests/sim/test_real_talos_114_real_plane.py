@@ -33,8 +33,10 @@ import yaml
 from runbook_lib.sim import cluster, realkube, realtalos
 from runbook_lib.sim.state import load_cluster, load_nodes, save_cluster, sim_paths, talos_kubeconfig_path
 from tests.sim.test_real_faults import TIME_SCALE, UPGRADE_SECONDS
+from tests.sim.test_real_kube_restart import start_simkube, stop_simkube
 from tests.sim.test_real_talos_110_111 import built_talosctl
 from tests.sim.test_real_talosctl import build, find_go
+from tests.sim.test_sim_up_real_kube import tools as tools  # noqa: PLC0414  (the module-scoped fixture)
 from tests.sim.test_sim_up_real_talosctl import runbook, step_lines
 
 TALOS = "v1.14.0"  # the nodes (the simulated Image Factory's 1.14 release)
@@ -203,6 +205,26 @@ def test_upgrade_of_a_1_14_worker_drains_it_through_the_real_control_plane(plane
     assert upgrade.returncode == 0, out
     for line in ("node cordoned", "node drained", "node uncordoned"):
         assert f"{worker.name}: {line}" in out, out
+
+
+@pytest.mark.slow
+def test_simkube_resuming_a_state_dir_without_a_ca_key_serves_but_says_why_it_has_no_talos_kubeconfig(
+    tools: realkube.Tools, tmp_path: Path
+) -> None:
+    """A state dir an earlier simkube wrote before it kept its CA key still resumes (its cluster and tokens stay),
+    with no Talos-shaped kubeconfig and the reason, which ``runbook sim status`` then shows for 1.14 nodes."""
+    state = tmp_path / "kube"
+    proc, ready = start_simkube(tools, state)
+    stop_simkube(proc)
+    assert Path(str(ready["talos_kubeconfig"])).is_file()
+    (state / "pki" / "ca.key").unlink()
+    proc, again = start_simkube(tools, state)
+    try:
+        assert again["talos_kubeconfig"] == "" and not (state / "admin-cert.kubeconfig").exists()
+        why = str(again["talos_kubeconfig_error"])
+        assert "kept no CA key" in why and f"remove {state} for a new cluster" in why, why
+    finally:
+        stop_simkube(proc)
 
 
 # ---------------------------------------------------------------- runbook run on Talos 1.14 and Kubernetes 1.37
