@@ -72,14 +72,16 @@ func (s *machineServer) validated(ctx context.Context, data []byte) (config.Prov
 		return nil, nil, status.Error(codes.InvalidArgument, "the applied machine configuration doesn't contain v1alpha1 config, did you mean to patch the machine config instead?")
 	}
 
-	warnings, err := cfg.Validate(installedMetal{})
+	warnings, err := cfg.Validate(installedMetal{}, validationOptions(s.node.bootState().version)...)
 	if err != nil {
 		return nil, nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 
-	runtimeWarnings, err := cfg.RuntimeValidate(ctx, s.node.state, installedMetal{})
-	if err != nil {
-		return nil, nil, status.Error(codes.InvalidArgument, err.Error())
+	var runtimeWarnings []string
+	if hasRuntimeValidate(s.node.bootState().version) {
+		if runtimeWarnings, err = cfg.RuntimeValidate(ctx, s.node.state, installedMetal{}); err != nil {
+			return nil, nil, status.Error(codes.InvalidArgument, err.Error())
+		}
 	}
 
 	return cfg, s.releaseWarnings(slices.Concat(warnings, runtimeWarnings)), nil
@@ -163,18 +165,14 @@ func (s *machineServer) dryRun(mode machine.ApplyConfigurationRequest_Mode, mode
 		return nil, status.Error(codes.FailedPrecondition, "simnode: this node has no machine_config in the nodes file")
 	}
 
-	diff, err := configDiff(s.node.bootState().version, current, cfg)
+	diff, err := dryRunDiff(s.node.bootState().version, current, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("failed to generate diff: %w", err)
-	}
-
-	if diff == "" {
-		diff = "No changes."
+		return nil, err
 	}
 
 	return &machine.ApplyConfigurationResponse{Messages: []*machine.ApplyConfiguration{{
 		Mode:        mode,
-		ModeDetails: fmt.Sprintf("Dry run summary:\n%s (skipped in dry-run).\nConfig diff:\n\n%s", modeDetails, diff),
+		ModeDetails: fmt.Sprintf("Dry run summary:\n%s (skipped in dry-run).\n%s", modeDetails, diff),
 	}}}, nil
 }
 
@@ -251,12 +249,9 @@ func canApplyImmediate(tag string, current, next config.Provider) error {
 	}
 
 	if !reflect.DeepEqual(currentConfig, newConfig) {
-		diff, err := configDiff(tag, container.NewV1Alpha1(currentConfig), container.NewV1Alpha1(newConfig))
-		if err != nil {
-			return fmt.Errorf("error calculating diff: %w", err)
-		}
-
-		return fmt.Errorf("this config change can't be applied in immediate mode\ndiff:\n%s", diff)
+		return immediateError(tag, currentConfig, newConfig, func() (string, error) {
+			return configDiff(tag, container.NewV1Alpha1(currentConfig), container.NewV1Alpha1(newConfig))
+		})
 	}
 
 	return nil

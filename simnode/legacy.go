@@ -9,6 +9,7 @@ import (
 	"github.com/cosi-project/runtime/pkg/state"
 	"github.com/cosi-project/runtime/pkg/state/protobuf/server"
 	configres "github.com/siderolabs/talos/pkg/machinery/resources/config"
+	"github.com/siderolabs/talos/pkg/machinery/resources/hardware"
 	"github.com/siderolabs/talos/pkg/machinery/resources/runtime"
 	"go.yaml.in/yaml/v4"
 	"google.golang.org/grpc"
@@ -133,6 +134,10 @@ func releaseResources(tag string) []meta.ResourceWithRD {
 		switch r.(type) {
 		case *runtime.KernelModuleStatus:
 			continue
+		case *hardware.PCIDevice:
+			if !hasPCIDevices(tag) {
+				continue
+			}
 		case *runtime.LoadedKernelModule: //nolint:staticcheck
 			if !atLeast(tag, 1, 11) {
 				continue

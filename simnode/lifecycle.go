@@ -76,9 +76,9 @@ func (s *machineServer) Upgrade(ctx context.Context, in *machine.UpgradeRequest)
 	actorID := newUUID()
 
 	if in.GetStage() {
-		go s.node.stagedUpgrade(actorID, in.GetImage())
+		go s.node.stagedUpgrade(actorID, in.GetImage(), in.GetPreserve())
 	} else {
-		go s.node.upgrade(actorID, in.GetImage())
+		go s.node.upgrade(actorID, in.GetImage(), in.GetPreserve())
 	}
 
 	return &machine.UpgradeResponse{Messages: []*machine.Upgrade{{Ack: "Upgrade request received", ActorId: actorID}}}, nil
@@ -94,17 +94,18 @@ func (s *machineServer) Reboot(_ context.Context, _ *machine.RebootRequest) (*ma
 	return &machine.RebootResponse{Messages: []*machine.Reboot{{ActorId: actorID}}}, nil
 }
 
-// upgrade runs the upgrade sequence up to stopAllServices, then reboots into image, keeping the running one
-// to roll back to.
-func (n *simNode) upgrade(actorID, image string) {
+// upgrade runs the upgrade sequence up to stopAllServices (the running release's, preserve choosing its cleanup
+// before 1.8: upgradePhasesOf), then reboots into image, keeping the running one to roll back to; an installer
+// before 1.8 without preserve wipes /var (wipesEphemeral).
+func (n *simNode) upgrade(actorID, image string, preserve bool) {
 	if n.spec.FailInstall {
 		n.failInstall(actorID)
 
 		return
 	}
 
-	n.runSequence(actorID, "upgrade", upgradePhases)
-	n.install(installArgs(n.activeConfig()))
+	n.runSequence(actorID, "upgrade", upgradePhasesOf(n.bootState().version, preserve, n.controlPlane()))
+	n.installImage(image, preserve)
 
 	current := n.bootState().image
 	n.powerOff()
@@ -116,9 +117,9 @@ func (n *simNode) upgrade(actorID, image string) {
 // the stageUpgrade sequence, the reboot's phases (v1alpha1_sequencer.go:367-390). The next boot runs the install
 // sequence before apid starts (talos@v1.12.0:internal/app/machined/main.go:263-271; v1alpha1_sequencer.go:151-188):
 // it installs the staged image and reboots into it, so the API stays down across both reboots and the install.
-func (n *simNode) stagedUpgrade(actorID, image string) {
+func (n *simNode) stagedUpgrade(actorID, image string, preserve bool) {
 	n.runSequence(actorID, "stageUpgrade", rebootPhases)
-	n.install(installArgs(n.activeConfig()))
+	n.installImage(image, preserve)
 
 	current := n.bootState().image
 	n.powerOff()
@@ -176,7 +177,7 @@ func (n *simNode) taskTime(task string) time.Duration {
 	switch task {
 	case "upgrade":
 		return n.duration(n.spec.InstallMS, installDefault)
-	case "stopAllPods":
+	case "stopAllPods", "removeAllPods":
 		return n.scaled(stopPods)
 	default:
 		return 0
@@ -288,11 +289,12 @@ func (n *simNode) failBoot(bus *eventBus) {
 		waitErr = multierror.Append(waitErr, context.DeadlineExceeded)
 	}
 
-	const bootPhases = 9 // the metal boot sequence's phases, startEverything last (v1alpha1_sequencer.go:193-233)
+	// the metal boot sequence's phases, startEverything last (v1alpha1_sequencer.go:193-233; per release: bootPhases)
+	phase := bootPhases(n.bootState().version)
 
 	bus.publish("", &machine.SequenceEvent{Sequence: "boot", Action: machine.SequenceEvent_NOOP, Error: &common.Error{
 		Code:    common.Code_FATAL,
-		Message: fmt.Sprintf("sequence failed: error running phase %d in boot sequence: task 1/1: failed, %v", bootPhases, waitErr),
+		Message: fmt.Sprintf("sequence failed: error running phase %d in boot sequence: task 1/1: failed, %v", phase, waitErr),
 	}})
 	bus.publish("", &machine.SequenceEvent{Sequence: "boot", Action: machine.SequenceEvent_STOP})
 

@@ -2,13 +2,10 @@ package main
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/siderolabs/talos/pkg/machinery/api/common"
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/emptypb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
@@ -81,7 +78,7 @@ const readChunk = 1024
 const bootIDPath = "/proc/sys/kernel/random/boot_id"
 
 // Read streams a file of the nodes file's "files" (talos@v1.12.0:internal/app/machined/internal/server/v1alpha1/v1alpha1_server.go:1351-1387):
-// a missing path is NotFound with os.Stat's text.
+// a missing path is os.Stat's error, NotFound from 1.8 (missingFile).
 func (s *machineServer) Read(in *machine.ReadRequest, srv grpc.ServerStreamingServer[common.Data]) error {
 	content, ok := s.node.file(in.GetPath())
 
@@ -93,7 +90,7 @@ func (s *machineServer) Read(in *machine.ReadRequest, srv grpc.ServerStreamingSe
 	}
 
 	if !ok {
-		return status.Error(codes.NotFound, fmt.Sprintf("stat %s: no such file or directory", in.GetPath()))
+		return missingFile(s.node.bootState().version, in.GetPath())
 	}
 
 	data := []byte(content)

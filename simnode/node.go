@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -40,6 +41,7 @@ type simNode struct {
 	boot      bootInfo
 	services  []ServiceSpec     // what ServiceList answers
 	files     map[string]string // derived files (the driver's version file), before the nodes file's "files"
+	varWiped  bool              // an upgrade re-created EPHEMERAL: the nodes file's files under /var are gone (legacy18.go)
 
 	// pulls are the images in the node's containerd store (ImageService.Pull, lifecycle113.go).
 	pulls map[string]struct{}
@@ -124,6 +126,10 @@ func (n *simNode) file(path string) (string, bool) {
 
 	if content, ok := n.files[path]; ok {
 		return content, true
+	}
+
+	if n.varWiped && strings.HasPrefix(path, ephemeralMount) {
+		return "", false
 	}
 
 	content, ok := n.spec.Files[path]

@@ -244,6 +244,10 @@ func createPlatformMetadata(ctx context.Context, st state.State, n *NodeSpec) er
 // createPCIDevices: one PCIDevice per device, ID = PCI address
 // (talos@v1.12.0:internal/app/machined/pkg/controllers/hardware/pcidevices.go:36,142-147).
 func createPCIDevices(ctx context.Context, st state.State, n *NodeSpec) error {
+	if !hasPCIDevices(n.TalosVersion) {
+		return nil
+	}
+
 	for _, dev := range n.PCIDevices {
 		res := hardware.NewPCIDeviceInfo(dev.ID)
 		*res.TypedSpec() = hardware.PCIDeviceSpec{

@@ -10,7 +10,7 @@ observes it (``with_observed``), so a config applied or an upgrade made by the r
 The switch is ``RUNBOOK_SIM_TALOSCTL``: ``auto`` (default: real when a talosctl of the nodes' minor release
 and simnode for the current sources are in the tools cache, else Python), ``real`` (build them if needed;
 an error when impossible) or ``python``. What simnode cannot do yet falls back to the Python talosctl with a
-one-line reason (``runbook sim status`` shows it): releases before 1.9 (their API is not simulated,
+one-line reason (``runbook sim status`` shows it): releases before 1.7 (their API is not simulated,
 ``SIMNODE_RELEASES``), and scenarios with faults simnode does not simulate.
 """
 
@@ -75,8 +75,10 @@ START_TIMEOUT_S = 60.0
 #: MachineConfig spec as a YAML document, ``get modules`` before 1.11 as the config's module specs,
 #: ``/proc/modules``, and 1.9's dry-run diff (simnode/legacy.go, configdiff112.go, each cited). simnode is built on
 #: pkg/machinery v1.14.1 (simnode/go.mod): 1.14 nodes get 1.14's KernelModuleStatus and apply modes
-#: (simnode/state.go, apply.go). 1.8 and older: their API differences are not checked.
-SIMNODE_RELEASES = ((1, 9), (1, 10), (1, 11), (1, 12), (1, 13), (1, 14))
+#: (simnode/state.go, apply.go). 1.7 and 1.8 nodes as 1.9's plus their differences (simnode/legacy18.go): no
+#: PCIDevice before 1.8, 1.7's go-cmp dry-run diff, and an upgrade without ``--preserve`` to a 1.7 installer wiping
+#: /var. 1.6 and older: their API differences are not checked (talosctl v1.6.0 and older are not built either).
+SIMNODE_RELEASES = ((1, 7), (1, 8), (1, 9), (1, 10), (1, 11), (1, 12), (1, 13), (1, 14))
 #: The talosctl a minor release pairs with when none of it is cached, where its ``.0`` cannot be built: the Go module
 #: proxy refuses talos v1.14.0 ("403 This module version is not available", 2026-12-02) and serves v1.14.1.
 DEFAULT_CLIENT = {(1, 14): "v1.14.1"}
@@ -238,10 +240,10 @@ def talosctl_version_for(talos_version: str) -> str:
 
 def _unsupported(talos_version: str, client: str, scenario: str) -> str:
     if minor_of(talos_version) not in SIMNODE_RELEASES:
-        served = ", ".join(f"{major}.{minor}" for major, minor in SIMNODE_RELEASES)
+        served = [f"{major}.{minor}" for major, minor in SIMNODE_RELEASES]
         return (
             f"simnode does not simulate a {talos_version} node's API (checked against Talos's sources "
-            f"for 1.9 to 1.14; real: Talos {served} nodes only)"
+            f"for {served[0]} to {served[-1]}; real: Talos {', '.join(served)} nodes only)"
         )
     if minor_of(client) != minor_of(talos_version):
         return f"talosctl {client} is not the nodes' release {talos_version} (simnode pairs them)"
