@@ -29,7 +29,11 @@ import pytest
 
 from runbook_lib.model.params import Params, validate
 from runbook_lib.sim import cluster, daemon, realkube
-from runbook_lib.sim.state import load_cluster, load_nodes
+from runbook_lib.sim.kubeapi.faults import FaultFile
+from runbook_lib.sim.kubelet import cri_down
+from runbook_lib.sim.nodeagent import kubelet_stopped
+from runbook_lib.sim.realtalos import observed_nodes
+from runbook_lib.sim.state import load_cluster, load_nodes, runtime
 from runbook_lib.steps.context import Context, connect
 
 #: How long the real control plane may take, on a loaded 2-core machine, to have every Node Ready and untainted
@@ -68,9 +72,22 @@ def _unready_nodes(ctx: Context, names: set[str]) -> list[str]:
     return waiting
 
 
+def _expected_ready(state_dir: Path) -> set[str]:
+    """The simulated nodes whose Node should become Ready: not those the scenario has down or whose kubelet it
+    stopped (no kubelet posts: ``nodeagent.kubelet_stopped``), nor those whose containerd CRI does not load (the
+    kubelet posts Ready=False: ``kubelet.cri_down``). Read as the node agent reads them (``observed_nodes``)."""
+    cluster_faults = FaultFile(state_dir).read()
+    return {
+        n.name
+        for n in observed_nodes(state_dir)
+        if not kubelet_stopped(n, cluster_faults) and not cri_down(runtime(n))
+    }
+
+
 def wait_nodes_ready(ctx: Context, state_dir: Path, timeout: float = NODES_READY_SECONDS) -> None:
-    """Poll until every simulated node's Node is Ready and untainted; fail naming the ones that are not."""
-    names = {n.name for n in load_nodes(state_dir)}
+    """Poll until every simulated node that should be Ready (``_expected_ready``: a scenario's unreachable node
+    never is) has its Node Ready and untainted; fail naming the ones that are not."""
+    names = _expected_ready(state_dir)
     deadline = time.monotonic() + timeout
     while waiting := _unready_nodes(ctx, names):
         if time.monotonic() > deadline:
