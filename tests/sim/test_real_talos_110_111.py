@@ -200,10 +200,13 @@ def test_runbook_run_applies_all_six_steps_and_a_second_run_changes_nothing(
     assert "nothing changed on the cluster" in second.stdout
 
 
-def assert_run_applies_all_six_steps(tmp_path: Path, talos: str, client: str) -> list[dict[str, Any]]:
-    """``runbook run --apply`` of a fresh cluster of the release passes, changing config-patch, image and kubernetes;
-    every GPU worker is booted on the release. Returns simnode's observed state of each worker."""
-    run = runbook(run_env(tmp_path, client), *run_args(tmp_path, talos))
+def assert_run_applies_all_six_steps(
+    tmp_path: Path, talos: str, client: str, *more: str
+) -> list[dict[str, Any]]:
+    """``runbook run --apply`` (with ``more`` arguments) of a fresh cluster of the release passes, changing
+    config-patch, image and kubernetes; every GPU worker is booted on the release. Returns simnode's observed state
+    of each worker."""
+    run = runbook(run_env(tmp_path, client), *run_args(tmp_path, talos, *more))
     assert run.returncode == 0, run.stdout + run.stderr
     assert f"simulated Talos nodes: real talosctl {client} against simnode" in run.stderr
     changed = ["config-patch", "image", "kubernetes"]  # preflight, verify and cuda-test: ok
