@@ -20,8 +20,13 @@
   fails (``pytest_sessionstart`` below): ``auto`` never falls back to the Python talosctl unnoticed.
 - Tests that need one talosctl set the switch themselves (``RUNBOOK_SIM_TALOSCTL=real``: the ``tests/sim/test_*real*``
   files; the Python one: ``benchmarks/bench_fleet.py``'s figures).
-- ``RUNBOOK_SIM_KUBE=python``: the Python Kubernetes API; the real control plane only in the tests that ask for it
-  (``tests/sim/test_sim_up_real_kube.py``, ``test_real_control_plane.py``).
+- ``RUNBOOK_SIM_KUBE`` left unset (issue 15, one truth): the Kubernetes side follows ``runbook sim up``'s rule
+  (``runbook_lib.sim.realkube.choose``): the real control plane of the nodes' Kubernetes release (simkube, kwok as
+  the kubelets, the node agent, the simulated GPU Operator, the chart repository) where ``make kube-tools`` built
+  it, else the Python API server (a release whose control plane is not built, a machine without Go). Not
+  ``real``, which fails instead of falling back where a release's control plane is not built. A test that needs
+  the Python API (a fault only it simulates, a Talos-only step that need not wait for a control plane) sets
+  ``RUNBOOK_SIM_KUBE=python`` itself and says why; tests of one plane set theirs (``tests/sim/*real*``).
 
 Talos's durations run at ``RUNBOOK_SIM_TIME_SCALE`` = 0.01 (``TIME_SCALE``), as the real-talosctl acceptance
 test runs them (``tests/sim/test_sim_up_real_talosctl.py``), not at simnode's default 0.05: measured on the
@@ -47,7 +52,6 @@ from tests.buildlock import build_lock
 TIME_SCALE = "0.01"
 
 os.environ.setdefault("RUNBOOK_SIM_TALOSCTL", "auto")
-os.environ.setdefault("RUNBOOK_SIM_KUBE", "python")
 os.environ.setdefault("RUNBOOK_SIM_TIME_SCALE", TIME_SCALE)
 
 
