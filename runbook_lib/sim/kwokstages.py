@@ -28,8 +28,6 @@ from typing import Any
 
 import yaml
 
-from runbook_lib.sim.kubelet import RUNTIME_DOWN_MESSAGE, RUNTIME_DOWN_REASON
-
 API_VERSION = "kwok.x-k8s.io/v1alpha1"
 ANNOTATION = "{stage}.stage.kwok.x-k8s.io/{what}"
 
@@ -261,7 +259,18 @@ RUNTIME_LABEL = "sim.talos-gpu-runbooks.local/container-runtime"
 RUNTIME_DOWN = "down"
 _RUNTIME = f'.metadata.labels["{RUNTIME_LABEL}"]'
 
-_RUNTIME_DOWN = f"""\
+
+def runtime_down_stage() -> dict[str, Any]:
+    """Ready=False with the kubelet's reason and message while the node's container runtime is down
+    (``kubelet.RUNTIME_DOWN_MESSAGE``); only the Ready condition is patched (kwok's strategic merge keeps the
+    others). kwok's lease heartbeats go on, as a real kubelet's do while its runtime is down.
+
+    Imported here, not at the top: ``kubelet`` imports the Kubernetes client (through ``kubeapi.store``), and
+    ``runbook_lib.cli`` imports this module through ``realkube``; the CLI must start without that client
+    (tests/test_run_overhead.py)."""
+    from runbook_lib.sim.kubelet import RUNTIME_DOWN_MESSAGE, RUNTIME_DOWN_REASON  # noqa: PLC0415 - lazy
+
+    template = f"""\
 {{{{ $now := Now | Quote }}}}
 conditions:
 - type: Ready
@@ -271,12 +280,6 @@ conditions:
   lastHeartbeatTime: {{{{ $now }}}}
   lastTransitionTime: {{{{ $now }}}}
 """
-
-
-def runtime_down_stage() -> dict[str, Any]:
-    """Ready=False with the kubelet's reason and message while the node's container runtime is down
-    (``kubelet.RUNTIME_DOWN_MESSAGE``); only the Ready condition is patched (kwok's strategic merge keeps the
-    others). kwok's lease heartbeats go on, as a real kubelet's do while its runtime is down."""
     ready_reason = '.status.conditions.[] | select( .type == "Ready" ) | .reason'
     selector = [_expr(_RUNTIME, "In", RUNTIME_DOWN), _expr(ready_reason, "NotIn", RUNTIME_DOWN_REASON)]
     return {
@@ -286,7 +289,7 @@ def runtime_down_stage() -> dict[str, Any]:
         "spec": {
             "resourceRef": {"apiGroup": "v1", "kind": "Node"},
             "selector": {"matchExpressions": selector},
-            "next": {"statusTemplate": _RUNTIME_DOWN},
+            "next": {"statusTemplate": template},
         },
     }
 
