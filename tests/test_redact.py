@@ -97,3 +97,22 @@ def test_json_inside_a_json_string_loses_its_secret_values() -> None:
     assert json.loads(
         json.loads(out)["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"]
     )
+
+
+def test_a_go_cmp_diff_indented_with_non_breaking_spaces_is_masked() -> None:
+    """Talos 1.7's dry run prints go-cmp's report after ``Config diff:`` (talos@v1.7.0
+    internal/app/machined/internal/server/v1alpha1/v1alpha1_server.go:221-240), and go-cmp indents its lines with
+    U+00A0 instead of U+0020 in a random half of processes, on purpose (google/go-cmp cmp/report_text.go,
+    ``appendIndent``): a secret on a line of its own must be masked with either indent."""
+    nbsp = "\u00a0"
+    diff = (
+        f"{nbsp}{nbsp}&v1alpha1.MachineConfig{{\n"
+        f"{nbsp}{nbsp}\tMachineToken: \"abcdef.0123456789abcdef\",\n"
+        f"-{nbsp}\tClusterSecret: \"c2VjcmV0LXZhbHVlLTEyMzQ1\",\n"
+        f"+{nbsp}\tClusterSecret: \"bmV3LXNlY3JldC12YWx1ZQ==\",\n"
+        f"{nbsp}{nbsp}}}\n"
+    )
+    out = redact(diff)
+    for secret in ("abcdef.0123456789abcdef", "c2VjcmV0LXZhbHVlLTEyMzQ1", "bmV3LXNlY3JldC12YWx1ZQ=="):
+        assert secret not in out, out
+    assert out.count(MASK) == 3 and out.count("\n") == diff.count("\n")
