@@ -107,9 +107,9 @@ def test_a_go_cmp_diff_indented_with_non_breaking_spaces_is_masked() -> None:
     nbsp = "\u00a0"
     diff = (
         f"{nbsp}{nbsp}&v1alpha1.MachineConfig{{\n"
-        f"{nbsp}{nbsp}\tMachineToken: \"abcdef.0123456789abcdef\",\n"
-        f"-{nbsp}\tClusterSecret: \"c2VjcmV0LXZhbHVlLTEyMzQ1\",\n"
-        f"+{nbsp}\tClusterSecret: \"bmV3LXNlY3JldC12YWx1ZQ==\",\n"
+        f'{nbsp}{nbsp}\tMachineToken: "abcdef.0123456789abcdef",\n'
+        f'-{nbsp}\tClusterSecret: "c2VjcmV0LXZhbHVlLTEyMzQ1",\n'
+        f'+{nbsp}\tClusterSecret: "bmV3LXNlY3JldC12YWx1ZQ==",\n'
         f"{nbsp}{nbsp}}}\n"
     )
     out = redact(diff)
