@@ -73,22 +73,24 @@ LONG_FILES: tuple[str, ...] = (  # longest first; measured with -n 3 on 2 Dec 20
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """simnode built for the current sources before any test, when a talosctl is built: else ``auto`` runs the
+    """simnode (and simkube, when a control plane is built) built for the current sources before any test, when a
+    talosctl is built: else ``auto`` runs the
     Python talosctl everywhere without a word (``tests/simcluster.py`` ``ensure_current_simnode``). A failed
     build ends the session before any test runs, saying what to do. Under pytest-xdist only the controller
     does it, before it starts the workers (its own ``pytest_sessionstart`` is ``trylast``), under
     ``build_lock`` against any other pytest run on the machine: workers never build."""
     if hasattr(session.config, "workerinput"):
         return
-    from tests.simcluster import StaleSimnode, ensure_current_simnode
+    from tests.simcluster import StaleSimnode, ensure_current_simkube, ensure_current_simnode
 
-    try:
-        with build_lock("simnode"):
-            built = ensure_current_simnode()
-    except StaleSimnode as exc:
-        pytest.exit(str(exc), returncode=pytest.ExitCode.USAGE_ERROR)
-    if built is not None:
-        sys.stderr.write(f"simnode rebuilt for the current sources: {built}\n")
+    for name, ensure in (("simnode", ensure_current_simnode), ("simkube", ensure_current_simkube)):
+        try:
+            with build_lock(name):
+                built = ensure()
+        except StaleSimnode as exc:
+            pytest.exit(str(exc), returncode=pytest.ExitCode.USAGE_ERROR)
+        if built is not None:
+            sys.stderr.write(f"{name} rebuilt for the current sources: {built}\n")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -176,21 +176,22 @@ class StaleSimnode(RuntimeError):
     run the Python talosctl in every test without saying so."""
 
 
-def build_simnode() -> Path:
-    """``tools/build-simnode.sh`` (what ``make tools`` runs; ~3 s warm on the 2-core machine): the binary's path."""
+def _run_build_script(name: str) -> Path:
+    """``tools/<name>`` with Go on PATH: the binary's path (its last output line), ``StaleSimnode`` on failure."""
     go = shutil.which("go") or shutil.which("go", path="/usr/local/go/bin")
     path = f"{Path(go).parent}:{os.environ.get('PATH', '')}" if go else os.environ.get("PATH", "")
-    env = {**os.environ, "PATH": path}
+    script = str(realtalos.ROOT / "tools" / name)
     done = subprocess.run(
-        [str(realtalos.ROOT / "tools" / "build-simnode.sh")],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
+        [script], capture_output=True, text=True, env={**os.environ, "PATH": path}, check=False
     )
     if done.returncode != 0:
-        raise StaleSimnode(f"tools/build-simnode.sh failed: {done.stderr.strip()[-2000:]}")
+        raise StaleSimnode(f"tools/{name} failed: {done.stderr.strip()[-2000:]}")
     return Path(done.stdout.strip().splitlines()[-1])
+
+
+def build_simnode() -> Path:
+    """``tools/build-simnode.sh`` (what ``make tools`` runs; ~3 s warm on the 2-core machine): the binary's path."""
+    return _run_build_script("build-simnode.sh")
 
 
 def ensure_current_simnode(build: Callable[[], Path] = build_simnode) -> Path | None:
@@ -215,4 +216,31 @@ def ensure_current_simnode(build: Callable[[], Path] = build_simnode) -> Path | 
         raise StaleSimnode(
             f"simnode built at {built}, but not for the sources' hash {realtalos.simnode_hash()}"
         )
+    return built
+
+
+def build_simkube() -> Path:
+    """``tools/build-simkube.sh`` (what ``make kube-tools`` runs; standard library only, seconds warm)."""
+    return _run_build_script("build-simkube.sh")
+
+
+def ensure_current_simkube(build: Callable[[], Path] = build_simkube) -> Path | None:
+    """Build simkube for the current sources when a control plane is built (``make kube-tools`` ran) but
+    simkube's sources changed since: with ``RUNBOOK_SIM_KUBE`` unset (the suite's default, real where built)
+    ``realkube.find_tools`` would call the plane "not built" and every test would run on the Python API,
+    unnoticed. Nothing to do on the Python API, with no control plane built, or with simkube current."""
+    if realkube.requested() == "python" or not (realtalos.ROOT / "simkube").is_dir():
+        return None
+    wanted = realkube.cache_root() / "simkube" / realkube.simkube_key() / "simkube"
+    if not any(realkube.cache_root().glob("kube/v*/bin/kube-apiserver")) or wanted.is_file():
+        return None
+    try:
+        built = build()
+    except (OSError, StaleSimnode) as exc:
+        raise StaleSimnode(
+            f"a Kubernetes control plane is built in {realkube.cache_root()} but simkube is not built for the "
+            f"sources in {realtalos.ROOT / 'simkube'} (key {realkube.simkube_key()}), and building it failed: "
+            f"{exc}. Fix the build and run `make kube-tools`, or run the tests on the Python Kubernetes API "
+            f"knowingly with {realkube.MODE_ENV}=python"
+        ) from exc
     return built

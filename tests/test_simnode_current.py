@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from runbook_lib.sim import realtalos
-from tests.simcluster import StaleSimnode, build_simnode, ensure_current_simnode
+from runbook_lib.sim import realkube, realtalos
+from tests.simcluster import StaleSimnode, build_simnode, ensure_current_simkube, ensure_current_simnode
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -35,9 +35,9 @@ def _cache_with_talosctl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Pat
     return cache
 
 
-def _fake_build(cache: Path, calls: list[str]) -> Path:
+def _fake_build(cache: Path, calls: list[str], out: Path | None = None) -> Path:
     calls.append("build")
-    out = cache / "simnode" / realtalos.simnode_hash() / "simnode"
+    out = out or cache / "simnode" / realtalos.simnode_hash() / "simnode"
     out.parent.mkdir(parents=True)
     out.write_text("#!/bin/sh\n")
     out.chmod(0o755)
@@ -110,3 +110,58 @@ def test_a_session_ends_before_any_test_when_the_stale_simnode_does_not_build(tm
     assert done.returncode == pytest.ExitCode.USAGE_ERROR, out
     assert "simnode is not built for the sources" in out and "tools/build-simnode.sh failed" in out, out
     assert "passed" not in out and "skipped" not in out, out
+
+
+def _kube_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A tools cache where ``make kube-tools`` built Kubernetes v1.35.0 and no simkube for these sources."""
+    cache = tmp_path / "cache"
+    apiserver = cache / "kube" / "v1.35.0" / "bin" / "kube-apiserver"
+    apiserver.parent.mkdir(parents=True)
+    apiserver.write_text("#!/bin/sh\n")
+    apiserver.chmod(0o755)
+    monkeypatch.setenv("RUNBOOK_TOOLS_CACHE", str(cache))
+    monkeypatch.delenv(realkube.MODE_ENV, raising=False)
+    return cache
+
+
+def _fake_simkube_build(cache: Path, calls: list[str]) -> Path:
+    return _fake_build(cache, calls, cache / "simkube" / realkube.simkube_key() / "simkube")
+
+
+def test_a_stale_simkube_is_rebuilt_when_a_control_plane_is_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the suite's Kubernetes side unset (real where built), simkube sources edited since ``make
+    kube-tools`` would send every test to the Python API without a word (``realkube.find_tools`` says "not
+    built"); the session start rebuilds it, as it does simnode."""
+    cache = _kube_cache(tmp_path, monkeypatch)
+    calls: list[str] = []
+    built = ensure_current_simkube(lambda: _fake_simkube_build(cache, calls))
+    assert calls == ["build"] and built is not None and built.is_file()
+    assert ensure_current_simkube(lambda: _fake_simkube_build(cache, calls)) is None and calls == ["build"]
+
+
+def test_simkube_is_left_alone_without_a_control_plane_or_on_the_python_api(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = _kube_cache(tmp_path, monkeypatch)
+    calls: list[str] = []
+    monkeypatch.setenv(realkube.MODE_ENV, "python")
+    assert ensure_current_simkube(lambda: _fake_simkube_build(cache, calls)) is None
+    monkeypatch.delenv(realkube.MODE_ENV)
+    monkeypatch.setenv("RUNBOOK_TOOLS_CACHE", str(tmp_path / "empty"))
+    assert ensure_current_simkube(lambda: _fake_simkube_build(cache, calls)) is None and calls == []
+
+
+def test_a_failed_simkube_build_says_what_is_stale_and_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _kube_cache(tmp_path, monkeypatch)
+
+    def broken() -> Path:
+        raise StaleSimnode("tools/build-simkube.sh failed: ./main.go:1: syntax error")
+
+    with pytest.raises(StaleSimnode) as failed:
+        ensure_current_simkube(broken)
+    message = str(failed.value)
+    assert "simkube" in message and "syntax error" in message and "RUNBOOK_SIM_KUBE=python" in message
