@@ -82,8 +82,10 @@ def simkube_key() -> str:
 
 #: The Kubernetes release ``make kube-tools`` is asked to build for a minor whose version in the Talos profile
 #: (``state.KUBERNETES_FOR_TALOS``) it does not build: Talos 1.14 ships 1.37.0 (talos@v1.14.1
-#: pkg/machinery/constants/constants.go:381), and the Go module proxy lists v1.37.2 of k8s.io/kubernetes, not v1.37.0
-#: (/work/.library/env/packages/go-partial.tsv, 2026-11-25), so tools/build-kube.sh builds v1.37.2.
+#: pkg/machinery/constants/constants.go:381); tools/build-kube.sh builds v1.37.2 for it. Not because v1.37.0 is
+#: missing: the proxy's version list of k8s.io/kubernetes (``go list -m -versions``) is partial here (no v1.35.0 or
+#: v1.36.0 either, which build), and ``go mod download k8s.io/kubernetes@v1.37.0`` fetched it on 2 Dec 2026;
+#: whether v1.37.0 builds with tools/build-kube.sh was not tried.
 BUILT_FOR_MINOR = {"1.37": "v1.37.2"}
 KUBE_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
 
