@@ -381,7 +381,21 @@ def start_daemon(state_dir: Path, timeout: float = 15.0, rooms: list[str] | None
         if proc.poll() is not None:
             raise RuntimeError(f"simulator daemon exited with {proc.returncode}; see {paths.log}")
         time.sleep(0.05)
-    raise RuntimeError(f"simulator daemon did not start within {timeout:.0f}s; see {paths.log}")
+    _stop_unstarted(proc)
+    raise RuntimeError(f"simulator daemon did not start within {timeout:.0f}s (stopped it); see {paths.log}")
+
+
+def _stop_unstarted(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a daemon that missed its start timeout, with its children (its own session, so its process group):
+    it has not written ``endpoints.json`` yet, so nothing else (``runbook sim down`` included) knows its pid."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=5)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def _terminate(pid: int, started: str | None, state_dir: Path, timeout: float) -> bool:
