@@ -31,6 +31,7 @@ from runbook_lib.cli import main
 from runbook_lib.clients.proc import Journal, Runner
 from runbook_lib.model.params import Params, load_params
 from runbook_lib.notebook import interrupts, records, runner
+from runbook_lib.notebook.steps import journal_file
 from runbook_lib.sim import cluster, faults, realkube
 from runbook_lib.sim.state import load_nodes
 from runbook_lib.steps.context import SIM_STATE_ENV, Context, connect
@@ -267,6 +268,13 @@ def step_kernel(result_file: Path) -> int | None:
     return None
 
 
+def _journalled_creates(result_file: Path) -> int:
+    """How many test-pod creations the step's kernel has appended to its journal file so far."""
+    path = journal_file(result_file)
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    return text.count('"summary": "create Pod ')
+
+
 @pytest.mark.slow
 def test_a_kernel_killed_mid_cuda_test_fails_the_step_and_the_run_removes_its_pods(tmp_path: Path) -> None:
     """A kernel killed mid-step (out of memory, say) runs no ``finally``.  `runbook run` used to wait for
@@ -274,7 +282,12 @@ def test_a_kernel_killed_mid_cuda_test_fails_the_step_and_the_run_removes_its_po
     fails, the run deletes the pods labelled with its run id, and the record is sealed."""
     with running_sim(tmp_path, "gpu-ready", latency_ms=0) as sim:
         proc = cuda_test_with_every_pod_created(sim)
-        kernel = step_kernel(next(sim.records.glob("*/results")) / "cuda-test.json")
+        result = next(sim.records.glob("*/results")) / "cuda-test.json"
+        # A pod is in the API before its creation is journalled (KubeClient.create_pod writes the entry once the
+        # call returns): killed in between, the record lists its deletion but not its creation (CI, 2 Dec:
+        # 10 of 12). Kill once the journal has all of them, the state this test is about.
+        wait_until(proc, lambda: _journalled_creates(result) == ALL_PODS, "every pod creation journalled")
+        kernel = step_kernel(result)
         assert kernel is not None, "the cuda-test kernel is running"
         os.kill(kernel, signal.SIGKILL)
         try:
