@@ -23,10 +23,9 @@
 - ``RUNBOOK_SIM_KUBE`` left unset (issue 15, one truth): the Kubernetes side follows ``runbook sim up``'s rule
   (``runbook_lib.sim.realkube.choose``): the real control plane of the nodes' Kubernetes release (simkube, kwok as
   the kubelets, the node agent, the simulated GPU Operator, the chart repository) where ``make kube-tools`` built
-  it, else the Python API server (a release whose control plane is not built, a machine without Go). Not
-  ``real``, which fails instead of falling back where a release's control plane is not built. A test that needs
-  the Python API (a fault only it simulates, a Talos-only step that need not wait for a control plane) sets
-  ``RUNBOOK_SIM_KUBE=python`` itself and says why; tests of one plane set theirs (``tests/sim/*real*``).
+  it, else the nearest built release standing in for it (issue 15 retired the Python API server: no test pins
+  ``RUNBOOK_SIM_KUBE=python`` any more, the Talos-only ones included). Tests of one plane set theirs
+  (``tests/sim/*real*``).
 
 Talos's durations run at ``RUNBOOK_SIM_TIME_SCALE`` = 0.01 (``TIME_SCALE``), as the real-talosctl acceptance
 test runs them (``tests/sim/test_sim_up_real_talosctl.py``), not at simnode's default 0.05: measured on the

@@ -226,10 +226,10 @@ def build_simkube() -> Path:
 
 def ensure_current_simkube(build: Callable[[], Path] = build_simkube) -> Path | None:
     """Build simkube for the current sources when a control plane is built (``make kube-tools`` ran) but
-    simkube's sources changed since: with ``RUNBOOK_SIM_KUBE`` unset (the suite's default, real where built)
-    ``realkube.find_tools`` would call the plane "not built" and every test would run on the Python API,
-    unnoticed. Nothing to do on the Python API, with no control plane built, or with simkube current."""
-    if realkube.requested() == "python" or not (realtalos.ROOT / "simkube").is_dir():
+    simkube's sources changed since: ``realkube.find_tools`` would call the plane "not built" and every test that
+    starts the simulator would stop on it (the Python Kubernetes API they once fell back to, unnoticed, was retired
+    in issue 15). Nothing to do with no control plane built, or with simkube current."""
+    if not (realtalos.ROOT / "simkube").is_dir():
         return None
     wanted = realkube.cache_root() / "simkube" / realkube.simkube_key() / "simkube"
     if not any(realkube.cache_root().glob("kube/v*/bin/kube-apiserver")) or wanted.is_file():
@@ -240,7 +240,6 @@ def ensure_current_simkube(build: Callable[[], Path] = build_simkube) -> Path | 
         raise StaleSimnode(
             f"a Kubernetes control plane is built in {realkube.cache_root()} but simkube is not built for the "
             f"sources in {realtalos.ROOT / 'simkube'} (key {realkube.simkube_key()}), and building it failed: "
-            f"{exc}. Fix the build and run `make kube-tools`, or run the tests on the Python Kubernetes API "
-            f"knowingly with {realkube.MODE_ENV}=python"
+            f"{exc}. Fix the build and run `make kube-tools`"
         ) from exc
     return built

@@ -141,14 +141,11 @@ def test_a_stale_simkube_is_rebuilt_when_a_control_plane_is_built(
     assert ensure_current_simkube(lambda: _fake_simkube_build(cache, calls)) is None and calls == ["build"]
 
 
-def test_simkube_is_left_alone_without_a_control_plane_or_on_the_python_api(
+def test_simkube_is_left_alone_without_a_control_plane(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cache = _kube_cache(tmp_path, monkeypatch)
     calls: list[str] = []
-    monkeypatch.setenv(realkube.MODE_ENV, "python")
-    assert ensure_current_simkube(lambda: _fake_simkube_build(cache, calls)) is None
-    monkeypatch.delenv(realkube.MODE_ENV)
     monkeypatch.setenv("RUNBOOK_TOOLS_CACHE", str(tmp_path / "empty"))
     assert ensure_current_simkube(lambda: _fake_simkube_build(cache, calls)) is None and calls == []
 
@@ -164,4 +161,5 @@ def test_a_failed_simkube_build_says_what_is_stale_and_what_to_do(
     with pytest.raises(StaleSimnode) as failed:
         ensure_current_simkube(broken)
     message = str(failed.value)
-    assert "simkube" in message and "syntax error" in message and "RUNBOOK_SIM_KUBE=python" in message
+    assert "simkube" in message and "syntax error" in message and "make kube-tools" in message
+    assert "RUNBOOK_SIM_KUBE=python" not in message  # retired (issue 15): no longer a way out
