@@ -1,8 +1,8 @@
 """Which talosctl runs Talos 1.14 nodes depends on the Kubernetes side: talosctl 1.14's upgrade drain accepts only a
 kubeconfig with Talos's structure, a client certificate and no token (talos@v1.14.1 pkg/kubeconfig/validate.go:29,
-149-176, checked by cmd/talosctl/cmd/talos/kubeconfig.go:123). Both sides write one at ``talos_kubeconfig_path``: the
-Python Kubernetes API (kubeapi/server.py write_talos_kubeconfig) and the real control plane (simkube signs it with
-the CA key it keeps, realkube.write_talos_kubeconfig). Where a side wrote none, simnode would hand out the token
+149-176, checked by cmd/talosctl/cmd/talos/kubeconfig.go:123). The real control plane writes one at
+``talos_kubeconfig_path`` (simkube signs it with the CA key it keeps, realkube.write_talos_kubeconfig; the Python
+Kubernetes API that wrote one too was retired in issue 15). Where it wrote none, simnode would hand out the token
 kubeconfig, which talosctl 1.14 refuses at the drain after config-patch has changed every node (half-applied), so
 ``auto`` keeps the Python talosctl there, saying why, and ``real`` refuses before anything starts.
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from runbook_lib.sim import cluster, realkube, realtalos
-from runbook_lib.sim.state import talos_kubeconfig_error_path, talos_kubeconfig_path
+from runbook_lib.sim.state import talos_kubeconfig_path
 from tests.sim.test_realtalos import tools as tools_112  # noqa: F401 - the fixture, extended below
 
 
@@ -37,12 +37,11 @@ def _talos_kubeconfig(state: Path) -> None:
     path.write_text("apiVersion: v1\nkind: Config\n")
 
 
-@pytest.mark.parametrize("kube", ["real", "python"])
-def test_talos_1_14_on_a_kubernetes_side_that_wrote_its_talos_kubeconfig_runs_the_real_talosctl(
-    tools: Path, tmp_path: Path, kube: str
+def test_talos_1_14_on_a_real_control_plane_that_wrote_its_talos_kubeconfig_runs_the_real_talosctl(
+    tools: Path, tmp_path: Path
 ) -> None:
     _talos_kubeconfig(tmp_path)
-    choice = realtalos.choose("v1.14.0", None, "fresh", kube=kube, state_dir=tmp_path)
+    choice = realtalos.choose("v1.14.0", None, "fresh", kube="real", state_dir=tmp_path)
     assert choice.real and choice.reason == "real talosctl v1.14.1 against simnode", choice.reason
 
 
@@ -66,19 +65,6 @@ def test_talos_1_13_on_the_real_control_plane_still_runs_the_real_talosctl(tools
     assert choice.real and choice.reason == "real talosctl v1.13.0 against simnode", choice.reason
 
 
-def test_talos_1_14_whose_python_api_wrote_no_talos_kubeconfig_keeps_the_python_talosctl_with_openssls_error(
-    tools: Path, tmp_path: Path
-) -> None:
-    """openssl's own words (here OpenSSL 1.1.1's, which has no ``req -CA``) reach the reason ``sim status`` shows."""
-    why = talos_kubeconfig_error_path(tmp_path)
-    why.parent.mkdir(parents=True)
-    why.write_text("openssl req failed (exit 1): req: Unrecognized flag CA\n")
-    choice = realtalos.choose("v1.14.0", None, "fresh", kube="python", state_dir=tmp_path)
-    assert not choice.real
-    assert str(talos_kubeconfig_path(tmp_path)) in choice.reason
-    assert "req: Unrecognized flag CA" in choice.reason, choice.reason
-
-
 def test_real_mode_refuses_talos_1_14_on_a_real_control_plane_without_its_talos_kubeconfig_before_anything_starts(
     tools: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -92,14 +78,13 @@ def test_real_mode_refuses_talos_1_14_on_a_real_control_plane_without_its_talos_
 def test_start_talos_tells_choose_which_kubernetes_side_runs(
     tools: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``cluster.start_talos`` asks realkube (its supervisor runs: the real control plane) and the endpoints (a
-    ``kube`` URL without it: the Python API), as ``runbook sim up`` and ``runbook run`` start them in that order."""
+    """``cluster.start_talos`` asks realkube (its supervisor runs: the real control plane), as ``runbook sim up``
+    and ``runbook run`` start them in that order; without it and without a ``kube`` endpoint, none."""
     state = tmp_path / "state"
     cluster.create(state, cluster.ClusterSpec(workers=1, talos_version="v1.14.0"))
     (state / "endpoints.json").write_text('{"kube": "https://127.0.0.1:1"}')
     monkeypatch.setattr(realkube, "supervisor_pid", lambda _state: 4242)
     assert cluster.kube_side(state) == "real"
     monkeypatch.setattr(realkube, "supervisor_pid", lambda _state: None)
-    assert cluster.kube_side(state) == "python"
     (state / "endpoints.json").write_text("{}")
     assert cluster.kube_side(state) == "none"
