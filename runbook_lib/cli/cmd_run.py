@@ -197,6 +197,10 @@ def _bring_up(params: Params, state_dir: Path, scenario: str, files: _SimLeases,
             f"({others[0]}); nothing was started",
             hint="wait for that run to finish, or give this run its own --state DIR",
         )
+    try:  # no control plane built, or RUNBOOK_SIM_KUBE=python: refused before anything is stopped or written
+        realkube.choose(realkube.kubernetes_for_talos(params.talos_version))
+    except ValueError as exc:
+        raise PermanentError(str(exc)) from None
     realkube.stop(state_dir)
     sim_cluster.stop_daemon(state_dir)
     if not matches:
@@ -214,7 +218,9 @@ def _bring_up(params: Params, state_dir: Path, scenario: str, files: _SimLeases,
         sim_cluster.stop_talos(state_dir)
         sim_cluster.stop_daemon(state_dir)
         raise PermanentError(str(exc)) from None
-    sys.stderr.write(f"simulated Talos nodes: {talos.reason}\n")
+    sys.stderr.write(
+        f"simulated Talos nodes: {talos.reason}\nsimulated Kubernetes: {realkube.summary(state_dir)}\n"
+    )
     files.started.write_text(str(info.get("pid")), encoding="utf-8")
 
 

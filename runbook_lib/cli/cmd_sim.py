@@ -118,8 +118,10 @@ def _up(args: argparse.Namespace) -> int:
             scenario=args.scenario or from_params.scenario,
             latency_ms=from_params.latency_ms if args.latency_ms is None else args.latency_ms,
         )
-    try:
-        realkube.requested()  # a bad RUNBOOK_SIM_KUBE is refused before anything is written
+    try:  # a bad RUNBOOK_SIM_KUBE, or no control plane built, is refused before anything is written
+        realkube.check_mode()
+        if not args.no_daemon:
+            realkube.choose(realkube.kubernetes_for_talos(spec.talos_version))
     except ValueError as exc:
         raise PermanentError(str(exc)) from None
     realkube.stop(state_dir)
@@ -148,9 +150,7 @@ def _up(args: argparse.Namespace) -> int:
     if paths.kubeconfig.exists() and endpoints.get("kube"):
         out.write(f"kubeconfig:  {paths.kubeconfig}\n")
     if "charts" in endpoints:
-        out.write(
-            "kubernetes:  the real control plane (RUNBOOK_SIM_KUBE=python starts the Python one instead)\n"
-        )
+        out.write(f"kubernetes:  {realkube.summary(state_dir)}\n")
     for key in ("kube", "charts", "charts_mirror", "factory", "tools"):
         if key in endpoints:
             out.write(f"{key + ':':<12} {endpoints[key]}\n")

@@ -34,14 +34,12 @@ from runbook_lib.model.params import Params
 from runbook_lib.sim import machineconfig, pidfile, realkube, realtalos, toolserver
 from runbook_lib.sim.scenarios import apply_scenario
 from runbook_lib.sim.state import (
-    KUBERNETES_FOR_TALOS,
     Gpu,
     SimNode,
     SimPaths,
     atomic_write,
     load_cluster,
     load_nodes,
-    minor_of,
     normalize_talos_version,
     runtime,
     save_cluster,
@@ -186,7 +184,6 @@ def write_binaries(state_dir: Path) -> None:
 def create(state_dir: Path, spec: ClusterSpec) -> list[SimNode]:
     """Write a fresh cluster into ``state_dir`` (replacing any node files there)."""
     version = normalize_talos_version(spec.talos_version)
-    minor = minor_of(version)
     paths = sim_paths(state_dir)
     check_state_path(state_dir)
     _check_replaceable(state_dir)
@@ -246,7 +243,7 @@ def create(state_dir: Path, spec: ClusterSpec) -> list[SimNode]:
             "name": CLUSTER_NAME,
             "talos_version": version,
             "talosctl_version": normalize_talos_version(spec.talosctl_version or version),
-            "kubernetes_version": KUBERNETES_FOR_TALOS.get(f"{minor[0]}.{minor[1]}", "1.35.0"),
+            "kubernetes_version": realkube.kubernetes_for_talos(version),
             "endpoint": endpoint,
             "scenario": spec.scenario,
             "nodes": [{"name": n.name, "address": n.address, "role": n.role} for n in nodes],

@@ -12,8 +12,10 @@ SIGTERM stops, everything that makes the simulated cluster's Kubernetes real:
 
 ``<state>/bin/helm`` and ``bin/kubectl`` become the real clients (helm's repositories and cache kept in the
 state dir, so runs never share ``~/.config/helm``), and ``endpoints.json`` gets ``kube`` and ``charts``,
-which the library reads as it reads the Image Factory's URL. ``RUNBOOK_SIM_KUBE=real|python`` chooses; unset,
-it is ``real`` when the binaries are built (``make kube-tools``), else the Python API server (``kubeapi``).
+which the library reads as it reads the Image Factory's URL. The nodes' Kubernetes release runs it where
+``make kube-tools`` built it, else the nearest built release stands in (``choose``); nothing built is an error
+naming what to build. ``RUNBOOK_SIM_KUBE`` is ``real`` or unset: the Python API server that ran where nothing was
+built (``RUNBOOK_SIM_KUBE=python``) was retired on 2 Dec 2026.
 """
 
 from __future__ import annotations
@@ -40,9 +42,12 @@ from typing import Any
 from runbook_lib.sim import kwokstages, pidfile
 from runbook_lib.sim.realtalos import time_factor
 from runbook_lib.sim.state import (
+    KUBERNETES_FOR_TALOS,
     atomic_write,
     load_cluster,
     load_nodes,
+    minor_of,
+    normalize_talos_version,
     sim_paths,
     talos_kubeconfig_error_path,
     talos_kubeconfig_path,
@@ -111,6 +116,13 @@ def kube_bin(kubernetes_version: str) -> Path:
     return max(same, key=lambda b: int(b.parent.name.rsplit(".", 1)[-1]), default=exact)
 
 
+def kubernetes_for_talos(talos_version: str) -> str:
+    """The Kubernetes release the nodes of this Talos release run (``KUBERNETES_FOR_TALOS``; 1.35.0 for a minor
+    it does not know): what ``cluster.create`` records and ``choose`` is asked for before anything starts."""
+    major, minor = minor_of(normalize_talos_version(talos_version))
+    return KUBERNETES_FOR_TALOS.get(f"{major}.{minor}", "1.35.0")
+
+
 def build_hint(kubernetes_version: str) -> str:
     """What to run to build this release's control plane: ``KUBE_VERSIONS``, as the README and .ci/run say it."""
     version = kubernetes_version.lstrip("v")
@@ -118,53 +130,152 @@ def build_hint(kubernetes_version: str) -> str:
     return f"make kube-tools KUBE_VERSIONS={tag}"
 
 
-def find_tools(kubernetes_version: str) -> Tools | str:
-    """The cached binaries for this Kubernetes release (``kube_bin``), or why they cannot be used (what to run)."""
+#: The Kubernetes minors each Talos minor supports, oldest and newest: what ``talosctl upgrade-k8s`` checks
+#: (siderolabs/talos pkg/machinery/compatibility/kubernetes_version.go ``SupportedWith``; the bounds are
+#: ``MinimumKubernetesVersion`` and ``MaximumKubernetesVersion`` (x.y.99: all of minor y) in
+#: compatibility/talos13/talos13.go ... talos114/talos114.go, read on 2 Dec 2026 from the main branch, not at
+#: each release's tag). The release's support matrix says the same, e.g. website/content/v1.7/introduction/
+#: support-matrix.md: "1.30, 1.29, 1.28, 1.27, 1.26, 1.25"; v1.4's lists "1.27, 1.26, 1.22", where its code says
+#: 1.25.0 (we follow the code).
+SUPPORTED_KUBERNETES: dict[str, tuple[int, int]] = {
+    "1.3": (24, 26),
+    "1.4": (25, 27),
+    "1.5": (26, 28),
+    "1.6": (27, 29),
+    "1.7": (25, 30),
+    "1.8": (26, 31),
+    "1.9": (27, 32),
+    "1.10": (28, 33),
+    "1.11": (29, 34),
+    "1.12": (30, 35),
+    "1.13": (31, 36),
+    "1.14": (32, 37),
+}
+RETIRED = (
+    f"{MODE_ENV}=python: the Python Kubernetes API server was retired (2 Dec 2026); unset {MODE_ENV} (or set it "
+    "to real) to run the real control plane, which make kube-tools builds"
+)
+
+
+def _tools(kube: Path) -> Tools:
     cache = cache_root()
     kwok = cache / "kwok" / KWOK_VERSION
     clients = cache / "kube-clients" / CLIENTS_PACKAGE_VERSION / "bin"
-    tools = Tools(
-        simkube=cache / "simkube" / simkube_key() / "simkube"
-        if (ROOT / "simkube").is_dir()
-        else Path("/nonexistent"),
-        kube_bin=kube_bin(kubernetes_version),
-        kwok=kwok / "bin" / "kwok",
-        stages=kwok / "stages.yaml",
-        kubectl=clients / "kubectl",
-        helm=clients / "helm",
+    simkube = (
+        cache / "simkube" / simkube_key() / "simkube" if (ROOT / "simkube").is_dir() else Path("/nonexistent")
     )
+    return Tools(
+        simkube, kube, kwok / "bin" / "kwok", kwok / "stages.yaml", clients / "kubectl", clients / "helm"
+    )
+
+
+def _missing(tools: Tools) -> list[str]:
     wanted = [tools.simkube, tools.kwok, tools.stages, tools.kubectl, tools.helm]
     wanted += [tools.kube_bin / b for b in KUBE_BINARIES]
-    missing = [str(p) for p in wanted if not p.is_file()]
+    return [str(p) for p in wanted if not p.is_file()]
+
+
+def find_tools(kubernetes_version: str) -> Tools | str:
+    """The cached binaries for this Kubernetes release (``kube_bin``), or why they cannot be used (what to run)."""
+    tools = _tools(kube_bin(kubernetes_version))
+    missing = _missing(tools)
     if missing:
         return f"not built: {', '.join(missing)} ({build_hint(kubernetes_version)})"
     return tools
 
 
+def _release(name: str) -> tuple[int, int, int] | None:
+    parts = name.lstrip("v").split(".")
+    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+        return None
+    return int(parts[0]), int(parts[1]), int(parts[2])
+
+
+def built_releases() -> list[str]:
+    """The Kubernetes releases whose control plane is in the cache (``v1.35.0``...), oldest first."""
+    found = [
+        (release, d.name)
+        for d in (cache_root() / "kube").glob("v*")
+        if (release := _release(d.name)) and all((d / "bin" / b).is_file() for b in KUBE_BINARIES)
+    ]
+    return [name for _, name in sorted(found)]
+
+
+def nearest_release(kubernetes_version: str) -> str | None:
+    """The built release nearest to this one: itself, else its minor's newest built patch, else the nearest minor
+    (on a tie the newer), else None."""
+    wanted = _release(kubernetes_version)
+    if wanted is None:
+        return None
+
+    def distance(name: str) -> tuple[int, int, int, int]:
+        major, minor, patch = _release(name) or (0, 0, 0)
+        apart = abs(major - wanted[0]) * 1000 + abs(minor - wanted[1])
+        return (int((major, minor, patch) != wanted), apart, -minor, -patch)
+
+    return min(built_releases(), key=distance, default=None)
+
+
 def requested(env: dict[str, str] | None = None) -> str:
-    """``RUNBOOK_SIM_KUBE``: ``real``, ``python`` or ``""`` (unset: real when built); anything else is an
-    error naming the variable, raised before anything is written."""
+    """``RUNBOOK_SIM_KUBE``: ``real``, ``python`` (retired: ``check_mode`` refuses it) or ``""`` (unset: the real
+    control plane); anything else is an error naming the variable, raised before anything is written."""
     value = (os.environ if env is None else env).get(MODE_ENV, "")
     if value not in ("", "real", "python"):
-        raise ValueError(f"{MODE_ENV}={value!r} is not a choice: use real (the real control plane) or python")
+        raise ValueError(
+            f"{MODE_ENV}={value!r} is not a choice: use real (the real control plane) or leave it unset"
+        )
     return value
 
 
-def choose(kubernetes_version: str, env: dict[str, str] | None = None) -> Tools | None:
-    """The tools for the real control plane, or None for the Python API server.
+def check_mode(env: dict[str, str] | None = None) -> None:
+    """``RUNBOOK_SIM_KUBE`` refused, before anything is written, unless it is ``real`` or unset."""
+    if requested(env) == "python":
+        raise ValueError(RETIRED)
 
-    ``RUNBOOK_SIM_KUBE=real`` without the binaries is an error naming what is missing; any other value than
-    ``real``/``python`` is an error naming the variable (both exit 2 through ``ValueError`` -> PermanentError).
+
+def choose(kubernetes_version: str, env: dict[str, str] | None = None) -> Tools:
+    """The tools of the real control plane of the nodes' Kubernetes release, else of the nearest built release
+    standing in for it (``nearest_release``; ``plane_summary`` says so). Why a stand-in rather than the Python API
+    server, retired on 2 Dec 2026: a real kube-apiserver of a near release answers the runbook as a real cluster
+    does, where the Python one only imitated it.
+
+    Nothing built, ``RUNBOOK_SIM_KUBE=python`` or any value but ``real``/unset: a ValueError naming what is missing
+    and what to run (exit 2 through PermanentError; callers ask before anything starts).
     """
-    value = requested(env)
-    if value == "python":
-        return None
+    check_mode(env)
     found = find_tools(kubernetes_version)
     if isinstance(found, Tools):
         return found
-    if value == "real":
-        raise ValueError(f"{MODE_ENV}=real but the control plane is {found}")
-    return None
+    stand_in = nearest_release(kubernetes_version)
+    if stand_in is not None:
+        tools = _tools(kube_bin(stand_in))
+        if not _missing(tools):
+            return tools
+        found = f"not built: {', '.join(_missing(tools))} ({build_hint(kubernetes_version)})"
+    go = shutil.which("go") or Path("/usr/local/go/bin/go").is_file()
+    needs = "" if go else "; make kube-tools needs Go (not on PATH nor in /usr/local/go/bin) and npm"
+    prefix = (
+        f"{MODE_ENV}=real but the control plane" if requested(env) == "real" else "the real control plane"
+    )
+    raise ValueError(f"{prefix} is {found}{needs}")
+
+
+def plane_summary(kubernetes: str, talos: str, release: str) -> str:
+    """Which control plane serves the nodes' Kubernetes ``kubernetes`` (shipped by Talos ``talos``): ``release``
+    itself, its patch release, or a stand-in of another minor and whether Talos supports that one
+    (``SUPPORTED_KUBERNETES``). What ``sim up``, ``sim status`` and ``runbook run`` print."""
+    wanted = f"v{kubernetes.lstrip('v')}"
+    if release == wanted:
+        return f"real control plane {wanted}"
+    if release.rsplit(".", 1)[0] == wanted.rsplit(".", 1)[0]:
+        return f"real control plane {wanted} on its patch release {release}"
+    talos_minor = ".".join(talos.lstrip("v").split(".")[:2])
+    low, high = SUPPORTED_KUBERNETES.get(talos_minor, (0, 0))
+    where = "inside" if low <= (_release(release) or (0, 0, 0))[1] <= high else "outside"
+    return (
+        f"real control plane {release} standing in for {wanted}, which Talos {talos} ships (not built: "
+        f"{build_hint(kubernetes)}; {where} the Kubernetes 1.{low}-1.{high} Talos {talos_minor} supports)"
+    )
 
 
 # ---------------------------------------------------------------- the parent's side: start, stop, status
@@ -298,14 +409,12 @@ def stop(state_dir: Path, timeout: float = 90.0) -> bool:
 
 
 def start_servers(state_dir: Path) -> dict[str, Any]:
-    """The simulator daemon (Image Factory, tool server) and the Kubernetes side: the real control plane when
-    it is chosen (``choose``), else the daemon's Python API server; the endpoints. What `runbook sim up` and
-    `runbook run` start; a failed start stops what started."""
+    """The simulator daemon (Image Factory, tool server) and the real control plane (``choose``: the nodes'
+    release or the nearest built one); the endpoints. What `runbook sim up` and `runbook run` start; a failed
+    start stops what started, and nothing starts when no control plane is built (ValueError)."""
     from runbook_lib.sim import cluster, daemon  # noqa: PLC0415 - cluster's own imports would be circular
 
     tools = choose(str(load_cluster(state_dir)["kubernetes_version"]))
-    if tools is None:
-        return cluster.start_daemon(state_dir)
     endpoints = cluster.start_daemon(state_dir, rooms=[room for room in daemon.ROOMS if room != "kube"])
     try:
         info = start(state_dir, tools)
@@ -315,21 +424,32 @@ def start_servers(state_dir: Path) -> dict[str, Any]:
     return endpoints | {k: info[k] for k in ("kube", "charts", "charts_mirror")}
 
 
+def summary(state_dir: Path) -> str:
+    """``plane_summary`` of this state dir's cluster: the release its supervisor started (``realkube.json``),
+    else the one ``choose`` would take now."""
+    cluster = load_cluster(state_dir)
+    kubernetes = str(cluster.get("kubernetes_version", "?"))
+    try:
+        release = str(json.loads(_paths(state_dir)["info"].read_text()).get("kube_release") or "")
+    except (OSError, ValueError):
+        release = ""
+    release = release or nearest_release(kubernetes) or f"v{kubernetes}"
+    return plane_summary(kubernetes, str(cluster.get("talos_version", "?")), release)
+
+
 def describe(state_dir: Path) -> str:
     """One line for ``runbook sim status``: which Kubernetes serves this cluster, its components and versions."""
     pid = supervisor_pid(state_dir)
     if pid is None:
-        return f"the daemon's Python API server ({MODE_ENV}=real: the real control plane)"
+        return "not running (runbook sim up starts the real control plane)"
     try:
         info = json.loads(_paths(state_dir)["info"].read_text())
-        kubernetes = load_cluster(state_dir).get("kubernetes_version", "?")
+        plane = summary(state_dir)
     except (OSError, ValueError):
         return f"real control plane starting (supervisor pid {pid})"
     alive = [name for name, p in info.get("components", {}).items() if pidfile.start_time(int(p)) is not None]
-    built = kube_bin(str(kubernetes)).parent.name
-    patch = f" on its patch release {built}" if built != f"v{kubernetes}" else ""
     return (
-        f"real control plane v{kubernetes}{patch} (supervisor pid {pid}: {', '.join(alive) or 'no component running'}; "
+        f"{plane} (supervisor pid {pid}: {', '.join(alive) or 'no component running'}; "
         f"kwok {KWOK_VERSION}; GPU node agent; simulated GPU Operator v26.3.3 controller for the gpu-operator "
         f"chart; kubectl 1.35.2 and helm 4.1.4 in bin/; logs in {_paths(state_dir)['logs']})"
     )
@@ -516,14 +636,14 @@ def _running(state_dir: Path, tools: Tools) -> Iterator[dict[str, Any]]:
             "charts": repo.url,
             "charts_mirror": mirror.url,
             "components": ready["pids"],
+            "kube_release": tools.kube_bin.parent.name,
         }
 
 
 def serve(state_dir: Path) -> int:
     """The supervisor's main: start everything, publish, wait for SIGTERM/SIGINT, stop everything."""
     kubernetes = str(load_cluster(state_dir).get("kubernetes_version", "1.35.0"))
-    tools = choose(kubernetes, {MODE_ENV: "real"})
-    assert tools is not None  # choose raises for real without the binaries
+    tools = choose(kubernetes, {MODE_ENV: "real"})  # raises without the binaries
     stop_event = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda _s, _f: stop_event.set())

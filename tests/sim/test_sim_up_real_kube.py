@@ -222,11 +222,12 @@ def test_published_endpoints_name_the_real_api_and_the_chart_repository(
     assert out.split() == [f"talos-{n}=True" for n in ("cp-1", "worker-1", "worker-2", "worker-3")]
 
 
-def runbook(*args: str, mode: str) -> subprocess.CompletedProcess[str]:
-    """``runbook ARGS`` in a fresh process with ``RUNBOOK_SIM_KUBE=mode``."""
+def runbook(*args: str, mode: str | None, **env: str) -> subprocess.CompletedProcess[str]:
+    """``runbook ARGS`` in a fresh process with ``RUNBOOK_SIM_KUBE=mode`` (None: unset) and ``env``."""
+    environ = {k: v for k, v in os.environ.items() if k != realkube.MODE_ENV} | env
     return subprocess.run(
         [sys.executable, "-m", "runbook_lib", *args],
-        env={**os.environ, "RUNBOOK_SIM_KUBE": mode},
+        env=environ if mode is None else environ | {realkube.MODE_ENV: mode},
         capture_output=True,
         text=True,
         timeout=300,
@@ -244,7 +245,7 @@ def test_sim_up_starts_the_real_control_plane_and_sim_down_stops_it(
     try:
         started = runbook("sim", "up", "--state", str(state), "--nodes", "1", mode="real")
         assert started.returncode == 0, started.stderr
-        assert "kubernetes:  the real control plane" in started.stdout
+        assert "kubernetes:  real control plane v1.35.0\n" in started.stdout
         charts = json.loads((state / "endpoints.json").read_text())["charts"]
         assert f"charts:      {charts}" in started.stdout
         kubectl = [str(state / "bin" / "kubectl"), "--kubeconfig", str(state / "kubeconfig")]
@@ -290,7 +291,7 @@ def test_a_bad_mode_is_refused_before_anything_is_written(tmp_path: Path) -> Non
     refused = runbook("sim", "up", "--state", str(state), "--nodes", "1", mode="rael")
     assert refused.returncode == 2
     assert (
-        "RUNBOOK_SIM_KUBE='rael' is not a choice: use real (the real control plane) or python"
+        "RUNBOOK_SIM_KUBE='rael' is not a choice: use real (the real control plane) or leave it unset"
         in refused.stderr
     )
     assert not state.exists()
@@ -434,3 +435,103 @@ def test_without_the_toolkit_pods_of_runtime_class_nvidia_get_no_sandbox(
         assert "toolkit" in (check.cause + check.fix).lower()
     finally:
         down(state)
+
+
+# ---------------------------------------------------------------- which control plane when the nodes' is not built
+
+
+def _fake_cache(root: Path, *releases: str) -> None:
+    """A tools cache holding the control plane of ``releases`` and every other tool ``find_tools`` looks for
+    (empty files: which release is chosen is all these tests read)."""
+    clients = root / "kube-clients" / realkube.CLIENTS_PACKAGE_VERSION / "bin"
+    kwok = root / "kwok" / realkube.KWOK_VERSION
+    files = [
+        root / "simkube" / realkube.simkube_key() / "simkube",
+        kwok / "bin" / "kwok",
+        kwok / "stages.yaml",
+    ]
+    files += [clients / "kubectl", clients / "helm"]
+    files += [root / "kube" / r / "bin" / b for r in releases for b in realkube.KUBE_BINARIES]
+    for path in files:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("")
+
+
+@pytest.mark.parametrize(
+    ("built", "wanted", "runs"),
+    [
+        (("v1.35.0", "v1.36.0"), "1.30.0", "v1.35.0"),  # Talos 1.7: the nearest minor
+        (("v1.35.0", "v1.36.0"), "1.37.0", "v1.36.0"),  # Talos 1.14 in CI (.ci/run builds no 1.37)
+        (("v1.29.0", "v1.30.2", "v1.31.0"), "1.30.0", "v1.30.2"),  # the same minor's other patch first
+        (("v1.34.0", "v1.36.0"), "1.35.0", "v1.36.0"),  # a tie: the newer
+        (("v1.35.0", "v1.35.3"), "1.35.0", "v1.35.0"),  # the release itself when built
+    ],
+)
+def test_the_nearest_built_control_plane_stands_in_for_one_not_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, built: tuple[str, ...], wanted: str, runs: str
+) -> None:
+    monkeypatch.setenv("RUNBOOK_TOOLS_CACHE", str(tmp_path))
+    _fake_cache(tmp_path, *built)
+    assert realkube.choose(wanted, {}).kube_bin == tmp_path / "kube" / runs / "bin"
+
+
+def _started_here(state: Path) -> list[str]:
+    return [c for p in Path("/proc").glob("[0-9]*") if str(state) in (c := _cmdline(p))]
+
+
+def test_nothing_built_is_an_error_naming_what_to_build_and_nothing_starts(tmp_path: Path) -> None:
+    """No control plane in the cache at all (no Go, or ``make kube-tools`` never run): ``sim up`` stops before
+    writing anything, naming what is missing and the command that builds the nodes' release."""
+    state = tmp_path / "sim"
+    refused = runbook(
+        "sim", "up", "--state", str(state), "--nodes", "1", "--talos-version", "1.7.0",
+        mode=None, RUNBOOK_TOOLS_CACHE=str(tmp_path / "cache"),
+    )  # fmt: skip
+    assert refused.returncode == 2, refused.stderr
+    assert "the real control plane is not built: " in refused.stderr
+    assert "kube-apiserver" in refused.stderr and "(make kube-tools KUBE_VERSIONS=v1.30.0" in refused.stderr
+    assert not state.exists() and _started_here(state) == []
+
+
+def test_the_python_api_server_is_refused_as_retired(tmp_path: Path) -> None:
+    state = tmp_path / "sim"
+    refused = runbook("sim", "up", "--state", str(state), "--nodes", "1", mode="python")
+    assert refused.returncode == 2
+    assert (
+        "RUNBOOK_SIM_KUBE=python: the Python Kubernetes API server was retired (2 Dec 2026)" in refused.stderr
+    )
+    assert "unset RUNBOOK_SIM_KUBE" in refused.stderr
+    assert not state.exists()
+
+
+def test_sim_up_and_status_say_which_release_stands_in_for_talos_1_7_s_kubernetes(
+    tools: realkube.Tools, tmp_path: Path
+) -> None:
+    """Talos 1.7 ships Kubernetes 1.30.0, which this project does not build: the nearest built release runs the
+    control plane, and ``sim up``, ``sim status`` and ``kubectl version`` agree on which. Talos 1.7 supports
+    Kubernetes 1.25 to 1.30 (talos pkg/machinery/compatibility/talos17/talos17.go MinimumKubernetesVersion
+    1.25.0, MaximumKubernetesVersion 1.30.99; website/content/v1.7/introduction/support-matrix.md lists
+    "1.30, 1.29, 1.28, 1.27, 1.26, 1.25"), so a 1.35 or 1.36 stand-in is outside it, and the line says so."""
+    if isinstance(realkube.find_tools("1.30.0"), realkube.Tools):
+        pytest.skip("Kubernetes 1.30 is built here: it runs itself, nothing stands in")
+    state = tmp_path / "sim"
+    try:
+        started = runbook(
+            "sim", "up", "--state", str(state), "--nodes", "1", "--talos-version", "1.7.0", mode=None
+        )
+        assert started.returncode == 0, started.stderr
+        kubectl = [str(state / "bin" / "kubectl"), "--kubeconfig", str(state / "kubeconfig")]
+        version = subprocess.run(
+            [*kubectl, "version", "-o", "json"], capture_output=True, text=True, check=True
+        )
+        served = json.loads(version.stdout)["serverVersion"]["gitVersion"]
+        line = (
+            f"real control plane {served} standing in for v1.30.0, which Talos v1.7.0 ships (not built: make "
+            "kube-tools KUBE_VERSIONS=v1.30.0; outside the Kubernetes 1.25-1.30 Talos 1.7 supports)"
+        )
+        assert f"kubernetes:  {line}\n" in started.stdout
+        status = runbook("sim", "status", "--state", str(state), mode=None)
+        assert f"kubernetes:  {line} (supervisor pid " in status.stdout
+    finally:
+        runbook("sim", "down", "--state", str(state), mode=None)
+    assert _started_here(state) == []
