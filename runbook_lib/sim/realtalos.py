@@ -38,13 +38,13 @@ from runbook_lib.sim import pidfile, realfaults
 from runbook_lib.sim import scenarios as sim_scenarios
 from runbook_lib.sim.realfaults import down_kind, extension_faults, fault_fields
 from runbook_lib.sim.state import (
-    BASE_SERVICES_WORKER,
     TOOLKIT_PREFIX,
     UNCHECKED_SERVICES,
     VANILLA_SCHEMATIC,
     InstalledExtension,
     SimNode,
     atomic_write,
+    base_services,
     load_nodes,
     minor_of,
     sim_paths,
@@ -310,7 +310,7 @@ def node_entry(node: SimNode, latency_ms: float) -> dict[str, Any]:
         "talos_version": node.talos_version,
         "image": installed_image(node),
         "machine_config": yaml.safe_dump_all(node.machine_config, sort_keys=False),
-        "services": [_base_service(s) for s in BASE_SERVICES_WORKER],
+        "services": [_base_service(s) for s in base_services(node.minor)],
         "platform_metadata": _platform_metadata(node),
         "pci_devices": _pci_devices(node),
         "reboot_ms": REBOOT_MS,

@@ -471,6 +471,17 @@ BASE_SERVICES_WORKER = (
 #: not (talos@v1.9.0 to v1.13.0 internal/app/machined/pkg/system/services/*.go HealthFunc), so its health is
 #: unknown ("?" in ``talosctl service``) and its last event is its process runner's, not "Health check successful".
 UNCHECKED_SERVICES = frozenset({"dashboard"})
+#: The release a base service first runs on, where it is not every simulated one: machined's boot sequence
+#: starts dashboard from 1.4, syslogd from 1.7 and auditd from 1.9 (talos@v1.4.0, v1.7.0, v1.9.0
+#: internal/app/machined/pkg/runtime/v1alpha1/v1alpha1_sequencer_tasks.go:821, :636, :363 LoadAndStart; their
+#: services/<id>.go is not in the tree of the release before).
+SERVICE_SINCE = {"dashboard": (1, 4), "syslogd": (1, 7), "auditd": (1, 9)}
+
+
+def base_services(minor: tuple[int, int]) -> tuple[str, ...]:
+    """The base services a worker of the ``minor`` release runs (``SERVICE_SINCE``): what ``talosctl service``
+    lists before any extension's."""
+    return tuple(s for s in BASE_SERVICES_WORKER if minor >= SERVICE_SINCE.get(s, (0, 0)))
 
 
 def runtime(node: SimNode) -> NodeRuntime:
@@ -507,9 +518,7 @@ def runtime(node: SimNode) -> NodeRuntime:
         harden = int(harden_raw)
     except ValueError:
         harden = 2
-    services = dict.fromkeys(BASE_SERVICES_WORKER, "Running")
-    if node.minor < (1, 8):
-        services.pop("auditd", None)
+    services = dict.fromkeys(base_services(node.minor), "Running")
     if toolkit is not None:
         services["ext-nvidia-persistenced"] = "Running" if driver_version else "Waiting"
         if node.minor >= (1, 13):
