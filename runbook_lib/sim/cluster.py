@@ -1,9 +1,10 @@
 """Create, inspect and tear down a simulated cluster (what ``runbook sim up|status|down`` does).
 
 ``create`` writes the state directory the rooms share, a talosconfig shaped like a real one (context with
-endpoints and nodes), and ``talosctl``/``helm`` executables in ``bin/`` that run the simulators, so the
-library uses the simulated cluster exactly as it would use a real one: through a tool path, a talosconfig
-and a kubeconfig.  ``start_daemon`` runs the HTTP rooms (Kubernetes API, Image Factory) in one detached
+endpoints and nodes), and a ``talosctl`` executable in ``bin/`` that runs the simulator's (``realtalos`` replaces
+it with the real one where built; ``realkube`` writes ``bin/kubectl`` and ``bin/helm``, the real clients), so
+the library uses the simulated cluster exactly as it would use a real one: through a tool path, a talosconfig
+and a kubeconfig.  ``start_daemon`` runs the HTTP rooms (the Image Factory) and the tool server in one detached
 process and waits until it has published its URLs in ``endpoints.json``.
 """
 
@@ -175,7 +176,7 @@ def write_binaries(state_dir: Path) -> None:
     paths = sim_paths(state_dir)
     private_dir(paths.bin_dir)
     client = toolserver.client_binary()
-    for name, module in (("talosctl", "runbook_lib.sim.talosctl"), ("helm", "runbook_lib.sim.helm")):
+    for name, module in (("talosctl", "runbook_lib.sim.talosctl"),):
         target = paths.bin_dir / name
         atomic_write(target, _wrapper(module, state_dir.resolve(), client))
         target.chmod(0o700)
@@ -289,17 +290,11 @@ def start_talos(state_dir: Path, spec: ClusterSpec, nodes: list[SimNode]) -> rea
 
 
 def kube_side(state_dir: Path) -> str:
-    """Which Kubernetes API serves the cluster now: ``real`` (realkube's supervisor runs the real control plane),
-    ``python`` (the daemon's API: a ``kube`` endpoint without it) or ``none``. ``runbook sim up`` and ``runbook
-    run`` start it before the Talos side, whose talosctl choice depends on it (talosctl 1.14's drain,
+    """Which Kubernetes API serves the cluster now: ``real`` (realkube's supervisor runs the real control plane)
+    or ``none`` (the Python API server, ``python`` here before, was retired on 2 Dec 2026). ``runbook sim up`` and
+    ``runbook run`` start it before the Talos side, whose talosctl choice depends on it (talosctl 1.14's drain,
     ``realtalos.choose``)."""
-    if realkube.supervisor_pid(state_dir) is not None:
-        return "real"
-    try:
-        endpoints = json.loads(sim_paths(state_dir).endpoints.read_text())
-    except (OSError, ValueError):
-        return "none"
-    return "python" if isinstance(endpoints, dict) and endpoints.get("kube") else "none"
+    return "real" if realkube.supervisor_pid(state_dir) is not None else "none"
 
 
 def talos_mode() -> str:

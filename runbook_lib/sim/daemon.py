@@ -1,4 +1,4 @@
-"""The simulator's background process: hosts the HTTP rooms (Kubernetes API, Image Factory) of one state dir.
+"""The simulator's background process: hosts the HTTP rooms (the Image Factory) of one state dir.
 
 One process for all rooms keeps ``sim up`` fast and ``sim down`` a single kill.  Rooms are optional: a room
 whose module is absent (ImportError) is skipped, so the simulator works while rooms are still being built.
@@ -23,7 +23,9 @@ from typing import Any
 from runbook_lib.sim import pidfile, toolserver
 from runbook_lib.sim.state import atomic_write, sim_paths
 
-ROOMS = {"kube": "runbook_lib.sim.kubeapi.server", "factory": "runbook_lib.sim.factory"}
+#: The Kubernetes API is the real control plane's (``realkube``): the Python API server's "kube" room was retired on
+#: 2 Dec 2026.
+ROOMS = {"factory": "runbook_lib.sim.factory"}
 log = logging.getLogger("runbook_lib.sim.daemon")
 
 

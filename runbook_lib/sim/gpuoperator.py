@@ -58,10 +58,10 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from runbook_lib.sim.kubeapi.nvidia import cuda_version
-from runbook_lib.sim.kubelet import NodeView, program
+from runbook_lib.sim.containers import NodeView, program
 from runbook_lib.sim.kubeletapi import Logs
 from runbook_lib.sim.nodeagent import GPU_RESOURCE, Periodic, _container_status, _readiness, _ready
+from runbook_lib.sim.nvidia import cuda_version
 from runbook_lib.sim.realtalos import observed_nodes
 from runbook_lib.sim.state import SimNode, runtime
 

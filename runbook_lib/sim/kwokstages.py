@@ -28,6 +28,8 @@ from typing import Any
 
 import yaml
 
+from runbook_lib.sim.containers import RUNTIME_DOWN_MESSAGE, RUNTIME_DOWN_REASON
+
 API_VERSION = "kwok.x-k8s.io/v1alpha1"
 ANNOTATION = "{stage}.stage.kwok.x-k8s.io/{what}"
 
@@ -262,14 +264,8 @@ _RUNTIME = f'.metadata.labels["{RUNTIME_LABEL}"]'
 
 def runtime_down_stage() -> dict[str, Any]:
     """Ready=False with the kubelet's reason and message while the node's container runtime is down
-    (``kubelet.RUNTIME_DOWN_MESSAGE``); only the Ready condition is patched (kwok's strategic merge keeps the
-    others). kwok's lease heartbeats go on, as a real kubelet's do while its runtime is down.
-
-    Imported here, not at the top: ``kubelet`` imports the Kubernetes client (through ``kubeapi.store``), and
-    ``runbook_lib.cli`` imports this module through ``realkube``; the CLI must start without that client
-    (tests/test_run_overhead.py)."""
-    from runbook_lib.sim.kubelet import RUNTIME_DOWN_MESSAGE, RUNTIME_DOWN_REASON  # noqa: PLC0415 - lazy
-
+    (``containers.RUNTIME_DOWN_MESSAGE``); only the Ready condition is patched (kwok's strategic merge keeps the
+    others). kwok's lease heartbeats go on, as a real kubelet's do while its runtime is down."""
     template = f"""\
 {{{{ $now := Now | Quote }}}}
 conditions:

@@ -1,6 +1,6 @@
 """The network between the user's clients and the real control plane's kube-apiserver, with a latency a test sets.
 
-The Python API server answers every request ``api_latency_ms`` later (``kubeapi/faults.py``); we know of no
+The retired Python API server answered every request ``api_latency_ms`` later; we know of no
 kube-apiserver flag that delays its answers (not checked against its whole option list), so on
 the real control plane the delay is where a real one comes from: the network. This TCP relay sits between the
 state's ``kubeconfig`` (kubectl, helm, the library) and kube-apiserver and holds every chunk the client sends for
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import yaml
 
-from runbook_lib.sim.kubeapi.faults import FaultFile
+from runbook_lib.sim.faultfile import FaultFile
 from runbook_lib.sim.state import atomic_write, sim_paths
 
 log = logging.getLogger("runbook_lib.sim.latencyproxy")

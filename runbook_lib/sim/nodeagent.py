@@ -25,10 +25,9 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from runbook_lib.sim import kwokstages
-from runbook_lib.sim.kubeapi.faults import FaultFile, matches
-from runbook_lib.sim.kubelet import _CONTAINERD as CONTAINERD_VERSIONS
-from runbook_lib.sim.kubelet import _KERNEL as KERNEL_VERSIONS
-from runbook_lib.sim.kubelet import (
+from runbook_lib.sim.containers import (
+    CONTAINERD_VERSIONS,
+    KERNEL_VERSIONS,
     NodeView,
     Outcome,
     cri_down,
@@ -37,6 +36,7 @@ from runbook_lib.sim.kubelet import (
     pull_backoff,
     pull_failure,
 )
+from runbook_lib.sim.faultfile import FaultFile, matches
 from runbook_lib.sim.kubeletapi import KUBELET_PORT, Logs
 from runbook_lib.sim.realtalos import observed_nodes, time_factor
 from runbook_lib.sim.state import SimNode, runtime

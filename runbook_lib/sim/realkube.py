@@ -412,10 +412,10 @@ def start_servers(state_dir: Path) -> dict[str, Any]:
     """The simulator daemon (Image Factory, tool server) and the real control plane (``choose``: the nodes'
     release or the nearest built one); the endpoints. What `runbook sim up` and `runbook run` start; a failed
     start stops what started, and nothing starts when no control plane is built (ValueError)."""
-    from runbook_lib.sim import cluster, daemon  # noqa: PLC0415 - cluster's own imports would be circular
+    from runbook_lib.sim import cluster  # noqa: PLC0415 - cluster's own imports would be circular
 
     tools = choose(str(load_cluster(state_dir)["kubernetes_version"]))
-    endpoints = cluster.start_daemon(state_dir, rooms=[room for room in daemon.ROOMS if room != "kube"])
+    endpoints = cluster.start_daemon(state_dir)
     try:
         info = start(state_dir, tools)
     except RuntimeError:

@@ -51,7 +51,6 @@ DISABLE_ENV = "RUNBOOK_SIM_TOOLSERVER"
 # What the children run: the entry points of ``python -m runbook_lib.sim.<tool>``, and nothing else.
 ENTRY_POINTS: dict[str, tuple[str, str]] = {
     "runbook_lib.sim.talosctl": ("runbook_lib.sim.talosctl.main", "main"),
-    "runbook_lib.sim.helm": ("runbook_lib.sim.helm.cli", "main"),
 }
 # Imported once in the server so that no call pays for them; the tools import them lazily on purpose
 # (they keep the plain ``python -m`` path cheap), so they are named here.
@@ -61,7 +60,6 @@ PRELOAD = (
     "runbook_lib.sim.patching",
     "runbook_lib.sim.faults",
     "runbook_lib.sim.catalog",
-    "runbook_lib.sim.helm.cli",
     "yaml",
     "jsonpatch",
     "requests",

@@ -84,9 +84,6 @@ CALLS = [  # (tool, argv, the exit code it must have)
     ("talosctl", ["-n", "10.9.9.9", "get", "extensions"], 1),  # no such node
     ("talosctl", ["bogus"], 1),
     ("talosctl", ["version", "--client"], 0),
-    ("helm", ["version", "--short"], 0),
-    ("helm", ["list", "-A"], 0),
-    ("helm", ["upgrade", "--no-such-flag"], 1),
 ]
 
 

@@ -1,1 +1,2 @@
-"""The simulated Kubernetes API server (see ``server``), its store, admission and resource table."""
+"""What is left of the retired Python Kubernetes API server (2 Dec 2026): ``faults``, a re-export of
+``runbook_lib.sim.faultfile`` while tests/realplane.py imports it from here."""

@@ -1,7 +1,7 @@
 """What NVIDIA containers print on a real node: ``nvidia-smi`` tables per driver branch, the device plugin's
 start-up log, the CUDA vectoradd sample.
 
-Kept apart from the kubelet so the texts (which tests and parsers compare against) live in one place.
+Kept apart from the node agent so the texts (which tests and parsers compare against) live in one place.
 """
 
 from __future__ import annotations

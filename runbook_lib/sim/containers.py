@@ -1,0 +1,264 @@
+"""What a container does on a simulated Talos GPU node, decided by the node's Talos state (``state.runtime``).
+
+Whether the ``nvidia`` runtime handler exists (toolkit extension), whether the driver is loaded (kmod extension
++ modules patch + a supported GPU), whether the legacy ``nvidia-container-cli`` hook trips over
+``bpf_jit_harden``: so a runbook that skips a step meets the symptom it would meet on real hardware, and fixing
+the node's state fixes the pods. The GPU node agent (``nodeagent``) and the simulated GPU Operator
+(``gpuoperator``) apply it to the pods kwok runs on the real control plane; it began as the Python kubelet's,
+retired with the Python API server on 2 Dec 2026.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+from runbook_lib.sim import nvidia
+from runbook_lib.sim import state as sim_state
+from runbook_lib.sim.faultfile import matches
+
+GPU_RESOURCE = "nvidia.com/gpu"
+# Talos minor → (containerd, kernel) as the node reports them.
+CONTAINERD_VERSIONS = {
+    (1, 7): "1.7.16",
+    (1, 8): "2.0.0",
+    (1, 9): "2.0.1",
+    (1, 10): "2.0.5",
+    (1, 11): "2.1.4",
+    (1, 12): "2.1.5",
+    (1, 13): "2.2.1",
+    (1, 14): "2.2.3",
+}
+KERNEL_VERSIONS = {
+    (1, 7): "6.6.28-talos",
+    (1, 8): "6.6.43-talos",
+    (1, 9): "6.12.6-talos",
+    (1, 10): "6.12.25-talos",
+    (1, 11): "6.12.45-talos",
+    (1, 12): "6.12.57-talos",
+    (1, 13): "6.18.2-talos",
+    (1, 14): "6.18.9-talos",
+}
+NVIDIA_PCI_LABEL = "feature.node.kubernetes.io/pci-10de.present"
+
+
+@dataclass
+class Outcome:
+    """What a container does once its sandbox exists: run forever, or exit with a code; or fail to start."""
+
+    log: str = ""
+    exit_code: int | None = None
+    """None: keeps running."""
+    start_error: str | None = None
+    ready: bool = True
+    registers: dict[str, int] = field(default_factory=dict)
+    """Device-plugin resources this container registers with the kubelet while it runs."""
+    node_labels: dict[str, str] = field(default_factory=dict)
+    """Labels a feature-discovery container puts on its node while it runs."""
+
+
+@dataclass
+class NodeView:
+    sim: sim_state.SimNode
+    rt: sim_state.NodeRuntime
+    fingerprint: str
+
+
+def failing_pull(image: str, sim: sim_state.SimNode, cluster_faults: dict[str, Any]) -> bool:
+    """Does pulling ``image`` fail on this node (the ``image_pull_error`` fault: the cluster's or the node's)?"""
+    return matches(cluster_faults.get("image_pull_error", False), image) or matches(
+        sim.faults.get("image_pull_error", False), image
+    )
+
+
+def cri_pull_error(image: str) -> str:
+    """containerd's error for an image the registry does not have ("not found"), as the CRI returns it: the
+    ErrImagePull container's waiting message (kubernetes@v1.35.0 pkg/kubelet/images/image_manager.go:410-411)."""
+    return (
+        f'rpc error: code = NotFound desc = failed to pull and unpack image "{image}": failed to resolve '
+        f'reference "{image}": {image}: not found'
+    )
+
+
+def pull_failure(image: str) -> str:
+    """The kubelet's Failed event for that pull (image_manager.go:361)."""
+    return f'Failed to pull image "{image}": {cri_pull_error(image)}'
+
+
+def pull_backoff(image: str) -> str:
+    """The container's waiting message in ImagePullBackOff: "Back-off pulling image %q" wrapped with the last
+    pull's "ErrImagePull: <CRI error>" (image_manager.go:336-348, 362-367, since Kubernetes 1.31); the BackOff
+    event keeps the short text."""
+    return f'Back-off pulling image "{image}": ErrImagePull: {cri_pull_error(image)}'
+
+
+#: The kubelet's Ready condition while its container runtime does not answer: the runtime status sync stops, so
+#: after its threshold ``runtimeErrors`` says "container runtime is down" and ``ReadyCondition`` posts it as
+#: the message of Ready=False, reason KubeletNotReady (kubernetes@v1.35.0 pkg/kubelet/runtime.go:124,
+#: pkg/kubelet/nodestatus/setters.go:505-512). Simplified: after 3 minutes a real kubelet appends
+#: "PLEG is not healthy: ..." (runtime.go:128), which no simulated node does.
+RUNTIME_DOWN_REASON = "KubeletNotReady"
+RUNTIME_DOWN_MESSAGE = "container runtime is down"
+
+
+def cri_down(rt: sim_state.NodeRuntime) -> bool:
+    """containerd's CRI does not load when its default runtime has no definition ("no corresponding runtime
+    configured in `containerd.runtimes`", containerd internal/cri/config/config.go ``ValidateRuntimeConfig``),
+    e.g. ``default_runtime_name = "nvidia"`` before the toolkit extension brings the ``nvidia`` runtime."""
+    return rt.default_runtime not in rt.cri_runtime_handlers
+
+
+def _gpu_access(view: NodeView, handler: str) -> tuple[bool, str | None, str]:
+    """Can a container started with ``handler`` use the GPUs? Returns (visible, start_error, why-not).
+
+    Start errors are the OCI runtime's words when the nvidia hook itself fails; "why-not" is what CUDA or
+    NVML inside the container would say.
+    """
+    if handler != "nvidia":
+        return False, None, "CUDA driver version is insufficient for CUDA runtime version"
+    rt = view.rt
+    legacy = view.sim.minor < (1, 13)
+    prefix = (
+        "failed to create containerd task: failed to create shim task: OCI runtime create failed: runc create "
+        "failed: unable to start container process: error during container init: error running prestart hook #0: "
+        "exit status 1, stdout: , stderr: Auto-detected mode as 'legacy'\n"
+    )
+    if rt.driver_version is None:
+        if legacy:
+            return (
+                False,
+                prefix + "nvidia-container-cli: initialization error: nvml error: driver not loaded: unknown",
+                "",
+            )
+        return (
+            False,
+            "failed to create containerd task: failed to create shim task: OCI runtime create failed: could not "
+            "apply required modification to OCI specification: error modifying OCI spec: failed to inject CDI "
+            "devices: unresolvable CDI devices nvidia.com/gpu=all: unknown",
+            "",
+        )
+    if rt.toolkit_driver_version and rt.toolkit_driver_version != rt.driver_version:
+        return False, None, "Failed to initialize NVML: Driver/library version mismatch"
+    if legacy and rt.bpf_jit_harden > 1:
+        return (
+            False,
+            prefix
+            + "nvidia-container-cli: mount error: failed to add device rules: unable to generate new device "
+            "filter program from existing programs: unable to create new device filters program: load program: "
+            "invalid argument: last insn is not an exit or jmp: unknown",
+            "",
+        )
+    return True, None, ""
+
+
+def _argv(container: dict[str, Any]) -> list[str]:
+    return [str(x) for x in (container.get("command") or []) + (container.get("args") or [])]
+
+
+def _env(container: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: str(e.get("value", "")) for e in container.get("env") or [] if isinstance(e, dict)}
+
+
+def _shell_script(argv: list[str]) -> str | None:
+    if len(argv) >= 3 and argv[0].endswith("sh") and argv[1] in ("-c", "-ec", "-xc"):
+        return argv[2]
+    return None
+
+
+def _smi(argv: list[str], view: NodeView) -> str:
+    driver = view.rt.driver_version or ""
+    if "-L" in argv:
+        return nvidia.nvidia_smi_list(view.sim.gpus)
+    query = next((a.split("=", 1)[1] for a in argv if a.startswith("--query-gpu=")), None)
+    if query:
+        fmt = next((a.split("=", 1)[1] for a in argv if a.startswith("--format=")), "csv")
+        return nvidia.nvidia_smi_query(driver, view.sim.gpus, query.split(","), "noheader" in fmt)
+    return nvidia.nvidia_smi(driver, view.sim.gpus)
+
+
+def program(
+    pod: dict[str, Any], container: dict[str, Any], view: NodeView, handler: str, config_replicas: int
+) -> Outcome:
+    """Decide what ``container`` of ``pod`` does on this node with this runtime handler."""
+    image = str(container.get("image") or "")
+    argv = _argv(container)
+    env = _env(container)
+    visible, start_error, why = _gpu_access(view, handler)
+    wants_gpu = handler == "nvidia"
+    if wants_gpu and start_error:
+        return Outcome(start_error=start_error)
+    if "k8s-device-plugin" in image and not any("gpu-feature-discovery" in a for a in argv):
+        fail_on_init = env.get("FAIL_ON_INIT_ERROR", "true").lower() != "false"
+        ok = visible and bool(view.sim.gpus)
+        log = nvidia.device_plugin_log(ok, GPU_RESOURCE, fail_on_init)
+        if ok:
+            return Outcome(log=log, registers={GPU_RESOURCE: len(view.sim.gpus) * max(config_replicas, 1)})
+        return Outcome(log=log, exit_code=1 if fail_on_init else None)
+    if "gpu-feature-discovery" in image or any("gpu-feature-discovery" in a for a in argv):
+        if not visible:
+            return Outcome(
+                log="E1129 gpu-feature-discovery: failed to initialize NVML: "
+                + (why or "ERROR_LIBRARY_NOT_FOUND")
+                + "\n",
+                exit_code=1,
+            )
+        g = view.sim.gpus[0] if view.sim.gpus else None
+        labels = {"nvidia.com/gpu.count": str(len(view.sim.gpus)), "nvidia.com/gpu.present": "true"}
+        if g:
+            labels["nvidia.com/gpu.product"] = g.model.replace(" ", "-")
+            labels["nvidia.com/gpu.memory"] = str(g.memory_mib)
+        return Outcome(log="I1129 gpu-feature-discovery: Writing labels to output file\n", node_labels=labels)
+    if "node-feature-discovery" in image and (
+        "worker" in (pod["metadata"].get("name") or "") or "nfd-worker" in argv
+    ):
+        labels = {NVIDIA_PCI_LABEL: "true"} if view.sim.gpus else {}
+        return Outcome(log="I1129 nfd-worker: feature discovery completed\n", node_labels=labels)
+    if "nvidia/driver" in image or image.rsplit("/", maxsplit=1)[-1].startswith("driver:"):
+        return Outcome(
+            log="========== NVIDIA Software Installer ==========\n\nStarting installation of NVIDIA driver\n"
+            "Could not resolve Linux kernel version\n",
+            exit_code=1,
+        )
+    if "container-toolkit" in image and "gpu-operator" not in image:
+        return Outcome(
+            log='time="2026-11-29T00:00:00Z" level=error msg="error running nvidia-toolkit: unable to setup '
+            'runtime: unable to write containerd config: open /etc/containerd/config.toml: read-only file system"\n',
+            exit_code=1,
+        )
+    script = _shell_script(argv)
+    words = shlex.split(script) if script else argv
+    if "vectoradd" in image:
+        if visible and view.sim.gpus:
+            return Outcome(log=nvidia.VECTORADD_PASS, exit_code=0)
+        return Outcome(log=nvidia.vectoradd_fail(why or "no CUDA-capable device is detected"), exit_code=1)
+    if words and (words[0] == "nvidia-smi" or words[0].endswith("/nvidia-smi") or "nvidia-smi" in words[:1]):
+        if not wants_gpu:
+            return Outcome(
+                start_error="failed to create containerd task: failed to create shim task: OCI runtime create failed: "
+                'runc create failed: unable to start container process: error during container init: exec: "nvidia-smi": '
+                "executable file not found in $PATH: unknown"
+            )
+        if why:
+            return Outcome(log=why + "\n", exit_code=9 if "NVML" in why else 255)
+        return Outcome(log=_smi(words, view), exit_code=0)
+    if "nvidia-smi" in (script or "") and wants_gpu and not why:
+        return Outcome(log=_smi(shlex.split(script or "")[1:], view), exit_code=0)
+    if words:
+        head = words[0].rsplit("/", 1)[-1]
+        if head == "echo":
+            return Outcome(log=" ".join(words[1:]) + "\n", exit_code=0)
+        if head in ("true",):
+            return Outcome(exit_code=0)
+        if head in ("false",):
+            return Outcome(exit_code=1)
+        if head == "exit" and len(words) > 1 and words[1].isdigit():
+            return Outcome(exit_code=int(words[1]))
+        if script and "sleep" not in script and "echo" in script:
+            out = [
+                seg.strip()[5:].strip().strip("'\"")
+                for seg in script.split("&&")
+                if seg.strip().startswith("echo ")
+            ]
+            return Outcome(log="".join(o + "\n" for o in out), exit_code=0)
+    return Outcome()
