@@ -11,6 +11,9 @@ state ``live``) and applies every mode without a reboot (simnode/state.go, legac
 
 from __future__ import annotations
 
+import base64
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +21,6 @@ import pytest
 import yaml
 
 from runbook_lib.sim import cluster, realtalos
-from runbook_lib.sim.kubeapi import server
 from runbook_lib.sim.state import talos_kubeconfig_path
 from tests.sim.test_real_talos_110_111 import (
     Release,
@@ -94,15 +96,66 @@ def test_get_modules_lists_kernel_module_status_live_on_1_14(gpu_ready: Release)
     assert {(r[2], r[-2], r[-1]) for r in rows} == {("KernelModuleStatus", "dynamic", "live")}, proc.stdout
 
 
-def _write_kubeconfigs(state: Path, talos_server: str, token_server: str) -> tuple[Path, Path]:
-    """The Python API's two kubeconfigs as on_started writes them, the token one naming ``token_server``."""
-    assert server.serving_cert(state) is not None
-    token = state / "kubeconfig"
-    token.write_text(
-        yaml.safe_dump(server.kubeconfig(token_server, "t0ken", (state / "kube/apiserver.crt").read_bytes()))
+def _openssl_pair(d: Path, name: str, *args: str) -> tuple[bytes, bytes]:
+    """A P-256 certificate and key made with the ``openssl`` CLI (``req -x509``; ``-CA`` signs it)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl on PATH to make the kubeconfigs' certificates")
+    key, crt = d / f"{name}.key", d / f"{name}.crt"
+    cmd = ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    subprocess.run([*cmd, "-keyout", str(key), "-out", str(crt), "-days", "1", *args], check=True, timeout=30)
+    return crt.read_bytes(), key.read_bytes()
+
+
+def _kubeconfig(server: str, ca: bytes, user: dict[str, str]) -> str:
+    """A kubeconfig in Talos's structure (talos@v1.14.1 pkg/kubeconfig/generate.go:102-124) with ``user``."""
+    name = "talos-gpu-sim"
+    cluster = {"server": server, "certificate-authority-data": base64.b64encode(ca).decode()}
+    return yaml.safe_dump(
+        {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": name, "cluster": cluster}],
+            "users": [{"name": f"admin@{name}", "user": user}],
+            "contexts": [
+                {
+                    "name": f"admin@{name}",
+                    "context": {"cluster": name, "namespace": "default", "user": f"admin@{name}"},
+                }
+            ],
+            "current-context": f"admin@{name}",
+        }
     )
-    assert server.write_talos_kubeconfig(state, talos_server) == talos_kubeconfig_path(state)
-    return token, talos_kubeconfig_path(state)
+
+
+def _write_kubeconfigs(state: Path, talos_server: str, token_server: str) -> tuple[Path, Path]:
+    """A token kubeconfig naming ``token_server`` (what an API server's admin token gives) and, at
+    ``talos_kubeconfig_path``, the admin client certificate signed by the cluster CA (CN=admin, O=system:masters,
+    client auth: generate.go:35-93) naming ``talos_server``. Made here with openssl: the Python Kubernetes API
+    that used to write both was retired (issue 15); the real control plane's own is tested in
+    test_real_talos_114_real_plane.py."""
+    pki = state / "pki"
+    pki.mkdir(parents=True, exist_ok=True)
+    ca, _ca_key = _openssl_pair(
+        pki, "ca", "-subj", "/CN=kubernetes", "-addext", "basicConstraints=critical,CA:TRUE"
+    )
+    signed = [
+        "-CA",
+        str(pki / "ca.crt"),
+        "-CAkey",
+        str(pki / "ca.key"),
+        "-subj",
+        "/O=system:masters/CN=admin",
+    ]
+    signed += ["-addext", "basicConstraints=CA:FALSE", "-addext", "extendedKeyUsage=clientAuth"]
+    signed += ["-addext", "keyUsage=critical,digitalSignature,keyEncipherment"]
+    cert, key = _openssl_pair(pki, "admin", *signed)
+    token = state / "kubeconfig"
+    token.write_text(_kubeconfig(token_server, ca, {"token": "t0ken"}))
+    talos = talos_kubeconfig_path(state)
+    talos.parent.mkdir(parents=True, exist_ok=True)
+    b64 = {"client-certificate-data": cert, "client-key-data": key}
+    talos.write_text(_kubeconfig(talos_server, ca, {k: base64.b64encode(v).decode() for k, v in b64.items()}))
+    return token, talos
 
 
 def test_talosctl_1_14_accepts_the_kubeconfig_a_control_plane_node_hands_out_and_refuses_a_token_one(
@@ -141,14 +194,15 @@ def test_talosctl_1_14_accepts_the_kubeconfig_a_control_plane_node_hands_out_and
 
 # talosctl v1.14.1's upgrade drain validates the admin kubeconfig the control-plane node hands out and refuses one
 # without Talos's structure (talos@v1.14.1:pkg/kubeconfig/validate.go:29, 'user field "token" is not allowed'):
-# simnode serves the client-certificate kubeconfig the Python Kubernetes API writes
-# (tests/sim/test_kubeapi_client_cert.py), so these pass where v1.14.1 is built.
+# simnode serves the client-certificate kubeconfig the real control plane writes
+# (tests/sim/test_real_talos_114_real_plane.py), so these pass where v1.14.1 and Kubernetes v1.37.2 (or the nearest
+# built release standing in for it) are built.
 
 
 def test_runbook_run_applies_all_six_steps_with_the_real_talosctl_1_14(tmp_path: Path) -> None:
     """Issue 14's "done when" for 1.14: ``runbook run -p params/simulated.yaml --set talos_version=v1.14.0
     --apply`` with the real talosctl v1.14.1: the KernelModuleConfig patch, the factory installer through the
-    1.13+ LifecycleService upgrade (drained through the Python Kubernetes API), verify's ``get modules``
+    1.13+ LifecycleService upgrade (drained through the real control plane), verify's ``get modules``
     (KernelModuleStatus ``live``), the GPU Operator and the CUDA tests."""
     for observed in assert_run_applies_all_six_steps(tmp_path, TALOS, CLIENT):
         assert "/metal-installer/" in observed["image"], observed["image"]
