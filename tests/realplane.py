@@ -28,9 +28,9 @@ from typing import Any
 import pytest
 
 from runbook_lib.model.params import Params, validate
-from runbook_lib.sim import cluster, daemon, realkube
-from runbook_lib.sim.kubeapi.faults import FaultFile
-from runbook_lib.sim.kubelet import cri_down
+from runbook_lib.sim import cluster, realkube
+from runbook_lib.sim.containers import cri_down
+from runbook_lib.sim.faultfile import FaultFile
 from runbook_lib.sim.nodeagent import kubelet_stopped
 from runbook_lib.sim.realtalos import observed_nodes
 from runbook_lib.sim.state import load_cluster, load_nodes, runtime
@@ -75,7 +75,7 @@ def _unready_nodes(ctx: Context, names: set[str]) -> list[str]:
 def _expected_ready(state_dir: Path) -> set[str]:
     """The simulated nodes whose Node should become Ready: not those the scenario has down or whose kubelet it
     stopped (no kubelet posts: ``nodeagent.kubelet_stopped``), nor those whose containerd CRI does not load (the
-    kubelet posts Ready=False: ``kubelet.cri_down``). Read as the node agent reads them (``observed_nodes``)."""
+    kubelet posts Ready=False: ``containers.cri_down``). Read as the node agent reads them (``observed_nodes``)."""
     cluster_faults = FaultFile(state_dir).read()
     return {
         n.name
@@ -97,7 +97,8 @@ def wait_nodes_ready(ctx: Context, state_dir: Path, timeout: float = NODES_READY
 
 def ready_if_real(ctx: Context, state_dir: Path) -> None:
     """On the real control plane (``realkube.start_servers`` chose it for this state dir), wait until every Node
-    is Ready and untainted before the test creates pods; nothing to wait for on the Python API server."""
+    is Ready and untainted before the test creates pods; nothing to wait for where no control plane was started
+    (``sim_cluster(daemon=False)``)."""
     if realkube.supervisor_pid(state_dir) is not None:
         wait_nodes_ready(ctx, state_dir)
 
@@ -132,13 +133,13 @@ def real_cluster(
 ) -> Iterator[tuple[Params, Context]]:
     """Create a simulated cluster on the real control plane; yield validated params + a connected context.
 
-    The daemon starts without its Python API server, and the real control plane in its place. Stops everything
-    it started, also when the test fails."""
+    The daemon starts (the Image Factory, the tool server), and the real control plane beside it. Stops
+    everything it started, also when the test fails."""
     cluster.create(
         state_dir, cluster.ClusterSpec(workers=workers, talos_version=talos_version, scenario=scenario)
     )
     tools = tools_for(str(load_cluster(state_dir)["kubernetes_version"]))
-    cluster.start_daemon(state_dir, rooms=[room for room in daemon.ROOMS if room != "kube"])
+    cluster.start_daemon(state_dir)
     try:
         realkube.start(state_dir, tools)
         p = _params(state_dir, talos_version, params)
