@@ -132,8 +132,8 @@ def test_a_stale_simkube_is_rebuilt_when_a_control_plane_is_built(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With the suite's Kubernetes side unset (real where built), simkube sources edited since ``make
-    kube-tools`` would send every test to the Python API without a word (``realkube.find_tools`` says "not
-    built"); the session start rebuilds it, as it does simnode."""
+    kube-tools`` would leave every test that starts the simulator without a control plane (``realkube.find_tools``
+    says "not built"); the session start rebuilds it, as it does simnode."""
     cache = _kube_cache(tmp_path, monkeypatch)
     calls: list[str] = []
     built = ensure_current_simkube(lambda: _fake_simkube_build(cache, calls))

@@ -74,8 +74,8 @@ def test_a_node_that_goes_down_turns_ready_unknown_after_the_grace_period_and_re
     (kubernetes@v1.35.0 pkg/controller/nodelifecycle/node_lifecycle_controller.go tryUpdateNodeHealth,
     markPodsNotReady). Once the node is back its kubelet posts Ready again, the controller lifts the taints, and
     the kubelet restarts the node's pods, which turn ready. Before, kwok kept every node Ready throughout.
-    ``runbook sim fault NODE node_not_ready`` stops the kubelet alone (the Python API server's kubelet takes the
-    node NotReady for it too); before, it did nothing on the real control plane."""
+    ``runbook sim fault NODE node_not_ready`` stops the kubelet alone; before, it did nothing on the real control
+    plane."""
     state = two_workers
     api = core_api(state)
     wait_for(lambda: "default" in service_accounts(api), timeout=180)

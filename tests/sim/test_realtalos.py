@@ -44,7 +44,7 @@ def test_auto_runs_the_real_talosctl_of_the_nodes_minor_release_when_built(tools
 def test_auto_runs_talos_1_14_nodes_on_the_real_talosctl_v1_14_1_when_built(tools: Path) -> None:
     """1.14 was left to the Python talosctl while its drain refused the simulated kubeconfig (a token user,
     talos@v1.14.1 pkg/kubeconfig/validate.go:29); the control-plane node now hands out a client-certificate one
-    (tests/sim/test_kubeapi_client_cert.py), so auto pairs 1.14 nodes with talosctl v1.14.1 (v1.14.0 is not
+    (the real control plane's: tests/sim/test_real_talos_114_real_plane.py), so auto pairs 1.14 nodes with talosctl v1.14.1 (v1.14.0 is not
     served by the Go module proxy)."""
     built = tools / "talosctl" / "v1.14.1" / "talosctl"
     built.parent.mkdir(parents=True)
