@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from runbook_lib.clients.talosctl import PATCH_CALLS, FanOut, patch_chunk_size
+from runbook_lib.clients.talosctl import PATCH_CALLS, PIPELINE_CHUNKS, FanOut, pipeline_chunk_size
 from runbook_lib.steps.patch import config_patch
 from runbook_lib.steps.verify import verify
 from tests.simcluster import inject_fault, python_talosctl, sim_cluster
 
-WORKERS = 2 * PATCH_CALLS + 7  # dry-run chunks of 3 nodes, the last one short
+WORKERS = 2 * PATCH_CALLS + 7  # dry run: 2 chunks (of 20 and 19); apply: chunks of 3, the last one short
 
 
 @pytest.mark.slow
@@ -26,9 +26,11 @@ def test_dry_run_over_a_long_node_list_answers_for_every_node_in_a_few_calls(tmp
         dry_runs = [e for e in ctx.journal.entries if "--dry-run" in e.argv]
     assert result.counts() == {"planned": WORKERS}
     assert len(result.data["groups"]) == 1
-    # concurrent chunk calls (talosctl patches the nodes of one call in a row), never more than 32 of them
-    assert len(dry_runs) <= PATCH_CALLS
-    assert all(len(e.argv[e.argv.index("-n") + 1].split(",")) <= patch_chunk_size(WORKERS) for e in dry_runs)
+    # concurrent chunk calls (talosctl patches the nodes of one call in a row), never more than 8 of them
+    assert len(dry_runs) <= PIPELINE_CHUNKS
+    assert all(
+        len(e.argv[e.argv.index("-n") + 1].split(",")) <= pipeline_chunk_size(WORKERS) for e in dry_runs
+    )
     covered = [node for e in dry_runs for node in e.argv[e.argv.index("-n") + 1].split(",")]
     assert sorted(covered) == sorted(n.address for n in ctx.params.nodes)
     # the merged dry-run output is the per-node summaries of every chunk, as a single call would print them

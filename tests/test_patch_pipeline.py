@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from runbook_lib.clients.talosctl import patch_chunk_size
+from runbook_lib.clients.talosctl import pipeline_chunk_size
 from runbook_lib.model.profiles import render_documents
 from runbook_lib.steps import patch_plan
 from runbook_lib.steps.patch import config_patch, read_configs, wanted_documents
@@ -32,17 +32,63 @@ def calls(ctx: Any, *words: str, since: int = 0) -> list[list[str]]:
     return [nodes_of(e.argv) for e in ctx.journal.entries[since:] if all(w in e.argv for w in words)]
 
 
+def small_chunks(ctx: Any, count: int) -> None:
+    """Split the dry run into ``count`` chunks however few the nodes (the library's smallest chunk is 32 nodes,
+    more than these tests' fleets), so that the tests see several chunks."""
+    ctx.talosctl.pipeline_chunks = count
+    ctx.talosctl.min_pipeline_chunk = 1
+
+
+def test_a_ten_node_dry_run_is_one_get_and_one_dry_run(tmp_path: Path) -> None:
+    """Issue 16: 10 nodes were 10 single-node chunks, 20 talosctl processes, where the benchmark's floor reads
+    and dry-runs them with one ``get machineconfig`` and one ``patch --dry-run`` (real talosctl v1.12.0 against
+    simnode at 2 ms: library 0.60 s, floor 0.30 s).  Now one of each, over all 10 nodes, and every node is
+    still planned on its own."""
+    with sim_cluster(tmp_path, workers=10, daemon=False) as (params, ctx):
+        result = config_patch(ctx, apply=False)
+        gets = calls(ctx, "get")
+        dry_runs = calls(ctx, "patch", "--dry-run")
+    everyone = [n.address for n in params.nodes]
+    assert result.counts() == {"planned": 10} and len(result.data["groups"]) == 1
+    assert gets == [everyone] and dry_runs == [everyone]
+
+
+def test_the_default_runtime_patch_reads_each_chunks_extensions_with_its_configs(tmp_path: Path) -> None:
+    """The default-runtime patch needs each node's extensions (``nodes_with_nvidia_runtime``).  They were read
+    over the whole fleet BEFORE the first chunk could start: one more sequential wave of talosctl.  Now each
+    chunk reads its nodes' extensions beside their configs (same ``-n`` list), before its own dry run, and no
+    call reads the extensions of the whole fleet."""
+    with sim_cluster(
+        tmp_path, workers=6, daemon=False, scenario="extensions-no-patch", default_runtime_patch=True
+    ) as (params, ctx):
+        small_chunks(ctx, 3)
+        result = config_patch(ctx, apply=False)
+        journal = [list(e.argv) for e in ctx.journal.entries]
+    assert result.counts() == {"planned": 6} and "default_runtime_deferred" not in result.data
+    chunks = sorted([n.address for n in params.nodes][i : i + 2] for i in range(0, 6, 2))
+    extension_reads = [nodes_of(a) for a in journal if "extensions" in a]
+    assert (
+        sorted(extension_reads)
+        == chunks
+        == sorted(nodes_of(a) for a in journal if "get" in a and "machineconfig" in a)
+    )
+    for chunk in chunks:  # a chunk's dry run comes after its own extensions were read
+        read_at = next(i for i, a in enumerate(journal) if "extensions" in a and nodes_of(a) == chunk)
+        dry_at = next(i for i, a in enumerate(journal) if "--dry-run" in a and nodes_of(a) == chunk)
+        assert read_at < dry_at
+
+
 def test_each_chunk_is_read_once_and_dry_run_once_whatever_the_fleet_size(tmp_path: Path) -> None:
-    """12 nodes in chunks of 3 (``parallel`` 4): 4 ``get machineconfig`` calls and 4 dry runs, each dry run over
+    """12 nodes in chunks of 3 (4 chunks, no smallest chunk): 4 ``get machineconfig`` calls and 4 dry runs, each dry run over
     the very nodes one ``get`` read; before, the whole fleet was read first in ``get`` chunks of at least 32
     nodes (one call here) and dry-run afterwards."""
     with sim_cluster(tmp_path, workers=12, daemon=False) as (params, ctx):
-        ctx.talosctl.parallel = 4
+        small_chunks(ctx, 4)
         result = config_patch(ctx)
         gets = calls(ctx, "get", "machineconfig")
         dry_runs = calls(ctx, "patch", "--dry-run")
     assert result.counts() == {"planned": 12} and len(result.data["groups"]) == 1
-    size = patch_chunk_size(12, 4)
+    size = pipeline_chunk_size(12, 4, minimum=1)
     expected = sorted([n.address for n in params.nodes][i : i + size] for i in range(0, 12, size))
     assert sorted(gets) == expected and sorted(dry_runs) == expected
     assert ctx.journal.changes() == []
@@ -61,7 +107,7 @@ def test_a_node_whose_config_cannot_be_read_fails_alone_and_its_chunk_is_planned
         full = render_documents(wanted_documents(ctx, n5))
         assert ctx.talosctl.patch_machineconfig([n5.address], full, dry_run=False).ok
         inject_fault(tmp_path, n3.name, "unreachable", "refused")
-        ctx.talosctl.parallel = 3
+        small_chunks(ctx, 3)
         since = len(ctx.journal.entries)
         result = config_patch(ctx)
         journal = ctx.journal.entries[since:]

@@ -41,6 +41,9 @@ DEFAULT_CHUNK = 250
 #: CPU the reads need.  And memory: verify at 1,000 nodes keeps ~40 talosctl alive at once, 591 MB PSS, next
 #: to ~400 MB for the runbook and its kernels in the 1 GB budget of the process tree (issue 16).
 PATCH_CALLS = 16
+#: Most chunks of the config-patch dry run, and its smallest chunk (:func:`pipeline_chunk_size`).
+PIPELINE_CHUNKS = 8
+MIN_PIPELINE_CHUNK = 32
 #: Chunks a ``get`` is split into on a big fleet (:func:`get_chunk_size`): verify runs three ``get`` kinds at
 #: once next to the reads, so fewer, longer chunks hold fewer processes for the same time (1,000 nodes in
 #: chunks of 128: 1.76 s, of 256: 1.73 s).
@@ -210,6 +213,30 @@ def patch_chunk_size(nodes: int, calls: int = PATCH_CALLS) -> int:
     return max(1, -(-nodes // max(1, calls)))
 
 
+def pipeline_chunk_size(
+    nodes: int, calls: int = PIPELINE_CHUNKS, *, minimum: int = MIN_PIPELINE_CHUNK
+) -> int:
+    """Nodes per chunk of the config-patch dry run (:meth:`Talosctl.pipeline`): at least ``minimum`` (all of
+    them when fewer), at most ``calls`` chunks, the chunks even (100 -> 4 of 25, 1,000 -> 8 of 125).
+
+    Why not :func:`patch_chunk_size`'s ``ceil(N/16)``: each chunk is two talosctl processes in a row (``get
+    machineconfig``, ``patch --dry-run``), and with the real talosctl v1.12.0 against simnode at 2 ms per node
+    and call the processes decide, not the nodes' latency (benchmarks/README.md, issue 16).  Measured, the
+    load average in brackets (the floor: the same two calls per chunk issued directly): 10 nodes as 10 chunks
+    0.60 s, as one 0.30 s (load 4-20), 6.99 s and 1.81 s (load 70-128); 100 nodes as 15 chunks of 7 2.28 s,
+    the floor's fastest 1.43 s (load 4-20), floor chunks of 8/16/32/64/100 8.0/6.6/3.7/3.1/3.8 s (load 36-53),
+    1.46/1.36/1.29/-/2.12 s (1 Dec, load not recorded); 1,000 nodes in chunks of 32/64/128/256:
+    81.6/58.4/44.9/- s (load 36-53), 9.2/8.3/8.5/10.1 s (1 Dec, load not recorded).  The cost of this choice: a node of a chunk waits for the nodes before it, so where each
+    node answers slowly (tens of ms: a remote cluster) smaller chunks would win; not measured with the real
+    talosctl above 2 ms.
+    """
+    if nodes <= 0:
+        return 1
+    size = max(min(nodes, minimum), -(-nodes // max(1, calls)), 1)
+    count = -(-nodes // size)
+    return -(-nodes // count)
+
+
 def get_chunk_size(nodes: int, calls: int = GET_CALLS) -> int:
     """Nodes per ``get`` call: ``nodes`` in about ``calls`` chunks, none under :data:`MIN_GET_CHUNK` nodes.
 
@@ -304,6 +331,8 @@ class Talosctl:
         self.runner = runner or Runner()
         self.chunk_size = chunk_size
         self.parallel = parallel
+        self.pipeline_chunks = PIPELINE_CHUNKS
+        self.min_pipeline_chunk = MIN_PIPELINE_CHUNK
 
     def argv(self, args: Sequence[str], nodes: Sequence[str] = ()) -> list[str]:
         out = [self.binary]
@@ -338,19 +367,21 @@ class Talosctl:
         return self._get_chunk(_get_args(resource, None), list(nodes))
 
     def pipeline(self, nodes: Sequence[str], stage: Callable[[list[str]], _Out]) -> list[_Out]:
-        """``stage`` over the chunks a patch of ``nodes`` is split into (:func:`patch_chunk_size`), at most
-        ``parallel`` chunks at once; results in chunk order.
+        """``stage`` over ``nodes`` in chunks (:func:`pipeline_chunk_size`: at most ``pipeline_chunks``, none under
+        ``min_pipeline_chunk`` nodes), at most ``parallel`` chunks at once; results in chunk order.
 
         Why: the config-patch dry run needs each node's config before it can dry-run that node's patch.  Reading
         the whole fleet first and dry-running it afterwards puts the slowest read chunk, all the planning and the
         slowest dry-run chunk one after the other; per chunk (read, plan, dry run) the chunks overlap each other,
         which is what the fastest direct use of talosctl does (``benchmarks/bench_real_talosctl.py``, the patch
-        floor: ``get machineconfig`` then ``patch --dry-run`` per chunk, all chunks at once).  A stage that runs
-        one talosctl process at a time keeps the ``parallel`` bound on processes (the config-patch stage does,
-        except while it resolves a failed read node by node).
+        floor: ``get machineconfig`` then ``patch --dry-run`` per chunk, all chunks at once).  The config-patch
+        stage runs one talosctl process at a time, two while it reads a chunk's configs and extensions at once
+        (the default-runtime patch), so its 8 chunks keep within the ``parallel`` bound of 16 processes, except
+        while it resolves a failed read node by node.
         """
-        size = min(self.chunk_size, patch_chunk_size(len(nodes), self.parallel))
-        return concurrently(stage, [c for c in chunks(list(nodes), size) if c], self.parallel)
+        size = pipeline_chunk_size(len(nodes), self.pipeline_chunks, minimum=self.min_pipeline_chunk)
+        parts = [c for c in chunks(list(nodes), min(self.chunk_size, size)) if c]
+        return concurrently(stage, parts, self.parallel)
 
     def _get_chunk(self, args: list[str], group: list[str]) -> FanOut:
         """One ``get`` call over ``group``; when it fails, which of its nodes failed.

@@ -20,7 +20,6 @@ from typing import Any
 
 from runbook_lib.model.machineconfig import contains
 from runbook_lib.model.params import Node
-from runbook_lib.model.parsers import extension_versions, extensions_from_resources
 from runbook_lib.model.redact import redact
 from runbook_lib.model.rollout import Schedule, schedule
 
@@ -28,6 +27,7 @@ from .context import Context
 from .events import Events
 from .patch_plan import (
     configs_of,
+    nvidia_runtime_nodes,
     plan_and_dry_run,
     wanted_documents,
 )
@@ -50,28 +50,13 @@ Progress = Callable[[int, int], None]
 
 
 def nodes_with_nvidia_runtime(ctx: Context, nodes: list[Node]) -> set[str]:
-    """Addresses of the nodes whose image has the container toolkit, i.e. a containerd ``nvidia`` runtime.
-
-    Why: containerd refuses a CRI config whose ``default_runtime_name`` names no configured runtime ("no
-    corresponding runtime configured in `containerd.runtimes`", containerd internal/cri/config/config.go
-    ``ValidateRuntimeConfig``), and the ``nvidia`` runtime comes with the toolkit extension
-    (extensions@v1.12.0:nvidia-gpu/nvidia-container-toolkit/nvidia-container-runtime/
-    10-nvidia-container-runtime.part).  The config patch runs before the image upgrade, so making ``nvidia``
-    the default there would take the node's CRI, and every pod on it, down until the upgrade: it waits
-    for the toolkit, and the image step applies it after the upgrade.  One ``get extensions`` call, made
-    only when the default-runtime patch is asked for.
-    """
+    """Addresses of the nodes whose image has the container toolkit, i.e. a containerd ``nvidia`` runtime, which
+    the default-runtime patch waits for (why: :func:`patch_plan.nvidia_runtime_nodes`); every node when that
+    patch is not asked for.  One ``get extensions`` fan-out; the step's own plan reads them per chunk instead
+    (``patch_plan.Planner.read``)."""
     if not ctx.params.default_runtime_patch:
         return {n.address for n in nodes}
-    fan = ctx.talosctl.get("extensions", [n.address for n in nodes])
-    return {
-        address
-        for address, resources in fan.by_node().items()
-        if any(
-            "nvidia-container-toolkit" in name
-            for name in extension_versions(extensions_from_resources(resources))
-        )
-    }
+    return nvidia_runtime_nodes(ctx.talosctl.get("extensions", [n.address for n in nodes]))
 
 
 def read_configs(ctx: Context, nodes: list[Node]) -> tuple[dict[str, list[dict[str, Any]]], dict[str, str]]:
@@ -90,7 +75,7 @@ def config_patch(
     do_apply = ctx.apply if apply is None else apply
     nodes = ctx.nodes(only)
     result = StepResult(step="config-patch", applied=do_apply)
-    plan = plan_and_dry_run(ctx, nodes, nodes_with_nvidia_runtime(ctx, nodes))
+    plan = plan_and_dry_run(ctx, nodes)
     by_address, groups = plan.results, plan.groups
     result.nodes = [by_address[n.address] for n in nodes]
 

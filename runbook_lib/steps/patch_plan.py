@@ -19,9 +19,11 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from runbook_lib.clients.proc import concurrently
 from runbook_lib.clients.talosctl import FanOut, PatchCall, PatchResult
 from runbook_lib.model.machineconfig import FileConflict, config_documents, remaining_patch
 from runbook_lib.model.params import Node
+from runbook_lib.model.parsers import extension_versions, extensions_from_resources
 from runbook_lib.model.profiles import render_documents
 from runbook_lib.model.rollback import sysctls_before
 
@@ -37,7 +39,7 @@ Configs = dict[str, list[dict[str, Any]]]
 
 def wanted_documents(ctx: Context, node: Node, *, default_runtime: bool = True) -> list[dict[str, Any]]:
     """The patch documents the node should carry; ``default_runtime`` False leaves out the default-runtime
-    patch (see ``patch.nodes_with_nvidia_runtime``)."""
+    patch (see :func:`nvidia_runtime_nodes`)."""
     profile = ctx.params.profile(node)
     images = (
         profile.install_extension_images() if profile.extension_delivery == "install-extensions" else None
@@ -46,6 +48,29 @@ def wanted_documents(ctx: Context, node: Node, *, default_runtime: bool = True) 
     if ctx.params.default_runtime_patch and default_runtime:
         docs += profile.default_runtime_documents()
     return docs
+
+
+def nvidia_runtime_nodes(extensions: FanOut) -> set[str]:
+    """Addresses of the nodes, in a ``get extensions`` answer, whose image has the container toolkit, i.e. a
+    containerd ``nvidia`` runtime.
+
+    Why: containerd refuses a CRI config whose ``default_runtime_name`` names no configured runtime ("no
+    corresponding runtime configured in `containerd.runtimes`", containerd internal/cri/config/config.go
+    ``ValidateRuntimeConfig``), and the ``nvidia`` runtime comes with the toolkit extension
+    (extensions@v1.12.0:nvidia-gpu/nvidia-container-toolkit/nvidia-container-runtime/
+    10-nvidia-container-runtime.part).  The config patch runs before the image upgrade, so making ``nvidia``
+    the default there would take the node's CRI, and every pod on it, down until the upgrade: it waits
+    for the toolkit, and the image step applies it after the upgrade.  A node whose extensions could not be
+    read is not counted: the default runtime waits for it too.
+    """
+    return {
+        address
+        for address, resources in extensions.by_node().items()
+        if any(
+            "nvidia-container-toolkit" in name
+            for name in extension_versions(extensions_from_resources(resources))
+        )
+    }
 
 
 def configs_of(fan: FanOut) -> tuple[Configs, dict[str, str]]:
@@ -92,21 +117,20 @@ class ChunkPlan:
 
 @dataclass(frozen=True)
 class Planner:
-    """What every chunk's plan needs: the step's context, its nodes by address, the nodes whose image can take
-    the default-runtime patch, and the shared renderer."""
+    """What every chunk's plan needs: the step's context, its nodes by address, and the shared renderer."""
 
     ctx: Context
     nodes: dict[str, Node]
-    runtime_ready: set[str]
     render: RenderOnce = field(default_factory=RenderOnce)
 
     def chunk(self, addresses: list[str]) -> ChunkPlan:
-        """Read the chunk's configs (one ``get`` call), plan each node, dry-run each distinct patch (one call
-        each, one after the other: the other chunks run beside this one)."""
-        configs, errors = configs_of(self.ctx.talosctl.get_call("machineconfig", addresses))
+        """Read the chunk's configs (one ``get`` call, and its extensions beside it: :meth:`read`), plan each
+        node, dry-run each distinct patch (one call each, one after the other: the other chunks run beside this
+        one)."""
+        (configs, errors), ready = self.read(addresses)
         plan = ChunkPlan()
         for address in addresses:
-            res, patch = self.node(self.nodes[address], configs, errors)
+            res, patch = self.node(self.nodes[address], configs, errors, address in ready)
             plan.results.append(res)
             if patch is not None:
                 plan.patch_of[address] = patch
@@ -118,15 +142,34 @@ class Planner:
             plan.dry_runs = dict(zip(groups, runs, strict=True))
         return plan
 
-    def node(self, node: Node, configs: Configs, errors: dict[str, str]) -> tuple[NodeResult, str | None]:
-        """One node's result before the dry run, and its patch when it lacks something."""
+    def read(self, addresses: list[str]) -> tuple[tuple[Configs, dict[str, str]], set[str]]:
+        """The chunk's configs and read errors, and which of its nodes can take the default-runtime patch (all
+        of them when it is not asked for).
+
+        Why both ``get`` calls at once, per chunk: the extensions decide the default-runtime patch
+        (:func:`nvidia_runtime_nodes`); read over the whole fleet before the first chunk (until 2 Dec 2026) they
+        were one more wave of talosctl calls in a row before any config was read.
+        """
+        if not self.ctx.params.default_runtime_patch:
+            return configs_of(self.ctx.talosctl.get_call("machineconfig", addresses)), set(addresses)
+        configs, extensions = concurrently(
+            lambda resource: self.ctx.talosctl.get_call(resource, addresses),
+            ["machineconfig", "extensions"],
+            2,
+        )
+        return configs_of(configs), nvidia_runtime_nodes(extensions)
+
+    def node(
+        self, node: Node, configs: Configs, errors: dict[str, str], ready: bool
+    ) -> tuple[NodeResult, str | None]:
+        """One node's result before the dry run, and its patch when it lacks something (``ready``: its image
+        can take the default-runtime patch)."""
         res = NodeResult(node=node.name, address=node.address)
         if node.address in errors or node.address not in configs:
             res.status = "failed"
             res.message = f"cannot read the machine config: {errors.get(node.address, 'no answer')}"
             res.checks.append(Check("machine config readable", False, res.message, fix=unreachable_fix(node)))
             return res, None
-        ready = node.address in self.runtime_ready
         if not ready:
             res.data["default_runtime_deferred"] = True
         try:
@@ -159,10 +202,10 @@ class Plan:
     dry_runs: dict[str, PatchResult]
 
 
-def plan_and_dry_run(ctx: Context, nodes: list[Node], runtime_ready: set[str]) -> Plan:
+def plan_and_dry_run(ctx: Context, nodes: list[Node]) -> Plan:
     """Read, plan and dry-run ``nodes`` chunk by chunk (``Talosctl.pipeline``); per-node results as the step
     reports them, and per patch the nodes and dry-run calls, as one dry run over the group would give them."""
-    planner = Planner(ctx, {n.address: n for n in nodes}, runtime_ready)
+    planner = Planner(ctx, {n.address: n for n in nodes})
     chunks = ctx.talosctl.pipeline([n.address for n in nodes], planner.chunk)
     results = {res.address: res for chunk in chunks for res in chunk.results}
     patch_of = {address: patch for chunk in chunks for address, patch in chunk.patch_of.items()}
