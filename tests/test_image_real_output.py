@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from runbook_lib.sim import factory
-from runbook_lib.steps import image_diagnosis
+from runbook_lib.steps import image, image_diagnosis
 from runbook_lib.steps.image import image_upgrade
 from tests.test_image_step import _ctx, _sim
 
@@ -122,6 +122,9 @@ def _fail_upgrade_of(monkeypatch: pytest.MonkeyPatch, address: str, stderr: str)
         return real_run(argv, **kwargs)
 
     monkeypatch.setattr(subprocess, "run", run)  # the journal is written by runbook_lib.clients.proc.Runner
+    # one process per node, as this fake of subprocess.run answers; one process over several nodes (streamed, not
+    # through subprocess.run) is tests/test_image_batch_tracked.py's, on the real talosctl's captured output
+    monkeypatch.setattr(image, "_tracked", lambda _client, *, legacy: False)
 
 
 def test_a_failed_real_upgrade_reports_its_error_and_last_phase_not_the_progress(

@@ -216,7 +216,9 @@ class Runner:
         changes_cluster: bool = False,
         diff: str | None = None,
         journal_output: bool = True,
+        on_stderr_line: Callable[[str], None] | None = None,
     ) -> CommandResult:
+        """``on_stderr_line``: each line of stderr as the program prints it (:func:`_streamed`)."""
         env = None if self._env is None else {**os.environ, **self._env}
         started = time.monotonic()
         in_flight = (
@@ -226,14 +228,18 @@ class Runner:
         )
         try:
             with in_flight:
-                proc = subprocess.run(
-                    list(argv),
-                    input=stdin,
-                    capture_output=True,
-                    text=True,
-                    timeout=timeout,
-                    env=env,
-                    check=False,
+                proc = (
+                    subprocess.run(
+                        list(argv),
+                        input=stdin,
+                        capture_output=True,
+                        text=True,
+                        timeout=timeout,
+                        env=env,
+                        check=False,
+                    )
+                    if on_stderr_line is None
+                    else _streamed(list(argv), stdin, timeout, env, on_stderr_line)
                 )
             result = CommandResult(
                 argv=tuple(argv),
@@ -259,6 +265,52 @@ class Runner:
             )
         self.journal.record_command(result, diff=diff, keep_output=journal_output)
         return result
+
+
+def _streamed(
+    argv: list[str], stdin: str | None, timeout: float, env: dict[str, str] | None, on_line: Callable[[str], None]
+) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run``'s capture, each stderr line also handed to ``on_line`` as the program prints it.
+
+    Why: one ``talosctl upgrade --wait`` over several nodes prints each node's failure the moment its tracker gives
+    up, long before the process exits once its slowest node is back (talos@v1.12.0 cmd/talosctl/pkg/talos/action/
+    tracker.go:210-227, 291-295).  Killed after ``timeout`` (``TimeoutExpired``, as ``subprocess.run``)."""
+    expired = threading.Event()
+    with subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    ) as proc:
+        out: list[str] = []
+        reader = threading.Thread(target=lambda: out.append(proc.stdout.read() if proc.stdout else ""))
+        reader.start()
+        if stdin is not None and proc.stdin is not None:
+            proc.stdin.write(stdin)
+            proc.stdin.close()
+        def expire() -> None:
+            expired.set()
+            proc.kill()
+
+        timer = threading.Timer(timeout, expire)
+        timer.start()
+        err: list[str] = []
+        try:
+            for line in proc.stderr or ():
+                err.append(line)
+                on_line(line)
+        except BaseException:
+            proc.kill()
+            raise
+        finally:
+            timer.cancel()
+            proc.wait()
+            reader.join()
+    if expired.is_set():
+        raise subprocess.TimeoutExpired(argv, timeout, output="".join(out), stderr="".join(err))
+    return subprocess.CompletedProcess(argv, proc.returncode, "".join(out), "".join(err))
 
 
 def _text(value: bytes | str | None) -> str:

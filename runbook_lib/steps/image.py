@@ -17,6 +17,7 @@ With ``apply: false`` nothing changes and the result carries the exact commands.
 from __future__ import annotations
 
 import shlex
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from runbook_lib.clients.factory import FactoryClient
+from runbook_lib.clients.proc import CommandResult
 from runbook_lib.clients.talosctl import upgrade_flags
 from runbook_lib.errors import PermanentError, RunbookError
 from runbook_lib.model.boot_assets import boot_asset_urls, installer_image
@@ -56,6 +58,10 @@ STEP = "image-upgrade"
 #: all upgrade at once as that parameter promises. It was 64: a batch of 125 ran as two waves, twice as long
 #: (``benchmarks/bench_whole_change.py``). Each process holds ~14 MB of its own (talosctl's 58 MB binary is shared).
 MAX_PARALLEL_UPGRADES = 1000
+#: Nodes per ``talosctl upgrade --wait`` process where its tracker follows several (``_tracked``): one process for 50
+#: nodes used 0.18 s of CPU against 6.4 s for 50 one-node processes, and took T (benchmarks/README.md,
+#: bench_whole_change); a batch's chunks run at once.
+UPGRADE_CHUNK = 50
 #: Identical wrong answers in a row after which a node that rebooted into its new boot is failed (see ``_confirm``).
 SETTLE_READS = 3
 
@@ -73,6 +79,8 @@ class NodeImage:
     """Upgrade with ``--legacy`` so GRUB keeps ``machine.install.extraKernelArgs`` (see ``image_risks``)."""
     drains: bool = False
     """talosctl drains the node before its reboot (1.13+ client and node, no ``--legacy``: ``image_risks``)."""
+    tracked: bool = False
+    """talosctl's action tracker follows the upgrade, so one process can upgrade several nodes (``_tracked``)."""
 
     @property
     def schematic_id(self) -> str | None:
@@ -433,7 +441,20 @@ def _guard(
         return None
     legacy = image_risks.legacy_needed(fact, state.client_version)
     drains = image_risks.drains(state.version, state.client_version, legacy=legacy)
-    return replace(plan, legacy=legacy, drains=drains)
+    return replace(plan, legacy=legacy, drains=drains, tracked=_tracked(state.client_version, legacy=legacy))
+
+
+def _tracked(client: str | None, *, legacy: bool) -> bool:
+    """Whether ``talosctl upgrade --wait`` follows the node with its action tracker, which follows every ``-n`` node
+    in one process and attributes each failure to its node (talos@v1.12.0 cmd/talosctl/pkg/talos/action/
+    tracker.go:185-227, 291-295; the same tracker in v1.7.0 and v1.8.0): talosctl 1.7 (the oldest checked) to
+    1.12, and 1.13+ with ``--legacy`` (talos@v1.13.0 cmd/talosctl/cmd/talos/upgrade.go:96-99, 262-271).  1.13+'s
+    default LifecycleService path installs on every node and reboots none when one fails (:131-138)."""
+    try:
+        cli = TalosVersion.parse(client or "")
+    except PermanentError:
+        return False
+    return cli.at_least(1, 7) and (legacy or not cli.at_least(1, 13))
 
 
 def _config_patch_missing(ctx: Context, nodes: list[Node]) -> list[Node]:
@@ -530,35 +551,7 @@ def _run_batch(
     poll_interval: float,
 ) -> int:
     """Upgrade one batch concurrently, then confirm each node; returns how many nodes of the batch failed."""
-
-    def upgrade(plan: NodeImage) -> tuple[NodeImage, image_diagnosis.UpgradeFailure | None]:
-        run = ctx.talosctl.upgrade(
-            plan.node.address,
-            plan.image,
-            wait=True,
-            timeout=upgrade_timeout,
-            preserve=needs_preserve(ctx),
-            legacy=plan.legacy,
-        )
-        if run.ok:
-            return plan, None
-        output = run.stderr.strip() or f"talosctl upgrade exited {run.exit_code}"
-        # talosctl's --timeout spans the whole command (tracker.go:168-169): a failure that took that long is it
-        timed_out = upgrade_timeout if run.duration_s >= upgrade_timeout else None
-        return plan, image_diagnosis.UpgradeFailure(plan.node, output, timed_out)
-
-    outcomes: list[tuple[NodeImage, image_diagnosis.UpgradeFailure | None]] = []
-    with ThreadPoolExecutor(max_workers=min(len(batch), MAX_PARALLEL_UPGRADES)) as pool:
-        for future in as_completed([pool.submit(upgrade, plan) for plan in batch]):
-            outcomes.append(future.result())
-            plan, error = outcomes[-1]
-            if error:  # known now: reported before the batch-mates finish (events.py)
-                res = results[plan.node.address]
-                res.status = "failed"
-                res.message = f"talosctl upgrade failed: {error.report()}"
-                ctx.events.node_failed(res)
-    order = {plan.node.address: index for index, plan in enumerate(batch)}
-    outcomes.sort(key=lambda outcome: order[outcome[0].node.address])  # the batch's order, as before
+    outcomes = _upgrade_batch(ctx, batch, results, upgrade_timeout)
     pending: list[NodeImage] = []
     diagnosed = image_diagnosis.upgrade_failures(
         ctx, {plan.node.address: error for plan, error in outcomes if error}
@@ -572,6 +565,106 @@ def _run_batch(
             pending.append(plan)
     _confirm(ctx, pending, results, target=target, settle_timeout=settle_timeout, poll_interval=poll_interval)
     return sum(results[p.node.address].status == "failed" for p, _ in outcomes)
+
+
+Outcome = tuple[NodeImage, image_diagnosis.UpgradeFailure | None]
+
+
+def _upgrade_batch(
+    ctx: Context, batch: list[NodeImage], results: dict[str, NodeResult], upgrade_timeout: float
+) -> list[Outcome]:
+    """Run every upgrade of the batch at once (``_groups``), in the batch's order; each failed node is marked
+    failed and reported (events.py) as soon as talosctl says so, before its batch-mates finish."""
+    lock, reported = threading.Lock(), set[str]()
+
+    def report(plan: NodeImage, error: image_diagnosis.UpgradeFailure) -> None:
+        with lock:
+            if plan.node.address in reported:
+                return
+            reported.add(plan.node.address)
+            res = results[plan.node.address]
+            res.status = "failed"
+            res.message = f"talosctl upgrade failed: {error.report()}"
+            ctx.events.node_failed(res)
+
+    groups = _groups(batch)
+    outcomes: list[Outcome] = []
+    with ThreadPoolExecutor(max_workers=min(len(groups), MAX_PARALLEL_UPGRADES)) as pool:
+        futures = [pool.submit(_upgrade_group, ctx, group, upgrade_timeout, report) for group in groups]
+        for future in as_completed(futures):
+            for plan, error in future.result():
+                outcomes.append((plan, error))
+                if error:  # known now: reported before the batch-mates finish
+                    report(plan, error)
+    order = {plan.node.address: index for index, plan in enumerate(batch)}
+    return sorted(outcomes, key=lambda outcome: order[outcome[0].node.address])
+
+
+def _groups(batch: list[NodeImage]) -> list[list[NodeImage]]:
+    """The batch's talosctl processes: tracked nodes with the same installer and flags in chunks of
+    ``UPGRADE_CHUNK``, every other node on its own."""
+    same: dict[tuple[str, bool], list[NodeImage]] = {}
+    for plan in batch:
+        if plan.tracked:
+            same.setdefault((plan.image, plan.legacy), []).append(plan)
+    chunks = [g[i : i + UPGRADE_CHUNK] for g in same.values() for i in range(0, len(g), UPGRADE_CHUNK)]
+    return chunks + [[plan] for plan in batch if not plan.tracked]
+
+
+def _upgrade_group(
+    ctx: Context,
+    group: list[NodeImage],
+    upgrade_timeout: float,
+    report: Callable[[NodeImage, image_diagnosis.UpgradeFailure], None],
+) -> list[Outcome]:
+    """One talosctl process for ``group``: a node fails with its own lines (``TrackerFollower``); one that printed
+    neither its post check nor an error (talosctl exited first, or its --timeout passed: then it prints nothing,
+    tracker.go:168, node.go:111-118) fails with the process's other lines."""
+    first, by_address = group[0], {plan.node.address: plan for plan in group}
+
+    def failed_early(address: str) -> None:
+        plan = by_address[address]
+        report(plan, image_diagnosis.UpgradeFailure(plan.node, follower.output(address)))
+
+    follower = image_diagnosis.TrackerFollower(list(by_address), failed_early)
+    upgrade = ctx.talosctl.upgrade_nodes if first.tracked else _one_node(ctx)
+    run = upgrade(
+        list(by_address),
+        first.image,
+        wait=True,
+        timeout=upgrade_timeout,
+        preserve=needs_preserve(ctx),
+        legacy=first.legacy,
+        on_stderr_line=follower.feed,
+    )
+    follower.close()
+    # talosctl's --timeout spans the whole command (tracker.go:168-169): a failure that took that long is it
+    timed_out = upgrade_timeout if run.duration_s >= upgrade_timeout else None
+    fallback = run.stderr.strip() or f"talosctl upgrade exited {run.exit_code}"
+    return [
+        (plan, None)
+        if run.ok or address in follower.passed
+        else (
+            plan,
+            image_diagnosis.UpgradeFailure(
+                plan.node,
+                (follower.output(address) if first.tracked else "") or fallback,
+                None if address in follower.failed else timed_out,
+            ),
+        )
+        for address, plan in by_address.items()
+    ]
+
+
+def _one_node(ctx: Context) -> Callable[..., CommandResult]:
+    """``talosctl.upgrade`` of one node, called as ``upgrade_nodes``: an untracked node's own process, its output
+    kept whole (the failure report reads it as before)."""
+
+    def upgrade(nodes: list[str], image: str, **kwargs: Any) -> CommandResult:
+        kwargs.pop("on_stderr_line")
+        return ctx.talosctl.upgrade(nodes[0], image, **kwargs)
+
+    return upgrade
 
 
 def _confirm(

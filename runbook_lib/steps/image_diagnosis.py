@@ -20,8 +20,8 @@ the causes apart, read only from the failed nodes (a healthy rollout pays nothin
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from runbook_lib.model.diagnosis import (
@@ -103,6 +103,73 @@ class UpgradeFailure:
     def evidence(self) -> str:
         """The output and the step's lines: what the failure table is matched against."""
         return "\n".join([self.output, *self.lines()])
+
+
+#: A node's line of one ``talosctl upgrade --wait`` over several nodes: the non-TTY reporter's ``"<node>": <update>``
+#: (talos@v1.12.0 cmd/talosctl/pkg/talos/action/tracker.go:291-295), or the TTY reporter's ``    * <node>: <update>``
+#: (:311-318), the form the Python talosctl prints.
+_NODE_LINE = re.compile(r'^(?:"(?P<quoted>[^"]+)"|    \* (?P<plain>\S+)): (?P<update>.*)$')
+PASSED = "post check passed"
+
+
+def final_failure(update: str) -> bool:
+    """Whether ``update`` is the tracker's last one for a node that failed: the error its node tracker returned
+    (tracker.go:210-223), which is none of node.go's progress updates nor its ``error: %v`` of a watch that gave
+    up (node.go:176-181, printed just before)."""
+    return not _PROGRESS.match(update) and not update.startswith("error: ")
+
+
+@dataclass
+class TrackerFollower:
+    """One ``talosctl upgrade --wait -n <nodes>``'s stderr, followed line by line: each node's lines, which nodes
+    passed their post check, and ``on_failed(address)`` once a node's final error has been printed in full (its
+    continuation lines too, so at the next node's line or at :meth:`close`): reported before its batch-mates end.
+
+    Captured from the real talosctl v1.12.0 against simnode: tests/data/talosctl_upgrade_batch/."""
+
+    addresses: Sequence[str]
+    on_failed: Callable[[str], None] = lambda _address: None
+    lines: dict[str, list[str]] = field(default_factory=dict)
+    other: list[str] = field(default_factory=list)
+    passed: set[str] = field(default_factory=set)
+    failed: set[str] = field(default_factory=set)
+    _last: str | None = None
+    _pending: str | None = None
+
+    def feed(self, line: str) -> None:
+        line = line.rstrip("\n")
+        match = _NODE_LINE.match(line)
+        node = (match["quoted"] or match["plain"]) if match else None
+        if node is None or node not in self.addresses:
+            if self._last is not None and (not line.strip() or line[0].isspace()):
+                self.lines[self._last].append(line)  # a multierror's continuation
+                return
+            self._flush()
+            self.other.append(line)
+            self._last = None
+            return
+        self._flush()
+        self.lines.setdefault(node, []).append(line)
+        self._last = node
+        update = match["update"] if match else ""
+        if update == PASSED:
+            self.passed.add(node)
+        elif final_failure(update) and node not in self.passed:
+            self._pending = node
+
+    def close(self) -> None:
+        self._flush()
+
+    def output(self, address: str) -> str:
+        """The node's own lines; the process's other lines when the node printed no error of its own."""
+        own = self.lines.get(address, [])
+        return "\n".join(own if address in self.failed else [*own, *self.other]).strip()
+
+    def _flush(self) -> None:
+        node, self._pending = self._pending, None
+        if node is not None and node not in self.failed:
+            self.failed.add(node)
+            self.on_failed(node)
 
 
 def go_duration(seconds: float) -> str:
