@@ -6,8 +6,8 @@ Per ``rollout_concurrency`` c (``BENCH_WHOLE_CONCURRENCY``), on N fresh nodes (`
 run of this script (benchmarks/README.md defines each figure):
 
 - **wall**: ``runbook run -p <N nodes, scenario fresh> --apply`` from its start to its exit, on a simulated
-  cluster brought up beforehand by ``runbook sim up`` (so simnode's start is not in it; the Kubernetes API is the
-  Python one, ``RUNBOOK_SIM_KUBE=python``);
+  cluster brought up beforehand by ``runbook sim up`` (so simnode's and the control plane's start are not in it;
+  the real Kubernetes control plane, ``RUNBOOK_SIM_KUBE`` unset);
 - **T**: one node's ``talosctl upgrade --image <the run's installer> --wait`` alone, on the same simnode right
   after the run (median of 3 nodes one after another): the upgrade-plus-reboot time no rollout can beat;
 - **floor** = ⌈N/c⌉·T (the image step's batches, each as long as one upgrade) + the verify floor (verify's reads
@@ -125,14 +125,24 @@ def failure_event_time(run: Run, node: str) -> float | None:
     )
 
 
+def failed_nodes(run: Run) -> list[str]:
+    """The nodes the image step reported failed (``node_failed`` in ``results/image.events.jsonl``), in order."""
+    path = run.record / "results" / "image.events.jsonl" if run.record else None
+    if path is None or not path.exists():
+        return []
+    events = [json.loads(line) for line in path.read_text().splitlines()]
+    return [str(e["node"]) for e in events if e.get("kind") == "node_failed"]
+
+
 def env(time_scale: float | None) -> dict[str, str]:
-    """The real talosctl against simnode at ``time_scale`` with the Python Kubernetes API; ``None``: the simulated
-    cluster ``runbook run`` brings up by default (``RUNBOOK_SIM_TIME_SCALE`` and ``RUNBOOK_SIM_KUBE`` unset: simnode's
-    ``realtalos.DEFAULT_TIME_FACTOR`` and the real control plane where it is built)."""
+    """The real talosctl against simnode at ``time_scale`` (``None``: simnode's ``realtalos.DEFAULT_TIME_FACTOR``)
+    on the real Kubernetes control plane: ``RUNBOOK_SIM_KUBE`` unset, so ``runbook sim up`` chooses as it does for a
+    user (``realkube.choose``: the plane of the nodes' Kubernetes release where ``make kube-tools`` built it). Until
+    2 Dec 2026 this benchmark ran on the Python Kubernetes API, which is being retired."""
     unset = ("RUNBOOK_SIM_TIME_SCALE", "RUNBOOK_SIM_KUBE")
-    base = {k: v for k, v in os.environ.items() if time_scale is not None or k not in unset}
+    base = {k: v for k, v in os.environ.items() if k not in unset}
     if time_scale is not None:
-        base |= {"RUNBOOK_SIM_KUBE": "python", "RUNBOOK_SIM_TIME_SCALE": repr(time_scale)}
+        base |= {"RUNBOOK_SIM_TIME_SCALE": repr(time_scale)}
     # PYTHONUNBUFFERED: each step's line when it is printed, as on a terminal (a pipe buffers it)
     return base | {"RUNBOOK_SIM_TALOSCTL": "real", "PYTHONUNBUFFERED": "1"}
 
@@ -185,6 +195,16 @@ def upgrades(run: Run) -> list[dict[str, Any]]:
 def start_of(entry: dict[str, Any]) -> float:
     """A journal entry's ``at`` is when it was journaled, at the command's end."""
     return float(entry["at"]) - float(entry.get("duration_s", 0.0))
+
+
+def node_spans(entries: list[dict[str, Any]]) -> list[tuple[str, float, float, int]]:
+    """(address, start, end, exit code) of each node's upgrade: an upgrade call covers its ``-n`` nodes (since 2 Dec
+    2026 one talosctl process upgrades a chunk of a batch, ``steps/image.py`` ``_groups``)."""
+    return [
+        (address, start_of(e), float(e["at"]), int(e.get("exit_code", 0)))
+        for e in entries
+        for address in str(e["argv"][e["argv"].index("-n") + 1]).split(",")
+    ]
 
 
 def cluster_time(run: Run, step: str) -> float:
@@ -280,7 +300,7 @@ def figures(
     rolling = rolling_floor(nodes, concurrency, upgrade_s)
     kube, cuda = cluster_time(run, "kubernetes"), cluster_time(run, "cuda-test")
     floor = rolling + vfloor[0] + kube + cuda
-    in_run = [float(e["duration_s"]) for e in upgrades(run)]
+    in_run = [end - start for _a, start, end, _rc in node_spans(upgrades(run))]
     return {
         "nodes": nodes,
         "concurrency": concurrency,
@@ -301,14 +321,16 @@ def figures(
         "step_wall_s": step_walls(run),
         "upgrade_in_run_s": {"median": round(statistics.median(in_run), 2), "max": round(max(in_run), 2)},
         "image_in_upgrade_calls_s": round(in_batches(upgrades(run), concurrency), 1),
+        "upgrade_processes": len(upgrades(run)),
     }
 
 
 def in_batches(entries: list[dict[str, Any]], concurrency: int) -> float:
     """Seconds the image step spent with upgrade calls running: per batch, first start to last end (the rest of
     the step is its reads before the first batch and between batches)."""
-    ends = {start_of(e): float(e["at"]) for e in entries}
-    return sum(max(ends[s] for s in b) - b[0] for b in batches_by_start(list(ends), concurrency))
+    spans = sorted((start, end) for _a, start, end, _rc in node_spans(entries))
+    batches = [spans[i : i + concurrency] for i in range(0, len(spans), concurrency)]
+    return sum(max(end for _s, end in b) - b[0][0] for b in batches)
 
 
 def measure_failure(work: Path, nodes: int, concurrency: int, settings: dict[str, Any]) -> dict[str, Any]:
@@ -322,14 +344,14 @@ def measure_failure(work: Path, nodes: int, concurrency: int, settings: dict[str
         run = checked(run_apply(work, scale), work, expected)
     finally:
         runbook(work, scale, "sim", "down")
-    entries = upgrades(run)
-    failed = [e for e in entries if e.get("exit_code") != 0]
-    if [e["argv"][e["argv"].index("-n") + 1] for e in failed] != [addresses[bad]]:
+    spans = node_spans(upgrades(run))
+    failed = [span for span in spans if span[0] == addresses[bad] and span[3] != 0]
+    if not failed or failed_nodes(run) != [f"gpu-{bad:04d}"]:
         raise RuntimeError(
-            f"expected exactly {addresses[bad]}'s upgrade to fail, got {len(failed)} failed calls"
+            f"expected exactly gpu-{bad:04d}'s upgrade to fail, the run reported {failed_nodes(run)}"
         )
-    batches = batches_by_start([start_of(e) for e in entries], concurrency)
-    index = next(i for i, b in enumerate(batches) if start_of(failed[0]) in b)
+    batches = batches_by_start([start for _a, start, _e, _rc in spans], concurrency)
+    index = next(i for i, b in enumerate(batches) if failed[0][1] in b)
     # runbook run prints the node's failure line as the image step learns it (cli/live.py), and its step lines
     # together at its end (RunOutcome.report); the journal gets each call as it ends.
     image_start = min(start_of(e) for e in run.journal("image"))
@@ -343,11 +365,11 @@ def measure_failure(work: Path, nodes: int, concurrency: int, settings: dict[str
         "batch": index + 1,
         "batches_started": len(batches),
         "batch_start_s": round(batches[index][0] - image_start, 1),
-        "journaled_s": round(float(failed[0]["at"]) - image_start, 1),
+        "journaled_s": round(failed[0][2] - image_start, 1),
         "emitted_s": round(emitted - image_start, 1),
         "reported_s": round(reported - image_start, 1),
         "step_line_s": round(step_line - image_start, 1),
-        "failed_call_s": round(float(failed[0]["duration_s"]), 1),
+        "failed_call_s": round(failed[0][2] - failed[0][1], 1),
         "wall_s": round(run.wall_s, 1),
     }
 

@@ -18,6 +18,8 @@ from benchmarks.bench_whole_change import (
     cpu_bound_floor,
     failure_event_time,
     failure_line_time,
+    in_batches,
+    node_spans,
     outcomes,
     rolling_floor,
     start_of,
@@ -114,3 +116,18 @@ def test_the_failures_emission_is_read_from_the_records_events_file(tmp_path: Pa
     assert failure_event_time(run, "gpu-0050") == 7.5
     assert failure_event_time(run, "gpu-0049") is None
     assert failure_event_time(Run(1, 0.0, 1.0, [], None), "gpu-0050") is None
+
+
+def test_an_upgrade_call_over_a_chunk_counts_for_each_of_its_nodes() -> None:
+    """Since 2 Dec 2026 one talosctl process upgrades a chunk of a batch (``-n a,b,c``): two batches of 3 nodes at
+    c = 3, the first as one call of 3 nodes, the second as calls of 2 and 1."""
+
+    def call(nodes: str, start: float, end: float, rc: int = 0) -> dict[str, Any]:
+        argv = ["talosctl", "-n", nodes, "upgrade"]
+        return {"argv": argv, "at": end, "duration_s": end - start, "exit_code": rc}
+
+    entries = [call("a,b,c", 0.0, 6.0), call("d,e", 7.0, 13.5, 1), call("f", 7.1, 13.0)]
+    spans = node_spans(entries)
+    assert [s[0] for s in spans] == ["a", "b", "c", "d", "e", "f"]
+    assert [s[3] for s in spans] == [0, 0, 0, 1, 1, 0]
+    assert in_batches(entries, 3) == pytest.approx(6.0 + 6.5)
