@@ -9,6 +9,7 @@ binaries are not built (``make kube-tools``); these tests never build them.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -21,8 +22,9 @@ from typing import Any
 import pytest
 
 from runbook_lib.model.params import validate
+from runbook_lib.notebook.records import secret_values
 from runbook_lib.sim import cluster, realkube
-from runbook_lib.sim.state import locked_node, v1alpha1_doc
+from runbook_lib.sim.state import locked_node, talos_kubeconfig_path, v1alpha1_doc
 from runbook_lib.steps.context import Context, connect
 from runbook_lib.steps.cudatest import cuda_test
 from runbook_lib.steps.kubernetes import kubernetes_layer
@@ -202,10 +204,19 @@ def _cmdline(proc_dir: Path) -> str:
         return ""
 
 
-def test_published_endpoints_name_the_real_api_and_the_chart_repository(
+def test_published_endpoints_name_the_real_api_and_the_chart_repository_and_records_redact_its_client_key(
     three_gpu_nodes: tuple[Path, dict[str, Any]],
 ) -> None:
+    """Also: the Talos-shaped admin kubeconfig the real plane writes (simkube's, client certificate and key) has its
+    key's PEM lines among the secrets change records scrub (``records.secret_values``), as the retired Python API's
+    test_kubeapi_client_cert.py checked for its own."""
     state, info = three_gpu_nodes
+    user = json.loads(talos_kubeconfig_path(state).read_text())["users"][0]["user"]
+    pem = base64.b64decode(user["client-key-data"]).decode().splitlines()
+    body = {line for line in pem if not line.startswith("-----")}
+    # counts only in the assertion: a failure must not print the key
+    lines, unredacted = len(body), len(body - set(secret_values(talos_kubeconfig_path(state))))
+    assert lines > 0 and unredacted == 0
     endpoints = json.loads((state / "endpoints.json").read_text())
     assert endpoints["kube"] == info["kube"] and endpoints["charts"] == info["charts"]
     deadline = time.monotonic() + 60
