@@ -143,6 +143,8 @@ def test_a_failing_node_is_reported_alone_before_its_batch_mates_end(tmp_path: P
     assert hung is not None and "ext-nvidia-persistenced" in hung.report()
     assert outcomes["10.5.4.1"] is None and outcomes["10.5.4.4"] is None
     assert results["10.5.4.2"].status == results["10.5.4.3"].status == "failed"
+    # reported with its final error (the tracker's last update), not at its sequence error line printed before it
+    assert "1 error(s) occurred:" in results["10.5.4.2"].message
     assert {e.address for e, _ in events} == {"10.5.4.2", "10.5.4.3"}
 
 

@@ -114,9 +114,10 @@ PASSED = "post check passed"
 
 def final_failure(update: str) -> bool:
     """Whether ``update`` is the tracker's last one for a node that failed: the error its node tracker returned
-    (tracker.go:210-223), which is none of node.go's progress updates nor its ``error: %v`` of a watch that gave
-    up (node.go:176-181, printed just before)."""
-    return not _PROGRESS.match(update) and not update.startswith("error: ")
+    (tracker.go:210-223), which is none of node.go's progress updates, nor its ``error: %v`` of a watch that gave
+    up (node.go:176-181), nor a ``sequence: … error: […]`` line (node.go:274-295): both come before it, and a
+    failed ``reboot`` sequence is retried, not final (:289-291)."""
+    return not _PROGRESS.match(update) and not update.startswith(("error: ", "sequence: "))
 
 
 @dataclass
