@@ -3,8 +3,8 @@
 Most tests that create, read or wait on Kubernetes objects run on the real control plane (``tests/realplane.py``:
 kube-apiserver, controller-manager and scheduler of the nodes' Kubernetes release, kwok as kubelets, the real
 helm 4.1.4), so what they assert is what the real API server and helm answer (issue 15: one truth); the plan-only
-tests share one such cluster (``planned``). Only the GPU Operator's no-GPU hint stays on the Python API server
-(see its docstring). They skip naming ``make kube-tools`` where the control plane is not built. Moved to
+tests share one such cluster (``planned``). They skip naming ``make kube-tools`` where the control plane is not
+built. Moved to
 ``tests/sim`` real-plane tests:
 the missing-toolkit sandbox error (``test_sim_up_real_kube.py::test_without_the_toolkit_pods_of_runtime_class_
 nvidia_get_no_sandbox``) and both vectoradd runs on Talos 1.13 (``test_gpu_operator_real.py::test_runbook_run_
@@ -19,13 +19,11 @@ import pytest
 
 from runbook_lib.model.params import validate
 from runbook_lib.sim.kwokstages import run_seconds
-from runbook_lib.sim.realkube import MODE_ENV
 from runbook_lib.steps.context import connect
 from runbook_lib.steps.cudatest import RUN_LABEL, TEST_NAMESPACE, cuda_test
 from runbook_lib.steps.kubernetes import allocatable_gpus, kubernetes_layer
 from tests.realplane import real_cluster
 from tests.sim.waiting import wait_for
-from tests.simcluster import sim_cluster
 
 pytestmark = pytest.mark.slow
 
@@ -304,22 +302,43 @@ def _desired(ctx, name):
     return ctx.kube.apps.read_namespaced_daemon_set(name, "kube-system").status.desired_number_scheduled
 
 
-def test_gpu_operator_no_gpu_hint_names_the_operators_device_plugin_daemonset(tmp_path, monkeypatch):
-    """The operator's device plugin runs as DaemonSet nvidia-device-plugin-daemonset (gpu-operator@v26.3.3
-    assets/state-device-plugin/0500_daemonset.yaml), not ds/<release> (reality-gaps.md §1 finding 19).
+def _gpu_capacity(ctx, name):
+    """The Node's ``nvidia.com/gpu`` capacity: what the device plugin registered, healthy or not."""
+    node = next(n for n in ctx.kube.nodes() if n["metadata"]["name"] == name)
+    return int(((node.get("status") or {}).get("capacity") or {}).get("nvidia.com/gpu", "0"))
 
-    Stays on the Python API whatever RUNBOOK_SIM_KUBE says: on the real control plane the simulated operator's
-    validator waits in driver-validation on a node without the driver, so the step gives that diagnosis instead
-    (checked: 'runbook run -p <params> --steps config-patch,image,verify --apply'), and this hint only while the
-    validator pod has not started yet (a race); a real-plane version needs a node whose validations pass and whose
-    plugin advertises no GPU, which no scenario simulates yet."""
-    monkeypatch.setenv(MODE_ENV, "python")
-    with sim_cluster(tmp_path, scenario="fresh", talos_version="v1.13.2", apply=True) as (params, ctx):
+
+def test_gpu_operator_a_gpu_its_plugin_marked_unhealthy_is_named_with_the_operators_device_plugin_daemonset(
+    tmp_path,
+):
+    """A node whose GPU the device plugin marked unhealthy (scenario ``gpu-unhealthy``: an Xid critical error,
+    NVIDIA/k8s-device-plugin@v0.19.3 internal/rm/health.go:133-170) lists ``nvidia.com/gpu`` in its capacity
+    with none allocatable (kubernetes@v1.35.0 pkg/kubelet/cm/devicemanager/manager.go:444-480), while the
+    operator's validations pass (plugin-validation reads the capacity: gpu-operator@v26.3.3
+    cmd/nvidia-validator/main.go:1435-1454). The step says so, pointing at the plugin's log of the operator's
+    DaemonSet, nvidia-device-plugin-daemonset (assets/state-device-plugin/0500_daemonset.yaml; not ds/<release>:
+    reality-gaps.md §1 finding 19). Before, it blamed a driver not loaded, which verify had just checked.
+
+    Replaces the Python-API-only case this hint was tested on (a plugin that ran with no validation at all on a
+    node without the driver: no real cluster does that) when the Python API server was retired (issue 15)."""
+    with real_cluster(tmp_path, scenario="gpu-unhealthy", talos_version="v1.13.2", apply=True) as (
+        params,
+        ctx,
+    ):
+        sick = params.nodes[-1].name  # scenarios.py puts the fault on the last worker
+        # installs the operator; its stack takes longer than 3 s to come up, so wait for the plugin's GPU
+        kubernetes_layer(ctx, timeout_s=3)
+        assert wait_for(lambda: _gpu_capacity(ctx, sick) == 1, GPUS_WITHIN), "the plugin registered no GPU"
         result = kubernetes_layer(ctx, timeout_s=3)
         assert not result.ok
-        fixes = " ".join(c.fix for n in result.failing() for c in n.checks)
-        assert "logs ds/nvidia-device-plugin-daemonset" in fixes, fixes
-        assert "ds/gpu-operator" not in fixes
+        [failing] = result.failing()
+        assert failing.node == sick, failing
+        [check] = [c for c in failing.checks if not c.ok]
+        assert "marked 1 GPU(s) unhealthy" in check.message and "allocatable 0" in check.message, check
+        assert "logs ds/nvidia-device-plugin-daemonset" in check.fix and "XidCriticalError" in check.fix, (
+            check
+        )
+        assert "ds/gpu-operator" not in check.fix
 
 
 def test_a_bare_pods_run_time_follows_the_time_factor_unless_kwoks_annotation_sets_it():

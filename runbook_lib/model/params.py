@@ -58,6 +58,7 @@ SIM_SCENARIOS = (
     "storage-extensions",
     "kernel-args-before-1-12",
     "operator-not-leader",
+    "gpu-unhealthy",
     "chaos",
 )
 _SECRET_HINT = "give a path to the file, never its contents"

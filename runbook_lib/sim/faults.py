@@ -30,6 +30,9 @@ FAULTS: dict[str, str] = {
     "node_not_ready": "the node's kubelet reports NotReady (its pods are marked not ready)",
     "pods_pending": "pods for this node stay Pending (real control plane: the node has no room, kube-scheduler says Too many pods)",
     "image_pull_error": "containers on this node fail to pull their image (ErrImagePull / ImagePullBackOff)",
+    # Read by the GPU node agent on the real control plane (runbook_lib/sim/nodeagent.py):
+    "gpu_unhealthy": "the device plugin marks the node's GPUs unhealthy (an Xid critical error, e.g. Xid 79: "
+    "the GPU fell off the bus): nvidia.com/gpu stays in capacity, allocatable 0",
     # Read by the simulated GPU Operator on the real control plane (runbook_lib/sim/gpuoperator.py):
     "gpu_operator_lease_held": "another GPU Operator instance holds and renews the operator's leader-election "
     "Lease (value: its holder identity): the operator pod is Ready but reconciles nothing",

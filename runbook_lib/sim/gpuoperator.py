@@ -467,13 +467,14 @@ class GpuOperator(Periodic):
 
     def _label_nodes(self, nodes: dict[str, SimNode]) -> dict[str, int]:
         """NFD's PCI label on nodes with an NVIDIA GPU, then the operator's labels on them; the GPUs each Node
-        advertises now."""
+        advertises now, in its capacity, as plugin-validation reads them (gpu-operator@v26.3.3
+        cmd/nvidia-validator/main.go:1435-1454: unhealthy GPUs count, as the kubelet keeps them in capacity)."""
         advertised: dict[str, int] = {}
         for obj in self._items(self.core.list_node()):
             name = obj["metadata"]["name"]
             self.node_labels[name] = obj["metadata"].get("labels") or {}
-            allocatable = ((obj.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE, "0")
-            advertised[name] = int(allocatable) if str(allocatable).isdigit() else 0
+            capacity = ((obj.get("status") or {}).get("capacity") or {}).get(GPU_RESOURCE, "0")
+            advertised[name] = int(capacity) if str(capacity).isdigit() else 0
             sim = nodes.get(name)
             if sim is None or not sim.gpus:
                 continue

@@ -278,9 +278,35 @@ def _is_plugin(pod: dict[str, Any]) -> bool:
     return any(c.get("name") in PLUGIN_CONTAINERS for c in containers)
 
 
-def _advertised(node: dict[str, Any]) -> int:
-    value = ((node.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE, "0")
-    return int(value) if str(value).isdigit() else 0
+def _advertised(node: dict[str, Any]) -> tuple[int, int]:
+    """The Node's ``nvidia.com/gpu`` (capacity, allocatable)."""
+    status = node.get("status") or {}
+    values = [str((status.get(key) or {}).get(GPU_RESOURCE, "0")) for key in ("capacity", "allocatable")]
+    capacity, allocatable = (int(v) if v.isdigit() else 0 for v in values)
+    return capacity, allocatable
+
+
+def healthy_gpus(node: SimNode, registered: int) -> int:
+    """How many of the ``registered`` GPUs the device plugin reports healthy: none with the ``gpu_unhealthy``
+    fault. The plugin marks a GPU unhealthy on an Xid critical error (NVIDIA/k8s-device-plugin@v0.19.3, the
+    operator's default image, internal/rm/health.go:133-170: any Xid but the application errors it skips, e.g.
+    79, which the driver logs as "NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus.", as quoted in
+    NVIDIA/open-gpu-kernel-modules issue 1151) and never marks it healthy again (internal/plugin/server.go:276-279,
+    "FIXME: there is no way to recover from the Unhealthy state"); the kubelet counts unhealthy devices in the
+    Node's capacity but not in its allocatable (kubernetes@v1.35.0 pkg/kubelet/cm/devicemanager/manager.go:
+    444-480 ``GetCapacity``)."""
+    return 0 if node.faults.get("gpu_unhealthy") else registered
+
+
+def unhealthy_log(node: SimNode) -> str:
+    """What the device plugin logs as it marks each GPU unhealthy (health.go:169, server.go:279, klog's
+    format), Xid 79 for the error."""
+    now = time.strftime("%m%d %H:%M:%S.000000", time.gmtime())
+    return "".join(
+        f"I{now}       1 health.go:169] XidCriticalError: Xid=79 on Device={gpu.uuid}; marking device as "
+        f"unhealthy.\nI{now}       1 server.go:279] '{GPU_RESOURCE}' device marked unhealthy: {gpu.uuid}\n"
+        for gpu in node.gpus
+    )
 
 
 class Periodic:
@@ -363,8 +389,9 @@ class NodeAgent(Periodic):
         plugin_pods = [p for p in pods if _is_plugin(p) and self._admitted(p, by_name)]
         for node in nodes:
             want = wanted_gpus(node, plugin_pods, handlers)
-            if node.name in current and current[node.name] != want:
-                self._advertise(node.name, want)
+            healthy = healthy_gpus(node, want)
+            if node.name in current and current[node.name] != (want, healthy):
+                self._advertise(node.name, want, healthy)
         self._room_for_pods(objs, by_name)
         self._complete(pods, by_name, handlers)
         for pod in plugin_pods:
@@ -548,7 +575,8 @@ class NodeAgent(Periodic):
         container = next(c for c in pod["spec"]["containers"] if c["name"] in PLUGIN_CONTAINERS)
         outcome = program(pod, container, NodeView(node, runtime(node), ""), handler, 1)
         meta = pod["metadata"]
-        self.logs.put(meta["namespace"], meta["name"], PLUGIN_CONTAINER, outcome.log)
+        unhealthy = unhealthy_log(node) if outcome.registers and not healthy_gpus(node, 1) else ""
+        self.logs.put(meta["namespace"], meta["name"], PLUGIN_CONTAINER, outcome.log + unhealthy)
         restarts, due = self._restarts.get(meta["uid"], (-1, 0.0))
         crashing = outcome.exit_code is not None or outcome.start_error is not None
         if time.monotonic() < due or (not crashing and restarts < 0):
@@ -596,10 +624,11 @@ class NodeAgent(Periodic):
         self.core.patch_namespaced_pod_status(meta["name"], meta["namespace"], body)
         log.info("pod %s/%s on %s: %s", meta["namespace"], meta["name"], node.name, body["status"]["phase"])
 
-    def _advertise(self, name: str, count: int) -> None:
+    def _advertise(self, name: str, count: int, healthy: int) -> None:
         # null removes the resource. Simplified: a real kubelet drops it from capacity only once the stopped
         # plugin's endpoint expires (kubernetes@v1.35.0 pkg/kubelet/cm/devicemanager, endpointStopGracePeriod).
         value = str(count) if count else None
-        body = {"status": {"capacity": {GPU_RESOURCE: value}, "allocatable": {GPU_RESOURCE: value}}}
+        allocatable = str(healthy) if count else None
+        body = {"status": {"capacity": {GPU_RESOURCE: value}, "allocatable": {GPU_RESOURCE: allocatable}}}
         self.core.patch_node_status(name, body)
-        log.info("node %s advertises %s %s", name, count, GPU_RESOURCE)
+        log.info("node %s advertises %s %s (%s healthy)", name, count, GPU_RESOURCE, healthy)

@@ -43,7 +43,9 @@ TALOS_FAULTS = frozenset(
         "toolkit_missing",
     }
 )
-KUBE_FAULTS = frozenset({"node_not_ready", "pods_pending", "image_pull_error", "gpu_operator_lease_held"})
+KUBE_FAULTS = frozenset(
+    {"node_not_ready", "pods_pending", "image_pull_error", "gpu_operator_lease_held", "gpu_unhealthy"}
+)
 
 
 def down_kind(node: SimNode) -> str:

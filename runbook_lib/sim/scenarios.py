@@ -114,6 +114,11 @@ def _operator_not_leader(state_dir: Path, nodes: list[SimNode]) -> None:
     _first_worker(nodes).faults["gpu_operator_lease_held"] = OTHER_OPERATOR
 
 
+def _gpu_unhealthy(state_dir: Path, nodes: list[SimNode]) -> None:
+    _gpu_ready(state_dir, nodes)
+    _first_worker(nodes).faults["gpu_unhealthy"] = True
+
+
 def _mismatch(state_dir: Path, nodes: list[SimNode]) -> None:
     node = _first_worker(nodes)
     node.faults["driver_mismatch"] = True
@@ -217,6 +222,11 @@ SCENARIOS: dict[str, Scenario] = {
         "gpu-ready, and another GPU Operator instance holds the operator's leader-election Lease: its pod is "
         "Ready but reconciles nothing (real control plane only)",
         _operator_not_leader,
+    ),
+    "gpu-unhealthy": Scenario(
+        "gpu-ready, and the device plugin on the last worker marks its GPU unhealthy (an Xid critical error): "
+        "the node lists nvidia.com/gpu in capacity with none allocatable (real control plane only)",
+        _gpu_unhealthy,
     ),
     "chaos": Scenario("unreachable, slow, unsupported-GPU and failing-upgrade workers at once", _chaos),
 }

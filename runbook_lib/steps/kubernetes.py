@@ -30,9 +30,13 @@ RUNTIME_CLASS = "nvidia"
 
 
 def allocatable_gpus(node: dict[str, Any]) -> int:
-    value = ((node.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE, "0")
+    return _gpu_count((node.get("status") or {}).get("allocatable"))
+
+
+def _gpu_count(resources: dict[str, Any] | None) -> int:
+    """``nvidia.com/gpu`` in a Node's capacity or allocatable (0 when absent or not a count)."""
     try:
-        return int(str(value))
+        return int(str((resources or {}).get(GPU_RESOURCE, "0")))
     except ValueError:
         return 0
 
@@ -377,7 +381,7 @@ class ClusterReads:
 def _no_gpu_diagnosis(ctx: Context, node: dict[str, Any], reads: ClusterReads | None = None) -> Check:
     """Why a GPU node advertises no ``nvidia.com/gpu``; ``reads`` shared by the step's nodes (fresh if None)."""
     reads = reads or ClusterReads(ctx)
-    said = _kubernetes_says(ctx, node, reads)
+    said = _kubernetes_says(ctx, node, reads) or _gpus_unhealthy(ctx, node)
     if said is not None:
         return said
     release = ctx.plan.helm
@@ -424,16 +428,45 @@ def _kubernetes_says(ctx: Context, node: dict[str, Any], reads: ClusterReads) ->
     not_ready = kube_diagnosis.node_not_ready(node, address)
     if not_ready is not None:
         return not_ready
-    selector = (
-        f"app={_plugin_daemonset(ctx)}"
-        if ctx.plan.kubernetes_layer == "gpu-operator"
-        else f"app.kubernetes.io/instance={ctx.plan.helm.release}"
-    )
-    for pod in kube_diagnosis.pods_for_node(reads.pods(ctx.plan.helm.namespace, selector), name):
+    for pod in kube_diagnosis.pods_for_node(reads.pods(ctx.plan.helm.namespace, _plugin_selector(ctx)), name):
         stuck = kube_diagnosis.pod_not_started(pod, name, "device plugin")
         if stuck is not None:
             return stuck
     return None
+
+
+def _gpus_unhealthy(ctx: Context, node: dict[str, Any]) -> Check | None:
+    """The device plugin registered the node's GPUs but reports some unhealthy: they count in the Node's
+    ``nvidia.com/gpu`` capacity, not in its allocatable (kubernetes@v1.35.0 pkg/kubelet/cm/devicemanager/
+    manager.go:444-480 ``GetCapacity``). The plugin marks a GPU unhealthy on an Xid critical error, logging
+    ``XidCriticalError: Xid=<n> on Device=<uuid>; marking device as unhealthy.``, and never marks it healthy again
+    while it runs (NVIDIA/k8s-device-plugin@v0.19.3 internal/rm/health.go:133-170, internal/plugin/server.go:
+    276-279). Why here: the driver and runtime checks would blame a driver verify just found loaded."""
+    status = node.get("status") or {}
+    capacity = _gpu_count(status.get("capacity"))
+    unhealthy = capacity - allocatable_gpus(node)
+    if unhealthy <= 0:
+        return None
+    namespace = ctx.plan.helm.namespace
+    return Check(
+        "device plugin ready",
+        False,
+        f"the device plugin marked {unhealthy} GPU(s) unhealthy ({GPU_RESOURCE} capacity {capacity}, "
+        f"allocatable {capacity - unhealthy})",
+        cause="the plugin saw an Xid critical error on the GPU (e.g. Xid 79: it fell off the bus) and keeps it "
+        "out of allocatable until its pod restarts",
+        fix=f"kubectl -n {namespace} logs ds/{_plugin_daemonset(ctx)} | grep XidCriticalError  # which Xid, which "
+        "GPU; once that Xid's cause is dealt with (NVIDIA's Xid catalog), restart the plugin on this node: "
+        f"kubectl -n {namespace} delete pod -l {_plugin_selector(ctx)} "
+        f"--field-selector spec.nodeName={node['metadata']['name']}",
+    )
+
+
+def _plugin_selector(ctx: Context) -> str:
+    """The label selector of the device plugin's pods: the operator's DaemonSet's ``app``, the chart's release."""
+    if ctx.plan.kubernetes_layer == "gpu-operator":
+        return f"app={_plugin_daemonset(ctx)}"
+    return f"app.kubernetes.io/instance={ctx.plan.helm.release}"
 
 
 #: The GPU Operator's validator DaemonSet (gpu-operator@v26.3.3 assets/state-operator-validation/0500_daemonset.yaml).
