@@ -185,14 +185,14 @@ def sim_paths(state_dir: Path | str) -> SimPaths:
 
 
 def talos_kubeconfig_path(state_dir: Path | str) -> Path:
-    """The admin kubeconfig with Talos's structure (a client certificate, no token) that the Python Kubernetes API
-    writes (kubeapi/server.py write_talos_kubeconfig) and a simulated control-plane node hands out (simnode
+    """The admin kubeconfig with Talos's structure (a client certificate, no token) that the real control plane
+    writes (simkube, through realkube.write_talos_kubeconfig) and a simulated control-plane node hands out (simnode
     ``-talos-kubeconfig``): talosctl 1.14's drain refuses any other (talos@v1.14.1 pkg/kubeconfig/validate.go:29)."""
     return Path(state_dir) / "kube" / "talos-admin.kubeconfig"
 
 
 def talos_kubeconfig_error_path(state_dir: Path | str) -> Path:
-    """Why the Python Kubernetes API wrote no ``talos_kubeconfig_path`` (openssl's error), for the reason
+    """Why the real control plane wrote no ``talos_kubeconfig_path`` (simkube's error), for the reason
     ``realtalos.choose`` gives when it keeps 1.14 nodes on the Python talosctl; removed once it is written."""
     return Path(state_dir) / "kube" / "talos-admin.kubeconfig.error"
 
