@@ -59,27 +59,25 @@ class Sim:
 
 @contextmanager
 def running_sim(
-    tmp_path: Path, scenario: str, latency_ms: float, *, real_plane: bool = True
+    tmp_path: Path, scenario: str, latency_ms: float, *, nodes_ready: bool = True
 ) -> Iterator[Sim]:
     """The simulator started by the test (so it outlives the run and its API can be read afterwards);
     `runbook run` finds it running for the same parameters and leaves it as found. Its Kubernetes side is the
-    real control plane (skipped, naming ``make kube-tools``, where it is not built); ``real_plane=False`` for a
-    test that never reaches Kubernetes: the Python API server then, which starts faster, whatever the suite's
-    default (since the real plane became it, unset ``RUNBOOK_SIM_KUBE`` would start it here too)."""
+    real control plane (skipped, naming ``make kube-tools``, where it is not built), also for the Talos-only
+    config-patch cases: the Python API server they used to start for speed was retired (issue 15, one truth).
+    ``nodes_ready=False`` for those: nothing waits for the Nodes to be Ready, as no step of theirs creates pods."""
     overrides = [f"simulation.scenario={scenario}"]
     params: Params = load_params(PARAMS, overrides, None)
     state = tmp_path / "sim"
     spec = cluster.spec_from_params(params)
     with pytest.MonkeyPatch.context() as env:
-        if real_plane:
-            use_real_plane(env)  # also for the `runbook run` the test starts
-        else:
-            env.setenv(realkube.MODE_ENV, "python")  # a Talos-only step: no Kubernetes to start or wait for
+        use_real_plane(env)  # also for the `runbook run` the test starts
         cluster.create(state, dataclasses.replace(spec, latency_ms=latency_ms))
         realkube.start_servers(state)  # the Kubernetes side RUNBOOK_SIM_KUBE picks, as `runbook sim up` does
         try:
             ctx = connect(params, state_dir=state)
-            ready_if_real(ctx, state)
+            if nodes_ready:
+                ready_if_real(ctx, state)
             yield Sim(state, tmp_path / "records", ctx, overrides)
         finally:
             stop_servers(state)
@@ -168,7 +166,7 @@ def test_interrupted_config_patch_is_sealed_with_every_patch_the_nodes_received(
     tmp_path: Path, how: str
 ) -> None:
     """I1 (SIGINT), I6 (SIGTERM), I7 (double SIGINT): each patch a node received is in the sealed record."""
-    with running_sim(tmp_path, "extensions-no-patch", latency_ms=700, real_plane=False) as sim:
+    with running_sim(tmp_path, "extensions-no-patch", latency_ms=700, nodes_ready=False) as sim:
         before = {n.address: n.config_version for n in load_nodes(sim.state) if n.gpus}
 
         def patched() -> set[str]:
