@@ -13,8 +13,9 @@ It yields once every simulated node's Node is Ready and carries no ``node.kubern
 node lifecycle controller lifts that taint on its own schedule after the node first reports Ready, and a test
 that creates pods before then races it (CI failed once on exactly that).
 
-A test skips, saying what to build, when the control plane of the nodes' Kubernetes release is not in the tools
-cache (``make kube-tools``); nothing here builds it.
+Where the control plane of the nodes' Kubernetes release is not in the tools cache, the nearest built release
+stands in for it (``realkube.choose``); a test skips, saying what to build, only when none is built (``make
+kube-tools``); nothing here builds it.
 """
 
 from __future__ import annotations
@@ -42,18 +43,19 @@ NODES_READY_SECONDS = 120.0
 
 
 def tools_for(kubernetes_version: str) -> realkube.Tools:
-    """The cached control plane of this Kubernetes release, or skip the test naming what to build."""
-    found = realkube.find_tools(kubernetes_version)
-    if isinstance(found, str):
-        pytest.skip(f"the real control plane {kubernetes_version} is {found}")
-    return found
+    """The cached control plane of this Kubernetes release, else of the nearest built release standing in for it
+    (``realkube.choose``, as ``runbook sim up`` picks it), or skip the test naming what to build."""
+    try:
+        return realkube.choose(kubernetes_version, {})
+    except ValueError as why:
+        pytest.skip(str(why))
 
 
 def use_real_plane(monkeypatch: pytest.MonkeyPatch, kubernetes_version: str = "1.35.0") -> None:
     """This test's simulator runs its Kubernetes side on the real control plane (issue 15: one truth):
     ``RUNBOOK_SIM_KUBE=real`` for ``sim_cluster``, ``realkube.start_servers`` and the ``runbook run``/``sim up``
-    processes it starts; skips naming ``make kube-tools`` when that release's control plane is not built
-    (Talos v1.12 ships Kubernetes 1.35.0, v1.13 1.36.0: ``runbook_lib.sim.state``)."""
+    processes it starts; skips naming ``make kube-tools`` when no control plane is built (the nearest built release
+    stands in for one that is not; Talos v1.12 ships Kubernetes 1.35.0, v1.13 1.36.0: ``runbook_lib.sim.state``)."""
     tools_for(kubernetes_version)
     monkeypatch.setenv(realkube.MODE_ENV, "real")
 
