@@ -33,7 +33,7 @@ def calls(ctx: Any, *words: str, since: int = 0) -> list[list[str]]:
 
 
 def small_chunks(ctx: Any, count: int) -> None:
-    """Split the dry run into ``count`` chunks however few the nodes (the library's smallest chunk is 32 nodes,
+    """Split the dry run into ``count`` chunks however few the nodes (the library's smallest chunk is 64 nodes,
     more than these tests' fleets), so that the tests see several chunks."""
     ctx.talosctl.pipeline_chunks = count
     ctx.talosctl.min_pipeline_chunk = 1
@@ -79,8 +79,8 @@ def test_the_default_runtime_patch_reads_each_chunks_extensions_with_its_configs
 
 
 def test_each_chunk_is_read_once_and_dry_run_once_whatever_the_fleet_size(tmp_path: Path) -> None:
-    """12 nodes in chunks of 3 (4 chunks, no smallest chunk): 4 ``get machineconfig`` calls and 4 dry runs, each dry run over
-    the very nodes one ``get`` read; before, the whole fleet was read first in ``get`` chunks of at least 32
+    """12 nodes in 4 chunks of 3 (no smallest chunk): 4 ``get machineconfig`` calls and 4 dry runs, each dry run
+    over the very nodes one ``get`` read; before, the whole fleet was read first in ``get`` chunks of at least 32
     nodes (one call here) and dry-run afterwards."""
     with sim_cluster(tmp_path, workers=12, daemon=False) as (params, ctx):
         small_chunks(ctx, 4)
