@@ -335,6 +335,8 @@ def cmd_get(env: Env, p: fl.Parsed) -> int:
             continue
         assert items is not None
         rows.extend((address, rtype, r) for r in items)
+    if env.client_minor < (1, 8) and rtype.type == "MachineConfigs.config.talos.dev":
+        rows = [(address, t, res.as_document(r)) for address, t, r in rows]
     if output == "table":
         env.stdout.write(res.render_table(rtype, rows))
     elif output == "yaml":
@@ -560,6 +562,14 @@ def validate_config(config: list[dict[str, Any]], node_minor: tuple[int, int] = 
     return multierror(errors) if errors else None
 
 
+def _diff_gap(node: SimNode) -> str:
+    """The blank line between "Config diff:" and the diff: machined's generateDiff writes "Config diff:\\n\\n"
+    from 1.8 (talos@v1.8.0 internal/app/machined/internal/server/v1alpha1/v1alpha1_server.go:299-310), 1.3-1.7
+    "Config diff:\\n%s" (talos@v1.7.0 v1alpha1_server.go:233-240, v1.3.0:224-229). What follows there is go-cmp's
+    report of the Go structs, which the fake does not write (it writes its YAML diff, as for 1.8+)."""
+    return "\n" if node.minor >= (1, 8) else ""
+
+
 def _diff(old: str, new: str) -> str:
     import difflib  # noqa: PLC0415 - lazy (process start-up)
 
@@ -671,7 +681,8 @@ def _patch_one(env: Env, address: str, patches: list[patching.Patch], p: fl.Pars
         out.write(f"patched MachineConfigs.config.talos.dev/v1alpha1 at the node {address}\n")
         if dry_run:
             out.write(
-                f"Dry run summary:\n{details} (skipped in dry-run).\nConfig diff:\n\n{_diff(old_text, new_text)}\n"
+                f"Dry run summary:\n{details} (skipped in dry-run).\nConfig diff:\n{_diff_gap(node)}"
+                f"{_diff(old_text, new_text)}\n"
             )
             return
         out.write(_applied_details(details, mode, p, node.machine_config, new_config) + "\n")

@@ -274,6 +274,17 @@ def machineconfig(t: ResourceType, node: SimNode, _peers: list[SimNode]) -> list
     return [{"metadata": meta, "spec": _patching().encode_config(node.machine_config)}]
 
 
+def as_document(r: Resource) -> Resource:
+    """A MachineConfig as talosctl 1.3-1.7 print it: the spec is the config document, not a YAML string. Those
+    clients marshal the resource with ``resource.MarshalYAML`` and the spec's raw config bytes
+    (talos@v1.7.0 cmd/talosctl/cmd/talos/output/json.go:39-64, yaml.go WriteResource; the same at v1.3.0); talos
+    commit d9db360ab ("fix: properly output multi-doc machine config in get mc", first in v1.8.0) made it the
+    string. Only the first document is kept: what those clients print for a multi-document config (which the
+    commit fixed) is not simulated."""
+    docs = _patching().decode_config(r["spec"])
+    return {**r, "spec": docs[0] if docs else {}}
+
+
 def services(t: ResourceType, node: SimNode, _peers: list[SimNode]) -> list[Resource]:
     rt = runtime(node)
     out: list[Resource] = []
@@ -516,6 +527,13 @@ def render_json(rows: list[tuple[str, ResourceType, Resource]]) -> str:
     )
 
 
+def _scalar_text(value: Any) -> str:
+    """A scalar as Go's ``fmt.Fprint`` writes it (``true``, not Python's ``True``)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
 _JSONPATH_RE = re.compile(r"^\{(.*)\}$")
 
 
@@ -538,5 +556,7 @@ def render_jsonpath(expr: str, rows: list[tuple[str, ResourceType, Resource]]) -
                 break
         if obj is None:
             continue
-        out.append(obj if isinstance(obj, str) else json.dumps(obj, separators=(",", ":")))
+        # printResult: a map, array or struct as json.MarshalIndent with 4 spaces (keys sorted), a scalar as text
+        # (talos@v1.7.0 and v1.12.0 cmd/talosctl/cmd/talos/output/jsonpath.go:43-78)
+        out.append(_go_json(obj) if isinstance(obj, dict | list) else _scalar_text(obj))
     return "".join(f"{line}\n" for line in out)
