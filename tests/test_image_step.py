@@ -116,6 +116,11 @@ def test_every_upgrade_passes_an_image(sim: tuple[Path, factory.FactoryServer]) 
     # one talosctl process per batch chunk (steps/image.py _groups): every node in exactly one of them
     upgraded = [node for argv in upgrades for node in argv[argv.index("-n") + 1].split(",")]
     assert sorted(upgraded) == sorted(n.address for n in ctx.params.nodes)
+    # the machine configs are read once before the upgrades (the installer's facts and the config-patch check both
+    # use them): at 1,000 nodes each read took ~8 s (benchmarks/README.md, bench_whole_change, 2 Dec 12:33)
+    argvs = [e.argv for e in ctx.journal.entries]
+    first_upgrade = next(i for i, argv in enumerate(argvs) if "upgrade" in argv)
+    assert sum("machineconfig" in argv for argv in argvs[:first_upgrade]) == 1
     for argv in upgrades:
         assert argv[argv.index("--image") + 1].endswith(f"/metal-installer/{GPU_ID}:v1.12.7")
 

@@ -200,7 +200,9 @@ def image_upgrade(
     target = ctx.params.talos_version
     result = StepResult(step=STEP, applied=do_apply)
     nodes = ctx.nodes(only)
-    facts = image_risks.read_facts(ctx, nodes)
+    # read once: the installer's facts and the config-patch check both need them
+    configs = read_configs(ctx, nodes)
+    facts = image_risks.read_facts(ctx, nodes, configs)
     plans = {
         n.address: planned_image(ctx, n, image_risks.installer_platform(ctx, facts[n.address])) for n in nodes
     }
@@ -209,7 +211,7 @@ def image_upgrade(
     result.data["schematics"] = {sid: s.canonical_yaml() for sid, s in schematics.items() if s is not None}
 
     if do_apply:
-        missing = _config_patch_missing(ctx, nodes)
+        missing = _config_patch_missing(ctx, nodes, configs[0])
         if missing:
             # The config patch must come first: the kmod extension blacklists the NVIDIA modules, so a node
             # booting it without them in its config hangs for BootTimeout and rolls back (see
@@ -457,11 +459,12 @@ def _tracked(client: str | None, *, legacy: bool) -> bool:
     return cli.at_least(1, 7) and (legacy or not cli.at_least(1, 13))
 
 
-def _config_patch_missing(ctx: Context, nodes: list[Node]) -> list[Node]:
-    """Readable nodes whose machine config lacks the config-patch step's documents (modules, sysctl, and
-    before Talos 1.5 ``machine.install.extensions``); the default runtime waits for the image, so it is
-    not required here.  Unreadable nodes are left to the node checks that follow."""
-    configs, _errors = read_configs(ctx, nodes)
+def _config_patch_missing(
+    ctx: Context, nodes: list[Node], configs: dict[str, list[dict[str, Any]]]
+) -> list[Node]:
+    """Readable nodes whose machine config (``configs``: ``patch.read_configs``) lacks the config-patch step's
+    documents (modules, sysctl, and before Talos 1.5 ``machine.install.extensions``); the default runtime waits for
+    the image, so it is not required here.  Unreadable nodes are left to the node checks that follow."""
     return [
         node
         for node in nodes

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from runbook_lib.errors import PermanentError
 from runbook_lib.model.boot_assets import installer_kind
@@ -42,13 +43,19 @@ class NodeFacts:
     error: str | None = None
 
 
-def read_facts(ctx: Context, nodes: Sequence[Node]) -> dict[str, NodeFacts]:
-    """``get platformmetadata`` and ``get machineconfig`` for every node: two fan-out calls."""
+Configs = tuple[dict[str, list[dict[str, Any]]], dict[str, str]]
+
+
+def read_facts(
+    ctx: Context, nodes: Sequence[Node], configs_read: Configs | None = None
+) -> dict[str, NodeFacts]:
+    """``get platformmetadata`` and ``get machineconfig`` for every node: two fan-out calls; ``configs_read``: the
+    machine configs the caller read already (``patch.read_configs``), so they are not read twice."""
     if not nodes:
         return {}
     fan = ctx.talosctl.get("platformmetadata", [n.address for n in nodes])
     by_node = fan.by_node()
-    configs, config_errors = read_configs(ctx, list(nodes))
+    configs, config_errors = configs_read if configs_read is not None else read_configs(ctx, list(nodes))
     facts: dict[str, NodeFacts] = {}
     for node in nodes:
         error = fan.errors.get(node.address) or config_errors.get(node.address)
