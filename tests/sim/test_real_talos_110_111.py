@@ -170,7 +170,6 @@ def run_env(tmp: Path, client: str) -> dict[str, str]:
     return {
         **os.environ,
         "RUNBOOK_SIM_TALOSCTL": "real",
-        "RUNBOOK_SIM_KUBE": "python",
         "RUNBOOK_SIM_TIME_SCALE": TIME_SCALE,
         "RUNBOOK_RECORDS": str(tmp / "records"),
     }
