@@ -98,12 +98,12 @@ def test_a_failed_drain_is_diagnosed_as_installed_but_not_rebooted(output: str) 
 # ---------------------------------------------------------------- runbook run on Talos 1.13 (slow)
 
 
-def real_env(tmp: Path, kube: str) -> dict[str, str]:
+def real_env(tmp: Path, kube: str | None = None) -> dict[str, str]:
     """``test_sim_up_real_talosctl``'s environment (real talosctl, durations scaled down) with talosctl v1.13.0
-    built and the Kubernetes side ``kube``."""
+    built and the Kubernetes side ``kube`` (default: the one ``runbook sim up`` picks, ``realkube.choose``)."""
     env = real_env_112(tmp)  # skips without go
     build("build-talosctl.sh", TALOS)
-    return env | {"RUNBOOK_SIM_KUBE": kube}
+    return env if kube is None else env | {"RUNBOOK_SIM_KUBE": kube}
 
 
 @pytest.mark.slow
@@ -112,8 +112,8 @@ def test_runbook_run_on_talos_1_13_drains_each_node_with_the_real_talosctl_and_a
 ) -> None:
     """Issue 14's "done when" for 1.13: ``runbook run -p params/simulated.yaml --set talos_version=v1.13.0
     --apply`` with the real talosctl v1.13.0; the image step's upgrades drain each GPU node (talosctl's own
-    cordon/drain/uncordon lines, through the Python Kubernetes API here) and reboot it into the NVIDIA image."""
-    env, state = real_env(tmp_path, "python"), tmp_path / "state"
+    cordon/drain/uncordon lines, through the real control plane here) and reboot it into the NVIDIA image."""
+    env, state = real_env(tmp_path), tmp_path / "state"
     args = ["run", "-p", "params/simulated.yaml", "--set", f"talos_version={TALOS}", "--apply"]
     args += ["--state", str(state), "--no-progress"]
     first = runbook(env, *args)
@@ -145,7 +145,7 @@ def test_the_image_plan_says_talosctl_drains_each_1_13_node_before_its_reboot(
     """Approving the image step on 1.13 nodes evicts their pods: talosctl 1.13 drains by default (upgrade.go:360)
     whenever the node serves the LifecycleService (upgrade.go:85,115-126), so the plan says so. A 1.12 node is
     upgraded through the legacy API, which never drains (the plan says nothing)."""
-    env, state = real_env(tmp_path, "python"), tmp_path / "state"
+    env, state = real_env(tmp_path), tmp_path / "state"
     args = ["run", "-p", "params/simulated.yaml", "--set", f"talos_version={talos}", "--steps", "image"]
     args += ["--set", "simulation.scenario=config-patched", "--state", str(state), "--no-progress"]
     plan = runbook(env, *args)
