@@ -16,7 +16,18 @@ What is timed at each size, in the same run (benchmarks/README.md defines each f
   floor candidates in turn (the machine is shared: load drifts), medians compared;
 - **patch dry run**: ``config_patch(ctx, apply=False)`` on nodes with the stock config against the floor, the
   fastest of ``get machineconfig`` then ``patch --dry-run`` per ``-n`` chunk of 8/16/32/64/128/256 (chunks at
-  once; and one call over all, up to 100 nodes), the two fastest measured again alternately with the library;
+  once; and one call over all, up to 100 nodes), the two fastest measured again alternately with the library.
+  The floor reads no extensions, and gets the same answers: the parameters here leave ``default_runtime_patch``
+  off (its default), and then the library reads none either (its journal at 10, 100 and 1,000 nodes: one ``get
+  machineconfig`` and one ``patch --dry-run`` per chunk, nothing else).  With that patch on, the library reads
+  each chunk's extensions beside its configs (``steps/patch_plan.py``, ``Planner.read``); not measured here.
+  Every node here carries the same stock config text, which the library parses once per chunk
+  (``patch_plan.configs_of``): a fleet of per-node configs costs it ~1.2 ms of CPU per node more (not measured);
+- **what bounds verify's floor**: one ``talosctl read`` process per node, as talosctl refuses ``read`` for several
+  nodes (talos@v1.12.0 cmd/talosctl/cmd/talos/read.go:35 calls ``helpers.FailIfMultiNodes``,
+  cmd/talosctl/pkg/talos/helpers/checks.go:23-34), and no multi-node resource carries the loaded driver's
+  version (``LoadedKernelModuleSpec``: size, references, dependencies, state, address;
+  pkg/machinery/resources/runtime/loaded_kernel_module.go:25-31);
 - **per-node loop**: each node's calls one after another, node after node (above 20 nodes 20 nodes are
   measured and scaled, marked ``*``);
 - **memory** (largest size only): verify in a child process, its process tree sampled from /proc: peak summed
