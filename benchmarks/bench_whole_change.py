@@ -35,6 +35,7 @@ import json
 import math
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -265,8 +266,32 @@ def checked(run: Run, work: Path, expected: dict[str, str]) -> Run:
         tail = (work / "run.stderr").read_text(errors="replace")[-2000:]
         raise RuntimeError(
             f"runbook run: {outcomes(run)} (exit {run.returncode}), expected {expected}:\n{tail}"
+            + "".join(f"\n{line}" for line in failed_checks(run))
+            + (f"\nthe record is kept in {kept}" if (kept := keep_record(run)) else "")
         )
     return run
+
+
+def failed_checks(run: Run) -> list[str]:
+    """The failed checks of the run's failed steps (``record.json``): why a 1,000-node run stopped, which its
+    temporary directory would otherwise take with it (2 Dec 2026: the kubernetes step failed after 10 minutes)."""
+    steps = json.loads((run.record / "record.json").read_text())["steps"] if run.record else []
+    return [
+        f"{s['name']}: {c['name']}: {str(c.get('message', ''))[:500]}"
+        for s in steps
+        if s["status"] == "failed"
+        for c in (s.get("result") or {}).get("checks", [])
+        if not c.get("ok")
+    ]
+
+
+def keep_record(run: Run) -> Path | None:
+    """A copy of a failed run's record outside the benchmark's temporary directory."""
+    if run.record is None:
+        return None
+    kept = Path(tempfile.gettempdir()) / f"bench-whole-failed-{run.record.name}"
+    shutil.copytree(run.record, kept, dirs_exist_ok=True)
+    return kept
 
 
 def installer(run: Run) -> str:

@@ -16,6 +16,7 @@ from benchmarks.bench_whole_change import (
     batches_by_start,
     cluster_time,
     cpu_bound_floor,
+    failed_checks,
     failure_event_time,
     failure_line_time,
     in_batches,
@@ -131,3 +132,19 @@ def test_an_upgrade_call_over_a_chunk_counts_for_each_of_its_nodes() -> None:
     assert [s[0] for s in spans] == ["a", "b", "c", "d", "e", "f"]
     assert [s[3] for s in spans] == [0, 0, 0, 1, 1, 0]
     assert in_batches(entries, 3) == pytest.approx(6.0 + 6.5)
+
+
+def test_a_failed_run_says_which_checks_failed_and_keeps_its_record(tmp_path: Path) -> None:
+    record = tmp_path / "records" / "20261202T123130Z-whole1000-x"
+    record.mkdir(parents=True)
+    checks = [
+        {"name": "helm release", "ok": True},
+        {"name": "GPUs advertised", "ok": False, "message": "900 of 1000"},
+    ]
+    steps = [
+        {"name": "verify", "status": "ok", "result": {"checks": [{"name": "x", "ok": False}]}},
+        {"name": "kubernetes", "status": "failed", "result": {"checks": checks}},
+    ]
+    (record / "record.json").write_text(json.dumps({"steps": steps}))
+    run = Run(1, 0.0, 1.0, [], record)
+    assert failed_checks(run) == ["kubernetes: GPUs advertised: 900 of 1000"]
