@@ -4,9 +4,10 @@ stops at the right step on the faulty node only").
 ``runbook run -p params/simulated.yaml --apply --set simulation.scenario=<s>`` with ``RUNBOOK_SIM_TALOSCTL=real``:
 simnode serves nodes carrying each scenario's faults (``runbook_lib/sim/realfaults.py`` maps them, citing the
 source of each behaviour or saying there is none), and the run must stop at the step, on the node, with the
-diagnosis ``tests/fault_cases.py`` expects of the Python talosctl too. The Kubernetes side is the Python API
-server (``RUNBOOK_SIM_KUBE=python``): these scenarios are Talos faults, and the four Talos steps read Kubernetes
-only for verify's optional allocatable count.
+diagnosis ``tests/fault_cases.py`` expects of the Python talosctl too. The Kubernetes side is the one ``runbook
+sim up`` picks (``RUNBOOK_SIM_KUBE`` unset: the real control plane, issue 15's one truth; the Python API server
+these Talos faults used to run on for speed was retired): the four Talos steps read Kubernetes only for verify's
+optional allocatable count, and on 1.13 for talosctl's drain.
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ def test_chaos_puts_each_fault_on_its_own_worker(tmp_path: Path) -> None:
 
 
 def run_scenario(tmp: Path, scenario: str, talos: str = "v1.12.7") -> tuple[Any, Path]:
-    env = real_env(tmp) | {"RUNBOOK_SIM_KUBE": "python", "RUNBOOK_SIM_TIME_SCALE": TIME_SCALE}
+    env = real_env(tmp) | {"RUNBOOK_SIM_TIME_SCALE": TIME_SCALE}
     client = realtalos.talosctl_version_for(talos)
     build("build-talosctl.sh", client)  # skips without go; cached: instant
     state = tmp / "state"
@@ -177,6 +178,10 @@ def assert_stops_at_the_right_step_on_the_faulty_node_only(
     assert proc.returncode != 0 and outcomes[stop:] == ["failed"] + [None] * (len(STEPS) - stop - 1), (
         proc.stdout
     )
+    records = sorted(str(r.relative_to(tmp)) for r in (tmp / "records").glob(f"*/results/{expected}.json"))
+    assert len(records) == 1, (
+        f"{records}: {proc.stdout}{proc.stderr}"
+    )  # once none, under load: what the run said
     failing = assert_fails_on_one_node(step_result(tmp, expected), needle)
     # scenarios.py breaks the last worker; chaos takes the first one down (and breaks others preflight never reaches)
     assert failing["node"] == ("gpu-worker-1" if scenario == "chaos" else "gpu-worker-3"), failing["node"]
@@ -193,7 +198,7 @@ def test_runbook_run_with_the_real_talosctl_stops_at_the_right_step_on_the_fault
 
 #: The Talos-side scenarios on Talos 1.13 with the real talosctl v1.13.0, where the upgrade goes through the
 #: LifecycleService and talosctl drains each node through Kubernetes before its reboot (``--drain`` by default,
-#: talos@v1.13.0:cmd/talosctl/cmd/talos/upgrade.go:69-71,360; here against the Python Kubernetes API, as
+#: talos@v1.13.0:cmd/talosctl/cmd/talos/upgrade.go:69-71,360; here through the real control plane, as
 #: test_real_talos_113's run): a dead node, an install that fails, a boot that hangs after the install and drain,
 #: and a node that boots another toolkit than its schematic's.
 #: Each with what talosctl v1.13.0 itself prints for the faulty node, where it differs from 1.12's legacy API: the
@@ -228,7 +233,7 @@ def test_sim_fault_refuses_a_talos_fault_simnode_cannot_switch_while_it_runs(tmp
     """``runbook sim fault NODE slow_ms 500`` wrote the fault into the Python node file, which simnode never reads
     again (its SIGHUP applies ``down`` only): the real talosctl kept answering at full speed while ``sim status``
     and the node file said the node was slow. Refused now, naming what works, and nothing is written."""
-    env = real_env(tmp_path) | {"RUNBOOK_SIM_KUBE": "python"}
+    env = real_env(tmp_path)
     state = tmp_path / "state"
     up = runbook(env, "sim", "up", "-p", "params/simulated.yaml", "--state", str(state))
     try:
@@ -239,6 +244,6 @@ def test_sim_fault_refuses_a_talos_fault_simnode_cannot_switch_while_it_runs(tmp
         assert "slow_ms" in proc.stderr and "RUNBOOK_SIM_TALOSCTL=python" in proc.stderr, proc.stderr
         assert load_node(state, "gpu-worker-2").faults == before
         kube = runbook(env, "sim", "fault", "--state", str(state), "gpu-worker-2", "pods_pending", "true")
-        assert kube.returncode == 0, kube.stderr  # the simulated kubelet's faults still switch
+        assert kube.returncode == 0, kube.stderr  # the node agent's Kubernetes faults still switch
     finally:
         runbook(env, "sim", "down", "--state", str(state))
