@@ -58,7 +58,7 @@ def test_auto_runs_talos_1_14_nodes_on_the_real_talosctl_v1_14_1_when_built(tool
     ("version", "scenario", "reason"),
     [
         ("v1.12.7", "not-on-simnode", "scenario not-on-simnode has faults simnode does not simulate yet"),
-        ("v1.6.7", "fresh", "simnode does not simulate a v1.6.7 node's API"),
+        ("v1.5.5", "fresh", "simnode does not simulate a v1.5.5 node's API"),
     ],
 )
 def test_auto_falls_back_to_the_python_talosctl_saying_why(
@@ -72,6 +72,7 @@ def test_auto_falls_back_to_the_python_talosctl_saying_why(
 @pytest.mark.parametrize(
     ("nodes", "client"),
     [
+        ("v1.6.7", "v1.6.7"),
         ("v1.7.7", "v1.7.0"),
         ("v1.8.4", "v1.8.0"),
         ("v1.9.6", "v1.9.0"),
@@ -115,11 +116,11 @@ def test_a_talosctl_of_another_release_than_the_nodes_falls_back(tools: Path) ->
 
 def test_real_that_cannot_be_honoured_is_an_error(tools: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(realtalos.MODE_ENV, "real")
-    # (1.14 is served since simnode is on pkg/machinery v1.14.1: releases before 1.7 are not)
+    # (1.14 is served since simnode is on pkg/machinery v1.14.1: releases before 1.6 are not)
     with pytest.raises(
         realtalos.RealTalosError, match=r"RUNBOOK_SIM_TALOSCTL=real: simnode does not simulate"
     ):
-        realtalos.choose("v1.6.7", None, "fresh")
+        realtalos.choose("v1.5.5", None, "fresh")
 
 
 def test_python_is_chosen_by_the_switch(tools: Path, monkeypatch: pytest.MonkeyPatch) -> None:

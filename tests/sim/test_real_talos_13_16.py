@@ -1,0 +1,93 @@
+"""Talos 1.6 nodes on the real talosctl of their release (v1.6.7) against simnode (issue 14, the releases before 1.7).
+
+talosctl v1.6.7 builds with today's Go (``tools/build-talosctl.sh v1.6.7``); 1.5, 1.4 and 1.3 were not built (see
+the README), so their nodes keep the Python talosctl. simnode answers a 1.6 node as a 1.7 one (simnode/legacy18.go):
+what the runbook calls is unchanged between talos@v1.6.7 and v1.7.0 (internal/app/machined/internal/server/v1alpha1/
+v1alpha1_server.go: ApplyConfiguration, Read, Upgrade, ServiceList identical but for error constructors;
+v1alpha1_sequencer.go: the same boot and upgrade phases; cmd/installer/pkg/install/manifest.go: an upgrade without
+``--preserve`` re-creates EPHEMERAL as in 1.7; the ExtensionStatus, KernelModuleSpec, Service, MachineConfig,
+PlatformMetadata and Nodename resources unchanged; talosctl's upgrade and tracker unchanged). The one difference
+the runbook meets is the base services: no syslogd before 1.7 (state.SERVICE_SINCE). The binary is not built by
+``.ci/run``: these tests skip, saying so, unless it is in the tools cache.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.sim.test_real_talos_17_18 import assert_no_cluster_secret_recorded
+from tests.sim.test_real_talos_110_111 import (
+    MODULES_PATCH,
+    Release,
+    assert_run_applies_all_six_steps,
+    patch_dry_run,
+    run_args,
+    run_env,
+    serve,
+)
+from tests.sim.test_sim_up_real_talosctl import runbook
+
+pytestmark = pytest.mark.slow
+
+#: (the nodes' release: the newest patch the simulator knows, state.LATEST_PATCH; the talosctl that pairs with it)
+RELEASES = [("v1.6.7", "v1.6.7")]
+IDS = [client for _talos, client in RELEASES]
+#: params/simulated.yaml's ``track: lts`` is refused before 1.8 (one driver per release then).
+TRACK = ("--set", "track=null")
+
+
+@pytest.fixture(scope="module", params=RELEASES, ids=IDS)
+def release(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Release]:
+    """A fresh cluster of the release: GPU workers on the vanilla schematic, no modules patch."""
+    talos, client = request.param
+    yield from serve(tmp_path_factory.mktemp(f"fresh-{client}"), talos, client, "fresh")
+
+
+def test_the_base_services_are_1_6_s(release: Release) -> None:
+    """talos@v1.6.7 v1alpha1_sequencer_tasks.go starts no syslogd (v1.7.0:636 does) nor auditd (v1.9.0:363)."""
+    proc = release.sim.run("-n", release.nodes[1], "service")
+    assert proc.returncode == 0, proc.stderr
+    ids = [re.split(r"\s+", line.strip())[1] for line in proc.stdout.splitlines()[1:]]
+    assert ids == ["apid", "containerd", "cri", "dashboard", "kubelet", "machined", "udevd"], proc.stdout
+
+
+def test_patch_dry_run_diff_is_go_cmp_s_report(release: Release, tmp_path: Path) -> None:
+    """talos@v1.6.7 v1alpha1_server.go:227-240, as v1.7.0: ``cmp.Diff`` of the two v1alpha1 structs after
+    ``Config diff:`` (no blank line), the summary line the config-patch step reads as on every release."""
+    proc = patch_dry_run(release, tmp_path, MODULES_PATCH)
+    assert proc.returncode == 0, proc.stderr
+    assert "Dry run summary:\nApplied configuration without a reboot (skipped in dry-run).\n" in proc.stderr
+    assert "Config diff:\n" in proc.stderr and "Config diff:\n\n" not in proc.stderr, proc.stderr
+    [added] = [line for line in proc.stderr.splitlines() if line.startswith("+")]
+    assert "MachineKernel:" in added and '"nvidia"' in added, added
+
+
+def test_no_pcidevices_and_a_missing_file_is_unknown(release: Release) -> None:
+    """No hardware.PCIDevice before 1.8 (talos@v1.6.7 v1alpha2_state.go registers none); Read returns os.Stat's
+    error as is, which gRPC sends as Unknown (v1alpha1_server.go Read, as v1.7.0)."""
+    proc = release.sim.run("-n", release.nodes[1], "get", "pcidevices")
+    assert proc.returncode != 0 and "pcidevices" in proc.stderr, proc.stdout + proc.stderr
+    proc = release.sim.run("-n", release.nodes[1], "read", "/var/lib/no-such-file")
+    assert "code = Unknown desc = stat /var/lib/no-such-file: no such file or directory" in proc.stderr
+
+
+@pytest.mark.parametrize(("talos", "client"), RELEASES, ids=IDS)
+def test_runbook_run_applies_all_six_steps_and_a_second_run_changes_nothing(
+    tmp_path: Path, talos: str, client: str
+) -> None:
+    """Issue 14 for 1.6: ``runbook run -p params/simulated.yaml --set talos_version=v1.6.7 --apply`` with the real
+    talosctl v1.6.7 against simnode. The image step passes ``--preserve`` (below 1.8 an upgrade without it wipes
+    /var); the record carries no cluster secret (the go-cmp dry-run diff prints the whole config struct)."""
+    for observed in assert_run_applies_all_six_steps(tmp_path, talos, client, *TRACK):
+        assert observed["image"].endswith(f":{talos}"), observed["image"]
+    [image] = (tmp_path / "records").glob("*/results/image.json")
+    journal = image.read_text()
+    assert journal.count('"--preserve"') == 3, "the image step's three upgrades pass --preserve"
+    assert_no_cluster_secret_recorded(tmp_path)
+    second = runbook(run_env(tmp_path, client), *run_args(tmp_path, talos, *TRACK))
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "nothing changed on the cluster" in second.stdout
