@@ -268,7 +268,11 @@ class Runner:
 
 
 def _streamed(
-    argv: list[str], stdin: str | None, timeout: float, env: dict[str, str] | None, on_line: Callable[[str], None]
+    argv: list[str],
+    stdin: str | None,
+    timeout: float,
+    env: dict[str, str] | None,
+    on_line: Callable[[str], None],
 ) -> subprocess.CompletedProcess[str]:
     """``subprocess.run``'s capture, each stderr line also handed to ``on_line`` as the program prints it.
 
@@ -290,6 +294,7 @@ def _streamed(
         if stdin is not None and proc.stdin is not None:
             proc.stdin.write(stdin)
             proc.stdin.close()
+
         def expire() -> None:
             expired.set()
             proc.kill()
