@@ -112,6 +112,20 @@ ALIVE = _expr(".metadata.deletionTimestamp", "DoesNotExist")
 PENDING = _expr(".status.phase", "In", "Pending")
 INITIALIZED = '.status.conditions.[] | select( .type == "Initialized" ) | .status'
 READY = '.status.conditions.[] | select( .type == "Ready" ) | .status'
+#: The kubelet's condition for "sandbox created, network configured" (kubernetes@v1.35.0
+#: pkg/kubelet/status/generate.go ``GeneratePodReadyToStartContainersCondition``; beta and on by default since
+#: 1.29). Our pod-create stage posts it False; only the node agent sets it True, once the node's containerd has
+#: the pod's runtime handler, its images pull and its plugin would not crash (``nodeagent.NodeAgent._start``).
+#: No container stage selects a pod before, so a pod the node refuses is never Running nor Ready, not even
+#: for a moment (helm's ``--wait`` watcher reported a DaemonSet of such pods deployed in that moment).
+SANDBOX = "PodReadyToStartContainers"
+SANDBOX_READY = _expr(f'.status.conditions.[] | select( .type == "{SANDBOX}" ) | .status', "In", "True")
+#: The Initialized reason the node agent posts on a pod whose image pull fails: keeps kwok's init-container
+#: and pod-ready stages off it until the pull works (``nodeagent.NodeAgent._retry_pulls``).
+PULL_BACKOFF = "ImagePullBackOff"
+NOT_PULL_BACKOFF = _expr(
+    '.status.conditions.[] | select( .type == "Initialized" ) | .reason', "NotIn", PULL_BACKOFF
+)
 
 _CREATE = """\
 {{ $now := Now | Quote }}
@@ -125,7 +139,10 @@ conditions:
 {{ if .spec.initContainers }}  status: "False"
   reason: ContainersNotInitialized
 {{ else }}  status: "True"
-{{ end }}{{ range list "Ready" "ContainersReady" }}- type: {{ . }}
+{{ end }}- type: PodReadyToStartContainers
+  status: "False"
+  lastTransitionTime: {{ $now }}
+{{ range list "Ready" "ContainersReady" }}- type: {{ . }}
   status: "False"
   reason: ContainersNotReady
   lastTransitionTime: {{ $now }}
@@ -194,6 +211,8 @@ _STAGES: dict[str, tuple[list[dict[str, Any]], dict[str, Any]]] = {
         [
             ALIVE,
             PENDING,
+            SANDBOX_READY,
+            NOT_PULL_BACKOFF,
             _expr(INITIALIZED, "NotIn", "True"),
             _expr(".status.initContainerStatuses.[].state.waiting.reason", "Exists"),
         ],
@@ -207,6 +226,7 @@ _STAGES: dict[str, tuple[list[dict[str, Any]], dict[str, Any]]] = {
         [
             ALIVE,
             PENDING,
+            SANDBOX_READY,
             _expr(INITIALIZED, "In", "True"),
             _expr(".status.containerStatuses.[].state.running.startedAt", "DoesNotExist"),
         ],

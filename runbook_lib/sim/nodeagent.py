@@ -210,9 +210,23 @@ def pod_room(node: SimNode) -> str:
 
 
 #: The Initialized condition's reason on a pod whose image pull fails here: not a kubelet's (it reports
-#: Initialized True and the container waiting), but what keeps kwok's pod-ready stage (phase Pending, Initialized
-#: True) from starting the pod, and what tells the agent to retry the pull (``_retry_pulls``).
-PULL_FAILED = "ImagePullBackOff"
+#: Initialized True and the container waiting), but what keeps kwok's init-container and pod-ready stages from
+#: starting the pod, and what tells the agent to retry the pull (``_retry_pulls``).
+PULL_FAILED = kwokstages.PULL_BACKOFF
+
+
+def _awaiting_start(pod: dict[str, Any]) -> bool:
+    """A pod kwok's pod-create stage gave a sandbox address whose start the agent has not allowed yet: its
+    ``PodReadyToStartContainers`` is not True (``kwokstages.SANDBOX``)."""
+    if (pod.get("metadata") or {}).get("deletionTimestamp") or not (pod.get("status") or {}).get("podIP"):
+        return False
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return not any(c.get("type") == kwokstages.SANDBOX and c.get("status") == "True" for c in conditions)
+
+
+def _sandbox(ready: bool) -> dict[str, Any]:
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return {"type": kwokstages.SANDBOX, "status": str(ready), "lastTransitionTime": now}
 
 
 def _failing_image(pod: dict[str, Any], node: SimNode, cluster_faults: dict[str, Any]) -> str | None:
@@ -356,6 +370,8 @@ class NodeAgent(Periodic):
         """Running bare pods by uid: the monotonic time their containers end (``_complete``)."""
         self._restarts: dict[str, tuple[int, float]] = {}
         """Crash-looping plugin containers by pod uid: (restarts so far, monotonic time of the next restart)."""
+        self._refused: set[str] = set()
+        """Pending pods by uid whose FailedCreatePodSandBox event is posted (once: ``_start``)."""
         self.core = api(kubeconfig)
         self.nodes_api = client.NodeV1Api(self.core.api_client)
         self.faults = FaultFile(state_dir)
@@ -383,9 +399,12 @@ class NodeAgent(Periodic):
         by_name = {n.name: n for n in nodes}
         pods = [p for p in pods if (p.get("spec") or {}).get("nodeName") not in down]
         self._repost_readiness(pods, {o["metadata"]["name"] for o in objs if _node_ready(o)})
-        pods = self._with_sandbox(pods, by_name, handlers)
-        pods = self._with_images(pods, by_name)
-        self._retry_pulls(by_name)
+        pending = self.core.api_client.sanitize_for_serialization(
+            self.core.list_pod_for_all_namespaces(field_selector="status.phase=Pending")
+        )["items"]
+        pending = [p for p in pending if (p.get("spec") or {}).get("nodeName") not in down]
+        self._start(pending, by_name, handlers)
+        self._retry_pulls(pending, by_name)
         plugin_pods = [p for p in pods if _is_plugin(p) and self._admitted(p, by_name)]
         for node in nodes:
             want = wanted_gpus(node, plugin_pods, handlers)
@@ -449,34 +468,41 @@ class NodeAgent(Periodic):
         on = nodes.get((pod.get("spec") or {}).get("nodeName", ""))
         return on is None or self.admits(pod, on)
 
-    def _with_sandbox(
-        self, pods: list[dict[str, Any]], nodes: dict[str, SimNode], handlers: dict[str, str]
-    ) -> list[dict[str, Any]]:
-        """The pods whose sandbox the node's containerd can create; the others are sent back to Pending with
-        the runtime's error (``_no_sandbox``). kwok starts every pod; only the node knows its handlers."""
-        out = []
-        for pod in pods:
+    def _start(self, pods: list[dict[str, Any]], nodes: dict[str, SimNode], handlers: dict[str, str]) -> None:
+        """Each Pending pod kwok created a sandbox address for is judged here before any container stage of
+        kwok's may select it (``kwokstages.SANDBOX``): no runtime handler (``_no_sandbox``), an image that does
+        not pull (``_pull_failed``) or a device plugin that crashes at once (``_plugin``) get what the node's
+        kubelet reports, never Ready; the others are let start. The sandbox is retried each pass, as the kubelet retries it."""
+        waiting = {p["metadata"]["uid"] for p in pods}
+        self._refused &= waiting
+        cluster = self.faults.read()
+        for pod in filter(_awaiting_start, pods):
             on = nodes.get((pod.get("spec") or {}).get("nodeName", ""))
             handler = _handler(pod, handlers, on) if on is not None else ""
-            if on is None or handler in runtime(on).cri_runtime_handlers:
-                out.append(pod)
-            else:
-                self._no_sandbox(pod, handler)
-        return out
-
-    def _with_images(self, pods: list[dict[str, Any]], nodes: dict[str, SimNode]) -> list[dict[str, Any]]:
-        """The pods whose images the node can pull; the others go back to Pending in image-pull back-off
-        (``_pull_failed``). kwok starts every pod; only the node knows that a pull fails (``image_pull_error``,
-        the same fault as the Python API server's kubelet reads)."""
-        out, cluster = [], self.faults.read()
-        for pod in pods:
-            on = nodes.get((pod.get("spec") or {}).get("nodeName", ""))
+            if on is not None and handler not in runtime(on).cri_runtime_handlers:
+                if pod["metadata"]["uid"] not in self._refused:
+                    self._refused.add(pod["metadata"]["uid"])
+                    self._no_sandbox(pod, handler)
+                continue
             image = _failing_image(pod, on, cluster) if on is not None else None
-            if image is None:
-                out.append(pod)
-            else:
+            if image is not None:
                 self._pull_failed(pod, image)
-        return out
+            elif on is None or not self._crashes_at_start(pod, on, handler):
+                meta = pod["metadata"]
+                body = {"status": {"conditions": [_sandbox(True)]}}
+                self.core.patch_namespaced_pod_status(meta["name"], meta["namespace"], body)
+
+    def _crashes_at_start(self, pod: dict[str, Any], node: SimNode, handler: str) -> bool:
+        """A device plugin that would exit at once is started by the agent, straight into CrashLoopBackOff
+        (phase Running, never Ready), not by kwok's pod-ready stage, which would report it Ready first."""
+        if not (_is_plugin(pod) and self.admits(pod, node)):
+            return False
+        container = next(c for c in pod["spec"]["containers"] if c["name"] in PLUGIN_CONTAINERS)
+        outcome = program(pod, container, NodeView(node, runtime(node), ""), handler, 1)
+        if outcome.exit_code is None and outcome.start_error is None:
+            return False
+        self._plugin(pod, node, handler, {"phase": "Running"})
+        return True
 
     def _pull_failed(self, pod: dict[str, Any], image: str) -> None:
         """What the kubelet shows after the first failed pull and its back-off: the container waiting in
@@ -493,7 +519,7 @@ class NodeAgent(Periodic):
             for c in pod["spec"]["containers"]
         ]  # fmt: skip
         conditions = [c for c in _readiness(pod, False) if c["type"] != "Initialized"]
-        conditions.append({"type": "Initialized", "status": "False", "reason": PULL_FAILED})
+        conditions += [{"type": "Initialized", "status": "False", "reason": PULL_FAILED}, _sandbox(True)]
         status = {"phase": "Pending", "containerStatuses": statuses, "conditions": conditions}
         self.core.patch_namespaced_pod_status(meta["name"], meta["namespace"], {"status": status})
         for reason, message, kind in (
@@ -505,12 +531,10 @@ class NodeAgent(Periodic):
         ):
             self._kubelet_event(pod, reason, message, kind)
 
-    def _retry_pulls(self, nodes: dict[str, SimNode]) -> None:
+    def _retry_pulls(self, pending: list[dict[str, Any]], nodes: dict[str, SimNode]) -> None:
         """A pod in image-pull back-off whose images the node can pull now (the fault cleared) starts: its
-        Initialized condition goes True, and kwok's stages run it from there."""
-        pending = self.core.api_client.sanitize_for_serialization(
-            self.core.list_pod_for_all_namespaces(field_selector="status.phase=Pending")
-        )["items"]
+        Initialized condition goes back to what kwok's pod-create posted (True, or False until its init
+        containers ran), and kwok's stages run it from there."""
         cluster = self.faults.read()
         for pod in pending:
             on = nodes.get((pod.get("spec") or {}).get("nodeName", ""))
@@ -522,6 +546,8 @@ class NodeAgent(Periodic):
                 kept = [c for c in conditions if c.get("type") != "Initialized"]
                 now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
                 initialized = {"type": "Initialized", "status": "True", "lastTransitionTime": now}
+                if (pod.get("spec") or {}).get("initContainers"):
+                    initialized |= {"status": "False", "reason": "ContainersNotInitialized"}
                 meta = pod["metadata"]
                 body = {"status": {"conditions": [*kept, initialized]}}
                 self.core.patch_namespaced_pod_status(meta["name"], meta["namespace"], body)
@@ -560,18 +586,20 @@ class NodeAgent(Periodic):
              "started": False, "state": waiting}
             for c in pod["spec"]["containers"]
         ]  # fmt: skip
-        # Initialized False keeps kwok's pod-ready stage (phase Pending and Initialized True) from starting it
-        # again; a real kubelet reports Initialized True and PodReadyToStartContainers False here.
-        conditions = [c for c in _readiness(pod, False) if c["type"] != "Initialized"]
-        conditions.append({"type": "Initialized", "status": "False", "reason": "SandboxNotCreated"})
+        # PodReadyToStartContainers False, as a real kubelet reports it here, keeps every container stage of
+        # kwok's off the pod (kwokstages.SANDBOX).
+        conditions = [*_readiness(pod, False), _sandbox(False)]
         status = {"phase": "Pending", "containerStatuses": statuses, "conditions": conditions}
         self.core.patch_namespaced_pod_status(meta["name"], meta["namespace"], {"status": status})
         self._kubelet_event(pod, "FailedCreatePodSandBox", message, "Warning")
 
-    def _plugin(self, pod: dict[str, Any], node: SimNode, handler: str) -> None:
+    def _plugin(
+        self, pod: dict[str, Any], node: SimNode, handler: str, starting: dict[str, Any] | None = None
+    ) -> None:
         """The device plugin exits 1 where NVML does not initialise (its ``fail-on-init-error`` defaults to
         true: NVIDIA/k8s-device-plugin@v0.18.0 cmd/nvidia-device-plugin/main.go), so the kubelet restarts it
-        with back-off; at each restart it runs again against the node's state as it is then."""
+        with back-off; at each restart it runs again against the node's state as it is then. ``starting``: the
+        status fields of its first start, which the agent posts instead of kwok (``_start``)."""
         container = next(c for c in pod["spec"]["containers"] if c["name"] in PLUGIN_CONTAINERS)
         outcome = program(pod, container, NodeView(node, runtime(node), ""), handler, 1)
         meta = pod["metadata"]
@@ -590,6 +618,9 @@ class NodeAgent(Periodic):
         crash = outcome if crashing else None
         status = {"containerStatuses": [_container_status(pod, container["name"], max(restarts, 0), crash)]}
         status["conditions"] = _readiness(pod, not crashing)
+        if starting is not None:
+            status |= starting
+            status["conditions"].append(_sandbox(True))
         self.core.patch_namespaced_pod_status(meta["name"], meta["namespace"], {"status": status})
 
     def _complete(

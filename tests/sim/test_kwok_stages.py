@@ -139,3 +139,19 @@ def _runtime_down_expression() -> dict[str, Any]:
     """The selector expression that keeps a kwok Node stage off a node whose runtime the agent marked down."""
     label = f'.metadata.labels["{kwokstages.RUNTIME_LABEL}"]'
     return {"key": label, "operator": "NotIn", "values": [kwokstages.RUNTIME_DOWN]}
+
+
+def test_no_container_stage_selects_a_pod_the_node_agent_has_not_let_start() -> None:
+    """kwok's stages that start containers (init containers, then the pod's: Running and Ready) select only pods
+    whose ``PodReadyToStartContainers`` the node agent set True, and none in image-pull back-off; pod-create posts
+    it False. Before, kwok started every pod and the agent sent a refused one back a moment later, long enough
+    for helm's ``--wait`` to call it deployed (tests/sim/test_no_flash_ready.py watches it on the real plane)."""
+    stages = by_name(kwokstages.pod_stages(0.01))
+    for name in ("pod-init-container-running", "pod-ready"):
+        assert kwokstages.SANDBOX_READY in stages[name]["spec"]["selector"]["matchExpressions"], name
+    assert (
+        kwokstages.NOT_PULL_BACKOFF
+        in stages["pod-init-container-running"]["spec"]["selector"]["matchExpressions"]
+    )
+    created = stages["pod-create"]["spec"]["next"]["statusTemplate"]
+    assert f'- type: {kwokstages.SANDBOX}\n  status: "False"' in created
