@@ -229,6 +229,17 @@ def _sandbox(ready: bool) -> dict[str, Any]:
     return {"type": kwokstages.SANDBOX, "status": str(ready), "lastTransitionTime": now}
 
 
+def _never_starts(pod: dict[str, Any], outcomes: list[tuple[str, Outcome]]) -> bool:
+    """A bare pod (restartPolicy Never/OnFailure, no Job) none of whose containers can start (the runtime's
+    error, e.g. the nvidia hook's "driver not loaded"): a real kubelet never runs it, Pending to Failed."""
+    spec, meta = pod.get("spec") or {}, pod.get("metadata") or {}
+    if spec.get("restartPolicy") not in ("Never", "OnFailure"):
+        return False
+    if any(ref.get("kind") == "Job" for ref in meta.get("ownerReferences") or []):
+        return False
+    return bool(outcomes) and all(o.start_error for _, o in outcomes)
+
+
 def _failing_image(pod: dict[str, Any], node: SimNode, cluster_faults: dict[str, Any]) -> str | None:
     images = [str(c.get("image") or "") for c in (pod.get("spec") or {}).get("containers") or []]
     return next((i for i in images if failing_pull(i, node, cluster_faults)), None)
@@ -471,8 +482,9 @@ class NodeAgent(Periodic):
     def _start(self, pods: list[dict[str, Any]], nodes: dict[str, SimNode], handlers: dict[str, str]) -> None:
         """Each Pending pod kwok created a sandbox address for is judged here before any container stage of
         kwok's may select it (``kwokstages.SANDBOX``): no runtime handler (``_no_sandbox``), an image that does
-        not pull (``_pull_failed``) or a device plugin that crashes at once (``_plugin``) get what the node's
-        kubelet reports, never Ready; the others are let start. The sandbox is retried each pass, as the kubelet retries it."""
+        not pull (``_pull_failed``), a device plugin that crashes at once (``_plugin``) or a bare pod none of whose
+        containers can start (``_never_starts``) get what the node's kubelet reports, never Ready; the others are
+        let start. The sandbox is retried each pass, as the kubelet retries it."""
         waiting = {p["metadata"]["uid"] for p in pods}
         self._refused &= waiting
         cluster = self.faults.read()
@@ -487,22 +499,28 @@ class NodeAgent(Periodic):
             image = _failing_image(pod, on, cluster) if on is not None else None
             if image is not None:
                 self._pull_failed(pod, image)
-            elif on is None or not self._crashes_at_start(pod, on, handler):
+            elif on is None or not self._started_by_agent(pod, on, handler):
                 meta = pod["metadata"]
                 body = {"status": {"conditions": [_sandbox(True)]}}
                 self.core.patch_namespaced_pod_status(meta["name"], meta["namespace"], body)
 
-    def _crashes_at_start(self, pod: dict[str, Any], node: SimNode, handler: str) -> bool:
-        """A device plugin that would exit at once is started by the agent, straight into CrashLoopBackOff
-        (phase Running, never Ready), not by kwok's pod-ready stage, which would report it Ready first."""
-        if not (_is_plugin(pod) and self.admits(pod, node)):
-            return False
-        container = next(c for c in pod["spec"]["containers"] if c["name"] in PLUGIN_CONTAINERS)
-        outcome = program(pod, container, NodeView(node, runtime(node), ""), handler, 1)
-        if outcome.exit_code is None and outcome.start_error is None:
-            return False
-        self._plugin(pod, node, handler, {"phase": "Running"})
-        return True
+    def _started_by_agent(self, pod: dict[str, Any], node: SimNode, handler: str) -> bool:
+        """The pods whose start the agent posts itself, not kwok's pod-ready stage (which would report them Ready
+        first): a device plugin that would exit at once goes straight into CrashLoopBackOff (phase Running, never
+        Ready), a bare pod none of whose containers can start straight to Failed."""
+        view = NodeView(node, runtime(node), "")
+        if _is_plugin(pod) and self.admits(pod, node):
+            container = next(c for c in pod["spec"]["containers"] if c["name"] in PLUGIN_CONTAINERS)
+            outcome = program(pod, container, view, handler, 1)
+            if outcome.exit_code is None and outcome.start_error is None:
+                return False
+            self._plugin(pod, node, handler, {"phase": "Running"})
+            return True
+        outcomes = [(c["name"], program(pod, c, view, handler, 1)) for c in pod["spec"]["containers"]]
+        never = _never_starts(pod, outcomes)
+        if never:
+            self._finish(pod, node, outcomes)
+        return never
 
     def _pull_failed(self, pod: dict[str, Any], image: str) -> None:
         """What the kubelet shows after the first failed pull and its back-off: the container waiting in
@@ -646,8 +664,11 @@ class NodeAgent(Periodic):
         A container that keeps running leaves the pod Running."""
         view = NodeView(node, runtime(node), "")
         outcomes = [(c["name"], program(pod, c, view, handler, 1)) for c in pod["spec"]["containers"]]
-        if any(o.exit_code is None and o.start_error is None for _, o in outcomes):
-            return
+        if not any(o.exit_code is None and o.start_error is None for _, o in outcomes):
+            self._finish(pod, node, outcomes)
+
+    def _finish(self, pod: dict[str, Any], node: SimNode, outcomes: list[tuple[str, Outcome]]) -> None:
+        """The containers' logs recorded and the pod's final phase posted (``_final_status``)."""
         meta = pod["metadata"]
         for name, outcome in outcomes:
             self.logs.put(meta["namespace"], meta["name"], name, outcome.log)

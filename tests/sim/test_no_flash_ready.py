@@ -9,8 +9,9 @@ Ready: no container starts without a sandbox (kubernetes@v1.35.0 pkg/kubelet/kub
 not seen running by the kubelet's relist. Each test watches its pod through the API (a watch, not polling, so a
 moment's Ready is seen) from before its creation until the node's answer is there.
 
-One cluster (two fresh Talos 1.12 workers: no NVIDIA extensions, so containerd has no ``nvidia`` handler) serves
-the module; each test uses its own pod name.
+One cluster serves the module, each test with its own pod name: two Talos 1.12 workers, ``talos-worker-1`` fresh
+(no NVIDIA extensions, so containerd has no ``nvidia`` handler), ``talos-worker-2`` with the NVIDIA extensions but
+no modules in its machine config (scenario ``extensions-no-patch``'s state: the ``nvidia`` handler, no driver).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import pytest
 from kubernetes import client, watch
 
 from runbook_lib.sim import nodeagent
+from runbook_lib.sim.scenarios import install_nvidia
+from runbook_lib.sim.state import locked_node
 from tests.realplane import real_cluster
 
 pytestmark = pytest.mark.slow
@@ -40,6 +43,8 @@ Seen = list[dict[str, Any]]
 def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, client.CoreV1Api]]:
     state = tmp_path_factory.mktemp("no-flash")
     with real_cluster(state):
+        with locked_node(state, "talos-worker-2") as node:
+            install_nvidia(state, node, patch_modules=False)
         core = nodeagent.api(state / "kubeconfig")
         runtime_class = {"metadata": {"name": "nvidia"}, "handler": "nvidia"}
         client.NodeV1Api(core.api_client).create_runtime_class(runtime_class)  # type: ignore[arg-type]
@@ -154,5 +159,27 @@ def test_a_device_plugin_that_cannot_initialise_nvml_crash_loops_without_ever_be
         seen = watch_pod(core, pod, lambda s: bool(s) and "CrashLoopBackOff" in _waiting(s[-1]))
         _never_ready(seen)
         assert "CrashLoopBackOff" in _waiting(seen[-1])
+    finally:
+        core.delete_namespaced_pod(name, NS, grace_period_seconds=0)
+
+
+def test_a_cuda_pod_whose_nvidia_hook_fails_goes_from_pending_to_failed_without_running(
+    plane: tuple[Path, client.CoreV1Api],
+) -> None:
+    """RuntimeClass nvidia on a node with the toolkit but no driver loaded: the nvidia prestart hook fails
+    ("nvml error: driver not loaded", Talos 1.12's legacy toolkit), so the container never starts and the bare pod
+    (restartPolicy Never) ends Failed with StartError, never Running nor Ready on the way. Simplified as before
+    (``nodeagent._final_status``): the container is shown terminated with exit code 128."""
+    _, core = plane
+    name = "hook-fails"
+    pod = _pod(name, "nvcr.io/nvidia/cuda:12.8.0-base-ubuntu24.04", runtimeClassName="nvidia")
+    pod["spec"] |= {"nodeName": "talos-worker-2", "restartPolicy": "Never"}
+    pod["spec"]["containers"][0]["command"] = ["nvidia-smi"]
+    try:
+        seen = watch_pod(core, pod, lambda s: bool(s) and s[-1]["status"].get("phase") == "Failed")
+        _never_ready(seen)
+        assert "Running" not in {s["status"].get("phase") for s in seen}
+        terminated = seen[-1]["status"]["containerStatuses"][0]["state"]["terminated"]
+        assert terminated["reason"] == "StartError" and "driver not loaded" in terminated["message"]
     finally:
         core.delete_namespaced_pod(name, NS, grace_period_seconds=0)
