@@ -381,7 +381,7 @@ class ClusterReads:
 def _no_gpu_diagnosis(ctx: Context, node: dict[str, Any], reads: ClusterReads | None = None) -> Check:
     """Why a GPU node advertises no ``nvidia.com/gpu``; ``reads`` shared by the step's nodes (fresh if None)."""
     reads = reads or ClusterReads(ctx)
-    said = _kubernetes_says(ctx, node, reads) or _gpus_unhealthy(ctx, node)
+    said = _kubernetes_says(ctx, node, reads) or _gpus_unhealthy(ctx, node, reads)
     if said is not None:
         return said
     release = ctx.plan.helm
@@ -435,13 +435,22 @@ def _kubernetes_says(ctx: Context, node: dict[str, Any], reads: ClusterReads) ->
     return None
 
 
-def _gpus_unhealthy(ctx: Context, node: dict[str, Any]) -> Check | None:
+def _gpus_unhealthy(ctx: Context, node: dict[str, Any], reads: ClusterReads) -> Check | None:
     """The device plugin registered the node's GPUs but reports some unhealthy: they count in the Node's
     ``nvidia.com/gpu`` capacity, not in its allocatable (kubernetes@v1.35.0 pkg/kubelet/cm/devicemanager/
     manager.go:444-480 ``GetCapacity``). The plugin marks a GPU unhealthy on an Xid critical error, logging
     ``XidCriticalError: Xid=<n> on Device=<uuid>; marking device as unhealthy.``, and never marks it healthy again
     while it runs (NVIDIA/k8s-device-plugin@v0.19.3 internal/rm/health.go:133-170, internal/plugin/server.go:
-    276-279). Why here: the driver and runtime checks would blame a driver verify just found loaded."""
+    276-279). Why here: the driver and runtime checks would blame a driver verify just found loaded.
+
+    Only while the node's plugin pod is Ready: for 5 minutes after the plugin stops (crash loop, a restart, the
+    chart-to-operator handover) the kubelet also keeps every GPU in capacity and none allocatable
+    (manager.go ``PluginDisconnected`` -> ``markResourceUnhealthy``; ``GetCapacity``'s grace period), with no Xid."""
+    pods = kube_diagnosis.pods_for_node(
+        reads.pods(ctx.plan.helm.namespace, _plugin_selector(ctx)), node["metadata"]["name"]
+    )
+    if not any((kube_diagnosis.condition(pod, "Ready") or {}).get("status") == "True" for pod in pods):
+        return None
     status = node.get("status") or {}
     capacity = _gpu_count(status.get("capacity"))
     unhealthy = capacity - allocatable_gpus(node)
