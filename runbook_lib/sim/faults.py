@@ -26,7 +26,7 @@ FAULTS: dict[str, str] = {
     "gpu_unsupported": "the GPU is not supported by the driver branch: nvidia fails to probe (NVRM message)",
     "upgrade_fails": "talosctl upgrade fails on this node and it rolls back to the old image",
     "upgrade_hangs": "talosctl upgrade never completes (ext-nvidia-persistenced waits); --wait runs into --timeout",
-    # Read by the Kubernetes room's kubelets and controllers (runbook_lib/sim/kubelet.py):
+    # Read by the real control plane's GPU node agent (runbook_lib/sim/nodeagent.py, containers.py):
     "node_not_ready": "the node's kubelet reports NotReady (its pods are marked not ready)",
     "pods_pending": "pods for this node stay Pending (real control plane: the node has no room, kube-scheduler says Too many pods)",
     "image_pull_error": "containers on this node fail to pull their image (ErrImagePull / ImagePullBackOff)",

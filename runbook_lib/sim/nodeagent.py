@@ -1,8 +1,9 @@
 """The GPU side of the simulated nodes on the real control plane: Node objects and ``nvidia.com/gpu``.
 
 kwok (sigs.k8s.io/kwok) plays each node's kubelet for everything generic: Ready, lease heartbeats, pods
-through Running and deletion. What a GPU node adds is decided here, from the node's simulated Talos state
-(``state.runtime``), the way ``kubelet.py`` decides it for the Python API server: a node advertises
+through Running and deletion, once this agent lets a pod's sandbox start (``NodeAgent._start``). What a GPU node
+adds is decided here, from the node's simulated Talos state (``state.runtime``) and ``containers.program``: a
+node advertises
 ``nvidia.com/gpu`` only while a device-plugin pod runs on it **and** NVML can initialise in that pod, i.e.
 the NVIDIA modules are loaded (driver bound), the pod runs with the containerd handler ``nvidia`` (which only
 the toolkit extension registers) and the toolkit's driver matches the kernel's. Why: the device plugin builds
@@ -188,8 +189,7 @@ def _readiness(pod: dict[str, Any], ready: bool) -> list[dict[str, Any]]:
 
 def kubelet_stopped(node: SimNode, cluster_faults: dict[str, Any]) -> bool:
     """No kubelet posts for this node: it is down (powered off, rebooting, not answering), or its kubelet is
-    stopped by the ``node_not_ready`` fault (the node's, or the cluster's naming it), as the Python API server's
-    kubelet decides (``kubelet.Kubelet._not_ready``)."""
+    stopped by the ``node_not_ready`` fault (the node's, or the cluster's naming it)."""
     return (
         not node.reachable
         or bool(node.faults.get("node_not_ready"))
@@ -205,7 +205,7 @@ def pod_room(node: SimNode) -> str:
     (the DaemonSet controller checks only name, affinity and taints: pkg/controller/daemon/daemon_controller.go
     ``predicates``). Simplified: a real node has no room once it runs its kubelet's maxPods pods, and then the
     scheduler may preempt lower-priority pods there for the system-node-critical plugin; 0 leaves nothing whose
-    preemption would help, so the plugin stays Pending as the Python API server's fault keeps it."""
+    preemption would help, so the plugin stays Pending."""
     return "0" if node.faults.get("pods_pending") else BASICS["pods"]
 
 
@@ -660,7 +660,7 @@ class NodeAgent(Periodic):
 
     def _run_to_completion(self, pod: dict[str, Any], node: SimNode, handler: str) -> None:
         """A pod that kwok started and that ends by itself: what its containers print and exit with on this
-        node (``kubelet.program``, the Python kubelet's rules), recorded for its logs, then its final phase.
+        node (``containers.program``), recorded for its logs, then its final phase.
         A container that keeps running leaves the pod Running."""
         view = NodeView(node, runtime(node), "")
         outcomes = [(c["name"], program(pod, c, view, handler, 1)) for c in pod["spec"]["containers"]]

@@ -87,8 +87,8 @@ SIMNODE_RELEASES = ((1, 6), (1, 7), (1, 8), (1, 9), (1, 10), (1, 11), (1, 12), (
 DEFAULT_CLIENT = {(1, 6): "v1.6.7", (1, 14): "v1.14.1"}
 #: Releases simnode serves that ``auto`` still leaves to the Python talosctl, and why (``real`` runs them). None
 #: since 1.14's control-plane node hands out a client-certificate kubeconfig talosctl 1.14's drain accepts
-#: (talos@v1.14.1 pkg/kubeconfig/validate.go:29; simnode -talos-kubeconfig, written by kubeapi/server.py
-#: write_talos_kubeconfig on the Python API and realkube.write_talos_kubeconfig on the real control plane).
+#: (talos@v1.14.1 pkg/kubeconfig/validate.go:29; simnode -talos-kubeconfig, written by
+#: realkube.write_talos_kubeconfig on the real control plane).
 AUTO_PYTHON: dict[tuple[int, int], str] = {}
 
 
@@ -186,8 +186,8 @@ def choose(
     state_dir: Path | None = None,
 ) -> Choice:
     """Real talosctl + simnode when the mode, the release, the scenario and the Kubernetes side allow it; else why
-    not. ``kube`` is the side ``cluster.kube_side`` found (``real``, ``python`` or ``none``); ``state_dir`` holds
-    the Python API's Talos kubeconfig."""
+    not. ``kube`` is the side ``cluster.kube_side`` found (``real`` or ``none``); ``state_dir`` holds the real
+    control plane's Talos kubeconfig."""
     wanted = mode()
     if wanted == "python":
         return Choice(False, f"Python talosctl: {MODE_ENV}=python")
@@ -213,9 +213,9 @@ def _drain_refused(talos_version: str, kube: str, state_dir: Path | None) -> str
     """Why talosctl 1.14+'s upgrade drain would refuse the kubeconfig this Kubernetes side gives, or ``""``.
 
     talosctl 1.14's drain accepts only a kubeconfig with Talos's structure, a client certificate and no token
-    (talos@v1.14.1 pkg/kubeconfig/validate.go:29, cmd/talosctl/pkg/talos/kubeclient/kubeclient.go:30). Both sides
-    write one at ``talos_kubeconfig_path`` (the Python API with openssl, the real control plane's simkube with the
-    CA key it keeps), or why not beside it; without it the run would stop at the image step's drain after
+    (talos@v1.14.1 pkg/kubeconfig/validate.go:29, cmd/talosctl/pkg/talos/kubeclient/kubeclient.go:30). The real
+    control plane's simkube writes one at ``talos_kubeconfig_path`` with the CA key it keeps, or why not beside
+    it; without it the run would stop at the image step's drain after
     config-patch changed every node. No Kubernetes (a test's ``daemon=False`` cluster) has nothing to drain through.
     """
     if minor_of(talos_version) < (1, 14) or kube == "none":
@@ -226,9 +226,8 @@ def _drain_refused(talos_version: str, kube: str, state_dir: Path | None) -> str
         why = talos_kubeconfig_error_path(state_dir).read_text(errors="replace").strip()
     except OSError:
         why = "no error was recorded"
-    side = "real control plane" if kube == "real" else "Python Kubernetes API"
     return (
-        f"the {side} wrote no {talos_kubeconfig_path(state_dir)}, the client-certificate kubeconfig "
+        f"the real control plane wrote no {talos_kubeconfig_path(state_dir)}, the client-certificate kubeconfig "
         f"talosctl 1.14's upgrade drain needs ({why})"
     )
 
@@ -496,8 +495,8 @@ def start(state_dir: Path, choice: Choice, nodes: list[SimNode], latency_ms: flo
     # The control-plane node hands out the cluster's kubeconfig, as machined does: talosctl 1.13's upgrade
     # --drain cordons and drains through it (simnode/kubeconfig.go). Read at each call: it may come later.
     argv += ["-kubeconfig", str(sim_paths(state_dir).kubeconfig.resolve())]
-    # ... or, while it names the same server, the one with Talos's structure (client certificate) the Python
-    # Kubernetes API writes beside it: talosctl 1.14's drain refuses any other (kubeapi/server.py).
+    # ... or, while it names the same server, the one with Talos's structure (client certificate) the real
+    # control plane writes beside it: talosctl 1.14's drain refuses any other (realkube.write_talos_kubeconfig).
     argv += ["-talos-kubeconfig", str(talos_kubeconfig_path(state_dir).resolve())]
     argv += _daemon_flags(state_dir)
     # owner-only whatever the umask, as the daemon's log (cluster.start_daemon; attack report F14)

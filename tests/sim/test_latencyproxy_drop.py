@@ -2,7 +2,7 @@
 connection whose client has been quiet that long, as a load balancer's idle timeout cuts a watch, and the
 library's waits (``KubeClient.watch_until`` re-lists and re-watches) survive it: the kubernetes step completes.
 
-Before, the fault existed only on the Python API server (``kubeapi/server.py``). Which timeout a real load
+Before, the fault existed only on the Python API server (``kubeapi/server.py``, retired 2 Dec 2026). Which timeout a real load
 balancer applies is not sourced here: the figure is the test's.
 """
 
