@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from benchmarks.__main__ import QUICK, selected
 
 HERE = Path(__file__).resolve().parents[1] / "benchmarks"
@@ -19,3 +21,17 @@ def test_make_bench_runs_every_quick_script_and_bench_full_runs_them_all() -> No
 def test_names_pick_scripts_in_either_set() -> None:
     assert [p.stem for p in selected(HERE, ["fleet"], full=False)] == ["bench_fleet"]
     assert selected(HERE, ["no_such_bench"], full=True) == []
+
+
+def test_bench_fleets_runbook_runs_do_not_ask_for_the_retired_python_kubernetes_api(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``RUNBOOK_SIM_KUBE=python`` is refused with exit 2 since 2 Dec 2026: bench_fleet's ``runbook run`` figures
+    run on the real control plane its ``simulator_for`` starts, whatever the caller's environment says."""
+    import importlib
+
+    monkeypatch.setenv("RUNBOOK_SIM_KUBE", "python")
+    from benchmarks import bench_fleet
+
+    env = importlib.reload(bench_fleet).PYTHON_SIM_ENV
+    assert "RUNBOOK_SIM_KUBE" not in env and env["RUNBOOK_SIM_TALOSCTL"] == "python"
