@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.sim.test_real_talos_17_18 import assert_no_cluster_secret_recorded
+from tests.sim.test_real_talos_17_18 import assert_no_cluster_secret_recorded, upgrade_without_preserve
 from tests.sim.test_real_talos_110_111 import (
     MODULES_PATCH,
     Release,
@@ -91,3 +91,17 @@ def test_runbook_run_applies_all_six_steps_and_a_second_run_changes_nothing(
     second = runbook(run_env(tmp_path, client), *run_args(tmp_path, talos, *TRACK))
     assert second.returncode == 0, second.stdout + second.stderr
     assert "nothing changed on the cluster" in second.stdout
+
+
+@pytest.mark.parametrize(("talos", "client"), RELEASES, ids=IDS)
+def test_the_library_s_upgrade_keeps_var_and_one_without_preserve_wipes_it(
+    tmp_path: Path, talos: str, client: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """reality-gaps.md §1 finding 4 on 1.6: the 1.6 installer, as 1.7's, resets the partition table and re-creates
+    EPHEMERAL with no filesystem when forced (talos@v1.6.7 cmd/installer/pkg/install/manifest.go:105,147;
+    machined forces it without ``--preserve``, internal/pkg/install/install.go). The library's config patch and
+    image upgrade keep /var; the real talosctl's ``upgrade`` without ``--preserve`` runs ``removeAllPods`` and
+    the node comes back without the file."""
+    upgrade = upgrade_without_preserve(tmp_path, talos, client, monkeypatch)
+    assert upgrade.wiped, upgrade
+    assert "task: removeAllPods" in upgrade.upgrade.stderr, upgrade.upgrade.stderr

@@ -11,7 +11,9 @@ tests skip, saying so, unless ``tools/build-talosctl.sh v1.7.0`` / ``v1.8.0`` bu
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -164,6 +166,25 @@ def test_the_library_s_upgrade_keeps_var_and_one_without_preserve_wipes_it_on_1_
     install.go:213-215). The library's config patch and image upgrade leave each node's /var as it was; then the
     real talosctl's ``upgrade`` without ``--preserve`` to the same installer runs 1.7's cleanup ``removeAllPods``
     and the node comes back without the file on 1.7, with it on 1.8."""
+    upgrade = upgrade_without_preserve(tmp_path, talos, client, monkeypatch)
+    assert upgrade.wiped == before_1_8(talos), upgrade
+    assert ("task: removeAllPods" in upgrade.upgrade.stderr) == before_1_8(talos), upgrade.upgrade.stderr
+
+
+@dataclass(frozen=True)
+class VarUpgrade:
+    """What ``upgrade_without_preserve`` saw: the upgrade's output, and whether VAR_FILE is gone from the node
+    (its read fails as a missing file and simnode's observed state lacks it)."""
+
+    upgrade: subprocess.CompletedProcess[str]
+    wiped: bool
+
+
+def upgrade_without_preserve(
+    tmp_path: Path, talos: str, client: str, monkeypatch: pytest.MonkeyPatch
+) -> VarUpgrade:
+    """A 1-worker cluster of the release whose nodes hold VAR_FILE: the library's config patch and image upgrade
+    (which must keep it), then the real talosctl's ``upgrade --wait`` without ``--preserve`` to the same installer."""
     built_talosctl(client)
     monkeypatch.setattr(realtalos, "node_entry", with_var_file(realtalos.node_entry))
     state = tmp_path / "sim"
@@ -177,11 +198,11 @@ def test_the_library_s_upgrade_keeps_var_and_one_without_preserve_wipes_it_on_1_
         image = node_state(state, gpu.name).install_image
         proc = talosctl(state, "-n", gpu.address, "upgrade", "--image", image, "--wait", "--timeout=50s")
         assert proc.returncode == 0, proc.stderr
-        assert ("task: removeAllPods" in proc.stderr) == before_1_8(talos), proc.stderr
         read = talosctl(state, "-n", gpu.address, "read", VAR_FILE)
-        if before_1_8(talos):
-            assert read.returncode != 0 and f"stat {VAR_FILE}: no such file or directory" in read.stderr
-            observed = json.loads(realtalos.observed_file(state, gpu.name).read_text())
-            assert VAR_FILE not in observed.get("files", {}), observed.get("files")
-        else:
-            assert read.stdout == f"written on {gpu.name}\n", read.stderr
+        observed = json.loads(realtalos.observed_file(state, gpu.name).read_text())
+    if read.returncode == 0:
+        assert read.stdout == f"written on {gpu.name}\n", read.stdout
+        return VarUpgrade(proc, wiped=False)
+    assert f"stat {VAR_FILE}: no such file or directory" in read.stderr, read.stderr
+    assert VAR_FILE not in observed.get("files", {}), observed.get("files")
+    return VarUpgrade(proc, wiped=True)
