@@ -629,7 +629,9 @@ class Talosctl:
         if wait:
             # talosctl's own timeout first, so its error text (not a killed process) tells what hung
             args.append(f"--timeout={int(timeout)}s")
-        return self.run(args, nodes, timeout=timeout + 30, changes_cluster=True, on_stderr_line=on_stderr_line)
+        return self.run(
+            args, nodes, timeout=timeout + 30, changes_cluster=True, on_stderr_line=on_stderr_line
+        )
 
     def machineconfig_text(self, node: str) -> CommandResult:
         """The node's current machine config as YAML (``get machineconfig -o yaml``)."""
