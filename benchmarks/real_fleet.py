@@ -210,17 +210,26 @@ def descendants(root: int) -> set[int]:
 
 
 def kind_of(pid: int, root: int) -> str:
-    """What a process of the tree is: the watched Python process, a notebook kernel, a talosctl, the simulator
-    (its daemon or simnode: the cluster, not the runbook), or other (mostly a fork before its exec, which shows
-    its parent's pages: counting it would count the parent twice)."""
-    argv = _cmdline(pid).split(b"\0")
-    if pid == root:
-        return "runbook"
+    """What a process of the tree is: the watched Python process, a notebook kernel, a talosctl, a helm, the
+    simulator (its daemon, simnode, the real control plane's binaries and kwok: the cluster, not the runbook), or
+    other (mostly a fork before its exec, which shows its parent's pages: counting it would count the parent
+    twice)."""
+    return "runbook" if pid == root else kind_of_argv(_cmdline(pid).split(b"\0"))
+
+
+#: Paths of the simulated cluster's own binaries (``~/.cache/talos-gpu-runbooks/{kube,kwok,simkube,simnode}``).
+SIMULATOR_MARKS = (b"simnode", b"runbook_lib.sim", b"/kube/v", b"/kwok/", b"simkube")
+
+
+def kind_of_argv(argv: list[bytes]) -> str:
+    """:func:`kind_of` for a process that is not the root, from its command line."""
     if argv[0].endswith(b"talosctl"):
         return "talosctl"
+    if argv[0].endswith(b"helm"):
+        return "helm"
     if any(b"ipykernel" in a for a in argv):
         return "kernel"
-    return "simulator" if any(b"simnode" in a or b"runbook_lib.sim" in a for a in argv) else "other"
+    return "simulator" if any(m in a for a in argv for m in SIMULATOR_MARKS) else "other"
 
 
 def memory_kb(pid: int) -> tuple[int, int]:
@@ -238,7 +247,8 @@ class TreeWatch:
     """Samples a process tree from /proc every 0.2 s: per kind of process (:func:`kind_of`) the largest sums,
     over one sample, of RSS and of PSS (PSS splits shared pages among the processes sharing them: the 58 MB of
     talosctl's binary, a kernel's copy-on-write pages), how many were alive at once, and the largest sum of the
-    runbook, its kernels and every talosctl (``tree_*``: issue 16's process tree; the simulator left out)."""
+    runbook, its kernels and every talosctl and helm (``tree_*``: issue 16's process tree; the simulator left
+    out)."""
 
     root: int
     peak: dict[str, float] = field(default_factory=dict)
@@ -253,7 +263,7 @@ class TreeWatch:
             sums[f"{kind}_pss_mb"] = sums.get(f"{kind}_pss_mb", 0.0) + pss / 1024
             sums[f"{kind}_alive"] = sums.get(f"{kind}_alive", 0.0) + 1
         for unit in ("rss", "pss"):
-            own = [sums.get(f"{k}_{unit}_mb", 0.0) for k in ("runbook", "kernel", "talosctl")]
+            own = [sums.get(f"{k}_{unit}_mb", 0.0) for k in ("runbook", "kernel", "talosctl", "helm")]
             sums[f"tree_{unit}_mb"] = sum(own)
             sums[f"runbook_and_kernels_{unit}_mb"] = own[0] + own[1]
         for key, value in sums.items():
@@ -304,10 +314,16 @@ def watched_verify(params: Path) -> tuple[dict[str, float], int]:
     return peak, int(ok)
 
 
+def run_env(environ: dict[str, str]) -> dict[str, str]:
+    """The run's environment: the real talosctl, and the Kubernetes side ``runbook run`` picks (the real control
+    plane: ``RUNBOOK_SIM_KUBE=python`` is refused since the Python API server was retired on 2 Dec 2026)."""
+    return {k: v for k, v in environ.items() if k != "RUNBOOK_SIM_KUBE"} | {"RUNBOOK_SIM_TALOSCTL": "real"}
+
+
 def watched_run(work: Path, count: int, latency_ms: int) -> tuple[dict[str, float], float, Path]:
     """``runbook run -p <count GPU-ready nodes>`` (plan only) on the simulated cluster the CLI starts itself, with
-    the real talosctl against simnode (``RUNBOOK_SIM_TALOSCTL=real``; the Kubernetes API the Python one, so the
-    tree holds no kube-apiserver): peak memory of the tree, wall time, and the record's directory."""
+    the real talosctl against simnode (``RUNBOOK_SIM_TALOSCTL=real``) and the real control plane (its binaries are
+    counted as the simulator's, :func:`kind_of`): peak memory of the tree, wall time, and the record's directory."""
     params = work / "params.yaml"
     # 10.5.0.1-2 are the simulated control plane's
     nodes = [{"name": f"gpu-{i:04d}", "address": f"10.5.{i // 250}.{i % 250 + 3}"} for i in range(count)]
@@ -316,7 +332,7 @@ def watched_run(work: Path, count: int, latency_ms: int) -> tuple[dict[str, floa
     params.write_text(json.dumps(data | {"nodes": nodes, "simulation": simulation}))
     argv = [sys.executable, "-m", "runbook_lib", "run", "-p", str(params), "--records", str(work / "records")]
     argv += ["--state", str(work / "state"), "--no-progress"]
-    env = {**os.environ, "RUNBOOK_SIM_TALOSCTL": "real", "RUNBOOK_SIM_KUBE": "python"}
+    env = run_env(dict(os.environ))
     started = time.perf_counter()
     with open(work / "run.log", "w") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, text=True, env=env)

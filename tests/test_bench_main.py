@@ -35,3 +35,30 @@ def test_bench_fleets_runbook_runs_do_not_ask_for_the_retired_python_kubernetes_
 
     env = importlib.reload(bench_fleet).PYTHON_SIM_ENV
     assert "RUNBOOK_SIM_KUBE" not in env and env["RUNBOOK_SIM_TALOSCTL"] == "python"
+
+
+def test_the_real_talosctl_benchmarks_runbook_run_does_not_ask_for_the_retired_python_kubernetes_api() -> (
+    None
+):
+    """``bench_real_talosctl``'s 1,000-node ``runbook run`` (``real_fleet.watched_run``) set
+    ``RUNBOOK_SIM_KUBE=python``, refused with exit 2 since the Python API server was retired (2 Dec 2026): its
+    environment must leave the Kubernetes side to ``runbook run``'s own choice (the real control plane)."""
+    from benchmarks import real_fleet
+
+    env = real_fleet.run_env({"RUNBOOK_SIM_KUBE": "python", "HOME": "/h"})
+    assert "RUNBOOK_SIM_KUBE" not in env and env["RUNBOOK_SIM_TALOSCTL"] == "real" and env["HOME"] == "/h"
+
+
+def test_the_process_tree_counts_helm_and_leaves_the_control_plane_out(tmp_path: Path) -> None:
+    """Issue 16 point 3 counts "every talosctl/helm child alive at once"; the real control plane's binaries are the
+    simulated cluster's, not the runbook's."""
+    from benchmarks import real_fleet
+
+    cache = "/root/.cache/talos-gpu-runbooks"
+    assert real_fleet.kind_of_argv([b"/x/bin/helm", b"upgrade"]) == "helm"
+    for argv in (
+        [f"{cache}/kube/v1.35.0/bin/kube-apiserver".encode()],
+        [f"{cache}/kwok/v0.8.0/bin/kwok".encode()],
+    ):
+        assert real_fleet.kind_of_argv(argv) == "simulator"
+    assert real_fleet.kind_of_argv([b"/usr/bin/python3", b"-m", b"ipykernel_launcher"]) == "kernel"
