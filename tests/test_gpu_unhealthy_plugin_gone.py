@@ -11,6 +11,7 @@ sent to grep for ``XidCriticalError``. Node and pod objects below are shaped as 
 
 from __future__ import annotations
 
+import subprocess
 from types import SimpleNamespace
 from typing import Any
 
@@ -86,3 +87,23 @@ def test_a_restarting_plugin_is_not_blamed_on_an_xid_error() -> None:
 def test_a_node_without_a_plugin_pod_is_not_blamed_on_an_xid_error() -> None:
     check = _no_gpu_diagnosis(_ctx(), _node(), _Reads([]))  # type: ignore[arg-type]
     assert "unhealthy" not in check.message and "XidCriticalError" not in check.fix, check
+
+
+#: The plugin's two log lines that mark GPUs unhealthy, as klog prints them (NVIDIA/k8s-device-plugin@v0.19.3
+#: internal/rm/health.go:126, an NVML event-wait error marking every GPU, with no Xid; and :169, an Xid critical
+#: error on one GPU).
+PLUGIN_LOG = (
+    "I1202 13:00:01.000000       1 health.go:126] Error waiting for event: Unknown Error; Marking all devices as "
+    "unhealthy\n"
+    "I1202 13:00:02.000000       1 health.go:169] XidCriticalError: Xid=79 on Device=GPU-5f1e; marking device as "
+    "unhealthy.\n"
+)
+
+
+def test_the_fixs_log_filter_finds_both_ways_the_plugin_marks_a_gpu_unhealthy() -> None:
+    check = _no_gpu_diagnosis(_ctx(), _node(), _Reads([_plugin_pod(ready=True)]))  # type: ignore[arg-type]
+    pipeline = check.fix.split(" | ", 1)[1].split("  #", 1)[0]  # the filter after `kubectl logs`
+    found = subprocess.run(
+        ["sh", "-c", pipeline], input=PLUGIN_LOG, capture_output=True, text=True, check=False
+    )
+    assert found.stdout == PLUGIN_LOG, (pipeline, found.stdout)

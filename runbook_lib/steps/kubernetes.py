@@ -462,10 +462,12 @@ def _gpus_unhealthy(ctx: Context, node: dict[str, Any], reads: ClusterReads) -> 
         False,
         f"the device plugin marked {unhealthy} GPU(s) unhealthy ({GPU_RESOURCE} capacity {capacity}, "
         f"allocatable {capacity - unhealthy})",
-        cause="the plugin saw an Xid critical error on the GPU (e.g. Xid 79: it fell off the bus) and keeps it "
-        "out of allocatable until its pod restarts",
-        fix=f"kubectl -n {namespace} logs ds/{_plugin_daemonset(ctx)} | grep XidCriticalError  # which Xid, which "
-        "GPU; once that Xid's cause is dealt with (NVIDIA's Xid catalog), restart the plugin on this node: "
+        cause="the plugin saw an Xid critical error on the GPU (e.g. Xid 79: it fell off the bus), or an NVML "
+        "error waiting for GPU events (then every GPU, no Xid: health.go:126), and keeps it out of allocatable "
+        "until its pod restarts",
+        fix=f"kubectl -n {namespace} logs ds/{_plugin_daemonset(ctx)} | grep -iE 'XidCriticalError|unhealthy'  "
+        "# which Xid (or NVML error), which GPU; once its cause is dealt with (NVIDIA's Xid catalog), restart the "
+        "plugin on this node: "
         f"kubectl -n {namespace} delete pod -l {_plugin_selector(ctx)} "
         f"--field-selector spec.nodeName={node['metadata']['name']}",
     )
