@@ -214,7 +214,19 @@ def kind_of(pid: int, root: int) -> str:
     simulator (its daemon, simnode, the real control plane's binaries and kwok: the cluster, not the runbook), or
     other (mostly a fork before its exec, which shows its parent's pages: counting it would count the parent
     twice)."""
-    return "runbook" if pid == root else kind_of_argv(_cmdline(pid).split(b"\0"))
+    if pid == root:
+        return "runbook"
+    argv = _cmdline(pid)
+    if argv and argv == _cmdline(_parent_of(pid)):  # forked, not yet exec'd: its pages are its parent's
+        return "other"
+    return kind_of_argv(argv.split(b"\0"))
+
+
+def _parent_of(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 #: Paths of the simulated cluster's own binaries (``~/.cache/talos-gpu-runbooks/{kube,kwok,simkube,simnode}``).
