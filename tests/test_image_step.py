@@ -40,7 +40,19 @@ def _sim(
     # whose config does not load the NVIDIA modules hangs at boot and rolls back; see notebook/steps.py)
     state = tmp_path / "sim"
     with factory_only(state, workers=3, scenario=scenario, talos_version=version) as server:
+        _real_clients_without_a_cluster(state)
         yield state, server
+
+
+def _real_clients_without_a_cluster(state: Path) -> None:
+    """``bin/helm`` and ``bin/kubectl`` as the real clients with no Kubernetes API to reach (this simulator has
+    none): the Python helm that stood in here was retired with the Python API server (issue 15)."""
+    from runbook_lib.sim import realkube
+
+    tools = realkube.find_tools("1.35.0")
+    if not isinstance(tools, realkube.Tools):
+        pytest.skip(f"the real helm is {tools}")
+    realkube.write_clients(state, tools)
 
 
 @pytest.fixture
@@ -511,7 +523,9 @@ def test_upgrade_to_1_13_is_refused_when_the_device_plugin_cannot_be_looked_up(
     assert not result.ok
     assert {n.message for n in result.nodes} == {"not touched: the device plugin could not be removed first"}
     check = next(c for c in result.checks if "before the Talos 1.13 upgrade" in c.name)
-    assert "Kubernetes cluster unreachable" in check.message and "helm list -A" in check.fix
+    # the real helm 4.1.4's words here: the kubeconfig of a cluster without Kubernetes does not exist
+    assert "helm list -A failed" in check.message and "kubeconfig: no such file" in check.message
+    assert "helm list -A" in check.fix
     assert not any("upgrade" in e.argv for e in ctx.journal.changes())
     assert all(node_state(state, w).schematic_id == VANILLA_SCHEMATIC for w in WORKERS)
 

@@ -228,7 +228,7 @@ def _upgraded_in(data: dict[str, Any]) -> set[str]:
 def test_a_rollback_stopped_by_ctrl_c_seals_every_upgrade_that_reached_a_node(tmp_path: Path) -> None:
     """Ctrl-C once the first node is back on its old image (every call 700 ms, one node per batch): the record
     is sealed as interrupted and names the upgrade of every node that is back, as ``runbook run`` does."""
-    with running_sim(tmp_path, "fresh", latency_ms=700, real_plane=False) as live:  # Talos only
+    with running_sim(tmp_path, "fresh", latency_ms=700, nodes_ready=False) as live:  # Talos only
         common = [
             "-p",
             str(PARAMS),

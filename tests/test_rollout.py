@@ -225,14 +225,17 @@ def _upgrade(ctx: Context) -> StepResult:
 
 
 def _record_upgrades(ctx: Context) -> list[tuple[float, str]]:
+    """Each node's upgrade call start: the image step upgrades a chunk of a batch in one talosctl (upgrade_nodes,
+    715bcc5), and a single node through ``upgrade``, which calls it."""
     calls: list[tuple[float, str]] = []
-    upgrade = ctx.talosctl.upgrade
+    upgrade_nodes = ctx.talosctl.upgrade_nodes
 
-    def recording(address: str, *args: Any, **kw: Any) -> Any:
-        calls.append((time.monotonic(), address))
-        return upgrade(address, *args, **kw)
+    def recording(nodes: list[str], *args: Any, **kw: Any) -> Any:
+        started = time.monotonic()
+        calls.extend((started, address) for address in nodes)
+        return upgrade_nodes(nodes, *args, **kw)
 
-    ctx.talosctl.upgrade = recording  # type: ignore[method-assign]
+    ctx.talosctl.upgrade_nodes = recording  # type: ignore[method-assign]
     return calls
 
 
