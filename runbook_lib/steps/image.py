@@ -652,11 +652,22 @@ def _upgrade_group(
             image_diagnosis.UpgradeFailure(
                 plan.node,
                 (follower.output(address) if first.tracked else "") or fallback,
-                None if address in follower.failed else timed_out,
+                _timed_out(follower, address, timed_out),
             ),
         )
         for address, plan in by_address.items()
     ]
+
+
+def _timed_out(
+    follower: image_diagnosis.TrackerFollower, address: str, timed_out: float | None
+) -> float | None:
+    """The --timeout for a node that failed by it: not printed an error of its own, or printed the tracker's
+    context deadline (``DeadlineExceeded``: talosctl's --timeout is a context deadline over the whole command,
+    tracker.go:168-169), which a hung boot prints at the timeout when its event stream is still open."""
+    if timed_out is None or address not in follower.failed:
+        return timed_out
+    return timed_out if "DeadlineExceeded" in follower.output(address) else None
 
 
 def _one_node(ctx: Context) -> Callable[..., CommandResult]:
