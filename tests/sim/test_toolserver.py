@@ -243,6 +243,12 @@ def as_nobody(script: str, *args: str) -> subprocess.Popen[str]:
 def test_another_user_cannot_use_the_owners_tool_server(sim: Path) -> None:
     """As nobody, ask root's tool server for the kubeconfig: the server must refuse before running anything."""
     assert listening(sim)
+    if not (sim / "kubeconfig").exists():  # no Kubernetes side here (the Python API server was retired):
+        secret = "apiVersion: v1\nkind: Config\nclusters: []\nusers:\n- name: admin\n  user:\n    token: s3cr3t-owner-token\n"
+        (sim / "kubeconfig").write_text(
+            secret
+        )  # the owner's secret the Python talosctl's `kubeconfig` hands out
+        (sim / "kubeconfig").chmod(0o600)
     kubeconfig = (sim / "kubeconfig").read_text()
     token_line = next(line for line in kubeconfig.splitlines() if "token" in line)
     evil = as_nobody(EVIL_CLIENT, toolserver.socket_name(sim), str(sim))
