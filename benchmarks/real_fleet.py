@@ -188,15 +188,9 @@ def simnode_fleet(
 
 
 def _parents() -> dict[int, int]:
-    parent: dict[int, int] = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                stat = Path(f"/proc/{entry.name}/stat").read_text()
-            except OSError:
-                continue
-            parent[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-    return parent
+    """Every live process's parent (a process gone between the listing and its read is left out)."""
+    parent = {int(e.name): _parent_of(int(e.name)) for e in os.scandir("/proc") if e.name.isdigit()}
+    return {pid: ppid for pid, ppid in parent.items() if ppid}
 
 
 def descendants(root: int) -> set[int]:
@@ -223,6 +217,7 @@ def kind_of(pid: int, root: int) -> str:
 
 
 def _parent_of(pid: int) -> int:
+    """The parent pid from ``/proc/<pid>/stat``; 0 when the process is gone (or is init's child of the kernel)."""
     try:
         return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
     except (OSError, IndexError, ValueError):
