@@ -15,6 +15,7 @@ returns no plugin, so nothing registers with the kubelet (NVIDIA/k8s-device-plug
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import threading
 import time
@@ -65,6 +66,18 @@ KUBELET_RUNNING = "running"
 
 def api(kubeconfig: Path) -> client.CoreV1Api:
     return client.CoreV1Api(config.new_client_from_config(config_file=str(kubeconfig)))  # type: ignore[no-untyped-call]
+
+
+def listed(call: Callable[..., Any], **kwargs: Any) -> list[dict[str, Any]]:
+    """A list call's items as the JSON the API server sent (``_preload_content=False``), no client model built.
+
+    Why: at 1,000 nodes and their 2,000 kube-system pods, building the client's models and turning them back into
+    dicts was 95 % of the agent's pass (py-spy), 7× the CPU of parsing the same answer as JSON (2.57 s against
+    0.38 s for the Running pods), every 0.5 s, in the process that also relays the user's API requests
+    (tests/sim/test_nodeagent_reads.py)."""
+    response = call(_preload_content=False, **kwargs)
+    items: list[dict[str, Any]] = json.loads(response.data).get("items") or []
+    return items
 
 
 def node_object(node: SimNode, kubernetes: str) -> dict[str, Any]:
@@ -393,15 +406,11 @@ class NodeAgent(Periodic):
 
     def sync(self) -> None:
         """One pass: what every node should advertise, patched where the Node says otherwise."""
-        pods = self.core.api_client.sanitize_for_serialization(
-            self.core.list_pod_for_all_namespaces(field_selector="status.phase=Running")
-        )["items"]
-        classes = self.core.api_client.sanitize_for_serialization(self.nodes_api.list_runtime_class())[
-            "items"
-        ]
+        pods = listed(self.core.list_pod_for_all_namespaces, field_selector="status.phase=Running")
+        classes = listed(self.nodes_api.list_runtime_class)
         self._handlers.update({c["metadata"]["name"]: c["handler"] for c in classes})
         handlers = dict(self._handlers)
-        objs = self.core.api_client.sanitize_for_serialization(self.core.list_node())["items"]
+        objs = listed(self.core.list_node)
         current = {o["metadata"]["name"]: _advertised(o) for o in objs}
         nodes = observed_nodes(self.state_dir)  # with the real talosctl: as simnode observes it
         down = self._follow_kubelets(objs, nodes)
@@ -410,9 +419,7 @@ class NodeAgent(Periodic):
         by_name = {n.name: n for n in nodes}
         pods = [p for p in pods if (p.get("spec") or {}).get("nodeName") not in down]
         self._repost_readiness(pods, {o["metadata"]["name"] for o in objs if _node_ready(o)})
-        pending = self.core.api_client.sanitize_for_serialization(
-            self.core.list_pod_for_all_namespaces(field_selector="status.phase=Pending")
-        )["items"]
+        pending = listed(self.core.list_pod_for_all_namespaces, field_selector="status.phase=Pending")
         pending = [p for p in pending if (p.get("spec") or {}).get("nodeName") not in down]
         self._start(pending, by_name, handlers)
         self._retry_pulls(pending, by_name)
