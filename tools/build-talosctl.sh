@@ -23,6 +23,41 @@ cd "$work"
 # Caller's GOFLAGS (e.g. -p=1 on a shared machine) are kept.
 export GOFLAGS="-mod=mod${GOFLAGS:+ $GOFLAGS}" GONOSUMDB='github.com/siderolabs/*,github.com/smira/*' GOTOOLCHAIN=local
 go mod init talosctl-build >/dev/null 2>&1
+# The module proxy serves some releases' zip but refuses their go.mod ("403 This module version is not available"
+# for talos v1.5.5's .mod, asked 2026-12-02, while its .info and .zip answer 200). A module's .mod is the go.mod
+# file inside its zip, so a file proxy in front of the others serves that one file; every other lookup falls
+# through it to the module proxy. The proxy itself is asked (a module cache may hold the .mod already), and the
+# substitution is recorded in substitutions.txt beside the binary.
+mod_refused() {
+    local proxy
+    proxy=$(go env GOPROXY | tr ',|' '\n\n' | grep -m1 '^https\?://') || return 1
+    python3 - "$proxy" "$version" "$work/modproxy" <<'ZIP'
+import io, os, sys, urllib.error, urllib.request, zipfile
+proxy, version, root = sys.argv[1].rstrip("/"), sys.argv[2], sys.argv[3]
+base = f"{proxy}/github.com/siderolabs/talos/@v/{version}"
+try:
+    urllib.request.urlopen(f"{base}.mod", timeout=60).close()
+    sys.exit(1)  # served: nothing to do
+except urllib.error.HTTPError as err:
+    if err.code != 403:
+        sys.exit(1)  # go mod download reports it
+except OSError:
+    sys.exit(1)  # offline: a warm module cache may still build
+try:
+    with urllib.request.urlopen(f"{base}.zip", timeout=600) as reply:
+        mod = zipfile.ZipFile(io.BytesIO(reply.read())).read(f"github.com/siderolabs/talos@{version}/go.mod")
+except (OSError, KeyError, zipfile.BadZipFile):
+    sys.exit(1)  # no zip either: go mod download reports the refused .mod
+os.makedirs(f"{root}/github.com/siderolabs/talos/@v", exist_ok=True)
+open(f"{root}/github.com/siderolabs/talos/@v/{version}.mod", "wb").write(mod)
+ZIP
+}
+mod_note=
+if mod_refused; then
+    export GOPROXY="file://$work/modproxy,$(go env GOPROXY)"
+    mod_note="github.com/siderolabs/talos $version/go.mod => the go.mod file of its module zip (the proxy refuses the .mod)"
+    echo "build-talosctl.sh: $mod_note" >&2
+fi
 if ! go mod download -json "github.com/siderolabs/talos@$version" >download.json; then
     python3 -c 'import json; print(json.load(open("download.json")).get("Error", "download failed"))' >&2
     exit 1
@@ -92,6 +127,7 @@ for line in replaces:
 print(")")
 PY
 mv go.mod.new go.mod
+if [[ -n $mod_note ]]; then echo "$mod_note" >>substitutions.txt; fi
 cp "$(python3 -c 'import json; print(json.load(open("download.json"))["Dir"])')/go.sum" go.sum
 chmod u+w go.sum
 printf '//go:build tools\n\npackage tools\n\nimport _ "github.com/siderolabs/talos/cmd/talosctl"\n' >tools.go
