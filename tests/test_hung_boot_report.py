@@ -19,10 +19,14 @@ a real Talos node was at hand.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from runbook_lib.model.diagnosis import NodeContext, diagnose_text
 from runbook_lib.model.params import Node
 from runbook_lib.steps import image_diagnosis
+from runbook_lib.steps.image import _upgrade_batch
 from runbook_lib.steps.image_diagnosis import UpgradeFailure, go_duration, hung_services, upgrade_report
+from tests.test_image_batch_tracked import FakeTalosctl, setup
 
 ADDRESS = "10.5.0.5"
 UPGRADE = "".join(
@@ -116,3 +120,31 @@ def test_the_failure_table_finds_the_persistenced_row_in_the_real_output_only_wi
     assert image_diagnosis.PERSISTENCED_ROW in {
         f.failure for f in diagnose_text(evidence, NodeContext(node=ADDRESS))
     }
+
+
+#: The node's final error when its tracker gave up on the watch's DeadlineExceeded: go-retry's ErrorSet of what it
+#: retried, then the error that ended it (siderolabs/go-retry@v0.3.3 retry/retry.go ErrorSet.Error, ``%d error(s)
+#: occurred:`` then ``\n\t%s`` per error; talos@v1.12.0 go.mod pins v0.3.3), printed by tracker.go:210-223 when it
+#: wins the race with the context (node.go:111-118).  Built from those sources: no capture of this line was at hand.
+FINAL_DEADLINE = (
+    f'"{ADDRESS}": 2 error(s) occurred:\n'
+    "\tstopAllServices task completed\n"
+    "\trpc error: code = DeadlineExceeded desc = stream terminated by RST_STREAM with error code: CANCEL\n"
+)
+
+
+def test_a_node_whose_final_error_is_the_deadline_says_the_timeout_passed_in_its_message(
+    tmp_path: Path,
+) -> None:
+    """A multi-node upgrade reports a failed node as soon as its final error is printed; when that error is
+    talosctl's --timeout (DeadlineExceeded), the node's message in the result says the --timeout passed, as its
+    check does, not only the error lines reported before talosctl exited."""
+    other = "10.5.0.6"
+    lines = [*CAPTURED.splitlines(keepends=True), *FINAL_DEADLINE.splitlines(keepends=True)]
+    talosctl = FakeTalosctl(lambda _nodes: [*lines, f'"{other}": post check passed\n'], exit_code=1)
+    ctx, batch, results, _events = setup(tmp_path, [ADDRESS, other], talosctl, tracked=True)
+    [(_plan, failure), (_, passed)] = _upgrade_batch(ctx, batch, results, upgrade_timeout=1.0)
+    assert failure is not None and passed is None
+    timeout_line = "gpu-000 (10.5.0.5): no answer after the upgrade's --timeout of 1s"
+    assert timeout_line in failure.report()
+    assert timeout_line in results[ADDRESS].message, results[ADDRESS].message

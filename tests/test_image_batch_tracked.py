@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import SimpleNamespace
@@ -37,6 +38,8 @@ from runbook_lib.steps.image import NodeImage, _upgrade_batch
 from runbook_lib.steps.results import NodeResult
 
 CAPTURES = Path(__file__).parent / "data" / "talosctl_upgrade_batch"
+#: How long ``FakeTalosctl`` stays quiet at most: far longer than the step may take to report a failure.
+QUIET_S = 20.0
 
 
 def capture(name: str) -> tuple[list[str], list[str], int]:
@@ -48,13 +51,19 @@ def capture(name: str) -> tuple[list[str], list[str], int]:
 
 class FakeTalosctl:
     """``upgrade_nodes`` prints ``stderr`` line by line (as the real process streams it) and exits ``exit_code``;
-    ``upgrade`` (one node) passes.  Every call is recorded."""
+    ``upgrade`` (one node) passes.  Every call is recorded.  With ``quiet_after`` n, it prints nothing more after
+    its n-th line until ``resume`` is set or ``QUIET_S`` passed: the silence of nodes rebooting."""
 
-    def __init__(self, stderr: Callable[[Sequence[str]], list[str]], exit_code: int = 0) -> None:
-        self.stderr, self.exit_code = stderr, exit_code
+    def __init__(
+        self, stderr: Callable[[Sequence[str]], list[str]], exit_code: int = 0, quiet_after: int | None = None
+    ) -> None:
+        self.stderr, self.exit_code, self.quiet_after = stderr, exit_code, quiet_after
         self.calls: list[list[str]] = []
         self.lock = threading.Lock()
         self.printed: list[str] = []
+        self.resume = threading.Event()
+        self.quiet_since = math.nan
+        self.failed_at: dict[str, float] = {}
 
     def upgrade_nodes(
         self,
@@ -68,6 +77,9 @@ class FakeTalosctl:
             self.calls.append(list(nodes))
         lines = self.stderr(nodes)
         for line in lines:
+            if len(self.printed) == self.quiet_after:
+                self.quiet_since = time.monotonic()
+                self.resume.wait(QUIET_S)
             with self.lock:
                 self.printed.append(line)
             if on_stderr_line is not None:
@@ -96,6 +108,9 @@ def setup(
     def sink(event: Any) -> None:
         with talosctl.lock:  # what talosctl had printed when the step reported the node
             events.append((event, len(talosctl.printed)))
+        if isinstance(event, NodeFailed):
+            talosctl.failed_at[event.address] = time.monotonic()
+            talosctl.resume.set()
 
     ctx = cast(
         Context,
@@ -146,6 +161,30 @@ def test_a_failing_node_is_reported_alone_before_its_batch_mates_end(tmp_path: P
     # reported with its final error (the tracker's last update), not at its sequence error line printed before it
     assert "1 error(s) occurred:" in results["10.5.4.2"].message
     assert {e.address for e, _ in events} == {"10.5.4.2", "10.5.4.3"}
+
+
+def test_a_failure_in_a_quiet_chunk_is_reported_within_seconds(tmp_path: Path) -> None:
+    """A node's final error is often the chunk's last line for a while: its batch-mates are rebooting, and print
+    nothing until they answer again (on real hardware a re-dial of a rebooting node waits up to gRPC's
+    MinConnectTimeout of 20 s, talos@v1.12.0 cmd/talosctl/pkg/talos/action/tracker.go:228-231; a hung boot prints
+    nothing until --timeout).  The step must report the node then, within about a second of the line, not when the
+    next line comes or talosctl ends.
+
+    The lines are the real capture's in its order; the silence after 10.5.4.2's final error (its ``1 error(s)
+    occurred:`` and the tab-indented line printed with it) is this test's scenario: in the capture the next line
+    came at once."""
+    addresses, lines, exit_code = capture("fail-and-hang")
+    end = lines.index('"10.5.4.2": 1 error(s) occurred:\n') + 2
+    assert lines[end - 1].startswith("\tsequence error:") and not lines[end].startswith("\t")
+    talosctl = FakeTalosctl(lambda _nodes: lines, exit_code, quiet_after=end)
+    ctx, batch, results, events = setup(tmp_path, addresses, talosctl, tracked=True)
+    _upgrade_batch(ctx, batch, results, 60)
+    [printed] = [p for e, p in events if isinstance(e, NodeFailed) and e.address == "10.5.4.2"]
+    assert printed == end, "reported only when talosctl printed again, not in the silence"
+    # about a second (image_diagnosis.FLUSH_IDLE_S) on an idle machine; the bound leaves room for a loaded one
+    waited = talosctl.failed_at["10.5.4.2"] - talosctl.quiet_since
+    assert waited < 5.0, waited
+    assert lines[end - 1].strip() in results["10.5.4.2"].message  # the error's continuation line is reported
 
 
 def test_an_all_good_capture_passes_every_node(tmp_path: Path) -> None:

@@ -577,18 +577,18 @@ def _upgrade_batch(
     ctx: Context, batch: list[NodeImage], results: dict[str, NodeResult], upgrade_timeout: float
 ) -> list[Outcome]:
     """Run every upgrade of the batch at once (``_groups``), in the batch's order; each failed node is marked
-    failed and reported (events.py) as soon as talosctl says so, before its batch-mates finish."""
+    failed and reported (events.py) as soon as talosctl says so, before its batch-mates finish.  Its message is
+    then replaced by its process's final word on it (whether the --timeout passed is known only at its end)."""
     lock, reported = threading.Lock(), set[str]()
 
     def report(plan: NodeImage, error: image_diagnosis.UpgradeFailure) -> None:
         with lock:
-            if plan.node.address in reported:
-                return
-            reported.add(plan.node.address)
             res = results[plan.node.address]
             res.status = "failed"
             res.message = f"talosctl upgrade failed: {error.report()}"
-            ctx.events.node_failed(res)
+            if plan.node.address not in reported:
+                reported.add(plan.node.address)
+                ctx.events.node_failed(res)
 
     groups = _groups(batch)
     outcomes: list[Outcome] = []
@@ -652,22 +652,11 @@ def _upgrade_group(
             image_diagnosis.UpgradeFailure(
                 plan.node,
                 (follower.output(address) if first.tracked else "") or fallback,
-                _timed_out(follower, address, timed_out),
+                follower.timed_out(address, timed_out),
             ),
         )
         for address, plan in by_address.items()
     ]
-
-
-def _timed_out(
-    follower: image_diagnosis.TrackerFollower, address: str, timed_out: float | None
-) -> float | None:
-    """The --timeout for a node that failed by it: not printed an error of its own, or printed the tracker's
-    context deadline (``DeadlineExceeded``: talosctl's --timeout is a context deadline over the whole command,
-    tracker.go:168-169), which a hung boot prints at the timeout when its event stream is still open."""
-    if timed_out is None or address not in follower.failed:
-        return timed_out
-    return timed_out if "DeadlineExceeded" in follower.output(address) else None
 
 
 def _one_node(ctx: Context) -> Callable[..., CommandResult]:

@@ -20,6 +20,7 @@ the causes apart, read only from the failed nodes (a healthy rollout pays nothin
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -110,6 +111,8 @@ class UpgradeFailure:
 #: (:311-318), the form the Python talosctl prints.
 _NODE_LINE = re.compile(r'^(?:"(?P<quoted>[^"]+)"|    \* (?P<plain>\S+)): (?P<update>.*)$')
 PASSED = "post check passed"
+#: Seconds of silence after a node's final error line before :class:`TrackerFollower` reports the node.
+FLUSH_IDLE_S = 0.5
 
 
 def final_failure(update: str) -> bool:
@@ -124,21 +127,54 @@ def final_failure(update: str) -> bool:
 class TrackerFollower:
     """One ``talosctl upgrade --wait -n <nodes>``'s stderr, followed line by line: each node's lines, which nodes
     passed their post check, and ``on_failed(address)`` once a node's final error has been printed in full (its
-    continuation lines too, so at the next node's line or at :meth:`close`): reported before its batch-mates end.
+    continuation lines too): at the next line of another node, at :meth:`close`, or ``idle_s`` after its last line,
+    so a failure followed by silence (its batch-mates rebooting) is reported then, not when talosctl prints again.
+
+    Why waiting ``idle_s`` is enough: the final error is the tracker's last update for its node, sent once the node's
+    tracker returned (talos@v1.12.0 cmd/talosctl/pkg/talos/action/tracker.go:210-223; a failed ``reboot`` sequence
+    is retried before it, node.go:289-291), and the reporter prints it, continuation lines included, with one
+    ``Fprintf`` to unbuffered stderr (tracker.go:291-295): they arrive right behind its first line.
 
     Captured from the real talosctl v1.12.0 against simnode: tests/data/talosctl_upgrade_batch/."""
 
     addresses: Sequence[str]
     on_failed: Callable[[str], None] = lambda _address: None
+    idle_s: float = FLUSH_IDLE_S
     lines: dict[str, list[str]] = field(default_factory=dict)
     other: list[str] = field(default_factory=list)
     passed: set[str] = field(default_factory=set)
     failed: set[str] = field(default_factory=set)
     _last: str | None = None
     _pending: str | None = None
+    _timer: threading.Timer | None = None
+    _lock: threading.RLock = field(default_factory=threading.RLock)
 
     def feed(self, line: str) -> None:
-        line = line.rstrip("\n")
+        with self._lock:
+            self._feed(line.rstrip("\n"))
+            if self._pending is not None:  # its final error: reported once nothing more of it comes
+                self._arm()
+
+    def close(self) -> None:
+        with self._lock:
+            self._flush()
+
+    def output(self, address: str) -> str:
+        """The node's own lines; the process's other lines when the node printed no error of its own."""
+        own = self.lines.get(address, [])
+        return "\n".join(own if address in self.failed else [*own, *self.other]).strip()
+
+    def timed_out(self, address: str, ran_out: float | None) -> float | None:
+        """The --timeout ``ran_out`` (None when the process ended before it) for a node that failed by it: one that
+        printed no final error of its own (at --timeout the reporter stops with the context, tracker.go:168-180,
+        282-284), or whose error is the tracker's context deadline (``DeadlineExceeded``: talosctl's --timeout is a
+        context deadline over the whole command, tracker.go:168-169), which a hung boot prints at the timeout when
+        its event stream is still open."""
+        if ran_out is None or address not in self.failed:
+            return ran_out
+        return ran_out if "DeadlineExceeded" in self.output(address) else None
+
+    def _feed(self, line: str) -> None:
         match = _NODE_LINE.match(line)
         node = (match["quoted"] or match["plain"]) if match else None
         if node is None or node not in self.addresses:
@@ -158,15 +194,23 @@ class TrackerFollower:
         elif final_failure(update) and node not in self.passed:
             self._pending = node
 
-    def close(self) -> None:
-        self._flush()
+    def _arm(self) -> None:
+        """(Re)start the idle timer of the pending node: each continuation line of its error restarts it."""
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = threading.Timer(self.idle_s, self._idle, (self._pending,))
+        self._timer.daemon = True
+        self._timer.start()
 
-    def output(self, address: str) -> str:
-        """The node's own lines; the process's other lines when the node printed no error of its own."""
-        own = self.lines.get(address, [])
-        return "\n".join(own if address in self.failed else [*own, *self.other]).strip()
+    def _idle(self, node: str) -> None:
+        with self._lock:
+            if self._pending == node:
+                self._flush()
 
     def _flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         node, self._pending = self._pending, None
         if node is not None and node not in self.failed:
             self.failed.add(node)
