@@ -21,12 +21,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from runbook_lib.model.diagnosis import NodeContext, diagnose_text
 from runbook_lib.model.params import Node
 from runbook_lib.steps import image_diagnosis
 from runbook_lib.steps.image import _upgrade_batch
 from runbook_lib.steps.image_diagnosis import UpgradeFailure, go_duration, hung_services, upgrade_report
-from tests.test_image_batch_tracked import FakeTalosctl, setup
+from tests.test_image_batch_tracked import FakeTalosctl, capture, setup
 
 ADDRESS = "10.5.0.5"
 UPGRADE = "".join(
@@ -122,25 +124,35 @@ def test_the_failure_table_finds_the_persistenced_row_in_the_real_output_only_wi
     }
 
 
-#: The node's final error when its tracker gave up on the watch's DeadlineExceeded: go-retry's ErrorSet of what it
-#: retried, then the error that ended it (siderolabs/go-retry@v0.3.3 retry/retry.go ErrorSet.Error, ``%d error(s)
-#: occurred:`` then ``\n\t%s`` per error; talos@v1.12.0 go.mod pins v0.3.3), printed by tracker.go:210-223 when it
-#: wins the race with the context (node.go:111-118).  Built from those sources: no capture of this line was at hand.
-FINAL_DEADLINE = (
-    f'"{ADDRESS}": 2 error(s) occurred:\n'
-    "\tstopAllServices task completed\n"
-    "\trpc error: code = DeadlineExceeded desc = stream terminated by RST_STREAM with error code: CANCEL\n"
-)
+#: The node's last lines when talosctl's --timeout ended its watch, in the two ways talos@v1.12.0 can end it: the
+#: event stream's error wins (``error: rpc error: code = DeadlineExceeded …``, node.go:176-181, as in CAPTURED and
+#: in a CI run of test_fault_diagnosis[unsupported-gpu]), or handleEvents' ``<-a.ctx.Done()`` does (node.go:225-226:
+#: ``error: context deadline exceeded``, which go-retry turns into its ``timeout`` error, siderolabs/go-retry@v0.3.3
+#: retry/retry.go:129-130, 240-261; talos@v1.12.0 go.mod pins v0.3.3).  Then the node's final error, go-retry's ErrorSet
+#: (``%d error(s) occurred:`` then ``\n\t%s`` per error, retry.go:51-62), printed by tracker.go:210-223
+#: when it wins the race with the context (node.go:111-118).  Built from those sources: no capture of the final
+#: line, nor of the second way, was at hand.
+DEADLINE_ENDS = {
+    "stream-deadline": TIMED_OUT
+    + f'"{ADDRESS}": 2 error(s) occurred:\n'
+    + "\tstopAllServices task completed\n"
+    + "\trpc error: code = DeadlineExceeded desc = stream terminated by RST_STREAM with error code: CANCEL\n",
+    "context-done": f'"{ADDRESS}": error: context deadline exceeded\n'
+    + f'"{ADDRESS}": 2 error(s) occurred:\n'
+    + "\tstopAllServices task completed\n"
+    + "\ttimeout\n",
+}
 
 
+@pytest.mark.parametrize("ending", sorted(DEADLINE_ENDS))
 def test_a_node_whose_final_error_is_the_deadline_says_the_timeout_passed_in_its_message(
-    tmp_path: Path,
+    tmp_path: Path, ending: str
 ) -> None:
     """A multi-node upgrade reports a failed node as soon as its final error is printed; when that error is
-    talosctl's --timeout (DeadlineExceeded), the node's message in the result says the --timeout passed, as its
-    check does, not only the error lines reported before talosctl exited."""
+    talosctl's --timeout, the node's message in the result says the --timeout passed, as its check does, not only
+    the error lines reported before talosctl exited."""
     other = "10.5.0.6"
-    lines = [*CAPTURED.splitlines(keepends=True), *FINAL_DEADLINE.splitlines(keepends=True)]
+    lines = (UPGRADE + HUNG + DEADLINE_ENDS[ending]).splitlines(keepends=True)
     talosctl = FakeTalosctl(lambda _nodes: [*lines, f'"{other}": post check passed\n'], exit_code=1)
     ctx, batch, results, _events = setup(tmp_path, [ADDRESS, other], talosctl, tracked=True)
     [(_plan, failure), (_, passed)] = _upgrade_batch(ctx, batch, results, upgrade_timeout=1.0)
@@ -148,3 +160,20 @@ def test_a_node_whose_final_error_is_the_deadline_says_the_timeout_passed_in_its
     timeout_line = "gpu-000 (10.5.0.5): no answer after the upgrade's --timeout of 1s"
     assert timeout_line in failure.report()
     assert timeout_line in results[ADDRESS].message, results[ADDRESS].message
+
+
+def test_a_node_that_failed_on_its_own_is_not_called_timed_out_when_a_batch_mate_ran_to_the_timeout(
+    tmp_path: Path,
+) -> None:
+    """The real capture of tests/data/talosctl_upgrade_batch/fail-and-hang: 10.5.4.2's installer failed at once,
+    10.5.4.3 hung silent until --timeout.  Only the hung one gets the --timeout line, though the process ran that
+    long (its boot's own ``context deadline exceeded``, Talos's BootTimeout, is not talosctl's --timeout either)."""
+    addresses, lines, exit_code = capture("fail-and-hang")
+    talosctl = FakeTalosctl(lambda _nodes: lines, exit_code)
+    ctx, batch, results, _events = setup(tmp_path, addresses, talosctl, tracked=True)
+    outcomes = {plan.node.address: error for plan, error in _upgrade_batch(ctx, batch, results, 1.0)}
+    installer, hung = outcomes["10.5.4.2"], outcomes["10.5.4.3"]
+    assert installer is not None and installer.timed_out is None
+    assert hung is not None and hung.timed_out == 1.0
+    assert "--timeout" not in results["10.5.4.2"].message
+    assert "no answer after the upgrade's --timeout of 1s" in results["10.5.4.3"].message

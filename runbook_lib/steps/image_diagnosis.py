@@ -111,6 +111,11 @@ class UpgradeFailure:
 #: (:311-318), the form the Python talosctl prints.
 _NODE_LINE = re.compile(r'^(?:"(?P<quoted>[^"]+)"|    \* (?P<plain>\S+)): (?P<update>.*)$')
 PASSED = "post check passed"
+#: A node's line saying talosctl's own --timeout ended its tracker (``TrackerFollower.timed_out``): the event
+#: stream's gRPC status, the watch's ``error: %v`` of ``ctx.Err()`` (node.go:176-181), go-retry's ``timeout`` entry.
+_DEADLINE = re.compile(
+    r'DeadlineExceeded|^(?:"[^"]+"|    \* \S+): error: context deadline exceeded$|^\ttimeout$'
+)
 #: Seconds of silence after a node's final error line before :class:`TrackerFollower` reports the node.
 FLUSH_IDLE_S = 0.5
 
@@ -167,12 +172,15 @@ class TrackerFollower:
     def timed_out(self, address: str, ran_out: float | None) -> float | None:
         """The --timeout ``ran_out`` (None when the process ended before it) for a node that failed by it: one that
         printed no final error of its own (at --timeout the reporter stops with the context, tracker.go:168-180,
-        282-284), or whose error is the tracker's context deadline (``DeadlineExceeded``: talosctl's --timeout is a
-        context deadline over the whole command, tracker.go:168-169), which a hung boot prints at the timeout when
-        its event stream is still open."""
+        282-284), or whose error is talosctl's context deadline (its --timeout is a context deadline over the whole
+        command, tracker.go:168-169), which a hung boot prints at the timeout when its event stream is still open:
+        the stream's ``rpc error: code = DeadlineExceeded``, or, when the watch saw the context end first
+        (node.go:225-226), ``error: context deadline exceeded`` and go-retry's ``timeout`` (siderolabs/go-retry@v0.3.3
+        retry/retry.go:129-130, 240-261).  A boot's own ``context deadline exceeded`` (Talos's BootTimeout, in its
+        sequence error) is neither."""
         if ran_out is None or address not in self.failed:
             return ran_out
-        return ran_out if "DeadlineExceeded" in self.output(address) else None
+        return ran_out if any(map(_DEADLINE.search, self.lines.get(address, []))) else None
 
     def _feed(self, line: str) -> None:
         match = _NODE_LINE.match(line)
