@@ -57,7 +57,8 @@ def configure_modules(node: SimNode) -> None:
         "kernel": {"modules": [{"name": m} for m in ("nvidia", "nvidia_uvm", "nvidia_drm", "nvidia_modeset")]}
     }
     if minor_of(node.talos_version) <= (1, 12):
-        machine["sysctls"] = {"net.core.bpf_jit_harden": 1}
+        # a string, as Talos holds every sysctl (MachineSysctls map[string]string) and the runbook's patch writes it
+        machine["sysctls"] = {"net.core.bpf_jit_harden": "1"}
     node.machine_config = apply_strategic(node.machine_config, StrategicPatch([{"machine": machine}]))
     node.config_version += 1
 
