@@ -30,10 +30,10 @@ var kubeconfigPath = flag.String("kubeconfig", "", "admin kubeconfig a control-p
 // talosKubeconfigPath is the admin kubeconfig with the structure Talos generates (one cluster with its CA, one
 // user with a client certificate and key, no token: talos@v1.14.1 pkg/kubeconfig/generate.go:102-124), which
 // talosctl 1.14 requires of the kubeconfig it fetches (pkg/kubeconfig/validate.go:29, 149-176: its upgrade drain
-// refuses a token user). The Python Kubernetes API writes it beside its token kubeconfig
-// (runbook_lib/sim/kubeapi/server.py write_talos_kubeconfig), and so does the real control plane since simkube keeps
-// its CA key (runbook_lib/sim/realkube.py); it is served while its server is the one -kubeconfig names, so a
-// Kubernetes side started later that wrote none is never given a stale one.
+// refuses a token user). The real control plane writes it: simkube keeps its CA key and signs the admin client
+// certificate (simkube/admincert.go), and runbook_lib/sim/realkube.py write_talos_kubeconfig points it at the
+// user's relay (or, when simkube wrote none, removes it and says why). It is served only while its server is the
+// one -kubeconfig names, so one left by a control plane that is gone is never handed out.
 var talosKubeconfigPath = flag.String("talos-kubeconfig", "", "admin kubeconfig with Talos's structure (client certificate), served instead of -kubeconfig while both name the same server")
 
 // Kubeconfig is MachineService.Kubeconfig (talos@v1.13.0:internal/app/machined/internal/server/v1alpha1/v1alpha1_server.go:1241-1285):
