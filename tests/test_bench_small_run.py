@@ -1,47 +1,95 @@
-"""The critical path of ``benchmarks/bench_small_run.py`` (issue 16 point 5): the run's talosctl calls, as the step
-journals give them (``at`` written at the call's end, ``duration_s`` its length), fall into sequential waves, each
-as long as its slowest call alone."""
+"""The critical path of ``benchmarks/bench_small_run.py`` (issue 16 point 5): the run's talosctl and helm calls, as
+the step journals give them (``at`` written at the call's end, ``duration_s`` its length), fall into sequential
+waves, each as long as its slowest call alone, and never shorter than the CPU its calls need on this machine's
+cores."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from benchmarks.bench_small_run import talosctl_calls, wave_seconds
+from benchmarks.bench_small_run import UPGRADE, Cost, external_calls, wave_seconds
 from benchmarks.bench_whole_change import Run
+
+TALOSCTL = "talosctl"
+COSTS = {TALOSCTL: Cost(0.03, 0.0), UPGRADE: Cost(6.0, 0.0)}
 
 
 def test_overlapping_calls_are_one_wave_and_an_upgrade_wave_costs_an_upgrade() -> None:
-    calls = [(0.0, 0.1, False), (0.05, 0.2, False), (1.0, 7.0, True), (1.1, 7.5, True), (8.0, 8.1, False)]
-    assert wave_seconds(calls, round_trip_s=0.03, upgrade_s=6.0) == 0.03 + 6.0 + 0.03
+    calls = [(0.0, 0.1, TALOSCTL), (0.05, 0.2, TALOSCTL), (1.0, 7.0, UPGRADE), (1.1, 7.5, UPGRADE)]
+    calls.append((8.0, 8.1, TALOSCTL))
+    assert wave_seconds(calls, COSTS, cores=2) == 0.03 + 6.0 + 0.03
 
 
 def test_calls_one_after_another_each_cost_a_round_trip() -> None:
-    calls = [(float(i), i + 0.5, False) for i in range(4)]
-    assert wave_seconds(calls, round_trip_s=0.02, upgrade_s=6.0) == 4 * 0.02
-    assert wave_seconds([], round_trip_s=0.02, upgrade_s=6.0) == 0.0
+    calls = [(float(i), i + 0.5, TALOSCTL) for i in range(4)]
+    assert wave_seconds(calls, COSTS, cores=2) == 4 * 0.03
+    assert wave_seconds([], COSTS, cores=2) == 0.0
 
 
-def test_the_calls_are_read_from_every_steps_journal_and_helm_is_left_out(tmp_path: Path) -> None:
+def test_a_wave_of_many_calls_costs_at_least_their_cpu_spread_over_the_cores() -> None:
+    """verify starts 13 talosctl processes at once on 8 nodes: on 2 cores they cannot all end within one call's
+    time alone when each needs 0.05 s of CPU (the real tool's start-up and mTLS, not the runbook's)."""
+    costs = {TALOSCTL: Cost(0.09, 0.05)}
+    wave = [(0.0, 1.0, TALOSCTL)] * 13
+    assert wave_seconds(wave, costs, cores=2) == 13 * 0.05 / 2
+    assert wave_seconds(wave[:2], costs, cores=2) == 0.09  # two calls fit in one call's time
+
+
+def _journal(results: Path, step: str, entries: list[dict[str, object]]) -> None:
+    (results / f"{step}.json").write_text(json.dumps({"journal": entries}))
+
+
+def test_helm_calls_are_waves_too_but_its_waiting_install_is_the_kubernetes_steps_cluster_time(
+    tmp_path: Path,
+) -> None:
+    """``helm repo add``, ``repo update`` and ``list`` are the real helm's round trips, which a run cannot skip: until
+    3 Dec they counted as the runbook's own time.  ``helm upgrade --install --wait`` is counted once, as the time the
+    cluster took (``cluster_time``).  Entries as an 8-node run of 2 Dec journaled them."""
     results = tmp_path / "results"
     results.mkdir()
-    talosctl = "/state/bin/talosctl"
-    image = [
-        {
-            "kind": "command",
-            "argv": [talosctl, "get", "extensions", "-n", "10.5.0.3"],
-            "at": 10.5,
-            "duration_s": 0.5,
-        },
-        {
-            "kind": "command",
-            "argv": [talosctl, "upgrade", "--image", "x", "-n", "10.5.0.3"],
-            "at": 17,
-            "duration_s": 6,
-        },
+    talosctl, helm = "/state/bin/talosctl", "/state/bin/helm"
+    kubeconfig = ["--kubeconfig", "/state/kubeconfig"]
+    _journal(
+        results,
+        "image",
+        [
+            {
+                "kind": "command",
+                "argv": [talosctl, "get", "extensions", "-n", "10.5.0.3"],
+                "at": 10.5,
+                "duration_s": 0.5,
+            },
+            {
+                "kind": "command",
+                "argv": [talosctl, "upgrade", "--image", "x", "-n", "10.5.0.3"],
+                "at": 17,
+                "duration_s": 6,
+            },
+        ],
+    )
+    repo_add = [helm, "repo", "add", "nvdp", "http://127.0.0.1:39197", "--force-update", *kubeconfig]
+    install = [
+        helm,
+        "upgrade",
+        "--install",
+        "nvidia-device-plugin",
+        "nvdp/nvidia-device-plugin",
+        "--wait",
+        *kubeconfig,
     ]
-    kube = [{"kind": "command", "argv": ["/state/bin/helm", "list", "-A"], "at": 20.0, "duration_s": 0.2}]
-    (results / "image.json").write_text(json.dumps({"journal": image}))
-    (results / "kubernetes.json").write_text(json.dumps({"journal": kube}))
+    _journal(
+        results,
+        "kubernetes",
+        [
+            {"kind": "command", "argv": repo_add, "at": 20.0, "duration_s": 0.2},
+            {"kind": "api", "summary": "create RuntimeClass nvidia (handler nvidia)", "at": 20.1},
+            {"kind": "command", "argv": install, "at": 23.0, "duration_s": 2.0},
+        ],
+    )
     run = Run(0, 0.0, 30.0, [], tmp_path)
-    assert sorted(talosctl_calls(run)) == [(10.0, 10.5, False), (11.0, 17.0, True)]
+    assert sorted(external_calls(run)) == [
+        (10.0, 10.5, TALOSCTL),
+        (11.0, 17.0, UPGRADE),
+        (19.8, 20.0, " ".join(repo_add)),
+    ]
