@@ -20,6 +20,7 @@ from benchmarks.bench_whole_change import (
     failure_event_time,
     failure_line_time,
     in_batches,
+    label_phase,
     node_spans,
     outcomes,
     rolling_floor,
@@ -148,3 +149,24 @@ def test_a_failed_run_says_which_checks_failed_and_keeps_its_record(tmp_path: Pa
     (record / "record.json").write_text(json.dumps({"steps": steps}))
     run = Run(1, 0.0, 1.0, [], record)
     assert failed_checks(run) == ["kubernetes: GPUs advertised: 900 of 1000"]
+
+
+def test_the_kubernetes_steps_label_phase_and_helm_wait_are_read_from_its_journal(tmp_path: Path) -> None:
+    """The 1,000-node run of 2 Dec 2026 failed in the kubernetes step after 1,000 labels took 227 s and helm's
+    ``--wait`` 304 s; both figures now come with every run. Each label is journaled as its call ends
+    (``Kube.label_node``: ``label Node <name> {labels}``, no duration)."""
+    helm = "/s/bin/helm"
+    journal = [
+        entry("api", "label Node gpu-0001 {'nvidia.com/gpu.present': 'true'}", [], 100.0, 0.0),
+        entry("api", "label Node gpu-0000 {'nvidia.com/gpu.present': 'true'}", [], 99.0, 0.0),
+        entry("api", "label Node gpu-0002 {'nvidia.com/gpu.present': 'true'}", [], 103.5, 0.0),
+        entry("command", f"{helm} repo update", [helm, "repo", "update"], 98.0, 2.0),
+        entry(
+            "command", f"{helm} upgrade --install", [helm, "upgrade", "--install", "x", "--wait"], 120.0, 16.0
+        ),
+    ]
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "kubernetes.json").write_text(json.dumps({"journal": journal}))
+    run = Run(0, 0.0, 200.0, [], tmp_path)
+    assert label_phase(run) == {"labels": 3, "label_s": 4.5, "helm_wait_s": 16.0}
+    assert label_phase(Run(0, 0.0, 1.0, [], None)) == {"labels": 0, "label_s": 0.0, "helm_wait_s": 0.0}
