@@ -7,10 +7,13 @@ what must stay lazy, and that work moved to worker threads still finishes, or fa
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -188,3 +191,69 @@ def test_the_html_copies_are_made_by_a_process_of_their_own_and_its_failure_stop
     background.export_html(bad, "01-preflight.ipynb")
     with pytest.raises(RuntimeError, match=r"HTML copies were not written \(exit 1\).*01-preflight.html"):
         background.wait()
+
+
+#: A stand-in step notebook (``run(notebooks_dir=...)``): it writes what its kernel's environment holds into the
+#: result file ``runbook run`` names, so the run needs no cluster.
+_ENV_REPORT = """\
+import json, os
+with open(os.environ['RUNBOOK_RESULT_FILE'], 'w') as out:
+    seen = {k: os.environ.get(k) for k in ('RUNBOOK_TEST_CLUSTER', 'RUNBOOK_RUN_ID')}
+    json.dump({'status': 'ok', 'summary': json.dumps(seen), 'journal': []}, out)
+"""
+
+
+def _kernel_children() -> set[int]:
+    """The Jupyter kernels this test process started (children only: never another worker's)."""
+    import psutil
+
+    return {
+        child.pid
+        for child in psutil.Process().children(recursive=True)
+        if "ipykernel_launcher" in " ".join(child.cmdline())
+    }
+
+
+@pytest.mark.slow
+def test_the_runs_kernel_starts_while_the_cluster_comes_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``runbook run`` that brings the simulator up waits seconds for it (its Talos nodes and the real Kubernetes
+    control plane), and the kernel's start and warm-up (~1.5 s of CPU on 2 cores, 4-13 s at load 15-20: the largest
+    part of the 8-node run's own time, benchmarks/bench_small_run.py) waited until it was up.  The kernel now starts
+    first; the first step still sees the cluster's environment and the run id in its kernel."""
+    import nbformat
+
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    nb = nbformat.v4.new_notebook()  # type: ignore[no-untyped-call]
+    parameters = nbformat.v4.new_code_cell("params_file = ''\napply = False\nnodes = []\noverrides = []")  # type: ignore[no-untyped-call]
+    parameters.metadata["tags"] = ["parameters"]
+    nb.cells = [parameters, nbformat.v4.new_code_cell(_ENV_REPORT)]  # type: ignore[no-untyped-call]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, notebooks / STEPS[0].notebook)  # type: ignore[no-untyped-call]
+    before = _kernel_children()
+
+    @contextlib.contextmanager
+    def cluster(_params: object) -> Iterator[dict[str, str]]:
+        deadline = time.monotonic() + 120  # generous: the kernel's start under the suite's load
+        while not _kernel_children() - before:  # the cluster comes up only once the run's kernel is starting
+            assert time.monotonic() < deadline, "the run started no kernel while its cluster came up"
+            time.sleep(0.05)
+        yield {"RUNBOOK_TEST_CLUSTER": "up"}
+
+    monkeypatch.setenv(
+        "RUNBOOK_SIM_STATE", str(tmp_path / "no-sim")
+    )  # no cluster: the version reads just fail
+    outcome = runner.run(
+        Path(__file__).resolve().parents[1] / "params" / "simulated.yaml",
+        steps=[STEPS[0].name],
+        apply=False,
+        records_root=tmp_path / "records",
+        cluster=cluster,
+        progress=False,
+        notebooks_dir=notebooks,
+        html=False,
+    )
+    run_id = outcome.record.name.rsplit("-", 1)[-1]
+    assert json.loads(outcome.steps[0].summary) == {"RUNBOOK_TEST_CLUSTER": "up", "RUNBOOK_RUN_ID": run_id}

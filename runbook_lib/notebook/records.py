@@ -92,10 +92,13 @@ def new_run_id() -> str:
     return uuid.uuid4().hex[:8]
 
 
-def create_record_dir(root: Path, cluster: str, *, run_id: str | None = None) -> Path:
-    """A new, empty record directory; the name is unique even for runs started in the same second."""
+def create_record_dir(
+    root: Path, cluster: str, *, run_id: str | None = None, now: datetime | None = None
+) -> Path:
+    """A new, empty record directory named at ``now`` (default: now); the name is unique even for runs started
+    in the same second."""
     root.mkdir(parents=True, exist_ok=True)
-    path = root / record_name(cluster, run_id or new_run_id())
+    path = root / record_name(cluster, run_id or new_run_id(), now)
     path.mkdir()
     return path
 

@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
@@ -312,10 +313,10 @@ class _Kernel:
             with contextlib.suppress(Exception):
                 kc.stop_channels()
 
-    def next_step(self, result_file: Path, notebooks: Path) -> None:
+    def next_step(self, result_file: Path, notebooks: Path, env: Mapping[str, str]) -> None:
         """Make the kernel what a fresh one started for this step would be (:func:`next_step_code`)."""
         self.release_clients()
-        reply = _run_silently(self, next_step_code(result_file, notebooks))
+        reply = _run_silently(self, next_step_code(result_file, notebooks, env))
         if reply.get("status") != "ok":
             raise RuntimeError(f"the kernel could not be reset: {reply.get('ename')}: {reply.get('evalue')}")
 
@@ -413,10 +414,11 @@ def warm_code(items: Sequence[StepSpec]) -> str:
     )
 
 
-def next_step_code(result_file: Path, notebooks: Path) -> str:
-    """What the runner runs in its kernel between two step notebooks, so that the next one starts as in a
-    fresh kernel: IPython's ``reset`` (``%reset -f`` with a new session: no name an earlier notebook set,
-    execution counts from 1, an empty output cache), this step's result file in ``RUNBOOK_RESULT_FILE``, the
+def next_step_code(result_file: Path, notebooks: Path, env: Mapping[str, str]) -> str:
+    """What the runner runs in its kernel before each step notebook, so that it starts as in a fresh kernel:
+    IPython's ``reset`` (``%reset -f`` with a new session: no name an earlier notebook set, execution counts
+    from 1, an empty output cache), the run's environment ``env`` (the cluster's, the run id: the kernel starts
+    before the cluster is up, see :func:`run`) and this step's result file in ``RUNBOOK_RESULT_FILE``, the
     notebooks directory as working directory, and warnings shown again.
 
     Why the last one: Python shows a warning once per code location (the ``default`` action's registry);
@@ -427,6 +429,7 @@ def next_step_code(result_file: Path, notebooks: Path) -> str:
         "def _runbook_next_step():\n"
         "    import os, warnings\n"
         "    get_ipython().reset(new_session=True)\n"
+        f"    os.environ.update({dict(env)!r})\n"
         f"    os.environ[{RESULT_FILE_ENV!r}] = {str(result_file)!r}\n"
         f"    os.chdir({str(notebooks)!r})\n"
         "    warnings._filters_mutated()\n"
@@ -453,13 +456,13 @@ def _run_silently(kernel: _Kernel, code: str, timeout: float = 120.0) -> dict[st
         kc.stop_channels()
 
 
-def prestart_kernel(items: Sequence[StepSpec], *, result_file: Path, notebooks: Path) -> _Kernel:
-    """Start the run's kernel and import the step code of ``items``, while the runbook process imports
-    papermill.
+def prestart_kernel(items: Sequence[StepSpec], *, notebooks: Path, result_file: Path, run_id: str) -> _Kernel:
+    """Start the run's kernel and import the step code of ``items``, while the cluster comes up and the runbook
+    process imports papermill.
 
-    The kernel gets what papermill would give it: the notebooks directory as working directory, the first
-    step's result file in its environment (:func:`next_step_code` sets the later ones), an in-memory IPython
-    history.  The warm-up runs silently and outside the history, so the executed notebook (outputs,
+    The kernel gets what papermill would give it: the notebooks directory as working directory, the run id and
+    the first step's result file in its environment (:func:`next_step_code` sets the later ones and the
+    cluster's environment), an in-memory IPython history.  The warm-up runs silently and outside the history, so the executed notebook (outputs,
     execution counts) is the same; an import error here is ignored and surfaces, as before, when the
     notebook's own cell runs.
     """
@@ -467,7 +470,7 @@ def prestart_kernel(items: Sequence[StepSpec], *, result_file: Path, notebooks: 
     try:
         kernel.km.start_kernel(
             cwd=str(notebooks),
-            env={**os.environ, RESULT_FILE_ENV: str(result_file)},
+            env={**os.environ, RESULT_FILE_ENV: str(result_file), RUN_ID_ENV: run_id},
             extra_arguments=["--HistoryManager.hist_file=:memory:"],
         )
         _run_silently(kernel, warm_code(items))
@@ -478,14 +481,19 @@ def prestart_kernel(items: Sequence[StepSpec], *, result_file: Path, notebooks: 
 
 
 def step_kernel(
-    kernel: _Kernel | None, result_file: Path, notebooks: Path, background: _Background
+    kernel: _Kernel | None,
+    result_file: Path,
+    notebooks: Path,
+    background: _Background,
+    env: Mapping[str, str],
 ) -> _Kernel:
     """The kernel the next step's notebook runs in: the run's kernel, reset for it by
-    :meth:`_Kernel.next_step`; a new one (started by papermill) when there is none or the reset failed, so
-    a step never runs in a kernel that still holds an earlier step's names."""
+    :meth:`_Kernel.next_step`; a new one (started by papermill with this process's environment, which holds
+    ``env``) when there is none or the reset failed, so a step never runs in a kernel that still holds an
+    earlier step's names."""
     if kernel is not None and not kernel.retired:
         try:
-            kernel.next_step(result_file, notebooks)
+            kernel.next_step(result_file, notebooks, env)
         except Exception:  # no reply: the kernel is gone or stuck
             kernel.retired = True
             background.stop_kernel(kernel.stop)
@@ -942,11 +950,21 @@ def run(
         stack.callback(background.wait)
         if params.apply:
             lock_for_apply(stack, params, root, cluster_key)
+        # One kernel for the run (module docstring), started and warmed while the cluster comes up (seconds when
+        # this run starts the simulator) and this process imports papermill; the record is named now for it (the
+        # first step's result file is in the kernel's environment), and the cluster's environment reaches the
+        # kernel before each step (next_step_code).
+        run_id, named_at = records.new_run_id(), datetime.now(UTC)
+        first_result = root / records.record_name(params.cluster, run_id, named_at) / "results"
+        first_result /= f"{selected[0].name}.json"
+        import_for_kernel_start()  # worker threads import nothing (F1): see import_before_threads
+        first = background.prestart(
+            lambda: prestart_kernel(selected, notebooks=notebooks, result_file=first_result, run_id=run_id)
+        )
         env = stack.enter_context(hook(params))
         stack.enter_context(_environment(dict(env)))
         # Created only once the cluster is up: a cluster that cannot start leaves no half record behind.
-        record = records.create_record_dir(root, params.cluster)
-        run_id = record.name.rsplit("-", 1)[-1]
+        record = records.create_record_dir(root, params.cluster, run_id=run_id, now=named_at)
         stack.enter_context(_environment({RUN_ID_ENV: run_id}))  # labels the CUDA test pods
         results = record / "results"
         results.mkdir()
@@ -963,13 +981,7 @@ def run(
             (record / "html").mkdir()
         bar = tqdm(total=len(selected), unit="step", disable=not progress, desc="runbook")
 
-        # One kernel for the run (module docstring), started and warmed while this process imports papermill.
-        import_for_kernel_start()  # worker threads import nothing (F1): see import_before_threads
-        first = background.prestart(
-            lambda: prestart_kernel(
-                selected, result_file=results / f"{selected[0].name}.json", notebooks=notebooks
-            )
-        )
+        run_env = {**env, RUN_ID_ENV: run_id}
         import_before_threads()  # while the kernel starts (papermill: see _execute)
         helm_version = background.early(lambda: early_helm_version(params))
         for index, item in enumerate(selected):
@@ -978,11 +990,10 @@ def run(
             bar.set_description(item.name)
             try:  # waiting for this step's kernel is part of the step: Ctrl-C here is sealed like any other
                 if index == 0:
-                    background.kernel = background.take(first) or _new_kernel()
-                else:
-                    background.kernel = step_kernel(
-                        background.kernel, results / f"{item.name}.json", notebooks, background
-                    )
+                    background.kernel = background.take(first)
+                background.kernel = step_kernel(
+                    background.kernel, results / f"{item.name}.json", notebooks, background, run_env
+                )
                 outcome = _execute(
                     item,
                     record=record,
