@@ -2,9 +2,9 @@
 child) counts as the runbook's own: its HTML process too.
 
 Why: ``runbook run`` makes the record's HTML copies in a child process of its own
-(runbook_lib/notebook/runner.py, ``python -m runbook_lib.notebook.html_worker``), alive for the whole run; the
-1,000-node run of 2 Dec 16:02 counted it as "other", outside both figures, while it held 55 MB PSS at the tree's
-peak.
+(runbook_lib/notebook/runner.py ``export_html``: ``python -m runbook_lib.notebook.html_worker``), from the first
+step's end to the run's; the 1,000-node run of 2 Dec 16:02 counted it as "other", outside both figures, while it
+held 55 MB PSS at the tree's peak.
 """
 
 from __future__ import annotations
