@@ -19,7 +19,8 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -64,8 +65,21 @@ KUBELET_LABEL = "sim.talos-gpu-runbooks.local/kubelet"
 KUBELET_RUNNING = "running"
 
 
+#: How many status posts the agent has in flight at once. Each node's kubelet posts its own pods' and node's status
+#: (kubernetes@v1.35.0 pkg/kubelet/status/status_manager.go: one status manager per kubelet), so on a real cluster
+#: 1,000 nodes post side by side; the agent plays every kubelet and must not post one after another (a round trip
+#: per pod was the bound: tests/sim/test_nodeagent_reads.py). 16: our choice, not a source's, to keep the API
+#: server's share of 2 cores for everyone else.
+KUBELET_POSTS = 16
+
+
 def api(kubeconfig: Path) -> client.CoreV1Api:
-    return client.CoreV1Api(config.new_client_from_config(config_file=str(kubeconfig)))  # type: ignore[no-untyped-call]
+    """A client whose connection pool holds :data:`KUBELET_POSTS` connections (the default, 5 per CPU, would open
+    and drop a connection per post beyond it)."""
+    configuration = client.Configuration()
+    config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)  # type: ignore[no-untyped-call]
+    configuration.connection_pool_maxsize = KUBELET_POSTS
+    return client.CoreV1Api(client.ApiClient(configuration))
 
 
 def listed(call: Callable[..., Any], **kwargs: Any) -> list[dict[str, Any]]:
@@ -152,6 +166,12 @@ def wanted_gpus(node: SimNode, plugin_pods: list[dict[str, Any]], handlers: dict
     (a plugin container in back-off has not registered yet, even once NVML would initialise)."""
     running = [p for p in plugin_pods if (p.get("spec") or {}).get("nodeName") == node.name and _ready(p)]
     return len(node.gpus) if any(nvml_initialises(node, _handler(p, handlers, node)) for p in running) else 0
+
+
+def _gpus(node: SimNode, plugin_pods: list[dict[str, Any]], handlers: dict[str, str]) -> tuple[int, int]:
+    """The node's ``nvidia.com/gpu`` as it should be: (capacity, allocatable)."""
+    want = wanted_gpus(node, plugin_pods, handlers)
+    return want, healthy_gpus(node, want)
 
 
 def _ready(pod: dict[str, Any]) -> bool:
@@ -355,13 +375,22 @@ class Periodic:
         self.interval = interval
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._posts = ThreadPoolExecutor(max_workers=KUBELET_POSTS, thread_name_prefix=f"{name}-post")
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=10)
+        if self._thread.ident is not None:  # started
+            self._thread.join(timeout=10)
+        self._posts.shutdown(wait=True, cancel_futures=True)
+
+    def each(self, fn: Callable[[Any], None], items: Iterable[Any]) -> None:
+        """``fn`` over ``items``, :data:`KUBELET_POSTS` at a time, as many kubelets post side by side; returns once
+        all ended, raising the first error (the pass is then logged and retried, as any failed pass)."""
+        for future in [self._posts.submit(fn, item) for item in items]:
+            future.result()
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
@@ -424,17 +453,15 @@ class NodeAgent(Periodic):
         self._start(pending, by_name, handlers)
         self._retry_pulls(pending, by_name)
         plugin_pods = [p for p in pods if _is_plugin(p) and self._admitted(p, by_name)]
-        for node in nodes:
-            want = wanted_gpus(node, plugin_pods, handlers)
-            healthy = healthy_gpus(node, want)
-            if node.name in current and current[node.name] != (want, healthy):
-                self._advertise(node.name, want, healthy)
+        wanted = [(n.name, *_gpus(n, plugin_pods, handlers)) for n in nodes if n.name in current]
+        self.each(lambda w: self._advertise(*w), [w for w in wanted if current[w[0]] != w[1:]])
         self._room_for_pods(objs, by_name)
         self._complete(pods, by_name, handlers)
-        for pod in plugin_pods:
-            on = by_name.get((pod.get("spec") or {}).get("nodeName", ""))
-            if on is not None:
-                self._plugin(pod, on, _handler(pod, handlers, on))
+        placed = [(p, by_name.get((p.get("spec") or {}).get("nodeName", ""))) for p in plugin_pods]
+        self.each(
+            lambda job: self._plugin(job[0], job[1], _handler(job[0], handlers, job[1])),
+            [(pod, on) for pod, on in placed if on is not None],
+        )
 
     def _room_for_pods(self, objs: list[dict[str, Any]], nodes: dict[str, SimNode]) -> None:
         """Each Node's ``pods`` capacity as ``pod_room`` says, patched where it differs (the fault switches)."""
@@ -476,11 +503,16 @@ class NodeAgent(Periodic):
         """A kubelet back on a Ready node posts its pods' readiness again, which the node lifecycle controller
         had set False while the node was out (``_marked_not_ready``); kwok's stages never revisit a Running
         pod."""
-        for pod in pods:
-            if (pod.get("spec") or {}).get("nodeName") in ready_nodes and _marked_not_ready(pod):
-                meta = pod["metadata"]
-                body = {"status": {"conditions": _readiness(pod, True)}}
-                self.core.patch_namespaced_pod_status(meta["name"], meta["namespace"], body)
+
+        def repost(pod: dict[str, Any]) -> None:
+            meta = pod["metadata"]
+            body = {"status": {"conditions": _readiness(pod, True)}}
+            self.core.patch_namespaced_pod_status(meta["name"], meta["namespace"], body)
+
+        back = (
+            p for p in pods if (p.get("spec") or {}).get("nodeName") in ready_nodes and _marked_not_ready(p)
+        )
+        self.each(repost, back)
 
     def _admitted(self, pod: dict[str, Any], nodes: dict[str, SimNode]) -> bool:
         on = nodes.get((pod.get("spec") or {}).get("nodeName", ""))
@@ -495,21 +527,30 @@ class NodeAgent(Periodic):
         waiting = {p["metadata"]["uid"] for p in pods}
         self._refused &= waiting
         cluster = self.faults.read()
-        for pod in filter(_awaiting_start, pods):
-            on = nodes.get((pod.get("spec") or {}).get("nodeName", ""))
-            handler = _handler(pod, handlers, on) if on is not None else ""
-            if on is not None and handler not in runtime(on).cri_runtime_handlers:
-                if pod["metadata"]["uid"] not in self._refused:
-                    self._refused.add(pod["metadata"]["uid"])
-                    self._no_sandbox(pod, handler)
-                continue
-            image = _failing_image(pod, on, cluster) if on is not None else None
-            if image is not None:
-                self._pull_failed(pod, image)
-            elif on is None or not self._started_by_agent(pod, on, handler):
-                meta = pod["metadata"]
-                body = {"status": {"conditions": [_sandbox(True)]}}
-                self.core.patch_namespaced_pod_status(meta["name"], meta["namespace"], body)
+        self.each(lambda pod: self._start_one(pod, nodes, handlers, cluster), filter(_awaiting_start, pods))
+
+    def _start_one(
+        self,
+        pod: dict[str, Any],
+        nodes: dict[str, SimNode],
+        handlers: dict[str, str],
+        cluster: dict[str, Any],
+    ) -> None:
+        """One pod of ``_start`` (the pods are judged side by side: each only touches its own entries)."""
+        on = nodes.get((pod.get("spec") or {}).get("nodeName", ""))
+        handler = _handler(pod, handlers, on) if on is not None else ""
+        if on is not None and handler not in runtime(on).cri_runtime_handlers:
+            if pod["metadata"]["uid"] not in self._refused:
+                self._refused.add(pod["metadata"]["uid"])
+                self._no_sandbox(pod, handler)
+            return
+        image = _failing_image(pod, on, cluster) if on is not None else None
+        if image is not None:
+            self._pull_failed(pod, image)
+        elif on is None or not self._started_by_agent(pod, on, handler):
+            meta = pod["metadata"]
+            body = {"status": {"conditions": [_sandbox(True)]}}
+            self.core.patch_namespaced_pod_status(meta["name"], meta["namespace"], body)
 
     def _started_by_agent(self, pod: dict[str, Any], node: SimNode, handler: str) -> bool:
         """The pods whose start the agent posts itself, not kwok's pod-ready stage (which would report them Ready
@@ -653,7 +694,7 @@ class NodeAgent(Periodic):
     ) -> None:
         """Each bare pod ends once it ran its run time (``kwokstages.run_seconds``: scaled by the time factor as
         kwok's stages are), counted from the pass that first saw it running; before, at the next pass."""
-        now, running = time.monotonic(), set()
+        now, running, due = time.monotonic(), set(), []
         for pod in pods:
             on = nodes.get((pod.get("spec") or {}).get("nodeName", ""))
             if on is None or not _runs_to_completion(pod):
@@ -662,7 +703,8 @@ class NodeAgent(Periodic):
             running.add(uid)
             ends = self._ends.setdefault(uid, now + kwokstages.run_seconds(pod, time_factor()))
             if now >= ends:
-                self._run_to_completion(pod, on, _handler(pod, handlers, on))
+                due.append((pod, on, _handler(pod, handlers, on)))
+        self.each(lambda job: self._run_to_completion(*job), due)
         self._ends = {uid: t for uid, t in self._ends.items() if uid in running}
 
     def _run_to_completion(self, pod: dict[str, Any], node: SimNode, handler: str) -> None:
