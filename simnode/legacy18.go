@@ -71,11 +71,13 @@ func upgradePhasesOf(tag string, preserve, controlPlane bool) [][2]string {
 
 // bootPhases is the number of the metal boot sequence's last phase, startEverything, which a failed boot names
 // ("error running phase N in boot sequence"): Sequencer.Boot's phases on metal at each tag (v1alpha1_sequencer.go):
-// 16 in 1.7 (saveStateEncryptionConfig ... lvm, extendPCRStartAll, startEverything), 15 in 1.8 and 1.9 (no lvm),
-// 10 in 1.10 (no mountState, saveConfig, var, overlay, extendPCRStartAll), 9 from 1.11 (no
-// saveStateEncryptionConfig).
+// 18 in 1.5 (containerd after env, legacyCleanup after overlay: talos@v1.5.5 :210-281), 16 in 1.6 and 1.7
+// (saveStateEncryptionConfig ... lvm, extendPCRStartAll, startEverything), 15 in 1.8 and 1.9 (no lvm), 10 in 1.10
+// (no mountState, saveConfig, var, overlay, extendPCRStartAll), 9 from 1.11 (no saveStateEncryptionConfig).
 func bootPhases(tag string) int {
 	switch {
+	case !atLeast(tag, 1, 6):
+		return 18
 	case !atLeast(tag, 1, 8):
 		return 16
 	case !atLeast(tag, 1, 10):

@@ -10,7 +10,7 @@ observes it (``with_observed``), so a config applied or an upgrade made by the r
 The switch is ``RUNBOOK_SIM_TALOSCTL``: ``auto`` (default: real when a talosctl of the nodes' minor release
 and simnode for the current sources are in the tools cache, else Python), ``real`` (build them if needed;
 an error when impossible) or ``python``. What simnode cannot do yet falls back to the Python talosctl with a
-one-line reason (``runbook sim status`` shows it): releases before 1.6 (no talosctl of theirs was built, so their
+one-line reason (``runbook sim status`` shows it): releases before 1.5 (no talosctl of theirs was built, so their
 API is not simulated, ``SIMNODE_RELEASES``), and scenarios with faults simnode does not simulate.
 """
 
@@ -80,13 +80,17 @@ START_TIMEOUT_S = 60.0
 #: (simnode/state.go, apply.go). 1.7 and 1.8 nodes as 1.9's plus their differences (simnode/legacy18.go): no
 #: PCIDevice before 1.8, 1.7's go-cmp dry-run diff, and an upgrade without ``--preserve`` to a 1.7 installer wiping
 #: /var. 1.6 nodes as 1.7's (what the runbook calls is unchanged from talos@v1.6.7 to v1.7.0: tests/sim/
-#: test_real_talos_13_16.py), but for their base services (no syslogd, state.SERVICE_SINCE). 1.5 and older: their
-#: API differences are not checked (talosctl v1.5.5 and older were not built).
-SIMNODE_RELEASES = ((1, 6), (1, 7), (1, 8), (1, 9), (1, 10), (1, 11), (1, 12), (1, 13), (1, 14))
+#: test_real_talos_13_16.py), but for their base services (no syslogd, state.SERVICE_SINCE). 1.5 nodes as 1.6's but
+#: for the boot sequence's phase count (simnode/legacy18.go bootPhases; the rest compared at talos@v1.5.5 in
+#: tests/sim/test_real_talos_13_16.py). 1.4 and older: their API differences are not simulated (talosctl v1.4.0 and
+#: v1.3.5 were not built here; 1.3-1.4 also install extensions through machine.install.extensions, which simnode
+#: does not do).
+SIMNODE_RELEASES = ((1, 5), (1, 6), (1, 7), (1, 8), (1, 9), (1, 10), (1, 11), (1, 12), (1, 13), (1, 14))
 #: The talosctl a minor release pairs with when none of it is cached, where its ``.0`` cannot be built: the Go module
 #: proxy refuses talos v1.14.0 ("403 This module version is not available", 2026-12-02) and serves v1.14.1. For 1.6
-#: the newest patch, v1.6.7, is the one built (v1.6.8 is refused likewise; v1.6.0 is served, not tried).
-DEFAULT_CLIENT = {(1, 6): "v1.6.7", (1, 14): "v1.14.1"}
+#: the newest patch, v1.6.7, is the one built (v1.6.8 is refused likewise; v1.6.0 is served, not tried); for 1.5
+#: v1.5.5 (its go.mod taken from its zip, tools/build-talosctl.sh; v1.5.0 is served, not tried).
+DEFAULT_CLIENT = {(1, 5): "v1.5.5", (1, 6): "v1.6.7", (1, 14): "v1.14.1"}
 #: Releases simnode serves that ``auto`` still leaves to the Python talosctl, and why (``real`` runs them). None
 #: since 1.14's control-plane node hands out a client-certificate kubeconfig talosctl 1.14's drain accepts
 #: (talos@v1.14.1 pkg/kubeconfig/validate.go:29; simnode -talos-kubeconfig, written by

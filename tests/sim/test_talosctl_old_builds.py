@@ -1,4 +1,5 @@
-"""``tools/build-talosctl.sh`` for the releases the Go module proxy half serves (issue 14, Talos 1.3-1.5).
+"""``tools/build-talosctl.sh`` for the releases the Go module proxy half serves, and what their talosctl prints
+differently (issue 14, Talos 1.3-1.5).
 
 Asked on 2026-12-02, proxy.golang.org answers talos v1.5.5's ``.info`` and ``.zip`` with 200 and its ``.mod`` with
 "403 This module version is not available." (v1.4.0's and v1.3.5's are served), which stopped the build at its
@@ -23,7 +24,9 @@ from pathlib import Path
 
 import pytest
 
+from runbook_lib.sim.cluster import ClusterSpec, create
 from runbook_lib.sim.realtalos import ROOT
+from tests.sim.talosctl_legs import LEGS, leg
 
 VERSION = "v1.5.5"
 MODULE = "github.com/siderolabs/talos"
@@ -110,3 +113,21 @@ def test_a_release_whose_go_mod_the_proxy_refuses_is_fetched_with_the_go_mod_of_
         assert f"{VERSION}.mod: 403" not in proc.stderr, proc.stderr
         assert "pkg/machinery" in proc.stderr, proc.stderr  # it went on to the next module the release needs
     assert not (tmp_path / "tools" / "talosctl" / VERSION / "talosctl").exists()
+
+
+# ---------------------------------------------------------------- what talosctl 1.5 prints differently
+
+
+@pytest.mark.parametrize("which", LEGS)
+def test_talosctl_1_5_prints_a_failed_read_as_the_error_apid_streamed(tmp_path: Path, which: str) -> None:
+    """Found comparing the Python talosctl with the real v1.5.5 (tests/sim/test_fake_vs_real_talosctl.py): up to
+    1.5 ``read`` collects the node error apid puts in the stream's metadata through helpers.AppendErrors
+    (talos@v1.5.5 cmd/talosctl/cmd/talos/read.go:40-70, cmd/talosctl/pkg/talos/helpers/error.go:17-33); 1.6
+    turned it into the reader's error, printed ``error reading: ...`` (pkg/machinery/client/client.go ReadStream).
+    The fake printed 1.6's text for every release."""
+    state = tmp_path / "state"
+    create(state, ClusterSpec(workers=1, talos_version=VERSION, scenario="fresh"))
+    with leg(which, state, VERSION) as run:
+        proc = run("-n", "10.5.0.3", "read", "/proc/nope")
+    missing = "rpc error: code = Unknown desc = stat /proc/nope: no such file or directory"
+    assert (proc.returncode, proc.stdout, proc.stderr) == (1, "", f"1 error occurred:\n {missing}\n")

@@ -463,6 +463,11 @@ def cmd_read(env: Env, p: fl.Parsed) -> int:
     if len(target.nodes) > 1:
         raise CommandError('command "read" is not supported with multiple nodes')
     [(_addr, text, err)] = fan_out(env, target.nodes, lambda n: read_file(n, p.args[0]))
+    if err and env.client_minor < (1, 6):
+        # talosctl 1.3-1.5 collects the error apid puts in the stream's metadata through helpers.AppendErrors
+        # (talos@v1.5.5 cmd/talosctl/cmd/talos/read.go:40-70, cmd/talosctl/pkg/talos/helpers/error.go:17-33;
+        # pkg/machinery/client/client.go ReadStream's errCh, gone in 1.6); seen with the real talosctl v1.5.5
+        raise CommandError(f"1 error occurred:\n {err}")
     if err:
         # the stream's first receive carries the node's error (talos@v1.12.0 cmd/talosctl/cmd/talos/read.go:46-49)
         raise CommandError(f"error reading: {err}")
