@@ -40,7 +40,9 @@ it timeouts of at most 30 s, under the 42 s it now takes.
 from __future__ import annotations
 
 import os
+import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -100,3 +102,43 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     rank = {name: index for index, name in enumerate(LONG_FILES)}
     root = Path(str(config.rootpath))
     items.sort(key=lambda item: rank.get(item.path.relative_to(root).as_posix(), len(rank)))
+
+
+#: The signals whose handler a test must give back as it found it (``signal_handlers_given_back``).
+GUARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _handler_name(handler: object) -> str:
+    if handler is signal.default_int_handler:
+        return "Python's (KeyboardInterrupt)"
+    return handler.name if isinstance(handler, signal.Handlers) else repr(handler)
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    """Say when this pytest started with SIGINT ignored (a background job of a non-interactive shell: ``cmd &``
+    in a script), which its xdist workers inherit: a Ctrl-C test that did not set Python's handler itself would
+    fail there with 'DID NOT RAISE KeyboardInterrupt' (CI of 2 Dec, 473b074)."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        return "SIGINT is ignored in this pytest and its workers (started in the background?)"
+    return None
+
+
+@pytest.fixture(autouse=True)
+def signal_handlers_given_back(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail (at teardown, naming it) a test that leaves SIGINT's or SIGTERM's handler changed, and put the
+    handler back. Why: an xdist worker runs many files in one process, and a handler left behind makes a later
+    file's test fail far from its cause (CI of 2 Dec, 473b074: two in-process tests of test_interrupts.py did
+    not see Ctrl-C). What a worker started with is not checked here: a pytest started as a background job of
+    a non-interactive shell (``cmd &`` in a script) starts with SIGINT ignored, and Python and xdist's workers
+    keep it so; the tests that need Ctrl-C set Python's handler themselves."""
+    before = {sig: signal.getsignal(sig) for sig in GUARDED_SIGNALS}
+    yield
+    changed = {sig: signal.getsignal(sig) for sig in GUARDED_SIGNALS if signal.getsignal(sig) != before[sig]}
+    for sig in changed:
+        signal.signal(sig, before[sig] if before[sig] is not None else signal.SIG_DFL)
+    if changed:
+        left = "; ".join(
+            f"{signal.Signals(sig).name} was {_handler_name(before[sig])}, now {_handler_name(handler)}"
+            for sig, handler in changed.items()
+        )
+        pytest.fail(f"{request.node.nodeid} left a signal handler changed (put back): {left}", pytrace=False)

@@ -44,8 +44,11 @@ from tests.realplane import ready_if_real, stop_servers, use_real_plane
 def _sigint_as_python_starts_it() -> Iterator[None]:
     """Each test starts from Python's own SIGINT handler. The guard leaves an ignored SIGINT ignored (a run
     started with it ignored, e.g. in the background, stays so), and in CI of 2 Dec (473b074) two in-process tests
-    of this file found SIGINT not raising in their xdist worker: something run earlier in that worker changed it
-    (not found; the file passes alone and as a whole)."""
+    of this file found SIGINT not raising in their xdist worker (ignored: with SIGINT ignored they fail the same
+    way). No code of the project or its libraries ignores SIGINT in the test process (only in processes of their
+    own: html_worker, the tool server's fork, ipykernel), and tests/conftest.py's guard fails any test that leaves
+    SIGINT or SIGTERM changed; what remains is a worker that started with it ignored, as every process of a
+    pytest started as a background job of a non-interactive shell does (its report header then says so)."""
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         yield
@@ -353,6 +356,38 @@ def test_sigterm_between_steps_stops_the_run_with_143() -> None:
         assert info.value.code == 143
     finally:
         guard.restore()
+
+
+@pytest.mark.parametrize("command", ["run", "rollback"])
+def test_runbook_called_in_process_gives_the_callers_sigterm_handler_back(
+    tmp_path: Path, command: str
+) -> None:
+    """While ``runbook run`` or ``rollback`` runs, SIGTERM unwinds it like Ctrl-C (the record is sealed); a Python
+    process that calls ``runbook_lib.cli.main`` (a script, a notebook, a test) has its own handler back once
+    the call returns, also when the command stops on bad input. It kept ``_terminate`` for good: a later SIGTERM
+    raised SystemExit(143) wherever that process happened to be (found by tests/conftest.py's signal guard)."""
+    params = tmp_path / "p.yaml"
+    params.write_text(Path(PARAMS).read_text().replace("apply: false", 'apply: "yes please"'))
+    argv = [
+        "-p",
+        str(params),
+        "--apply",
+        "--records",
+        str(tmp_path / "records"),
+        "--state",
+        str(tmp_path / "s"),
+    ]
+    argv += ["--from", "no-such-record"] if command == "rollback" else []
+
+    def callers(_signum: int, _frame: object) -> None:
+        raise AssertionError("not called: no SIGTERM is sent")
+
+    previous = signal.signal(signal.SIGTERM, callers)
+    try:
+        assert main([command, *argv]) == 2
+        assert signal.getsignal(signal.SIGTERM) is callers
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def test_the_journal_of_an_interrupted_step_lists_the_change_in_flight(tmp_path: Path) -> None:

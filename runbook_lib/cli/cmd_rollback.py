@@ -13,7 +13,6 @@ is the one ``runbook run`` applies from (a CI file may well say ``apply: true``)
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 from types import TracebackType
 
@@ -66,7 +65,11 @@ def _quiet_interrupt(
 
 
 def _rollback(args: argparse.Namespace) -> int:
-    signal.signal(signal.SIGTERM, cmd_run._terminate)
+    with cmd_run.sigterm_unwinds():
+        return _roll_back(args)
+
+
+def _roll_back(args: argparse.Namespace) -> int:
     root = cmd_run._checked_records_root(args.records)
     params_file: str = args.params or "params/simulated.yaml"
     values = {"rollback.records": [str(record_path(ref, root)) for ref in args.from_records]}

@@ -243,6 +243,18 @@ def _terminate(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+@contextlib.contextmanager
+def sigterm_unwinds() -> Iterator[None]:
+    """SIGTERM raises ``_terminate``'s SystemExit while the command runs, and the caller's handler is back after:
+    ``runbook_lib.cli.main`` called in a Python process (a script, a notebook, a test) must not leave that
+    process's SIGTERM raising wherever it happens to be later."""
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
 def _unknown_steps(names: list[str], flag: str) -> str:
     """``unknown step(s) X in --steps (did you mean 'Y'?)`` for the names that are not steps, or ""."""
     unknown = [name for name in names if name not in STEP_NAMES]
@@ -307,7 +319,11 @@ def _resume_values(root: Path, *, apply: bool) -> dict[str, Any]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    signal.signal(signal.SIGTERM, _terminate)
+    with sigterm_unwinds():
+        return _run_steps(args)
+
+
+def _run_steps(args: argparse.Namespace) -> int:
     # At exit, the interpreter's last garbage collection walks every object the run left (the notebook
     # tooling, the Kubernetes client): ~0.15 s of every `runbook run`.  Freezing them first skips that walk;
     # the process ends right after, and nothing of the record is left to write by then (it is sealed, and
