@@ -82,9 +82,9 @@ START_TIMEOUT_S = 60.0
 #: /var. 1.6 nodes as 1.7's (what the runbook calls is unchanged from talos@v1.6.7 to v1.7.0: tests/sim/
 #: test_real_talos_13_16.py), but for their base services (no syslogd, state.SERVICE_SINCE). 1.5 nodes as 1.6's but
 #: for the boot sequence's phase count (simnode/legacy18.go bootPhases; the rest compared at talos@v1.5.5 in
-#: tests/sim/test_real_talos_13_16.py). 1.4 and older: not served. talosctl v1.4.0 builds with today's Go
-#: (tools/build-talosctl.sh v1.4.0), and its version, get, service, read and patch --dry-run ran against simnode
-#: serving 1.4.8 nodes (tried by hand, 2026-12-02); but 1.3-1.4 install extensions through
+#: tests/sim/test_real_talos_13_16.py). 1.4 and older: not served. talosctl v1.4.0 and v1.3.5 build with today's Go
+#: (tools/build-talosctl.sh), and their version, get, service, read and patch --dry-run ran against simnode
+#: serving 1.4.8 and 1.3.7 nodes (tried by hand, 2026-12-02); but 1.3-1.4 install extensions through
 #: machine.install.extensions and the ghcr.io installer (profiles.py), which simnode does not simulate, and the
 #: upgrade and tracker of talosctl v1.4.0 and v1.3.5 differ from 1.5's (cmd/talosctl/cmd/talos/upgrade.go,
 #: cmd/talosctl/pkg/talos/action/tracker.go).
