@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -388,8 +388,12 @@ class Periodic:
 
     def each(self, fn: Callable[[Any], None], items: Iterable[Any]) -> None:
         """``fn`` over ``items``, :data:`KUBELET_POSTS` at a time, as many kubelets post side by side; returns once
-        all ended, raising the first error (the pass is then logged and retried, as any failed pass)."""
-        for future in [self._posts.submit(fn, item) for item in items]:
+        all ended, raising the first error (the pass is then logged and retried, as any failed pass). It waits for
+        every post before raising: a post left running into the next pass could land after that pass's newer post
+        for the same pod (a stale phase) or count a restart twice."""
+        futures = [self._posts.submit(fn, item) for item in items]
+        wait(futures)
+        for future in futures:
             future.result()
 
     def _loop(self) -> None:

@@ -215,3 +215,28 @@ def test_the_agent_posts_many_pods_status_at_once_as_their_nodes_kubelets_would(
     slow_agent._ends = {f"u{i}": 0.0 for i in range(4)}  # their run time is over
     slow_agent._complete(done, {node.name: node}, {})
     assert _SlowPatches.in_flight[1] >= _SlowPatches.WANT
+
+
+def test_a_failed_status_post_ends_the_pass_only_once_the_passs_other_posts_have_ended() -> None:
+    """A pod deleted between the agent's list and its post gets a 404 (common while cuda-test deletes its pods).
+    The pass must not end before its other posts do: a post left running into the next pass could land after that
+    pass's newer post for the same pod (a stale phase shown) or count a restart twice."""
+    periodic = nodeagent.Periodic(0.5, "test-agent")
+    release = threading.Event()
+    ended: list[int] = []
+
+    def post(item: int) -> None:
+        if item == 0:
+            raise RuntimeError("404 Not Found: the pod was deleted")
+        release.wait(timeout=2.0)
+        ended.append(item)
+
+    timer = threading.Timer(0.3, release.set)
+    timer.start()
+    try:
+        with pytest.raises(RuntimeError, match="404"):
+            periodic.each(post, range(4))
+        assert sorted(ended) == [1, 2, 3], "each() raised while the pass's other posts were still running"
+    finally:
+        timer.cancel()
+        periodic.stop()
