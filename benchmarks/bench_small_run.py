@@ -14,7 +14,7 @@ call: a critical path of round trips only (1.1 s), which is not what the issue d
   up -p`` (the simulator's own start is not the run's);
 - **critical path**: the run's talosctl and helm calls (every step's journal) grouped into sequential waves (calls
   whose spans overlap ran together, :func:`wave_seconds`), each wave as long as its slowest call can be alone: an
-  upgrade ``T`` (one node's ``upgrade --wait`` alone after the run, fastest of 3), any other talosctl call ``R`` (one
+  upgrade ``T`` (one node's ``upgrade --wait`` alone after the run, median of 3: ``upgrade_alone``), any other talosctl call ``R`` (one
   ``get extensions`` of one node alone, fastest of 5: the binary's start, mTLS and simnode's answer), a helm call
   that same command line run again alone (fastest of 3); and never shorter than its calls' CPU (each kind's, measured
   alone) spread over the machine's cores; plus the Kubernetes and cuda-test steps' cluster time (``helm upgrade
@@ -38,7 +38,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -62,7 +61,7 @@ from benchmarks.bench_whole_change import (
     upgrade_alone,
     write_params,
 )
-from benchmarks.real_fleet import Cli, go_on_path, timed, update_results
+from benchmarks.real_fleet import Cli, children_cpu, go_on_path, timed, update_results
 from tests.sim.test_library_real_talosctl import TALOS
 from tests.sim.test_real_talosctl import build
 
@@ -119,18 +118,13 @@ def external_calls(run: Run) -> list[tuple[float, float, str]]:
     return out
 
 
-def _cpu_of_children() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
 def alone(call: Callable[[], object], times: int) -> Cost:
     """One call with nothing else of ours running: the fastest wall time of ``times`` calls, and their mean CPU.
     The fastest, not the median: on a shared machine another process only ever adds time, and an inflated cost
     lengthens the critical path and so flatters the runbook's own time."""
-    cpu_before = _cpu_of_children()
+    cpu_before = children_cpu()
     walls = [timed(call) for _ in range(times)]
-    return Cost(min(walls), (_cpu_of_children() - cpu_before) / times)
+    return Cost(min(walls), (children_cpu() - cpu_before) / times)
 
 
 def verdict(ratio: float, *, load_max: float, cores: int) -> str:
@@ -170,10 +164,10 @@ def measure(work: Path, nodes: int, kernels: Callable[[], float]) -> dict[str, A
     runbook(work, None, "sim", "up", "-p", str(work / "params.json"))
     try:
         loads = [_load()]
-        cpu_before = _cpu_of_children()
+        cpu_before = children_cpu()
         run = checked(run_apply(work, None), work, EXPECTED)
         loads.append(_load())
-        run_cpu = _cpu_of_children() - cpu_before
+        run_cpu = children_cpu() - cpu_before
         cli = Cli(work / "state" / "bin" / "talosctl", work / "state" / "talosconfig")
         costs = tool_costs(run, cli, addresses[0], upgrade_alone(cli, addresses, installer(run)))
         loads.append(_load())

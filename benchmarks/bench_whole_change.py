@@ -34,7 +34,6 @@ import functools
 import json
 import math
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -47,7 +46,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.real_fleet import Cli, go_on_path, timed, union_seconds, update_results, verify_pools
+from benchmarks.real_fleet import (
+    Cli,
+    children_cpu,
+    go_on_path,
+    timed,
+    union_seconds,
+    update_results,
+    verify_pools,
+)
 from tests.sim.test_library_real_talosctl import TALOS
 from tests.sim.test_real_talosctl import build
 
@@ -256,11 +263,9 @@ def upgrade_alone(cli: Cli, nodes: Sequence[str], image: str) -> tuple[float, fl
     """T: one node's ``upgrade --wait`` with nothing else running, median over 3 nodes one after another; and the
     CPU seconds one such talosctl process uses (user + system, mean of the 3: ``getrusage`` of the children)."""
     args = ["upgrade", "--image", image, "--wait=true", "--timeout=600s"]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    before = children_cpu()
     walls = [timed(functools.partial(cli.call, args, [n])) for n in nodes[:3]]
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime) / len(walls)
-    return statistics.median(walls), cpu
+    return statistics.median(walls), (children_cpu() - before) / len(walls)
 
 
 def verify_floor(cli: Cli, nodes: Sequence[str]) -> tuple[float, str]:

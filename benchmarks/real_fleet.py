@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from resource import RUSAGE_CHILDREN, getrusage
 from typing import Any
 
 from runbook_lib.steps.verify import DRIVER_VERSION_FILE
@@ -90,6 +91,12 @@ def timed(fn: Callable[[], object]) -> float:
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
+
+
+def children_cpu() -> float:
+    """CPU seconds (user + system) of this process's children waited for so far: the real tools it ran."""
+    usage = getrusage(RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def split(nodes: Sequence[str], size: int) -> list[Sequence[str]]:
