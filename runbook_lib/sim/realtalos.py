@@ -10,8 +10,9 @@ observes it (``with_observed``), so a config applied or an upgrade made by the r
 The switch is ``RUNBOOK_SIM_TALOSCTL``: ``auto`` (default: real when a talosctl of the nodes' minor release
 and simnode for the current sources are in the tools cache, else Python), ``real`` (build them if needed;
 an error when impossible) or ``python``. What simnode cannot do yet falls back to the Python talosctl with a
-one-line reason (``runbook sim status`` shows it): releases before 1.5 (no talosctl of theirs was built, so their
-API is not simulated, ``SIMNODE_RELEASES``), and scenarios with faults simnode does not simulate.
+one-line reason (``runbook sim status`` shows it): releases before 1.5 (their talosctl builds, but simnode does not
+simulate their extension install nor their talosctl's upgrade tracker, ``SIMNODE_RELEASES``), and scenarios with
+faults simnode does not simulate.
 """
 
 from __future__ import annotations
