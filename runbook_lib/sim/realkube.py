@@ -135,8 +135,9 @@ def build_hint(kubernetes_version: str) -> str:
 #: ``MinimumKubernetesVersion`` and ``MaximumKubernetesVersion`` (x.y.99: all of minor y) in
 #: compatibility/talos13/talos13.go ... talos114/talos114.go), read at each release's tag on 2 Dec 2026: v1.3.7,
 #: v1.4.8, v1.5.5, v1.6.7, v1.7.0, v1.8.0, v1.9.0, v1.10.0, v1.11.0, v1.12.0, v1.13.0 and v1.14.0-rc.1 (the newest
-#: 1.14 tag of the mirror read). Until then it was read from the main branch and said 1.27 for 1.6's oldest, where
-#: every 1.6 tag says 1.24.0 (tests/sim/test_supported_kubernetes.py). The release's support matrix may list fewer,
+#: 1.14 tag of the mirror read). Until then the table said 1.27 for 1.6's oldest, where every 1.6 tag and main say
+#: 1.24.0 (where the 27 came from is not known; tests/sim/test_supported_kubernetes.py). The release's support
+#: matrix may list fewer,
 #: e.g. website/content/v1.4/introduction/support-matrix.md "1.27, 1.26, 1.22" where its code says 1.25.0 (we
 #: follow the code).
 SUPPORTED_KUBERNETES: dict[str, tuple[int, int]] = {
