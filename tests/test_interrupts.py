@@ -130,6 +130,16 @@ def wait_until(proc: subprocess.Popen[str], ready: Callable[[], bool], what: str
         time.sleep(0.05)
 
 
+def helm_release_stored(sim: Any, name: str, namespace: str) -> bool:
+    """Whether helm has stored release ``name`` in the API: with the default storage driver, a Secret labelled
+    ``owner=helm`` and ``name=<release>`` (helm@v4.1.4 pkg/storage/driver/secrets.go:246-264), written as the
+    install starts, with status ``pending-install`` (pkg/action/install.go:386,460), before ``--wait`` waits.
+    Read through the API rather than ``helm list`` (which lists every status, pkg/cmd/list.go:38-41): polled
+    every 0.05 s, a helm process each time would load the run it watches."""
+    found = sim.ctx.kube.core.list_namespaced_secret(namespace, label_selector=f"owner=helm,name={name}")
+    return bool(found.items)
+
+
 def interrupt(proc: subprocess.Popen[str], signals: list[signal.Signals]) -> tuple[int, str]:
     """Send the signals 0.3 s apart (the second lands while the run cleans up); the exit status and stderr."""
     for i, sig in enumerate(signals):
@@ -433,7 +443,10 @@ def test_interrupted_kubernetes_step_records_the_runtime_class_labels_and_helm_r
 
         proc = start_run(sim, "kubernetes")
         wait_until(proc, lambda: labelled() == names, "every GPU node labelled")
-        time.sleep(1.0)  # into the Helm install and its wait
+        release = sim.ctx.plan.helm
+        wait_until(
+            proc, lambda: helm_release_stored(sim, release.release, release.namespace), "the Helm release"
+        )
         status, err = interrupt(proc, [signal.SIGINT])
         assert status == expected_status([signal.SIGINT]), err
         data = sealed_record(sim)
@@ -442,10 +455,8 @@ def test_interrupted_kubernetes_step_records_the_runtime_class_labels_and_helm_r
         assert any(s.startswith("create RuntimeClass nvidia") for s in summaries), summaries
         for name in labelled():
             assert any(s.startswith(f"label Node {name} ") for s in summaries), (name, summaries)
-        namespace = sim.ctx.plan.helm.namespace
-        if sim.ctx.helm.releases(namespace):
-            installs = [c for c in data["changes"] if "--install" in c.get("argv", [])]
-            assert installs, "the Helm release in the cluster is in the record"
+        installs = [c for c in data["changes"] if "--install" in c.get("argv", [])]
+        assert installs, "the Helm release in the cluster is in the record"
         capsys.readouterr()
         assert main(["records", "show", "--dir", str(sim.records)]) == 0
         shown = capsys.readouterr().out
