@@ -163,6 +163,22 @@ def test_a_failing_node_is_reported_alone_before_its_batch_mates_end(tmp_path: P
     assert {e.address for e, _ in events} == {"10.5.4.2", "10.5.4.3"}
 
 
+def test_a_node_talosctl_1_3_reports_failed_fails_although_talosctl_exits_0(tmp_path: Path) -> None:
+    """talosctl 1.3's tracker prints a node's error but its goroutine returns nil (talos@v1.3.5
+    cmd/talosctl/pkg/talos/action/tracker.go:172-185; from v1.4.0 it returns the error, so the process exits 1):
+    ``upgrade --wait`` exits 0 with a node failed.  The step judges each node by its own lines, not only the exit
+    code.  The lines are the real talosctl v1.12.0's (the reporter's format is the same at v1.3.5, tracker.go
+    :253-256); the exit code is 1.3's, by its source (not observed)."""
+    addresses, lines, _exit_code = capture("fail-and-hang")
+    talosctl = FakeTalosctl(lambda _nodes: lines, 0)
+    ctx, batch, results, events = setup(tmp_path, addresses, talosctl, tracked=True)
+    outcomes = dict((plan.node.address, error) for plan, error in _upgrade_batch(ctx, batch, results, 60))
+    failure = outcomes["10.5.4.2"]
+    assert failure is not None and 'task "upgrade" failed: exit code 1' in failure.report()
+    assert results["10.5.4.2"].status == "failed"
+    assert outcomes["10.5.4.1"] is None and outcomes["10.5.4.4"] is None
+
+
 def test_a_failure_in_a_quiet_chunk_is_reported_within_seconds(tmp_path: Path) -> None:
     """A node's final error is often the chunk's last line for a while: its batch-mates are rebooting, and print
     nothing until they answer again (on real hardware a re-dial of a rebooting node waits up to gRPC's

@@ -644,9 +644,11 @@ def _upgrade_group(
     # talosctl's --timeout spans the whole command (tracker.go:168-169): a failure that took that long is it
     timed_out = upgrade_timeout if run.duration_s >= upgrade_timeout else None
     fallback = run.stderr.strip() or f"talosctl upgrade exited {run.exit_code}"
+    # a node's own final error fails it whatever the exit code: talosctl 1.3 exits 0 with a node failed
+    # (talos@v1.3.5 cmd/talosctl/pkg/talos/action/tracker.go:172-185)
     return [
         (plan, None)
-        if run.ok or address in follower.passed
+        if address not in follower.failed and (run.ok or address in follower.passed)
         else (
             plan,
             image_diagnosis.UpgradeFailure(
