@@ -39,12 +39,13 @@ func installArgs(cfg config.Provider) []string {
 	return slices.Clone(cfg.Machine().Install().ExtraKernelArgs())
 }
 
-// install records what an installer run writes into GRUB's entry for the next boot: args.
-func (n *simNode) install(args []string) {
+// install records what an installer run writes for the next boot: args into GRUB's entry, exts beside the
+// installer's own (installext.go).
+func (n *simNode) install(args []string, exts []ExtensionSpec) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 
-	n.boot.installed, n.boot.installedArgs = true, args
+	n.boot.installed, n.boot.installedArgs, n.boot.installedExts = true, args, exts
 }
 
 // bootArgs are the extra kernel arguments of the boot into image that powerOn starts: the previous boot's for
@@ -56,12 +57,19 @@ func (n *simNode) install(args []string) {
 func (n *simNode) bootArgs(image, previous string) []string {
 	b := n.boot // powerOn holds n.mu
 
+	return pickForBoot(b, image, previous, b.args, b.previousArgs, b.installedArgs)
+}
+
+// pickForBoot is what the boot into image (powerOn's arguments) starts with, of three records kept as b's
+// kernel arguments are: previous's for a rollback (no image to return to: the boot before this one's),
+// installed's when an installer ran since this boot, else current's (a reboot).
+func pickForBoot[T any](b bootInfo, image, previous string, current, prev, installed T) T {
 	switch {
 	case previous == "" && image == b.previous && image != b.image:
-		return b.previousArgs
+		return prev
 	case b.installed:
-		return b.installedArgs
+		return installed
 	default:
-		return b.args
+		return current
 	}
 }

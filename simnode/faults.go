@@ -71,20 +71,24 @@ func validateFaults(n *NodeSpec, label string) error {
 	return nil
 }
 
-// failInstall is an upgrade whose installer exits non-zero (fail_install; ours, no source for why it would):
-// the upgrade sequence's phases up to its "upgrade" task, which fails as RunInstallerContainer reports a
-// non-zero exit (talos@v1.12.0:internal/pkg/install/install.go:261), so Controller.Run publishes the sequence
-// error (v1alpha1_controller.go:139-157, the wrapping of :275-317) and the server only logs it
+// failInstall is an upgrade whose installer run fails with reason: fail_install's non-zero exit (ours, no source
+// for why it would; RunInstallerContainer's "task %q failed: exit code 1", talos@v1.12.0:internal/pkg/install/
+// install.go:261) or an image of machine.install.extensions that does not pull (installext.go). The upgrade
+// sequence's phases of the running release run up to its "upgrade" task, which fails, so Controller.Run publishes
+// the sequence error (v1alpha1_controller.go:139-157, the wrapping of :275-317) and the server only logs it
 // (v1alpha1_server.go:558-562): no reboot, the node keeps running the image it had. Not modelled: the services
 // the sequence stopped before the install stay stopped on a real node.
-func (n *simNode) failInstall(actorID string) {
-	install := slices.IndexFunc(upgradePhases, func(pt [2]string) bool { return pt[1] == "upgrade" })
+func (n *simNode) failInstall(actorID string, preserve bool, reason string) {
+	phases := upgradePhasesOf(n.bootState().version, preserve, n.controlPlane())
+	install := slices.IndexFunc(phases, func(pt [2]string) bool { return pt[1] == "upgrade" })
 	bus := n.bus()
 	bus.publish(actorID, &machine.SequenceEvent{Sequence: "upgrade", Action: machine.SequenceEvent_START})
-	n.runPhases(bus, actorID, upgradePhases[:install+1])
+	n.runPhases(bus, actorID, phases[:install+1])
 	bus.publish(actorID, &machine.SequenceEvent{Sequence: "upgrade", Action: machine.SequenceEvent_NOOP, Error: &common.Error{
-		Code: common.Code_FATAL,
-		Message: fmt.Sprintf("sequence failed: error running phase %d in upgrade sequence: task 1/1: failed, "+
-			"task %q failed: exit code 1", install+1, "upgrade"),
+		Code:    common.Code_FATAL,
+		Message: fmt.Sprintf("sequence failed: error running phase %d in upgrade sequence: task 1/1: failed, %s", install+1, reason),
 	}})
 }
+
+// installExitFailure is fail_install's reason: the installer container's exit.
+const installExitFailure = `task "upgrade" failed: exit code 1`

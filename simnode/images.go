@@ -20,12 +20,13 @@ type imageCatalog struct {
 	static   map[string]ImageSpec
 	resolver string // executable: argv [resolver, ref] -> ImageSpec JSON on stdout, or exit != 0 with a message
 
-	mu       sync.Mutex
-	resolved map[string]ImageSpec
+	mu         sync.Mutex
+	resolved   map[string]ImageSpec
+	extensions map[string]ExtensionSpec // extension images the resolver answered (lookupExtension)
 }
 
 func newImageCatalog(static map[string]ImageSpec, resolver string) *imageCatalog {
-	return &imageCatalog{static: static, resolver: resolver, resolved: map[string]ImageSpec{}}
+	return &imageCatalog{static: static, resolver: resolver, resolved: map[string]ImageSpec{}, extensions: map[string]ExtensionSpec{}}
 }
 
 // resolveTimeout bounds one resolver run (ours): an upgrade request must not hang on it.
@@ -49,9 +50,14 @@ func (c *imageCatalog) lookup(ref string) (ImageSpec, error) {
 		return img, nil
 	}
 
-	img, err := c.run(ref)
+	out, err := c.run(ref)
 	if err != nil {
 		return ImageSpec{}, err
+	}
+
+	var img ImageSpec
+	if err = json.Unmarshal(out, &img); err != nil || !strings.HasPrefix(img.TalosVersion, "v") {
+		return ImageSpec{}, fmt.Errorf("simnode: image resolver %s answered no image for %q (%v): %q", c.resolver, ref, err, out)
 	}
 
 	c.resolved[ref] = img
@@ -59,8 +65,38 @@ func (c *imageCatalog) lookup(ref string) (ImageSpec, error) {
 	return img, nil
 }
 
-func (c *imageCatalog) run(ref string) (ImageSpec, error) {
-	cmd := exec.Command(c.resolver, ref)
+// lookupExtension is what the system extension image ref (a machine.install.extensions entry, installext.go)
+// installs, asked of the resolver as "--extension ref"; the error is why it cannot be pulled.
+func (c *imageCatalog) lookupExtension(ref string) (ExtensionSpec, error) {
+	if c.resolver == "" {
+		return ExtensionSpec{}, fmt.Errorf("simnode: no -image-resolver to pull extension image %q from", ref)
+	}
+
+	c.mu.Lock()
+	defer c.mu.Unlock()
+
+	if ext, ok := c.extensions[ref]; ok {
+		return ext, nil
+	}
+
+	out, err := c.run("--extension", ref)
+	if err != nil {
+		return ExtensionSpec{}, err
+	}
+
+	var ext ExtensionSpec
+	if err = json.Unmarshal(out, &ext); err != nil || ext.Name == "" {
+		return ExtensionSpec{}, fmt.Errorf("simnode: image resolver %s answered no extension for %q (%v): %q", c.resolver, ref, err, out)
+	}
+
+	c.extensions[ref] = ext
+
+	return ext, nil
+}
+
+// run asks the resolver (argv: args) and returns its stdout, or its stderr as the error.
+func (c *imageCatalog) run(args ...string) ([]byte, error) {
+	cmd := exec.Command(c.resolver, args...)
 	cmd.WaitDelay = resolveTimeout
 
 	var stdout, stderr bytes.Buffer
@@ -79,13 +115,8 @@ func (c *imageCatalog) run(ref string) (ImageSpec, error) {
 			msg = err.Error()
 		}
 
-		return ImageSpec{}, errors.New(msg)
+		return nil, errors.New(msg)
 	}
 
-	var img ImageSpec
-	if err := json.Unmarshal(stdout.Bytes(), &img); err != nil || !strings.HasPrefix(img.TalosVersion, "v") {
-		return ImageSpec{}, fmt.Errorf("simnode: image resolver %s answered no image for %q (%v): %q", c.resolver, ref, err, stdout.String())
-	}
-
-	return img, nil
+	return stdout.Bytes(), nil
 }

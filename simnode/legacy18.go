@@ -41,7 +41,9 @@ func wipesEphemeral(installerTag string, preserve bool) bool {
 const ephemeralMount = "/var/"
 
 // upgradePhasesOf are the upgrade sequence's phases for a node of release tag, as upgradePhases (one task per
-// phase: the second task of "unmount" and "unmountSystem", and "unmountUser", are not published here either).
+// phase: the second task of "unmount" and "unmountSystem" is not published here either). Before 1.8 "unmountUser"
+// (unmountUserDisks) follows "stopServices" (talos@v1.7.0 v1alpha1_sequencer.go:492, v1.5.5:498, v1.4.8:521): a
+// failed install names its phase number counting it.
 // Before 1.8 preserve chose the cleanup task (removeAllPods without it: pods stopped and removed; stopAllPods
 // with it), a control-plane node left etcd without it, and "verifyDisk" ran where 1.8 runs "volumeFinalize"
 // (talos@v1.7.0:internal/app/machined/pkg/runtime/v1alpha1/v1alpha1_sequencer.go:462-521, task names from
@@ -61,21 +63,44 @@ func upgradePhasesOf(tag string, preserve, controlPlane bool) [][2]string {
 		phases = append(phases, [2]string{"leave", "leaveEtcd"})
 	}
 
-	return append(phases, [][2]string{
-		{"stopServices", "stopServicesForUpgrade"}, {"unmount", "unmountPodMounts"},
+	phases = append(phases, [][2]string{
+		{"stopServices", "stopServicesForUpgrade"}, {"unmountUser", "unmountUserDisks"}, {"unmount", "unmountPodMounts"},
 		{"unmountBind", "unmountSystemDiskBindMounts"}, {"unmountSystem", "unmountEphemeralPartition"},
-		{"verifyDisk", "verifyDiskAvailability"}, {"upgrade", "upgrade"}, {"meta", "reloadMeta"},
-		{"kexec", "kexecPrepare"},
+		{"verifyDisk", "verifyDiskAvailability"}, {"upgrade", "upgrade"},
 	}...)
+
+	return append(phases, kexecPhasesOf(tag)...)
 }
 
-// bootPhases is the number of the metal boot sequence's last phase, startEverything, which a failed boot names
+// kexecPhasesOf are the upgrade's phases after "upgrade": "meta" (reloadMeta) from 1.4, then "kexec", which
+// before 1.5 mounts the boot partition around it ("mountBoot", "unmountBoot": talos@v1.4.8 v1alpha1_sequencer.go
+// Upgrade :492-563, removed at v1.5.5; v1.3.7's Upgrade from :426 has no "meta" phase). Task names from
+// v1alpha1_sequencer_tasks.go at those tags (mountBootPartition, kexecPrepare, unmountBootPartition, reloadMeta).
+func kexecPhasesOf(tag string) [][2]string {
+	kexec := [][2]string{{"kexec", "kexecPrepare"}}
+	if !atLeast(tag, 1, 5) {
+		kexec = [][2]string{{"mountBoot", "mountBootPartition"}, {"kexec", "kexecPrepare"}, {"unmountBoot", "unmountBootPartition"}}
+	}
+
+	if !atLeast(tag, 1, 4) {
+		return kexec
+	}
+
+	return append([][2]string{{"meta", "reloadMeta"}}, kexec...)
+}
+
+// bootPhases is the number of the metal boot sequence's phase startEverything, which a failed boot names
 // ("error running phase N in boot sequence"): Sequencer.Boot's phases on metal at each tag (v1alpha1_sequencer.go):
+// 19 in 1.3 (udevSetup and udevd, which 1.4 moved to Initialize's earlyServices), 18 in 1.4 (validateConfig, which
+// 1.5 drops, where 1.5 has extendPCRStartAll; talos@v1.3.7:167-258, v1.4.8:217-300, where labelControlPlane, uncordon
+// and bootloader follow startEverything),
 // 18 in 1.5 (containerd after env, legacyCleanup after overlay: talos@v1.5.5 :210-281), 16 in 1.6 and 1.7
 // (saveStateEncryptionConfig ... lvm, extendPCRStartAll, startEverything), 15 in 1.8 and 1.9 (no lvm), 10 in 1.10
 // (no mountState, saveConfig, var, overlay, extendPCRStartAll), 9 from 1.11 (no saveStateEncryptionConfig).
 func bootPhases(tag string) int {
 	switch {
+	case !atLeast(tag, 1, 4):
+		return 19
 	case !atLeast(tag, 1, 6):
 		return 18
 	case !atLeast(tag, 1, 8):
@@ -162,8 +187,8 @@ func hasPCIDevices(tag string) bool { return atLeast(tag, 1, 8) }
 // without preserve, a new empty EPHEMERAL (wipesEphemeral): the nodes file's files under /var are no longer
 // read, from the next boot on and whichever image it boots (the partition table is not rolled back). The image
 // was looked up when the call was made; an image that can no longer be looked up wipes nothing.
-func (n *simNode) installImage(image string, preserve bool) {
-	n.install(installArgs(n.activeConfig()))
+func (n *simNode) installImage(image string, preserve bool, exts []ExtensionSpec) {
+	n.install(installArgs(n.activeConfig()), exts)
 
 	img, err := n.image(image)
 	if err != nil || !wipesEphemeral(img.TalosVersion, preserve) {

@@ -98,14 +98,21 @@ func (s *machineServer) Reboot(_ context.Context, _ *machine.RebootRequest) (*ma
 // before 1.8: upgradePhasesOf), then reboots into image, keeping the running one to roll back to; an installer
 // before 1.8 without preserve wipes /var (wipesEphemeral).
 func (n *simNode) upgrade(actorID, image string, preserve bool) {
-	if n.spec.FailInstall {
-		n.failInstall(actorID)
+	exts, pullErr := n.configExtensions(image)
+
+	switch {
+	case n.spec.FailInstall:
+		n.failInstall(actorID, preserve, installExitFailure)
+
+		return
+	case pullErr != nil:
+		n.failInstall(actorID, preserve, pullErr.Error())
 
 		return
 	}
 
 	n.runSequence(actorID, "upgrade", upgradePhasesOf(n.bootState().version, preserve, n.controlPlane()))
-	n.installImage(image, preserve)
+	n.installImage(image, preserve, exts)
 
 	current := n.bootState().image
 	n.powerOff()
@@ -119,7 +126,13 @@ func (n *simNode) upgrade(actorID, image string, preserve bool) {
 // it installs the staged image and reboots into it, so the API stays down across both reboots and the install.
 func (n *simNode) stagedUpgrade(actorID, image string, preserve bool) {
 	n.runSequence(actorID, "stageUpgrade", rebootPhases)
-	n.installImage(image, preserve)
+
+	exts, err := n.configExtensions(image) // a failed pull of a staged install is not modelled: installed without
+	if err != nil {
+		log.Printf("%s: staged install: %v", n.spec.Address, err)
+	}
+
+	n.installImage(image, preserve, exts)
 
 	current := n.bootState().image
 	n.powerOff()
@@ -160,14 +173,16 @@ func (n *simNode) runSequence(actorID, sequence string, phases [][2]string) {
 	bus.publish(actorID, &machine.TaskEvent{Task: "stopAllServices", Action: machine.TaskEvent_START})
 }
 
-// runPhases publishes each phase and its task, START and STOP, each task taking taskTime.
+// runPhases publishes each phase and its task, START and STOP (phaseEnd), each task taking taskTime.
 func (n *simNode) runPhases(bus *eventBus, actorID string, phases [][2]string) {
+	end := phaseEnd(n.bootState().version)
+
 	for _, pt := range phases {
 		bus.publish(actorID, &machine.PhaseEvent{Phase: pt[0], Action: machine.PhaseEvent_START})
 		bus.publish(actorID, &machine.TaskEvent{Task: pt[1], Action: machine.TaskEvent_START})
 		time.Sleep(n.taskTime(pt[1]))
 		bus.publish(actorID, &machine.TaskEvent{Task: pt[1], Action: machine.TaskEvent_STOP})
-		bus.publish(actorID, &machine.PhaseEvent{Phase: pt[0], Action: machine.PhaseEvent_STOP})
+		bus.publish(actorID, &machine.PhaseEvent{Phase: pt[0], Action: end})
 	}
 }
 
@@ -182,6 +197,16 @@ func (n *simNode) taskTime(task string) time.Duration {
 	default:
 		return 0
 	}
+}
+
+// phaseEnd is the action of a phase's last event: a 1.3 machined ends a phase with a second START
+// (talos@v1.3.7 v1alpha1_controller.go:257-266, its deferred event), STOP from 1.4.
+func phaseEnd(tag string) machine.PhaseEvent_Action {
+	if !atLeast(tag, 1, 4) {
+		return machine.PhaseEvent_START
+	}
+
+	return machine.PhaseEvent_STOP
 }
 
 // duration is a nodes file's *_ms value when set, else the Talos-scale default times -time-factor.
@@ -230,7 +255,7 @@ func (n *simNode) powerOn(image, previous string) {
 
 	n.boot = bootInfo{
 		image: image, version: version, previous: previous, bootID: newUUID(), args: n.bootArgs(image, previous),
-		previousArgs: n.boot.args,
+		previousArgs: n.boot.args, exts: n.bootExtensions(image, previous), previousExts: n.boot.exts,
 	}
 	n.events = newEventBus()
 	n.mu.Unlock()
@@ -267,7 +292,7 @@ func (n *simNode) runBoot() {
 	for time.Now().Before(deadline) {
 		if waiting := n.waiting(); len(waiting) == 0 {
 			bus.publish("", &machine.TaskEvent{Task: "startAllServices", Action: machine.TaskEvent_STOP})
-			bus.publish("", &machine.PhaseEvent{Phase: "startEverything", Action: machine.PhaseEvent_STOP})
+			bus.publish("", &machine.PhaseEvent{Phase: "startEverything", Action: phaseEnd(n.bootState().version)})
 			bus.publish("", &machine.SequenceEvent{Sequence: "boot", Action: machine.SequenceEvent_STOP})
 			n.publishBooted("")
 

@@ -180,5 +180,5 @@ func (n *simNode) installNext(ref string) {
 	defer n.mu.Unlock()
 
 	n.boot.next = ref
-	n.boot.installed, n.boot.installedArgs = true, nil // no extraKernelArgs through this API (cmdline.go bootArgs)
+	n.boot.installed, n.boot.installedArgs, n.boot.installedExts = true, nil, nil // no extraKernelArgs through this API (cmdline.go bootArgs)
 }

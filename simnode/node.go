@@ -13,6 +13,7 @@ import (
 	"github.com/cosi-project/runtime/pkg/safe"
 	"github.com/cosi-project/runtime/pkg/state"
 	"github.com/siderolabs/talos/pkg/machinery/api/machine"
+	"github.com/siderolabs/talos/pkg/machinery/api/storage"
 	"github.com/siderolabs/talos/pkg/machinery/config"
 	configres "github.com/siderolabs/talos/pkg/machinery/resources/config"
 	"google.golang.org/grpc"
@@ -57,6 +58,8 @@ type bootInfo struct {
 	args, previousArgs []string
 	installed          bool
 	installedArgs      []string
+	// The same for the extensions an installer added from machine.install.extensions (installext.go).
+	exts, previousExts, installedExts []ExtensionSpec
 }
 
 func newSimNode(ctx context.Context, spec *NodeSpec, catalog *imageCatalog, factor float64) (*simNode, error) {
@@ -73,7 +76,10 @@ func newSimNode(ctx context.Context, spec *NodeSpec, catalog *imageCatalog, fact
 		spec: spec, state: st, images: catalog.static, catalog: catalog, factor: factor, events: newEventBus(),
 		services: spec.Services,
 	}
-	n.boot = bootInfo{image: spec.Image, version: spec.TalosVersion, bootID: newUUID(), args: installArgs(n.activeConfig())}
+	n.boot = bootInfo{
+		image: spec.Image, version: spec.TalosVersion, bootID: newUUID(), args: installArgs(n.activeConfig()),
+		exts: spec.ConfigExtensions,
+	}
 
 	if _, err = n.refresh(ctx); err != nil {
 		return nil, fmt.Errorf("node %s (%s): %w", spec.Name, spec.Address, err)
@@ -107,6 +113,7 @@ func (n *simNode) refresh(ctx context.Context) (derived, error) {
 		return derived{}, err
 	}
 
+	img = withConfigExtensions(img, b.exts)
 	d := deriveState(n.spec.withFaults(img), n.spec.moduleConfig(n.activeConfig()), n.spec.Services, time.Now())
 	if err = writeDerived(ctx, n.state, d, img.TalosVersion); err != nil {
 		return d, err
@@ -169,6 +176,7 @@ func (n *simNode) start() {
 	lis := bufconn.Listen(1 << 20)
 	srv := grpc.NewServer(latency(time.Duration(n.spec.LatencyMS) * time.Millisecond)...)
 	machine.RegisterMachineServiceServer(srv, &machineServer{node: n})
+	storage.RegisterStorageServiceServer(srv, storageServer{})
 	registerLifecycleAPI(srv, n, n.bootState().version)
 	cosiapi.RegisterStateServer(srv, stateServer(n.state, n.bootState().version))
 

@@ -33,21 +33,24 @@ type ImageSpec struct {
 
 // NodeSpec is one simulated node.
 type NodeSpec struct {
-	Name          string          `json:"name"`
-	Address       string          `json:"address"`
-	TalosVersion  string          `json:"talos_version"`
-	Image         string          `json:"image,omitempty"` // installer ref of Images: derived node state
-	InstallMS     int             `json:"install_ms,omitempty"`
-	PullMS        int             `json:"pull_ms,omitempty"`
-	SHA           string          `json:"sha,omitempty"`
-	GoVersion     string          `json:"go_version,omitempty"`
-	Down          string          `json:"down,omitempty"`
-	LatencyMS     int             `json:"latency_ms,omitempty"`
-	RebootMS      int             `json:"reboot_ms,omitempty"`
-	Extensions    []ExtensionSpec `json:"extensions,omitempty"`
-	KernelModules []ModuleSpec    `json:"kernel_modules,omitempty"`
-	Services      []ServiceSpec   `json:"services,omitempty"`
-	MachineConfig string          `json:"machine_config,omitempty"`
+	Name         string          `json:"name"`
+	Address      string          `json:"address"`
+	TalosVersion string          `json:"talos_version"`
+	Image        string          `json:"image,omitempty"` // installer ref of Images: derived node state
+	InstallMS    int             `json:"install_ms,omitempty"`
+	PullMS       int             `json:"pull_ms,omitempty"`
+	SHA          string          `json:"sha,omitempty"`
+	GoVersion    string          `json:"go_version,omitempty"`
+	Down         string          `json:"down,omitempty"`
+	LatencyMS    int             `json:"latency_ms,omitempty"`
+	RebootMS     int             `json:"reboot_ms,omitempty"`
+	Extensions   []ExtensionSpec `json:"extensions,omitempty"`
+	// ConfigExtensions are what the last installer run added from machine.install.extensions (installext.go),
+	// installed beside the image's: written to the observed file so a node resumes with them.
+	ConfigExtensions []ExtensionSpec `json:"config_extensions,omitempty"`
+	KernelModules    []ModuleSpec    `json:"kernel_modules,omitempty"`
+	Services         []ServiceSpec   `json:"services,omitempty"`
+	MachineConfig    string          `json:"machine_config,omitempty"`
 	// PlatformMetadata is Talos's own spec type: its JSON keys are the YAML keys talosctl prints.
 	PlatformMetadata *runtime.PlatformMetadataSpec `json:"platform_metadata,omitempty"`
 	PCIDevices       []PCIDeviceSpec               `json:"pci_devices,omitempty"`

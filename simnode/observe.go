@@ -130,6 +130,7 @@ func (n *simNode) observed(ctx context.Context) (*observedNode, error) {
 	obs := &observedNode{NodeSpec: *n.spec, BootID: boot.bootID}
 	obs.TalosVersion, obs.Image, obs.Services, obs.Down = boot.version, boot.image, services, down
 	obs.Extensions, obs.KernelModules, obs.MachineConfig = nil, nil, ""
+	obs.ConfigExtensions = boot.exts
 	obs.Files = n.filesOnDisk()
 	obs.Booted = down == "" && len(derived{services: services}.waiting()) == 0
 

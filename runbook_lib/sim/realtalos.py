@@ -10,9 +10,8 @@ observes it (``with_observed``), so a config applied or an upgrade made by the r
 The switch is ``RUNBOOK_SIM_TALOSCTL``: ``auto`` (default: real when a talosctl of the nodes' minor release
 and simnode for the current sources are in the tools cache, else Python), ``real`` (build them if needed;
 an error when impossible) or ``python``. What simnode cannot do yet falls back to the Python talosctl with a
-one-line reason (``runbook sim status`` shows it): releases before 1.5 (their talosctl builds, but simnode does not
-simulate their extension install nor their talosctl's upgrade tracker, ``SIMNODE_RELEASES``), and scenarios with
-faults simnode does not simulate.
+one-line reason (``runbook sim status`` shows it): releases simnode does not serve (``SIMNODE_RELEASES``: it
+serves Talos 1.3 to 1.14), and scenarios with faults simnode does not simulate.
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ from typing import Any
 import yaml
 
 from runbook_lib.model.boot_assets import installer_kind
-from runbook_lib.sim import pidfile, realfaults
+from runbook_lib.sim import catalog, pidfile, realfaults
 from runbook_lib.sim import scenarios as sim_scenarios
 from runbook_lib.sim.realfaults import down_kind, extension_faults, fault_fields
 from runbook_lib.sim.state import (
@@ -83,18 +82,31 @@ START_TIMEOUT_S = 60.0
 #: /var. 1.6 nodes as 1.7's (what the runbook calls is unchanged from talos@v1.6.7 to v1.7.0: tests/sim/
 #: test_real_talos_13_16.py), but for their base services (no syslogd, state.SERVICE_SINCE). 1.5 nodes as 1.6's but
 #: for the boot sequence's phase count (simnode/legacy18.go bootPhases; the rest compared at talos@v1.5.5 in
-#: tests/sim/test_real_talos_13_16.py). 1.4 and older: not served. talosctl v1.4.0 and v1.3.5 build with today's Go
-#: (tools/build-talosctl.sh), and their version, get, service, read and patch --dry-run ran against simnode
-#: serving 1.4.8 and 1.3.7 nodes (tried by hand, 2026-12-02); but 1.3-1.4 install extensions through
-#: machine.install.extensions and the ghcr.io installer (profiles.py), which simnode does not simulate, and the
-#: upgrade and tracker of talosctl v1.4.0 and v1.3.5 differ from 1.5's (cmd/talosctl/cmd/talos/upgrade.go,
-#: cmd/talosctl/pkg/talos/action/tracker.go).
-SIMNODE_RELEASES = ((1, 5), (1, 6), (1, 7), (1, 8), (1, 9), (1, 10), (1, 11), (1, 12), (1, 13), (1, 14))
+#: tests/sim/test_real_talos_13_16.py). 1.4 and 1.3 nodes (talosctl v1.4.0 and v1.3.5, the newest the module proxy
+#: serves) as 1.5's but for what changed, each cited where simnode makes it: extensions come from
+#: machine.install.extensions beside the stock ghcr.io installer (simnode/installext.go), the boot and upgrade
+#: sequences' phases (legacy18.go bootPhases, kexecPhasesOf), and talosctl 1.3's upgrade post check calls
+#: StorageService.Disks (simnode/storage.go).
+SIMNODE_RELEASES = (
+    (1, 3),
+    (1, 4),
+    (1, 5),
+    (1, 6),
+    (1, 7),
+    (1, 8),
+    (1, 9),
+    (1, 10),
+    (1, 11),
+    (1, 12),
+    (1, 13),
+    (1, 14),
+)
 #: The talosctl a minor release pairs with when none of it is cached, where its ``.0`` cannot be built: the Go module
 #: proxy refuses talos v1.14.0 ("403 This module version is not available", 2026-12-02) and serves v1.14.1. For 1.6
 #: the newest patch, v1.6.7, is the one built (v1.6.8 is refused likewise; v1.6.0 is served, not tried); for 1.5
-#: v1.5.5 (its go.mod taken from its zip, tools/build-talosctl.sh; v1.5.0 is served, not tried).
-DEFAULT_CLIENT = {(1, 5): "v1.5.5", (1, 6): "v1.6.7", (1, 14): "v1.14.1"}
+#: v1.5.5 (its go.mod taken from its zip, tools/build-talosctl.sh; v1.5.0 is served, not tried); for 1.4 and 1.3
+#: v1.4.0 and v1.3.5 (v1.4.1-v1.4.8 and v1.3.6-v1.3.7 are refused, 2026-12-02).
+DEFAULT_CLIENT = {(1, 3): "v1.3.5", (1, 4): "v1.4.0", (1, 5): "v1.5.5", (1, 6): "v1.6.7", (1, 14): "v1.14.1"}
 #: Releases simnode serves that ``auto`` still leaves to the Python talosctl, and why (``real`` runs them). None
 #: since 1.14's control-plane node hands out a client-certificate kubeconfig talosctl 1.14's drain accepts
 #: (talos@v1.14.1 pkg/kubeconfig/validate.go:29; simnode -talos-kubeconfig, written by
@@ -360,6 +372,10 @@ def nodes_document(state_dir: Path, nodes: list[SimNode], latency_ms: float) -> 
     for node in nodes:
         entry = node_entry(node, latency_ms)
         listed = extension_specs(node.talos_version, node.extensions, node.schematic_id)
+        if minor_of(node.talos_version) < catalog.FIRST_FACTORY_MINOR and node.extensions:
+            # before the Image Factory the stock installer installs no extension: a node's came from its
+            # machine.install.extensions, installed beside the image's (simnode/installext.go)
+            entry["config_extensions"], listed = listed[:-1], listed[-1:]
         spec: dict[str, Any] = {"talos_version": node.talos_version, "extensions": listed}
         if any(f in node.faults for f in ("driver_mismatch", "toolkit_missing")):
             # the node lists its schematic's extensions with the fault applied: the image installs them unfaulted
@@ -383,7 +399,10 @@ def _resume(state_dir: Path, entry: dict[str, Any], images: dict[str, dict[str, 
     if image not in images:
         images[image] = resolve_image(state_dir, image)
     config = obs.get("machine_config") or entry["machine_config"]
-    return entry | {"talos_version": images[image]["talos_version"], "image": image, "machine_config": config}
+    resumed = {"talos_version": images[image]["talos_version"], "image": image, "machine_config": config}
+    if obs.get("config_extensions"):  # what an install from machine.install.extensions added (Talos 1.3/1.4)
+        resumed["config_extensions"] = obs["config_extensions"]
+    return entry | resumed
 
 
 def _toolkit_faults(node: SimNode) -> list[dict[str, Any]]:
@@ -418,6 +437,31 @@ def resolve_image(state_dir: Path, ref: str) -> dict[str, Any]:
         "talos_version": parsed.version,
         "extensions": extension_specs(parsed.version, installed, parsed.schematic_id),
     }
+
+
+def resolve_extension(state_dir: Path, ref: str) -> dict[str, Any]:
+    """simnode's ``-image-resolver --extension REF``: the system extension image a ``machine.install.extensions``
+    entry names (simnode/installext.go), from the factory room's catalog of the release it was built for, as the
+    Python talosctl's upgrade looks it up (``images.with_install_extensions``); ``ImageError`` when no release of
+    the catalog has that image (the registry would answer 404)."""
+    for version in reversed(catalog.talos_versions()):
+        for info in catalog.available_extensions(state_dir, version):
+            if info.ref == ref:
+                fields = {
+                    "name": info.name,
+                    "ref": info.ref,
+                    "author": info.author,
+                    "description": info.description,
+                }
+                ext = images.to_installed({k: str(v or "") for k, v in fields.items()})
+                return {
+                    "name": ext.name,
+                    "version": ext.version,
+                    "author": ext.author,
+                    "description": ext.description,
+                    "compatibility": _compat(version),
+                }
+    raise images.ImageError(f'failed to resolve reference "{ref}": {ref}: not found')
 
 
 # ---------------------------------------------------------------- running simnode
@@ -461,7 +505,7 @@ def _resolver_script(state_dir: Path) -> str:
     return (
         f"#!/bin/sh\n# simnode's -image-resolver for the cluster in {quote(str(state_dir))}\n"
         f"exec {quote(sys.executable)} -m runbook_lib.sim.realtalos resolve-image "
-        f'--state {quote(str(state_dir))} "$1"\n'
+        f'--state {quote(str(state_dir))} "$@"\n'
     )
 
 
@@ -783,12 +827,19 @@ def observed_nodes(state_dir: Path) -> list[SimNode]:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m runbook_lib.sim.realtalos resolve-image --state DIR REF`` (simnode's -image-resolver)."""
+    """``python -m runbook_lib.sim.realtalos resolve-image --state DIR [--extension] REF`` (simnode's
+    -image-resolver: an installer image, or with ``--extension`` a system extension image)."""
+    extension = argv[3:4] == ["--extension"]
+    if extension:
+        argv = argv[:3] + argv[4:]
     if len(argv) != 4 or argv[0] != "resolve-image" or argv[1] != "--state":
-        sys.stderr.write("usage: python -m runbook_lib.sim.realtalos resolve-image --state DIR IMAGE\n")
+        sys.stderr.write(
+            "usage: python -m runbook_lib.sim.realtalos resolve-image --state DIR [--extension] IMAGE\n"
+        )
         return 2
+    resolve = resolve_extension if extension else resolve_image
     try:
-        sys.stdout.write(json.dumps(resolve_image(Path(argv[2]), argv[3])) + "\n")
+        sys.stdout.write(json.dumps(resolve(Path(argv[2]), argv[3])) + "\n")
     except images.ImageError as exc:
         sys.stderr.write(f"{exc}\n")
         return 1

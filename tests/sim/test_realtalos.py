@@ -58,7 +58,6 @@ def test_auto_runs_talos_1_14_nodes_on_the_real_talosctl_v1_14_1_when_built(tool
     ("version", "scenario", "reason"),
     [
         ("v1.12.7", "not-on-simnode", "scenario not-on-simnode has faults simnode does not simulate yet"),
-        ("v1.4.8", "fresh", "simnode does not simulate a v1.4.8 node's API"),
     ],
 )
 def test_auto_falls_back_to_the_python_talosctl_saying_why(
@@ -72,6 +71,8 @@ def test_auto_falls_back_to_the_python_talosctl_saying_why(
 @pytest.mark.parametrize(
     ("nodes", "client"),
     [
+        ("v1.3.7", "v1.3.5"),
+        ("v1.4.8", "v1.4.0"),
         ("v1.5.5", "v1.5.5"),
         ("v1.6.7", "v1.6.7"),
         ("v1.7.7", "v1.7.0"),
@@ -81,12 +82,13 @@ def test_auto_falls_back_to_the_python_talosctl_saying_why(
         ("v1.11.6", "v1.11.0"),
     ],
 )
-def test_talos_1_5_to_1_11_nodes_run_the_real_talosctl_of_their_release_when_built(
+def test_talos_1_3_to_1_11_nodes_run_the_real_talosctl_of_their_release_when_built(
     tools: Path, nodes: str, client: str
 ) -> None:
-    """simnode answers as a 1.5-1.11 machined where the runbook meets a difference (simnode/legacy.go,
-    legacy18.go); they fell back to the Python talosctl while simnode answered every node as 1.12/1.13 (1.7 and
-    1.8: until simnode answered as those releases; 1.5 until talosctl v1.5.5 was built, from its zip's go.mod)."""
+    """simnode answers as a 1.3-1.11 machined where the runbook meets a difference (simnode/legacy.go,
+    legacy18.go, installext.go); they fell back to the Python talosctl while simnode answered every node as
+    1.12/1.13 (1.7 and 1.8: until simnode answered as those releases; 1.5 until talosctl v1.5.5 was built, from
+    its zip's go.mod; 1.3 and 1.4 until simnode installed machine.install.extensions)."""
     assert realtalos.choose(nodes, None, "fresh").reason == (
         f"Python talosctl: no talosctl {client} built (make tools, or RUNBOOK_SIM_TALOSCTL=real builds it)"
     )
@@ -117,11 +119,11 @@ def test_a_talosctl_of_another_release_than_the_nodes_falls_back(tools: Path) ->
 
 def test_real_that_cannot_be_honoured_is_an_error(tools: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(realtalos.MODE_ENV, "real")
-    # (1.14 is served since simnode is on pkg/machinery v1.14.1: releases before 1.5 are not)
+    # (every release the simulator knows is served since 1.3 and 1.4 are: a scenario's faults can still not be)
     with pytest.raises(
-        realtalos.RealTalosError, match=r"RUNBOOK_SIM_TALOSCTL=real: simnode does not simulate"
+        realtalos.RealTalosError, match=r"RUNBOOK_SIM_TALOSCTL=real: scenario not-on-simnode has faults"
     ):
-        realtalos.choose("v1.4.8", None, "fresh")
+        realtalos.choose("v1.4.8", None, "not-on-simnode")
 
 
 def test_python_is_chosen_by_the_switch(tools: Path, monkeypatch: pytest.MonkeyPatch) -> None:
