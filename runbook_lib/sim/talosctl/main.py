@@ -38,6 +38,7 @@ from runbook_lib.sim.state import (
     load_nodes,
     locked_node,
     minor_of,
+    normalize_talos_version,
     resolve_name,
     runtime,
     sim_paths,
@@ -651,9 +652,10 @@ def _patch_one(env: Env, address: str, patches: list[patching.Patch], p: fl.Pars
     from runbook_lib.sim import patching  # noqa: PLC0415 - lazy (process start-up)
 
     mode = p.get("mode") or "auto"
-    # talosctl 1.3 prints the results on stdout (talos v1.3.0 cmd/talosctl/cmd/talos/patch.go:74-79,
-    # helpers/mode.go:122-131); 1.4 and later on stderr (v1.4.0 patch.go:73-78, mode.go:99-109)
-    out = env.stdout if env.client_minor < (1, 4) else env.stderr
+    # talosctl v1.3.0 prints the results on stdout (cmd/talosctl/cmd/talos/patch.go:74-79, helpers/mode.go:
+    # 122-131); from v1.3.1 on stderr (talos commit 8a9ff259e "fix: send diagnostic output to stderr
+    # consistently"; v1.3.5 patch.go:75-86, v1.4.0 patch.go:73-78; seen from the real talosctl v1.3.5)
+    out = env.stdout if normalize_talos_version(env.client_version) == "v1.3.0" else env.stderr
     dry_run = bool(p.get("dry-run"))
     node = _load_reachable(env, address)
     with locked_node(env.state_dir, node.name) as node:
