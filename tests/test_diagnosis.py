@@ -549,3 +549,23 @@ def test_cdi_check_is_skipped_where_ci_has_no_baseline():
         )
         is None
     )
+
+
+@pytest.mark.parametrize("talos", ["v1.3.7", "v1.4.8"])
+def test_missing_extensions_before_1_5_are_fixed_through_the_config_not_an_image_factory(talos: str) -> None:
+    """Before Talos 1.5 there is no Image Factory (it builds 1.5 and later: runbook_lib/model/boot_assets.py): the
+    Talos 1.3-1.5 docs install the extensions through machine.install.extensions and an upgrade to the stock
+    installer (siderolabs/talos website/content/v1.3|v1.5/talos-guides/configuration/nvidia-gpu.md, facts §1.3).
+    The fix named a factory.talos.dev installer for 1.3.7, which does not exist (seen on the real talosctl v1.3.5
+    against simnode: tests/sim/test_real_talos_13_14.py)."""
+    ctx = d.NodeContext(node="10.5.0.13", talos=TalosVersion.parse(talos))
+    [finding] = d.check_extensions({}, ctx)
+    assert finding.failure == "extensions-not-installed-before-1-5"
+    assert "factory.talos.dev" not in finding.fix and "Image Factory" not in finding.fix
+    assert "machine.install.extensions" in finding.fix
+    assert (
+        f"talosctl -n 10.5.0.13 upgrade --image ghcr.io/siderolabs/installer:{talos} --preserve"
+        in finding.fix
+    )
+    later = d.check_extensions({}, d.NodeContext(node="10.5.0.13", talos=TalosVersion.parse("v1.5.5")))
+    assert later[0].failure == "extensions-not-installed" and "factory.talos.dev" in later[0].fix

@@ -177,6 +177,22 @@ FAILURES: tuple[KnownFailure, ...] = (
         new_schematic=True,
     ),
     KnownFailure(
+        key="extensions-not-installed-before-1-5",
+        title="NVIDIA modules absent: the extensions are not installed (Talos before 1.5)",
+        symptoms=(),
+        cause="the node's last installer run did not install the NVIDIA extensions: before Talos 1.5 there is "
+        "no Image Factory, and the stock installer installs the images machine.install.extensions lists when "
+        "the node upgrades",
+        fix="list the NVIDIA kernel-module and container-toolkit images for the node's exact Talos version in "
+        "machine.install.extensions (the config-patch step does, with the modules), then upgrade to the stock "
+        "installer, keeping /var",
+        command="talosctl -n {node} upgrade --image ghcr.io/siderolabs/installer:{talos} --preserve",
+        sources=(
+            "https://github.com/siderolabs/talos/blob/v1.4.8/website/content/v1.4/talos-guides/configuration/"
+            "nvidia-gpu.md",
+        ),
+    ),
+    KnownFailure(
         key="modules-not-configured",
         title="NVIDIA modules absent although the extensions are installed",
         symptoms=(),
@@ -503,6 +519,8 @@ def _finding(check: str, ok: bool, message: str, ctx: NodeContext, key: str | No
     """A finding; failed ones carry the table row's cause, fix and command, filled for this node."""
     if ok or key is None:
         return Finding(check=check, ok=ok, message=message, node=ctx.node)
+    if key == "extensions-not-installed" and ctx.talos is not None and not ctx.talos.at_least(1, 5):
+        key = "extensions-not-installed-before-1-5"  # no Image Factory before 1.5 (boot_assets.py)
     entry = known_failure(key)
     fix = f"{ctx.fill(entry.fix)}:\n{ctx.fill(entry.command, new_schematic=entry.new_schematic)}"
     if entry.new_schematic and ctx.schematic is None and "{schematic}" in entry.command:
