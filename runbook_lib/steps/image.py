@@ -449,14 +449,16 @@ def _guard(
 def _tracked(client: str | None, *, legacy: bool) -> bool:
     """Whether ``talosctl upgrade --wait`` follows the node with its action tracker, which follows every ``-n`` node
     in one process and attributes each failure to its node (talos@v1.12.0 cmd/talosctl/pkg/talos/action/
-    tracker.go:185-227, 291-295; the same tracker in v1.7.0 and v1.8.0): talosctl 1.7 (the oldest checked) to
-    1.12, and 1.13+ with ``--legacy`` (talos@v1.13.0 cmd/talosctl/cmd/talos/upgrade.go:96-99, 262-271).  1.13+'s
-    default LifecycleService path installs on every node and reboots none when one fails (:131-138)."""
+    tracker.go:185-227, 291-295; the same tracker from v1.3.5, whose per-node lines the real v1.3.5 and v1.4.0
+    print alike: tests/sim/test_real_talos_13_14.py): talosctl 1.3 to 1.12, and 1.13+ with ``--legacy``
+    (talos@v1.13.0 cmd/talosctl/cmd/talos/upgrade.go:96-99, 262-271).  1.13+'s default LifecycleService path
+    installs on every node and reboots none when one fails (:131-138).  A node's own lines are what judge it:
+    talosctl 1.3 exits 0 when a node failed (``_upgrade_group``)."""
     try:
         cli = TalosVersion.parse(client or "")
     except PermanentError:
         return False
-    return cli.at_least(1, 7) and (legacy or not cli.at_least(1, 13))
+    return cli.at_least(1, 3) and (legacy or not cli.at_least(1, 13))
 
 
 def _config_patch_missing(

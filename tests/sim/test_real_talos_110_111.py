@@ -229,14 +229,14 @@ def test_a_fault_stops_the_run_at_its_step_on_the_faulty_node_only(
 
 
 def assert_stops_at_its_step_on_the_last_worker(
-    tmp_path: Path, talos: str, client: str, scenario: str
+    tmp_path: Path, talos: str, client: str, scenario: str, *extra: str
 ) -> None:
     """``runbook run`` of the scenario on the release fails at the step tests/fault_cases.py expects, there on
     gpu-worker-3 only (scenarios.py breaks the last worker), with its diagnosis, and runs no later step."""
     expected, needle = RUN_CASES[scenario]
     assert expected is not None
     more = ["--steps", ",".join(STEPS), "--set", f"simulation.scenario={scenario}"]
-    more += ["--set", f"timeouts.node_ready_seconds={NODE_READY_SECONDS}"]
+    more += ["--set", f"timeouts.node_ready_seconds={NODE_READY_SECONDS}", *extra]
     proc = runbook(run_env(tmp_path, client), *run_args(tmp_path, talos, *more))
     assert f"simulated Talos nodes: real talosctl {client} against simnode" in proc.stderr, proc.stderr
     outcomes = [step_lines(proc.stdout).get(step) for step in STEPS]

@@ -31,6 +31,7 @@ from tests.sim.test_real_talos_13_16 import TRACK
 from tests.sim.test_real_talos_110_111 import (
     Release,
     assert_run_applies_all_six_steps,
+    assert_stops_at_its_step_on_the_last_worker,
     built_talosctl,
     run_args,
     run_env,
@@ -95,6 +96,17 @@ def catalog_ref(talos: str, name: str) -> str:
     """The ghcr.io image of the official extension ``name`` for the release, from the factory room's catalog."""
     [ref] = [e["ref"] for e in images.official_extensions(talos) if e["name"] == f"siderolabs/{name}"]
     return ref
+
+
+@pytest.mark.parametrize(("talos", "client"), RELEASES, ids=IDS)
+@pytest.mark.parametrize("scenario", ["upgrade-fails", "upgrade-hangs"])
+def test_a_fault_stops_the_run_at_its_step_on_the_faulty_node_only(
+    tmp_path: Path, talos: str, client: str, scenario: str
+) -> None:
+    """test_real_faults' check on 1.3 and 1.4: the image step fails on gpu-worker-3 alone, with its diagnosis,
+    also where talosctl 1.3 exits 0 (upgrade-fails: its installer fails, simnode/faults.go; upgrade-hangs: its new
+    boot waits on ext-nvidia-persistenced and rolls back)."""
+    assert_stops_at_its_step_on_the_last_worker(tmp_path, talos, client, scenario, *TRACK)
 
 
 def with_install_extensions(config: str, images: list[str], *, modules: bool = True) -> str:
