@@ -302,6 +302,8 @@ def extension_specs(
         }
         for i, e in enumerate(extensions)
     ]
+    if minor_of(talos_version) < catalog.FIRST_FACTORY_MINOR:
+        return out  # no Image Factory built a 1.3/1.4 installer: no virtual "schematic" extension
     out.append(
         {
             "name": "schematic",
@@ -375,7 +377,7 @@ def nodes_document(state_dir: Path, nodes: list[SimNode], latency_ms: float) -> 
         if minor_of(node.talos_version) < catalog.FIRST_FACTORY_MINOR and node.extensions:
             # before the Image Factory the stock installer installs no extension: a node's came from its
             # machine.install.extensions, installed beside the image's (simnode/installext.go)
-            entry["config_extensions"], listed = listed[:-1], listed[-1:]
+            entry["config_extensions"], listed = listed, []
         spec: dict[str, Any] = {"talos_version": node.talos_version, "extensions": listed}
         if any(f in node.faults for f in ("driver_mismatch", "toolkit_missing")):
             # the node lists its schematic's extensions with the fault applied: the image installs them unfaulted

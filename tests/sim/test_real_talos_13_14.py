@@ -67,10 +67,13 @@ def test_the_base_services_are_the_release_s(release: Release) -> None:
     assert ids == expected, proc.stdout
 
 
-def test_a_fresh_node_lists_no_nvidia_extension(release: Release) -> None:
+def test_a_node_on_the_stock_installer_lists_no_extension_at_all(release: Release) -> None:
+    """The stock ghcr.io installer carries no extension, and no Image Factory built a 1.3/1.4 installer, so there
+    is no virtual "schematic" extension either (the factory builds 1.5 and later: runbook_lib/sim/catalog.py);
+    simnode and the Python talosctl listed one."""
     proc = release.sim.run("-n", release.nodes[1], "get", "extensions", "-o", "json")
     assert proc.returncode == 0, proc.stderr
-    assert not any(name in proc.stdout for name in NVIDIA), proc.stdout
+    assert proc.stdout.strip() == "", proc.stdout
 
 
 @pytest.mark.parametrize(("talos", "client"), RELEASES, ids=IDS)

@@ -212,6 +212,10 @@ def extensions(t: ResourceType, node: SimNode, _peers: list[SimNode]) -> list[Re
         out.append(
             {"metadata": _meta(t, node, str(i)), "spec": {"image": f"{i}.sqsh", "metadata": spec_meta}}
         )
+    if minor_of(node.talos_version) < (1, 5):
+        # the Image Factory builds 1.5 and later (sim/catalog.py FIRST_FACTORY_MINOR, not imported here: process
+        # start-up): no factory built a 1.3/1.4 installer, so no virtual "schematic" extension
+        return out
     schematic_meta = {
         "name": "schematic",
         "version": node.schematic_id,
