@@ -12,7 +12,7 @@ import contextlib
 import functools
 import json
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import urllib3
@@ -27,6 +27,9 @@ _Item = TypeVar("_Item")
 _Out = TypeVar("_Out")
 
 Obj = dict[str, Any]
+
+#: Pods per DELETE collection call of :meth:`Kube.delete_pods` (its docstring says why a page).
+DELETE_PAGE = 500
 
 
 def _model(cls: Any, data: Obj) -> Any:
@@ -365,6 +368,79 @@ class Kube:
         self.journal.record_api(f"delete Pod {namespace}/{name}", changes_cluster=False)
         return True
 
+    def delete_pods(self, namespace: str, label_selector: str) -> list[str]:
+        """Delete every pod ``label_selector`` matches, :data:`DELETE_PAGE` per call; the names deleted, each
+        journalled as :meth:`delete_pod` journals one.
+
+        Why not a DELETE per pod: the API server then deletes the page itself, one request instead of hundreds
+        (1,000 pods on the 1,000-node simulated cluster: 7.6 s in two calls against 18.4 s as single deletes
+        with 10 in flight, measured 3 Dec 2026; cuda-test at 1,000 nodes spent 67 s of its 373 s deleting).
+        Graceful as :meth:`delete_pod`: the collection's default DeleteOptions are applied to each pod in turn
+        (k8s.io/apiserver@v0.35.0 pkg/registry/generic/registry/store.go:1277-1283, ``e.Delete`` with a copy
+        of the options).  With a ``limit`` the server deletes one listed page and answers with that page and
+        its continue token (store.go:1343-1346); without one it deletes every page of 10,000 in a single
+        request, which a big fleet can run into the API server's 60 s request timeout.  A running pod stays
+        listed (Terminating) after its delete: it is journalled once, and deleting it again changes nothing.
+        RBAC grants ``deletecollection`` apart from ``delete``: a user allowed only the second gets the
+        pods deleted one by one (:meth:`_delete_each`).
+        """
+        deleted: dict[str, None] = {}
+        token: str | None = None
+        while True:
+            page = self._call(
+                f"delete pods in {namespace} with {label_selector}",
+                functools.partial(self._delete_page, namespace, label_selector, token),
+            )
+            if page is None:
+                return self._delete_each(namespace, label_selector)
+            for item in page.get("items") or []:
+                name = str(item["metadata"]["name"])
+                if name not in deleted:
+                    deleted[name] = None
+                    self.journal.record_api(f"delete Pod {namespace}/{name}", changes_cluster=False)
+            token = (page.get("metadata") or {}).get("continue") or None
+            if not token:
+                return list(deleted)
+
+    def _delete_page(self, namespace: str, label_selector: str, token: str | None) -> Obj | None:
+        """One DELETE collection call, answered as the API's JSON (a PodList of the page it deleted); None
+        when RBAC forbids the verb.  An expired continue token (410: the snapshot it points into was
+        compacted) starts over from the first page: what is left is still listed."""
+        try:
+            response: Any = self.core.delete_collection_namespaced_pod(
+                namespace,
+                label_selector=label_selector,
+                limit=DELETE_PAGE,
+                _continue=token,
+                _preload_content=False,
+            )
+        except ApiException as exc:
+            if exc.status == 403:
+                return None
+            if exc.status != 410 or token is None:
+                raise
+            return self._delete_page(namespace, label_selector, None)
+        data: Obj = json.loads(response.data or b"{}")
+        return data
+
+    def _delete_each(self, namespace: str, label_selector: str) -> list[str]:
+        """The listed pods deleted one call each, concurrently; each one even when another fails, the first
+        failure raised once every deletion was tried (a 404 is a pod already gone: not counted)."""
+        errors: list[Exception] = []
+
+        def delete(name: str) -> str | None:
+            try:
+                return name if self.delete_pod(namespace, name) else None
+            except Exception as exc:  # re-raised below, once the other deletions were tried
+                errors.append(exc)
+                return None
+
+        names = [p["metadata"]["name"] for p in self.pods(namespace, label_selector)]
+        deleted = [n for n in self.each(delete, names) if n is not None]
+        if errors:
+            raise errors[0]
+        return deleted
+
     # -- waiting by watching ------------------------------------------------------------------------------
     def watch_until(
         self,
@@ -405,17 +481,14 @@ class Kube:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return last, False
-            stream = watch.Watch()  # type: ignore[no-untyped-call]
             try:
-                for event in self._events(stream, list_fn, max(1, int(remaining)), **kwargs):
-                    obj = self.to_dict(event["object"])
-                    last = obj
-                    if done(obj):
-                        stream.stop()  # type: ignore[no-untyped-call]
-                        return obj, True
-                    if time.monotonic() >= deadline:
-                        stream.stop()  # type: ignore[no-untyped-call]
-                        return last, False
+                with contextlib.closing(self._events(list_fn, max(1, int(remaining)), **kwargs)) as events:
+                    for obj in events:
+                        last = obj
+                        if done(obj):
+                            return obj, True
+                        if time.monotonic() >= deadline:
+                            return last, False
             except ApiException as exc:
                 if exc.status == 410:  # resourceVersion too old: start over from the current state
                     continue
@@ -425,7 +498,28 @@ class Kube:
                 time.sleep(0.2)
 
     @staticmethod
-    def _events(
-        stream: watch.Watch, list_fn: Callable[..., Any], timeout: int, **kwargs: Any
-    ) -> Iterator[Any]:
-        yield from stream.stream(list_fn, timeout_seconds=timeout, **kwargs)  # type: ignore[no-untyped-call]
+    def _events(list_fn: Callable[..., Any], timeout: int, **kwargs: Any) -> Generator[Obj, None, None]:
+        """The watched objects as the API's JSON, one per event line, until the server ends the watch.
+
+        Why not ``kubernetes.watch.Watch``: it turns every event into the client's model objects (JSON parsed,
+        dumped and parsed again), which the library turned back into a dict: 1.6 ms of CPU per Pod event
+        against 0.02 ms for the JSON alone (measured 3 Dec 2026), 24 s of the runbook's CPU while cuda-test
+        waited for 4,000 pods on 2 saturated cores.  Its ``deserialize=False`` keeps the JSON but then fails
+        on an ERROR event (kubernetes 37.0.2 watch.py reads ``raw_object``, which only the model path sets).
+        An ERROR event carries a Status (k8s.io/apimachinery@v0.35.0 pkg/watch/watch.go ``Error``; 410
+        Expired for a resource version too old) and is raised as the ApiException the caller handles.
+        """
+        response = list_fn(watch=True, timeout_seconds=timeout, _preload_content=False, **kwargs)
+        try:
+            for line in watch.watch.iter_resp_lines(response):  # type: ignore[no-untyped-call]
+                event = json.loads(line)
+                if event.get("type") == "ERROR":
+                    status = event.get("object") or {}
+                    raise ApiException(
+                        status=status.get("code"), reason=f"{status.get('reason')}: {status.get('message')}"
+                    )
+                if event.get("type") != "BOOKMARK":
+                    yield event["object"]
+        finally:
+            response.close()
+            response.release_conn()

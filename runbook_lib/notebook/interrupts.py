@@ -247,8 +247,7 @@ def remove_test_pods(params: Params, run_id: str) -> list[dict[str, Any]]:
     journal = Journal()
     try:
         kube = connect(params, journal=journal).kube
-        for pod in kube.pods(TEST_NAMESPACE, f"{RUN_LABEL}={run_id}"):
-            kube.delete_pod(TEST_NAMESPACE, pod["metadata"]["name"])
+        kube.delete_pods(TEST_NAMESPACE, f"{RUN_LABEL}={run_id}")
     except Exception as exc:  # whatever failed, the record is sealed and names the failure
         journal.record_api(
             f"could not remove the test pods of run {run_id} ({RUN_LABEL}={run_id}): {exc}".splitlines()[0],

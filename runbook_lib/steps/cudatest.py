@@ -141,7 +141,7 @@ def cuda_test(
         )
         result.nodes += _node_results(nodes, pods, checks)
     finally:
-        _delete_pods(ctx, attempted, result)
+        _delete_pods(ctx, attempted, run_id, result)
     return result.finish()
 
 
@@ -183,24 +183,12 @@ def _node_results(nodes: list[Node], pods: list[TestPod], checks: list[Check]) -
     return list(by_node.values())
 
 
-def _delete_pods(ctx: Context, pods: list[TestPod], result: StepResult) -> None:
-    """Delete every pod whose creation was attempted, concurrently; each one even when another fails.
-
-    A 404 is a pod never created (not counted).  The first failure is raised once every deletion was tried:
-    the pods still there carry the run label, which ``runbook run`` removes after the step.
-    """
-    errors: list[Exception] = []
-
-    def delete(pod: TestPod) -> bool:
-        try:
-            return ctx.kube.delete_pod(TEST_NAMESPACE, pod.name)
-        except Exception as exc:  # re-raised below, once the other deletions were tried
-            errors.append(exc)
-            return False
-
-    result.data["pods_deleted"] = sum(ctx.kube.each(delete, pods))
-    if errors:
-        raise errors[0]
+def _delete_pods(ctx: Context, pods: list[TestPod], run_id: str, result: StepResult) -> None:
+    """Delete every pod whose creation was attempted, by the run's label (:meth:`Kube.delete_pods`: a page
+    of pods per call, each pod journalled).  Should that fail, the pods still there carry the run label,
+    which ``runbook run`` removes after the step."""
+    if pods:
+        result.data["pods_deleted"] = len(ctx.kube.delete_pods(TEST_NAMESPACE, f"{RUN_LABEL}={run_id}"))
 
 
 def extension_drivers(ctx: Context, nodes: list[Node]) -> tuple[dict[str, str], dict[str, str]]:

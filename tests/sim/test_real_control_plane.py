@@ -29,7 +29,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
+import runbook_lib.clients.kube as kube_module
 from runbook_lib.clients.kube import Kube
 from runbook_lib.errors import PermanentError
 from tests.sim.test_real_talosctl import build, find_go  # runs a tools/ build script, returns the binary
@@ -598,3 +601,90 @@ def test_bad_input_exits_2_naming_what_is_wrong(binaries: tuple[Path, Path, Path
         [str(ROOT / "tools" / "build-kube.sh"), "1.35"], capture_output=True, text=True, check=False
     )
     assert (proc.returncode, proc.stderr.strip()) == (2, "not a Kubernetes release tag: 1.35 (e.g. v1.35.0)")
+
+
+def _kube_as_service_account(cp: ControlPlane, namespace: str, verbs: str) -> Kube:
+    """A client authenticated as a ServiceAccount whose Role on pods grants ``verbs`` only (real RBAC)."""
+    cp.ok("kubectl", "create", "serviceaccount", "cleaner", "-n", namespace)
+    cp.ok("kubectl", "create", "role", "cleaner", f"--verb={verbs}", "--resource=pods", "-n", namespace)
+    cp.ok(
+        "kubectl",
+        "create",
+        "rolebinding",
+        "cleaner",
+        "--role=cleaner",
+        "--serviceaccount",
+        f"{namespace}:cleaner",
+        "-n",
+        namespace,
+    )
+    token = cp.ok("kubectl", "create", "token", "cleaner", "-n", namespace).strip()
+    admin = Kube.from_kubeconfig(str(cp.kubeconfig)).api.configuration
+    configuration = client.Configuration()  # not the admin's: its client certificate would win over the token
+    configuration.host, configuration.ssl_ca_cert = admin.host, admin.ssl_ca_cert
+    configuration.api_key = {"authorization": f"Bearer {token}"}
+    return Kube(client.ApiClient(configuration))
+
+
+def _pods(cp: ControlPlane, namespace: str, count: int, label: str) -> None:
+    for i in range(count):
+        pod = gpu_pod(f"p{i}", "nvidia-sched") | {"metadata": {"name": f"p{i}", "labels": {"run": label}}}
+        Kube.from_kubeconfig(str(cp.kubeconfig)).create_pod(namespace, pod)
+
+
+def test_delete_pods_takes_the_pods_a_page_per_delete_collection_call(
+    cp: ControlPlane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kube-apiserver deletes one listed page per DELETE collection call with a limit and hands back the page
+    with its continue token (k8s.io/apiserver@v0.35.0 pkg/registry/generic/registry/store.go:1343-1346): 7 pods
+    in pages of 3 take 3 calls, each pod is journalled once, another run's pod is left alone."""
+    kube = Kube.from_kubeconfig(str(cp.kubeconfig))
+    kube.ensure_namespace("pages", {"pod-security.kubernetes.io/enforce": "privileged"}, dry_run=False)
+    wait_for(cp, "serviceaccount", "default", "-n", "pages")
+    with contextlib.suppress(PermanentError):
+        kube.create_runtime_class("nvidia-sched", "nvidia", dry_run=False)  # an earlier test may have made it
+    _pods(cp, "pages", 7, "a")
+    kube.create_pod(
+        "pages", gpu_pod("other", "nvidia-sched") | {"metadata": {"name": "other", "labels": {"run": "b"}}}
+    )
+    monkeypatch.setattr(kube_module, "DELETE_PAGE", 3)
+    calls: list[str] = []
+    original = kube._call
+
+    def counted(what: str, fn: Any, **kwargs: Any) -> Any:
+        calls.append(what)
+        return original(what, fn, **kwargs)
+
+    monkeypatch.setattr(kube, "_call", counted)
+    deleted = kube.delete_pods("pages", "run=a")
+    assert sorted(deleted) == [f"p{i}" for i in range(7)]
+    assert calls == ["delete pods in pages with run=a"] * 3
+    assert [e.summary for e in kube.journal.entries if e.summary.startswith("delete Pod ")] == [
+        f"delete Pod pages/{name}" for name in deleted
+    ]
+    assert cp.ok("kubectl", "get", "pods", "-n", "pages", "-o", "name").split() == ["pod/other"]
+
+
+def test_delete_pods_without_rbac_deletecollection_deletes_them_one_by_one(cp: ControlPlane) -> None:
+    """RBAC grants ``deletecollection`` apart from ``delete``: a user allowed only ``delete`` on pods gets 403
+    for the collection call (as ``kubectl auth can-i deletecollection pods`` says no), and still has the run's
+    pods deleted, one call each, each journalled."""
+    kube = Kube.from_kubeconfig(str(cp.kubeconfig))
+    kube.ensure_namespace("rbac", {"pod-security.kubernetes.io/enforce": "privileged"}, dry_run=False)
+    wait_for(cp, "serviceaccount", "default", "-n", "rbac")
+    with contextlib.suppress(PermanentError):
+        kube.create_runtime_class("nvidia-sched", "nvidia", dry_run=False)
+    _pods(cp, "rbac", 3, "a")
+    limited = _kube_as_service_account(cp, "rbac", "get,list,watch,delete")
+    as_sa = ["--as", "system:serviceaccount:rbac:cleaner", "-n", "rbac"]
+    for _ in range(100):  # the authorizer sees a new Role through its informer, a moment later
+        if cp.run("kubectl", "auth", "can-i", "list", "pods", *as_sa).stdout.strip() == "yes":
+            break
+        time.sleep(0.1)
+    assert cp.run("kubectl", "auth", "can-i", "deletecollection", "pods", *as_sa).stdout.strip() == "no"
+    with pytest.raises(ApiException) as forbidden:  # the client really is that user
+        limited.core.delete_collection_namespaced_pod("rbac", label_selector="run=none")
+    assert forbidden.value.status == 403
+    assert sorted(limited.delete_pods("rbac", "run=a")) == ["p0", "p1", "p2"]
+    assert sorted(e.summary for e in limited.journal.entries) == [f"delete Pod rbac/p{i}" for i in range(3)]
+    assert cp.ok("kubectl", "get", "pods", "-n", "rbac", "-o", "name").split() == []
