@@ -372,9 +372,15 @@ class Kube:
         """Delete every pod ``label_selector`` matches, :data:`DELETE_PAGE` per call; the names deleted, each
         journalled as :meth:`delete_pod` journals one.
 
-        Why not a DELETE per pod: the API server then deletes the page itself, one request instead of hundreds
-        (1,000 pods on the 1,000-node simulated cluster: 7.6 s in two calls against 18.4 s as single deletes
-        with 10 in flight, measured 3 Dec 2026; cuda-test at 1,000 nodes spent 67 s of its 373 s deleting).
+        Why not a DELETE per pod: the API server then deletes the page itself, one request instead of hundreds,
+        and the client does not build a request and read an answer per pod.  What it saves is the client's
+        CPU more than wall time (measured 3 Dec 2026 on the 1,000-node simulated cluster, two rounds of 1,000
+        finished pods each, both ways on the same cluster: per-pod DELETEs with 10 in flight 22.2 s and 14.9 s,
+        the runbook's process 16 s and 12 s of CPU; collection calls 10.9 s and 14.6 s, 5.7 s and 7.5 s of
+        CPU).  The API server deletes a collection's items with one worker (``--delete-collection-workers``
+        defaults to 1), so on a machine whose cores the control plane already saturates the two ways end up
+        close: the whole cuda-test at 1,000 nodes spent 67 s deleting per pod and 91 s by collection, one run
+        each, with the simulated nodes (kwok) taking most of the CPU in that phase (benchmarks/README.md).
         Graceful as :meth:`delete_pod`: the collection's default DeleteOptions are applied to each pod in turn
         (k8s.io/apiserver@v0.35.0 pkg/registry/generic/registry/store.go:1277-1283, ``e.Delete`` with a copy
         of the options).  With a ``limit`` the server deletes one listed page and answers with that page and

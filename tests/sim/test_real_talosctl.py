@@ -63,6 +63,15 @@ def unavailable(address: str, cause: str = "no route to host") -> str:
     )
 
 
+def went_down(address: str, cause: str = "no route to host") -> tuple[str, str]:
+    """The two stderr shapes of a one-node `get` whose node goes away while it runs, depending on which of
+    get's two calls meets it (talos v1.12.0 cmd/talosctl/pkg/talos/helpers/resources.go:49-51 returns the
+    resource-definition lookup's error as it is; :81-91 hands the List error to get.go:189-192, which gathers
+    it with go-multierror). The fresh-clone CI run of 3 Dec met the second one."""
+    plain = unavailable(address, cause)
+    return plain + "\n", f"1 error occurred:\n\t* {plain}\n\n\n"
+
+
 def live_node(address: str, index: int) -> dict[str, object]:
     return {
         "name": f"gpu-{index}",
@@ -591,7 +600,7 @@ def test_patch_auto_with_a_files_change_reboots_the_node(apply_sim: tuple[Sim, P
         "Applied configuration with a reboot: this config change can't be applied in immediate mode"
     )
     seen_down = wait_for(lambda: sim.run("-n", node, "get", "machineconfig"), lambda p: p.returncode != 0)
-    assert seen_down.stderr == unavailable(node, "connection refused") + "\n"
+    assert seen_down.stderr in went_down(node, "connection refused")
     # apid's reconnect back-off (up to 15 s) is part of the wait, as on a real cluster.
     wait_for(lambda: sim.run("-n", node, "get", "machineconfig"), lambda p: p.returncode == 0, REBOOT_S + 20)
     assert active_config(sim, node)[1]["machine"]["files"][0]["path"] == "/var/etc/x"  # type: ignore[index]
@@ -647,7 +656,7 @@ def test_a_node_switched_down_and_up_while_running(simnode_bin: Path, tmp_path: 
         nodes_file.write_text(json.dumps(nodes))
         proc.send_signal(signal.SIGHUP)
         down = wait_for(lambda: sim.run("-n", target, "get", "extensions"), lambda p: p.returncode != 0)
-        assert down.stderr == unavailable(target) + "\n"
+        assert down.stderr in went_down(target)
         assert sim.run("-n", LIVE[0], "get", "extensions").returncode == 0
         del nodes["nodes"][1]["down"]  # type: ignore[index]
         nodes_file.write_text(json.dumps(nodes))
