@@ -187,8 +187,8 @@ def _delete_pods(ctx: Context, pods: list[TestPod], run_id: str, result: StepRes
     """Delete every pod whose creation was attempted, by the run's label (:meth:`Kube.delete_pods`: a page
     of pods per call, each pod journalled).  Should that fail, the pods still there carry the run label,
     which ``runbook run`` removes after the step."""
-    if pods:
-        result.data["pods_deleted"] = len(ctx.kube.delete_pods(TEST_NAMESPACE, f"{RUN_LABEL}={run_id}"))
+    deleted = ctx.kube.delete_pods(TEST_NAMESPACE, f"{RUN_LABEL}={run_id}") if pods else []
+    result.data["pods_deleted"] = len(deleted)
 
 
 def extension_drivers(ctx: Context, nodes: list[Node]) -> tuple[dict[str, str], dict[str, str]]:

@@ -380,6 +380,10 @@ def test_the_step_is_ok_only_once_the_operators_runtime_class_nvidia_exists(gpu_
     first = kubernetes_layer(ctx, apply=True, timeout_s=180)
     assert first.ok, first.to_dict()
     assert (ctx.kube.runtime_class("nvidia") or {}).get("handler") == "nvidia"  # when the step says ok
+    # The step waits for the RuntimeClass and the advertised GPUs, not for every operand: under load the
+    # ClusterPolicy may still be notReady here (the fresh-clone CI run of 3 Dec met it), and an operator scaled
+    # to 0 would leave it so. "After a good install" means ready, so wait for it as a user would.
+    wait_for(lambda: "ready" in kubectl(gpu_ready, "get", "clusterpolicy", "cluster-policy").split(), 120)
 
     kubectl(gpu_ready, "-n", NAMESPACE, "scale", "deployment/gpu-operator", "--replicas=0")
     wait_for(lambda: not operator_pods(gpu_ready), 120)
