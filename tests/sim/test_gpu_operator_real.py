@@ -186,7 +186,7 @@ def test_kubectl_sees_the_cluster_policy_and_the_operand_daemonsets_by_their_rea
     assert kubectl(gpu_ready, "get", "crd", "clusterpolicies.nvidia.com", "-o", "name").strip() == (
         "customresourcedefinition.apiextensions.k8s.io/clusterpolicies.nvidia.com"
     )
-    wait_for(lambda: "ready" in kubectl(gpu_ready, "get", "clusterpolicy", "cluster-policy").split(), 120)
+    wait_for_policy_ready(gpu_ready)
     names = kubectl(gpu_ready, "get", "daemonsets", "-n", NAMESPACE, "-o", "name").split()
     assert names == [
         "daemonset.apps/gpu-feature-discovery",  # gfd.enabled: the chart's default (values.yaml:339-340)
@@ -351,6 +351,11 @@ def test_runbook_run_on_talos_1_13_passes_every_step_with_the_gpu_operator_on_th
         runbook(env, "sim", "down", "--state", str(state))
 
 
+def wait_for_policy_ready(state: Path) -> None:
+    """Until ``kubectl get clusterpolicy cluster-policy`` shows the STATUS column ``ready`` (not ``notReady``)."""
+    wait_for(lambda: "ready" in kubectl(state, "get", "clusterpolicy", "cluster-policy").split(), 120)
+
+
 def operator_pods(state: Path) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = json.loads(
         kubectl(state, "get", "pods", "-n", NAMESPACE, "-l", gpuoperator.OPERATOR_SELECTOR, "-o", "json")
@@ -383,7 +388,7 @@ def test_the_step_is_ok_only_once_the_operators_runtime_class_nvidia_exists(gpu_
     # The step waits for the RuntimeClass and the advertised GPUs, not for every operand: under load the
     # ClusterPolicy may still be notReady here (the fresh-clone CI run of 3 Dec met it), and an operator scaled
     # to 0 would leave it so. "After a good install" means ready, so wait for it as a user would.
-    wait_for(lambda: "ready" in kubectl(gpu_ready, "get", "clusterpolicy", "cluster-policy").split(), 120)
+    wait_for_policy_ready(gpu_ready)
 
     kubectl(gpu_ready, "-n", NAMESPACE, "scale", "deployment/gpu-operator", "--replicas=0")
     wait_for(lambda: not operator_pods(gpu_ready), 120)
