@@ -13,7 +13,6 @@ import json
 import os
 import re
 import shutil
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -150,8 +149,6 @@ def test_config_patch_approved_in_jupyterlab_changes_the_nodes(
     nb.center(verify)
     _to_docs(nb.screenshot("04-verify"), "04-verify.png")
     check_clean(console)
-    for note in nb.notes:
-        warnings.warn(note, stacklevel=1)
 
 
 def _sealed_record(nb: Any, ws: Workspace) -> Path:
