@@ -460,11 +460,25 @@ def report_failure(fig: dict[str, Any]) -> None:
     )
 
 
+def merged_figures(old: dict[str, Any], figures: dict[str, Any]) -> dict[str, Any]:
+    """``whole_change`` of results.json with ``figures`` added: per fleet size, and within one size per
+    ``rollout_concurrency`` (a 1,000-node run takes ~12 minutes per c, so the issue's two values of c may come
+    from two runs): a new run replaces the earlier run at its c only; the first-failure figure is kept unless
+    the new run measured one. Each run keeps the ``measured_at`` of the run that measured it."""
+    size = str(figures["settings"]["nodes"])
+    earlier = old.get(size, {})
+    runs = {r["concurrency"]: r for r in earlier.get("runs", [])}
+    runs |= {r["concurrency"]: {**r, "measured_at": figures.get("measured_at")} for r in figures["runs"]}
+    combined = {**earlier, **figures, "runs": [runs[c] for c in sorted(runs)]}
+    if "first_failure" not in figures and "first_failure" in earlier:
+        combined["first_failure"] = earlier["first_failure"]
+    return old | {size: combined}
+
+
 def merge(figures: dict[str, Any]) -> None:
-    """Into results.json beside the other benchmarks' figures (bench_fleet rewrites the file; this adds its key),
-    per fleet size: a run at another size (``BENCH_WHOLE_NODES``) keeps this one's figures."""
+    """Into results.json beside the other benchmarks' figures (bench_fleet rewrites the file; this adds its key)."""
     old = json.loads(RESULTS.read_text()).get("whole_change", {}) if RESULTS.exists() else {}
-    update_results(RESULTS, "whole_change", old | {str(figures["settings"]["nodes"]): figures})
+    update_results(RESULTS, "whole_change", merged_figures(old, figures))
 
 
 def settings_from_env() -> dict[str, Any]:

@@ -21,6 +21,7 @@ from benchmarks.bench_whole_change import (
     failure_line_time,
     in_batches,
     label_phase,
+    merged_figures,
     node_spans,
     outcomes,
     rolling_floor,
@@ -170,3 +171,26 @@ def test_the_kubernetes_steps_label_phase_and_helm_wait_are_read_from_its_journa
     run = Run(0, 0.0, 200.0, [], tmp_path)
     assert label_phase(run) == {"labels": 3, "label_s": 4.5, "helm_wait_s": 16.0}
     assert label_phase(Run(0, 0.0, 1.0, [], None)) == {"labels": 0, "label_s": 0.0, "helm_wait_s": 0.0}
+
+
+def _figures(nodes: int, *concurrency: int, failure: bool = False) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "settings": {"nodes": nodes, "concurrency": list(concurrency)},
+        "runs": [{"concurrency": c, "ratio_to_floor": 2.0 + c / 1000} for c in concurrency],
+        "measured_at": f"run with c={concurrency}",
+    }
+    return out | ({"first_failure": {"concurrency": max(concurrency), "reported_s": 9.9}} if failure else {})
+
+
+def test_a_run_at_another_concurrency_keeps_the_earlier_runs_of_the_same_fleet_size() -> None:
+    """One 1,000-node run takes ~12 min per c, so the issue's two values of c come from two runs: the second must
+    not drop the first's figures from results.json."""
+    first = merged_figures({}, _figures(1000, 250))
+    both = merged_figures(first, _figures(1000, 100, failure=True))
+    assert [r["concurrency"] for r in both["1000"]["runs"]] == [100, 250]
+    assert both["1000"]["first_failure"]["concurrency"] == 100
+    assert both["1000"]["runs"][1]["measured_at"] == "run with c=(250,)"  # each run says when it was measured
+    again = merged_figures(both, _figures(1000, 250))  # a re-run of c = 250 replaces that run only
+    assert [r["concurrency"] for r in again["1000"]["runs"]] == [100, 250]
+    assert again["1000"]["first_failure"]["concurrency"] == 100  # kept: the new run measured no failure
+    assert merged_figures(again, _figures(100, 50))["1000"] == again["1000"]  # another size leaves it alone
