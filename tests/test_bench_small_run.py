@@ -9,10 +9,19 @@ import json
 import time
 from pathlib import Path
 
-from benchmarks.bench_small_run import UPGRADE, Cost, alone, external_calls, verdict, wave_seconds
+from benchmarks.bench_small_run import (
+    TALOSCTL,
+    UPGRADE,
+    Cost,
+    alone,
+    alone_kind,
+    external_calls,
+    tool_costs,
+    verdict,
+    wave_seconds,
+)
 from benchmarks.bench_whole_change import Run
 
-TALOSCTL = "talosctl"
 COSTS = {TALOSCTL: Cost(0.03, 0.0), UPGRADE: Cost(6.0, 0.0)}
 
 
@@ -90,7 +99,7 @@ def test_helm_calls_are_waves_too_but_its_waiting_install_is_the_kubernetes_step
     )
     run = Run(0, 0.0, 30.0, [], tmp_path)
     assert sorted(external_calls(run)) == [
-        (10.0, 10.5, TALOSCTL),
+        (10.0, 10.5, alone_kind([talosctl, "get", "extensions", "-n", "10.5.0.3"])),
         (11.0, 17.0, UPGRADE),
         (19.8, 20.0, " ".join(repo_add)),
     ]
@@ -110,3 +119,39 @@ def test_a_run_on_a_machine_busier_than_its_cores_is_not_settled_whatever_its_ra
     assert verdict(0.05, load_max=7.0, cores=2).startswith("not settled")
     assert "7.0" in verdict(0.05, load_max=7.0, cores=2)
     assert verdict(0.4, load_max=7.0, cores=2) == "NOT MET"
+
+
+def test_a_reading_talosctl_call_costs_its_own_command_line_alone_not_one_round_trip(tmp_path: Path) -> None:
+    """The real ``talosctl get -n a,b,…`` asks its nodes one after another (reality-gaps.md §2 row 3; talos v1.12.0
+    cmd/talosctl/cmd/talos/get.go), so an 8-node get alone lasts about 8 round trips, not R: counting it as R put
+    the rest in the runbook's own time.  A reading call is run again alone after the run, as the run made it;
+    a call that changes a node (patch, apply-config, upgrade, reboot) keeps R or T."""
+    results = tmp_path / "results"
+    results.mkdir()
+    fake = tmp_path / "bin" / "talosctl"
+    fake.parent.mkdir()
+    fake.write_text(
+        "#!/bin/sh\nsleep 0.3\n"
+    )  # stands in for a slow multi-node get; only its duration matters
+    fake.chmod(0o755)
+    get8 = [str(fake), "--talosconfig", "/state/talosconfig", "-n", "10.5.0.3,10.5.0.4", "get", "extensions"]
+    patch = [str(fake), "--talosconfig", "/state/talosconfig", "-n", "10.5.0.3", "patch", "mc", "-p", "@x"]
+    _journal(
+        results,
+        "preflight",
+        [
+            {"kind": "command", "argv": get8, "at": 1.3, "duration_s": 0.3},
+            {"kind": "command", "argv": patch, "at": 2.0, "duration_s": 0.1},
+        ],
+    )
+    run = Run(0, 0.0, 3.0, [], tmp_path)
+    assert [kind for _s, _e, kind in external_calls(run)] == [alone_kind(get8), TALOSCTL]
+
+    class NoCli:
+        def call(self, args: list[str], nodes: list[str]) -> None:  # R: one get of one node
+            time.sleep(0.01)
+
+    costs = tool_costs(run, NoCli(), "10.5.0.3", (6.0, 0.1))  # type: ignore[arg-type]
+    assert costs[alone_kind(get8)].alone_s >= 0.3 > costs[TALOSCTL].alone_s
+    calls = external_calls(run)
+    assert wave_seconds(calls, costs, 2) >= 0.3 + costs[TALOSCTL].alone_s
