@@ -144,7 +144,7 @@ def test_default_runtime_patch_applied_node_by_node_waits_for_each_reboot(tmp_pa
 def test_a_batch_of_eight_nodes_is_patched_at_once_not_node_after_node(tmp_path):
     """Issue 8: talosctl patches the nodes of ``-n a,b,c`` one after the other, so one call over a batch of 8
     paid 8 latencies; the batch's nodes are applied in concurrent single-node calls.  The dry run before it is
-    one call over the 8 (issue 16: ``pipeline_chunk_size``, no chunk under 64 nodes; with the real talosctl at
+    one call over the 8 (issue 16: ``pipeline_chunk_size``, no chunk under 32 nodes; with the real talosctl at
     2 ms per node, 10 single-node chunks took twice one call's time: processes, not latency, decide there)."""
     with sim_cluster(tmp_path, workers=8, daemon=False, apply=True, rollout_concurrency=8, latency_ms=50) as (
         params,

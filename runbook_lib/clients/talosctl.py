@@ -43,7 +43,7 @@ DEFAULT_CHUNK = 250
 PATCH_CALLS = 16
 #: Most chunks of the config-patch dry run, and its smallest chunk (:func:`pipeline_chunk_size`).
 PIPELINE_CHUNKS = 8
-MIN_PIPELINE_CHUNK = 64
+MIN_PIPELINE_CHUNK = 32
 #: Chunks a ``get`` is split into on a big fleet (:func:`get_chunk_size`): verify runs three ``get`` kinds at
 #: once next to the reads, so fewer, longer chunks hold fewer processes for the same time (1,000 nodes in
 #: chunks of 128: 1.76 s, of 256: 1.73 s).
@@ -217,7 +217,7 @@ def pipeline_chunk_size(
     nodes: int, calls: int = PIPELINE_CHUNKS, *, minimum: int = MIN_PIPELINE_CHUNK
 ) -> int:
     """Nodes per chunk of the config-patch dry run (:meth:`Talosctl.pipeline`): at least ``minimum`` (all of
-    them when fewer), at most ``calls`` chunks, the chunks even (100 -> 2 of 50, 1,000 -> 8 of 125).
+    them when fewer), at most ``calls`` chunks, the chunks even (100 -> 4 of 25, 1,000 -> 8 of 125).
 
     Why not :func:`patch_chunk_size`'s ``ceil(N/16)``: each chunk is two talosctl processes in a row (``get
     machineconfig``, ``patch --dry-run``), and with the real talosctl v1.12.0 against simnode at 2 ms per node
@@ -227,7 +227,10 @@ def pipeline_chunk_size(
     the floor's fastest 1.43 s (load 4-20), floor chunks of 8/16/32/64/100 8.0/6.6/3.7/3.1/3.8 s (load 36-53),
     1.46/1.36/1.29/-/2.12 s (1 Dec, load not recorded), 9.87/8.6/5.84/3.56/5.61 s (load 30-60), and the
     library itself in 4 chunks of 25 7.32 s, in 2 of 50 5.32 s (floor chunks of 25/50/64: 4.74/5.65/5.15 s,
-    load 40-60): 64, the floor's fastest chunk at 100 nodes in every loaded run, is the smallest chunk; 1,000
+    load 40-60); on a quiet machine (4 Dec 2026, load 0.2; median of 5, alternating) the library itself at 100
+    nodes in 2 chunks of 50 1.50 s, 4 of 25 1.17 s, 7 of 15 1.23 s, the floor's chunks of 16/32/64/100
+    1.10/1.11/1.67/2.25 s: so 32 is the smallest chunk (64 until then, from the loaded runs: a run on a
+    machine shared with a simulated cluster of 2 cores is not where the runbook usually runs); 1,000
     nodes in chunks of 32/64/128/256: 81.6/58.4/44.9/- s (load 36-53), 9.2/8.3/8.5/10.1 s (1 Dec, load not
     recorded).  The cost of this choice: a node of a chunk waits for the nodes before it, so where each
     node answers slowly (tens of ms: a remote cluster) smaller chunks would win; not measured with the real
