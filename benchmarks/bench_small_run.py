@@ -16,8 +16,9 @@ call: a critical path of round trips only (1.1 s), which is not what the issue d
   whose spans overlap ran together, :func:`wave_seconds`), each wave as long as its slowest call can be alone: an
   upgrade ``T`` (one node's ``upgrade --wait`` alone after the run, median of 3: ``upgrade_alone``), a talosctl call
   that only reads (``READING``) or a helm call that same command line run again alone (fastest of 3: the real
-  ``get -n a,b,…`` asks its nodes one after another, so an 8-node get lasts several round trips), any other
-  talosctl call (patch, upgrade's neighbours) ``R`` (one ``get extensions`` of one node alone, fastest of 5: the
+  ``get -n a,b,…`` asks its nodes one after another, so with per-node latency an 8-node get lasts several round
+  trips; ``patch --dry-run`` likewise), any other
+  talosctl call (an applied patch) ``R`` (one ``get extensions`` of one node alone, fastest of 5: the
   binary's start, mTLS and simnode's answer); and never shorter than its calls' CPU (each kind's, measured
   alone) spread over the machine's cores; plus the Kubernetes and cuda-test steps' cluster time (``helm upgrade
   --install --wait`` and the ``wait: …`` entries: the device plugin rolling out, GPUs appearing, the test pods
@@ -72,8 +73,9 @@ RESULTS = Path(__file__).resolve().parent / "results.json"
 TARGET_OWN = 0.10
 SLOW_CALLS = ("upgrade", "reboot")  # calls that last a node's upgrade or reboot, not one round trip
 UPGRADE, TALOSCTL = "upgrade", "talosctl"  # kinds of call (external_calls)
-#: talosctl subcommands that only read: run again alone after the run, as the run made them (``alone_kind``)
-READING = frozenset({"get", "read", "version", "list", "ls", "cat", "containers", "service", "dmesg", "logs"})
+#: talosctl subcommands that only read and return: run again alone after the run, as the run made them
+#: (``alone_kind``); ``patch --dry-run`` too.  Not ``service`` (it can restart one), nor a followed ``logs``/``dmesg``.
+READING = frozenset({"get", "read", "version", "list", "ls", "cat", "containers"})
 _ALONE = "alone: "
 
 
@@ -107,8 +109,9 @@ def _wave_cost(kinds: Sequence[str], costs: Mapping[str, Cost], cores: int) -> f
 
 def external_calls(run: Run) -> list[tuple[float, float, str]]:
     """Every talosctl and helm call of the run as ``(start, end, kind)``, from the step journals as written: kind
-    ``UPGRADE`` for a call that lasts a node's upgrade or reboot, ``talosctl`` for any other talosctl call (a round
-    trip), else the helm command line (each is timed alone after the run).  ``helm upgrade --install --wait`` is left
+    ``UPGRADE`` for a call that lasts a node's upgrade or reboot, the command line (``alone_kind``) for a talosctl
+    call that only reads or dry-runs, ``talosctl`` for any other talosctl call (one round trip R), else the helm
+    command line (each command line is timed alone after the run).  ``helm upgrade --install --wait`` is left
     out: it is the Kubernetes step's cluster time (:func:`cluster_time`)."""
     out = []
     for step in STEPS:
@@ -127,7 +130,9 @@ def external_calls(run: Run) -> list[tuple[float, float, str]]:
 def _talosctl_kind(argv: Sequence[str]) -> str:
     if any(word in argv for word in SLOW_CALLS):
         return UPGRADE
-    return alone_kind(argv) if _subcommand(argv) in READING else TALOSCTL
+    command = _subcommand(argv)
+    reads = command in READING and not {"-f", "--follow"} & set(argv)
+    return alone_kind(argv) if reads or (command == "patch" and "--dry-run" in argv) else TALOSCTL
 
 
 def _subcommand(argv: Sequence[str]) -> str:
@@ -170,7 +175,8 @@ def tool_costs(run: Run, cli: Cli, node: str, upgrade: tuple[float, float]) -> d
     """Each kind of call alone on the fleet the run left: R (one ``get extensions`` of one node, fastest of 5: the
     binary's start, mTLS and simnode's answer) for a talosctl call that changes a node, T (``upgrade_alone``),
     each reading talosctl command line of the run (fastest of 3: a ``get`` of 8 nodes asks them one after
-    another, so it lasts several round trips) and each helm command line of the run."""
+    another, so where the nodes answer with latency it lasts several round trips) and each helm command line of the
+    run."""
     costs = {
         TALOSCTL: alone(functools.partial(cli.call, ["get", "extensions"], [node]), 5),
         UPGRADE: Cost(*upgrade),
@@ -180,11 +186,16 @@ def tool_costs(run: Run, cli: Cli, node: str, upgrade: tuple[float, float]) -> d
 
 
 def command_alone(kind: str) -> Cost:
-    """A talosctl or helm call of the run made again alone (fastest of 3), whatever its exit code: a reading talosctl
-    call as the run made it (``alone_kind``), or helm's ``version``, ``list``, ``repo add --force-update`` and ``repo
+    """A talosctl or helm call of the run made again alone (fastest of 3): a reading talosctl call (whatever its exit
+    code) as the run made it (``alone_kind``), or helm's ``version``, ``list``, ``repo add --force-update`` and ``repo
     update`` against the simulated cluster's chart repository, with the helm home in its state directory."""
-    argv = json.loads(kind.removeprefix(_ALONE)) if kind.startswith(_ALONE) else kind.split(" ")
-    return alone(functools.partial(subprocess.run, argv, capture_output=True, check=False, timeout=120), 3)
+    if kind.startswith(
+        _ALONE
+    ):  # a read that failed in the run (a file a node lacks) fails alone too: still timed
+        argv, check = json.loads(kind.removeprefix(_ALONE)), False
+    else:
+        argv, check = kind.split(" "), True
+    return alone(functools.partial(subprocess.run, argv, capture_output=True, check=check, timeout=120), 3)
 
 
 def measure(work: Path, nodes: int, kernels: Callable[[], float]) -> dict[str, Any]:

@@ -467,11 +467,13 @@ def merged_figures(old: dict[str, Any], figures: dict[str, Any]) -> dict[str, An
     the new run measured one. Each run keeps the ``measured_at`` of the run that measured it."""
     size = str(figures["settings"]["nodes"])
     earlier = old.get(size, {})
-    runs = {r["concurrency"]: r for r in earlier.get("runs", [])}
+    runs = {
+        r["concurrency"]: {"measured_at": earlier.get("measured_at"), **r} for r in earlier.get("runs", [])
+    }
     runs |= {r["concurrency"]: {**r, "measured_at": figures.get("measured_at")} for r in figures["runs"]}
-    combined = {**earlier, **figures, "runs": [runs[c] for c in sorted(runs)]}
-    if "first_failure" not in figures and "first_failure" in earlier:
-        combined["first_failure"] = earlier["first_failure"]
+    settings = {**figures["settings"], "concurrency": sorted(runs)}
+    # ``earlier`` first: its first-failure figure stays unless ``figures`` measured one
+    combined = {**earlier, **figures, "settings": settings, "runs": [runs[c] for c in sorted(runs)]}
     return old | {size: combined}
 
 

@@ -123,9 +123,10 @@ def test_a_run_on_a_machine_busier_than_its_cores_is_not_settled_whatever_its_ra
 
 def test_a_reading_talosctl_call_costs_its_own_command_line_alone_not_one_round_trip(tmp_path: Path) -> None:
     """The real ``talosctl get -n a,b,…`` asks its nodes one after another (reality-gaps.md §2 row 3; talos v1.12.0
-    cmd/talosctl/cmd/talos/get.go), so an 8-node get alone lasts about 8 round trips, not R: counting it as R put
-    the rest in the runbook's own time.  A reading call is run again alone after the run, as the run made it;
-    a call that changes a node (patch, apply-config, upgrade, reboot) keeps R or T."""
+    cmd/talosctl/cmd/talos/get.go), so where each node answers with latency an 8-node get alone lasts about 8 round
+    trips, not R: counting it as R put the rest in the runbook's own time.  A reading call (and a dry-run patch) is
+    run again alone after the run, as the run made it; a call that changes a node (an applied patch, upgrade,
+    reboot) keeps R or T, and so does ``service … restart``."""
     results = tmp_path / "results"
     results.mkdir()
     fake = tmp_path / "bin" / "talosctl"
@@ -146,6 +147,25 @@ def test_a_reading_talosctl_call_costs_its_own_command_line_alone_not_one_round_
     )
     run = Run(0, 0.0, 3.0, [], tmp_path)
     assert [kind for _s, _e, kind in external_calls(run)] == [alone_kind(get8), TALOSCTL]
+    dry = [*patch, "--dry-run"]
+    restart = [
+        str(fake),
+        "--talosconfig",
+        "/state/talosconfig",
+        "-n",
+        "10.5.0.3",
+        "service",
+        "kubelet",
+        "restart",
+    ]
+    follow = [str(fake), "--talosconfig", "/state/talosconfig", "-n", "10.5.0.3", "logs", "-f", "kubelet"]
+    entries = [
+        {"kind": "command", "argv": a, "at": 5.0 + i, "duration_s": 0.1}
+        for i, a in enumerate([dry, restart, follow])
+    ]
+    _journal(results, "verify", entries)
+    assert [kind for _s, _e, kind in external_calls(run)][2:] == [alone_kind(dry), TALOSCTL, TALOSCTL]
+    _journal(results, "verify", [])
 
     class NoCli:
         def call(self, args: list[str], nodes: list[str]) -> None:  # R: one get of one node

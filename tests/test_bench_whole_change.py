@@ -188,9 +188,24 @@ def test_a_run_at_another_concurrency_keeps_the_earlier_runs_of_the_same_fleet_s
     first = merged_figures({}, _figures(1000, 250))
     both = merged_figures(first, _figures(1000, 100, failure=True))
     assert [r["concurrency"] for r in both["1000"]["runs"]] == [100, 250]
+    assert both["1000"]["settings"]["concurrency"] == [100, 250]
     assert both["1000"]["first_failure"]["concurrency"] == 100
     assert both["1000"]["runs"][1]["measured_at"] == "run with c=(250,)"  # each run says when it was measured
-    again = merged_figures(both, _figures(1000, 250))  # a re-run of c = 250 replaces that run only
-    assert [r["concurrency"] for r in again["1000"]["runs"]] == [100, 250]
+    rerun = _figures(1000, 250)
+    rerun["runs"][0]["ratio_to_floor"], rerun["measured_at"] = 9.9, "the re-run"
+    again = merged_figures(both, rerun)  # a re-run of c = 250 replaces that run only
+    assert [(r["concurrency"], r["ratio_to_floor"]) for r in again["1000"]["runs"]] == [
+        (100, 2.1),
+        (250, 9.9),
+    ]
+    assert again["1000"]["runs"][1]["measured_at"] == "the re-run"
     assert again["1000"]["first_failure"]["concurrency"] == 100  # kept: the new run measured no failure
     assert merged_figures(again, _figures(100, 50))["1000"] == again["1000"]  # another size leaves it alone
+
+
+def test_a_run_stored_before_runs_had_their_own_date_takes_its_sizes_date() -> None:
+    """results.json of 4 Dec 01:21 has one date for the size, none per run: the run keeps that date."""
+    stored = _figures(1000, 250)
+    stored["measured_at"] = "2026-12-04T01:21:05Z"
+    merged = merged_figures({"1000": stored}, _figures(1000, 100))
+    assert merged["1000"]["runs"][1]["measured_at"] == "2026-12-04T01:21:05Z"

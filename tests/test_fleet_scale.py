@@ -16,7 +16,7 @@ from runbook_lib.steps.patch import config_patch
 from runbook_lib.steps.verify import verify
 from tests.simcluster import inject_fault, python_talosctl, sim_cluster
 
-WORKERS = 2 * PATCH_CALLS + 7  # dry run: one chunk (pipeline_chunk_size); apply: chunks of 3
+WORKERS = 2 * PATCH_CALLS + 7  # dry run: 2 chunks of 20 (pipeline_chunk_size); apply: chunks of 3
 
 
 @pytest.mark.slow

@@ -35,8 +35,8 @@ def calls(ctx: Any, *words: str, since: int = 0) -> list[list[str]]:
 
 
 def small_chunks(ctx: Any, count: int) -> None:
-    """Split the dry run into ``count`` chunks however few the nodes (the library's smallest chunk is 64 nodes,
-    more than these tests' fleets), so that the tests see several chunks."""
+    """Split the dry run into ``count`` chunks however few the nodes (the library makes no more chunks than chunks of 32
+    nodes would, one for these tests' fleets), so that the tests see several chunks."""
     ctx.talosctl.pipeline_chunks = count
     ctx.talosctl.min_pipeline_chunk = 1
 

@@ -216,8 +216,10 @@ def patch_chunk_size(nodes: int, calls: int = PATCH_CALLS) -> int:
 def pipeline_chunk_size(
     nodes: int, calls: int = PIPELINE_CHUNKS, *, minimum: int = MIN_PIPELINE_CHUNK
 ) -> int:
-    """Nodes per chunk of the config-patch dry run (:meth:`Talosctl.pipeline`): at least ``minimum`` (all of
-    them when fewer), at most ``calls`` chunks, the chunks even (100 -> 4 of 25, 1,000 -> 8 of 125).
+    """Nodes per chunk of the config-patch dry run (:meth:`Talosctl.pipeline`): no more chunks than chunks of
+    ``minimum`` nodes would make (one when there are fewer), at most ``calls`` chunks, the chunks even, so a chunk
+    can hold fewer than ``minimum`` nodes but more than half of it (33 -> 2 of 17, 100 -> 4 of 25, 1,000 -> 8 of
+    125).
 
     Why not :func:`patch_chunk_size`'s ``ceil(N/16)``: each chunk is two talosctl processes in a row (``get
     machineconfig``, ``patch --dry-run``), and with the real talosctl v1.12.0 against simnode at 2 ms per node
@@ -373,8 +375,8 @@ class Talosctl:
         return self._get_chunk(_get_args(resource, None), list(nodes))
 
     def pipeline(self, nodes: Sequence[str], stage: Callable[[list[str]], _Out]) -> list[_Out]:
-        """``stage`` over ``nodes`` in chunks (:func:`pipeline_chunk_size`: at most ``pipeline_chunks``, none under
-        ``min_pipeline_chunk`` nodes), at most ``parallel`` chunks at once; results in chunk order.
+        """``stage`` over ``nodes`` in chunks (:func:`pipeline_chunk_size`: at most ``pipeline_chunks``, no more than
+        chunks of ``min_pipeline_chunk`` nodes would make, even), at most ``parallel`` chunks at once; results in chunk order.
 
         Why: the config-patch dry run needs each node's config before it can dry-run that node's patch.  Reading
         the whole fleet first and dry-running it afterwards puts the slowest read chunk, all the planning and the
