@@ -249,6 +249,34 @@ def test_a_no_op_approve_handler_fails_the_ui_check(
     assert fresh_cluster.all_configs() == before
 
 
+def test_run_all_is_pressed_again_once_when_the_first_press_started_nothing(
+    lab: Lab, new_cluster: Any, ui_workspace: Workspace, page: tuple[Any, ConsoleErrors]
+) -> None:
+    """The page object's second press (CI 4 Dec 2026: a Run All that started no cell): a first press that does
+    nothing, as then, is warned with what the page showed, and the second one runs the notebook once."""
+    from tests.ui.notebook_page import Notebook
+
+    new_cluster("fresh")
+    tab, _console = page
+    nb = Notebook(tab, ui_workspace.screenshots)
+    presses: list[int] = []
+    press = nb._press_run_all
+
+    def first_press_lost() -> None:
+        presses.append(1)
+        if len(presses) > 1:
+            press()
+
+    nb._press_run_all = first_press_lost  # type: ignore[method-assign]
+    nb.open(lab, "notebooks/01-preflight.ipynb")
+    with pytest.warns(UserWarning, match=r"started no cell within 30 s, pressed it again; current tab"):
+        nb.run_all()
+    nb.assert_no_error_outputs()
+    assert len(presses) == 2
+    prompts = nb.panel.locator(".jp-CodeCell .jp-InputPrompt").all_inner_texts()
+    assert prompts == ["[1]:", "[2]:"], f"the cells ran more than once or not at all: {prompts}"
+
+
 def test_preflight_and_image_plan_in_jupyterlab(
     lab: Lab, new_cluster: Any, ui_workspace: Workspace, page: tuple[Any, ConsoleErrors]
 ) -> None:
