@@ -6,8 +6,8 @@ machine was (timings on a shared 2-core machine move with the other processes' l
 
 Two sets (benchmarks/README.md, "What make bench runs"):
 
-- ``make bench`` (no flag): the figures of issue 16, aimed at about 10 minutes on 2 cores (measured once: 36
-  at load 25-83): ``QUICK`` scripts, with
+- ``make bench`` (no flag): the figures of issue 16, aimed at about 10 minutes on 2 cores (11.6 minutes on 4 Dec
+  2026 with nothing else running, 36 at load 25-83): ``QUICK`` scripts, with
   the settings of ``QUICK_ENV`` (fewer repeats and candidates at 1,000 nodes, the whole change at 100 nodes and
   one ``rollout_concurrency``, the control plane at 1,000 nodes only), each printed by the script that applies it;
 - ``make bench-full`` (``--full``): every ``bench_*.py`` with the long variants of ``FULL_ENV`` (the whole change
