@@ -189,9 +189,8 @@ def command_alone(kind: str) -> Cost:
     """A talosctl or helm call of the run made again alone (fastest of 3): a reading talosctl call (whatever its exit
     code) as the run made it (``alone_kind``), or helm's ``version``, ``list``, ``repo add --force-update`` and ``repo
     update`` against the simulated cluster's chart repository, with the helm home in its state directory."""
-    if kind.startswith(
-        _ALONE
-    ):  # a read that failed in the run (a file a node lacks) fails alone too: still timed
+    if kind.startswith(_ALONE):
+        # a read that failed in the run (a file a node lacks) fails alone too: still timed
         argv, check = json.loads(kind.removeprefix(_ALONE)), False
     else:
         argv, check = kind.split(" "), True
@@ -228,17 +227,13 @@ def figures(run: Run, costs: Mapping[str, Cost], run_cpu: float, nodes: int) -> 
     tools = wave_seconds(calls, costs, cores)
     kube, cuda = cluster_time(run, "kubernetes"), cluster_time(run, "cuda-test")
     critical = tools + kube + cuda
-    talosctl = [c for c in calls if c[2] in (TALOSCTL, UPGRADE) or c[2].startswith(_ALONE)]
     # as counted until 4 Dec: every talosctl call but an upgrade one round trip R, whatever nodes it asked
     as_r = [(start, end, TALOSCTL if kind.startswith(_ALONE) else kind) for start, end, kind in calls]
     one_r = wave_seconds(as_r, costs, cores) + kube + cuda
+    talosctl = [c for c in as_r if c[2] in (TALOSCTL, UPGRADE)]
     # as counted until 2 Dec afternoon: talosctl waves only, each one call's time alone (helm's round trips own time)
-    before = wave_seconds(
-        [c for c in as_r if c[2] in (TALOSCTL, UPGRADE)],
-        {k: Cost(c.alone_s, 0.0) for k, c in costs.items()},
-        cores,
-    )
-    before += kube + cuda
+    alone_only = {k: Cost(c.alone_s, 0.0) for k, c in costs.items()}
+    before = wave_seconds(talosctl, alone_only, cores) + kube + cuda
     return {
         "nodes": nodes,
         "wall_s": round(run.wall_s, 2),

@@ -131,9 +131,8 @@ def test_a_reading_talosctl_call_costs_its_own_command_line_alone_not_one_round_
     results.mkdir()
     fake = tmp_path / "bin" / "talosctl"
     fake.parent.mkdir()
-    fake.write_text(
-        "#!/bin/sh\nsleep 0.3\n"
-    )  # stands in for a slow multi-node get; only its duration matters
+    # stands in for a slow multi-node get; only its duration matters
+    fake.write_text("#!/bin/sh\nsleep 0.3\n")
     fake.chmod(0o755)
     get8 = [str(fake), "--talosconfig", "/state/talosconfig", "-n", "10.5.0.3,10.5.0.4", "get", "extensions"]
     patch = [str(fake), "--talosconfig", "/state/talosconfig", "-n", "10.5.0.3", "patch", "mc", "-p", "@x"]
