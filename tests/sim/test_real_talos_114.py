@@ -3,8 +3,8 @@
 talos v1.14.0 is not served by the Go module proxy (403, 2026-12-02); v1.14.1 is, and ``tools/build-talosctl.sh
 v1.14.1`` builds it from its own sources with two dependency versions the proxy refuses replaced by the nearest it
 serves (cosi-project/runtime v1.16.3 -> v1.16.2, jsimonetti/rtnetlink/v2 at a 2026-08 pseudo-version -> v2.3.0;
-``substitutions.txt`` beside the binary lists them). ``.ci/run`` does not build it: these tests skip, saying so,
-unless it is built. simnode is built on pkg/machinery v1.14.1 (with the same cosi-project/runtime substitution): a
+``substitutions.txt`` beside the binary lists them). ``.ci/run`` builds it (since 4 Dec 2026); elsewhere these
+tests skip, saying so, unless it is built. simnode is built on pkg/machinery v1.14.1 (with the same cosi-project/runtime substitution): a
 1.14 node loads ``KernelModuleConfig`` documents, lists its modules as ``KernelModuleStatus`` (``get modules``,
 state ``live``) and applies every mode without a reboot (simnode/state.go, legacy.go, apply.go, each cited).
 """
