@@ -4,7 +4,7 @@
   (in process or as a subprocess: ``tests/test_notebooks.py``, ``test_rollback.py``, ``test_run_safety.py``,
   ``test_interrupts.py``, ``test_issue17_review.py``, ``test_frontpage.py``, ``tests/sim/test_sim_cluster.py``...)
   runs the real talosctl of the nodes' release against simnode when both are in the tools cache (``make tools``;
-  ``.ci/run`` builds talosctl v1.10.0-v1.14.1 and simnode first). Otherwise the Python talosctl answers and
+  ``.ci/run`` builds simnode and the talosctl releases ``tests/sim/talosctl_legs.ci_releases`` reads first). Otherwise the Python talosctl answers and
   ``runbook sim status`` says why: no talosctl of that release built, simnode not built for the current sources
   (``simnode/*.go`` edited during the session: the session start builds it, see below), a release simnode does not
   serve (``runbook_lib/sim/realtalos.py`` ``SIMNODE_RELEASES``), a fault simnode does not simulate.

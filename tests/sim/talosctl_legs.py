@@ -27,15 +27,27 @@ SET_UP_RELEASES = ("v1.12.0", "v1.13.0")
 CI_RUN = Path(__file__).resolve().parents[2] / ".ci" / "run"
 
 
+#: ``.ci/run``'s one command line that builds the talosctl releases (``time`` before it allowed; a comment is not one).
+CI_TOOLS_LINE = re.compile(r'^[ \t]*(?:time[ \t]+)?make tools TALOS_VERSIONS="([^"]*)"', re.MULTILINE)
+
+
 def ci_releases() -> tuple[str, ...]:
-    """The talosctl releases ``.ci/run`` builds before ``make test`` (its ``make tools TALOS_VERSIONS="..."``)."""
-    found = re.search(r'make tools TALOS_VERSIONS="([^"]*)"', CI_RUN.read_text(encoding="utf-8"))
-    return tuple(found.group(1).split()) if found else ()
+    """The talosctl releases ``.ci/run`` builds before ``make test``: its one ``make tools TALOS_VERSIONS="..."``
+    line; empty when ``.ci/run`` is missing (an installed copy) or has no such line, or more than one."""
+    try:
+        found = CI_TOOLS_LINE.findall(CI_RUN.read_text(encoding="utf-8"))
+    except OSError:
+        return ()
+    return tuple(found[0].split()) if len(found) == 1 else ()
 
 
 def not_built(release: str) -> str:
-    """Why a test of ``release``'s talosctl skips: the command that builds it and whether CI does."""
-    ci = "it is one of those .ci/run builds" if release in ci_releases() else ".ci/run does not build it"
+    """Why a test of ``release``'s talosctl skips: the command that builds it and whether CI does (on CI, a
+    release it builds that is missing means its ``make tools`` did not run)."""
+    if release in ci_releases():
+        ci = ".ci/run builds it: on CI, its make tools did not run (go missing?)"
+    else:
+        ci = ".ci/run does not build it"
     return f"talosctl {release} is not built (tools/build-talosctl.sh {release}; {ci})"
 
 

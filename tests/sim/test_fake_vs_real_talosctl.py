@@ -2,7 +2,7 @@
 point 4: "one truth").
 
 The fake stays where the real talosctl cannot run the scenario: releases whose talosctl is not built (``.ci/run``
-builds v1.10.0 to v1.14.1), faults simnode does not simulate, and Talos 1.14 nodes whose Kubernetes side cannot issue the client-certificate
+builds those ``tests/sim/talosctl_legs.ci_releases`` lists), faults simnode does not simulate, and Talos 1.14 nodes whose Kubernetes side cannot issue the client-certificate
 kubeconfig talosctl 1.14's drain needs (``realtalos.choose``). talosctl 1.14 itself builds: v1.14.0 is not on the Go
 module proxy, v1.14.1 is (``tools/build-talosctl.sh v1.14.1``, tests/sim/test_real_talos_114.py).
 

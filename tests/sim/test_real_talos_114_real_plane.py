@@ -10,8 +10,8 @@ out simkube's token kubeconfig, which talosctl v1.14.1 refused (``REFUSED`` belo
 test before simkube kept its CA key), so the runbook's image step could not drain a 1.14 node there.
 
 Talos 1.14's Kubernetes is 1.37.0 (talos@v1.14.1 pkg/machinery/constants/constants.go:381); this project builds
-v1.37.2 for it (``realkube.BUILT_FOR_MINOR``), which ``.ci/run`` does not build, nor talosctl v1.14.1: the tests
-here skip, naming what to build, where they are not built. The kubeconfig tests run on the newest control plane
+v1.37.2 for it (``realkube.BUILT_FOR_MINOR``), which ``.ci/run`` does not build (it builds talosctl v1.14.1: see
+``tests/sim/talosctl_legs.ci_releases``): the tests here skip, naming what to build, where they are not built. The kubeconfig tests run on the newest control plane
 that is built when 1.37 is not (the kubeconfig's structure and the certificate's identity do not depend on the
 Kubernetes minor); ``runbook run`` runs on 1.37 only.
 """

@@ -4,7 +4,7 @@ simnode answers a node reporting 1.7 or 1.8 as those releases' machined where th
 (simnode/legacy18.go cites each): an upgrade without ``--preserve`` to a 1.7 installer wipes EPHEMERAL (/var), no
 PCIDevice resource before 1.8, the dry-run diff is go-cmp's report in 1.7, a missing file is gRPC Unknown in 1.7;
 as on 1.9-1.11, MachineConfig's spec is the config document and ``modules`` is KernelModuleSpec's alias
-(simnode/legacy.go). The binaries are not built by ``.ci/run`` (it builds talosctl v1.10.0-v1.14.1): these
+(simnode/legacy.go). The binaries are not built by ``.ci/run`` (see ``tests/sim/talosctl_legs.ci_releases``): these
 tests skip, saying so, unless ``tools/build-talosctl.sh v1.7.0`` / ``v1.8.0`` built them.
 """
 
