@@ -51,6 +51,15 @@ def not_built(release: str) -> str:
     return f"talosctl {release} is not built (tools/build-talosctl.sh {release}; {ci})"
 
 
+def built_talosctl(release: str) -> Path:
+    """The cached talosctl of exactly ``release`` (not another patch of its minor); skip, saying how to build it
+    and whether CI does, when it is not built: a cold build inside pytest costs 5-8 min of CPU."""
+    path = realtalos.cached_talosctl(release)
+    if path is None or path.parent.name != release:
+        pytest.skip(not_built(release))
+    return path
+
+
 def serve_with_simnode(state: Path, release: str) -> Path:
     """Serve the cluster in ``state`` to the real talosctl of ``release`` through simnode (the nodes file
     ``realtalos`` derives from the node files), keeping the fake's ``bin/talosctl-python`` and
@@ -59,9 +68,7 @@ def serve_with_simnode(state: Path, release: str) -> Path:
     if minor_of(release) not in realtalos.SIMNODE_RELEASES:
         pytest.skip(f"simnode does not serve Talos {release} nodes yet (realtalos.SIMNODE_RELEASES)")
     if release not in SET_UP_RELEASES:
-        cached = realtalos.cached_talosctl(release)
-        if cached is None or cached.parent.name != release:  # a cold build inside pytest costs 5-8 min of CPU
-            pytest.skip(not_built(release))
+        built_talosctl(release)
     # imported here: test_real_talosctl imports test_talosctl_get, whose fixtures use this module
     from tests.sim.test_real_talosctl import build
 

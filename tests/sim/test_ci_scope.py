@@ -1,7 +1,7 @@
 """What CI builds before ``make test`` (issue 14 point 1: "at least the current releases 1.10-1.13 and the newest
 1.14 tag available"): without a release's talosctl its tests skip, so a release dropped from ``.ci/run`` would
 leave CI green with that release untested.  The releases are the ones the tests ask for by exact tag
-(``built_talosctl`` and ``serve_with_simnode`` want that tag's build, not another patch of the minor)."""
+(``talosctl_legs.built_talosctl``, which ``serve_with_simnode`` calls too, wants that tag's build, not another patch of the minor)."""
 
 from __future__ import annotations
 

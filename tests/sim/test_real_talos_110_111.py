@@ -23,7 +23,7 @@ import yaml
 from runbook_lib.model.boot_assets import installer_kind
 from runbook_lib.sim import cluster, realtalos
 from tests.fault_cases import RUN_CASES, STEPS, assert_fails_on_one_node
-from tests.sim.talosctl_legs import not_built
+from tests.sim.talosctl_legs import built_talosctl
 from tests.sim.test_real_faults import NODE_READY_SECONDS, TIME_SCALE, UPGRADE_SECONDS
 from tests.sim.test_real_talosctl import Sim, build, start_simnode
 from tests.sim.test_sim_up_real_talosctl import runbook, step_lines
@@ -33,14 +33,6 @@ pytestmark = pytest.mark.slow
 #: (the nodes' release: the newest patch the simulator knows, state.LATEST_PATCH; the talosctl that pairs with it)
 RELEASES = [("v1.11.6", "v1.11.0"), ("v1.10.9", "v1.10.0"), ("v1.9.6", "v1.9.0")]
 MODULES_PATCH = "machine:\n  kernel:\n    modules:\n      - name: nvidia\n"
-
-
-def built_talosctl(version: str) -> Path:
-    """The cached talosctl of exactly ``version``; skip (saying how to build it) when it is not built."""
-    path = realtalos.cached_talosctl(version)
-    if path is None or path.parent.name != version:
-        pytest.skip(not_built(version))
-    return path
 
 
 @dataclass(frozen=True)
