@@ -9,14 +9,16 @@ call in flight) and no new job started after it.  Each test observes the jobs th
 from __future__ import annotations
 
 import signal
+import subprocess
 import sys
 import threading
 import time
 from concurrent.futures import _base as futures_base
+from pathlib import Path
 
 import pytest
 
-from runbook_lib.clients.proc import concurrently
+from runbook_lib.clients.fanout import concurrently
 
 
 class Jobs:
@@ -132,3 +134,108 @@ def test_a_single_job_runs_in_the_calling_thread() -> None:
     """No pool for one job (a one-node cluster): its exception comes straight from the call."""
     assert concurrently(lambda _: threading.get_ident(), [0], 8) == [threading.get_ident()]
     assert concurrently(lambda n: n, [], 8) == []
+
+
+#: Run in a fresh interpreter by the test below, so that a hang fails the test instead of the test session.
+_EVERY_POINT = r"""
+import signal, sys, threading, time
+from concurrent.futures import _base as futures_base
+from concurrent.futures import thread as futures_thread
+from runbook_lib.clients.fanout import Pool, concurrently
+
+FUTURES_FILES = {futures_base.__file__, futures_thread.__file__}
+main = threading.main_thread().ident
+started, ended = [], []
+
+def job(n):
+    started.append(n)
+    time.sleep(0.002)
+    ended.append(n)
+    return n
+
+def interrupt_at(k, seen):
+    # Count the lines this (the main) thread runs inside concurrent.futures; SIGINT to it at the k-th.
+    def trace(frame, event, arg):
+        if frame.f_code.co_filename in FUTURES_FILES:
+            if event == "line":
+                seen[0] += 1
+                if seen[0] == k:
+                    signal.pthread_kill(main, signal.SIGINT)
+            return trace
+        return None
+    return trace
+
+def call(k):
+    started.clear(); ended.clear()
+    seen = [0]
+    sys.settrace(interrupt_at(k, seen))
+    try:
+        if sys.argv[2] == "concurrently":
+            concurrently(job, list(range(12)), 4)
+        else:  # a batch's upgrades (steps/image.py): results as they come
+            with Pool(4) as pool:
+                for future in pool.as_completed([pool.submit(job, n) for n in range(12)]):
+                    future.result()
+        raised = "nothing"
+    except KeyboardInterrupt:
+        raised = "KeyboardInterrupt"
+    finally:
+        sys.settrace(None)
+    return seen[0], raised
+
+lines, _ = call(0)  # no signal: how many lines one call runs there (submit, wait, result, shutdown)
+for k in range(1, lines + 1, int(sys.argv[1])):
+    print("point", k, "of", lines, flush=True)
+    seen, raised = call(k)
+    if seen < k:
+        continue  # this call ran fewer lines (fewer waits): the point was not reached
+    assert raised == "KeyboardInterrupt", f"point {k}: the Ctrl-C was lost ({raised} raised)"
+    assert sorted(started) == sorted(ended), f"point {k}: a job still ran when it returned"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, f"point {k}: handler not restored"
+print("all points", flush=True)
+"""
+
+
+@pytest.mark.parametrize("fan_out", ["concurrently", "as_completed"])
+def test_ctrl_c_at_any_point_of_the_wait_neither_hangs_nor_is_lost(tmp_path: Path, fan_out: str) -> None:
+    """A Ctrl-C landing while the calling thread is inside ``concurrent.futures`` (holding a future's lock in
+    ``wait``'s ``_AcquireFutures``, or in ``shutdown``) must still end the call with ``KeyboardInterrupt``.
+
+    Found in CI on 4 Dec (f6f0320) and reproduced here (1 in ~6,000 runs of the test above, 4 at once on
+    2 cores): the interrupt raised inside ``wait`` after it had taken some futures' condition locks, which
+    stayed taken; the worker threads then blocked for good in ``Future.set_result`` and ``shutdown``'s join
+    never returned (faulthandler: pool threads at ``_base.py`` ``set_result`` -> ``threading.py``
+    ``__enter__``, the main thread at ``Thread.join``).  Raised inside ``submit`` instead, the call returned
+    with a job still running (point 49 below, before the fix).  A handler's exception can land between any
+    two bytecodes, so this sends SIGINT at every third line the calling thread runs in ``concurrent.futures``
+    (submit, wait, result, shutdown), one call per point.  The kernel of a ``runbook run`` runs the steps'
+    fan-outs, and an interrupt reaches it as SIGINT (``interrupts.end_cell``).  ``as_completed`` is how a
+    batch's upgrades are waited for (``steps/image.py``), which used ``concurrent.futures.as_completed``.
+    """
+    stride = 3  # 3 lines apart: ~300 points; a lock's window in wait spans 2 lines per future
+    script = tmp_path / "every_point.py"
+    script.write_text(_EVERY_POINT, encoding="utf-8")
+    try:
+        done = subprocess.run(
+            [sys.executable, str(script), str(stride), fan_out],
+            capture_output=True,
+            check=False,
+            text=True,
+            timeout=120,
+            cwd=Path(__file__).resolve().parent.parent,
+        )
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        last = out.strip().splitlines()[-1:] or ["before the first point"]
+        pytest.fail(f"concurrently hung after a Ctrl-C at {last[0]}")
+    assert done.returncode == 0, done.stdout[-500:] + done.stderr[-3000:]
+    assert "all points" in done.stdout
+
+
+def test_a_fan_out_from_another_thread_leaves_the_signal_handlers_alone() -> None:
+    """Off the main thread no handler can be set (``signal.signal`` raises ValueError there) or needs to be:
+    Python runs handlers on the main thread only.  A fan-out inside a fan-out's job is such a call."""
+    before = signal.getsignal(signal.SIGINT)
+    inner = concurrently(lambda n: concurrently(lambda m: n * 10 + m, [0, 1], 2), [1, 2], 2)
+    assert inner == [[10, 11], [20, 21]]
+    assert signal.getsignal(signal.SIGINT) is before

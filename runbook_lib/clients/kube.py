@@ -21,7 +21,8 @@ from kubernetes.client.exceptions import ApiException
 
 from runbook_lib.errors import PermanentError, RetryableError
 
-from .proc import Journal, concurrently
+from .fanout import concurrently
+from .proc import Journal
 
 _Item = TypeVar("_Item")
 _Out = TypeVar("_Out")

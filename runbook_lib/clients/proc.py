@@ -18,20 +18,15 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from runbook_lib.errors import PermanentError, RetryableError
 from runbook_lib.model.redact import redact
 
 #: Output kept in the journal per stream; of larger output its first and last halves (the caller gets it all).
 JOURNAL_OUTPUT_LIMIT = 4000
-#: Longest a fan-out's calling thread blocks before it runs pending signal handlers (:func:`concurrently`).
-SIGNAL_CHECK_S = 0.2
-_Job = TypeVar("_Job")
-_Out = TypeVar("_Out")
 
 
 @dataclass(frozen=True)
@@ -322,43 +317,3 @@ def _text(value: bytes | str | None) -> str:
     if value is None:
         return ""
     return value.decode(errors="replace") if isinstance(value, bytes) else value
-
-
-def concurrently(fn: Callable[[_Job], _Out], jobs: Sequence[_Job], limit: int) -> list[_Out]:
-    """``fn`` over ``jobs`` on at most ``limit`` threads, results in job order: the library's one fan-out
-    (talosctl processes, Kubernetes API calls).
-
-    Why this shape: ``limit`` bounds what runs at once (talosctl processes cost memory and CPU each, API calls
-    a connection of the client's pool); results in job order let callers zip them with their input.  The
-    first job to raise (any exception, ``KeyboardInterrupt`` included), or Ctrl-C/SIGTERM in the calling
-    thread while it waits, cancels the jobs not yet started, and the exception is raised only once the jobs
-    already running have returned: a caller's ``finally`` (cuda-test deleting its pods, a change record
-    sealing what was sent) then sees every call that may have reached the cluster, none still in flight.
-    """
-    if len(jobs) <= 1:
-        return [fn(job) for job in jobs]
-    pool = ThreadPoolExecutor(max_workers=max(1, min(limit, len(jobs))))
-    try:
-        futures = [pool.submit(fn, job) for job in jobs]
-        error = _first_error(futures)
-        if error is not None:
-            raise error  # after the finally: the jobs not started cancelled, the running ones ended
-        return [future.result() for future in futures]
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _first_error(futures: list[Future[_Out]]) -> BaseException | None:
-    """Wait until every future is done or one raised; that exception (the first in job order), else None.
-
-    Why in slices of :data:`SIGNAL_CHECK_S`: CPython runs a signal's handler between bytecodes, so a Ctrl-C
-    that lands just before the thread blocks in a lock is handled only when the lock is released, which
-    here is when every job has ended (seen in tests/test_concurrently.py: 400 jobs ran after the signal).
-    """
-    running: set[Future[_Out]] = set(futures)
-    while running:
-        done, running = wait(running, timeout=SIGNAL_CHECK_S, return_when=FIRST_EXCEPTION)
-        if any(f.exception() is not None for f in done):
-            break
-    ended = (f for f in futures if f.done() and not f.cancelled())
-    return next((e for f in ended if (e := f.exception()) is not None), None)

@@ -24,7 +24,8 @@ from typing import TypeVar
 from runbook_lib.errors import PermanentError
 from runbook_lib.model.parsers import ServiceStatus, TalosResource, parse_services_by_node, parse_talosctl_get
 
-from .proc import CommandResult, Runner, concurrently, is_transient
+from .fanout import concurrently
+from .proc import CommandResult, Runner, is_transient
 
 #: Most nodes in one talosctl call (``Talosctl.chunk_size``).  One-to-many calls (``version``, ``service``,
 #: ``logs``) take this many: apid asks their nodes concurrently, so the bound only keeps argv short (20,000

@@ -20,11 +20,11 @@ import shlex
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from runbook_lib.clients.factory import FactoryClient
+from runbook_lib.clients.fanout import Pool
 from runbook_lib.clients.proc import CommandResult
 from runbook_lib.clients.talosctl import upgrade_flags
 from runbook_lib.errors import PermanentError, RunbookError
@@ -594,9 +594,9 @@ def _upgrade_batch(
 
     groups = _groups(batch)
     outcomes: list[Outcome] = []
-    with ThreadPoolExecutor(max_workers=min(len(groups), MAX_PARALLEL_UPGRADES)) as pool:
+    with Pool(min(len(groups), MAX_PARALLEL_UPGRADES)) as pool:  # a Ctrl-C cannot break its waits (fanout.py)
         futures = [pool.submit(_upgrade_group, ctx, group, upgrade_timeout, report) for group in groups]
-        for future in as_completed(futures):
+        for future in pool.as_completed(futures):
             for plan, error in future.result():
                 outcomes.append((plan, error))
                 if error:  # known now: reported before the batch-mates finish

@@ -19,7 +19,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from runbook_lib.clients.proc import concurrently
+from runbook_lib.clients.fanout import concurrently
 from runbook_lib.clients.talosctl import FanOut, PatchCall, PatchResult
 from runbook_lib.model.machineconfig import FileConflict, config_documents, remaining_patch
 from runbook_lib.model.params import Node

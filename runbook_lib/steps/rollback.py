@@ -36,10 +36,10 @@ from __future__ import annotations
 import shlex
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from runbook_lib.clients.fanout import concurrently
 from runbook_lib.clients.talosctl import upgrade_flags
 from runbook_lib.errors import PermanentError, RunbookError
 from runbook_lib.model.boot_assets import installer_image
@@ -427,8 +427,7 @@ def _images(
             )
             return None if run.ok else (run.stderr.strip() or f"talosctl upgrade exited {run.exit_code}")
 
-        with ThreadPoolExecutor(max_workers=min(len(moving), MAX_PARALLEL_UPGRADES)) as pool:
-            errors = list(pool.map(upgrade, moving))
+        errors = concurrently(upgrade, moving, MAX_PARALLEL_UPGRADES)
         for plan, error in zip(moving, errors, strict=True):
             if error:
                 _fail(

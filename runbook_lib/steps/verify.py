@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
+from runbook_lib.clients.fanout import Pool
 from runbook_lib.clients.talosctl import FanOut, NodeRead
 from runbook_lib.errors import RunbookError
 from runbook_lib.model.diagnosis import (
@@ -91,7 +92,7 @@ class _Collected:
 def _collect(ctx: Context, addresses: list[str]) -> _Collected:
     """The checks are independent: all of them at once, so the step costs its slowest check (the per-node
     driver reads at 1,000 nodes), not their sum (benchmarks/bench_fleet.py, "verify ÷ floor")."""
-    with ThreadPoolExecutor(max_workers=7) as pool:
+    with Pool(8) as pool:  # a Ctrl-C cannot break its waits (fanout.py)
         extensions_call = pool.submit(ctx.talosctl.get, "extensions", addresses)
         version_call = pool.submit(ctx.talosctl.version, addresses)
         pci_call = pool.submit(read_pci, ctx, addresses)
@@ -100,19 +101,19 @@ def _collect(ctx: Context, addresses: list[str]) -> _Collected:
         drivers_call = pool.submit(ctx.talosctl.read, DRIVER_VERSION_FILE, addresses)
         cdi = CDI_GEN in ctx.params.profile().services
         logs_call = pool.submit(_cdi_logs, ctx, addresses, services_call) if cdi else None
-        module_state, module_errors = _read_modules(ctx, addresses)
-        services, service_errors = services_call.result()
+        module_state, module_errors = pool.result(pool.submit(_read_modules, ctx, addresses))
+        services, service_errors = pool.result(services_call)
         return _Collected(
-            extensions_call.result(),
+            pool.result(extensions_call),
             services,
             service_errors,
-            drivers_call.result(),
+            pool.result(drivers_call),
             module_state,
             module_errors,
-            logs_call.result() if logs_call else None,
-            version_call.result()[1],
-            pci_call.result(),
-            kube_call.result(),
+            pool.result(logs_call) if logs_call else None,
+            pool.result(version_call)[1],
+            pool.result(pci_call),
+            pool.result(kube_call),
         )
 
 

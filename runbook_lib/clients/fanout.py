@@ -1,0 +1,173 @@
+"""The library's one fan-out: ``fn`` over jobs on a bounded thread pool, safe to interrupt.
+
+Why a module of its own: interrupting a fan-out safely needs care that has nothing to do with processes.
+A Python signal handler that raises (Ctrl-C's ``KeyboardInterrupt``, ``runbook run``'s SIGTERM) raises
+between any two bytecodes of the main thread, and ``concurrent.futures`` is written in Python: raised inside
+``wait`` after it has taken some futures' condition locks (its ``_AcquireFutures``), those locks stay taken,
+the pool's threads block for good in ``Future.set_result`` and ``shutdown``'s join never returns (CI of
+4 Dec, tests/test_concurrently.py).  Raised inside ``shutdown``'s join, the call returned with jobs still
+running.  CPython documents the hazard: a handler's exception "can be raised at any point"
+(https://docs.python.org/3.11/library/signal.html#note-on-signal-handlers-and-exceptions).  So while the
+main thread fans out, SIGINT and SIGTERM only note that they came (:class:`DeferredSignals`), and their
+own handlers run at points where the thread holds no lock.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import (
+    ALL_COMPLETED,
+    FIRST_COMPLETED,
+    FIRST_EXCEPTION,
+    Future,
+    ThreadPoolExecutor,
+    wait,
+)
+from types import FrameType, TracebackType
+from typing import Any, TypeVar
+
+#: Longest a fan-out's calling thread blocks before it runs the handlers of signals that came meanwhile.
+SIGNAL_CHECK_S = 0.2
+#: The signals whose Python handlers are deferred: Ctrl-C, and SIGTERM that ``runbook run`` turns into one.
+DEFERRED = (signal.SIGINT, signal.SIGTERM)
+_Job = TypeVar("_Job")
+_Out = TypeVar("_Out")
+_Handler = Callable[[int, FrameType | None], Any]
+
+
+class DeferredSignals:
+    """While entered on the main thread: SIGINT/SIGTERM are noted, and :meth:`deliver` runs their handlers.
+
+    Only signals with a Python handler are deferred; SIG_DFL and SIG_IGN stay as they are (the kernel acts
+    on those, no Python code runs).  On any other thread it does nothing: Python runs handlers on the main
+    thread only, so no handler can raise elsewhere.  On exit the handlers are put back and signals still
+    noted are delivered, so a Ctrl-C is never lost, only moved to a point where it is safe.
+    """
+
+    def __init__(self) -> None:
+        self._saved: dict[int, _Handler] = {}
+        self._pending: list[tuple[int, FrameType | None]] = []
+
+    def __enter__(self) -> DeferredSignals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in DEFERRED:
+                handler = signal.getsignal(sig)
+                if callable(handler):
+                    self._saved[sig] = handler
+                    signal.signal(sig, self._note)
+        return self
+
+    def _note(self, signum: int, frame: FrameType | None) -> None:
+        self._pending.append((signum, frame))
+
+    def deliver(self) -> None:
+        """Run the handlers of the signals noted so far, in the order they came (the first to raise ends it)."""
+        self._run_pending(self._saved)
+
+    def _run_pending(self, handlers: dict[int, _Handler]) -> None:
+        while self._pending:
+            signum, frame = self._pending.pop(0)
+            handlers[signum](signum, frame)
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        saved, self._saved = self._saved, {}
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+        if exc is None:
+            self._run_pending(saved)
+        # else already unwinding (a delivered signal, a job's error): a second Ctrl-C would add nothing
+
+
+class Pool:
+    """A bounded thread pool whose waits a Ctrl-C cannot break: the steps' own fan-outs (a batch's upgrades,
+    verify's reads) use it where they need futures rather than :func:`concurrently`'s list.
+
+    Entered, it defers SIGINT/SIGTERM (:class:`DeferredSignals`); its waits deliver them between slices of
+    :data:`SIGNAL_CHECK_S`.  On exit, on success or not, the jobs not started are cancelled and the running
+    ones waited for, so a caller's ``finally`` sees every call that may have reached the cluster.
+    """
+
+    def __init__(self, limit: int, name: str = "") -> None:
+        self._limit = max(1, limit)
+        self._name = name
+        self._signals = DeferredSignals()
+        self._pool: ThreadPoolExecutor | None = None
+
+    def __enter__(self) -> Pool:
+        self._signals.__enter__()
+        self._pool = ThreadPoolExecutor(max_workers=self._limit, thread_name_prefix=self._name)
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True, cancel_futures=True)
+        finally:
+            self._signals.__exit__(exc_type, exc, tb)
+
+    def submit(self, fn: Callable[..., _Out], /, *args: Any) -> Future[_Out]:
+        assert self._pool is not None, "Pool used outside its with block"
+        return self._pool.submit(fn, *args)
+
+    def wait(self, futures: Iterable[Future[Any]], return_when: str = ALL_COMPLETED) -> set[Future[Any]]:
+        """Block until ``return_when`` holds for ``futures`` (as ``concurrent.futures.wait``); the done ones.
+
+        Between slices the signals that came are delivered: a handler's exception is raised here, where
+        this thread holds none of ``concurrent.futures``' locks.
+        """
+        pending, finished = set(futures), set[Future[Any]]()
+        while pending:
+            done, pending = wait(pending, timeout=SIGNAL_CHECK_S, return_when=return_when)
+            self._signals.deliver()
+            finished |= done
+            if done and return_when == FIRST_COMPLETED:
+                break
+            if return_when == FIRST_EXCEPTION and any(f.exception() is not None for f in done):
+                break
+        return finished
+
+    def result(self, future: Future[_Out]) -> _Out:
+        """``future.result()`` once it is done, a Ctrl-C meanwhile delivered safely (see :meth:`wait`)."""
+        self.wait([future])
+        return future.result()
+
+    def as_completed(self, futures: Iterable[Future[_Out]]) -> Iterator[Future[_Out]]:
+        """``futures`` as they finish (as ``concurrent.futures.as_completed``), waiting as :meth:`wait` does."""
+        pending = set(futures)
+        while pending:
+            done = self.wait(pending, FIRST_COMPLETED)
+            pending -= done
+            yield from done
+
+    def first_error(self, futures: list[Future[_Out]]) -> BaseException | None:
+        """Wait until every future is done or one raised; that exception (the first in job order), else None."""
+        self.wait(futures, FIRST_EXCEPTION)
+        ended = (f for f in futures if f.done() and not f.cancelled())
+        return next((e for f in ended if (e := f.exception()) is not None), None)
+
+
+def concurrently(fn: Callable[[_Job], _Out], jobs: Sequence[_Job], limit: int) -> list[_Out]:
+    """``fn`` over ``jobs`` on at most ``limit`` threads, results in job order: the library's one fan-out
+    (talosctl processes, Kubernetes API calls).
+
+    Why this shape: ``limit`` bounds what runs at once (talosctl processes cost memory and CPU each, API calls
+    a connection of the client's pool); results in job order let callers zip them with their input.  The
+    first job to raise (any exception, ``KeyboardInterrupt`` included), or Ctrl-C/SIGTERM in the calling
+    thread while it waits, cancels the jobs not yet started, and the exception is raised only once the jobs
+    already running have returned: a caller's ``finally`` (cuda-test deleting its pods, a change record
+    sealing what was sent) then sees every call that may have reached the cluster, none still in flight.
+    """
+    if len(jobs) <= 1:
+        return [fn(job) for job in jobs]
+    with Pool(min(limit, len(jobs))) as pool:
+        futures = [pool.submit(fn, job) for job in jobs]
+        error = pool.first_error(futures)
+        if error is not None:
+            raise error  # after Pool's exit: the jobs not started cancelled, the running ones ended
+        return [future.result() for future in futures]
