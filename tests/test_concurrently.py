@@ -1,4 +1,4 @@
-"""The library's one fan-out helper (``runbook_lib.clients.proc.concurrently``), used by the talosctl client
+"""The library's one fan-out helper (``runbook_lib.clients.fanout.concurrently``), used by the talosctl client
 (processes per chunk or node) and ``Kube.each`` (API calls per node).
 
 What callers rely on: results in job order, at most ``limit`` jobs at once, and on an error or Ctrl-C no job
@@ -8,17 +8,20 @@ call in flight) and no new job started after it.  Each test observes the jobs th
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import _base as futures_base
 from pathlib import Path
 
 import pytest
 
-from runbook_lib.clients.fanout import concurrently
+from runbook_lib.clients import fanout
+from runbook_lib.clients.fanout import Pool, concurrently
 
 
 class Jobs:
@@ -84,18 +87,33 @@ def test_a_failing_job_stops_new_jobs_and_returns_only_after_the_running_ones(er
         assert len(jobs.started) < 400, "jobs after the failure were started anyway"
 
 
-def waiting_for_jobs(thread: int) -> None:
-    """Return once ``thread`` waits in ``concurrent.futures.wait`` (its jobs all submitted): a signal then
-    interrupts that wait, not a finalizer run during submission, where Python drops the KeyboardInterrupt."""
+def waiting_for_jobs(thread: int, function: str = "wait", file: str = futures_base.__file__) -> None:
+    """Return once ``thread`` runs ``function`` of ``file`` (by default ``concurrent.futures.wait``: its jobs
+    all submitted), so that a signal sent next comes while it waits there."""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         frame = sys._current_frames().get(thread)
         while frame is not None:
-            if frame.f_code.co_name == "wait" and frame.f_code.co_filename == futures_base.__file__:
+            if frame.f_code.co_name == function and frame.f_code.co_filename == file:
                 return
             frame = frame.f_back
         time.sleep(0.001)
-    raise AssertionError("the calling thread never waited for its jobs")
+    raise AssertionError(f"the calling thread never reached {function}")
+
+
+def waiting_for_the_running_jobs(thread: int) -> None:
+    """Return once ``thread`` waits in the fan-out's exit for the jobs still running."""
+    waiting_for_jobs(thread, "_wait_for_running", fanout.__file__)
+
+
+@contextlib.contextmanager
+def ctrl_c_raises() -> Iterator[None]:
+    """SIGINT raises KeyboardInterrupt, as in a terminal or a Jupyter kernel running a cell."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_ctrl_c_while_waiting_cancels_the_rest_and_waits_for_the_running_jobs() -> None:
@@ -239,3 +257,76 @@ def test_a_fan_out_from_another_thread_leaves_the_signal_handlers_alone() -> Non
     inner = concurrently(lambda n: concurrently(lambda m: n * 10 + m, [0, 1], 2), [1, 2], 2)
     assert inner == [[10, 11], [20, 21]]
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_a_second_ctrl_c_stops_waiting_for_a_job_that_never_returns() -> None:
+    """The first Ctrl-C waits for the running jobs; a second one while it waits raises at once.  A job that
+    never returns (an API call to a server that went silent: the Kubernetes client's calls have no timeout)
+    must not leave the kernel impossible to interrupt."""
+    main, release, ended, running = threading.get_ident(), threading.Event(), list[int](), threading.Event()
+
+    def job(n: int) -> int:
+        if n == 0:
+            running.wait(30)  # job 1 has started, so the first Ctrl-C has it to wait for
+            waiting_for_jobs(main)
+            signal.pthread_kill(main, signal.SIGINT)
+            waiting_for_the_running_jobs(main)
+            signal.pthread_kill(main, signal.SIGINT)
+            return n
+        running.set()
+        release.wait(30)  # stuck until the test ends
+        ended.append(n)
+        return n
+
+    try:
+        with ctrl_c_raises(), pytest.raises(KeyboardInterrupt):
+            concurrently(job, [0, 1], 2)
+        assert ended == [], "it waited for the stuck job despite the second Ctrl-C"
+    finally:
+        release.set()
+
+
+def test_a_ctrl_c_while_a_failed_fan_out_waits_for_its_running_jobs_is_not_lost() -> None:
+    """A job's error ends the fan-out; a Ctrl-C that comes while the jobs still running are waited for is the
+    user's first: it waits for them too, then raises, with the job's error as its context."""
+    main, ended, running = threading.get_ident(), list[int](), threading.Event()
+
+    def job(n: int) -> int:
+        if n == 0:
+            running.wait(30)  # job 1 has started: it is a running job, not one cancelled before its start
+            raise RuntimeError("node 0 failed")
+        running.set()
+        waiting_for_the_running_jobs(main)
+        signal.pthread_kill(main, signal.SIGINT)
+        time.sleep(0.3)  # still running after the Ctrl-C
+        ended.append(n)
+        return n
+
+    with ctrl_c_raises(), pytest.raises(KeyboardInterrupt) as raised:
+        concurrently(job, [0, 1], 2)
+    assert ended == [1], "the running job was not waited for"
+    assert isinstance(raised.value.__context__, RuntimeError)
+
+
+def test_a_fan_out_inside_a_pools_block_takes_ctrl_c_at_once() -> None:
+    """``concurrently`` called on the main thread inside a ``Pool``'s block (a step's own pool): the Ctrl-C
+    stops the inner fan-out at its next check, not after the outer block, and the handler is back after."""
+    main, jobs = threading.get_ident(), Jobs()
+
+    def job(n: int) -> int:
+        jobs.enter(n)
+        if n == 0:
+            waiting_for_jobs(main)
+            signal.pthread_kill(main, signal.SIGINT)
+        time.sleep(0.05)
+        jobs.leave(n)
+        return n
+
+    with ctrl_c_raises():
+        with pytest.raises(KeyboardInterrupt), Pool(2) as pool:
+            pool.result(pool.submit(time.sleep, 0))
+            concurrently(job, list(range(40)), 2)  # 40 jobs of 0.05 s, 2 at once: 1 s if not stopped
+            pytest.fail("the inner fan-out ran to its end")
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert len(jobs.started) < 40
+    assert sorted(jobs.started) == sorted(jobs.ended)

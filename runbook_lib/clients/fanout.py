@@ -9,7 +9,7 @@ the pool's threads block for good in ``Future.set_result`` and ``shutdown``'s jo
 running.  CPython documents the hazard: a handler's exception "can be raised at any point"
 (https://docs.python.org/3.11/library/signal.html#note-on-signal-handlers-and-exceptions).  So while the
 main thread fans out, SIGINT and SIGTERM only note that they came (:class:`DeferredSignals`), and their
-own handlers run at points where the thread holds no lock.
+own handlers run at points where the thread holds no lock, at most :data:`SIGNAL_CHECK_S` later.
 """
 
 from __future__ import annotations
@@ -26,15 +26,21 @@ from concurrent.futures import (
     wait,
 )
 from types import FrameType, TracebackType
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 #: Longest a fan-out's calling thread blocks before it runs the handlers of signals that came meanwhile.
 SIGNAL_CHECK_S = 0.2
-#: The signals whose Python handlers are deferred: Ctrl-C, and SIGTERM that ``runbook run`` turns into one.
+#: The signals whose Python handlers are deferred: Ctrl-C, and SIGTERM, which ``runbook run`` turns into an
+#: exception.  (In a Jupyter kernel only SIGINT has a Python handler; SIGTERM's default ends the process.)
 DEFERRED = (signal.SIGINT, signal.SIGTERM)
 _Job = TypeVar("_Job")
 _Out = TypeVar("_Out")
+_P = ParamSpec("_P")
 _Handler = Callable[[int, FrameType | None], Any]
+
+
+def _is_interrupt(exc: BaseException | None) -> bool:
+    return isinstance(exc, KeyboardInterrupt | SystemExit)
 
 
 class DeferredSignals:
@@ -42,44 +48,94 @@ class DeferredSignals:
 
     Only signals with a Python handler are deferred; SIG_DFL and SIG_IGN stay as they are (the kernel acts
     on those, no Python code runs).  On any other thread it does nothing: Python runs handlers on the main
-    thread only, so no handler can raise elsewhere.  On exit the handlers are put back and signals still
-    noted are delivered, so a Ctrl-C is never lost, only moved to a point where it is safe.
+    thread only, so no handler can raise elsewhere.  Entered while another is (a fan-out inside a fan-out's
+    body), it hands everything to that outer one.  On exit the handlers are put back, and signals still
+    noted are delivered unless the block is already ending with an interrupt (then they are repeats of it):
+    a Ctrl-C is not lost when a job's error ends the fan-out, it comes with that error as its context.
     """
 
     def __init__(self) -> None:
         self._saved: dict[int, _Handler] = {}
         self._pending: list[tuple[int, FrameType | None]] = []
+        self._outer: DeferredSignals | None = None
 
     def __enter__(self) -> DeferredSignals:
-        if threading.current_thread() is threading.main_thread():
-            for sig in DEFERRED:
-                handler = signal.getsignal(sig)
-                if callable(handler):
-                    self._saved[sig] = handler
-                    signal.signal(sig, self._note)
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        outer = getattr(signal.getsignal(signal.SIGINT), "__self__", None)
+        if isinstance(outer, DeferredSignals):
+            self._outer = outer
+            return self
+        for sig in DEFERRED:
+            handler = signal.getsignal(sig)
+            if callable(handler):
+                self._saved[sig] = handler
+                signal.signal(sig, self._note)
         return self
 
     def _note(self, signum: int, frame: FrameType | None) -> None:
         self._pending.append((signum, frame))
 
+    @property
+    def pending(self) -> int:
+        """How many signals came and were not delivered yet."""
+        return self._outer.pending if self._outer else len(self._pending)
+
     def deliver(self) -> None:
         """Run the handlers of the signals noted so far, in the order they came (the first to raise ends it)."""
-        self._run_pending(self._saved)
-
-    def _run_pending(self, handlers: dict[int, _Handler]) -> None:
+        if self._outer:
+            self._outer.deliver()
+            return
         while self._pending:
             signum, frame = self._pending.pop(0)
-            handlers[signum](signum, frame)
+            self._saved[signum](signum, frame)
+
+    def escalate(self) -> None:
+        """Put the handlers back and deliver what came now: a Ctrl-C repeated while jobs are waited for."""
+        if self._outer:
+            self._outer.escalate()
+            return
+        raised = self._restore()
+        self._run(self._pending_and_clear(), raised)
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        saved, self._saved = self._saved, {}
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
-        if exc is None:
-            self._run_pending(saved)
-        # else already unwinding (a delivered signal, a job's error): a second Ctrl-C would add nothing
+        if self._outer:
+            if not _is_interrupt(exc):
+                self._outer.deliver()
+            return
+        raised = self._restore()
+        pending = self._pending_and_clear()
+        self._run([] if _is_interrupt(exc) else pending, raised)
+
+    def _restore(self) -> BaseException | None:
+        """Put every saved handler back.  ``signal.signal`` first runs the handlers of signals that came, so a
+        restored one may raise before the next is restored: that exception is kept for after the loop."""
+        raised: BaseException | None = None
+        handlers = self._saved
+        while handlers:
+            sig, handler = next(iter(handlers.items()))
+            try:
+                signal.signal(sig, handler)
+            except BaseException as exc:
+                raised = raised or exc
+                continue
+            del handlers[sig]
+        self._saved = {}
+        return raised
+
+    def _pending_and_clear(self) -> list[tuple[int, FrameType | None]]:
+        pending, self._pending = self._pending, []
+        return pending
+
+    def _run(self, pending: list[tuple[int, FrameType | None]], raised: BaseException | None) -> None:
+        if raised is not None:
+            raise raised
+        for signum, frame in pending:
+            handler = signal.getsignal(signum)
+            if callable(handler):
+                handler(signum, frame)
 
 
 class Pool:
@@ -88,7 +144,10 @@ class Pool:
 
     Entered, it defers SIGINT/SIGTERM (:class:`DeferredSignals`); its waits deliver them between slices of
     :data:`SIGNAL_CHECK_S`.  On exit, on success or not, the jobs not started are cancelled and the running
-    ones waited for, so a caller's ``finally`` sees every call that may have reached the cluster.
+    ones waited for, so a caller's ``finally`` sees every call that may have reached the cluster.  One more
+    Ctrl-C while it waits for them (after the interrupt that ended the block, or a second one after an error
+    or a normal end) stops that wait and raises at once: a job that never returns (an API call to a server
+    that went silent) must not make the kernel impossible to interrupt.
     """
 
     def __init__(self, limit: int, name: str = "") -> None:
@@ -96,10 +155,15 @@ class Pool:
         self._name = name
         self._signals = DeferredSignals()
         self._pool: ThreadPoolExecutor | None = None
+        self._futures: list[Future[Any]] = []
 
     def __enter__(self) -> Pool:
         self._signals.__enter__()
-        self._pool = ThreadPoolExecutor(max_workers=self._limit, thread_name_prefix=self._name)
+        try:
+            self._pool = ThreadPoolExecutor(max_workers=self._limit, thread_name_prefix=self._name)
+        except BaseException as exc:
+            self._signals.__exit__(type(exc), exc, exc.__traceback__)
+            raise
         return self
 
     def __exit__(
@@ -107,13 +171,24 @@ class Pool:
     ) -> None:
         try:
             if self._pool is not None:
-                self._pool.shutdown(wait=True, cancel_futures=True)
+                self._pool.shutdown(wait=False, cancel_futures=True)
+                self._wait_for_running(1 if _is_interrupt(exc) else 2)
+                self._pool.shutdown(wait=True)  # every job has returned: the threads end at once
         finally:
             self._signals.__exit__(exc_type, exc, tb)
 
-    def submit(self, fn: Callable[..., _Out], /, *args: Any) -> Future[_Out]:
+    def _wait_for_running(self, signals_to_stop: int) -> None:
+        running = {f for f in self._futures if not f.done()}
+        while running:
+            _, running = wait(running, timeout=SIGNAL_CHECK_S)
+            if self._signals.pending >= signals_to_stop:
+                self._signals.escalate()
+
+    def submit(self, fn: Callable[_P, _Out], /, *args: _P.args, **kwargs: _P.kwargs) -> Future[_Out]:
         assert self._pool is not None, "Pool used outside its with block"
-        return self._pool.submit(fn, *args)
+        future = self._pool.submit(fn, *args, **kwargs)
+        self._futures.append(future)
+        return future
 
     def wait(self, futures: Iterable[Future[Any]], return_when: str = ALL_COMPLETED) -> set[Future[Any]]:
         """Block until ``return_when`` holds for ``futures`` (as ``concurrent.futures.wait``); the done ones.

@@ -115,7 +115,7 @@ class Kube:
         """``fn`` over ``items`` with at most :attr:`parallel_calls` in flight, results in item order.
 
         Why: a step's per-node calls one at a time cost ``nodes × calls × round trip`` (issue 16: 329 s of
-        cuda-test at 1,000 nodes).  Errors and Ctrl-C as :func:`~runbook_lib.clients.proc.concurrently`: calls
+        cuda-test at 1,000 nodes).  Errors and Ctrl-C as :func:`~runbook_lib.clients.fanout.concurrently`: calls
         in flight are waited for, so a caller's ``finally`` sees every call that may have reached the API.
         """
         return concurrently(fn, items, self.parallel_calls)

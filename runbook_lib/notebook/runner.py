@@ -544,7 +544,9 @@ def _execute(
     km = kernel.km
     with _environment({RESULT_FILE_ENV: str(result_file)}):
         try:
-            with guard.armed(), live_events.following(live_events.events_file(result_file), on_event):
+            # following's thread starts and stops outside armed(): the interrupt can only raise inside, not
+            # while that thread's Event is set (a Condition's lock, left taken if raised in it)
+            with live_events.following(live_events.events_file(result_file), on_event), guard.armed():
                 papermill.execute_notebook(
                     str(notebooks / item.notebook),
                     str(out_nb),
