@@ -163,6 +163,8 @@ from runbook_lib.clients.fanout import Pool, concurrently
 
 FUTURES_FILES = {futures_base.__file__, futures_thread.__file__}
 main = threading.main_thread().ident
+# Ctrl-C raises, as in a terminal or a kernel; a Python started by a background job inherits SIGINT ignored
+signal.signal(signal.SIGINT, signal.default_int_handler)
 started, ended = [], []
 
 def job(n):
