@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import _base as futures_base
 from pathlib import Path
 
@@ -232,7 +232,9 @@ def test_ctrl_c_at_any_point_of_the_wait_neither_hangs_nor_is_lost(tmp_path: Pat
     fan-outs, and an interrupt reaches it as SIGINT (``interrupts.end_cell``).  ``as_completed`` is how a
     batch's upgrades are waited for (``steps/image.py``), which used ``concurrent.futures.as_completed``.
     """
-    stride = 3  # 3 lines apart: ~300 points; a lock's window in wait spans 2 lines per future
+    stride = (
+        3  # ~300 points for concurrently, ~590 for as_completed; a lock's window in wait: 2 lines a future
+    )
     script = tmp_path / "every_point.py"
     script.write_text(_EVERY_POINT, encoding="utf-8")
     try:
@@ -255,10 +257,10 @@ def test_ctrl_c_at_any_point_of_the_wait_neither_hangs_nor_is_lost(tmp_path: Pat
 def test_a_fan_out_from_another_thread_leaves_the_signal_handlers_alone() -> None:
     """Off the main thread no handler can be set (``signal.signal`` raises ValueError there) or needs to be:
     Python runs handlers on the main thread only.  A fan-out inside a fan-out's job is such a call."""
-    before = signal.getsignal(signal.SIGINT)
-    inner = concurrently(lambda n: concurrently(lambda m: n * 10 + m, [0, 1], 2), [1, 2], 2)
-    assert inner == [[10, 11], [20, 21]]
-    assert signal.getsignal(signal.SIGINT) is before
+    with ctrl_c_raises():  # a Python handler, which the main thread's fan-out would defer
+        inner = concurrently(lambda n: concurrently(lambda m: n * 10 + m, [0, 1], 2), [1, 2], 2)
+        assert inner == [[10, 11], [20, 21]]
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_a_second_ctrl_c_stops_waiting_for_a_job_that_never_returns() -> None:
@@ -310,25 +312,48 @@ def test_a_ctrl_c_while_a_failed_fan_out_waits_for_its_running_jobs_is_not_lost(
     assert isinstance(raised.value.__context__, RuntimeError)
 
 
-def test_a_fan_out_inside_a_pools_block_takes_ctrl_c_at_once() -> None:
-    """``concurrently`` called on the main thread inside a ``Pool``'s block (a step's own pool): the Ctrl-C
-    stops the inner fan-out at its next check, not after the outer block, and the handler is back after."""
+def _sigterm_exits(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)  # as runbook run's SIGTERM handler (cmd_run._terminate)
+
+
+@contextlib.contextmanager
+def only_sigterm_raises() -> Iterator[None]:
+    """SIGINT ignored (a run started in the background), SIGTERM raising: ``runbook run`` under a CI job."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN), signal.signal(signal.SIGTERM, _sigterm_exits)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous[0])
+        signal.signal(signal.SIGTERM, previous[1])
+
+
+@pytest.mark.parametrize(
+    ("sig", "handlers", "raised"),
+    [(signal.SIGINT, ctrl_c_raises, KeyboardInterrupt), (signal.SIGTERM, only_sigterm_raises, SystemExit)],
+    ids=["sigint", "sigterm-with-sigint-ignored"],
+)
+def test_a_fan_out_inside_a_pools_block_takes_the_signal_at_once(
+    sig: signal.Signals, handlers: Callable[[], contextlib.AbstractContextManager[None]], raised: type
+) -> None:
+    """``concurrently`` called on the main thread inside a ``Pool``'s block (a step's own pool): the signal
+    stops the inner fan-out at its next check, not after the outer block, and the handlers are back after."""
     main, jobs = threading.get_ident(), Jobs()
 
     def job(n: int) -> int:
         jobs.enter(n)
         if n == 0:
             waiting_for_jobs(main)
-            signal.pthread_kill(main, signal.SIGINT)
+            signal.pthread_kill(main, sig)
         time.sleep(0.05)
         jobs.leave(n)
         return n
 
-    with ctrl_c_raises():
-        with pytest.raises(KeyboardInterrupt), Pool(2) as pool:
+    with handlers():
+        before = signal.getsignal(sig)
+        with pytest.raises(raised), Pool(2) as pool:
             pool.result(pool.submit(time.sleep, 0))
             concurrently(job, list(range(40)), 2)  # 40 jobs of 0.05 s, 2 at once: 1 s if not stopped
             pytest.fail("the inner fan-out ran to its end")
-        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert signal.getsignal(sig) is before
     assert len(jobs.started) < 40
     assert sorted(jobs.started) == sorted(jobs.ended)

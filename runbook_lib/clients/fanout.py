@@ -6,10 +6,12 @@ between any two bytecodes of the main thread, and ``concurrent.futures`` is writ
 ``wait`` after it has taken some futures' condition locks (its ``_AcquireFutures``), those locks stay taken,
 the pool's threads block for good in ``Future.set_result`` and ``shutdown``'s join never returns (CI of
 4 Dec, tests/test_concurrently.py).  Raised inside ``shutdown``'s join, the call returned with jobs still
-running.  CPython documents the hazard: a handler's exception "can be raised at any point"
-(https://docs.python.org/3.11/library/signal.html#note-on-signal-handlers-and-exceptions).  So while the
+running.  CPython documents the hazard: a handler's exception may be raised after any bytecode
+instruction, at any point of the program (https://docs.python.org/3.11/library/signal.html, "Note on
+Signal Handlers and Exceptions").  So while the
 main thread fans out, SIGINT and SIGTERM only note that they came (:class:`DeferredSignals`), and their
-own handlers run at points where the thread holds no lock, at most :data:`SIGNAL_CHECK_S` later.
+own handlers run at points where the thread holds no lock: at the next check while it waits for its jobs
+(every :data:`SIGNAL_CHECK_S`), else when its block ends.
 """
 
 from __future__ import annotations
@@ -62,10 +64,11 @@ class DeferredSignals:
     def __enter__(self) -> DeferredSignals:
         if threading.current_thread() is not threading.main_thread():
             return self
-        outer = getattr(signal.getsignal(signal.SIGINT), "__self__", None)
-        if isinstance(outer, DeferredSignals):
-            self._outer = outer
-            return self
+        for sig in DEFERRED:
+            outer = getattr(signal.getsignal(sig), "__self__", None)
+            if isinstance(outer, DeferredSignals):
+                self._outer = outer
+                return self
         for sig in DEFERRED:
             handler = signal.getsignal(sig)
             if callable(handler):
@@ -89,14 +92,6 @@ class DeferredSignals:
         while self._pending:
             signum, frame = self._pending.pop(0)
             self._saved[signum](signum, frame)
-
-    def escalate(self) -> None:
-        """Put the handlers back and deliver what came now: a Ctrl-C repeated while jobs are waited for."""
-        if self._outer:
-            self._outer.escalate()
-            return
-        raised = self._restore()
-        self._run(self._pending_and_clear(), raised)
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -147,7 +142,8 @@ class Pool:
     ones waited for, so a caller's ``finally`` sees every call that may have reached the cluster.  One more
     Ctrl-C while it waits for them (after the interrupt that ended the block, or a second one after an error
     or a normal end) stops that wait and raises at once: a job that never returns (an API call to a server
-    that went silent) must not make the kernel impossible to interrupt.
+    that went silent) must not make the kernel impossible to interrupt.  That job's thread then outlives
+    the block, and Python waits for it when the process exits (``concurrent.futures`` joins its threads).
     """
 
     def __init__(self, limit: int, name: str = "") -> None:
@@ -182,7 +178,7 @@ class Pool:
         while running:
             _, running = wait(running, timeout=SIGNAL_CHECK_S)
             if self._signals.pending >= signals_to_stop:
-                self._signals.escalate()
+                self._signals.deliver()  # the handler's exception ends the wait; still deferred till the end
 
     def submit(self, fn: Callable[_P, _Out], /, *args: _P.args, **kwargs: _P.kwargs) -> Future[_Out]:
         assert self._pool is not None, "Pool used outside its with block"
@@ -237,6 +233,8 @@ def concurrently(fn: Callable[[_Job], _Out], jobs: Sequence[_Job], limit: int) -
     thread while it waits, cancels the jobs not yet started, and the exception is raised only once the jobs
     already running have returned: a caller's ``finally`` (cuda-test deleting its pods, a change record
     sealing what was sent) then sees every call that may have reached the cluster, none still in flight.
+    The one exception: a further Ctrl-C while those jobs are waited for raises at once (:class:`Pool`), with
+    jobs still running; ``runbook run`` never sends one (it interrupts a step's cell once).
     """
     if len(jobs) <= 1:
         return [fn(job) for job in jobs]

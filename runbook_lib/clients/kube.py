@@ -116,7 +116,8 @@ class Kube:
 
         Why: a step's per-node calls one at a time cost ``nodes × calls × round trip`` (issue 16: 329 s of
         cuda-test at 1,000 nodes).  Errors and Ctrl-C as :func:`~runbook_lib.clients.fanout.concurrently`: calls
-        in flight are waited for, so a caller's ``finally`` sees every call that may have reached the API.
+        in flight are waited for, so a caller's ``finally`` sees every call that may have reached the API
+        (unless a further Ctrl-C comes while they are waited for: see there).
         """
         return concurrently(fn, items, self.parallel_calls)
 
