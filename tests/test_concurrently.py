@@ -137,12 +137,8 @@ def test_ctrl_c_while_waiting_cancels_the_rest_and_waits_for_the_running_jobs() 
         finally:
             jobs.leave(n)
 
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            concurrently(job, list(range(400)), 4)
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    with ctrl_c_raises(), pytest.raises(KeyboardInterrupt):
+        concurrently(job, list(range(400)), 4)
     with jobs.lock:
         assert sorted(jobs.started) == sorted(jobs.ended), "a job was still running when it raised"
         assert len(jobs.started) < 400, "jobs after the interrupt were started anyway"

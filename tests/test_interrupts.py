@@ -170,12 +170,12 @@ def sealed_record(sim: Sim) -> dict[str, Any]:
     return data
 
 
-def patched_in_record(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The config-patch changes of the record by node address (patch chunks here hold one node each)."""
+def sent_in_record(data: dict[str, Any], step: str, verb: str) -> dict[str, dict[str, Any]]:
+    """The record's ``talosctl <verb>`` changes of ``step`` (dry runs left out) by node address (``-n``)."""
     out: dict[str, dict[str, Any]] = {}
     for change in data["changes"]:
         argv = change.get("argv", [])
-        if change["step"] == "config-patch" and "patch" in argv and "--dry-run" not in argv:
+        if change["step"] == step and verb in argv and "--dry-run" not in argv:
             for address in argv[argv.index("-n") + 1].split(","):
                 out[address] = change
     return out
@@ -209,7 +209,7 @@ def test_interrupted_config_patch_is_sealed_with_every_patch_the_nodes_received(
         data = sealed_record(sim)
         on_nodes = patched()
         assert on_nodes != set(before), "interrupted mid-step: some node is not patched yet"
-        in_record = patched_in_record(data)
+        in_record = sent_in_record(data, "config-patch", "patch")  # one node a chunk here
         assert on_nodes <= set(in_record), (
             f"patched nodes missing from the record: {on_nodes - set(in_record)}"
         )
@@ -224,8 +224,10 @@ def upgrade_started(sim: Sim) -> bool:
     """Whether the image step's kernel has journaled a ``talosctl upgrade`` as started (in flight)."""
     for path in sim.records.rglob("*.journal.jsonl"):
         for line in path.read_text(encoding="utf-8").splitlines():
-            if '"event": "start"' in line and '"upgrade"' in line:
-                return True
+            with contextlib.suppress(ValueError):  # the line being written
+                event = json.loads(line)
+                if event.get("event") == "start" and "upgrade" in event.get("argv", []):
+                    return True
     return False
 
 
@@ -252,12 +254,7 @@ def test_interrupted_image_step_ends_its_cell_and_records_every_upgrade_sent(tmp
         upgraded = {
             n.address for n in load_nodes(sim.state) if n.gpus and n.schematic_id != before[n.address]
         }
-        sent = {
-            address
-            for change in data["changes"]
-            if change["step"] == "image" and "upgrade" in change.get("argv", [])
-            for address in change["argv"][change["argv"].index("-n") + 1].split(",")
-        }
+        sent = set(sent_in_record(data, "image", "upgrade"))
         assert upgraded <= sent, f"upgraded nodes missing from the record: {upgraded - sent}"
         assert sent, "the upgrade in flight when the run was interrupted is in the record"
 

@@ -146,9 +146,8 @@ class Pool:
     the block, and Python waits for it when the process exits (``concurrent.futures`` joins its threads).
     """
 
-    def __init__(self, limit: int, name: str = "") -> None:
+    def __init__(self, limit: int) -> None:
         self._limit = max(1, limit)
-        self._name = name
         self._signals = DeferredSignals()
         self._pool: ThreadPoolExecutor | None = None
         self._futures: list[Future[Any]] = []
@@ -156,7 +155,7 @@ class Pool:
     def __enter__(self) -> Pool:
         self._signals.__enter__()
         try:
-            self._pool = ThreadPoolExecutor(max_workers=self._limit, thread_name_prefix=self._name)
+            self._pool = ThreadPoolExecutor(max_workers=self._limit)
         except BaseException as exc:
             self._signals.__exit__(type(exc), exc, exc.__traceback__)
             raise
