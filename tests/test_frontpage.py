@@ -2,7 +2,7 @@
 no server and no network, at 1,000 nodes too, sealed in SHA256SUMS and scrubbed like every record file.
 
 The records below are built with the library's own result objects (:mod:`runbook_lib.steps.results`) and
-grouped as ``runbook run`` stores them (:func:`runbook_lib.notebook.runner.group_nodes`); the changes have
+grouped as ``runbook run`` stores them (:func:`runbook_lib.notebook.record_content.group_nodes`); the changes have
 the journal's shape as ``runbook run`` wrote them for the simulated cluster.
 """
 
@@ -22,7 +22,7 @@ import pytest
 
 from runbook_lib.cli import main
 from runbook_lib.notebook import frontpage, records
-from runbook_lib.notebook.runner import group_nodes
+from runbook_lib.notebook.record_content import group_nodes
 from runbook_lib.steps.results import Check, NodeResult, StepResult
 from tests import test_rollout
 from tests.simcluster import inject_fault
@@ -337,7 +337,7 @@ def test_helm_namespace_flag_is_not_taken_for_a_node(tmp_path: Path) -> None:
 
 def test_a_change_in_flight_at_an_interrupt_and_a_failed_ones_stderr_are_shown(tmp_path: Path) -> None:
     """The marks are the ones runbook_lib/notebook/interrupts.py writes (IN_FLIGHT, AFTER); stderr is what
-    runner._journal_record keeps for a failed change."""
+    record_content.journal_record keeps for a failed change."""
     from runbook_lib.notebook import interrupts
 
     record = fleet_record(3, set())

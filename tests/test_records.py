@@ -188,7 +188,7 @@ def test_list_and_show(chain: tuple[Path, list[Path]], capsys: pytest.CaptureFix
 
 
 def test_identical_read_commands_fold_into_one_entry_per_step_but_changes_never_do():
-    from runbook_lib.notebook.runner import fold_commands
+    from runbook_lib.notebook.record_content import fold_commands
 
     reads = [
         {"step": "verify", "argv": ["talosctl", "-n", f"10.0.0.{i}", "read", "/proc/x"], "exit_code": 0}
@@ -207,7 +207,7 @@ def test_identical_read_commands_fold_into_one_entry_per_step_but_changes_never_
 
 
 def test_identical_node_outcomes_are_grouped_and_every_node_appears_once():
-    from runbook_lib.notebook.runner import abbreviate_node_lists, group_nodes
+    from runbook_lib.notebook.record_content import abbreviate_node_lists, group_nodes
 
     result = {
         "step": "verify",
@@ -240,7 +240,7 @@ def test_helm_namespace_flag_is_not_folded_as_a_node_list() -> None:
     """F15: helm's ``-n`` is ``--namespace`` (helm/helm pkg/cli/environment.go at commit 00249a3, helm v3, AddFlags:
     ``fs.StringVarP(&s.namespace, "namespace", "n", ...)``); only talosctl's ``-n`` is ``--nodes``
     (/work/shared/reference/talos/talosctl-cli.v1.12.md: ``-n, --nodes strings``)."""
-    from runbook_lib.notebook.runner import fold_commands
+    from runbook_lib.notebook.record_content import fold_commands
 
     helm = {"step": "kubernetes", "argv": ["/x/bin/helm", "list", "-n", "kube-system", "-o", "json"]}
     talos = [

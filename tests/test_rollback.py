@@ -26,7 +26,8 @@ from runbook_lib.model.params import load_params, validate
 from runbook_lib.model.rollback import evidence_from_records, removal_documents
 from runbook_lib.notebook import records
 from runbook_lib.notebook.lock import LOCKS_ENV
-from runbook_lib.notebook.runner import StepOutcome, _journal_record, select_steps
+from runbook_lib.notebook.record_content import StepOutcome, journal_record
+from runbook_lib.notebook.runner import select_steps
 from runbook_lib.notebook.steps import GATES, RESULT_FILE_ENV, ROLLBACK, run_step
 from runbook_lib.sim import patching, realtalos
 from runbook_lib.sim.state import VANILLA_SCHEMATIC, load_node
@@ -181,7 +182,7 @@ def _record(name: str, *steps: tuple[str, Context, StepResult]) -> tuple[str, di
             StepOutcome(s, f"{s}.ipynb", r.status, result=r.to_dict()).to_record() for s, _c, r in steps
         ],
         "changes": [
-            _journal_record(s, e.to_dict())
+            journal_record(s, e.to_dict())
             for s, ctx, _r in steps
             for e in ctx.journal.entries
             if e.changes_cluster

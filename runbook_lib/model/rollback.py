@@ -106,7 +106,7 @@ def _mappings(value: Any) -> list[dict[str, Any]]:
 
 def node_results(result: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """A step result's per-node outcomes by name, from the full ``nodes`` list or the record's
-    ``node_groups`` (``runner.group_nodes``)."""
+    ``node_groups`` (``record_content.group_nodes``)."""
     out = {str(n.get("node")): n for n in _mappings(result.get("nodes"))}
     for group in _mappings(result.get("node_groups")):
         common = {k: v for k, v in group.items() if k != "nodes"}

@@ -43,6 +43,14 @@ from runbook_lib.steps.context import resolve_endpoints
 from runbook_lib.steps.results import StepResult
 
 from . import records
+from .record_content import (
+    REPO,
+    StepOutcome,
+    abbreviate_node_lists,
+    compact_plan,
+    fold_commands,
+    journal_record,
+)
 from .render import html_page, render_html
 from .steps import journal_file
 
@@ -78,9 +86,7 @@ def default_root() -> Path:
     Why: JupyterLab starts a kernel in its notebook's folder, so ``./records`` there would hide approvals
     from ``runbook records list`` run in the checkout, where ``runbook run`` and ``make demo`` write.
     """
-    from .runner import NOTEBOOKS, REPO  # noqa: PLC0415 - lazy, as below
-
-    if not os.environ.get(records.RECORDS_ENV) and Path.cwd().resolve() == NOTEBOOKS.resolve():
+    if not os.environ.get(records.RECORDS_ENV) and Path.cwd().resolve() == (REPO / "notebooks").resolve():
         return REPO / "records"
     return records.default_root()
 
@@ -214,16 +220,7 @@ class InteractiveRecorder:
         entries: list[dict[str, Any]],
         error: RunbookError | None,
     ) -> dict[str, Any]:
-        from .runner import (  # noqa: PLC0415 - lazy: jupyter_client and tqdm only once a record is written
-            REPO,
-            StepOutcome,
-            _compact_plan,
-            _journal_record,
-            abbreviate_node_lists,
-            fold_commands,
-        )
-
-        journal = [_journal_record(self.step, entry) for entry in entries]
+        journal = [journal_record(self.step, entry) for entry in entries]
         changes = [entry for entry in journal if entry.get("changes_cluster")]
         outcome = StepOutcome(
             self.step,
@@ -258,7 +255,7 @@ class InteractiveRecorder:
             "failed_step": self.step if failed else None,
             "note": f"{HOW[self._approved]}: {INTERACTIVE_NOTE}",
             "params": self.params.public_dict(),
-            "plan": _compact_plan(build_plan(self.params).to_dict()),
+            "plan": compact_plan(build_plan(self.params).to_dict()),
             "steps": [outcome.to_record()],
             "changes": changes,
             "commands": abbreviate_node_lists(fold_commands(journal)),

@@ -51,77 +51,16 @@ from runbook_lib.model.params import Params, load_params
 from runbook_lib.model.plan import build_plan
 from runbook_lib.steps.context import Context, connect, resolve_endpoints, sim_state_dir
 
-from . import interrupts, live_events, lock, offline_html, records
+from . import interrupts, live_events, lock, offline_html, record_content, records
+from .record_content import REPO, RunOutcome, StepOutcome, compact_plan
 from .steps import RESULT_FILE_ENV, ROLLBACK, RUN_ID_ENV, STEP_NAMES, STEPS, StepSpec, journal_file
 
-REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = REPO / "notebooks"
 KERNEL = "python3"
 #: Seconds a single notebook cell may run (a whole-fleet rollout is one cell).
 CELL_TIMEOUT = 6 * 3600
 
 ClusterHook = Callable[[Params], AbstractContextManager[Mapping[str, str]]]
-
-
-@dataclass
-class StepOutcome:
-    name: str
-    notebook: str
-    status: str
-    duration_s: float = 0.0
-    summary: str = ""
-    result: dict[str, Any] | None = None
-    plan_shown: dict[str, Any] | None = None
-    error: dict[str, Any] | None = None
-    journal: list[dict[str, Any]] = field(default_factory=list)
-
-    def to_record(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "name": self.name,
-            "notebook": self.notebook,
-            "status": self.status,
-            "duration_s": round(self.duration_s, 3),
-            "summary": self.summary,
-        }
-        if self.result is not None:
-            out["result"] = group_nodes(self.result)
-        if self.plan_shown is not None:
-            out["plan_shown"] = self.plan_shown
-        if self.error is not None:
-            out["error"] = self.error
-        return out
-
-
-@dataclass
-class RunOutcome:
-    record: Path
-    outcome: str
-    steps: list[StepOutcome]
-    manifest_sha256: str
-    changes: int
-    failed_step: str | None = None
-    note: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.failed_step is None
-
-    def report(self) -> str:
-        lines = [
-            f"{s.name:<13} {s.status:<10} {s.duration_s:6.1f} s  {s.summary}".rstrip() for s in self.steps
-        ]
-        if self.failed_step:
-            failed = next(s for s in self.steps if s.name == self.failed_step)
-            if failed.error:
-                text = str(failed.error.get("evalue", "")).splitlines()
-                cut = "\n  … (the full diagnosis is in the record)" if len(text) > 12 else ""
-                lines.append(f"\nstopped at {self.failed_step}: " + "\n".join(text[:12]) + cut)
-        if self.note:
-            lines.append(self.note)
-        lines.append(f"record: {self.record}")
-        # The anchor: kept outside the records folder (a CI log), it proves the newest record too.
-        lines.append(f"anchor: runbook records verify --expect {self.manifest_sha256}")
-        return "\n".join(lines) + "\n"
 
 
 def select_steps(steps: Sequence[str] | None, from_step: str | None) -> list[StepSpec]:
@@ -532,61 +471,39 @@ def _execute(
     interrupted_at: float | None = None
     cell_ended = True
     result_file = results / f"{item.name}.json"
-    out_nb = record / item.notebook
     started = time.monotonic()
     error: dict[str, Any] | None = None
     # papermill (~0.2 s of imports) is not imported at `runbook run` start-up: run() imports it while the
     # first kernel starts in the background, so the import overlaps that start instead of preceding it.
     import papermill  # noqa: PLC0415 - lazy (run start-up)
 
-    if kernel is None:
-        kernel = _new_kernel()
-    km = kernel.km
+    kernel = kernel or _new_kernel()
     with _environment({RESULT_FILE_ENV: str(result_file)}):
         try:
             # following's thread starts and stops outside armed(): the interrupt can only raise inside, not
             # while that thread's Event is set (a Condition's lock, left taken if raised in it)
             with live_events.following(live_events.events_file(result_file), on_event), guard.armed():
-                papermill.execute_notebook(
-                    str(notebooks / item.notebook),
-                    str(out_nb),
-                    parameters={
-                        "params_file": str(params_path),
-                        "apply": apply,
-                        "nodes": [],
-                        "overrides": [],
-                    },
-                    kernel_name=KERNEL,
-                    progress_bar=False,
-                    log_output=False,
-                    cwd=str(notebooks),
-                    execution_timeout=CELL_TIMEOUT,
-                    km=km,
+                _papermill(
+                    item,
+                    notebooks=notebooks,
+                    out_nb=record / item.notebook,
+                    params_path=params_path,
+                    apply=apply,
+                    km=kernel.km,
                 )
         except (KeyboardInterrupt, SystemExit) as exc:
             guard.note(exc)
             interrupted_at = time.time()
-            cell_ended = interrupts.off_the_main_thread(lambda: interrupts.end_cell(km))
+            cell_ended = interrupts.off_the_main_thread(lambda: interrupts.end_cell(kernel.km))
         except papermill.PapermillExecutionError as exc:
-            error = {
-                "ename": exc.ename,
-                "evalue": exc.evalue,
-                "cell_index": exc.cell_index,
-                "exec_count": exc.exec_count,
-                "notebook": item.notebook,
-            }
+            error = {"ename": exc.ename, "evalue": exc.evalue, "cell_index": exc.cell_index}
+            error |= {"exec_count": exc.exec_count, "notebook": item.notebook}
         except Exception as exc:  # a dead kernel, a missing notebook: the record must still be written
             error = {"ename": type(exc).__name__, "evalue": str(exc), "notebook": item.notebook}
         finally:
-            if interrupted_at is not None:  # gone before the runner removes any test pod left
-                interrupts.off_the_main_thread(kernel.stop)
-            elif keep_kernel and error is None:
-                kernel.release_clients()  # the notebook's client; the kernel runs the next step
-            elif background is None:
-                kernel.stop()
-            else:
-                kernel.retired = True
-                background.stop_kernel(kernel.stop)
+            _after_step(
+                kernel, background, interrupted=interrupted_at is not None, keep=keep_kernel and error is None
+            )
     duration = time.monotonic() - started
     if interrupted_at is not None:
         journal = interrupts.read_journal(journal_file(result_file), interrupted_at)
@@ -595,6 +512,50 @@ def _execute(
         return StepOutcome(
             item.name, item.notebook, "interrupted", duration, text, error=error, journal=journal
         )
+    return _read_outcome(item, result_file, error, duration)
+
+
+def _papermill(
+    item: StepSpec, *, notebooks: Path, out_nb: Path, params_path: Path, apply: bool, km: KernelManager
+) -> None:
+    """papermill executes the step's notebook into the record, in the run's kernel, with the run's parameters."""
+    import papermill  # noqa: PLC0415 - lazy (run start-up, see _execute)
+
+    papermill.execute_notebook(
+        str(notebooks / item.notebook),
+        str(out_nb),
+        parameters={"params_file": str(params_path), "apply": apply, "nodes": [], "overrides": []},
+        kernel_name=KERNEL,
+        progress_bar=False,
+        log_output=False,
+        cwd=str(notebooks),
+        execution_timeout=CELL_TIMEOUT,
+        km=km,
+    )
+
+
+def _after_step(kernel: _Kernel, background: _Background | None, *, interrupted: bool, keep: bool) -> None:
+    """Stop the step's kernel, or keep it for the next step (``keep``: more steps follow and this one ran).
+
+    Interrupted, it stops before the runner removes any test pod left; otherwise a kernel that is not kept
+    stops in the background when there is one (its result file is complete once papermill returns).
+    """
+    if interrupted:
+        interrupts.off_the_main_thread(kernel.stop)
+    elif keep:
+        kernel.release_clients()  # the notebook's client; the kernel runs the next step
+    elif background is None:
+        kernel.stop()
+    else:
+        kernel.retired = True
+        background.stop_kernel(kernel.stop)
+
+
+def _read_outcome(
+    item: StepSpec, result_file: Path, error: dict[str, Any] | None, duration: float
+) -> StepOutcome:
+    """The step's outcome from the result file its kernel wrote; when the kernel died before writing it, what
+    it had journalled is still in its journal file."""
     outcome = StepOutcome(item.name, item.notebook, "failed", duration, error=error)
     if result_file.exists():
         data = json.loads(result_file.read_text(encoding="utf-8"))
@@ -604,12 +565,11 @@ def _execute(
         outcome.plan_shown = data.get("plan_shown")
         outcome.journal = list(data.get("journal", []))
         journal_file(result_file).unlink(missing_ok=True)  # the same entries, now in the result
-    else:  # the kernel died: what it had journalled is still in its journal file
+    else:
         outcome.journal = interrupts.read_journal(journal_file(result_file), float("inf"))
         if error:
-            outcome.summary = (
-                f"{error['ename']}: {str(error['evalue']).splitlines()[0] if error['evalue'] else ''}"
-            )
+            first_line = str(error["evalue"]).splitlines()[0] if error["evalue"] else ""
+            outcome.summary = f"{error['ename']}: {first_line}"
     return outcome
 
 
@@ -761,112 +721,6 @@ def config_paths(talosconfig: str | None, kubeconfig: str | None) -> list[str]:
     return [p for p in paths if p]
 
 
-def _journal_record(step: str, entry: dict[str, Any]) -> dict[str, Any]:
-    keep = {"kind", "summary", "argv", "exit_code", "duration_s", "changes_cluster", "diff", "at"}
-    keep.add("interrupt")  # finished after the interrupt, or in flight then (see interrupts.read_journal)
-    out = {"step": step, **{k: v for k, v in entry.items() if k in keep and v not in (None, "", [])}}
-    if entry.get("exit_code") not in (0, None) and entry.get("stderr"):
-        out["stderr"] = entry["stderr"]
-    return out
-
-
-def _node_of(argv: list[str]) -> tuple[list[str], str | None]:
-    """A talosctl argv with the ``-n`` value replaced by a placeholder, and that value.
-
-    Only talosctl's ``-n`` is ``--nodes``; helm's (and kubectl's) ``-n`` is ``--namespace``, which must stay.
-    """
-    if Path(argv[0]).name.startswith("talosctl") and "-n" in argv:
-        i = argv.index("-n")
-        if i + 1 < len(argv):
-            return [*argv[: i + 1], "<nodes>", *argv[i + 2 :]], argv[i + 1]
-    return argv, None
-
-
-def fold_commands(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One entry per distinct successful read-only command of a step, listing the nodes it ran on.
-
-    Why: talosctl refuses ``read`` for several nodes, so a fleet-wide verify journals one identical command
-    per node; at 1,000 nodes that would dominate the record.  Changes and failures are never folded.
-    """
-    out: list[dict[str, Any]] = []
-    folded: dict[tuple[str, str], dict[str, Any]] = {}
-    for entry in entries:
-        argv = entry.get("argv")
-        if not argv or entry.get("changes_cluster") or entry.get("exit_code") not in (0, None):
-            out.append(entry)
-            continue
-        generic, node = _node_of(list(argv))
-        if node is None or "," in node:
-            out.append(entry)
-            continue
-        key = (entry["step"], json.dumps(generic))
-        if key in folded:
-            folded[key]["nodes"].append(node)
-            folded[key]["duration_s"] = round(
-                folded[key].get("duration_s", 0.0) + entry.get("duration_s", 0.0), 3
-            )
-            continue
-        item = {**entry, "argv": generic, "nodes": [node]}
-        folded[key] = item
-        out.append(item)
-    return out
-
-
-#: Read-only commands naming more nodes than this keep a summary of their ``-n`` list in the record.
-NODE_LIST_LIMIT = 10
-
-
-def abbreviate_node_lists(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Read-only fan-out calls name every node in ``-n``: keep the count and ends, not 1,000 addresses.
-
-    Commands that changed the cluster keep their full argv: those are the ones a reviewer re-runs.
-    """
-    out = []
-    for entry in entries:
-        argv = entry.get("argv")
-        kept = entry
-        if argv and not entry.get("changes_cluster") and "-n" in argv:
-            i = argv.index("-n")
-            nodes = argv[i + 1].split(",") if i + 1 < len(argv) else []
-            if len(nodes) > NODE_LIST_LIMIT:
-                summary = f"<{len(nodes)} nodes: {nodes[0]} … {nodes[-1]}>"
-                kept = {**entry, "argv": [*argv[: i + 1], summary, *argv[i + 2 :]]}
-        out.append(kept)
-    return out
-
-
-def group_nodes(result: dict[str, Any]) -> dict[str, Any]:
-    """A step result with nodes whose outcome is identical stored once, with the list of their names.
-
-    Why: at fleet scale most nodes report the same thing; the record keeps every node's outcome (each
-    name appears in exactly one group) at a fraction of the size.  Addresses are in ``params``.
-    """
-    nodes = result.get("nodes")
-    if not isinstance(nodes, list):
-        return result
-    groups: dict[str, dict[str, Any]] = {}
-    for node in nodes:
-        common = {k: v for k, v in node.items() if k not in ("node", "address")}
-        key = json.dumps(common, sort_keys=True, default=str)
-        groups.setdefault(key, {"nodes": [], **common})["nodes"].append(node.get("node"))
-    out = {k: v for k, v in result.items() if k != "nodes"}
-    out["node_groups"] = list(groups.values())
-    return out
-
-
-def _compact_plan(plan: dict[str, Any]) -> dict[str, Any]:
-    """The plan with per-node fields dropped where they equal the cluster-wide ones (said once)."""
-    nodes = []
-    for node in plan.get("nodes", []):
-        same = (
-            node.get("schematic_id") == plan.get("schematic_id")
-            and node.get("installer_image") == plan.get("installer_image")
-            and node.get("extensions") == plan.get("extensions")
-        )
-        nodes.append({"name": node["name"], "address": node["address"]} if same else node)
-    return {**plan, "nodes": nodes}
-
-
 def cluster_lock(params: Params, cluster_key: str | None = None) -> AbstractContextManager[None]:
     """The cluster's apply lock (see :func:`lock_for_apply`), also held by a JupyterLab approval while it
     applies, so an approval and an ``--apply`` run (or two approvals) never change one cluster at once."""
@@ -904,6 +758,248 @@ def lock_for_apply(stack: contextlib.ExitStack, params: Params, root: Path, clus
     stack.enter_context(lock.exclusive(root / lock.RECORDS_LOCK, f"the records folder {root}"))
 
 
+@dataclass
+class _StepLoop:
+    """What every step of one run shares: where it writes, its kernel and signals, whom it reports to."""
+
+    selected: list[StepSpec]
+    params: Params
+    record: Path
+    params_path: Path
+    notebooks: Path
+    background: _Background
+    signals: interrupts.SignalGuard
+    run_env: dict[str, str]
+    run_id: str
+    on_event: live_events.Deliver | None
+    html: bool
+
+    @property
+    def results(self) -> Path:
+        return self.record / "results"
+
+
+@dataclass
+class _StepsRun:
+    """How the step loop ended: the outcomes in order, the step that stopped it, why a plan stopped early."""
+
+    outcomes: list[StepOutcome] = field(default_factory=list)
+    failed_step: str | None = None
+    stop_note: str = ""
+
+
+def _open_record(
+    root: Path, params: Params, run_id: str, named_at: datetime, *, html: bool
+) -> tuple[Path, Path]:
+    """Create the run's record folder with its validated ``params.yaml``; returns both paths.
+
+    Called only once the cluster is up: a cluster that cannot start leaves no half record behind.
+    """
+    record = records.create_record_dir(root, params.cluster, run_id=run_id, now=named_at)
+    (record / "results").mkdir()
+    params_path = record / "params.yaml"
+    params_path.write_text(
+        "# The validated parameters of this run (paths only, never file contents).\n"
+        + yaml.safe_dump(params.public_dict(), sort_keys=False),
+        encoding="utf-8",
+    )
+    if html:
+        (record / "html").mkdir()
+    return record, params_path
+
+
+def _run_secrets(params: Params) -> list[str]:
+    """The secret values in the run's talosconfig and kubeconfig, which the seal scrubs from the record."""
+    with contextlib.suppress(RunbookError):
+        endpoints = resolve_endpoints(params)
+        return records.secret_values(*config_paths(endpoints.talosconfig, endpoints.kubeconfig))
+    return []
+
+
+def _run_step(loop: _StepLoop, index: int, item: StepSpec, first: Future[_Kernel]) -> StepOutcome:
+    """One step notebook in the run's kernel; Ctrl-C or SIGTERM, even while waiting for the kernel, becomes
+    an ``interrupted`` outcome to seal, and an interrupted or failed CUDA test leaves no test pod behind."""
+    background = loop.background
+    try:
+        if index == 0:
+            background.kernel = background.take(first)
+        result_file = loop.results / f"{item.name}.json"
+        background.kernel = step_kernel(
+            background.kernel, result_file, loop.notebooks, background, loop.run_env
+        )
+        outcome = _execute(
+            item,
+            record=loop.record,
+            params_path=loop.params_path,
+            apply=loop.params.apply,
+            notebooks=loop.notebooks,
+            results=loop.results,
+            background=background,
+            kernel=background.kernel,
+            signals=loop.signals,
+            on_event=loop.on_event,
+            keep_kernel=index + 1 < len(loop.selected),
+        )
+    except (KeyboardInterrupt, SystemExit) as exc:  # Ctrl-C or SIGTERM: seal what happened
+        loop.signals.note(exc)
+        error = {"ename": "Interrupted", "evalue": f"the run was interrupted ({loop.signals.name})"}
+        outcome = StepOutcome(item.name, item.notebook, "interrupted", error=error)
+    if item.name == "cuda-test" and loop.params.apply and test_pods_may_be_left(outcome):
+        outcome.journal += interrupts.remove_test_pods(loop.params, loop.run_id)  # no test pod is left
+    return outcome
+
+
+def _plan_stop(item: StepSpec, rest: Sequence[StepSpec]) -> _StepsRun:
+    """A plan-only run ends at the first step that plans changes (module docstring); the rest are skipped."""
+    if not rest:
+        return _StepsRun()
+    note = (
+        f"plan only: {item.name} planned changes, so the later steps "
+        f"({', '.join(s.name for s in rest)}) were not run; run with --apply to apply them"
+    )
+    return _StepsRun(
+        [StepOutcome(s.name, s.notebook, "skipped", summary="waits for apply") for s in rest], None, note
+    )
+
+
+def _run_steps(loop: _StepLoop, first: Future[_Kernel], *, progress: bool) -> _StepsRun:
+    """Run the selected steps in order; stop at a failed or interrupted step, after a plan-only step's plan,
+    or, between two steps, when a signal came (the next step is not started)."""
+    ran = _StepsRun()
+    bar = tqdm(total=len(loop.selected), unit="step", disable=not progress, desc="runbook")
+    with contextlib.closing(bar):
+        for index, item in enumerate(loop.selected):
+            if loop.signals.received is not None:
+                break
+            bar.set_description(item.name)
+            outcome = _run_step(loop, index, item, first)
+            ran.outcomes.append(outcome)
+            if loop.html:
+                loop.background.export_html(loop.record, outcome.notebook)
+            bar.update(1)
+            if outcome.status in ("failed", "interrupted"):
+                ran.failed_step = item.name
+                break
+            if outcome.status == "planned" and not loop.params.apply:
+                stop = _plan_stop(item, loop.selected[index + 1 :])
+                ran.outcomes += stop.outcomes
+                ran.stop_note = stop.stop_note
+                break
+    return ran
+
+
+def _record_data(
+    loop: _StepLoop,
+    ran: _StepsRun,
+    *,
+    params_file: str | Path | None,
+    overrides: Sequence[str],
+    started: tuple[str, float],
+    versions: dict[str, Any],
+    interrupted: bool,
+) -> dict[str, Any]:
+    """``record.json``'s content; ``started`` is the run's start as ISO time and ``time.monotonic()``."""
+    changes, commands = record_content.journal_sections(ran.outcomes)
+    apply, failed = loop.params.apply, ran.failed_step
+    return {
+        "run_id": loop.record.name.rsplit("-", 1)[-1],
+        "cluster": loop.params.cluster,
+        "target": loop.params.target,
+        "started": started[0],
+        "finished": records.now_iso(),
+        "duration_s": round(time.monotonic() - started[1], 3),
+        "who": records.who(),
+        "runbook": records.git_info(REPO),
+        "params_file": str(params_file) if params_file else "(parameters of an earlier record)",
+        "overrides": list(overrides),
+        "apply": apply,
+        "steps_requested": [s.name for s in loop.selected],
+        "outcome": record_content.outcome_word(
+            interrupted=interrupted, failed_step=failed, outcomes=ran.outcomes, changed=bool(changes)
+        ),
+        "failed_step": failed,
+        "note": record_content.run_note(
+            apply=apply, failed_step=failed, changed=bool(changes), stop_note=ran.stop_note
+        ),
+        "params": loop.params.public_dict(),
+        "plan": compact_plan(build_plan(loop.params).to_dict()),
+        "versions": versions,
+        "steps": [o.to_record() for o in ran.outcomes],
+        "changes": changes,
+        "commands": commands,
+        # The full per-node results are in "steps"; this is the verdict a reader looks for first.
+        "verification": record_content.verification(ran.outcomes),
+    }
+
+
+def _prepare(
+    stack: contextlib.ExitStack,
+    params: Params,
+    selected: list[StepSpec],
+    *,
+    root: Path,
+    notebooks: Path,
+    hook: ClusterHook,
+    cluster_key: str | None,
+    background: _Background,
+    signals: interrupts.SignalGuard,
+    on_event: live_events.Deliver | None,
+    html: bool,
+) -> tuple[_StepLoop, Future[_Kernel], list[str]]:
+    """Everything before the first step, held open on ``stack``: the apply locks, the kernel (started and
+    warmed while the cluster comes up and this process imports papermill), the cluster and its environment,
+    and the record folder; returns the step loop's shared state, the kernel's start and the run's secrets."""
+    if params.apply:
+        lock_for_apply(stack, params, root, cluster_key)
+    # One kernel for the run (module docstring); the record is named now for it (the first step's result file
+    # is in the kernel's environment), and the cluster's environment reaches the kernel before each step.
+    run_id, named_at = records.new_run_id(), datetime.now(UTC)
+    first_result = root / records.record_name(params.cluster, run_id, named_at) / "results"
+    first_result /= f"{selected[0].name}.json"
+    import_for_kernel_start()  # worker threads import nothing (F1): see import_before_threads
+    first = background.prestart(
+        lambda: prestart_kernel(selected, notebooks=notebooks, result_file=first_result, run_id=run_id)
+    )
+    env = stack.enter_context(hook(params))
+    stack.enter_context(_environment(dict(env)))
+    record, params_path = _open_record(root, params, run_id, named_at, html=html)
+    stack.enter_context(_environment({RUN_ID_ENV: run_id}))  # labels the CUDA test pods
+    secrets = _run_secrets(params)
+    loop = _StepLoop(
+        selected,
+        params,
+        record,
+        params_path,
+        notebooks,
+        background,
+        signals,
+        run_env={**env, RUN_ID_ENV: run_id},
+        run_id=run_id,
+        on_event=scrubbed(on_event, secrets),
+        html=html,
+    )
+    return loop, first, secrets
+
+
+def _seal(
+    loop: _StepLoop, data: dict[str, Any], secrets: list[str], interrupted: BaseException | None
+) -> str:
+    """Seal the record (its manifest digest is returned), put the signal handlers back, and re-raise an
+    interrupt only now, after the record is sealed: an interrupted run still leaves its change record."""
+    signals = loop.signals
+    try:
+        digest = records.seal(loop.record, data, secrets=secrets)
+    finally:
+        signals.restore()
+    if interrupted is None and signals.received is not None:  # came after the last step: nothing cut short
+        interrupted = signals.exception()
+    if interrupted is not None:
+        command = "runbook rollback" if [s.name for s in loop.selected] == ["rollback"] else "runbook run"
+        sys.stderr.write(f"{command}: {signals.name}: the record is sealed at {loop.record}\n")
+        raise interrupted
+    return digest
+
+
 def run(
     params_file: str | Path | None,
     steps: Sequence[str] | None = None,
@@ -933,107 +1029,33 @@ def run(
         merged["apply"] = apply
     params = load_params(params_file, list(overrides), merged)
     selected = select_steps(steps, from_step)
-    notebooks = notebooks_dir or NOTEBOOKS
-    root = records_root or records.default_root()
-    started_iso, started = records.now_iso(), time.monotonic()
-    outcomes: list[StepOutcome] = []
-    failed_step: str | None = None
-    stop_note = ""
-    versions: dict[str, Any] = {}
-    secrets: list[str] = []
-    interrupted: BaseException | None = None
+    started = (records.now_iso(), time.monotonic())
     hook = cluster if (cluster is not None and params.target == "simulated") else _no_cluster
     background = _Background()
     signals = interrupts.SignalGuard()  # from here until sealed, Ctrl-C or SIGTERM ends in a sealed record
     signals.install()
+    interrupted: BaseException | None = None
+    versions: dict[str, Any] = {}
     with contextlib.ExitStack() as stack:
         stack.push(signals.restore_on_error)
         # Whatever happens, no worker thread outlives the run (an early failure leaves nothing to wait for).
         stack.callback(background.wait)
-        if params.apply:
-            lock_for_apply(stack, params, root, cluster_key)
-        # One kernel for the run (module docstring), started and warmed while the cluster comes up (seconds when
-        # this run starts the simulator) and this process imports papermill; the record is named now for it (the
-        # first step's result file is in the kernel's environment), and the cluster's environment reaches the
-        # kernel before each step (next_step_code).
-        run_id, named_at = records.new_run_id(), datetime.now(UTC)
-        first_result = root / records.record_name(params.cluster, run_id, named_at) / "results"
-        first_result /= f"{selected[0].name}.json"
-        import_for_kernel_start()  # worker threads import nothing (F1): see import_before_threads
-        first = background.prestart(
-            lambda: prestart_kernel(selected, notebooks=notebooks, result_file=first_result, run_id=run_id)
+        loop, first, secrets = _prepare(
+            stack,
+            params,
+            selected,
+            root=records_root or records.default_root(),
+            notebooks=notebooks_dir or NOTEBOOKS,
+            hook=hook,
+            cluster_key=cluster_key,
+            background=background,
+            signals=signals,
+            on_event=on_event,
+            html=html,
         )
-        env = stack.enter_context(hook(params))
-        stack.enter_context(_environment(dict(env)))
-        # Created only once the cluster is up: a cluster that cannot start leaves no half record behind.
-        record = records.create_record_dir(root, params.cluster, run_id=run_id, now=named_at)
-        stack.enter_context(_environment({RUN_ID_ENV: run_id}))  # labels the CUDA test pods
-        results = record / "results"
-        results.mkdir()
-        params_path = record / "params.yaml"
-        params_path.write_text(
-            "# The validated parameters of this run (paths only, never file contents).\n"
-            + yaml.safe_dump(params.public_dict(), sort_keys=False),
-            encoding="utf-8",
-        )
-        with contextlib.suppress(RunbookError):
-            endpoints = resolve_endpoints(params)
-            secrets = records.secret_values(*config_paths(endpoints.talosconfig, endpoints.kubeconfig))
-        if html:
-            (record / "html").mkdir()
-        bar = tqdm(total=len(selected), unit="step", disable=not progress, desc="runbook")
-
-        run_env = {**env, RUN_ID_ENV: run_id}
         import_before_threads()  # while the kernel starts (papermill: see _execute)
         helm_version = background.early(lambda: early_helm_version(params))
-        for index, item in enumerate(selected):
-            if signals.received is not None:  # between two steps: the next one is not started
-                break
-            bar.set_description(item.name)
-            try:  # waiting for this step's kernel is part of the step: Ctrl-C here is sealed like any other
-                if index == 0:
-                    background.kernel = background.take(first)
-                background.kernel = step_kernel(
-                    background.kernel, results / f"{item.name}.json", notebooks, background, run_env
-                )
-                outcome = _execute(
-                    item,
-                    record=record,
-                    params_path=params_path,
-                    apply=params.apply,
-                    notebooks=notebooks,
-                    results=results,
-                    background=background,
-                    kernel=background.kernel,
-                    signals=signals,
-                    on_event=scrubbed(on_event, secrets),
-                    keep_kernel=index + 1 < len(selected),
-                )
-            except (KeyboardInterrupt, SystemExit) as exc:  # Ctrl-C or SIGTERM: seal what happened
-                signals.note(exc)
-                error = {"ename": "Interrupted", "evalue": f"the run was interrupted ({signals.name})"}
-                outcome = StepOutcome(item.name, item.notebook, "interrupted", error=error)
-            if item.name == "cuda-test" and params.apply and test_pods_may_be_left(outcome):
-                outcome.journal += interrupts.remove_test_pods(params, run_id)  # no test pod is left
-            outcomes.append(outcome)
-            if html:
-                background.export_html(record, outcome.notebook)
-            bar.update(1)
-            if outcome.status in ("failed", "interrupted"):
-                failed_step = item.name
-                break
-            if outcome.status == "planned" and not params.apply:
-                rest = selected[index + 1 :]
-                if rest:
-                    stop_note = (
-                        f"plan only: {item.name} planned changes, so the later steps "
-                        f"({', '.join(s.name for s in rest)}) were not run; run with --apply to apply them"
-                    )
-                    outcomes += [
-                        StepOutcome(s.name, s.notebook, "skipped", summary="waits for apply") for s in rest
-                    ]
-                break
-        bar.close()
+        ran = _run_steps(loop, first, progress=progress)
         if signals.received is not None:
             interrupted = signals.exception()
         try:
@@ -1041,68 +1063,17 @@ def run(
                 versions = collect_versions(params, helm=background.result_or_none(helm_version))
         finally:
             background.wait()  # HTML copies written, kernels stopped: before the cluster goes and the seal
-    changes = [_journal_record(o.name, e) for o in outcomes for e in o.journal if e.get("changes_cluster")]
-    commands = abbreviate_node_lists(
-        fold_commands([_journal_record(o.name, e) for o in outcomes for e in o.journal])
+    data = _record_data(
+        loop,
+        ran,
+        params_file=params_file,
+        overrides=overrides,
+        started=started,
+        versions=versions,
+        interrupted=interrupted is not None,
     )
-    if interrupted is not None:
-        outcome_word = "interrupted"
-    elif failed_step:
-        outcome_word = "failed"
-    elif any(o.status == "planned" for o in outcomes):
-        outcome_word = "planned"
-    elif changes:
-        outcome_word = "changed"
-    else:
-        outcome_word = "unchanged"
-    note = stop_note
-    if params.apply and not failed_step and not changes:
-        note = "nothing changed on the cluster: every step found it already in the planned state"
-    elif not params.apply and not changes:
-        note = note or "plan only: nothing was changed on the cluster"
-    record_data: dict[str, Any] = {
-        "run_id": record.name.rsplit("-", 1)[-1],
-        "cluster": params.cluster,
-        "target": params.target,
-        "started": started_iso,
-        "finished": records.now_iso(),
-        "duration_s": round(time.monotonic() - started, 3),
-        "who": records.who(),
-        "runbook": records.git_info(REPO),
-        "params_file": str(params_file) if params_file else "(parameters of an earlier record)",
-        "overrides": list(overrides),
-        "apply": params.apply,
-        "steps_requested": [s.name for s in selected],
-        "outcome": outcome_word,
-        "failed_step": failed_step,
-        "note": note,
-        "params": params.public_dict(),
-        "plan": _compact_plan(build_plan(params).to_dict()),
-        "versions": versions,
-        "steps": [o.to_record() for o in outcomes],
-        "changes": changes,
-        "commands": commands,
-        # The full per-node results are in "steps"; this is the verdict a reader looks for first.
-        "verification": {
-            o.name: {
-                "status": o.result.get("status"),
-                "counts": o.result.get("counts"),
-                "failing": [n["node"] for n in o.result.get("nodes", []) if n.get("status") == "failed"],
-                # what verify saw, one line per distinct node inventory (the groups are in results/verify.json)
-                "checked": [g.get("line") for g in (o.result.get("data") or {}).get("inventory") or []],
-            }
-            for o in outcomes
-            if o.name in ("verify", "cuda-test") and o.result
-        },
-    }
-    try:
-        digest = records.seal(record, record_data, secrets=secrets)
-    finally:
-        signals.restore()
-    if interrupted is None and signals.received is not None:  # came after the last step: nothing cut short
-        interrupted = signals.exception()
-    if interrupted is not None:
-        command = "runbook rollback" if [s.name for s in selected] == ["rollback"] else "runbook run"
-        sys.stderr.write(f"{command}: {signals.name}: the record is sealed at {record}\n")
-        raise interrupted
-    return RunOutcome(record, outcome_word, outcomes, digest, len(changes), failed_step, note)
+    digest = _seal(loop, data, secrets, interrupted)
+    changes = len(data["changes"])
+    return RunOutcome(
+        loop.record, data["outcome"], ran.outcomes, digest, changes, ran.failed_step, data["note"]
+    )

@@ -1,0 +1,230 @@
+"""What a run's ``record.json`` says: the step outcomes, the journal folded for reading, the verdict.
+
+Why a module of its own: ``runbook run`` (:mod:`.runner`) and a step applied from JupyterLab
+(:mod:`.interactive_record`) write the same record format, and neither should reach into the other's
+internals for it.  Everything here is pure: it shapes data, the callers write and seal it
+(:func:`.records.seal`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: The runbook's checkout: its git commit goes into every record (``records.git_info``).
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class StepOutcome:
+    name: str
+    notebook: str
+    status: str
+    duration_s: float = 0.0
+    summary: str = ""
+    result: dict[str, Any] | None = None
+    plan_shown: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    journal: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_record(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "name": self.name,
+            "notebook": self.notebook,
+            "status": self.status,
+            "duration_s": round(self.duration_s, 3),
+            "summary": self.summary,
+        }
+        if self.result is not None:
+            out["result"] = group_nodes(self.result)
+        if self.plan_shown is not None:
+            out["plan_shown"] = self.plan_shown
+        if self.error is not None:
+            out["error"] = self.error
+        return out
+
+
+@dataclass
+class RunOutcome:
+    record: Path
+    outcome: str
+    steps: list[StepOutcome]
+    manifest_sha256: str
+    changes: int
+    failed_step: str | None = None
+    note: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.failed_step is None
+
+    def report(self) -> str:
+        lines = [
+            f"{s.name:<13} {s.status:<10} {s.duration_s:6.1f} s  {s.summary}".rstrip() for s in self.steps
+        ]
+        if self.failed_step:
+            failed = next(s for s in self.steps if s.name == self.failed_step)
+            if failed.error:
+                text = str(failed.error.get("evalue", "")).splitlines()
+                cut = "\n  … (the full diagnosis is in the record)" if len(text) > 12 else ""
+                lines.append(f"\nstopped at {self.failed_step}: " + "\n".join(text[:12]) + cut)
+        if self.note:
+            lines.append(self.note)
+        lines.append(f"record: {self.record}")
+        # The anchor: kept outside the records folder (a CI log), it proves the newest record too.
+        lines.append(f"anchor: runbook records verify --expect {self.manifest_sha256}")
+        return "\n".join(lines) + "\n"
+
+
+def journal_record(step: str, entry: dict[str, Any]) -> dict[str, Any]:
+    """A journal entry as the record keeps it: what ran, how it ended, and stderr only when it failed."""
+    keep = {"kind", "summary", "argv", "exit_code", "duration_s", "changes_cluster", "diff", "at"}
+    keep.add("interrupt")  # finished after the interrupt, or in flight then (see interrupts.read_journal)
+    out = {"step": step, **{k: v for k, v in entry.items() if k in keep and v not in (None, "", [])}}
+    if entry.get("exit_code") not in (0, None) and entry.get("stderr"):
+        out["stderr"] = entry["stderr"]
+    return out
+
+
+def node_of(argv: list[str]) -> tuple[list[str], str | None]:
+    """A talosctl argv with the ``-n`` value replaced by a placeholder, and that value.
+
+    Only talosctl's ``-n`` is ``--nodes``; helm's (and kubectl's) ``-n`` is ``--namespace``, which must stay.
+    """
+    if Path(argv[0]).name.startswith("talosctl") and "-n" in argv:
+        i = argv.index("-n")
+        if i + 1 < len(argv):
+            return [*argv[: i + 1], "<nodes>", *argv[i + 2 :]], argv[i + 1]
+    return argv, None
+
+
+def fold_commands(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per distinct successful read-only command of a step, listing the nodes it ran on.
+
+    Why: talosctl refuses ``read`` for several nodes, so a fleet-wide verify journals one identical command
+    per node; at 1,000 nodes that would dominate the record.  Changes and failures are never folded.
+    """
+    out: list[dict[str, Any]] = []
+    folded: dict[tuple[str, str], dict[str, Any]] = {}
+    for entry in entries:
+        argv = entry.get("argv")
+        if not argv or entry.get("changes_cluster") or entry.get("exit_code") not in (0, None):
+            out.append(entry)
+            continue
+        generic, node = node_of(list(argv))
+        if node is None or "," in node:
+            out.append(entry)
+            continue
+        key = (entry["step"], json.dumps(generic))
+        if key in folded:
+            folded[key]["nodes"].append(node)
+            folded[key]["duration_s"] = round(
+                folded[key].get("duration_s", 0.0) + entry.get("duration_s", 0.0), 3
+            )
+            continue
+        item = {**entry, "argv": generic, "nodes": [node]}
+        folded[key] = item
+        out.append(item)
+    return out
+
+
+#: Read-only commands naming more nodes than this keep a summary of their ``-n`` list in the record.
+NODE_LIST_LIMIT = 10
+
+
+def abbreviate_node_lists(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Read-only fan-out calls name every node in ``-n``: keep the count and ends, not 1,000 addresses.
+
+    Commands that changed the cluster keep their full argv: those are the ones a reviewer re-runs.
+    """
+    out = []
+    for entry in entries:
+        argv = entry.get("argv")
+        kept = entry
+        if argv and not entry.get("changes_cluster") and "-n" in argv:
+            i = argv.index("-n")
+            nodes = argv[i + 1].split(",") if i + 1 < len(argv) else []
+            if len(nodes) > NODE_LIST_LIMIT:
+                summary = f"<{len(nodes)} nodes: {nodes[0]} … {nodes[-1]}>"
+                kept = {**entry, "argv": [*argv[: i + 1], summary, *argv[i + 2 :]]}
+        out.append(kept)
+    return out
+
+
+def group_nodes(result: dict[str, Any]) -> dict[str, Any]:
+    """A step result with nodes whose outcome is identical stored once, with the list of their names.
+
+    Why: at fleet scale most nodes report the same thing; the record keeps every node's outcome (each
+    name appears in exactly one group) at a fraction of the size.  Addresses are in ``params``.
+    """
+    nodes = result.get("nodes")
+    if not isinstance(nodes, list):
+        return result
+    groups: dict[str, dict[str, Any]] = {}
+    for node in nodes:
+        common = {k: v for k, v in node.items() if k not in ("node", "address")}
+        key = json.dumps(common, sort_keys=True, default=str)
+        groups.setdefault(key, {"nodes": [], **common})["nodes"].append(node.get("node"))
+    out = {k: v for k, v in result.items() if k != "nodes"}
+    out["node_groups"] = list(groups.values())
+    return out
+
+
+def compact_plan(plan: dict[str, Any]) -> dict[str, Any]:
+    """The plan with per-node fields dropped where they equal the cluster-wide ones (said once)."""
+    nodes = []
+    for node in plan.get("nodes", []):
+        same = (
+            node.get("schematic_id") == plan.get("schematic_id")
+            and node.get("installer_image") == plan.get("installer_image")
+            and node.get("extensions") == plan.get("extensions")
+        )
+        nodes.append({"name": node["name"], "address": node["address"]} if same else node)
+    return {**plan, "nodes": nodes}
+
+
+def outcome_word(
+    *, interrupted: bool, failed_step: str | None, outcomes: list[StepOutcome], changed: bool
+) -> str:
+    """The run's one-word verdict, the first thing a reader of the record looks at."""
+    if interrupted:
+        return "interrupted"
+    if failed_step:
+        return "failed"
+    if any(o.status == "planned" for o in outcomes):
+        return "planned"
+    return "changed" if changed else "unchanged"
+
+
+def run_note(*, apply: bool, failed_step: str | None, changed: bool, stop_note: str) -> str:
+    """The sentence that says why a run changed nothing, or where a plan-only run stopped."""
+    if apply and not failed_step and not changed:
+        return "nothing changed on the cluster: every step found it already in the planned state"
+    if not apply and not changed:
+        return stop_note or "plan only: nothing was changed on the cluster"
+    return stop_note
+
+
+def verification(outcomes: list[StepOutcome]) -> dict[str, Any]:
+    """verify's and cuda-test's verdicts; the full per-node results are in the record's ``steps``."""
+    return {
+        o.name: {
+            "status": o.result.get("status"),
+            "counts": o.result.get("counts"),
+            "failing": [n["node"] for n in o.result.get("nodes", []) if n.get("status") == "failed"],
+            # what verify saw, one line per distinct node inventory (the groups are in results/verify.json)
+            "checked": [g.get("line") for g in (o.result.get("data") or {}).get("inventory") or []],
+        }
+        for o in outcomes
+        if o.name in ("verify", "cuda-test") and o.result
+    }
+
+
+def journal_sections(outcomes: list[StepOutcome]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The record's ``changes`` (every call that changed the cluster, in full) and ``commands`` (every call,
+    repeated reads folded and long node lists abbreviated)."""
+    entries = [journal_record(o.name, e) for o in outcomes for e in o.journal]
+    changes = [e for e in entries if e.get("changes_cluster")]
+    return changes, abbreviate_node_lists(fold_commands(entries))
