@@ -634,134 +634,101 @@ def check_extensions(extensions: Mapping[str, str], ctx: NodeContext | None = No
     """
     ctx = ctx or NodeContext()
     stack = classify_extensions(extensions)
-    findings: list[Finding] = []
-
     if stack.kmod is None and stack.toolkit is None:
-        findings.append(
+        return [
             _finding(
-                "extensions",
-                False,
-                "no NVIDIA extensions are installed on the node",
-                ctx,
-                "extensions-not-installed",
+                "extensions", False, "no NVIDIA extensions are installed on the node", ctx, _NOT_INSTALLED
             )
-        )
-        return findings
-    if stack.kmod is None:
-        findings.append(
-            _finding(
-                "extensions",
-                False,
-                f"the container toolkit {stack.toolkit.name if stack.toolkit else ''} is installed but no "
-                "NVIDIA kernel-module extension",
-                ctx,
-                "extensions-not-installed",
-            )
-        )
-    elif stack.toolkit is None:
-        findings.append(
-            _finding(
-                "extensions",
-                False,
-                f"the kernel modules {stack.kmod.name} are installed but no nvidia-container-toolkit extension",
-                ctx,
-                "no-runtime-handler",
-            )
-        )
-    else:
-        findings.append(
-            _finding(
-                "extensions",
-                True,
-                f"kernel modules {stack.kmod.name} and toolkit {stack.toolkit.name} are installed",
-                ctx,
-            )
-        )
-
-    if len(stack.kmods) > 1:
-        names = ", ".join(k.name for k in stack.kmods)
-        findings.append(
-            _finding(
-                "kmod-flavor",
-                False,
-                f"more than one kernel-module extension is installed ({names}); they ship the same nvidia module",
-                ctx,
-                "driver-flavor-mixup",
-            )
-        )
-
-    if ctx.talos is not None:
-        wrong = [
-            ext.name
-            for ext in (*stack.kmods, *stack.toolkits, *stack.others)
-            if ext.kind != "gdrdrv" and (ext.track is None) == ctx.talos.at_least(1, 8)
         ]
-        if wrong:
-            want = "with an -lts/-production suffix" if ctx.talos.at_least(1, 8) else "without a track suffix"
-            findings.append(
-                _finding(
-                    "extension-names",
-                    False,
-                    f"Talos {ctx.talos} names the NVIDIA extensions {want}, but the node has {', '.join(wrong)}",
-                    ctx,
-                    "kmod-built-for-other-talos",
-                )
-            )
-
+    findings = [_presence(stack, ctx), *_flavours(stack, ctx), *_names_for_release(stack, ctx)]
     kmod, toolkit = stack.kmod, stack.toolkit
     if kmod is None or toolkit is None:
         return findings
-
     try:
         kmod_driver, built_for = parse_kmod_tag(kmod.tag)
         toolkit_driver, _ = parse_toolkit_tag(toolkit.tag)
     except PermanentError as exc:
-        findings.append(
-            Finding(check="extension-tags", ok=False, message=exc.message, fix=exc.hint or "", node=ctx.node)
+        error = Finding(
+            check="extension-tags", ok=False, message=exc.message, fix=exc.hint or "", node=ctx.node
         )
-        return findings
-
+        return [*findings, error]
     drivers = {kmod.name: kmod_driver, toolkit.name: toolkit_driver}
     for other in stack.others:
         if other.kind == "fabricmanager":
             drivers[other.name] = other.tag.split("-")[0]
-    if len(set(drivers.values())) > 1:
-        detail = ", ".join(f"{name} {driver}" for name, driver in drivers.items())
-        if kmod.track != toolkit.track:
-            detail += f" (tracks {kmod.track or 'none'} and {toolkit.track or 'none'} are mixed)"
-        findings.append(
-            _finding(
-                "driver-match",
-                False,
-                f"the NVIDIA extensions carry different drivers: {detail}",
-                ctx,
-                "driver-library-mismatch",
-            )
-        )
-    else:
-        findings.append(
-            _finding("driver-match", True, f"kernel modules and toolkit both carry driver {kmod_driver}", ctx)
-        )
-
-    if ctx.talos is not None:
-        if ctx.talos.is_release and str(built_for) != str(ctx.talos):
-            findings.append(
-                _finding(
-                    "kmod-talos-version",
-                    False,
-                    f"kernel modules {kmod.tag} were built for Talos {built_for}, but the node runs {ctx.talos}",
-                    ctx,
-                    "kmod-built-for-other-talos",
-                )
-            )
-        elif ctx.talos.is_release:
-            findings.append(
-                _finding(
-                    "kmod-talos-version", True, f"kernel modules {kmod.tag} match Talos {ctx.talos}", ctx
-                )
-            )
-
+    findings.append(_driver_match(stack, drivers, ctx))
+    findings += _built_for_release(kmod.tag, str(built_for), ctx)
     return findings
+
+
+_NOT_INSTALLED = "extensions-not-installed"
+
+
+def _presence(stack: NvidiaStack, ctx: NodeContext) -> Finding:
+    """Both halves are needed: the kernel modules load the driver, the toolkit gives containerd the runtime."""
+    if stack.kmod is None:
+        toolkit = stack.toolkit.name if stack.toolkit else ""
+        message = f"the container toolkit {toolkit} is installed but no NVIDIA kernel-module extension"
+        return _finding("extensions", False, message, ctx, _NOT_INSTALLED)
+    if stack.toolkit is None:
+        message = (
+            f"the kernel modules {stack.kmod.name} are installed but no nvidia-container-toolkit extension"
+        )
+        return _finding("extensions", False, message, ctx, "no-runtime-handler")
+    message = f"kernel modules {stack.kmod.name} and toolkit {stack.toolkit.name} are installed"
+    return _finding("extensions", True, message, ctx)
+
+
+def _flavours(stack: NvidiaStack, ctx: NodeContext) -> list[Finding]:
+    """Two kernel-module extensions (open and proprietary) ship the same ``nvidia`` module: one must go."""
+    if len(stack.kmods) <= 1:
+        return []
+    names = ", ".join(k.name for k in stack.kmods)
+    message = (
+        f"more than one kernel-module extension is installed ({names}); they ship the same nvidia module"
+    )
+    return [_finding("kmod-flavor", False, message, ctx, "driver-flavor-mixup")]
+
+
+def _names_for_release(stack: NvidiaStack, ctx: NodeContext) -> list[Finding]:
+    """From Talos 1.8 the NVIDIA extensions carry a track suffix (-lts/-production), before it none: a name of
+    the other era was built for another Talos release."""
+    if ctx.talos is None:
+        return []
+    suffixed = ctx.talos.at_least(1, 8)
+    wrong = [
+        ext.name
+        for ext in (*stack.kmods, *stack.toolkits, *stack.others)
+        if ext.kind != "gdrdrv" and (ext.track is None) == suffixed
+    ]
+    if not wrong:
+        return []
+    want = "with an -lts/-production suffix" if suffixed else "without a track suffix"
+    message = f"Talos {ctx.talos} names the NVIDIA extensions {want}, but the node has {', '.join(wrong)}"
+    return [_finding("extension-names", False, message, ctx, "kmod-built-for-other-talos")]
+
+
+def _driver_match(stack: NvidiaStack, drivers: Mapping[str, str], ctx: NodeContext) -> Finding:
+    """The kernel module and the user-space libraries (toolkit, fabric manager) must be one driver version."""
+    if len(set(drivers.values())) <= 1:
+        driver = next(iter(drivers.values()))
+        return _finding("driver-match", True, f"kernel modules and toolkit both carry driver {driver}", ctx)
+    detail = ", ".join(f"{name} {driver}" for name, driver in drivers.items())
+    kmod, toolkit = stack.kmod, stack.toolkit
+    if kmod is not None and toolkit is not None and kmod.track != toolkit.track:
+        detail += f" (tracks {kmod.track or 'none'} and {toolkit.track or 'none'} are mixed)"
+    message = f"the NVIDIA extensions carry different drivers: {detail}"
+    return _finding("driver-match", False, message, ctx, "driver-library-mismatch")
+
+
+def _built_for_release(kmod_tag: str, built_for: str, ctx: NodeContext) -> list[Finding]:
+    """Kernel modules load only into the kernel they were built against, i.e. their Talos release."""
+    if ctx.talos is None or not ctx.talos.is_release:
+        return []
+    if built_for != str(ctx.talos):
+        message = f"kernel modules {kmod_tag} were built for Talos {built_for}, but the node runs {ctx.talos}"
+        return [_finding("kmod-talos-version", False, message, ctx, "kmod-built-for-other-talos")]
+    return [_finding("kmod-talos-version", True, f"kernel modules {kmod_tag} match Talos {ctx.talos}", ctx)]
 
 
 def check_schematic(current: str | None, planned: str, ctx: NodeContext | None = None) -> Finding:

@@ -382,86 +382,29 @@ def _any(node: yaml.Node) -> Any:
 
 
 def parse_schematic(text: str | bytes) -> Schematic:
-    """Parse a schematic as the factory does; raises :class:`SchematicInvalid` with go-yaml-worded errors."""
-    if isinstance(text, bytes):
-        try:
-            text = text.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise SchematicInvalid(f"yaml: invalid UTF-8: {exc}") from None
-    if not text.strip():
-        raise SchematicInvalid(
-            "EOF", hint="the schematic is empty; the vanilla schematic is `customization: {}`"
-        )
-    root = _compose(text)
+    """Parse a schematic as the factory does; raises :class:`SchematicInvalid` with go-yaml-worded errors.
+
+    Every problem is collected before raising, in the order go-yaml meets them (field by field, as the parts
+    below are called), so the report reads like the factory's.
+    """
+    root = _compose(_schematic_text(text))
     if root is None:
         raise SchematicInvalid("EOF")
     problems = _Problems()
     top = _struct(root, "schematic.Schematic", ("owner", "overlay", "customization"), problems)
     owner = _string(top["owner"], problems) if "owner" in top else ""
-    overlay = Overlay()
-    if "overlay" in top:
-        ov = _struct(top["overlay"], "schematic.Overlay", ("image", "name", "options"), problems)
-        options: dict[str, Any] = {}
-        if "options" in ov and not _is_null(ov["options"]):
-            if isinstance(ov["options"], yaml.MappingNode):
-                options = {str(k): v for k, v in _any(ov["options"]).items()}
-            else:
-                problems.cannot(ov["options"], "map[string]interface {}")
-        overlay = Overlay(
-            image=_string(ov["image"], problems) if "image" in ov else "",
-            name=_string(ov["name"], problems) if "name" in ov else "",
-            options=options,
-        )
-    custom_fields = (
-        "embeddedMachineConfiguration",
-        "extraKernelArgs",
-        "meta",
-        "systemExtensions",
-        "bootloader",
-        "secureboot",
-        "diskImage",
-    )
+    overlay = _overlay(top["overlay"], problems) if "overlay" in top else Overlay()
     custom = (
-        _struct(top["customization"], "schematic.Customization", custom_fields, problems)
+        _struct(top["customization"], "schematic.Customization", _CUSTOM_FIELDS, problems)
         if "customization" in top
         else {}
     )
-    metas: list[MetaValue] = []
-    if "meta" in custom and not _is_null(custom["meta"]):
-        if isinstance(custom["meta"], yaml.SequenceNode):
-            for item in custom["meta"].value:
-                mv = _struct(item, "schematic.MetaValue", ("key", "value"), problems)
-                metas.append(
-                    MetaValue(
-                        key=_uint(mv["key"], 8, "uint8", problems) if "key" in mv else 0,
-                        value=_string(mv["value"], problems) if "value" in mv else "",
-                    )
-                )
-        else:
-            problems.cannot(custom["meta"], "[]schematic.MetaValue")
-    extensions: tuple[str, ...] = ()
-    if "systemExtensions" in custom:
-        se = _struct(
-            custom["systemExtensions"], "schematic.SystemExtensions", ("officialExtensions",), problems
-        )
-        if "officialExtensions" in se:
-            extensions = _string_list(se["officialExtensions"], problems)
-    enroll, well_known = "", False
-    if "secureboot" in custom:
-        sb = _struct(
-            custom["secureboot"],
-            "schematic.SecureBoot",
-            ("enrollKeys", "includeWellKnownCertificates"),
-            problems,
-        )
-        enroll = _string(sb["enrollKeys"], problems) if "enrollKeys" in sb else ""
-        if "includeWellKnownCertificates" in sb:
-            well_known = _bool(sb["includeWellKnownCertificates"], problems)
-    sector = 0
-    if "diskImage" in custom:
-        di = _struct(custom["diskImage"], "schematic.DiskImage", ("sectorSize",), problems)
-        if "sectorSize" in di:
-            sector = _uint(di["sectorSize"], 64, "uint", problems)
+    metas = _metas(custom["meta"], problems) if "meta" in custom else ()
+    extensions = _extensions(custom["systemExtensions"], problems) if "systemExtensions" in custom else ()
+    enroll, well_known = (
+        _secureboot(custom["secureboot"], problems) if "secureboot" in custom else ("", False)
+    )
+    sector = _sector_size(custom["diskImage"], problems) if "diskImage" in custom else 0
     schematic = Schematic(
         owner=owner,
         overlay=overlay,
@@ -473,7 +416,7 @@ def parse_schematic(text: str | bytes) -> Schematic:
         extra_kernel_args=_string_list(custom["extraKernelArgs"], problems)
         if "extraKernelArgs" in custom
         else (),
-        meta=tuple(metas),
+        meta=metas,
         official_extensions=extensions,
         bootloader=_string(custom["bootloader"], problems) if "bootloader" in custom else "",
         secureboot_enroll_keys=enroll,
@@ -484,6 +427,83 @@ def parse_schematic(text: str | bytes) -> Schematic:
         raise SchematicInvalid(problems.report())
     validate(schematic)
     return schematic
+
+
+_CUSTOM_FIELDS = (
+    "embeddedMachineConfiguration",
+    "extraKernelArgs",
+    "meta",
+    "systemExtensions",
+    "bootloader",
+    "secureboot",
+    "diskImage",
+)
+
+
+def _schematic_text(text: str | bytes) -> str:
+    """The schematic as text; invalid UTF-8 and an empty file are refused with go-yaml's words."""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise SchematicInvalid(f"yaml: invalid UTF-8: {exc}") from None
+    if not text.strip():
+        raise SchematicInvalid(
+            "EOF", hint="the schematic is empty; the vanilla schematic is `customization: {}`"
+        )
+    return text
+
+
+def _overlay(node: yaml.Node, problems: _Problems) -> Overlay:
+    """``overlay``: its options are free-form (the overlay's own), but must be a map."""
+    ov = _struct(node, "schematic.Overlay", ("image", "name", "options"), problems)
+    options: dict[str, Any] = {}
+    if "options" in ov and not _is_null(ov["options"]):
+        if isinstance(ov["options"], yaml.MappingNode):
+            options = {str(k): v for k, v in _any(ov["options"]).items()}
+        else:
+            problems.cannot(ov["options"], "map[string]interface {}")
+    return Overlay(
+        image=_string(ov["image"], problems) if "image" in ov else "",
+        name=_string(ov["name"], problems) if "name" in ov else "",
+        options=options,
+    )
+
+
+def _metas(node: yaml.Node, problems: _Problems) -> tuple[MetaValue, ...]:
+    """``customization.meta``: a list of key (uint8) and value pairs; null is an empty list, as in Go."""
+    if _is_null(node):
+        return ()
+    if not isinstance(node, yaml.SequenceNode):
+        problems.cannot(node, "[]schematic.MetaValue")
+        return ()
+    metas = []
+    for item in node.value:
+        mv = _struct(item, "schematic.MetaValue", ("key", "value"), problems)
+        key = _uint(mv["key"], 8, "uint8", problems) if "key" in mv else 0
+        metas.append(MetaValue(key=key, value=_string(mv["value"], problems) if "value" in mv else ""))
+    return tuple(metas)
+
+
+def _extensions(node: yaml.Node, problems: _Problems) -> tuple[str, ...]:
+    """``customization.systemExtensions.officialExtensions``: the extensions' names."""
+    se = _struct(node, "schematic.SystemExtensions", ("officialExtensions",), problems)
+    return _string_list(se["officialExtensions"], problems) if "officialExtensions" in se else ()
+
+
+def _secureboot(node: yaml.Node, problems: _Problems) -> tuple[str, bool]:
+    """``customization.secureboot``: the enrolment mode and whether the well-known certificates are included."""
+    fields = ("enrollKeys", "includeWellKnownCertificates")
+    sb = _struct(node, "schematic.SecureBoot", fields, problems)
+    enroll = _string(sb["enrollKeys"], problems) if "enrollKeys" in sb else ""
+    well_known = "includeWellKnownCertificates" in sb and _bool(sb["includeWellKnownCertificates"], problems)
+    return enroll, well_known
+
+
+def _sector_size(node: yaml.Node, problems: _Problems) -> int:
+    """``customization.diskImage.sectorSize``: Go's ``uint``, 64 bits here."""
+    di = _struct(node, "schematic.DiskImage", ("sectorSize",), problems)
+    return _uint(di["sectorSize"], 64, "uint", problems) if "sectorSize" in di else 0
 
 
 def validate(schematic: Schematic) -> None:
