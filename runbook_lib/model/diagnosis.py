@@ -626,6 +626,10 @@ def expected_extension_names(
     return kmod_base, "nvidia-container-toolkit"
 
 
+#: The known failure of a node with no NVIDIA extensions (or only half of them).
+_NOT_INSTALLED = "extensions-not-installed"
+
+
 def check_extensions(extensions: Mapping[str, str], ctx: NodeContext | None = None) -> list[Finding]:
     """Check the NVIDIA extensions of one node: both parts present, one flavour, one track, one driver,
     kernel modules built for the node's Talos release (when known) and the names its version uses.
@@ -659,9 +663,6 @@ def check_extensions(extensions: Mapping[str, str], ctx: NodeContext | None = No
     findings.append(_driver_match(stack, drivers, ctx))
     findings += _built_for_release(kmod.tag, str(built_for), ctx)
     return findings
-
-
-_NOT_INSTALLED = "extensions-not-installed"
 
 
 def _presence(stack: NvidiaStack, ctx: NodeContext) -> Finding:
@@ -783,52 +784,38 @@ def check_modules(
     if probe_failure is not None:
         return _finding("modules", False, message + "; the kernel log says why", ctx, probe_failure)
     if extensions is None:
-        return Finding(
-            check="modules",
-            ok=False,
-            message=message + " (the extensions were not given, so the cause is open)",
-            fix=(
-                "run `talosctl -n {} get extensions`: with the NVIDIA kernel-module extension listed, apply the "
-                "modules patch:\n{}\nwithout it, upgrade with the factory installer of the GPU schematic:\n{}"
-            ).format(
-                ctx.node or "<node>",
-                module_patch(ctx.talos, ctx.node),
-                ctx.fill(known_failure("extensions-not-installed").command, new_schematic=True),
-            ),
-            node=ctx.node,
-        )
-    stack = classify_extensions(extensions)
+        return _modules_cause_open(message, ctx)
+    return _modules_cause(message, bool(missing), classify_extensions(extensions), ctx)
+
+
+def _modules_cause_open(message: str, ctx: NodeContext) -> Finding:
+    """Without the extensions both fixes are possible: say how to tell them apart, and give both."""
+    fix = (
+        "run `talosctl -n {} get extensions`: with the NVIDIA kernel-module extension listed, apply the "
+        "modules patch:\n{}\nwithout it, upgrade with the factory installer of the GPU schematic:\n{}"
+    ).format(
+        ctx.node or "<node>",
+        module_patch(ctx.talos, ctx.node),
+        ctx.fill(known_failure(_NOT_INSTALLED).command, new_schematic=True),
+    )
+    message += " (the extensions were not given, so the cause is open)"
+    return Finding(check="modules", ok=False, message=message, fix=fix, node=ctx.node)
+
+
+def _modules_cause(message: str, missing: bool, stack: NvidiaStack, ctx: NodeContext) -> Finding:
+    """Modules not Live, with the extensions known: no extension, one built for another release, no modules
+    patch (listed nowhere), or a probe that did not finish (listed but stuck)."""
     if stack.kmod is None:
-        return _finding(
-            "modules",
-            False,
-            message + "; no NVIDIA kernel-module extension is installed",
-            ctx,
-            "extensions-not-installed",
-        )
+        message += "; no NVIDIA kernel-module extension is installed"
+        return _finding("modules", False, message, ctx, _NOT_INSTALLED)
     built_for = _kmod_built_for(stack.kmod.tag)
-    if (
-        missing
-        and ctx.talos is not None
-        and ctx.talos.is_release
-        and built_for
-        and built_for != str(ctx.talos)
-    ):
-        return _finding(
-            "modules",
-            False,
-            message + f"; the extension {stack.kmod.name} was built for Talos {built_for}, not {ctx.talos}",
-            ctx,
-            "kmod-built-for-other-talos",
-        )
+    release = ctx.talos is not None and ctx.talos.is_release
+    if missing and release and built_for and built_for != str(ctx.talos):
+        message += f"; the extension {stack.kmod.name} was built for Talos {built_for}, not {ctx.talos}"
+        return _finding("modules", False, message, ctx, "kmod-built-for-other-talos")
     if missing:
-        return _finding(
-            "modules",
-            False,
-            message + f"; the extension {stack.kmod.name} is installed",
-            ctx,
-            "modules-not-configured",
-        )
+        message += f"; the extension {stack.kmod.name} is installed"
+        return _finding("modules", False, message, ctx, "modules-not-configured")
     # Listed but stuck in Loading/Unloading: the module is there but its probe did not finish.
     return _finding("modules", False, message, ctx, "gpu-unsupported")
 
