@@ -197,43 +197,8 @@ def _apply_in_batches(
             continue
         pause_before(plan, index)
         started = time.time()
-        per_patch: dict[str, list[Node]] = {}
-        for patch, node in batch:
-            per_patch.setdefault(patch, []).append(node)
-        # The whole batch at once: every node of every patch in concurrent chunk calls, so a batch costs
-        # about one node's round trip instead of one per node (talosctl patches the nodes of a call in a row).
-        applied = ctx.talosctl.patch_machineconfigs(
-            [(patch, [n.address for n in members]) for patch, members in per_patch.items()], dry_run=False
-        )
-        for members, outcome in zip(per_patch.values(), applied, strict=True):
-            failures, untouched = outcome.outcomes()
-            for node in members:
-                res = by_address[node.address]
-                if node.address in failures:
-                    res.status = "failed"
-                    res.message = f"patch failed: {redact(failures[node.address])}"
-                    failed.append(node.name)
-                elif node.address in untouched:
-                    # talosctl returns at the first failing node of a call: the rest of that call was never
-                    # touched (only possible when a chunk holds several nodes, i.e. batches over 32 nodes).
-                    res.status = "skipped"
-                    res.message = f"not touched: talosctl stopped at {names[untouched[node.address]]}"
-                else:
-                    res.status = "changed"
-                    res.needs_reboot = res.needs_reboot or "with a reboot" in outcome.details_of(node.address)
-        rebooting = [
-            n.address
-            for _p, n in batch
-            if by_address[n.address].status == "changed" and by_address[n.address].needs_reboot
-        ]
-        if rebooting:
-            # auto mode reboots for a machine.files change (Talos <= 1.13): the next batch starts only once
-            # these nodes answer again, so rollout_concurrency also bounds how many GPU nodes are down.
-            for address in wait_for_nodes(ctx, rebooting, float(ctx.params.timeouts.node_ready_seconds)):
-                res = by_address[address]
-                res.status = "failed"
-                res.message = "patched, but the node did not answer again after its reboot"
-                failed.append(res.node)
+        failed += _patch_batch(ctx, batch, by_address, names)
+        failed += _wait_rebooted(ctx, batch, by_address)
         batch_results = [by_address[node.address] for _patch, node in batch]
         log_batch(
             result.data.setdefault("rollout", []), index, plan, batch_results, started, events=ctx.events
@@ -244,6 +209,64 @@ def _apply_in_batches(
         if progress:
             progress(done, len(todo))
     _confirm(ctx, result, by_address)
+
+
+def _patch_batch(
+    ctx: Context, batch: list[tuple[str, Node]], by_address: dict[str, NodeResult], names: dict[str, str]
+) -> list[str]:
+    """Patch one batch and set each node's result; returns the names of the nodes whose patch failed.
+
+    The whole batch at once: every node of every patch in concurrent chunk calls, so a batch costs about one
+    node's round trip instead of one per node (talosctl patches the nodes of a call in a row).
+    """
+    per_patch: dict[str, list[Node]] = {}
+    for patch, node in batch:
+        per_patch.setdefault(patch, []).append(node)
+    applied = ctx.talosctl.patch_machineconfigs(
+        [(patch, [n.address for n in members]) for patch, members in per_patch.items()], dry_run=False
+    )
+    failed: list[str] = []
+    for members, outcome in zip(per_patch.values(), applied, strict=True):
+        failures, untouched = outcome.outcomes()
+        for node in members:
+            res = by_address[node.address]
+            if node.address in failures:
+                res.status = "failed"
+                res.message = f"patch failed: {redact(failures[node.address])}"
+                failed.append(node.name)
+            elif node.address in untouched:
+                # talosctl returns at the first failing node of a call: the rest of that call was never
+                # touched (only possible when a chunk holds several nodes, i.e. batches over 32 nodes).
+                res.status = "skipped"
+                res.message = f"not touched: talosctl stopped at {names[untouched[node.address]]}"
+            else:
+                res.status = "changed"
+                res.needs_reboot = res.needs_reboot or "with a reboot" in outcome.details_of(node.address)
+    return failed
+
+
+def _wait_rebooted(
+    ctx: Context, batch: list[tuple[str, Node]], by_address: dict[str, NodeResult]
+) -> list[str]:
+    """Wait for the batch's nodes that reboot for their patch; returns those that did not answer again.
+
+    auto mode reboots for a machine.files change (Talos <= 1.13): the next batch starts only once these nodes
+    answer again, so rollout_concurrency also bounds how many GPU nodes are down.
+    """
+    rebooting = [
+        n.address
+        for _p, n in batch
+        if by_address[n.address].status == "changed" and by_address[n.address].needs_reboot
+    ]
+    failed: list[str] = []
+    if not rebooting:
+        return failed
+    for address in wait_for_nodes(ctx, rebooting, float(ctx.params.timeouts.node_ready_seconds)):
+        res = by_address[address]
+        res.status = "failed"
+        res.message = "patched, but the node did not answer again after its reboot"
+        failed.append(res.node)
+    return failed
 
 
 def wait_for_nodes(ctx: Context, addresses: list[str], timeout: float, interval: float = 2.0) -> list[str]:
