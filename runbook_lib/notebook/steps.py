@@ -273,39 +273,11 @@ def run_step(
         ctx.events = Events(file_sink(events_file(Path(os.environ[RESULT_FILE_ENV])), item.name))
     only = list(nodes) if nodes else None
     ctx.nodes(only)  # unknown node names fail here, before anything runs
-    gate: ApprovalGate | None = None
     plan: StepResult | None = None
-
     if item.changes_cluster:
-        # Only the gated steps import the gate (and ipywidgets, ~0.08 s): every step notebook pays its
-        # imports in a fresh kernel, so a read-only step should not pay for widgets it never shows.
-        from .gates import gated  # noqa: PLC0415 - lazy (kernel start-up)
-
-        def plan_fn(chosen: list[str] | None) -> StepResult:
-            return _call(fn, ctx, only=chosen, apply=False)
-
-        def apply_fn(chosen: list[str] | None, progress: Progress) -> StepResult:
-            run_id = os.environ.get(RUN_ID_ENV) or None
-            return _call(fn, ctx, only=chosen, apply=True, progress=progress, run_id=run_id)
-
-        def on_applied(applied: StepResult) -> None:
-            _write_result(_payload(item, params, journal, applied, gate.shown if gate else None))
-
-        result, gate = gated(
-            item.name,
-            plan_fn,
-            apply_fn,
-            apply=params.apply,
-            nodes=[n.name for n in params.nodes],
-            selected=only,
-            show=show,
-            on_applied=on_applied,
-            title=item.title,
-            recorder=_interactive_recorder(item, params, journal, params_file, overrides),
+        result, plan = _run_gated(
+            item, fn, ctx, params, journal, only=only, show=show, source=(params_file, overrides)
         )
-        if gate is not None:
-            GATES[item.name] = gate
-        plan = gate.shown if gate else None
     else:
         result = _call(fn, ctx, only=only)
         if show:
@@ -314,6 +286,56 @@ def run_step(
     if not result.ok:
         raise StepFailed(failure_text(result), hint="see the failing nodes above for the cause and the fix")
     return result
+
+
+def _run_gated(
+    item: StepSpec,
+    fn: Callable[..., StepResult],
+    ctx: Context,
+    params: Params,
+    journal: Journal,
+    *,
+    only: list[str] | None,
+    show: bool,
+    source: tuple[str | None, Sequence[str]],
+) -> tuple[StepResult, StepResult | None]:
+    """A step that changes the cluster: planned, shown, and applied only through its approval gate.
+
+    Returns the result and the plan that was shown.  ``params`` are the notebook's as loaded (the record's),
+    not ``ctx.params``, which carry the simulator's chart repository.  ``source`` (the parameter file and overrides) goes into
+    the record an interactive approval writes.  Only the gated steps import the gate (and ipywidgets,
+    ~0.08 s): every step notebook pays its imports in a fresh kernel, so a read-only step should not pay for
+    widgets it never shows.
+    """
+    from .gates import gated  # noqa: PLC0415 - lazy (kernel start-up)
+
+    gate: ApprovalGate | None = None
+
+    def plan_fn(chosen: list[str] | None) -> StepResult:
+        return _call(fn, ctx, only=chosen, apply=False)
+
+    def apply_fn(chosen: list[str] | None, progress: Progress) -> StepResult:
+        run_id = os.environ.get(RUN_ID_ENV) or None
+        return _call(fn, ctx, only=chosen, apply=True, progress=progress, run_id=run_id)
+
+    def on_applied(applied: StepResult) -> None:
+        _write_result(_payload(item, params, journal, applied, gate.shown if gate else None))
+
+    result, gate = gated(
+        item.name,
+        plan_fn,
+        apply_fn,
+        apply=params.apply,
+        nodes=[n.name for n in params.nodes],
+        selected=only,
+        show=show,
+        on_applied=on_applied,
+        title=item.title,
+        recorder=_interactive_recorder(item, params, journal, *source),
+    )
+    if gate is not None:
+        GATES[item.name] = gate
+    return result, gate.shown if gate else None
 
 
 def _rollout_line(params: Params, nodes: int) -> str:
