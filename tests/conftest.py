@@ -47,6 +47,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import orphans
 from tests.buildlock import build_lock
 
 #: Talos's durations for every simulator the suite starts (simnode's -time-factor, the Python talosctl's boot).
@@ -73,6 +74,23 @@ LONG_FILES: tuple[str, ...] = (  # longest first; measured with -n 3 on 2 Dec 20
 )
 
 
+def stop_orphaned_clusters(config: pytest.Config) -> None:
+    """Mark this session's base temporary directory as ours and stop the simulated clusters of killed
+    sessions (``tests/orphans.py``): they would take the CPU this session's tests are timed against."""
+    factory = getattr(
+        config, "_tmp_path_factory", None
+    )  # pytest's TempPathFactory (the tmp_path_factory fixture)
+    if factory is None:
+        return
+    basetemp = factory.getbasetemp()
+    orphans.mark_owner(basetemp)
+    found = orphans.orphans(basetemp.parent, current=basetemp)
+    if found:
+        stopped = orphans.stop([pid for pid, _dir in found])
+        dirs = ", ".join(sorted({d.name for _pid, d in found}))
+        sys.stderr.write(f"stopped {len(stopped)} processes of killed pytest sessions ({dirs})\n")
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     """simnode (and simkube, when a control plane is built) built for the current sources before any test, when a
     talosctl is built: else ``auto`` runs the
@@ -82,6 +100,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     ``build_lock`` against any other pytest run on the machine: workers never build."""
     if hasattr(session.config, "workerinput"):
         return
+    stop_orphaned_clusters(session.config)
     from tests.simcluster import StaleSimnode, ensure_current_simkube, ensure_current_simnode
 
     for name, ensure in (("simnode", ensure_current_simnode), ("simkube", ensure_current_simkube)):

@@ -1,0 +1,70 @@
+"""A killed pytest's simulated cluster is stopped when the next session starts (``tests/orphans.py``).
+
+The processes here stand in for simnode or kube-apiserver: what matters is that their command line names a
+session's base temporary directory, as the real servers' ``--state``/``--kubeconfig`` arguments do.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests import orphans
+
+
+@pytest.fixture
+def started() -> Iterator[list[subprocess.Popen[bytes]]]:
+    procs: list[subprocess.Popen[bytes]] = []
+    yield procs
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+def server(procs: list[subprocess.Popen[bytes]], state: Path) -> subprocess.Popen[bytes]:
+    state.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "--state", str(state)])
+    procs.append(proc)
+    return proc
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_killed_sessions_servers_are_stopped_and_a_running_sessions_are_not(
+    tmp_path: Path, started: list[subprocess.Popen[bytes]]
+) -> None:
+    root = tmp_path / "pytest-of-someone"
+    killed, running, unmarked, ours = (root / f"pytest-{n}" for n in (11, 12, 13, 14))
+    orphan = server(started, killed / "popen-gw0" / "test_x0" / "sim")
+    live = server(started, running / "popen-gw1" / "sim")
+    unknown = server(started, unmarked / "sim")
+    mine = server(started, ours / "sim")
+    orphans.mark_owner(killed, dead_pid())
+    orphans.mark_owner(running)  # this pytest: alive, and a pytest
+    orphans.mark_owner(ours, dead_pid())
+
+    found = orphans.orphans(root, current=ours)
+
+    assert [pid for pid, _d in found] == [orphan.pid]
+    assert orphans.stop([pid for pid, _d in found]) == [orphan.pid]
+    assert orphan.wait(timeout=10) is not None
+    assert live.poll() is None and unknown.poll() is None and mine.poll() is None
+
+
+def test_a_reused_pid_that_is_not_a_pytest_does_not_keep_a_cluster_alive(
+    tmp_path: Path, started: list[subprocess.Popen[bytes]]
+) -> None:
+    root = tmp_path / "pytest-of-someone"
+    other = server(started, root / "pytest-20" / "elsewhere")  # any running process, not a pytest
+    orphan = server(started, root / "pytest-21" / "sim")
+    orphans.mark_owner(root / "pytest-21", other.pid)
+
+    assert [pid for pid, _d in orphans.orphans(root)] == [orphan.pid]
