@@ -96,39 +96,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _up(args: argparse.Namespace) -> int:
     state_dir = _state(args)
-    if args.nodes < 0 or args.control_planes < 1:
-        raise PermanentError("need at least one control plane node and a non-negative number of workers")
-    spec = cluster.ClusterSpec(
-        workers=args.nodes,
-        control_planes=args.control_planes,
-        talos_version=args.talos_version,
-        scenario=args.scenario or "fresh",
-        latency_ms=args.latency_ms or 0.0,
-        gpus_per_worker=args.gpus_per_node,
-        talosctl_version=args.talosctl_version,
-    )
-    if args.params:
-        from_params = cluster.spec_from_params(load_params(args.params))
-        spec = dataclasses.replace(
-            from_params,
-            control_planes=args.control_planes,
-            gpus_per_worker=args.gpus_per_node,
-            talosctl_version=args.talosctl_version,
-            # flags given explicitly win over the file
-            scenario=args.scenario or from_params.scenario,
-            latency_ms=from_params.latency_ms if args.latency_ms is None else args.latency_ms,
-        )
-    try:  # a bad RUNBOOK_SIM_KUBE, or no control plane built, is refused before anything is written
-        realkube.check_mode()
-        if not args.no_daemon:
-            realkube.choose(realkube.kubernetes_for_talos(spec.talos_version))
-    except ValueError as exc:
-        raise PermanentError(str(exc)) from None
+    spec = _spec(args)
+    _refuse_bad_modes(spec, daemon=not args.no_daemon)  # before anything is stopped or written
     realkube.stop(state_dir)
-    try:
-        cluster.talos_mode()  # a bad RUNBOOK_SIM_TALOSCTL is refused before anything is written
-    except ValueError as exc:
-        raise PermanentError(str(exc)) from None
     cluster.stop_daemon(state_dir)
     try:
         nodes = cluster.create(state_dir, spec)
@@ -141,6 +111,52 @@ def _up(args: argparse.Namespace) -> int:
         except (RuntimeError, ValueError) as exc:
             raise PermanentError(str(exc)) from None
     talos = "" if args.no_daemon else f" ({_start_talos(state_dir, spec, nodes)})"
+    _print_up(state_dir, spec, nodes, endpoints, talos)
+    return 0
+
+
+def _spec(args: argparse.Namespace) -> cluster.ClusterSpec:
+    """The cluster to create: from the flags, or from ``-p``'s parameters with the flags given explicitly
+    winning over the file."""
+    if args.nodes < 0 or args.control_planes < 1:
+        raise PermanentError("need at least one control plane node and a non-negative number of workers")
+    if not args.params:
+        return cluster.ClusterSpec(
+            workers=args.nodes,
+            control_planes=args.control_planes,
+            talos_version=args.talos_version,
+            scenario=args.scenario or "fresh",
+            latency_ms=args.latency_ms or 0.0,
+            gpus_per_worker=args.gpus_per_node,
+            talosctl_version=args.talosctl_version,
+        )
+    from_params = cluster.spec_from_params(load_params(args.params))
+    return dataclasses.replace(
+        from_params,
+        control_planes=args.control_planes,
+        gpus_per_worker=args.gpus_per_node,
+        talosctl_version=args.talosctl_version,
+        scenario=args.scenario or from_params.scenario,
+        latency_ms=from_params.latency_ms if args.latency_ms is None else args.latency_ms,
+    )
+
+
+def _refuse_bad_modes(spec: cluster.ClusterSpec, *, daemon: bool) -> None:
+    """A bad ``RUNBOOK_SIM_KUBE`` or ``RUNBOOK_SIM_TALOSCTL``, or no control plane built, is refused before a
+    running cluster is stopped or anything is written."""
+    try:
+        realkube.check_mode()
+        if daemon:
+            realkube.choose(realkube.kubernetes_for_talos(spec.talos_version))
+        cluster.talos_mode()
+    except ValueError as exc:
+        raise PermanentError(str(exc)) from None
+
+
+def _print_up(
+    state_dir: Path, spec: cluster.ClusterSpec, nodes: list[Any], endpoints: dict[str, Any], talos: str
+) -> None:
+    """What ``sim up`` started, and the one line that points a shell's talosctl/kubectl at it."""
     paths = sim_paths(state_dir)
     out = sys.stdout
     out.write(f"simulated cluster: {len(nodes)} nodes ({nodes[0].talos_version}, scenario {spec.scenario})\n")
@@ -160,13 +176,10 @@ def _up(args: argparse.Namespace) -> int:
     for n in nodes:
         gpus = f"{len(n.gpus)}x {n.gpus[0].model}" if n.gpus else "no GPU"
         out.write(f"  {n.address:<12} {n.name:<18} {n.role:<13} {gpus}\n")
+    kubeconfig = f" KUBECONFIG={paths.kubeconfig}" if paths.kubeconfig.exists() else ""
     out.write(
-        "\nUse it from a shell:\n"
-        f"  export PATH={paths.bin_dir}:$PATH TALOSCONFIG={paths.talosconfig}"
-        + (f" KUBECONFIG={paths.kubeconfig}" if paths.kubeconfig.exists() else "")
-        + "\n"
+        f"\nUse it from a shell:\n  export PATH={paths.bin_dir}:$PATH TALOSCONFIG={paths.talosconfig}{kubeconfig}\n"
     )
-    return 0
 
 
 def _start_talos(state_dir: Path, spec: cluster.ClusterSpec, nodes: list[Any]) -> str:
