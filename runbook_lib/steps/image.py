@@ -99,6 +99,15 @@ class NodeState:
     """The talosctl client's own tag (it decides which upgrade API is used)."""
 
 
+@dataclass(frozen=True)
+class _Timing:
+    """The waits of one run, resolved once (the ``timeouts`` parameters fill what the caller left out)."""
+
+    upgrade_timeout: float
+    settle_timeout: float
+    poll_interval: float
+
+
 def planned_image(ctx: Context, node: Node, platform: str = "metal") -> NodeImage:
     """The node's GPU schematic (the plan's, see ``model.plan.node_schematic``) and the installer carrying it.
 
@@ -194,44 +203,83 @@ def image_upgrade(
 
     Timeouts default to the ``timeouts`` parameters.
     """
-    upgrade_timeout = upgrade_timeout or float(ctx.params.timeouts.upgrade_seconds)
-    settle_timeout = settle_timeout or float(ctx.params.timeouts.node_ready_seconds)
+    timing = _Timing(
+        upgrade_timeout=upgrade_timeout or float(ctx.params.timeouts.upgrade_seconds),
+        settle_timeout=settle_timeout or float(ctx.params.timeouts.node_ready_seconds),
+        poll_interval=poll_interval,
+    )
     do_apply = ctx.apply if apply is None else apply
-    target = ctx.params.talos_version
     result = StepResult(step=STEP, applied=do_apply)
     nodes = ctx.nodes(only)
     # read once: the installer's facts and the config-patch check both need them
     configs = read_configs(ctx, nodes)
     facts = image_risks.read_facts(ctx, nodes, configs)
+    plans, schematics = _plan_images(ctx, result, nodes, facts)
+    if do_apply and _refuse_before_config_patch(ctx, result, nodes, configs[0]):
+        return _finish(result)
+
+    todo, results, states = _sort_nodes(ctx, result, nodes, plans, facts)
+    schedule = _plan_commands(ctx, result, todo, schematics)
+    factory_ok = _factory_checks(ctx, result, todo, factory, register=do_apply)
+    from_versions = [states[p.node.address].version for p in todo]
+    if not do_apply:
+        return _finish(_dry_run(ctx, result, todo, results, from_versions))
+    if not _clear_to_roll_out(ctx, result, todo, results, from_versions, factory_ok=factory_ok):
+        return _finish(result)
+
+    return _finish(_apply_rollout(ctx, result, schedule, todo, results, progress=progress, timing=timing))
+
+
+def _plan_images(
+    ctx: Context, result: StepResult, nodes: list[Node], facts: dict[str, NodeFacts]
+) -> tuple[dict[str, NodeImage], dict[str | None, Schematic]]:
+    """Each node's plan by address, and the distinct schematics; recorded first, so that even a run refused
+    later shows which installer and schematic each node would have got."""
     plans = {
         n.address: planned_image(ctx, n, image_risks.installer_platform(ctx, facts[n.address])) for n in nodes
     }
     result.data["installer_images"] = {n.name: plans[n.address].image for n in nodes}
     schematics = {p.schematic_id: p.schematic for p in plans.values() if p.schematic is not None}
     result.data["schematics"] = {sid: s.canonical_yaml() for sid, s in schematics.items() if s is not None}
+    return plans, schematics
 
-    if do_apply:
-        missing = _config_patch_missing(ctx, nodes, configs[0])
-        if missing:
-            # The config patch must come first: the kmod extension blacklists the NVIDIA modules, so a node
-            # booting it without them in its config hangs for BootTimeout and rolls back (see
-            # notebook/steps.py); before 1.5 the stock installer also installs only the extensions
-            # machine.install.extensions lists.  Nothing is upgraded, on any node.
-            for node in nodes:
-                res = NodeResult(
-                    node=node.name, address=node.address, status="failed" if node in missing else "skipped"
-                )
-                res.message = (
-                    "the machine config does not carry the NVIDIA modules patch yet (upgrading now would hang "
-                    "the boot and roll back): run the config-patch step first "
-                    "(runbook run --steps config-patch --apply), then this step"
-                    if node in missing
-                    else "not touched: another node's config lacks the modules patch"
-                )
-                result.nodes.append(res)
-            return _finish(result)
 
-    todo, results, states = _sort_nodes(ctx, result, nodes, plans, facts)
+def _refuse_before_config_patch(
+    ctx: Context, result: StepResult, nodes: list[Node], configs: dict[str, list[dict[str, Any]]]
+) -> bool:
+    """True (and every node failed or skipped) when a node's config lacks the modules patch: the upgrade
+    must not start on any node then, not even on those whose config is ready."""
+    missing = _config_patch_missing(ctx, nodes, configs)
+    if not missing:
+        return False
+    # The config patch must come first: the kmod extension blacklists the NVIDIA modules, so a node
+    # booting it without them in its config hangs for BootTimeout and rolls back (see
+    # notebook/steps.py); before 1.5 the stock installer also installs only the extensions
+    # machine.install.extensions lists.  Nothing is upgraded, on any node.
+    for node in nodes:
+        res = NodeResult(
+            node=node.name, address=node.address, status="failed" if node in missing else "skipped"
+        )
+        res.message = (
+            "the machine config does not carry the NVIDIA modules patch yet (upgrading now would hang "
+            "the boot and roll back): run the config-patch step first "
+            "(runbook run --steps config-patch --apply), then this step"
+            if node in missing
+            else "not touched: another node's config lacks the modules patch"
+        )
+        result.nodes.append(res)
+    return True
+
+
+def _plan_commands(
+    ctx: Context,
+    result: StepResult,
+    todo: list[NodeImage],
+    schematics: dict[str | None, Schematic],
+) -> Schedule:
+    """Record the exact commands, boot assets and notes, and the batches they would run in: a dry run and an
+    applied run show the same plan, so Approve applies what was shown."""
+    target = ctx.params.talos_version
     result.data["commands"] = [shlex.join(upgrade_command(ctx, p)) for p in todo]
     result.data["boot_assets"] = {
         sid: boot_asset_urls(ctx.endpoints.image_factory_url, sid, target, secureboot=ctx.params.secureboot)
@@ -239,33 +287,68 @@ def image_upgrade(
         if sid is not None
     }
     _plan_notes(ctx, result, todo)
-    schedule = rollout_schedule(ctx, result, [p.node.name for p in todo])
+    return rollout_schedule(ctx, result, [p.node.name for p in todo])
 
-    factory_ok = _factory_checks(ctx, result, todo, factory, register=do_apply)
+
+def _dry_run(
+    ctx: Context,
+    result: StepResult,
+    todo: list[NodeImage],
+    results: dict[str, NodeResult],
+    from_versions: list[str | None],
+) -> StepResult:
+    """Mark the nodes to do as planned and show what follows the upgrade: a dry run changes nothing, but
+    it must show every later change the applied run would make."""
+    gpu_operator_handover.before_upgrade(ctx, result, from_versions, dry_run=True)
+    for plan in todo:
+        results[plan.node.address].status = "planned"
+    if ctx.params.default_runtime_patch:
+        result.notes.append(
+            "after the upgrade, the default-runtime patch is applied to the upgraded nodes "
+            "(a reboot up to Talos 1.13): it needs the toolkit's nvidia runtime"
+        )
+    return _default_runtime_after_upgrade(ctx, result, apply=False)
+
+
+def _clear_to_roll_out(
+    ctx: Context,
+    result: StepResult,
+    todo: list[NodeImage],
+    results: dict[str, NodeResult],
+    from_versions: list[str | None],
+    *,
+    factory_ok: bool,
+) -> bool:
+    """True when the rollout may start; otherwise every node to do is marked untouched with the reason, since
+    one blocked node or a failed factory check stops the whole rollout, not just that node."""
     blocked = [r for r in result.nodes if r.status == "failed"]
-    from_versions = [states[p.node.address].version for p in todo]
-    if not do_apply:
-        gpu_operator_handover.before_upgrade(ctx, result, from_versions, dry_run=True)
-        for plan in todo:
-            results[plan.node.address].status = "planned"
-        if ctx.params.default_runtime_patch:
-            result.notes.append(
-                "after the upgrade, the default-runtime patch is applied to the upgraded nodes "
-                "(a reboot up to Talos 1.13): it needs the toolkit's nvidia runtime"
-            )
-        return _finish(_default_runtime_after_upgrade(ctx, result, apply=False))
     if blocked or not factory_ok:
         reason = "a node cannot be read or upgraded safely" if blocked else "the Image Factory checks failed"
         for plan in todo:
             _untouched(results[plan.node.address], f"not touched: {reason}, nothing was changed")
-        return _finish(result)
+        return False
     if not gpu_operator_handover.before_upgrade(ctx, result, from_versions, dry_run=False):
         for plan in todo:  # Talos 1.13 upgrade notes: the device plugin goes before any node is upgraded
             _untouched(
                 results[plan.node.address], "not touched: the device plugin could not be removed first"
             )
-        return _finish(result)
+        return False
+    return True
 
+
+def _apply_rollout(
+    ctx: Context,
+    result: StepResult,
+    schedule: Schedule,
+    todo: list[NodeImage],
+    results: dict[str, NodeResult],
+    *,
+    progress: Progress | None,
+    timing: _Timing,
+) -> StepResult:
+    """Upgrade the nodes batch by batch, then apply the default-runtime patch: it waits for the image because
+    the ``nvidia`` runtime it names comes with the toolkit extension (``_default_runtime_after_upgrade``)."""
+    target = ctx.params.talos_version
     _roll_out(
         schedule,
         todo,
@@ -276,14 +359,14 @@ def image_upgrade(
             batch,
             results,
             target=target,
-            upgrade_timeout=upgrade_timeout,
-            settle_timeout=settle_timeout,
-            poll_interval=poll_interval,
+            upgrade_timeout=timing.upgrade_timeout,
+            settle_timeout=timing.settle_timeout,
+            poll_interval=timing.poll_interval,
         ),
         log=result.data.setdefault("rollout", []),
         events=ctx.events,
     )
-    return _finish(_default_runtime_after_upgrade(ctx, result, apply=True))
+    return _default_runtime_after_upgrade(ctx, result, apply=True)
 
 
 def _roll_out(

@@ -10,9 +10,19 @@ so a re-run shows at a glance which steps will be no-ops.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from runbook_lib.errors import RunbookError
 from runbook_lib.model.machineconfig import contains
-from runbook_lib.model.parsers import extension_versions, extensions_from_resources, schematic_id
+from runbook_lib.model.params import Node
+from runbook_lib.model.parsers import (
+    TalosResource,
+    extension_versions,
+    extensions_from_resources,
+    schematic_id,
+)
+from runbook_lib.model.pci import PciDevice
 from runbook_lib.model.versions import TalosVersion
 
 from . import fixes
@@ -22,14 +32,39 @@ from .patch import read_configs, wanted_documents
 from .results import Check, NodeResult, StepResult
 
 
+@dataclass(frozen=True)
+class _NodeReads:
+    """What the nodes answered, each read one fan-out call for all nodes (never one call per node)."""
+
+    servers: dict[str, str]
+    errors: dict[str, str]
+    extensions: dict[str, list[TalosResource]]
+    pci: dict[str, list[PciDevice]]
+    configs: dict[str, list[dict[str, Any]]]
+    config_errors: dict[str, str]
+
+
 def preflight(ctx: Context, *, only: list[str] | None = None) -> StepResult:
     nodes = ctx.nodes(only)
     addresses = [n.address for n in nodes]
     result = StepResult(step="preflight", applied=False)
-    plan = ctx.plan
-    versions: dict[str, str] = {}
 
     client, servers, errors = ctx.talosctl.version(addresses)
+    result.data["versions"] = _tool_versions(ctx, result, client)
+    reads = _read_nodes(ctx, nodes, addresses, servers, errors)
+    for node in nodes:
+        res = NodeResult(node=node.name, address=node.address)
+        result.nodes.append(res)
+        _check_node(ctx, res, node, reads)
+    _count_done(ctx, result, nodes, reads.config_errors)
+    _cluster_progress(ctx, result)
+    return result.finish()
+
+
+def _tool_versions(ctx: Context, result: StepResult, client: str | None) -> dict[str, str]:
+    """Check talosctl, helm and the Kubernetes API and return their versions: a missing or unusable tool
+    fails preflight, before any step changes a node, and the report shows which versions ran."""
+    versions: dict[str, str] = {}
     result.checks.append(_client_check(client, ctx.params.talos))
     versions["talosctl"] = client or "unknown"
     try:
@@ -46,60 +81,78 @@ def preflight(ctx: Context, *, only: list[str] | None = None) -> StepResult:
         result.checks.append(
             Check("kubernetes API", False, exc.message, fix=exc.hint or "check the kubeconfig parameter")
         )
-    result.data["versions"] = versions
+    return versions
 
+
+def _read_nodes(
+    ctx: Context, nodes: list[Node], addresses: list[str], servers: dict[str, str], errors: dict[str, str]
+) -> _NodeReads:
+    """Read extensions, PCI devices and machine configs of all nodes up front, so the per-node checks
+    make no calls of their own (one call per node would not scale to large clusters)."""
     extensions = ctx.talosctl.get("extensions", addresses)
     ext_by_node = extensions.by_node()
     pci = read_pci(ctx, [a for a in addresses if a in servers])
     configs, config_errors = read_configs(ctx, nodes)
-    wanted_talos = ctx.params.talos
-    for node in nodes:
-        res = NodeResult(node=node.name, address=node.address)
-        result.nodes.append(res)
-        if node.address in errors or node.address not in servers:
-            res.status = "failed"
-            res.message = f"unreachable: {errors.get(node.address, 'no answer to talosctl version')}"
-            res.checks.append(
-                Check(
-                    "reachable",
-                    False,
-                    res.message,
-                    fix=fixes.unreachable(node.address, "preflight"),
-                    cause="node down or rebooting",
-                )
-            )
-            continue
-        running = servers[node.address]
-        res.data["talos_version"] = running
-        same = _same_release(running, wanted_talos)
-        res.checks.append(
-            Check(
-                "Talos version",
-                same,
-                f"runs {running}" + ("" if same else f", the plan is for {wanted_talos}"),
-                fix=""
-                if same
-                else f"upgrade the node to {wanted_talos} first, or set talos_version: {running}",
-            )
+    return _NodeReads(servers, errors, ext_by_node, pci, configs, config_errors)
+
+
+def _check_node(ctx: Context, res: NodeResult, node: Node, reads: _NodeReads) -> None:
+    """Fill one node's result.  Only what would make a later step harm the node fails it (unreachable, another
+    release, no GPU: the module docstring says why); the rest is progress, so a re-run shows the no-op steps."""
+    if node.address in reads.errors or node.address not in reads.servers:
+        _unreachable(res, node, reads.errors)
+        return
+    running = reads.servers[node.address]
+    res.data["talos_version"] = running
+    res.checks.append(_version_check(running, ctx.params.talos))
+    exts = extensions_from_resources(reads.extensions.get(node.address, []))
+    names = extension_versions(exts)
+    nvidia = {k: v for k, v in names.items() if "nvidia" in k}
+    plan = ctx.plan
+    planned_schematic = next((p.schematic_id for p in plan.nodes if p.name == node.name), plan.schematic_id)
+    res.data["nvidia_extensions"] = nvidia
+    if node.address in reads.pci:
+        res.checks.append(gpu_check(ctx, node, reads.pci[node.address], has_gpu_image=bool(nvidia)))
+    res.data["image_done"] = bool(planned_schematic) and schematic_id(exts) == planned_schematic
+    res.data["config_done"] = node.address in reads.configs and contains(
+        reads.configs[node.address], wanted_documents(ctx, node)
+    )
+    res.status = "ok" if all(c.ok for c in res.checks) else "failed"
+    res.message = (
+        f"{running}; NVIDIA extensions: {', '.join(f'{k} {v}' for k, v in nvidia.items()) or 'none'}; "
+        f"image {'done' if res.data['image_done'] else 'to do'}, config {'done' if res.data['config_done'] else 'to do'}"
+    )
+
+
+def _unreachable(res: NodeResult, node: Node, errors: dict[str, str]) -> None:
+    """Fail a node that did not answer: nothing else about it can be known, and a step would fail on it."""
+    res.status = "failed"
+    res.message = f"unreachable: {errors.get(node.address, 'no answer to talosctl version')}"
+    res.checks.append(
+        Check(
+            "reachable",
+            False,
+            res.message,
+            fix=fixes.unreachable(node.address, "preflight"),
+            cause="node down or rebooting",
         )
-        exts = extensions_from_resources(ext_by_node.get(node.address, []))
-        names = extension_versions(exts)
-        nvidia = {k: v for k, v in names.items() if "nvidia" in k}
-        planned_schematic = next(
-            (p.schematic_id for p in plan.nodes if p.name == node.name), plan.schematic_id
-        )
-        res.data["nvidia_extensions"] = nvidia
-        if node.address in pci:
-            res.checks.append(gpu_check(ctx, node, pci[node.address], has_gpu_image=bool(nvidia)))
-        res.data["image_done"] = bool(planned_schematic) and schematic_id(exts) == planned_schematic
-        res.data["config_done"] = node.address in configs and contains(
-            configs[node.address], wanted_documents(ctx, node)
-        )
-        res.status = "ok" if all(c.ok for c in res.checks) else "failed"
-        res.message = (
-            f"{running}; NVIDIA extensions: {', '.join(f'{k} {v}' for k, v in nvidia.items()) or 'none'}; "
-            f"image {'done' if res.data['image_done'] else 'to do'}, config {'done' if res.data['config_done'] else 'to do'}"
-        )
+    )
+
+
+def _version_check(running: str, wanted_talos: TalosVersion) -> Check:
+    """A node on another release than the plan would get the wrong installer and kernel-module tag."""
+    same = _same_release(running, wanted_talos)
+    return Check(
+        "Talos version",
+        same,
+        f"runs {running}" + ("" if same else f", the plan is for {wanted_talos}"),
+        fix="" if same else f"upgrade the node to {wanted_talos} first, or set talos_version: {running}",
+    )
+
+
+def _count_done(ctx: Context, result: StepResult, nodes: list[Node], config_errors: dict[str, str]) -> None:
+    """Count the nodes whose image and config are done, out of all listed nodes (unreachable ones count as
+    not done), and say what could not be checked, so a partial answer is not taken for progress."""
     reachable = [n for n in result.nodes if "image_done" in n.data]
     result.data["done"] = {
         "image": f"{sum(bool(n.data['image_done']) for n in reachable)}/{len(nodes)}",
@@ -110,6 +163,12 @@ def preflight(ctx: Context, *, only: list[str] | None = None) -> StepResult:
     unchecked = not_checked_note(ctx)
     if unchecked:
         result.notes.append(unchecked)
+
+
+def _cluster_progress(ctx: Context, result: StepResult) -> None:
+    """Record whether the RuntimeClass and the Helm release exist; an unreadable API is only a note, since
+    this is progress to report, not a reason to stop."""
+    plan = ctx.plan
     try:
         runtime_class = ctx.kube.runtime_class("nvidia")
         result.data["done"]["runtimeclass"] = runtime_class is not None
@@ -117,7 +176,6 @@ def preflight(ctx: Context, *, only: list[str] | None = None) -> StepResult:
         result.data["done"]["helm_release"] = f"{release.chart} ({release.status})" if release else None
     except RunbookError as exc:
         result.notes.append(f"Kubernetes state not read: {exc.message}")
-    return result.finish()
 
 
 def _client_check(client: str | None, wanted: TalosVersion) -> Check:
