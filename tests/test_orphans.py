@@ -48,7 +48,11 @@ def test_a_killed_sessions_servers_are_stopped_and_a_running_sessions_are_not(
     unknown = server(started, unmarked / "sim")
     mine = server(started, ours / "sim")
     orphans.mark_owner(killed, dead_pid())
-    orphans.mark_owner(running)  # this pytest: alive, and a pytest
+    owner = subprocess.Popen(["pytest", "-c", "import time; time.sleep(120)"], executable=sys.executable)
+    started.append(
+        owner
+    )  # a running pytest (as its argv says); this test's own process may be an xdist worker
+    orphans.mark_owner(running, owner.pid)
     orphans.mark_owner(ours, dead_pid())
 
     found = orphans.orphans(root, current=ours)
