@@ -46,10 +46,9 @@ from . import records
 from .record_content import (
     REPO,
     StepOutcome,
-    abbreviate_node_lists,
     compact_plan,
-    fold_commands,
     journal_record,
+    split_journal,
 )
 from .render import html_page, render_html
 from .steps import journal_file
@@ -220,8 +219,7 @@ class InteractiveRecorder:
         entries: list[dict[str, Any]],
         error: RunbookError | None,
     ) -> dict[str, Any]:
-        journal = [journal_record(self.step, entry) for entry in entries]
-        changes = [entry for entry in journal if entry.get("changes_cluster")]
+        changes, commands = split_journal([journal_record(self.step, entry) for entry in entries])
         outcome = StepOutcome(
             self.step,
             self.notebook_file,
@@ -258,7 +256,7 @@ class InteractiveRecorder:
             "plan": compact_plan(build_plan(self.params).to_dict()),
             "steps": [outcome.to_record()],
             "changes": changes,
-            "commands": abbreviate_node_lists(fold_commands(journal)),
+            "commands": commands,
         }
 
     def _secrets(self) -> list[str]:

@@ -225,6 +225,10 @@ def verification(outcomes: list[StepOutcome]) -> dict[str, Any]:
 def journal_sections(outcomes: list[StepOutcome]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The record's ``changes`` (every call that changed the cluster, in full) and ``commands`` (every call,
     repeated reads folded and long node lists abbreviated)."""
-    entries = [journal_record(o.name, e) for o in outcomes for e in o.journal]
+    return split_journal([journal_record(o.name, e) for o in outcomes for e in o.journal])
+
+
+def split_journal(entries: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """:func:`journal_sections` of entries already in the record's form (:func:`journal_record`)."""
     changes = [e for e in entries if e.get("changes_cluster")]
     return changes, abbreviate_node_lists(fold_commands(entries))
