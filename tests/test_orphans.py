@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,11 +26,22 @@ def started() -> Iterator[list[subprocess.Popen[bytes]]]:
         proc.wait()
 
 
+def shows_argv(proc: subprocess.Popen[bytes]) -> subprocess.Popen[bytes]:
+    """Wait until ``/proc/<pid>/cmdline`` holds the program's arguments. ``Popen`` returns once the child has
+    entered ``execve``, and the kernel lets the parent go on before it has set up the new program's
+    arguments: on 4 Dec 2026, 201 of 300 reads right after ``Popen`` found the cmdline empty (CI failed on it
+    with ``assert [] == [pid]``). A real orphan has long been running when a session starts."""
+    deadline = time.monotonic() + 10
+    while not any(orphans._argv(proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return proc
+
+
 def server(procs: list[subprocess.Popen[bytes]], state: Path) -> subprocess.Popen[bytes]:
     state.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "--state", str(state)])
     procs.append(proc)
-    return proc
+    return shows_argv(proc)
 
 
 def dead_pid() -> int:
@@ -48,7 +60,9 @@ def test_a_killed_sessions_servers_are_stopped_and_a_running_sessions_are_not(
     unknown = server(started, unmarked / "sim")
     mine = server(started, ours / "sim")
     orphans.mark_owner(killed, dead_pid())
-    owner = subprocess.Popen(["pytest", "-c", "import time; time.sleep(120)"], executable=sys.executable)
+    owner = shows_argv(
+        subprocess.Popen(["pytest", "-c", "import time; time.sleep(120)"], executable=sys.executable)
+    )
     started.append(
         owner
     )  # a running pytest (as its argv says); this test's own process may be an xdist worker
