@@ -148,3 +148,21 @@ def connect(params: Params, *, journal: Journal | None = None, state_dir: Path |
         talosctl=Talosctl(endpoints.talosctl, talosconfig=endpoints.talosconfig, runner=runner),
         helm=Helm(endpoints.helm, kubeconfig=endpoints.kubeconfig, runner=runner),
     )
+
+
+def wait_seconds(given: float | None, default: float, name: str) -> float:
+    """A step's wait: the caller's ``name`` argument, else the ``timeouts`` parameter ``default``.
+
+    Why not ``given or default``: that turned an explicit ``0`` into the parameter's value without a word.
+    A wait of 0 s or less cannot be met (every node would time out at once), so it is refused, naming the
+    argument, before the step reads or changes anything; the ``timeouts`` parameters refuse it the same way.
+    """
+    if given is None:
+        return float(default)
+    if given <= 0:
+        raise PermanentError(
+            f"{name}={given:g}: a wait must be more than 0 seconds",
+            hint=f"leave {name} out to use the timeouts parameters ({float(default):g} s here), or give a "
+            "positive number of seconds",
+        )
+    return float(given)

@@ -39,7 +39,7 @@ from runbook_lib.model.upgrade_risks import dropped_extensions
 from runbook_lib.model.versions import TalosVersion
 
 from . import fixes, gpu_operator_handover, image_diagnosis, image_risks
-from .context import Context
+from .context import Context, wait_seconds
 from .events import Events
 from .image_risks import NodeFacts
 from .patch import (
@@ -204,8 +204,8 @@ def image_upgrade(
     Timeouts default to the ``timeouts`` parameters.
     """
     timing = _Timing(
-        upgrade_timeout=upgrade_timeout or float(ctx.params.timeouts.upgrade_seconds),
-        settle_timeout=settle_timeout or float(ctx.params.timeouts.node_ready_seconds),
+        upgrade_timeout=wait_seconds(upgrade_timeout, ctx.params.timeouts.upgrade_seconds, "upgrade_timeout"),
+        settle_timeout=wait_seconds(settle_timeout, ctx.params.timeouts.node_ready_seconds, "settle_timeout"),
         poll_interval=poll_interval,
     )
     do_apply = ctx.apply if apply is None else apply

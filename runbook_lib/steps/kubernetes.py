@@ -20,7 +20,7 @@ from runbook_lib.errors import PermanentError, RunbookError
 from runbook_lib.model.profiles import GPU_OPERATOR_VALUES
 
 from . import gpu_operator_handover, kube_diagnosis, operator_runtime_class
-from .context import Context
+from .context import Context, wait_seconds
 from .results import Check, NodeResult, StepResult
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -44,7 +44,7 @@ def _gpu_count(resources: dict[str, Any] | None) -> int:
 def kubernetes_layer(
     ctx: Context, *, apply: bool | None = None, timeout_s: float | None = None, only: list[str] | None = None
 ) -> StepResult:
-    timeout_s = timeout_s or float(ctx.params.timeouts.kubernetes_seconds)
+    timeout_s = wait_seconds(timeout_s, ctx.params.timeouts.kubernetes_seconds, "timeout_s")
     do_apply = ctx.apply if apply is None else apply
     dry_run = not do_apply
     plan = ctx.plan

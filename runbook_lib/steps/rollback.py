@@ -51,7 +51,7 @@ from runbook_lib.model.rollout import Schedule
 from runbook_lib.model.versions import TalosVersion
 
 from . import gpu_operator_handover, image_risks
-from .context import Context
+from .context import Context, wait_seconds
 from .image import MAX_PARALLEL_UPGRADES, NodeState, read_states
 from .patch import log_batch, pause_before, read_configs, rollout_schedule, wait_for_nodes
 from .results import Check, NodeResult, StepResult
@@ -106,6 +106,7 @@ def rollback(
             "rollback.records names no change record: there is no evidence of where the runbook found the nodes",
             hint="runbook rollback -p PARAMS --from RECORD (`runbook records list` shows the names)",
         )
+    timeout = wait_seconds(settle_timeout, ctx.params.timeouts.node_ready_seconds, "settle_timeout")
     do_apply = ctx.apply if apply is None else apply
     result = StepResult(step=STEP, applied=do_apply)
     result.data["records"] = list(evidence.records)
@@ -134,7 +135,6 @@ def rollback(
                 results[plan.node.address], "not touched: the Kubernetes layer could not be removed first"
             )
         return result.finish()
-    timeout = settle_timeout or float(ctx.params.timeouts.node_ready_seconds)
     log = result.data.setdefault("rollout", [])
     _roll_out(ctx, schedule, todo, results, progress, timeout=timeout, interval=poll_interval, log=log)
     return result.finish()
