@@ -56,7 +56,7 @@ unit: $(STAMP)
 
 test: setup lint typecheck unit
 
-# make bench: issue 16's figures aimed at about 10 minutes on 2 cores (11.6 min on 4 Dec 2026 with nothing else running, 36 at load 25-83); bench-full adds the long variants (the whole
+# make bench: issue 16's figures aimed at about 10 minutes on 2 cores (10.7-11.6 min on 4 Dec 2026 with nothing else running, 36 at load 25-83); bench-full adds the long variants (the whole
 # change at 1,000 nodes, every floor candidate, the Python simulator's issue 8 figures), about an hour.
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks
