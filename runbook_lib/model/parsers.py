@@ -726,81 +726,98 @@ def _parse_smi_table(text: str) -> NvidiaSmi:
     if not header:
         raise OutputParseError("nvidia-smi table without its 'NVIDIA-SMI … Driver Version:' header line")
     cuda = header["cuda"] if header["cuda"] and header["cuda"] != "N/A" else None
-    gpus: list[Gpu] = []
-    migs: list[MigDevice] = []
-    section = "gpus"
-    # A GPU block is three lines: index/name/bus-id, fan/power/memory, then the MIG-mode cell.
-    pending: dict[str, Any] | None = None
-    pending_line = 0
-
-    def flush() -> None:
-        nonlocal pending
-        if pending is not None:
-            gpus.append(Gpu(**pending))
-            pending = None
-
+    table = _SmiTable()
     for line in text.splitlines():
-        body = line.strip()
-        if "MIG devices:" in body:
-            flush()
-            section = "mig"
-            continue
-        if body.startswith("| Processes") or "Processes:" in body:
-            flush()
-            section = "processes"
-            continue
-        if not body.startswith("|") or set(body) <= set("|+-=: "):
-            if body.startswith("+") and pending is not None and pending_line >= 2:
-                flush()
-            continue
-        cells = _cells(body)
-        if section == "gpus":
-            if len(cells) >= 2:
-                gpu_cell = _GPU_CELL_RE.match(cells[0])
-                bus = _BUS_ID_RE.match(cells[1])
-                if gpu_cell and bus:
-                    flush()
-                    pending = {
-                        "index": int(gpu_cell["index"]),
-                        "name": gpu_cell["name"],
-                        "bus_id": bus["bus"],
-                    }
-                    pending_line = 1
-                    continue
-            if pending is not None and pending_line == 1 and len(cells) >= 2:
-                memory = _MEM_RE.search(cells[1])
-                if memory:
-                    pending["memory_mib"] = int(memory["total"])
-                pending_line = 2
-                continue
-            if pending is not None and pending_line == 2 and len(cells) >= 3:
-                last = cells[-1].split()
-                if last and last[-1] in ("Enabled", "Disabled", "N/A"):
-                    pending["mig_mode"] = last[-1]
-                pending_line = 3
-                flush()
-        elif section == "mig" and len(cells) >= 2:
-            row = _MIG_ROW_RE.match(cells[0])
-            if row:
-                memory = _MEM_RE.search(cells[1])
-                migs.append(
-                    MigDevice(
-                        gpu_index=int(row["gpu"]),
-                        gpu_instance=int(row["gi"]),
-                        compute_instance=int(row["ci"]),
-                        device_index=int(row["dev"]),
-                        memory_mib=int(memory["total"]) if memory else None,
-                    )
-                )
-    flush()
+        table.read(line)
+    table.flush()
     return NvidiaSmi(
-        gpus=tuple(gpus),
+        gpus=tuple(table.gpus),
         driver_version=header["driver"],
         cuda_version=cuda,
         smi_version=header["smi"],
-        mig_devices=tuple(migs),
+        mig_devices=tuple(table.migs),
         source="table",
     )
+
+
+@dataclass
+class _SmiTable:
+    """The nvidia-smi table read line by line: the section a line is in (GPUs, MIG devices, processes) and the
+    GPU block being read. A GPU block is three lines: index/name/bus-id, fan/power/memory, then the MIG-mode
+    cell; a block is complete at its third line or at the border after its second (tables without MIG mode)."""
+
+    gpus: list[Gpu] = field(default_factory=list)
+    migs: list[MigDevice] = field(default_factory=list)
+    section: Literal["gpus", "mig", "processes"] = "gpus"
+    pending: dict[str, Any] | None = None
+    pending_line: int = 0
+
+    def flush(self) -> None:
+        if self.pending is not None:
+            self.gpus.append(Gpu(**self.pending))
+            self.pending = None
+
+    def read(self, line: str) -> None:
+        body = line.strip()
+        if "MIG devices:" in body:
+            self.flush()
+            self.section = "mig"
+            return
+        if body.startswith("| Processes") or "Processes:" in body:
+            self.flush()
+            self.section = "processes"
+            return
+        if not body.startswith("|") or set(body) <= set("|+-=: "):
+            if body.startswith("+") and self.pending is not None and self.pending_line >= 2:
+                self.flush()
+            return
+        cells = _cells(body)
+        if self.section == "gpus":
+            self._gpu_line(cells)
+        elif self.section == "mig" and len(cells) >= 2:
+            self._mig_line(cells)
+
+    def _gpu_line(self, cells: list[str]) -> None:
+        if len(cells) >= 2:
+            gpu_cell = _GPU_CELL_RE.match(cells[0])
+            bus = _BUS_ID_RE.match(cells[1])
+            if gpu_cell and bus:
+                self.flush()
+                self.pending = {
+                    "index": int(gpu_cell["index"]),
+                    "name": gpu_cell["name"],
+                    "bus_id": bus["bus"],
+                }
+                self.pending_line = 1
+                return
+        if self.pending is None:
+            return
+        if self.pending_line == 1 and len(cells) >= 2:
+            memory = _MEM_RE.search(cells[1])
+            if memory:
+                self.pending["memory_mib"] = int(memory["total"])
+            self.pending_line = 2
+        elif self.pending_line == 2 and len(cells) >= 3:
+            last = cells[-1].split()
+            if last and last[-1] in ("Enabled", "Disabled", "N/A"):
+                self.pending["mig_mode"] = last[-1]
+            self.pending_line = 3
+            self.flush()
+
+    def _mig_line(self, cells: list[str]) -> None:
+        row = _MIG_ROW_RE.match(cells[0])
+        if row is None:
+            return
+        memory = _MEM_RE.search(cells[1])
+        self.migs.append(
+            MigDevice(
+                gpu_index=int(row["gpu"]),
+                gpu_instance=int(row["gi"]),
+                compute_instance=int(row["ci"]),
+                device_index=int(row["dev"]),
+                memory_mib=int(memory["total"]) if memory else None,
+            )
+        )
 
 
 def parse_nvidia_smi_list(text: str) -> NvidiaSmi:
