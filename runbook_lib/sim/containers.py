@@ -180,40 +180,53 @@ def _smi(argv: list[str], view: NodeView) -> str:
 def program(
     pod: dict[str, Any], container: dict[str, Any], view: NodeView, handler: str, config_replicas: int
 ) -> Outcome:
-    """Decide what ``container`` of ``pod`` does on this node with this runtime handler."""
-    image = str(container.get("image") or "")
+    """Decide what ``container`` of ``pod`` does on this node with this runtime handler: the GPU stack's own
+    images first (device plugin, GPU Feature Discovery, NFD, the operator's driver and toolkit containers),
+    then what a user's container runs (CUDA samples, ``nvidia-smi``, shell one-liners)."""
     argv = _argv(container)
-    env = _env(container)
     visible, start_error, why = _gpu_access(view, handler)
-    wants_gpu = handler == "nvidia"
-    if wants_gpu and start_error:
+    if handler == "nvidia" and start_error:
         return Outcome(start_error=start_error)
-    if "k8s-device-plugin" in image and not any("gpu-feature-discovery" in a for a in argv):
-        fail_on_init = env.get("FAIL_ON_INIT_ERROR", "true").lower() != "false"
+    stack = _gpu_stack(pod, container, argv, view, visible=visible, why=why, config_replicas=config_replicas)
+    if stack is not None:
+        return stack
+    image = str(container.get("image") or "")
+    return _workload(image, argv, view, wants_gpu=handler == "nvidia", visible=visible, why=why)
+
+
+def _gpu_stack(
+    pod: dict[str, Any],
+    container: dict[str, Any],
+    argv: list[str],
+    view: NodeView,
+    *,
+    visible: bool,
+    why: str | None,
+    config_replicas: int,
+) -> Outcome | None:
+    """The device plugin registers ``nvidia.com/gpu`` (times its time-slicing replicas) or exits as
+    ``FAIL_ON_INIT_ERROR`` says (NVIDIA/k8s-device-plugin@v0.18.0 cmd/nvidia-device-plugin/main.go, checked in
+    tests/sim/test_sim_up_real_kube.py); GFD and NFD label the node (internal/lm, tests/sim/test_gpu_operator_real.py);
+    None when the image is none of the stack's."""
+    image = str(container.get("image") or "")
+    gfd = any("gpu-feature-discovery" in a for a in argv)
+    if "k8s-device-plugin" in image and not gfd:
+        fail_on_init = _env(container).get("FAIL_ON_INIT_ERROR", "true").lower() != "false"
         ok = visible and bool(view.sim.gpus)
         log = nvidia.device_plugin_log(ok, GPU_RESOURCE, fail_on_init)
         if ok:
             return Outcome(log=log, registers={GPU_RESOURCE: len(view.sim.gpus) * max(config_replicas, 1)})
         return Outcome(log=log, exit_code=1 if fail_on_init else None)
-    if "gpu-feature-discovery" in image or any("gpu-feature-discovery" in a for a in argv):
-        if not visible:
-            return Outcome(
-                log="E1129 gpu-feature-discovery: failed to initialize NVML: "
-                + (why or "ERROR_LIBRARY_NOT_FOUND")
-                + "\n",
-                exit_code=1,
-            )
-        g = view.sim.gpus[0] if view.sim.gpus else None
-        labels = {"nvidia.com/gpu.count": str(len(view.sim.gpus)), "nvidia.com/gpu.present": "true"}
-        if g:
-            labels["nvidia.com/gpu.product"] = g.model.replace(" ", "-")
-            labels["nvidia.com/gpu.memory"] = str(g.memory_mib)
-        return Outcome(log="I1129 gpu-feature-discovery: Writing labels to output file\n", node_labels=labels)
+    if "gpu-feature-discovery" in image or gfd:
+        return _feature_discovery(view, visible=visible, why=why)
     if "node-feature-discovery" in image and (
         "worker" in (pod["metadata"].get("name") or "") or "nfd-worker" in argv
     ):
         labels = {NVIDIA_PCI_LABEL: "true"} if view.sim.gpus else {}
         return Outcome(log="I1129 nfd-worker: feature discovery completed\n", node_labels=labels)
+    # The operator's driver and toolkit containers cannot work on Talos (it loads only modules signed with its
+    # build key; its /etc is read-only): they exit 1. Their log text was not found in a source (searched 4 Dec
+    # 2026); the runbook reads neither log, only the validation a node waits in.
     if "nvidia/driver" in image or image.rsplit("/", maxsplit=1)[-1].startswith("driver:"):
         return Outcome(
             log="========== NVIDIA Software Installer ==========\n\nStarting installation of NVIDIA driver\n"
@@ -226,6 +239,31 @@ def program(
             'runtime: unable to write containerd config: open /etc/containerd/config.toml: read-only file system"\n',
             exit_code=1,
         )
+    return None
+
+
+def _feature_discovery(view: NodeView, *, visible: bool, why: str | None) -> Outcome:
+    """GPU Feature Discovery: the count, presence, product and memory labels, or NVML's failure."""
+    if not visible:
+        return Outcome(
+            log="E1129 gpu-feature-discovery: failed to initialize NVML: "
+            + (why or "ERROR_LIBRARY_NOT_FOUND")
+            + "\n",
+            exit_code=1,
+        )
+    g = view.sim.gpus[0] if view.sim.gpus else None
+    labels = {"nvidia.com/gpu.count": str(len(view.sim.gpus)), "nvidia.com/gpu.present": "true"}
+    if g:
+        labels["nvidia.com/gpu.product"] = g.model.replace(" ", "-")
+        labels["nvidia.com/gpu.memory"] = str(g.memory_mib)
+    return Outcome(log="I1129 gpu-feature-discovery: Writing labels to output file\n", node_labels=labels)
+
+
+def _workload(
+    image: str, argv: list[str], view: NodeView, *, wants_gpu: bool, visible: bool, why: str | None
+) -> Outcome:
+    """A user's container: the CUDA vectoradd sample, ``nvidia-smi`` (which the ``nvidia`` runtime mounts in,
+    so without it the exec fails), or a shell one-liner; anything else keeps running."""
     script = _shell_script(argv)
     words = shlex.split(script) if script else argv
     if "vectoradd" in image:
@@ -244,21 +282,25 @@ def program(
         return Outcome(log=_smi(words, view), exit_code=0)
     if "nvidia-smi" in (script or "") and wants_gpu and not why:
         return Outcome(log=_smi(shlex.split(script or "")[1:], view), exit_code=0)
-    if words:
-        head = words[0].rsplit("/", 1)[-1]
-        if head == "echo":
-            return Outcome(log=" ".join(words[1:]) + "\n", exit_code=0)
-        if head in ("true",):
-            return Outcome(exit_code=0)
-        if head in ("false",):
-            return Outcome(exit_code=1)
-        if head == "exit" and len(words) > 1 and words[1].isdigit():
-            return Outcome(exit_code=int(words[1]))
-        if script and "sleep" not in script and "echo" in script:
-            out = [
-                seg.strip()[5:].strip().strip("'\"")
-                for seg in script.split("&&")
-                if seg.strip().startswith("echo ")
-            ]
-            return Outcome(log="".join(o + "\n" for o in out), exit_code=0)
+    return _shell(words, script) if words else Outcome()
+
+
+def _shell(words: list[str], script: str | None) -> Outcome:
+    """``echo``, ``true``, ``false``, ``exit N`` and ``echo … && echo …``; anything else keeps running."""
+    head = words[0].rsplit("/", 1)[-1]
+    if head == "echo":
+        return Outcome(log=" ".join(words[1:]) + "\n", exit_code=0)
+    if head in ("true",):
+        return Outcome(exit_code=0)
+    if head in ("false",):
+        return Outcome(exit_code=1)
+    if head == "exit" and len(words) > 1 and words[1].isdigit():
+        return Outcome(exit_code=int(words[1]))
+    if script and "sleep" not in script and "echo" in script:
+        out = [
+            seg.strip()[5:].strip().strip("'\"")
+            for seg in script.split("&&")
+            if seg.strip().startswith("echo ")
+        ]
+        return Outcome(log="".join(o + "\n" for o in out), exit_code=0)
     return Outcome()
