@@ -63,83 +63,93 @@ def _bus(gpu: Gpu) -> str:
 
 
 def nvidia_smi(driver: str, gpus: list[Gpu], when: datetime | None = None) -> str:
-    """The default ``nvidia-smi`` table in the layout of the driver's branch (three widths over the years)."""
+    """The default ``nvidia-smi`` table in the layout of the driver's branch (three widths over the years):
+    the date line, the GPU table (79 columns before 530, then 89, and 91 from 550), the processes table."""
     when = when or datetime.now(UTC)
     major = int(driver.split(".", maxsplit=1)[0])
     cuda = cuda_version(driver)
     lines = [when.strftime("%a %b %d %H:%M:%S %Y").replace(" 0", "  ", 1) + "       "]
     if major < 530:
-        w = 79
-        lines += [
-            "+" + "-" * (w - 2) + "+",
-            f"| NVIDIA-SMI {driver}    Driver Version: {driver}    CUDA Version: {cuda}".ljust(w - 1) + "|",
-            "|-------------------------------+----------------------+----------------------+",
-            "| GPU  Name        Persistence-M| Bus-Id        Disp.A | Volatile Uncorr. ECC |",
-            "| Fan  Temp  Perf  Pwr:Usage/Cap|         Memory-Usage | GPU-Util  Compute M. |",
-            "|                               |                      |               MIG M. |",
-            "|===============================+======================+======================|",
-        ]
-        for i, g in enumerate(gpus):
-            lines += [
-                f"| {i:>3}  {g.model[:18]:<18}  On   | {_bus(g)} Off |                    0 |",
-                f"| N/A   31C    P8 {9:>5}W / {_watts(g.model):>3}W | {'0MiB':>9} / {str(g.memory_mib) + 'MiB':>8} |      0%      Default |",
-                "|                               |                      |                  N/A |",
-            ]
-        lines.append("+-------------------------------+----------------------+----------------------+")
-        proc_w = w
+        table, width = _narrow_gpu_table(driver, cuda, gpus)
     else:
-        wide = major >= 550
-        mid = 24 if wide else 22
-        cols = (41, mid, 22)
-        w = sum(cols) + 4
+        table, width = _gpu_table(driver, cuda, gpus, mid=24 if major >= 550 else 22)
+    return "\n".join(lines + table + _processes_table(width)) + "\n"
 
-        def row(*cells: str) -> str:
-            return "|" + "|".join(c.ljust(n)[:n] for c, n in zip(cells, cols, strict=True)) + "|"
 
-        def rule(ch: str, edge: str) -> str:
-            return "|" + "+".join(ch * n for n in cols) + edge
-
-        lines += [
-            "+" + "-" * (w - 2) + "+",
-            f"| NVIDIA-SMI {driver:<23}Driver Version: {driver:<15}CUDA Version: {cuda:<9}".ljust(w - 1)
-            + "|",
-            rule("-", "+"),
-            row(
-                " GPU  Name                 Persistence-M ",
-                " Bus-Id".ljust(mid - 7) + "Disp.A ",
-                " Volatile Uncorr. ECC ",
-            ),
-            row(
-                " Fan  Temp   Perf          Pwr:Usage/Cap ",
-                "Memory-Usage ".rjust(mid),
-                " GPU-Util  Compute M. ",
-            ),
-            row("", "", "               MIG M. "),
-            rule("=", "|"),
-        ]
-        for i, g in enumerate(gpus):
-            lines += [
-                row(f"{i:>4}  {g.model[:29]:<29}  On  ", f"{_bus(g)} Off ".rjust(mid), "0 ".rjust(22)),
-                row(
-                    f" N/A   34C    P8{16:>15}W / {_watts(g.model):>4}W ",
-                    f"{'0MiB':>7} / {str(g.memory_mib) + 'MiB':>9} ".rjust(mid),
-                    "      0%      Default ",
-                ),
-                row("", "", "N/A ".rjust(22)),
-            ]
-        lines.append("+" + "+".join("-" * n for n in cols) + "+")
-        proc_w = w
-    lines += [
-        " " * proc_w,
-        "+" + "-" * (proc_w - 2) + "+",
-        "| Processes:".ljust(proc_w - 1) + "|",
-        "|  GPU   GI   CI        PID   Type   Process name".ljust(proc_w - 12) + "GPU Memory |",
-        "|        ID   ID".ljust(proc_w - 12) + "Usage      |",
-        "|" + "=" * (proc_w - 2) + "|",
-        "|  No running processes found".ljust(proc_w - 1) + "|",
-        "+" + "-" * (proc_w - 2) + "+",
+def _narrow_gpu_table(driver: str, cuda: str, gpus: list[Gpu]) -> tuple[list[str], int]:
+    """Before the 530 branch: 79 columns, three cells of 31/22/22."""
+    w = 79
+    lines = [
+        "+" + "-" * (w - 2) + "+",
+        f"| NVIDIA-SMI {driver}    Driver Version: {driver}    CUDA Version: {cuda}".ljust(w - 1) + "|",
+        "|-------------------------------+----------------------+----------------------+",
+        "| GPU  Name        Persistence-M| Bus-Id        Disp.A | Volatile Uncorr. ECC |",
+        "| Fan  Temp  Perf  Pwr:Usage/Cap|         Memory-Usage | GPU-Util  Compute M. |",
+        "|                               |                      |               MIG M. |",
+        "|===============================+======================+======================|",
     ]
-    return "\n".join(lines) + "\n"
+    for i, g in enumerate(gpus):
+        lines += [
+            f"| {i:>3}  {g.model[:18]:<18}  On   | {_bus(g)} Off |                    0 |",
+            f"| N/A   31C    P8 {9:>5}W / {_watts(g.model):>3}W | {'0MiB':>9} / {str(g.memory_mib) + 'MiB':>8} |      0%      Default |",
+            "|                               |                      |                  N/A |",
+        ]
+    lines.append("+-------------------------------+----------------------+----------------------+")
+    return lines, w
+
+
+def _gpu_table(driver: str, cuda: str, gpus: list[Gpu], *, mid: int) -> tuple[list[str], int]:
+    """From the 530 branch: cells of 41/``mid``/22 (the middle one 22 wide, 24 from 550)."""
+    cols = (41, mid, 22)
+    w = sum(cols) + 4
+
+    def row(*cells: str) -> str:
+        return "|" + "|".join(c.ljust(n)[:n] for c, n in zip(cells, cols, strict=True)) + "|"
+
+    def rule(ch: str, edge: str) -> str:
+        return "|" + "+".join(ch * n for n in cols) + edge
+
+    lines = [
+        "+" + "-" * (w - 2) + "+",
+        f"| NVIDIA-SMI {driver:<23}Driver Version: {driver:<15}CUDA Version: {cuda:<9}".ljust(w - 1) + "|",
+        rule("-", "+"),
+        row(
+            " GPU  Name                 Persistence-M ",
+            " Bus-Id".ljust(mid - 7) + "Disp.A ",
+            " Volatile Uncorr. ECC ",
+        ),
+        row(
+            " Fan  Temp   Perf          Pwr:Usage/Cap ", "Memory-Usage ".rjust(mid), " GPU-Util  Compute M. "
+        ),
+        row("", "", "               MIG M. "),
+        rule("=", "|"),
+    ]
+    for i, g in enumerate(gpus):
+        lines += [
+            row(f"{i:>4}  {g.model[:29]:<29}  On  ", f"{_bus(g)} Off ".rjust(mid), "0 ".rjust(22)),
+            row(
+                f" N/A   34C    P8{16:>15}W / {_watts(g.model):>4}W ",
+                f"{'0MiB':>7} / {str(g.memory_mib) + 'MiB':>9} ".rjust(mid),
+                "      0%      Default ",
+            ),
+            row("", "", "N/A ".rjust(22)),
+        ]
+    lines.append("+" + "+".join("-" * n for n in cols) + "+")
+    return lines, w
+
+
+def _processes_table(w: int) -> list[str]:
+    """The processes table under the GPU table, as wide as it; no process runs on a simulated GPU."""
+    return [
+        " " * w,
+        "+" + "-" * (w - 2) + "+",
+        "| Processes:".ljust(w - 1) + "|",
+        "|  GPU   GI   CI        PID   Type   Process name".ljust(w - 12) + "GPU Memory |",
+        "|        ID   ID".ljust(w - 12) + "Usage      |",
+        "|" + "=" * (w - 2) + "|",
+        "|  No running processes found".ljust(w - 1) + "|",
+        "+" + "-" * (w - 2) + "+",
+    ]
 
 
 def nvidia_smi_list(gpus: list[Gpu]) -> str:
