@@ -98,6 +98,10 @@ def _up(args: argparse.Namespace) -> int:
     state_dir = _state(args)
     spec = _spec(args)
     _refuse_bad_modes(spec, daemon=not args.no_daemon)  # before anything is stopped or written
+    try:
+        cluster.check_spec(spec)  # likewise: a bad spec leaves the running cluster running
+    except ValueError as exc:
+        raise PermanentError(str(exc)) from None
     realkube.stop(state_dir)
     cluster.stop_daemon(state_dir)
     try:

@@ -183,8 +183,11 @@ def write_binaries(state_dir: Path) -> None:
 
 
 def create(state_dir: Path, spec: ClusterSpec) -> list[SimNode]:
-    """Write a fresh cluster into ``state_dir`` (replacing any node files there)."""
+    """Write a fresh cluster into ``state_dir`` (replacing any node files there).
+
+    The spec is checked before anything is removed: a bad one leaves the cluster that was there."""
     version = normalize_talos_version(spec.talos_version)
+    check_spec(spec)
     paths = sim_paths(state_dir)
     check_state_path(state_dir)
     _check_replaceable(state_dir)
@@ -197,20 +200,49 @@ def create(state_dir: Path, spec: ClusterSpec) -> list[SimNode]:
     private_dir(paths.nodes_dir)
     cp_address = str(FIRST_ADDRESS)
     endpoint = f"https://{cp_address}:6443"
-    base = {
-        role: machineconfig.worker_config(
-            version, cluster_name=CLUSTER_NAME, endpoint=endpoint, seed=str(state_dir)
-        )
-        for role in ("worker", "controlplane")
-    }
-    base["controlplane"][0]["machine"]["type"] = "controlplane"
-    nodes: list[SimNode] = []
+    nodes = _new_nodes(spec, version, endpoint, seed=str(state_dir))
+    apply_scenario(spec.scenario, state_dir, nodes)
+    for node in nodes:
+        save_node(state_dir, node)
+    save_cluster(
+        state_dir,
+        {
+            "name": CLUSTER_NAME,
+            "talos_version": version,
+            "talosctl_version": normalize_talos_version(spec.talosctl_version or version),
+            "kubernetes_version": realkube.kubernetes_for_talos(version),
+            "endpoint": endpoint,
+            "scenario": spec.scenario,
+            "nodes": [{"name": n.name, "address": n.address, "role": n.role} for n in nodes],
+        },
+    )
+    atomic_write(paths.talosconfig, talosconfig_text([cp_address], [cp_address]))
+    os.chmod(paths.talosconfig, 0o600)
+    write_binaries(state_dir)
+    return nodes
+
+
+def check_spec(spec: ClusterSpec) -> None:
+    """Worker names for every worker, none at a control plane's address: `runbook sim up` asks before it stops
+    a running cluster, `create` before it removes one."""
     if spec.worker_nodes and len(spec.worker_nodes) != spec.workers:
         raise ValueError(f"{spec.workers} workers but {len(spec.worker_nodes)} worker names")
     cp_addresses = {str(FIRST_ADDRESS + i) for i in range(spec.control_planes)}
     clash = [addr for _name, addr in spec.worker_nodes if addr in cp_addresses]
     if clash:
         raise ValueError(f"GPU node address {clash[0]} is the simulated control plane's; use 10.5.0.3 and up")
+
+
+def _new_nodes(spec: ClusterSpec, version: str, endpoint: str, *, seed: str) -> list[SimNode]:
+    """The control planes (``talos-cp-N`` from 10.5.0.2) then the workers (``spec.worker_nodes``' names and
+    addresses, or ``talos-worker-N`` after the control planes), each with stock ``talosctl gen config``
+    machine config of its role and, on workers, ``spec.gpus_per_worker`` GPUs."""
+    base = {
+        role: machineconfig.worker_config(version, cluster_name=CLUSTER_NAME, endpoint=endpoint, seed=seed)
+        for role in ("worker", "controlplane")
+    }
+    base["controlplane"][0]["machine"]["type"] = "controlplane"
+    nodes: list[SimNode] = []
     for i in range(spec.control_planes + spec.workers):
         is_cp = i < spec.control_planes
         role = "controlplane" if is_cp else "worker"
@@ -235,24 +267,6 @@ def create(state_dir: Path, spec: ClusterSpec) -> list[SimNode]:
                 install_image=machineconfig.installer_image(version),
             )
         )
-    apply_scenario(spec.scenario, state_dir, nodes)
-    for node in nodes:
-        save_node(state_dir, node)
-    save_cluster(
-        state_dir,
-        {
-            "name": CLUSTER_NAME,
-            "talos_version": version,
-            "talosctl_version": normalize_talos_version(spec.talosctl_version or version),
-            "kubernetes_version": realkube.kubernetes_for_talos(version),
-            "endpoint": endpoint,
-            "scenario": spec.scenario,
-            "nodes": [{"name": n.name, "address": n.address, "role": n.role} for n in nodes],
-        },
-    )
-    atomic_write(paths.talosconfig, talosconfig_text([cp_address], [cp_address]))
-    os.chmod(paths.talosconfig, 0o600)
-    write_binaries(state_dir)
     return nodes
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from runbook_lib.model.params import load_params
 from runbook_lib.sim import cluster, realtalos, scenarios
 from runbook_lib.sim.state import (
     Gpu,
@@ -343,3 +344,28 @@ def test_sim_up_refuses_a_directory_that_is_not_simulator_state(tmp_path: Path) 
     assert str(mine) in up.stderr and "not a simulator state directory" in up.stderr
     assert (mine / "nodes" / "inventory.txt").read_text() == "keep me\n"
     assert sorted(p.name for p in mine.iterdir()) == ["nodes"]
+
+
+def test_a_gpu_node_at_the_control_planes_address_is_refused_and_the_cluster_there_is_kept(
+    tmp_path: Path,
+) -> None:
+    """A parameter file whose GPU node has the simulated control plane's address (10.5.0.2) is refused, naming
+    the address, and the simulated cluster already in the state directory stays as it was. Until 4 Dec 2026
+    the check ran after ``sim up`` had stopped that cluster's control plane and daemon and ``cluster.create``
+    had removed its nodes."""
+    state = tmp_path / "state"
+    r = runbook("sim", "up", "--state", str(state), "--no-daemon", "--nodes", "1", "--scenario", "gpu-ready")
+    assert r.returncode == 0, r.stderr
+    before = load_node(state, "talos-worker-1")
+    data = yaml.safe_load((Path(__file__).resolve().parents[2] / "params" / "simulated.yaml").read_text())
+    data["nodes"][0]["address"] = "10.5.0.2"
+    clash = tmp_path / "clash.yaml"
+    clash.write_text(yaml.safe_dump(data))
+
+    r = runbook("sim", "up", "--state", str(state), "--no-daemon", "-p", str(clash))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "GPU node address 10.5.0.2 is the simulated control plane's; use 10.5.0.3 and up" in r.stderr
+    assert load_node(state, "talos-worker-1") == before
+    with pytest.raises(ValueError, match=r"10\.5\.0\.2 is the simulated control plane"):
+        cluster.create(state, cluster.spec_from_params(load_params(str(clash), [])))
+    assert load_node(state, "talos-worker-1") == before
