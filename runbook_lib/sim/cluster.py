@@ -230,7 +230,8 @@ def check_spec(spec: ClusterSpec) -> None:
     cp_addresses = {str(FIRST_ADDRESS + i) for i in range(spec.control_planes)}
     clash = [addr for _name, addr in spec.worker_nodes if addr in cp_addresses]
     if clash:
-        raise ValueError(f"GPU node address {clash[0]} is the simulated control plane's; use 10.5.0.3 and up")
+        free = FIRST_ADDRESS + spec.control_planes
+        raise ValueError(f"GPU node address {clash[0]} is the simulated control plane's; use {free} and up")
 
 
 def _new_nodes(spec: ClusterSpec, version: str, endpoint: str, *, seed: str) -> list[SimNode]:

@@ -369,3 +369,8 @@ def test_a_gpu_node_at_the_control_planes_address_is_refused_and_the_cluster_the
     with pytest.raises(ValueError, match=r"10\.5\.0\.2 is the simulated control plane"):
         cluster.create(state, cluster.spec_from_params(load_params(str(clash), [])))
     assert load_node(state, "talos-worker-1") == before
+    two = cluster.ClusterSpec(workers=1, control_planes=2, worker_nodes=(("gpu-1", "10.5.0.3"),))
+    with pytest.raises(
+        ValueError, match=r"10\.5\.0\.3 is the simulated control plane's; use 10\.5\.0\.4 and up"
+    ):
+        cluster.check_spec(two)
