@@ -56,6 +56,12 @@ MIN_GET_CHUNK = 32
 _Out = TypeVar("_Out")
 _MULTIERROR_HEAD = re.compile(r"^\d+ errors? occurred:$")
 _NESTED_MULTIERROR_HEAD = re.compile(r"(?:^|\s)\d+ errors? occurred:$")
+#: talosctl 1.14 asks each node on its own and joins their errors (``errors.Join``), one line each, naming the
+#: node in words, as the real talosctl v1.14.1 printed them against simnode (4 Dec 2026, tests/sim/
+#: test_real_talos_114.py): ``error from node <X>: …`` (siderolabs/talos v1.14.0-rc.1 cmd/talosctl/cmd/talos/
+#: service.go:102, logs.go:105, list.go:121), ``error getting version from node <X>: …`` (version.go:77),
+#: ``error listing resources on node <X>: …`` (get.go:136), ``error building client for node <X>: …`` (get.go:124).
+_JOINED_NODE_ERROR = re.compile(r"^error (?:[a-z]+ )*?(?:from|on|for|to) node (\S+): (.*)$")
 
 
 @dataclass
@@ -283,7 +289,8 @@ class NodeRead:
 
 
 def node_errors(stderr: str, nodes: Iterable[str]) -> dict[str, str]:
-    """Per-node errors from talosctl's aggregated stderr (``N errors occurred:`` + ``\\t* node: msg`` lines).
+    """Per-node errors from talosctl's aggregated stderr (``N errors occurred:`` + ``\\t* node: msg`` lines, up to
+    1.13; from 1.14 one ``error from node <X>: msg`` line per node, see :data:`_JOINED_NODE_ERROR`).
 
     A node's error that is itself a multierror (Talos's config validation: ``… desc = 1 error occurred:``)
     continues on ``\\t* `` lines naming no node, unindented (go-multierror's list format nests without
@@ -295,7 +302,11 @@ def node_errors(stderr: str, nodes: Iterable[str]) -> dict[str, str]:
     nested = False
     for line in stderr.splitlines():
         stripped = line.strip()
-        if stripped.startswith("* "):
+        joined = _JOINED_NODE_ERROR.match(stripped)
+        if joined and joined.group(1) in wanted:
+            errors[joined.group(1)] = joined.group(2)
+            current, nested = None, False
+        elif stripped.startswith("* "):
             body = stripped[2:]
             node = next((n for n in wanted if body.startswith(n + ": ")), None)
             if node is None and current is not None and nested:

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from runbook_lib.clients.talosctl import Talosctl
 from runbook_lib.sim import cluster, realtalos
 from runbook_lib.sim.state import talos_kubeconfig_path
 from tests.sim.test_real_talos_110_111 import (
@@ -214,3 +215,44 @@ def test_a_failed_upgrade_stops_the_run_at_the_image_step_on_the_faulty_node_onl
     """test_real_faults' check on 1.14: the installer fails on the last worker only (scenarios.py), the image
     step fails there with tests/fault_cases.py's diagnosis and the later steps do not run."""
     assert_stops_at_its_step_on_the_last_worker(tmp_path, TALOS, CLIENT, "upgrade-fails")
+
+
+@pytest.fixture(scope="module")
+def one_worker_down(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Release, str]]:
+    """1.14.0 GPU workers (three), the second one powered off (simnode's ``down``: no route to host)."""
+    tmp = tmp_path_factory.mktemp("down-114")
+    talosctl, simnode = built_talosctl(CLIENT), build("build-simnode.sh")
+    spec = cluster.ClusterSpec(workers=3, talos_version=TALOS, scenario="gpu-ready")
+    nodes = cluster.create(tmp / "cluster", spec)
+    doc = realtalos.nodes_document(tmp / "cluster", nodes, 0)
+    dead = nodes[2].address
+    for node in doc["nodes"]:  # type: ignore[union-attr]
+        if node["address"] == dead:
+            node["down"] = "no-route-to-host"
+    proc = start_simnode(simnode, tmp / "state", doc)
+    yield Release(Sim(talosctl, tmp / "state" / "talosconfig"), [n.address for n in nodes], TALOS), dead
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def test_one_dead_node_fails_only_itself_in_the_services_and_version_reads(
+    one_worker_down: tuple[Release, str],
+) -> None:
+    """talosctl 1.14 asks each node on its own and prints a dead node's error as ``error from node <X>: …``
+    (``error getting version from node <X>: …`` for ``version``), without the ``* <X>:`` lines of 1.13 (talos
+    v1.14.0-rc.1 cmd/talosctl/cmd/talos/service.go:102, version.go:77). The library read only the 1.13 form, so
+    one dead node failed ``services not read`` on every node of its call (up to 250), and ``version`` left the
+    dead node without its error."""
+    release, dead = one_worker_down
+    workers = release.nodes[1:]
+    talosctl = Talosctl(str(release.sim.talosctl), talosconfig=str(release.sim.talosconfig))
+
+    services, errors = talosctl.services(workers)
+    assert list(errors) == [dead], errors
+    assert "no route to host" in errors[dead]
+    assert sorted(services) == sorted(n for n in workers if n != dead)
+    assert all(services[n]["kubelet"].running for n in services)
+
+    _client, servers, down = talosctl.version(workers)
+    assert list(down) == [dead] and "no route to host" in down[dead], down
+    assert sorted(servers) == sorted(n for n in workers if n != dead)
