@@ -12,9 +12,10 @@ import pytest
 
 from runbook_lib.model.profiles import profile_for, render_documents
 from runbook_lib.sim.state import SimNode, load_nodes, runtime
-from runbook_lib.steps.context import Context
+from runbook_lib.steps.context import Context, connect
 from runbook_lib.steps.image import image_upgrade
 from runbook_lib.steps.patch import config_patch
+from tests.realplane import _params as gpu_params
 from tests.sim.waiting import wait_for
 from tests.simcluster import node_state, sim_cluster
 
@@ -137,3 +138,15 @@ def test_image_plan_shows_the_default_runtime_it_will_set_on_nodes_already_upgra
         assert applied.counts() == {"changed": 2}
         assert {runtime(n).default_runtime for n in _gpu_nodes(state)} == {"nvidia"}
         assert image_upgrade(ctx, apply=False).counts() == {"unchanged": 2}
+
+
+def test_a_node_on_1_7_keeps_its_pods_and_etcd_membership_on_its_way_to_1_8(tmp_path: Path) -> None:
+    """``--preserve`` follows the node's running release too, not only the target: the running machined builds
+    the upgrade sequence from the request, and without preserve a 1.7 node removes all its pods and, on a control
+    plane, leaves etcd before the 1.8 installer runs (talos@v1.7.0 internal/app/machined/pkg/runtime/v1alpha1/
+    v1alpha1_sequencer.go:462-488). Found by a review reading the talos source; the plan used the target alone."""
+    with sim_cluster(tmp_path / "sim", talos_version="v1.7.7", workers=1, daemon=False) as (params, _ctx):
+        ctx = connect(gpu_params(tmp_path / "sim", "v1.8.4", {}), state_dir=tmp_path / "sim")
+        plan = image_upgrade(ctx, apply=False)
+        assert len(plan.data["commands"]) == len(params.nodes), plan.summary()
+        assert all("--preserve" in shlex.split(c) for c in plan.data["commands"]), plan.data["commands"]

@@ -81,6 +81,8 @@ class NodeImage:
     """talosctl drains the node before its reboot (1.13+ client and node, no ``--legacy``: ``image_risks``)."""
     tracked: bool = False
     """talosctl's action tracker follows the upgrade, so one process can upgrade several nodes (``_tracked``)."""
+    preserve: bool = False
+    """Upgrade with ``--preserve``: the node or the target runs Talos below 1.8 (``needs_preserve``)."""
 
     @property
     def schematic_id(self) -> str | None:
@@ -132,13 +134,24 @@ def planned_image(ctx: Context, node: Node, platform: str = "metal") -> NodeImag
 
 def upgrade_command(ctx: Context, plan: NodeImage) -> list[str]:
     """The exact argv the step runs for a node (always with ``--image``)."""
-    flags = upgrade_flags(plan.image, preserve=needs_preserve(ctx), legacy=plan.legacy)
+    flags = upgrade_flags(plan.image, preserve=plan.preserve, legacy=plan.legacy)
     return ctx.talosctl.argv(["upgrade", *flags, "--wait=true"], [plan.node.address])
 
 
-def needs_preserve(ctx: Context) -> bool:
-    """Talos before 1.8 wipes EPHEMERAL on upgrade without ``--preserve`` (see ``upgrade_flags``)."""
-    return not ctx.params.talos.at_least(1, 8)
+def needs_preserve(ctx: Context, running: str | None) -> bool:
+    """Talos before 1.8 wipes EPHEMERAL on upgrade without ``--preserve`` (see ``upgrade_flags``).
+
+    Why the node's running release counts, not only the target's: the running machined builds the upgrade
+    sequence from the request's preserve flag, and without it a control-plane node removes all pods and leaves
+    etcd before the new installer runs (talos@v1.7.0 internal/app/machined/pkg/runtime/v1alpha1/
+    v1alpha1_sequencer.go:462-488), so a 1.7 node going to 1.8 needs it too. A release that cannot be read
+    counts as old: the flag is accepted, hidden, by talosctl 1.8 to 1.14."""
+    if not ctx.params.talos.at_least(1, 8):
+        return True
+    try:
+        return not TalosVersion.parse(running or "").at_least(1, 8)
+    except PermanentError:
+        return True
 
 
 def read_states(ctx: Context, addresses: Sequence[str]) -> dict[str, NodeState]:
@@ -526,7 +539,9 @@ def _guard(
         return None
     legacy = image_risks.legacy_needed(fact, state.client_version)
     drains = image_risks.drains(state.version, state.client_version, legacy=legacy)
-    return replace(plan, legacy=legacy, drains=drains, tracked=_tracked(state.client_version, legacy=legacy))
+    tracked = _tracked(state.client_version, legacy=legacy)
+    preserve = needs_preserve(ctx, state.version)
+    return replace(plan, legacy=legacy, drains=drains, tracked=tracked, preserve=preserve)
 
 
 def _tracked(client: str | None, *, legacy: bool) -> bool:
@@ -691,10 +706,10 @@ def _upgrade_batch(
 def _groups(batch: list[NodeImage]) -> list[list[NodeImage]]:
     """The batch's talosctl processes: tracked nodes with the same installer and flags in chunks of
     ``UPGRADE_CHUNK``, every other node on its own."""
-    same: dict[tuple[str, bool], list[NodeImage]] = {}
+    same: dict[tuple[str, bool, bool], list[NodeImage]] = {}
     for plan in batch:
         if plan.tracked:
-            same.setdefault((plan.image, plan.legacy), []).append(plan)
+            same.setdefault((plan.image, plan.legacy, plan.preserve), []).append(plan)
     chunks = [g[i : i + UPGRADE_CHUNK] for g in same.values() for i in range(0, len(g), UPGRADE_CHUNK)]
     return chunks + [[plan] for plan in batch if not plan.tracked]
 
@@ -721,7 +736,7 @@ def _upgrade_group(
         first.image,
         wait=True,
         timeout=upgrade_timeout,
-        preserve=needs_preserve(ctx),
+        preserve=first.preserve,
         legacy=first.legacy,
         on_stderr_line=follower.feed,
     )
