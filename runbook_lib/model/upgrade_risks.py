@@ -22,6 +22,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from runbook_lib.errors import PermanentError
+
 from .parsers import TalosResource
 from .versions import TalosVersion
 
@@ -132,3 +134,21 @@ def node_platform(resources: Sequence[TalosResource]) -> str | None:
         if value:
             return str(value)
     return None
+
+
+def preserve_needed(target: TalosVersion, running: str | None) -> bool:
+    """Whether an upgrade from ``running`` to ``target`` needs ``--preserve`` (``upgrade_flags``): either end
+    below Talos 1.8.
+
+    The target: up to 1.7 the installer wipes EPHEMERAL without it (talos@v1.7.0 internal/pkg/install/
+    install.go:292). The running release too: its machined builds the upgrade sequence from the request's
+    preserve flag, and without it a control-plane node removes all pods and leaves etcd before the new installer
+    runs (talos@v1.7.0 internal/app/machined/pkg/runtime/v1alpha1/v1alpha1_sequencer.go:462-488), so a 1.7 node
+    going to 1.8 needs it as well. A running release that cannot be read counts as old: talosctl 1.8 to 1.14
+    accept the flag, hidden."""
+    if not target.at_least(1, 8):
+        return True
+    try:
+        return not TalosVersion.parse(running or "").at_least(1, 8)
+    except PermanentError:
+        return True

@@ -187,35 +187,35 @@ def program(
     visible, start_error, why = _gpu_access(view, handler)
     if handler == "nvidia" and start_error:
         return Outcome(start_error=start_error)
-    stack = _gpu_stack(pod, container, argv, view, visible=visible, why=why, config_replicas=config_replicas)
+    image = str(container.get("image") or "")
+    stack = _gpu_stack(pod, container, image, argv, view, visible=visible, why=why, replicas=config_replicas)
     if stack is not None:
         return stack
-    image = str(container.get("image") or "")
     return _workload(image, argv, view, wants_gpu=handler == "nvidia", visible=visible, why=why)
 
 
 def _gpu_stack(
     pod: dict[str, Any],
     container: dict[str, Any],
+    image: str,
     argv: list[str],
     view: NodeView,
     *,
     visible: bool,
     why: str | None,
-    config_replicas: int,
+    replicas: int,
 ) -> Outcome | None:
     """The device plugin registers ``nvidia.com/gpu`` (times its time-slicing replicas) or exits as
     ``FAIL_ON_INIT_ERROR`` says (NVIDIA/k8s-device-plugin@v0.18.0 cmd/nvidia-device-plugin/main.go, checked in
     tests/sim/test_sim_up_real_kube.py); GFD and NFD label the node (internal/lm, tests/sim/test_gpu_operator_real.py);
     None when the image is none of the stack's."""
-    image = str(container.get("image") or "")
     gfd = any("gpu-feature-discovery" in a for a in argv)
     if "k8s-device-plugin" in image and not gfd:
         fail_on_init = _env(container).get("FAIL_ON_INIT_ERROR", "true").lower() != "false"
         ok = visible and bool(view.sim.gpus)
         log = nvidia.device_plugin_log(ok, GPU_RESOURCE, fail_on_init)
         if ok:
-            return Outcome(log=log, registers={GPU_RESOURCE: len(view.sim.gpus) * max(config_replicas, 1)})
+            return Outcome(log=log, registers={GPU_RESOURCE: len(view.sim.gpus) * max(replicas, 1)})
         return Outcome(log=log, exit_code=1 if fail_on_init else None)
     if "gpu-feature-discovery" in image or gfd:
         return _feature_discovery(view, visible=visible, why=why)

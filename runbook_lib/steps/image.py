@@ -35,7 +35,7 @@ from runbook_lib.model.parsers import TalosResource
 from runbook_lib.model.plan import node_extensions, node_schematic
 from runbook_lib.model.rollout import Schedule
 from runbook_lib.model.schematic import Schematic
-from runbook_lib.model.upgrade_risks import dropped_extensions
+from runbook_lib.model.upgrade_risks import dropped_extensions, preserve_needed
 from runbook_lib.model.versions import TalosVersion
 
 from . import fixes, gpu_operator_handover, image_diagnosis, image_risks
@@ -82,7 +82,7 @@ class NodeImage:
     tracked: bool = False
     """talosctl's action tracker follows the upgrade, so one process can upgrade several nodes (``_tracked``)."""
     preserve: bool = False
-    """Upgrade with ``--preserve``: the node or the target runs Talos below 1.8 (``needs_preserve``)."""
+    """Upgrade with ``--preserve``: the node or the target runs Talos below 1.8 (``upgrade_risks.preserve_needed``)."""
 
     @property
     def schematic_id(self) -> str | None:
@@ -136,22 +136,6 @@ def upgrade_command(ctx: Context, plan: NodeImage) -> list[str]:
     """The exact argv the step runs for a node (always with ``--image``)."""
     flags = upgrade_flags(plan.image, preserve=plan.preserve, legacy=plan.legacy)
     return ctx.talosctl.argv(["upgrade", *flags, "--wait=true"], [plan.node.address])
-
-
-def needs_preserve(ctx: Context, running: str | None) -> bool:
-    """Talos before 1.8 wipes EPHEMERAL on upgrade without ``--preserve`` (see ``upgrade_flags``).
-
-    Why the node's running release counts, not only the target's: the running machined builds the upgrade
-    sequence from the request's preserve flag, and without it a control-plane node removes all pods and leaves
-    etcd before the new installer runs (talos@v1.7.0 internal/app/machined/pkg/runtime/v1alpha1/
-    v1alpha1_sequencer.go:462-488), so a 1.7 node going to 1.8 needs it too. A release that cannot be read
-    counts as old: the flag is accepted, hidden, by talosctl 1.8 to 1.14."""
-    if not ctx.params.talos.at_least(1, 8):
-        return True
-    try:
-        return not TalosVersion.parse(running or "").at_least(1, 8)
-    except PermanentError:
-        return True
 
 
 def read_states(ctx: Context, addresses: Sequence[str]) -> dict[str, NodeState]:
@@ -540,7 +524,7 @@ def _guard(
     legacy = image_risks.legacy_needed(fact, state.client_version)
     drains = image_risks.drains(state.version, state.client_version, legacy=legacy)
     tracked = _tracked(state.client_version, legacy=legacy)
-    preserve = needs_preserve(ctx, state.version)
+    preserve = preserve_needed(ctx.params.talos, state.version)
     return replace(plan, legacy=legacy, drains=drains, tracked=tracked, preserve=preserve)
 
 

@@ -48,6 +48,7 @@ from runbook_lib.model.params import Node
 from runbook_lib.model.profiles import render_documents
 from runbook_lib.model.rollback import Evidence, NodeEvidence, Phase, removal_documents, runs_nvidia_image
 from runbook_lib.model.rollout import Schedule
+from runbook_lib.model.upgrade_risks import preserve_needed
 from runbook_lib.model.versions import TalosVersion
 
 from . import gpu_operator_handover, image_risks
@@ -231,9 +232,8 @@ def _node_plan(
             platform=platform,
         )
         plan.image = image
-        plan.preserve = not TalosVersion.parse(found.image.version).at_least(
-            1, 8
-        ) or not ctx.params.talos.at_least(1, 8)
+        # the version rolled back to, and the one the node runs (the plan's, which the records' upgrade set)
+        plan.preserve = preserve_needed(TalosVersion.parse(found.image.version), str(ctx.params.talos))
         plan.legacy = fact is not None and image_risks.legacy_needed(fact, state.client_version)
     elif patches["after-image"] and runs_nvidia_image(state.extensions):
         raise PermanentError(
