@@ -355,6 +355,24 @@ def test_the_default_namespace_is_refused(tmp_path, section):
     assert problem.startswith(f"{tmp_path}/cluster.yaml: {section}.namespace:") and "'default'" in problem
 
 
+@pytest.mark.parametrize("section", ["device_plugin", "gpu_operator"])
+@pytest.mark.parametrize("name", ["NVDP", "gpu_operator", "-nvdp", "a" * 54])
+def test_a_release_name_helm_would_refuse_is_refused_naming_the_parameter(tmp_path, section, name):
+    # helm@v4.1.4 pkg/chart/v2/util/validate_name.go:35,60: lowercase DNS-style names of at most 53 characters
+    (problem,) = problems(tmp_path, {**GOOD, section: {"release": name}})
+    assert problem.startswith(f"{tmp_path}/cluster.yaml: {section}.release:") and "at most 53" in problem
+
+
+def test_a_release_name_as_nvidia_installs_the_charts_is_accepted(tmp_path):
+    data = {
+        **GOOD,
+        "device_plugin": {"release": "nvdp"},
+        "gpu_operator": {"release": "gpu-operator-1764892800"},
+    }
+    params = load_params(write(tmp_path, data))
+    assert (params.device_plugin.release, params.gpu_operator.release) == ("nvdp", "gpu-operator-1764892800")
+
+
 def test_a_boolean_where_a_number_belongs_says_so(tmp_path):
     # YAML reads `true` as a bool and Python's bool is an int: pydantic's lax mode took it as 1.
     (problem,) = problems(tmp_path, yaml.safe_dump(GOOD) + "rollout_concurrency: true\n")

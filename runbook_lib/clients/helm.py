@@ -112,8 +112,18 @@ class Helm:
         wait: bool = True,
         timeout_s: int = 300,
         dry_run: bool = False,
+        reuse_values: bool = False,
     ) -> CommandResult:
+        """``helm upgrade --install`` with ``values`` as ``--set``.
+
+        ``reuse_values`` keeps the values the release was given before (a site's time-slicing config, pull
+        secrets, tolerations): with any ``--set`` and neither reuse flag, helm starts from the new chart's defaults
+        alone and drops them (helm@v4.1.4 pkg/action/upgrade.go:604-642, ``reuseValues``, the same since v3.14).
+        ``--reset-then-reuse-values`` (helm ≥3.14) takes the new chart's defaults, the release's earlier values
+        over them, then ``--set``: unlike ``--reuse-values`` it lets defaults the new chart adds take effect."""
         args = ["upgrade", "--install", release, chart, "--version", version, "-n", namespace]
+        if reuse_values:
+            args.append("--reset-then-reuse-values")
         for key, value in values.items():
             args += ["--set", f"{key}={value}"]
         if create_namespace:

@@ -84,6 +84,22 @@ def _check_namespace(value: str) -> str:
 
 
 Namespace = Annotated[str, AfterValidator(_check_namespace)]
+#: helm's own rule for a release name (helm@v4.1.4 pkg/chart/v2/util/validate_name.go:35,60: this pattern, at
+#: most 53 characters, because helm appends suffixes to it in names limited to 63).
+_RELEASE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def _check_release_name(value: str) -> str:
+    """A Helm release name helm accepts, checked here so a typo fails before anything changes."""
+    if len(value) > 53 or not _RELEASE_NAME.match(value):
+        raise ValueError(
+            "must be a Helm release name: lowercase letters, digits, '-' and '.', starting and ending with a "
+            "letter or digit, at most 53 characters (as `helm list -A` shows it)"
+        )
+    return value
+
+
+ReleaseName = Annotated[str, AfterValidator(_check_release_name)]
 _REPO_URL = re.compile(r"^https?://[^\s/?#@]+(/[^\s?#]*)?$")
 
 
@@ -169,6 +185,8 @@ class DevicePlugin(_Strict):
     """Chart version to pin; default: 0.17.2 up to Talos 1.11, 0.18.0 from 1.12 (the charts Talos CI installs on 1.11 and 1.12; up to 1.10 CI ran its own DaemonSet with k8s-device-plugin v0.14.1, not a chart)."""
     namespace: Namespace = "kube-system"
     """Namespace (not ``default``); Talos enforces Pod Security baseline elsewhere unless the namespace is labelled privileged."""
+    release: ReleaseName = "nvidia-device-plugin"
+    """Helm release name; set it (and ``namespace``) to an existing release of the chart, e.g. ``nvdp`` in ``nvidia-device-plugin`` as NVIDIA's README installs it, so the runbook upgrades that one instead of refusing."""
     label_nodes: bool = True
     """Label GPU nodes ``nvidia.com/gpu.present=true`` (chart ≥0.15 schedules nowhere without it or NFD)."""
     repo_url: RepoUrl = "https://nvidia.github.io/k8s-device-plugin"
@@ -182,6 +200,8 @@ class GpuOperator(_Strict):
     """Chart version to pin; the Talos docs require v26.3.1 or higher."""
     namespace: Namespace = "gpu-operator"
     """Namespace (not ``default``); it is labelled ``pod-security.kubernetes.io/enforce=privileged``."""
+    release: ReleaseName = "gpu-operator"
+    """Helm release name; set it (and ``namespace``) to an existing release of the chart, e.g. the ``gpu-operator-<number>`` that NVIDIA's ``helm install --generate-name`` creates, so the runbook upgrades that one instead of refusing."""
     repo_url: RepoUrl = "https://helm.ngc.nvidia.com/nvidia"
     """Helm chart repository holding ``gpu-operator``: NVIDIA's, or a mirror for air-gapped sites (for target simulated: the simulator's own)."""
 

@@ -79,7 +79,7 @@ class Plan:
 def _helm_release(params: Params, profile: GpuProfile, layer: str) -> HelmRelease:
     if layer == "gpu-operator":
         return HelmRelease(
-            release="gpu-operator",
+            release=params.gpu_operator.release,
             chart="nvidia/gpu-operator",
             repo_name="nvidia",
             repo_url=params.gpu_operator.repo_url,
@@ -90,7 +90,7 @@ def _helm_release(params: Params, profile: GpuProfile, layer: str) -> HelmReleas
         )
     namespace = params.device_plugin.namespace
     return HelmRelease(
-        release="nvidia-device-plugin",
+        release=params.device_plugin.release,
         chart="nvdp/nvidia-device-plugin",
         repo_name="nvdp",
         repo_url=params.device_plugin.repo_url,

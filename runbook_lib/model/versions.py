@@ -172,3 +172,15 @@ def require_matching_tags(kmod_tag: str, toolkit_tag: str, node_talos: TalosVers
     if not result.ok:
         raise CompatibilityError("; ".join(result.problems))
     return result.driver
+
+
+def chart_is_newer(installed: str, planned: str) -> bool | None:
+    """Whether a Helm chart version installed is newer than the one planned (``v26.7.0`` > ``v26.3.3``);
+    ``None`` when either is not a version :mod:`packaging` reads, so the caller decides rather than guesses.
+
+    Why it matters: ``helm upgrade --version`` installs exactly the version given, older or not, so a plan pinned
+    to an older chart than a site already runs would downgrade it."""
+    try:
+        return Version(installed) > Version(planned)
+    except InvalidVersion:
+        return None

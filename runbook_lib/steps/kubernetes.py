@@ -16,8 +16,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from runbook_lib.clients.helm import Release
 from runbook_lib.errors import PermanentError, RunbookError
 from runbook_lib.model.profiles import GPU_OPERATOR_VALUES
+from runbook_lib.model.versions import chart_is_newer
 
 from . import gpu_operator_handover, kube_diagnosis, operator_runtime_class
 from .context import Context, wait_seconds
@@ -56,6 +58,7 @@ def kubernetes_layer(
     changed: list[str] = []
     try:
         _chart_repository(ctx)  # before any change: a repository helm cannot read stops the step here
+        current = _existing_release(ctx)  # before any change: another release of the chart, or a newer one
         if plan.kubernetes_layer == "gpu-operator":
             _retire_device_plugin(ctx, result, changed, dry_run=dry_run, timeout_s=timeout_s)
         _runtime_class(ctx, result, changed, dry_run=dry_run)
@@ -71,7 +74,7 @@ def kubernetes_layer(
         gpu_nodes = ctx.nodes(only)
         if plan.kubernetes_layer == "device-plugin" and ctx.params.device_plugin.label_nodes:
             _label_nodes(ctx, gpu_nodes, changed, dry_run=dry_run)
-        _helm_release(ctx, result, changed, dry_run=dry_run, timeout_s=timeout_s)
+        _helm_release(ctx, current, result, changed, dry_run=dry_run, timeout_s=timeout_s)
     except RunbookError as exc:
         result.checks.append(Check("kubernetes layer", False, exc.message, fix=exc.hint or ""))
         return result.finish()
@@ -185,12 +188,80 @@ def _chart_repository(ctx: Context) -> None:
         ) from None
 
 
+def _section(ctx: Context) -> str:
+    """The parameters section of the planned chart, for messages that name the parameter to change."""
+    return "gpu_operator" if ctx.plan.kubernetes_layer == "gpu-operator" else "device_plugin"
+
+
+def _existing_release(ctx: Context) -> Release | None:
+    """The planned release as installed (``None`` if it is not), after refusing what would go wrong.
+
+    Why ``helm list -A``: NVIDIA installs its charts under other names than the runbook's (``nvdp`` in namespace
+    ``nvidia-device-plugin``, NVIDIA/k8s-device-plugin README; ``helm install --generate-name`` for the operator,
+    https://nvidia.github.io/gpu-operator), and a second release of the same chart is a second device plugin or
+    operator on the same nodes. Why refuse a newer chart: ``helm upgrade --version`` installs exactly the version
+    given, so the runbook would downgrade what a site moved forward (the Talos docs ask for GPU Operator v26.3.1
+    "or higher"). Both refusals come before the step changes anything and name the parameters that adopt the
+    existing release instead."""
+    planned = ctx.plan.helm
+    chart_name = planned.chart.split("/", 1)[1]
+    section = _section(ctx)
+    same_chart = [r for r in ctx.helm.releases_everywhere() if _is_chart(r, chart_name)]
+    others = [r for r in same_chart if (r.name, r.namespace) != (planned.release, planned.namespace)]
+    if others:
+        found = ", ".join(f"{r.name} in namespace {r.namespace} ({r.chart})" for r in others)
+        first = others[0]
+        raise PermanentError(
+            f"{chart_name} is already installed as release {found}: a second release "
+            f"{planned.release} in {planned.namespace} would run the chart twice on the same nodes, so nothing "
+            "was changed",
+            hint=f"to let the runbook manage it, set {section}.release: {first.name} and {section}.namespace: "
+            f"{first.namespace}; or remove it first: helm uninstall {first.name} -n {first.namespace}",
+        )
+    current = same_chart[0] if same_chart else None
+    if current is not None:
+        _refuse_downgrade(current, chart_name, planned.version, section)
+    return current
+
+
+def _is_chart(release: Release, chart_name: str) -> bool:
+    """``helm list`` shows a release's chart as ``<chart>-<version>``; a version starts with a digit or ``v``."""
+    rest = release.chart.removeprefix(f"{chart_name}-")
+    return rest != release.chart and rest.lstrip("v")[:1].isdigit()
+
+
+def _refuse_downgrade(current: Release, chart_name: str, planned_version: str, section: str) -> None:
+    installed = current.chart_version(chart_name)
+    newer = chart_is_newer(installed, planned_version)
+    if newer is None:
+        raise PermanentError(
+            f"release {current.name} in {current.namespace} runs chart {current.chart}, whose version cannot be "
+            f"compared with {section}.chart_version {planned_version}, so nothing was changed",
+            hint=f"set {section}.chart_version to the version to run, as `helm search repo {chart_name} "
+            "--versions` lists it",
+        )
+    if newer:
+        raise PermanentError(
+            f"release {current.name} in {current.namespace} runs chart {installed}, newer than "
+            f"{section}.chart_version {planned_version}: the runbook does not downgrade a chart, so nothing was "
+            "changed",
+            hint=f"set {section}.chart_version: {installed} (or newer) to keep it; to go back on purpose, "
+            f"helm rollback {current.name} -n {current.namespace}",
+        )
+
+
 def _helm_release(
-    ctx: Context, result: StepResult, changed: list[str], *, dry_run: bool, timeout_s: float
+    ctx: Context,
+    current: Release | None,
+    result: StepResult,
+    changed: list[str],
+    *,
+    dry_run: bool,
+    timeout_s: float,
 ) -> None:
+    """Install the release, or upgrade it keeping the values a site gave it (``reuse_values``)."""
     release = ctx.plan.helm
     chart_name = release.chart.split("/", 1)[1]
-    current = ctx.helm.release(release.release, release.namespace)
     if (
         current is not None
         and current.status == "deployed"
@@ -216,10 +287,13 @@ def _helm_release(
         wait=not dry_run,
         timeout_s=int(timeout_s),
         dry_run=dry_run,
+        reuse_values=current is not None,
     )
     what = (
         f"helm upgrade --install {release.release} {release.chart} {release.version} -n {release.namespace}"
     )
+    if current is not None:
+        what += " (keeping the release's other values)"
     if dry_run and not run.ok and "ensure CRDs are installed first" in run.stderr:
         # helm installs a chart's CRDs only for real, so a first-time dry run of a chart that also creates
         # custom resources (the GPU Operator's ClusterPolicy) cannot render them: that is not a failure.
@@ -250,6 +324,8 @@ def _helm_release(
 def _helm_fix(stderr: str, namespace: str) -> str:
     if "default' namespace is not recommended" in stderr:
         return "install into kube-system (device_plugin.namespace: kube-system) or a namespace labelled privileged"
+    if "unknown flag: --reset-then-reuse-values" in stderr:
+        return "use helm 3.14 or newer (tools.helm): older helm cannot keep a release's values while upgrading it"
     if "violates PodSecurity" in stderr:
         return f"kubectl label --overwrite ns {namespace} pod-security.kubernetes.io/enforce=privileged"
     return "see the helm error above"
@@ -566,7 +642,12 @@ def _driver_validation(ctx: Context, message: str, reads: ClusterReads) -> Check
 
 def _plugin_daemonset(ctx: Context) -> str:
     """The DaemonSet that runs the device plugin: the operator names its own ``nvidia-device-plugin-daemonset``
-    (gpu-operator assets/state-device-plugin/0500_daemonset.yaml); the chart names it after the release."""
+    (gpu-operator assets/state-device-plugin/0500_daemonset.yaml); the chart names it after the release, with the
+    chart's name appended unless the release name contains it (k8s-device-plugin@v0.18.0
+    deployments/helm/nvidia-device-plugin/templates/_helpers.tpl, ``nvidia-device-plugin.fullname``: ``nvdp``
+    gives ``nvdp-nvidia-device-plugin``)."""
     if ctx.plan.kubernetes_layer == "gpu-operator":
         return "nvidia-device-plugin-daemonset"
-    return ctx.plan.helm.release
+    release, chart = ctx.plan.helm.release, "nvidia-device-plugin"
+    name = release if chart in release else f"{release}-{chart}"
+    return name[:63].rstrip("-")

@@ -1,0 +1,220 @@
+"""The Kubernetes step meets a chart a site already runs: its values, a newer version, another release name.
+
+All on the real control plane with the real helm 4.1.4 (``tests/realplane.py``); what a site did before the runbook
+is done here with the same real helm commands NVIDIA's instructions give. Each case failed on the code before
+this file: the step's ``helm upgrade`` passed only its own ``--set``, which makes helm start from the new chart's
+defaults and drop every other value (helm@v4.1.4 pkg/action/upgrade.go:604-642, ``reuseValues``); it upgraded to
+``chart_version`` whatever was installed, also a newer chart; and it looked for its release under its own name
+only, so a release NVIDIA's README installs (``helm upgrade -i nvdp nvdp/nvidia-device-plugin --namespace
+nvidia-device-plugin --create-namespace``, NVIDIA/k8s-device-plugin@v0.18.0 README.md) got a second one beside it.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+
+import pytest
+
+from runbook_lib.model.params import validate
+from runbook_lib.steps.context import connect
+from runbook_lib.steps.kubernetes import allocatable_gpus, kubernetes_layer
+from tests.realplane import real_cluster
+
+pytestmark = pytest.mark.slow
+
+GPUS_WITHIN = 180  # as tests/test_step_kubernetes.py: returns as soon as the GPUs are advertised
+
+
+def _with(params, state_dir, *, apply=True, **more):
+    """The same simulated cluster seen with other parameters, as a user edits them between two runs."""
+    data = {
+        "cluster": params.cluster,
+        "target": "simulated",
+        "talos_version": params.talos_version,
+        "apply": apply,
+        "nodes": [{"name": n.name, "address": n.address} for n in params.nodes],
+        **more,
+    }
+    return connect(validate(data, source="test"), state_dir=state_dir)
+
+
+def _helm(ctx, *args):
+    """A site's own helm command, through the real helm and the cluster's kubeconfig."""
+    result = ctx.helm.run(list(args), timeout=300)
+    assert result.ok, result.stderr
+    return result
+
+
+def _releases_of(ctx, chart):
+    out = _helm(ctx, "list", "-A", "-o", "json").stdout
+    return sorted(
+        (r["name"], r["namespace"], r["chart"]) for r in json.loads(out) if r["chart"].startswith(chart)
+    )
+
+
+def _priority_class(ctx, name, namespace):
+    daemonset = ctx.kube.apps.read_namespaced_daemon_set(name, namespace)
+    return daemonset.spec.template.spec.priority_class_name
+
+
+@contextmanager
+def _installed(tmp_path, chart_version):
+    """A GPU-ready cluster on which the runbook installed the device-plugin chart ``chart_version``."""
+    with real_cluster(
+        tmp_path, scenario="gpu-ready", apply=True, device_plugin={"chart_version": chart_version}
+    ) as (params, ctx):
+        assert kubernetes_layer(ctx, timeout_s=GPUS_WITHIN).ok
+        yield params, ctx
+
+
+def test_an_upgrade_of_the_chart_keeps_the_values_the_site_gave_the_release(tmp_path):
+    with _installed(tmp_path, "0.17.2") as (params, ctx):
+        # the site's own change: the chart's priorityClassName value (k8s-device-plugin@v0.18.0 values.yaml)
+        _helm(
+            ctx,
+            "upgrade",
+            "nvidia-device-plugin",
+            "nvdp/nvidia-device-plugin",
+            "-n",
+            "kube-system",
+            "--version",
+            "0.17.2",
+            "--reuse-values",
+            "--set",
+            "priorityClassName=system-node-critical",
+        )
+        assert _priority_class(ctx, "nvidia-device-plugin", "kube-system") == "system-node-critical"
+
+        newer = _with(params, tmp_path, device_plugin={"chart_version": "0.18.0"})
+        result = kubernetes_layer(newer, timeout_s=GPUS_WITHIN)
+
+        assert result.ok, result.to_dict()
+        assert _releases_of(ctx, "nvidia-device-plugin") == [
+            ("nvidia-device-plugin", "kube-system", "nvidia-device-plugin-0.18.0")
+        ]
+        values = ctx.helm.values("nvidia-device-plugin", "kube-system")
+        assert values.get("priorityClassName") == "system-node-critical", values
+        assert values.get("runtimeClassName") == "nvidia"
+        assert _priority_class(ctx, "nvidia-device-plugin", "kube-system") == "system-node-critical"
+        assert any("keeping the release's other values" in c for c in result.data["changes"]), result.data
+
+
+def test_a_newer_chart_than_planned_is_not_downgraded_and_nothing_changes(tmp_path):
+    with _installed(tmp_path, "0.18.0") as (params, ctx):
+        before = ctx.helm.release("nvidia-device-plugin", "kube-system")
+        changes_before = len(ctx.journal.changes())
+
+        for apply in (False, True):
+            older = _with(params, tmp_path, apply=apply, device_plugin={"chart_version": "0.17.2"})
+            result = kubernetes_layer(older, timeout_s=5)
+            assert not result.ok
+            [check] = [c for c in result.checks if not c.ok]
+            assert "runs chart 0.18.0, newer than device_plugin.chart_version 0.17.2" in check.message, check
+            assert "device_plugin.chart_version: 0.18.0" in check.fix, check
+            assert not result.data.get("changes")
+
+        after = ctx.helm.release("nvidia-device-plugin", "kube-system")
+        assert (
+            (after.chart, after.revision)
+            == (before.chart, before.revision)
+            == ("nvidia-device-plugin-0.18.0", 1)
+        )
+        assert len(ctx.journal.changes()) == changes_before
+
+
+def test_the_device_plugin_as_nvidias_readme_installs_it_is_refused_then_upgraded_in_place_once_named(
+    tmp_path,
+):
+    with real_cluster(tmp_path, scenario="gpu-ready", apply=True) as (params, ctx):
+        ctx.helm.repo_add("nvdp", ctx.plan.helm.repo_url)
+        _helm(
+            ctx,
+            "upgrade",
+            "-i",
+            "nvdp",
+            "nvdp/nvidia-device-plugin",
+            "--namespace",
+            "nvidia-device-plugin",
+            "--create-namespace",
+            "--version",
+            "0.18.0",
+            "--set",
+            "runtimeClassName=nvidia",
+        )
+
+        refused = kubernetes_layer(ctx, timeout_s=5)
+
+        assert not refused.ok
+        [check] = [c for c in refused.checks if not c.ok]
+        assert "already installed as release nvdp in namespace nvidia-device-plugin" in check.message, check
+        assert "device_plugin.release: nvdp and device_plugin.namespace: nvidia-device-plugin" in check.fix
+        assert ctx.kube.runtime_class("nvidia") is None  # refused before anything changed
+        assert ctx.journal.changes() == []
+        assert _releases_of(ctx, "nvidia-device-plugin") == [
+            ("nvdp", "nvidia-device-plugin", "nvidia-device-plugin-0.18.0")
+        ]
+
+        named = _with(
+            params, tmp_path, device_plugin={"release": "nvdp", "namespace": "nvidia-device-plugin"}
+        )
+        result = kubernetes_layer(named, timeout_s=GPUS_WITHIN)
+
+        assert result.ok, result.to_dict()
+        assert _releases_of(ctx, "nvidia-device-plugin") == [
+            ("nvdp", "nvidia-device-plugin", "nvidia-device-plugin-0.18.0")
+        ]
+        labels = ctx.kube.namespace("nvidia-device-plugin")["metadata"]["labels"]
+        assert labels["pod-security.kubernetes.io/enforce"] == "privileged"
+        gpu_names = {n.name for n in params.nodes}
+        assert all(allocatable_gpus(n) == 1 for n in ctx.kube.nodes() if n["metadata"]["name"] in gpu_names)
+        # the chart's DaemonSet name for release nvdp (_helpers.tpl nvidia-device-plugin.fullname)
+        assert ctx.kube.apps.read_namespaced_daemon_set("nvdp-nvidia-device-plugin", "nvidia-device-plugin")
+
+
+def test_a_gpu_operator_installed_with_a_generated_name_is_refused_before_the_device_plugin_is_retired(
+    tmp_path,
+):
+    """NVIDIA's quickstart installs the operator as ``helm install --wait --generate-name -n gpu-operator
+    --create-namespace nvidia/gpu-operator`` (https://nvidia.github.io/gpu-operator): a release named
+    ``gpu-operator-<seconds>``. The refusal comes before the Talos 1.13 hand-over removes the device plugin."""
+    with real_cluster(tmp_path, scenario="gpu-ready", talos_version="v1.13.2", apply=True) as (params, ctx):
+        # the device plugin a 1.12 cluster ran, as the Talos docs install it (talos-nvidia.md §4)
+        ctx.helm.repo_add(
+            "nvdp", _with(params, tmp_path, kubernetes_layer="device-plugin").plan.helm.repo_url
+        )
+        _helm(
+            ctx,
+            "install",
+            "nvidia-device-plugin",
+            "nvdp/nvidia-device-plugin",
+            "-n",
+            "kube-system",
+            "--version",
+            "0.18.0",
+            "--set",
+            "runtimeClassName=nvidia",
+        )
+        ctx.helm.repo_add("nvidia", ctx.plan.helm.repo_url)
+        _helm(
+            ctx,
+            "install",
+            "--generate-name",
+            "-n",
+            "gpu-operator",
+            "--create-namespace",
+            "nvidia/gpu-operator",
+            "--version",
+            "v26.3.3",
+        )
+        [(generated, _, _)] = _releases_of(ctx, "gpu-operator")
+        assert generated.startswith("gpu-operator-")
+
+        result = kubernetes_layer(ctx, timeout_s=5)
+
+        assert not result.ok
+        [check] = [c for c in result.checks if not c.ok]
+        assert f"already installed as release {generated} in namespace gpu-operator" in check.message, check
+        assert f"gpu_operator.release: {generated}" in check.fix
+        assert _releases_of(ctx, "nvidia-device-plugin"), "the device plugin was retired before the refusal"
+        assert ctx.helm.release("gpu-operator", "gpu-operator") is None
