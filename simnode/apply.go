@@ -63,6 +63,10 @@ func (s *machineServer) ApplyConfiguration(ctx context.Context, in *machine.Appl
 
 // validated decodes and validates a config as machined does (:182-211); every refusal is InvalidArgument.
 func (s *machineServer) validated(ctx context.Context, data []byte) (config.Provider, []string, error) {
+	if err := unregisteredKind(data, s.node.bootState().version); err != nil {
+		return nil, nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+
 	cfg, err := configloader.NewFromBytes(data)
 	if err != nil {
 		return nil, nil, status.Error(codes.InvalidArgument, err.Error())

@@ -59,3 +59,23 @@ def test_what_a_node_already_has_is_left_out_of_the_one_document() -> None:
     patch = render_documents(remaining_patch(wanted, [modules_doc]))
     (machine_doc,) = _v1alpha1_documents(patch)
     assert set(machine_doc["machine"]) == {"files"}
+
+
+def test_a_1_14_modules_patch_for_a_node_before_1_14_is_machine_kernel_modules_and_met_by_it() -> None:
+    """A node still on 1.13 refuses KernelModuleConfig documents (tests/sim/test_real_talos_113_to_114.py), so the
+    1.14 profile's patch for it lists the modules under ``machine.kernel.modules``; once it has them there, the
+    1.14 documents count as met (1.14 merges both forms: talos@v1.14.0-rc.1
+    pkg/machinery/config/container/container.go:355-372), so a second run and the image step see the patch done."""
+    profile = _profile("v1.14.0")
+    documents = profile.machine_config_patch_documents()
+    legacy = profile.machine_config_patch_documents(legacy_modules=True)
+    assert {d.get("kind") for d in documents} == {"KernelModuleConfig"}
+    [machine] = legacy
+    names = [m["name"] for m in machine["machine"]["kernel"]["modules"]]
+    assert names == [d["name"] for d in documents]
+    assert remaining_patch(documents, legacy) == []
+    # a document that asks more than the name (parameters) is not met by the older form
+    with_parameters = [{**documents[0], "parameters": ["NVreg_OpenRmEnableUnsupportedGpus=1"]}]
+    assert remaining_patch(with_parameters, legacy) == with_parameters
+    # and the documents are still what a node without the modules lacks
+    assert remaining_patch(documents, [{"machine": {}}]) == documents

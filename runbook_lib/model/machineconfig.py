@@ -138,6 +138,8 @@ def remaining_patch(wanted: list[Doc], current: list[Doc]) -> list[Doc]:
     for doc in wanted:
         if "kind" in doc and "machine" not in doc:
             existing = _named_doc(current, str(doc["kind"]), str(doc.get("name")))
+            if existing is None and _module_in_legacy_form(doc, base):
+                continue
             if existing is None or any(existing.get(k) != v for k, v in doc.items()):
                 out.append(copy.deepcopy(doc))
             continue
@@ -183,6 +185,17 @@ def remaining_patch(wanted: list[Doc], current: list[Doc]) -> list[Doc]:
                 out.append({"machine": machine_remaining})
             merge_into(machine_remaining, remaining)
     return out
+
+
+def _module_in_legacy_form(doc: Doc, base: Doc) -> bool:
+    """A ``KernelModuleConfig`` that names a module and nothing more is met by the same module in
+    ``machine.kernel.modules``: Talos 1.14 loads both forms, merged (talos@v1.14.0-rc.1
+    pkg/machinery/config/container/container.go:355-372), and a node patched before it ran 1.14 has the older one
+    (``GpuProfile.machine_config_patch_documents``'s ``legacy_modules``)."""
+    if doc.get("kind") != "KernelModuleConfig" or not set(doc) <= {"apiVersion", "kind", "name"}:
+        return False
+    legacy = _get(base, "machine", "kernel", "modules") or []
+    return any(isinstance(m, dict) and m.get("name") == doc.get("name") for m in legacy)
 
 
 def merge_into(target: Doc, more: Mapping[str, Any]) -> None:

@@ -111,10 +111,16 @@ class GpuProfile:
         return [self.kmod_extension, self.toolkit_extension]
 
     def machine_config_patch_documents(
-        self, *, install_images: list[str] | None = None
+        self, *, install_images: list[str] | None = None, legacy_modules: bool = False
     ) -> list[dict[str, Any]]:
-        """The strategic-merge patch documents that load the modules (and relax the sysctl where needed)."""
-        if self.module_config == "KernelModuleConfig":
+        """The strategic-merge patch documents that load the modules (and relax the sysctl where needed).
+
+        ``legacy_modules``: ``machine.kernel.modules`` even where the release documents ``KernelModuleConfig``,
+        for a node still running an earlier release: its machined refuses a kind its machinery does not register
+        (talos@v1.13.0 pkg/machinery/config/internal/registry/registry.go:79, ``"KernelModuleConfig" "v1alpha1":
+        not registered``), and Talos 1.14 still loads the deprecated form, merged with the documents
+        (talos@v1.14.0-rc.1 pkg/machinery/config/container/container.go:355-372)."""
+        if self.module_config == "KernelModuleConfig" and not legacy_modules:
             docs: list[dict[str, Any]] = [
                 {"apiVersion": "v1alpha1", "kind": "KernelModuleConfig", "name": name}
                 for name in self.modules

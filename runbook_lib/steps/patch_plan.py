@@ -21,11 +21,13 @@ from typing import Any
 
 from runbook_lib.clients.fanout import concurrently
 from runbook_lib.clients.talosctl import FanOut, PatchCall, PatchResult
+from runbook_lib.errors import RunbookError
 from runbook_lib.model.machineconfig import FileConflict, config_documents, remaining_patch
 from runbook_lib.model.params import Node
 from runbook_lib.model.parsers import extension_versions, extensions_from_resources
 from runbook_lib.model.profiles import render_documents
 from runbook_lib.model.rollback import sysctls_before
+from runbook_lib.model.versions import TalosVersion
 
 from . import fixes
 from .context import Context
@@ -37,14 +39,17 @@ ACTIVE_CONFIG_ID = "v1alpha1"
 Configs = dict[str, list[dict[str, Any]]]
 
 
-def wanted_documents(ctx: Context, node: Node, *, default_runtime: bool = True) -> list[dict[str, Any]]:
+def wanted_documents(
+    ctx: Context, node: Node, *, default_runtime: bool = True, legacy_modules: bool = False
+) -> list[dict[str, Any]]:
     """The patch documents the node should carry; ``default_runtime`` False leaves out the default-runtime
-    patch (see :func:`nvidia_runtime_nodes`)."""
+    patch (see :func:`nvidia_runtime_nodes`); ``legacy_modules`` asks for the modules in the form a node still
+    on an earlier release reads (:func:`legacy_module_nodes`)."""
     profile = ctx.params.profile(node)
     images = (
         profile.install_extension_images() if profile.extension_delivery == "install-extensions" else None
     )
-    docs = profile.machine_config_patch_documents(install_images=images)
+    docs = profile.machine_config_patch_documents(install_images=images, legacy_modules=legacy_modules)
     if ctx.params.default_runtime_patch and default_runtime:
         docs += profile.default_runtime_documents()
     return docs
@@ -71,6 +76,34 @@ def nvidia_runtime_nodes(extensions: FanOut) -> set[str]:
             for name in extension_versions(extensions_from_resources(resources))
         )
     }
+
+
+def documents_modules(ctx: Context) -> bool:
+    """Whether the target release's modules patch is ``KernelModuleConfig`` documents (Talos 1.14 on), which a
+    node still on an earlier release refuses: only then does the plan read the nodes' running release."""
+    return ctx.params.profile().module_config == "KernelModuleConfig"
+
+
+def legacy_module_nodes(servers: dict[str, str], addresses: list[str]) -> set[str]:
+    """Of ``addresses``, the nodes to patch with ``machine.kernel.modules`` although the target documents
+    ``KernelModuleConfig``: those running a release before 1.14 (``talosctl version``'s server tag per node), and
+    those whose release could not be read, since every release from 1.3 to 1.14 loads that form.
+
+    Why: the config-patch step runs before the image step upgrades the node, so on a fresh 1.13 node bound for
+    1.14 the documents went to a machined that refuses them (talos@v1.13.0
+    pkg/machinery/config/configloader/internal/decoder/decoder.go:135 wrapping registry.go:79: ``error decoding
+    document v1alpha1/KernelModuleConfig/nvidia (line N): "KernelModuleConfig" "v1alpha1": not registered``),
+    and no 1.13 node could be moved to 1.14 by the runbook."""
+    out = set()
+    for address in addresses:
+        try:
+            running = TalosVersion.parse(servers.get(address, ""))
+        except RunbookError:
+            out.add(address)
+            continue
+        if not running.at_least(1, 14):
+            out.add(address)
+    return out
 
 
 def configs_of(fan: FanOut) -> tuple[Configs, dict[str, str]]:
@@ -130,6 +163,17 @@ class ChunkPlan:
 
 
 @dataclass(frozen=True)
+class ChunkReads:
+    """What the plan of one chunk read: configs and read errors by address, the nodes that can take the
+    default-runtime patch, and the nodes that need the modules as ``machine.kernel.modules``."""
+
+    configs: Configs
+    errors: dict[str, str]
+    ready: set[str]
+    legacy: set[str]
+
+
+@dataclass(frozen=True)
 class Planner:
     """What every chunk's plan needs: the step's context, its nodes by address, and the shared renderer."""
 
@@ -138,13 +182,13 @@ class Planner:
     render: RenderOnce = field(default_factory=RenderOnce)
 
     def chunk(self, addresses: list[str]) -> ChunkPlan:
-        """Read the chunk's configs (one ``get`` call, and its extensions beside it: :meth:`read`), plan each
+        """Read the chunk's configs (one ``get`` call, and what else it needs beside it: :meth:`read`), plan each
         node, dry-run each distinct patch (one call each, one after the other: the other chunks run beside this
         one)."""
-        (configs, errors), ready = self.read(addresses)
+        reads = self.read(addresses)
         plan = ChunkPlan()
         for address in addresses:
-            res, patch = self.node(self.nodes[address], configs, errors, address in ready)
+            res, patch = self.node(self.nodes[address], reads)
             plan.results.append(res)
             if patch is not None:
                 plan.patch_of[address] = patch
@@ -156,39 +200,55 @@ class Planner:
             plan.dry_runs = dict(zip(groups, runs, strict=True))
         return plan
 
-    def read(self, addresses: list[str]) -> tuple[tuple[Configs, dict[str, str]], set[str]]:
-        """The chunk's configs and read errors, and which of its nodes can take the default-runtime patch (all
-        of them when it is not asked for).
+    def read(self, addresses: list[str]) -> ChunkReads:
+        """The chunk's configs and read errors; which of its nodes can take the default-runtime patch (all of them
+        when it is not asked for); which need the modules in the older form (none unless the target documents
+        ``KernelModuleConfig``: :func:`legacy_module_nodes`).
 
-        Why both ``get`` calls at once, per chunk: the extensions decide the default-runtime patch
+        Why the calls at once, per chunk: the extensions decide the default-runtime patch
         (:func:`nvidia_runtime_nodes`); read over the whole fleet before the first chunk (until 2 Dec 2026) they
-        were one more wave of talosctl calls in a row before any config was read.
+        were one more wave of talosctl calls in a row before any config was read. The release is read only
+        where the form depends on it (Talos 1.14 on), so the plan of an earlier release makes no extra call.
         """
-        if not self.ctx.params.default_runtime_patch:
-            return configs_of(self.ctx.talosctl.get_call("machineconfig", addresses)), set(addresses)
-        configs, extensions = concurrently(
-            lambda resource: self.ctx.talosctl.get_call(resource, addresses),
-            ["machineconfig", "extensions"],
-            2,
+        jobs: list[str] = ["machineconfig"]
+        if self.ctx.params.default_runtime_patch:
+            jobs.append("extensions")
+        if documents_modules(self.ctx):
+            jobs.append("version")
+        answers = dict(
+            zip(
+                jobs, concurrently(lambda what: self._read_one(what, addresses), jobs, len(jobs)), strict=True
+            )
         )
-        return configs_of(configs), nvidia_runtime_nodes(extensions)
+        configs, errors = configs_of(answers["machineconfig"])
+        ready = nvidia_runtime_nodes(answers["extensions"]) if "extensions" in answers else set(addresses)
+        legacy = legacy_module_nodes(answers["version"], addresses) if "version" in answers else set()
+        return ChunkReads(configs, errors, ready, legacy)
 
-    def node(
-        self, node: Node, configs: Configs, errors: dict[str, str], ready: bool
-    ) -> tuple[NodeResult, str | None]:
-        """One node's result before the dry run, and its patch when it lacks something (``ready``: its image
-        can take the default-runtime patch)."""
+    def _read_one(self, what: str, addresses: list[str]) -> Any:
+        if what == "version":
+            return self.ctx.talosctl.version(addresses)[1]
+        return self.ctx.talosctl.get_call(what, addresses)
+
+    def node(self, node: Node, reads: ChunkReads) -> tuple[NodeResult, str | None]:
+        """One node's result before the dry run, and its patch when it lacks something."""
         res = NodeResult(node=node.name, address=node.address)
+        configs, errors = reads.configs, reads.errors
         if node.address in errors or node.address not in configs:
             res.status = "failed"
             res.message = f"cannot read the machine config: {errors.get(node.address, 'no answer')}"
             res.checks.append(Check("machine config readable", False, res.message, fix=unreachable_fix(node)))
             return res, None
+        ready = node.address in reads.ready
         if not ready:
             res.data["default_runtime_deferred"] = True
+        legacy = node.address in reads.legacy
+        if legacy:
+            res.data["modules_form"] = "machine.kernel.modules (the node runs a release before 1.14)"
         try:
             remaining = remaining_patch(
-                wanted_documents(self.ctx, node, default_runtime=ready), configs[node.address]
+                wanted_documents(self.ctx, node, default_runtime=ready, legacy_modules=legacy),
+                configs[node.address],
             )
         except FileConflict as exc:
             res.status = "failed"

@@ -57,7 +57,7 @@ def test_a_kernel_module_config_patch_dry_run_prints_the_new_documents(
     fresh: Release, tmp_path: Path
 ) -> None:
     """talosctl 1.14 merges the KernelModuleConfig documents into the node's config and sends the whole config;
-    a machined on 1.13's machinery refused them (``unknown kind``). The dry run in the default mode (auto) says
+    a machined on 1.13's machinery refuses them (``"KernelModuleConfig" "v1alpha1": not registered``, tests/sim/test_real_talos_113_to_114.py). The dry run in the default mode (auto) says
     the config applies without a reboot, as 1.14's machined does for every mode (talos@v1.14.1:internal/app/
     machined/internal/server/v1alpha1/v1alpha1_server.go:236-245)."""
     proc = patch_dry_run(fresh, tmp_path, KERNEL_MODULE_CONFIG)
