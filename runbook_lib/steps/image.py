@@ -38,7 +38,7 @@ from runbook_lib.model.schematic import Schematic
 from runbook_lib.model.upgrade_risks import dropped_extensions, preserve_needed
 from runbook_lib.model.versions import TalosVersion
 
-from . import fixes, gpu_operator_handover, image_diagnosis, image_risks
+from . import cordoned, fixes, gpu_operator_handover, image_diagnosis, image_risks
 from .context import Context, wait_seconds
 from .events import Events
 from .image_risks import NodeFacts
@@ -216,6 +216,7 @@ def image_upgrade(
         return _finish(result)
 
     todo, results, states = _sort_nodes(ctx, result, nodes, plans, facts)
+    cordoned.flag_cordoned(ctx, result, [r for r in result.nodes if r.status == "unchanged"])
     schedule = _plan_commands(ctx, result, todo, schematics)
     factory_ok = _factory_checks(ctx, result, todo, factory, register=do_apply)
     from_versions = [states[p.node.address].version for p in todo]

@@ -149,12 +149,14 @@ def drains(node_version: str | None, client: str | None, *, legacy: bool) -> boo
 
 
 def drain_note(names: Sequence[str]) -> str:
-    """What the plan says about the drain talosctl 1.13+ does on its own (drain.go, nodedrain.go at v1.13.0)."""
+    """What the plan says about the drain talosctl 1.13+ does on its own (drain.go, nodedrain.go at v1.13.0); a
+    failed drain returns before the uncordon is deferred (upgrade.go:143-160), so the cordon stays."""
     return (
         f"{', '.join(names)}: talosctl 1.13+ drains each node after installing and before its reboot: cordon, "
         "evict every pod but DaemonSets' (PodDisruptionBudgets respected, 5 min timeout), then uncordon once "
         "the node is Ready again. It fetches the kubeconfig from talosctl's endpoint, which must be a "
-        "control-plane node; a failed drain leaves the new image installed for the next reboot"
+        "control-plane node; a failed drain leaves the node cordoned, with the new image installed for its next "
+        "reboot"
     )
 
 
