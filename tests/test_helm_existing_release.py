@@ -53,6 +53,16 @@ def _releases_of(ctx, chart):
     )
 
 
+def _site_sets_priority_class(ctx, version):
+    """The site's own change to the runbook's release: the chart's priorityClassName value (k8s-device-plugin@v0.18.0
+    values.yaml), set with helm as a site does."""
+    _helm(
+        ctx,
+        *["upgrade", "nvidia-device-plugin", "nvdp/nvidia-device-plugin", "-n", "kube-system"],
+        *["--version", version, "--reuse-values", "--set", "priorityClassName=system-node-critical"],
+    )
+
+
 def _priority_class(ctx, name, namespace):
     daemonset = ctx.kube.apps.read_namespaced_daemon_set(name, namespace)
     return daemonset.spec.template.spec.priority_class_name
@@ -70,20 +80,7 @@ def _installed(tmp_path, chart_version):
 
 def test_an_upgrade_of_the_chart_keeps_the_values_the_site_gave_the_release(tmp_path):
     with _installed(tmp_path, "0.17.2") as (params, ctx):
-        # the site's own change: the chart's priorityClassName value (k8s-device-plugin@v0.18.0 values.yaml)
-        _helm(
-            ctx,
-            "upgrade",
-            "nvidia-device-plugin",
-            "nvdp/nvidia-device-plugin",
-            "-n",
-            "kube-system",
-            "--version",
-            "0.17.2",
-            "--reuse-values",
-            "--set",
-            "priorityClassName=system-node-critical",
-        )
+        _site_sets_priority_class(ctx, "0.17.2")
         assert _priority_class(ctx, "nvidia-device-plugin", "kube-system") == "system-node-critical"
 
         newer = _with(params, tmp_path, device_plugin={"chart_version": "0.18.0"})
@@ -218,3 +215,40 @@ def test_a_gpu_operator_installed_with_a_generated_name_is_refused_before_the_de
         assert f"gpu_operator.release: {generated}" in check.fix
         assert _releases_of(ctx, "nvidia-device-plugin"), "the device plugin was retired before the refusal"
         assert ctx.helm.release("gpu-operator", "gpu-operator") is None
+
+
+def test_a_release_uninstalled_with_its_history_kept_is_not_taken_for_a_second_one(tmp_path):
+    """helm 4 lists releases of every status by default, ``uninstalled`` ones too (``helm uninstall --keep-history``:
+    helm@v4.1.4 pkg/action/list.go:328-331; helm 3 listed deployed and failed only): the step asks for deployed,
+    failed and pending releases, as both do with those flags, so a removed ``nvdp`` is not "the chart twice"."""
+    with real_cluster(tmp_path, scenario="gpu-ready", apply=True) as (params, ctx):
+        ctx.helm.repo_add("nvdp", ctx.plan.helm.repo_url)
+        _helm(ctx, "install", "nvdp", "nvdp/nvidia-device-plugin", "-n", "kube-system", "--version", "0.18.0")
+        _helm(ctx, "uninstall", "nvdp", "-n", "kube-system", "--keep-history")
+
+        result = kubernetes_layer(ctx, timeout_s=GPUS_WITHIN)
+
+        assert result.ok, result.to_dict()
+        assert ctx.helm.release("nvidia-device-plugin", "kube-system") is not None
+
+
+def test_the_release_is_found_among_more_than_256_releases(tmp_path, tmp_path_factory):
+    """``helm list`` keeps the first 256 releases by name unless ``--max 0`` (helm@v4.1.4 pkg/cmd/list.go:133,
+    pkg/action/list.go:216-222): with 257 releases named before it, the installed ``nvidia-device-plugin`` was not
+    found, so the step upgraded it without the site's values and recorded it as created, for rollback to remove.
+    The 257 are of an empty chart of our own, installed by the real helm."""
+    chart = tmp_path_factory.mktemp("chart") / "empty"
+    chart.mkdir()
+    (chart / "Chart.yaml").write_text("apiVersion: v2\nname: empty\nversion: 0.1.0\n")
+    with _installed(tmp_path, "0.18.0") as (params, ctx):
+        for number in range(257):
+            _helm(ctx, "install", f"a{number:03d}", str(chart), "-n", "busy", "--create-namespace")
+        _site_sets_priority_class(ctx, "0.18.0")
+
+        result = kubernetes_layer(
+            _with(params, tmp_path, device_plugin={"chart_version": "0.18.0"}), timeout_s=5
+        )
+
+        assert result.data.get("created") == [], result.data  # found: not recorded as this run's
+        values = ctx.helm.values("nvidia-device-plugin", "kube-system")
+        assert values.get("priorityClassName") == "system-node-critical", values

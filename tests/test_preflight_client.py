@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from runbook_lib.clients.helm import Helm
 from runbook_lib.steps.preflight import preflight
 from tests.simcluster import python_talosctl, sim_cluster
 
@@ -36,3 +38,23 @@ def test_preflight_refuses_a_talosctl_older_than_the_target_release(
     if not ok:
         assert "v1.13.9" in check.message and "v1.14" in check.message
         assert "v1.14" in check.fix and "tools.talosctl" in check.fix
+
+
+@pytest.mark.parametrize(("printed", "ok"), [("v3.13.3+gc8b9489", False), ("v3.14.0+g3fc9f4b", True)])
+def test_preflight_refuses_a_helm_older_than_3_14(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, printed: str, ok: bool
+) -> None:
+    """The Kubernetes step upgrades an existing release with ``--reset-then-reuse-values`` (helm 3.14 on:
+    helm@v3.14.0 cmd/helm/upgrade.go:255), so the site's values stay; helm 3.13 stops with ``unknown flag`` after the
+    step may have changed other things. The "helm" here is a stand-in printing what ``helm version --short``
+    prints (helm@v3.13.0 cmd/helm/version.go:94-103): only the real helm 4.1.4 is built here."""
+    helm = tmp_path / "helm"
+    helm.write_text(f"#!/bin/sh\necho {printed}\n")
+    helm.chmod(0o755)
+    python_talosctl(monkeypatch, "the helm check does not depend on the talosctl")
+    with sim_cluster(tmp_path / "sim", workers=1) as (_params, ctx):
+        result = preflight(replace(ctx, helm=Helm(str(helm))))
+    [check] = [c for c in result.checks if c.name == "helm"]
+    assert check.ok is ok, check
+    if not ok:
+        assert "3.14" in check.message and "tools.helm" in check.fix

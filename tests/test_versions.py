@@ -5,6 +5,7 @@ import pytest
 from runbook_lib.errors import CompatibilityError, PermanentError
 from runbook_lib.model.versions import (
     TalosVersion,
+    chart_is_newer,
     check_extension_tags,
     parse_kmod_tag,
     parse_toolkit_tag,
@@ -65,3 +66,26 @@ def test_both_problems_reported_together_and_raised_as_compatibility_error():
     assert len(check_extension_tags("1.2.3-v1.11.0", "4.5.6-v1.18.0", "v1.12.0").problems) == 2
     with pytest.raises(CompatibilityError):
         require_matching_tags("1.2.3-v1.11.0", "4.5.6-v1.18.0", "v1.12.0")
+
+
+@pytest.mark.parametrize(
+    ("installed", "planned", "newer"),
+    [
+        ("v26.7.0", "v26.3.3", True),  # the GPU Operator chart NVIDIA publishes after the one Talos CI pins
+        ("0.18.0", "0.17.2", True),
+        ("0.18.0", "0.18.0", False),
+        ("v26.3.3", "26.3.3", False),  # helm reads both spellings as one version
+        ("0.18.0-rc.1", "0.18.0", False),  # a pre-release comes before its release (semver.org §11)
+        ("26.3.3-1", "26.3.3", False),  # PEP 440 would read this as a post-release, after 26.3.3
+        ("0.17.0-ubi8", "0.17.0", False),  # a suffix PEP 440 refuses to parse at all
+        ("1.0.0-alpha.10", "1.0.0-alpha.9", True),  # numeric identifiers compare as numbers
+        ("1.0.0-alpha.1", "1.0.0-alpha.beta", False),  # numbers before words
+    ],
+)
+def test_chart_versions_compare_as_helm_orders_them(installed, planned, newer):
+    assert chart_is_newer(installed, planned) is newer
+
+
+def test_a_chart_version_constraint_is_not_compared():
+    # helm --version takes a constraint; the runbook leaves it to helm instead of refusing it
+    assert chart_is_newer("26.3.3", ">=26.3.1") is None

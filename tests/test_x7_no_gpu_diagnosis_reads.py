@@ -225,3 +225,55 @@ def test_a_node_with_gpus_names_its_gfd_product_in_message_and_data() -> None:
         and "gpu_product" not in result.nodes[1].data
     )
     assert kube.reads == {"list nodes": 1}
+
+
+def test_a_validator_crash_looping_in_toolkit_validation_is_named_not_sent_to_the_plugins_log() -> None:
+    """The validator's toolkit-validation runs nvidia-smi once (``WITH_WAIT: "false"``, gpu-operator@v26.3.3
+    assets/state-operator-validation/0500_daemonset.yaml:59-69; cmd/nvidia-validator/main.go:1142-1150): failing,
+    it exits and the kubelet restarts it with back-off, so its status is waiting in CrashLoopBackOff with the failed
+    run as lastState (as the kubelet reports it: kubernetes pkg/kubelet/container/sync_result.go
+    ErrCrashLoopBackOff), never running. The step looked only for a running init container and told the user the
+    device plugin runs, pointing at its log, which is empty: the plugin's pod waits in its own toolkit-validation.
+    The status is written by hand: the simulated operator has no case where toolkit-validation fails alone (a node
+    without the toolkit's runtime cannot start the validator's pod at all)."""
+    namespace = "gpu-operator"
+    nodes, pods = _fleet(namespace, {"app": "nvidia-device-plugin-daemonset"})
+    name = _names()[2]
+    done = {"terminated": {"exitCode": 0, "reason": "Completed"}}
+    back_off = f"back-off 20s restarting failed container=toolkit-validation pod={OPERATOR_VALIDATOR}-x_gpu-operator(u)"
+    pods.append(
+        {
+            "metadata": {
+                "name": f"{OPERATOR_VALIDATOR}-x",
+                "namespace": namespace,
+                "labels": {"app": OPERATOR_VALIDATOR},
+            },
+            "spec": {"nodeName": name},
+            "status": {
+                "phase": "Pending",
+                "initContainerStatuses": [
+                    {"name": "driver-validation", "state": done, "ready": True, "restartCount": 0},
+                    {
+                        "name": "toolkit-validation",
+                        "state": {"waiting": {"reason": "CrashLoopBackOff", "message": back_off}},
+                        "lastState": {"terminated": {"exitCode": 1, "reason": "Error"}},
+                        "ready": False,
+                        "restartCount": 2,
+                    },
+                    {"name": "cuda-validation", "state": {"waiting": {"reason": "PodInitializing"}}},
+                ],
+            },
+        }
+    )
+    plugin = {
+        "metadata": {"name": "nvidia-device-plugin-daemonset", "namespace": namespace,
+                     "labels": {"app": "nvidia-device-plugin-daemonset"}},
+        "status": {"desiredNumberScheduled": NODES},
+    }  # fmt: skip
+    ctx = _context("v1.13.2", CountingKube(nodes, pods, [plugin]), CountingHelm())
+    check = _no_gpu_diagnosis(ctx, nodes[2])
+    assert check.name == "GPU Operator toolkit validation", check
+    assert check.message == (
+        f"{OPERATOR_VALIDATOR} on {name} waits in toolkit-validation "
+        "(CrashLoopBackOff: it exits with an error and is restarted)"
+    )

@@ -16,6 +16,14 @@ from runbook_lib.errors import PermanentError
 
 from .proc import CommandResult, Runner
 
+#: What every ``helm list`` asks for, the same on helm 3 and 4. ``--max 0``: no cut, where the default 256 keeps
+#: the first 256 releases by name, so on a busy cluster ``nvidia-device-plugin`` was missing and taken as not
+#: installed (helm@v4.1.4 pkg/cmd/list.go:133, pkg/action/list.go:216-222; v3.14.0 the same). The statuses: helm 3
+#: lists only deployed and failed releases by default, hiding one left ``pending-upgrade`` by an interrupted
+#: ``helm upgrade``, and helm 4 lists every status, ``uninstalled`` (``helm uninstall --keep-history``) too
+#: (v3.14.0 pkg/action/list.go:300-330, v4.1.4 :328-331); a release uninstalled with its history kept is gone.
+LIST_FILTER = ("--max", "0", "--deployed", "--failed", "--pending")
+
 
 @dataclass(frozen=True)
 class Release:
@@ -61,7 +69,7 @@ class Helm:
 
     def releases(self, namespace: str) -> list[Release]:
         return self._parse_list(
-            self.run(["list", "-n", namespace, "-o", "json"]).check("helm list"), namespace
+            self.run(["list", "-n", namespace, *LIST_FILTER, "-o", "json"]).check("helm list"), namespace
         )
 
     @staticmethod
@@ -85,7 +93,9 @@ class Helm:
 
     def releases_everywhere(self) -> list[Release]:
         """Releases of every namespace (``helm list -A``): a device plugin may live outside the planned one."""
-        return self._parse_list(self.run(["list", "-A", "-o", "json"]).check("helm list -A"), "")
+        return self._parse_list(
+            self.run(["list", "-A", *LIST_FILTER, "-o", "json"]).check("helm list -A"), ""
+        )
 
     def uninstall(self, name: str, namespace: str, *, timeout_s: int = 300) -> CommandResult:
         """Remove a release and wait until its objects are gone (``--wait``, helm >= 3.7)."""

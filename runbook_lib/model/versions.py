@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import total_ordering
+from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
@@ -174,13 +175,32 @@ def require_matching_tags(kmod_tag: str, toolkit_tag: str, node_talos: TalosVers
     return result.driver
 
 
+#: A chart version as helm reads it (Masterminds/semver ``NewVersion``: an optional ``v``, minor and patch optional).
+_CHART_VERSION = re.compile(r"^v?(\d+)(?:\.(\d+))?(?:\.(\d+))?(?:-([0-9A-Za-z.-]+))?(?:\+[0-9A-Za-z.-]+)?$")
+
+
+def _chart_version_key(text: str) -> tuple[Any, ...] | None:
+    """Semantic-version precedence (semver.org §11): a pre-release sorts before its release, its dot-separated
+    identifiers compared numerically when digits, numbers before words; build metadata ignored."""
+    match = _CHART_VERSION.match(text.strip())
+    if match is None:
+        return None
+    core = tuple(int(part or 0) for part in match.groups()[:3])
+    pre = match.group(4)
+    if pre is None:
+        return (core, (1,))
+    return (core, (0, tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in pre.split("."))))
+
+
 def chart_is_newer(installed: str, planned: str) -> bool | None:
-    """Whether a Helm chart version installed is newer than the one planned (``v26.7.0`` > ``v26.3.3``);
-    ``None`` when either is not a version :mod:`packaging` reads, so the caller decides rather than guesses.
+    """Whether a Helm chart version installed is newer than the one planned (``v26.7.0`` > ``v26.3.3``), by
+    semantic-version precedence as helm orders chart versions; ``None`` when either is not a version (a
+    constraint such as ``>=26.3.1``), so the caller leaves the choice to helm rather than guess.
 
     Why it matters: ``helm upgrade --version`` installs exactly the version given, older or not, so a plan pinned
-    to an older chart than a site already runs would downgrade it."""
-    try:
-        return Version(installed) > Version(planned)
-    except InvalidVersion:
+    to an older chart than a site already runs would downgrade it. Why not :mod:`packaging`: PEP 440 reads
+    ``26.3.3-1`` as a post-release (after ``26.3.3``, where semver puts it before) and refuses ``0.17.0-ubi8``."""
+    old, new = _chart_version_key(installed), _chart_version_key(planned)
+    if old is None or new is None:
         return None
+    return old > new

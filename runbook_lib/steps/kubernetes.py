@@ -231,15 +231,10 @@ def _is_chart(release: Release, chart_name: str) -> bool:
 
 
 def _refuse_downgrade(current: Release, chart_name: str, planned_version: str, section: str) -> None:
+    """Refuse when the release runs a newer chart than planned; a version that is not one (a constraint such as
+    ``>=26.3.1``) is left to helm, as before."""
     installed = current.chart_version(chart_name)
     newer = chart_is_newer(installed, planned_version)
-    if newer is None:
-        raise PermanentError(
-            f"release {current.name} in {current.namespace} runs chart {current.chart}, whose version cannot be "
-            f"compared with {section}.chart_version {planned_version}, so nothing was changed",
-            hint=f"set {section}.chart_version to the version to run, as `helm search repo {chart_name} "
-            "--versions` lists it",
-        )
     if newer:
         raise PermanentError(
             f"release {current.name} in {current.namespace} runs chart {installed}, newer than "
@@ -592,9 +587,10 @@ def _operator_validation_waiting(ctx: Context, node: str, reads: ClusterReads) -
         if (pod.get("spec") or {}).get("nodeName") != node:
             continue
         for status in (pod.get("status") or {}).get("initContainerStatuses") or []:
-            if "running" not in (status.get("state") or {}):
+            how = _stuck(status)
+            if how is None:
                 continue
-            message = f"{OPERATOR_VALIDATOR} on {node} waits in {status['name']}"
+            message = f"{OPERATOR_VALIDATOR} on {node} waits in {status['name']}{how}"
             if status["name"] == "driver-validation":
                 return _driver_validation(ctx, message, reads)
             if status["name"] == "toolkit-validation":
@@ -606,6 +602,21 @@ def _operator_validation_waiting(ctx: Context, node: str, reads: ClusterReads) -
                     "extension is missing or its driver differs from the loaded one",
                     fix="run the verification step for this node",
                 )
+    return None
+
+
+def _stuck(status: dict[str, Any]) -> str | None:
+    """How an init container holds its pod up: ``""`` running (driver-validation waits, ``WITH_WAIT: "true"``),
+    ``" (CrashLoopBackOff: …)"`` when it exits with an error and is restarted, which is how the validator's later
+    validations fail (``WITH_WAIT: "false"``: they run once; gpu-operator@v26.3.3
+    assets/state-operator-validation/0500_daemonset.yaml:59-125, cmd/nvidia-validator/main.go:1132-1150); None
+    otherwise (done, or not started yet)."""
+    state = status.get("state") or {}
+    if "running" in state:
+        return ""
+    waiting = state.get("waiting") or {}
+    if waiting.get("reason") == "CrashLoopBackOff":
+        return " (CrashLoopBackOff: it exits with an error and is restarted)"
     return None
 
 

@@ -10,6 +10,7 @@ so a re-run shows at a glance which steps will be no-ops.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,7 +70,7 @@ def _tool_versions(ctx: Context, result: StepResult, client: str | None) -> dict
     versions["talosctl"] = client or "unknown"
     try:
         versions["helm"] = ctx.helm.version()
-        result.checks.append(Check("helm", True, f"helm {versions['helm']}"))
+        result.checks.append(_helm_check(versions["helm"]))
     except RunbookError as exc:
         result.checks.append(
             Check("helm", False, exc.message, fix=exc.hint or "install helm or set tools.helm")
@@ -82,6 +83,24 @@ def _tool_versions(ctx: Context, result: StepResult, client: str | None) -> dict
             Check("kubernetes API", False, exc.message, fix=exc.hint or "check the kubeconfig parameter")
         )
     return versions
+
+
+def _helm_check(version: str) -> Check:
+    """helm must be 3.14 or newer: the Kubernetes step upgrades an existing release with
+    ``--reset-then-reuse-values`` (helm@v3.14.0 cmd/helm/upgrade.go:255) so the site's own values stay; an older
+    helm fails there with ``unknown flag``, after the step may have changed other things (on the GPU Operator
+    layer: the device plugin uninstalled). ``version`` is ``helm version --short`` (``v3.13.3+g<commit>``, helm@v3.13.0
+    cmd/helm/version.go:94-103); one that does not read as a version is not compared."""
+    match = re.match(r"^v?(\d+)\.(\d+)", version.strip())
+    if match is None or (int(match.group(1)), int(match.group(2))) >= (3, 14):
+        return Check("helm", True, f"helm {version}")
+    return Check(
+        "helm",
+        False,
+        f"helm {version} is older than 3.14: it cannot upgrade a release keeping the values the site gave it "
+        "(--reset-then-reuse-values)",
+        fix="install helm 3.14 or newer and point tools.helm at it",
+    )
 
 
 def _read_nodes(
