@@ -84,8 +84,9 @@ def config_patch(
         result.data["default_runtime_deferred"] = deferred
         result.notes.append(
             f"default runtime nvidia deferred on {len(deferred)} node(s): their image has no NVIDIA container "
-            "toolkit yet, and containerd refuses a default runtime it has no definition for; the image step "
-            "applies it right after the upgrade"
+            "toolkit yet, and containerd refuses a default runtime it has no definition for, or they run a "
+            "release before 1.14, which does not know the 1.14 form of the patch; the image step applies it "
+            "right after the upgrade"
         )
     result.data["groups"] = []
     for index, ((patch_yaml, members), dry) in enumerate(

@@ -239,10 +239,13 @@ class Planner:
             res.message = f"cannot read the machine config: {errors.get(node.address, 'no answer')}"
             res.checks.append(Check("machine config readable", False, res.message, fix=unreachable_fix(node)))
             return res, None
-        ready = node.address in reads.ready
+        legacy = node.address in reads.legacy
+        # A node before 1.14 bound for 1.14 would refuse the CRICustomizationConfig document as it refuses
+        # KernelModuleConfig (kind first registered at talos@v1.14.0-rc.1 pkg/machinery/config/types/cri/
+        # customization.go:21): the image step applies it once the node runs 1.14.
+        ready = node.address in reads.ready and not legacy
         if not ready:
             res.data["default_runtime_deferred"] = True
-        legacy = node.address in reads.legacy
         if legacy:
             res.data["modules_form"] = "machine.kernel.modules (the node runs a release before 1.14)"
         try:

@@ -52,9 +52,10 @@ def test_a_1_13_node_refuses_kernel_module_config_documents_as_its_machinery_doe
     assert legacy.returncode == 0, legacy.stderr
 
 
-def _context(release: Release, apply: bool):
+def _context(release: Release, apply: bool, **more):
     """The runbook's context for a real cluster at these nodes, its target Talos 1.14."""
     data = {
+        **more,
         "cluster": "lab",
         "target": "cluster",
         "talos_version": TALOS,
@@ -82,3 +83,23 @@ def test_the_1_14_modules_patch_reaches_1_13_nodes_in_the_form_they_read_and_cou
         _context(fresh_113, apply=False)
     )  # done: the documents' modules are met by the older form
     assert {n.status for n in again.nodes} == {"unchanged"}, [n.message for n in again.nodes]
+
+
+@pytest.fixture
+def nvidia_image_113(tmp_path: Path) -> Iterator[Release]:
+    """1.13.9 GPU workers already on the NVIDIA image (the toolkit's runtime is there), modules not configured."""
+    yield from serve(tmp_path / "cluster-113-nvidia", RUNNING, CLIENT, "extensions-no-patch")
+
+
+def test_the_1_14_default_runtime_waits_for_the_upgrade_on_a_1_13_node_that_has_the_toolkit(
+    nvidia_image_113: Release,
+) -> None:
+    """Talos 1.14's default-runtime patch is a CRICustomizationConfig document (talos-nvidia.md §1.3), a kind
+    first registered at talos@v1.14.0-rc.1 (pkg/machinery/config/types/cri/customization.go:21), which a 1.13
+    machined refuses as it refuses KernelModuleConfig. A node with the toolkit counted as ready for it, so the
+    whole patch, modules too, was refused; it now waits for the image step, which applies it on 1.14."""
+    plan = config_patch(_context(nvidia_image_113, apply=False, default_runtime_patch=True))
+    assert [n.status for n in plan.nodes] == ["planned"] * len(plan.nodes), [n.message for n in plan.nodes]
+    assert plan.data["default_runtime_deferred"] == [n.node for n in plan.nodes]
+    [group] = plan.data["groups"]
+    assert "CRICustomizationConfig" not in group["patch"] and "KernelModuleConfig" not in group["patch"]
