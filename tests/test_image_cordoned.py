@@ -41,3 +41,17 @@ def test_a_cordoned_node_on_the_plan_fails_naming_the_cordon_and_the_others_stay
 
         _set_unschedulable(ctx, cordoned, False)
         assert {n.status for n in image_upgrade(ctx).nodes} == {"unchanged"}
+
+
+def test_a_cordoned_node_on_the_plan_does_not_hold_back_the_others_upgrades(tmp_path):
+    """It fails for its cordon only: the nodes still to upgrade are upgraded (before, any failed node stopped the
+    whole rollout, so one node an administrator had cordoned held the fleet back)."""
+    with real_cluster(tmp_path, scenario="config-patched", apply=True) as (params, ctx):
+        first, *others = [n.name for n in params.nodes]
+        assert image_upgrade(ctx, only=[first]).node(first).status == "changed"
+        _set_unschedulable(ctx, first, True)
+
+        result = image_upgrade(ctx)
+
+        assert result.node(first).status == "failed" and "cordoned" in result.node(first).message
+        assert [result.node(name).status for name in others] == ["changed"] * len(others), result.to_dict()

@@ -220,6 +220,26 @@ def patch_chunk_size(nodes: int, calls: int = PATCH_CALLS) -> int:
     return max(1, -(-nodes // max(1, calls)))
 
 
+#: talosctl 1.13+'s own drain timeout, its ``--drain-timeout`` default (talos@v1.13.0
+#: cmd/talosctl/pkg/talos/nodedrain/nodedrain.go:30), which the runbook does not change.
+DRAIN_SECONDS = 300.0
+#: How long past its own deadline a talosctl upgrade may take to print its error and exit before it is stopped.
+KILL_MARGIN = 30.0
+
+
+def upgrade_deadline(timeout: float, *, drains: bool) -> float:
+    """When the runbook stops a ``talosctl upgrade --wait --timeout=<timeout>`` that has not returned.
+
+    Why more than ``--timeout`` when talosctl drains: up to 1.12 (and with ``--legacy``) ``--timeout`` bounds the
+    whole command (tracker.go:168). On 1.13+'s default path it bounds only the reboot wait; before it come the
+    image pull, the install and the drain (``--drain-timeout``, 5 min), after it the wait for the node to be
+    Ready before the uncordon, again up to ``--timeout`` (talos@v1.13.0 cmd/talosctl/cmd/talos/upgrade.go:131-166,
+    drain.go:106-150). Killed at ``--timeout`` + 30 s, a healthy but slow upgrade died in its drain or its
+    uncordon wait and left the node cordoned. The pull and install have no bound of their own; they get the
+    ``KILL_MARGIN`` with the rest."""
+    return 2 * timeout + DRAIN_SECONDS + KILL_MARGIN if drains else timeout + KILL_MARGIN
+
+
 def pipeline_chunk_size(
     nodes: int, calls: int = PIPELINE_CHUNKS, *, minimum: int = MIN_PIPELINE_CHUNK
 ) -> int:
@@ -607,13 +627,17 @@ class Talosctl:
         timeout: float = 1800.0,
         preserve: bool = False,
         legacy: bool = False,
+        drains: bool = False,
     ) -> CommandResult:
         """``talosctl upgrade --image <installer>``: never without ``--image`` (that drops the extensions).
 
         ``preserve``: pass ``--preserve``, which Talos before 1.8 needs to keep EPHEMERAL; ``legacy``: pass
-        ``--legacy`` (see :func:`upgrade_flags`).
+        ``--legacy`` (see :func:`upgrade_flags`); ``drains``: talosctl will drain the node (see
+        :func:`upgrade_deadline`).
         """
-        return self.upgrade_nodes([node], image, wait=wait, timeout=timeout, preserve=preserve, legacy=legacy)
+        return self.upgrade_nodes(
+            [node], image, wait=wait, timeout=timeout, preserve=preserve, legacy=legacy, drains=drains
+        )
 
     def upgrade_nodes(
         self,
@@ -624,6 +648,7 @@ class Talosctl:
         timeout: float = 1800.0,
         preserve: bool = False,
         legacy: bool = False,
+        drains: bool = False,
         on_stderr_line: Callable[[str], None] | None = None,
     ) -> CommandResult:
         """:meth:`upgrade` of ``nodes`` as ONE talosctl process; ``on_stderr_line`` gets its lines as printed.
@@ -646,9 +671,8 @@ class Talosctl:
         if wait:
             # talosctl's own timeout first, so its error text (not a killed process) tells what hung
             args.append(f"--timeout={int(timeout)}s")
-        return self.run(
-            args, nodes, timeout=timeout + 30, changes_cluster=True, on_stderr_line=on_stderr_line
-        )
+        deadline = upgrade_deadline(timeout, drains=drains) if wait else timeout + KILL_MARGIN
+        return self.run(args, nodes, timeout=deadline, changes_cluster=True, on_stderr_line=on_stderr_line)
 
     def machineconfig_text(self, node: str) -> CommandResult:
         """The node's current machine config as YAML (``get machineconfig -o yaml``)."""

@@ -37,6 +37,7 @@ def flag_cordoned(ctx: Context, result: StepResult, unchanged: list[NodeResult])
         if res.node not in cordoned:
             continue
         res.status = "failed"
+        res.data["cordoned"] = True  # not a reason to hold back the other nodes' upgrades (only_cordoned)
         res.message += "; but its Kubernetes Node is cordoned, so no pod is scheduled there"
         res.checks.append(
             Check(
@@ -49,3 +50,9 @@ def flag_cordoned(ctx: Context, result: StepResult, unchanged: list[NodeResult])
                 fix=f"kubectl uncordon {res.node}  # once nothing else needs it cordoned; then re-run this step",
             )
         )
+
+
+def only_cordoned(res: NodeResult) -> bool:
+    """A node that failed only for its cordon: the image step still upgrades the other nodes, since nothing about
+    this one makes their upgrade unsafe (it is already on the plan)."""
+    return bool(res.data.get("cordoned")) and all(c.ok or c.name == CHECK for c in res.checks)

@@ -319,7 +319,7 @@ def _clear_to_roll_out(
 ) -> bool:
     """True when the rollout may start; otherwise every node to do is marked untouched with the reason, since
     one blocked node or a failed factory check stops the whole rollout, not just that node."""
-    blocked = [r for r in result.nodes if r.status == "failed"]
+    blocked = [r for r in result.nodes if r.status == "failed" and not cordoned.only_cordoned(r)]
     if blocked or not factory_ok:
         reason = "a node cannot be read or upgraded safely" if blocked else "the Image Factory checks failed"
         for plan in todo:
@@ -723,6 +723,7 @@ def _upgrade_group(
         timeout=upgrade_timeout,
         preserve=first.preserve,
         legacy=first.legacy,
+        drains=first.drains,
         on_stderr_line=follower.feed,
     )
     follower.close()

@@ -423,6 +423,9 @@ def _images(
                 plan.image or "",
                 preserve=plan.preserve,
                 legacy=plan.legacy,
+                # talosctl 1.13+ drains unless --legacy; rollback does not read the client's release, so it
+                # allows for the drain whenever it may happen (only a hung talosctl waits longer for it)
+                drains=not plan.legacy,
                 timeout=float(ctx.params.timeouts.upgrade_seconds),
             )
             return None if run.ok else (run.stderr.strip() or f"talosctl upgrade exited {run.exit_code}")
