@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from runbook_lib.model.params import validate
+from runbook_lib.steps.context import connect
 from runbook_lib.steps.patch import config_patch
 from runbook_lib.steps.preflight import preflight
 from runbook_lib.steps.verify import verify
@@ -317,3 +319,23 @@ def test_verify_reads_kubernetes_nodes_page_by_page_and_misses_none(gpu_ready_on
     names = sorted(n["metadata"]["name"] for n in ctx.kube.nodes())
     paged = [n["metadata"]["name"] for n in ctx.kube.iter_nodes(page=1)]
     assert sorted(paged) == names and len(paged) == 3
+
+
+def test_a_node_on_another_minor_than_the_plan_is_told_so_first(tmp_path):
+    """Verify judges each node against the plan's release (its services, CDI spec, module build): on a node the
+    image step has not moved, 1.12.7 judged as 1.13.2, the failures read as the node's own (``ext-nvidia-cdi-gen``
+    missing, a service no 1.12 extension has). The node's running release (``talosctl version``) now fails a
+    first check that says which release it runs and that the image step moves it."""
+    with sim_cluster(tmp_path, scenario="gpu-ready", talos_version="v1.12.7") as (params, _ctx):
+        data = {
+            "cluster": params.cluster,
+            "target": "simulated",
+            "talos_version": "v1.13.2",
+            "nodes": [{"name": n.name, "address": n.address} for n in params.nodes],
+        }
+        result = verify(connect(validate(data, source="test"), state_dir=tmp_path))
+    for node in result.nodes:
+        first = node.checks[0]
+        assert (first.name, first.ok) == ("Talos release", False), node.checks
+        assert first.message.startswith("the node runs Talos v1.12.7, the plan v1.13.2"), first
+        assert "--steps image --apply" in first.fix
