@@ -16,6 +16,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from runbook_lib.clients.proc import Journal
@@ -137,6 +138,18 @@ def _fleet(namespace: str, labels: dict[str, str]) -> tuple[list[Obj], list[Obj]
     return nodes, pods
 
 
+def _selected_by_operator(nodes: list[Obj]) -> list[Obj]:
+    """The Nodes as the GPU Operator leaves them: NFD's NVIDIA PCI label and the operator's deploy labels, which
+    its device-plugin and validator DaemonSets select on (gpu-operator@v26.3.3 controllers/state_manager.go:90-118)."""
+    for node in nodes:
+        node["metadata"]["labels"] |= {
+            "feature.node.kubernetes.io/pci-10de.present": "true",
+            "nvidia.com/gpu.deploy.device-plugin": "true",
+            "nvidia.com/gpu.deploy.operator-validator": "true",
+        }
+    return nodes
+
+
 def _diagnose_all(ctx: Context) -> StepResult:
     result = StepResult(step="kubernetes", applied=True)
     _wait_for_gpus(ctx, result, list(ctx.params.nodes), timeout_s=0)
@@ -175,6 +188,7 @@ def test_gpu_operator_layer_reads_its_daemonsets_validator_pods_and_release_valu
     runbook's values, so each node gets the "node lacks the NVIDIA extensions" diagnosis."""
     namespace = "gpu-operator"
     nodes, pods = _fleet(namespace, {"app": "nvidia-device-plugin-daemonset"})
+    nodes = _selected_by_operator(nodes)
     validator: Obj = {
         "spec": {},
         "status": {"initContainerStatuses": [{"name": "driver-validation", "state": {"running": {}}}]},
@@ -238,6 +252,7 @@ def test_a_validator_crash_looping_in_toolkit_validation_is_named_not_sent_to_th
     without the toolkit's runtime cannot start the validator's pod at all)."""
     namespace = "gpu-operator"
     nodes, pods = _fleet(namespace, {"app": "nvidia-device-plugin-daemonset"})
+    nodes = _selected_by_operator(nodes)
     name = _names()[2]
     done = {"terminated": {"exitCode": 0, "reason": "Completed"}}
     back_off = f"back-off 20s restarting failed container=toolkit-validation pod={OPERATOR_VALIDATOR}-x_gpu-operator(u)"
@@ -277,3 +292,40 @@ def test_a_validator_crash_looping_in_toolkit_validation_is_named_not_sent_to_th
         f"{OPERATOR_VALIDATOR} on {name} waits in toolkit-validation "
         "(CrashLoopBackOff: it exits with an error and is restarted)"
     )
+
+
+@pytest.mark.parametrize(
+    ("labels", "message"),
+    [
+        ({}, "has no NFD label for an NVIDIA PCI device (feature.node.kubernetes.io/pci-10de.present)"),
+        (
+            {"feature.node.kubernetes.io/pci-10de.present": "true"},
+            "the GPU Operator has not labelled Node gpu-worker-2 nvidia.com/gpu.deploy.device-plugin=true",
+        ),
+    ],
+)
+def test_a_node_the_gpu_operator_never_selected_is_named_as_such(
+    labels: dict[str, str], message: str
+) -> None:
+    """The operator's device-plugin and validator DaemonSets select ``nvidia.com/gpu.deploy.*=true``, which the
+    operator sets only on nodes NFD labelled as having an NVIDIA PCI device (gpu-operator@v26.3.3
+    controllers/state_manager.go:114-118, 521-621): such a node has neither pod, and was told "the device plugin
+    runs". The Nodes are written by hand: the simulated operator applies NFD's label itself on every GPU node, so
+    it has no case of NFD missing."""
+    namespace = "gpu-operator"
+    nodes, pods = _fleet(namespace, {"app": "nvidia-device-plugin-daemonset"})
+    nodes = _selected_by_operator(nodes)
+    for key in list(nodes[2]["metadata"]["labels"]):
+        if key.startswith(("feature.node.kubernetes.io/", "nvidia.com/gpu.deploy.")):
+            del nodes[2]["metadata"]["labels"][key]
+    nodes[2]["metadata"]["labels"] |= labels
+    pods = [p for p in pods if p["spec"]["nodeName"] != nodes[2]["metadata"]["name"]]
+    plugin = {
+        "metadata": {"name": "nvidia-device-plugin-daemonset", "namespace": namespace,
+                     "labels": {"app": "nvidia-device-plugin-daemonset"}},
+        "status": {"desiredNumberScheduled": NODES - 1},
+    }  # fmt: skip
+    ctx = _context("v1.13.2", CountingKube(nodes, pods, [plugin]), CountingHelm())
+    check = _no_gpu_diagnosis(ctx, nodes[2])
+    assert check.name == "GPU Operator node selection", check
+    assert message in check.message, check

@@ -476,8 +476,10 @@ def _no_gpu_diagnosis(ctx: Context, node: dict[str, Any], reads: ClusterReads | 
             fix=f"kubectl label node {node['metadata']['name']} nvidia.com/gpu.present=true",
         )
     if ctx.plan.kubernetes_layer == "gpu-operator":
-        waiting = _operator_plugin_missing(ctx, reads) or _operator_validation_waiting(
-            ctx, node["metadata"]["name"], reads
+        waiting = (
+            _operator_plugin_missing(ctx, reads)
+            or _operator_not_selected(ctx, node)
+            or _operator_validation_waiting(ctx, node["metadata"]["name"], reads)
         )
         if waiting is not None:
             return waiting
@@ -569,6 +571,49 @@ def _operator_plugin_missing(ctx: Context, reads: ClusterReads) -> Check | None:
         cause="the operator has not reconciled its ClusterPolicy (see the check "
         f"'{operator_runtime_class.CHECK}')",
         fix=f"kubectl -n {namespace} logs {operator_runtime_class.OPERATOR_DEPLOYMENT}",
+    )
+
+
+#: The Node labels the GPU Operator takes as "has an NVIDIA GPU", which Node Feature Discovery sets
+#: (gpu-operator@v26.3.3 controllers/state_manager.go:114-118 ``gpuNodeLabels``).
+NFD_GPU_LABELS = (
+    "feature.node.kubernetes.io/pci-10de.present",
+    "feature.node.kubernetes.io/pci-0302_10de.present",
+    "feature.node.kubernetes.io/pci-0300_10de.present",
+)
+#: The label the operator's device-plugin (and validator) DaemonSet selects on (state_manager.go:93, 97;
+#: assets/state-device-plugin/0500_daemonset.yaml nodeSelector).
+DEPLOY_PLUGIN_LABEL = "nvidia.com/gpu.deploy.device-plugin"
+
+
+def _operator_not_selected(ctx: Context, node: dict[str, Any]) -> Check | None:
+    """The operator deploys nothing to a node it has not labelled ``nvidia.com/gpu.deploy.device-plugin=true``,
+    and it labels only nodes NFD marked as having an NVIDIA PCI device (state_manager.go:521-621
+    ``labelGPUNodes``): with no plugin and no validator pod there, the other diagnoses find nothing to blame and
+    the node got "the device plugin runs" (found by a review helper). None when the node is selected."""
+    name, labels = node["metadata"]["name"], node["metadata"].get("labels") or {}
+    if labels.get(DEPLOY_PLUGIN_LABEL) == "true":
+        return None
+    namespace = ctx.plan.helm.namespace
+    if not any(labels.get(key) == "true" for key in NFD_GPU_LABELS):
+        return Check(
+            "GPU Operator node selection",
+            False,
+            f"Node {name} has no NFD label for an NVIDIA PCI device ({NFD_GPU_LABELS[0]}), so the GPU Operator "
+            "deploys nothing to it",
+            cause="Node Feature Discovery has not labelled it: its worker does not run there, or the release has "
+            "nfd.enabled=false and the site runs no NFD of its own",
+            fix=f"kubectl -n {namespace} get pods -l app.kubernetes.io/name=node-feature-discovery,role=worker "
+            "-o wide  # the NFD worker on this node, and its log",
+        )
+    return Check(
+        "GPU Operator node selection",
+        False,
+        f"the GPU Operator has not labelled Node {name} {DEPLOY_PLUGIN_LABEL}=true, so its device plugin does not "
+        "run there",
+        cause="the operator has not reconciled since NFD labelled the node, or the label was set to false by hand",
+        fix=f"kubectl get node {name} --show-labels; kubectl -n {namespace} logs "
+        f"{operator_runtime_class.OPERATOR_DEPLOYMENT}",
     )
 
 
