@@ -243,7 +243,7 @@ class Planner:
         # A node before 1.14 bound for 1.14 would refuse the CRICustomizationConfig document as it refuses
         # KernelModuleConfig (kind first registered at talos@v1.14.0-rc.1 pkg/machinery/config/types/cri/
         # customization.go:21): the image step applies it once the node runs 1.14.
-        ready = node.address in reads.ready and not legacy
+        ready = node.address in reads.ready and not (legacy and self.ctx.params.default_runtime_patch)
         if not ready:
             res.data["default_runtime_deferred"] = True
         if legacy:

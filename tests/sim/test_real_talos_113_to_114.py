@@ -76,6 +76,7 @@ def test_the_1_14_modules_patch_reaches_1_13_nodes_in_the_form_they_read_and_cou
     patch = yaml.safe_load(group["patch"])
     assert [m["name"] for m in patch["machine"]["kernel"]["modules"]][:2] == ["nvidia", "nvidia_uvm"], group
     assert "KernelModuleConfig" not in group["patch"]
+    assert "default_runtime_deferred" not in plan.data, plan.notes  # not asked for: nothing to defer
 
     applied = config_patch(_context(fresh_113, apply=True))
     assert applied.ok and {n.status for n in applied.nodes} == {"changed"}, [n.message for n in applied.nodes]
