@@ -3,7 +3,7 @@
 Why the image step looks: from Talos 1.13 ``talosctl upgrade`` installs the image, then cordons and drains the node
 itself, reboots it, and uncordons it only at the end, in a deferred call registered after the drain succeeded
 (talos@v1.13.0 cmd/talosctl/cmd/talos/upgrade.go:131-166, drain.go:33-100). A talosctl that is killed during the
-reboot wait (the runbook stops one at ``--timeout`` + 30 s) never uncordons, and a drain that fails returns before the
+reboot wait (the runbook stops one at ``talosctl.upgrade_deadline``) never uncordons, and a drain that fails returns before the
 uncordon is registered. The node then boots the planned image, so a second run found it "already on" the plan and
 said nothing while no pod could be scheduled there; cuda-test's pods stayed Pending. The step does not uncordon it:
 a cordon can also be an administrator's, so it names the node and the command instead.
