@@ -37,6 +37,11 @@ class Release:
     def chart_version(self, chart_name: str) -> str:
         return self.chart.removeprefix(f"{chart_name}-")
 
+    def of_chart(self, chart_name: str) -> bool:
+        """``helm list`` shows a release's chart as ``<chart>-<version>``; a version starts with a digit or ``v``."""
+        rest = self.chart_version(chart_name)
+        return rest != self.chart and rest.lstrip("v")[:1].isdigit()
+
 
 class Helm:
     def __init__(

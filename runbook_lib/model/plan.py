@@ -30,6 +30,12 @@ class HelmRelease:
     privileged_namespace: bool
     """Label the namespace ``pod-security.kubernetes.io/enforce=privileged`` (hostPath volumes need it)."""
 
+    @property
+    def chart_name(self) -> str:
+        """The chart without its repository (``nvdp/nvidia-device-plugin`` -> ``nvidia-device-plugin``), as
+        ``helm list`` names a release's chart."""
+        return self.chart.split("/", 1)[1]
+
 
 @dataclass(frozen=True)
 class NodePlan:

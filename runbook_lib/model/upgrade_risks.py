@@ -22,8 +22,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from runbook_lib.errors import PermanentError
-
 from .parsers import TalosResource
 from .versions import TalosVersion
 
@@ -148,7 +146,5 @@ def preserve_needed(target: TalosVersion, running: str | None) -> bool:
     accept the flag, hidden."""
     if not target.at_least(1, 8):
         return True
-    try:
-        return not TalosVersion.parse(running or "").at_least(1, 8)
-    except PermanentError:
-        return True
+    found = TalosVersion.parse_or_none(running)
+    return found is None or not found.at_least(1, 8)

@@ -72,6 +72,15 @@ class TalosVersion:
             return NotImplemented
         return self._key() < other._key()
 
+    @classmethod
+    def parse_or_none(cls, tag: str | None) -> TalosVersion | None:
+        """A node's or talosctl's version tag, or None when it is missing or unparsable (a caller that must
+        decide without it: an unreadable release counts as old, or is not compared)."""
+        try:
+            return cls.parse(tag or "")
+        except PermanentError:
+            return None
+
     def at_least(self, major: int, minor: int, patch: int = 0) -> bool:
         """True when this version is ``major.minor.patch`` or newer (pre-releases count as that release)."""
         own = (self.major, self.minor, self.patch or 0)

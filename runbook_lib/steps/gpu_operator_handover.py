@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from runbook_lib.clients.helm import Release
 from runbook_lib.errors import PermanentError, RunbookError
 from runbook_lib.model.versions import TalosVersion
 
@@ -44,12 +45,12 @@ class Leftovers:
         return out
 
 
-def leftovers(ctx: Context) -> Leftovers:
-    """Read the device-plugin releases (``helm list -A``) and whether RuntimeClass ``nvidia`` is not owned by
-    the operator's ClusterPolicy."""
+def leftovers(ctx: Context, listed: list[Release] | None = None) -> Leftovers:
+    """Read the device-plugin releases (``helm list -A``, unless the caller ``listed`` them already) and whether
+    RuntimeClass ``nvidia`` is not owned by the operator's ClusterPolicy."""
     releases = tuple(
         (rel.name, rel.namespace)
-        for rel in ctx.helm.releases_everywhere()
+        for rel in (ctx.helm.releases_everywhere() if listed is None else listed)
         if rel.chart.startswith(DEVICE_PLUGIN_CHART)
     )
     existing = ctx.kube.runtime_class(RUNTIME_CLASS)

@@ -537,11 +537,8 @@ def _tracked(client: str | None, *, legacy: bool) -> bool:
     (talos@v1.13.0 cmd/talosctl/cmd/talos/upgrade.go:96-99, 262-271).  1.13+'s default LifecycleService path
     installs on every node and reboots none when one fails (:131-138).  A node's own lines are what judge it:
     talosctl 1.3 exits 0 when a node failed (``_upgrade_group``)."""
-    try:
-        cli = TalosVersion.parse(client or "")
-    except PermanentError:
-        return False
-    return cli.at_least(1, 3) and (legacy or not cli.at_least(1, 13))
+    cli = TalosVersion.parse_or_none(client)
+    return cli is not None and cli.at_least(1, 3) and (legacy or not cli.at_least(1, 13))
 
 
 def _config_patch_missing(

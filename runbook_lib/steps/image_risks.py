@@ -162,10 +162,7 @@ def drain_note(names: Sequence[str]) -> str:
 
 def _version(tag: str | None) -> TalosVersion | None:
     """A talosctl or node version tag, or None when it is missing or unparsable."""
-    try:
-        return TalosVersion.parse(tag or "")
-    except PermanentError:
-        return None
+    return TalosVersion.parse_or_none(tag)
 
 
 def _get(node: Node, resource: str) -> str:

@@ -58,9 +58,12 @@ def kubernetes_layer(
     changed: list[str] = []
     try:
         _chart_repository(ctx)  # before any change: a repository helm cannot read stops the step here
-        current = _existing_release(ctx)  # before any change: another release of the chart, or a newer one
+        releases = ctx.helm.releases_everywhere()  # one helm list -A for both uses below
+        current = _existing_release(
+            ctx, releases
+        )  # before any change: another release of the chart, or newer
         if plan.kubernetes_layer == "gpu-operator":
-            _retire_device_plugin(ctx, result, changed, dry_run=dry_run, timeout_s=timeout_s)
+            _retire_device_plugin(ctx, releases, result, changed, dry_run=dry_run, timeout_s=timeout_s)
         _runtime_class(ctx, result, changed, dry_run=dry_run)
         if not result.ok:
             result.notes.append("stopped before the Helm release: fix the RuntimeClass first")
@@ -121,7 +124,13 @@ def _runtime_class(ctx: Context, result: StepResult, changed: list[str], *, dry_
 
 
 def _retire_device_plugin(
-    ctx: Context, result: StepResult, changed: list[str], *, dry_run: bool, timeout_s: float
+    ctx: Context,
+    releases: list[Release],
+    result: StepResult,
+    changed: list[str],
+    *,
+    dry_run: bool,
+    timeout_s: float,
 ) -> None:
     """Before the GPU Operator: remove the device-plugin releases and a RuntimeClass ``nvidia`` not the chart's.
 
@@ -129,7 +138,7 @@ def _retire_device_plugin(
     Talos 1.13; this catches what is left, e.g. nodes upgraded without the runbook). A plan only lists what
     would be removed.
     """
-    found = gpu_operator_handover.leftovers(ctx)
+    found = gpu_operator_handover.leftovers(ctx, releases)
     gpu_operator_handover.remove(ctx, found, dry_run=dry_run, timeout_s=timeout_s)
     for name, namespace in found.releases:
         what = f"helm uninstall {name} -n {namespace}"
@@ -175,7 +184,7 @@ def _chart_repository(ctx: Context) -> None:
     the parameter, where it used to retire releases or create RuntimeClass ``nvidia`` and then stop half-way.
     Only helm's local repository list changes here."""
     release = ctx.plan.helm
-    section = "gpu_operator" if ctx.plan.kubernetes_layer == "gpu-operator" else "device_plugin"
+    section = _section(ctx)
     try:
         ctx.helm.repo_add(release.repo_name, release.repo_url)
         ctx.helm.repo_update(release.repo_name)
@@ -193,8 +202,9 @@ def _section(ctx: Context) -> str:
     return "gpu_operator" if ctx.plan.kubernetes_layer == "gpu-operator" else "device_plugin"
 
 
-def _existing_release(ctx: Context) -> Release | None:
-    """The planned release as installed (``None`` if it is not), after refusing what would go wrong.
+def _existing_release(ctx: Context, releases: list[Release]) -> Release | None:
+    """The planned release as installed (``None`` if it is not), after refusing what would go wrong; ``releases``
+    is ``helm list -A``'s answer.
 
     Why ``helm list -A``: NVIDIA installs its charts under other names than the runbook's (``nvdp`` in namespace
     ``nvidia-device-plugin``, NVIDIA/k8s-device-plugin README; ``helm install --generate-name`` for the operator,
@@ -204,9 +214,9 @@ def _existing_release(ctx: Context) -> Release | None:
     "or higher"). Both refusals come before the step changes anything and name the parameters that adopt the
     existing release instead."""
     planned = ctx.plan.helm
-    chart_name = planned.chart.split("/", 1)[1]
+    chart_name = planned.chart_name
     section = _section(ctx)
-    same_chart = [r for r in ctx.helm.releases_everywhere() if _is_chart(r, chart_name)]
+    same_chart = [r for r in releases if r.of_chart(chart_name)]
     others = [r for r in same_chart if (r.name, r.namespace) != (planned.release, planned.namespace)]
     if others:
         found = ", ".join(f"{r.name} in namespace {r.namespace} ({r.chart})" for r in others)
@@ -222,12 +232,6 @@ def _existing_release(ctx: Context) -> Release | None:
     if current is not None:
         _refuse_downgrade(current, chart_name, planned.version, section)
     return current
-
-
-def _is_chart(release: Release, chart_name: str) -> bool:
-    """``helm list`` shows a release's chart as ``<chart>-<version>``; a version starts with a digit or ``v``."""
-    rest = release.chart.removeprefix(f"{chart_name}-")
-    return rest != release.chart and rest.lstrip("v")[:1].isdigit()
 
 
 def _refuse_downgrade(current: Release, chart_name: str, planned_version: str, section: str) -> None:
@@ -256,7 +260,7 @@ def _helm_release(
 ) -> None:
     """Install the release, or upgrade it keeping the values a site gave it (``reuse_values``)."""
     release = ctx.plan.helm
-    chart_name = release.chart.split("/", 1)[1]
+    chart_name = release.chart_name
     if (
         current is not None
         and current.status == "deployed"
@@ -704,6 +708,6 @@ def _plugin_daemonset(ctx: Context) -> str:
     gives ``nvdp-nvidia-device-plugin``)."""
     if ctx.plan.kubernetes_layer == "gpu-operator":
         return "nvidia-device-plugin-daemonset"
-    release, chart = ctx.plan.helm.release, "nvidia-device-plugin"
+    release, chart = ctx.plan.helm.release, ctx.plan.helm.chart_name
     name = release if chart in release else f"{release}-{chart}"
     return name[:63].rstrip("-")

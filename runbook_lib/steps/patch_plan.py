@@ -21,7 +21,6 @@ from typing import Any
 
 from runbook_lib.clients.fanout import concurrently
 from runbook_lib.clients.talosctl import FanOut, PatchCall, PatchResult
-from runbook_lib.errors import RunbookError
 from runbook_lib.model.machineconfig import FileConflict, config_documents, remaining_patch
 from runbook_lib.model.params import Node
 from runbook_lib.model.parsers import extension_versions, extensions_from_resources
@@ -94,16 +93,10 @@ def legacy_module_nodes(servers: dict[str, str], addresses: list[str]) -> set[st
     pkg/machinery/config/configloader/internal/decoder/decoder.go:135 wrapping registry.go:79: ``error decoding
     document v1alpha1/KernelModuleConfig/nvidia (line N): "KernelModuleConfig" "v1alpha1": not registered``),
     and no 1.13 node could be moved to 1.14 by the runbook."""
-    out = set()
-    for address in addresses:
-        try:
-            running = TalosVersion.parse(servers.get(address, ""))
-        except RunbookError:
-            out.add(address)
-            continue
-        if not running.at_least(1, 14):
-            out.add(address)
-    return out
+    releases = {address: TalosVersion.parse_or_none(servers.get(address)) for address in addresses}
+    return {
+        address for address, running in releases.items() if running is None or not running.at_least(1, 14)
+    }
 
 
 def configs_of(fan: FanOut) -> tuple[Configs, dict[str, str]]:

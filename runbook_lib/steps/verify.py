@@ -245,12 +245,9 @@ def _other_minor(ctx: Context, node: Node, running: str | None) -> list[Check]:
     ``ext-nvidia-cdi-gen``, a service no 1.12 extension has). Only the minor: a node on another patch of the
     same minor is the image step's business (it refuses to move a node back); its kernel-module check still
     names the plan's release as the node's (diagnosis.py), which is not fixed here."""
-    try:
-        found = TalosVersion.parse(running or "")
-    except RunbookError:
-        return []
+    found = TalosVersion.parse_or_none(running)
     planned = ctx.params.talos
-    if found.minor_line == planned.minor_line:
+    if found is None or found.minor_line == planned.minor_line:
         return []
     message = f"the node runs Talos {found}, the plan {planned}: the checks below expect {planned}"
     if found > planned:
