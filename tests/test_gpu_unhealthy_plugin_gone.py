@@ -15,6 +15,7 @@ import subprocess
 from types import SimpleNamespace
 from typing import Any
 
+from runbook_lib.model.plan import HelmRelease
 from runbook_lib.steps.kubernetes import _no_gpu_diagnosis
 
 NODE = "gpu-2"
@@ -67,7 +68,17 @@ class _Reads:
 
 
 def _ctx() -> Any:
-    helm = SimpleNamespace(namespace="kube-system", release="nvidia-device-plugin")
+    # The real HelmRelease (not a stand-in namespace): the step reads its derived fields such as chart_name.
+    helm = HelmRelease(
+        release="nvidia-device-plugin",
+        chart="nvdp/nvidia-device-plugin",
+        repo_name="nvdp",
+        repo_url="https://nvidia.github.io/k8s-device-plugin",
+        version="0.17.4",
+        namespace="kube-system",
+        values={"runtimeClassName": "nvidia"},
+        privileged_namespace=False,
+    )
     plan = SimpleNamespace(helm=helm, kubernetes_layer="device-plugin")
     return SimpleNamespace(
         plan=plan, params=SimpleNamespace(nodes=[SimpleNamespace(name=NODE, address="10.5.0.4")])
