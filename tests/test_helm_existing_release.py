@@ -252,3 +252,71 @@ def test_the_release_is_found_among_more_than_256_releases(tmp_path, tmp_path_fa
         assert result.data.get("created") == [], result.data  # found: not recorded as this run's
         values = ctx.helm.values("nvidia-device-plugin", "kube-system")
         assert values.get("priorityClassName") == "system-node-critical", values
+
+
+def test_a_version_range_that_picks_an_older_chart_is_refused_as_a_downgrade(tmp_path):
+    """``chart_version`` may be a range (``~0.17``): ``helm upgrade --version`` installs the highest chart of the
+    repository's index that the range allows (helm@v4.1.4 pkg/repo/v1/index.go ``IndexFile.Get``), here 0.17.2 below
+    the installed 0.18.0. The downgrade refusal compared only exact versions and left a range to helm, which then
+    downgraded the release. The step resolves the range the way helm does (``helm search repo --version``, the same
+    constraint check over the same index) before any change."""
+    with _installed(tmp_path, "0.18.0") as (params, ctx):
+        before = ctx.helm.release("nvidia-device-plugin", "kube-system")
+
+        result = kubernetes_layer(
+            _with(params, tmp_path, device_plugin={"chart_version": "~0.17"}), timeout_s=5
+        )
+
+        assert not result.ok
+        [check] = [c for c in result.checks if not c.ok]
+        assert "runs chart 0.18.0, newer than device_plugin.chart_version ~0.17 (0.17.2)" in check.message, (
+            check
+        )
+        after = ctx.helm.release("nvidia-device-plugin", "kube-system")
+        assert (
+            (after.chart, after.revision)
+            == (before.chart, before.revision)
+            == ("nvidia-device-plugin-0.18.0", 1)
+        )
+
+
+def test_a_version_range_met_by_the_installed_chart_upgrades_nothing_on_a_second_run(tmp_path):
+    """A range that resolves to the installed chart (``>=0.17.0`` -> 0.18.0) is the release as planned: the step
+    compared the installed ``0.18.0`` with the text ``>=0.17.0``, never equal, so every run made a new helm revision
+    of the same chart and values (and a change in the record)."""
+    with _installed(tmp_path, "0.18.0") as (params, ctx):
+        result = kubernetes_layer(
+            _with(params, tmp_path, device_plugin={"chart_version": ">=0.17.0"}), timeout_s=GPUS_WITHIN
+        )
+
+        assert result.ok, result.to_dict()
+        assert not result.data.get("changes"), result.data
+        assert ctx.helm.release("nvidia-device-plugin", "kube-system").revision == 1
+
+
+def test_a_version_range_no_chart_meets_fails_before_any_change_naming_the_parameter(tmp_path):
+    with real_cluster(
+        tmp_path, scenario="gpu-ready", apply=True, device_plugin={"chart_version": "~0.99"}
+    ) as (
+        params,
+        ctx,
+    ):
+        changes_before = len(ctx.journal.changes())
+
+        result = kubernetes_layer(ctx, timeout_s=5)
+
+        assert not result.ok
+        [check] = [c for c in result.checks if not c.ok]
+        assert "device_plugin.chart_version ~0.99" in check.message and "0.18.0" in check.message, check
+        assert "helm search repo nvdp/nvidia-device-plugin --versions" in check.fix, check
+        assert ctx.kube.runtime_class("nvidia") is None
+        assert len(ctx.journal.changes()) == changes_before
+
+        # neither a version nor a range: helm search repo's own error, named after the parameter
+        result = kubernetes_layer(
+            _with(params, tmp_path, device_plugin={"chart_version": "latest"}), timeout_s=5
+        )
+        [check] = [c for c in result.checks if not c.ok]
+        assert "device_plugin.chart_version latest: helm cannot read it" in check.message, check
+        assert "invalid version/constraint format" in check.message, check
+        assert ctx.kube.runtime_class("nvidia") is None

@@ -43,6 +43,17 @@ class Release:
         return rest != self.chart and rest.lstrip("v")[:1].isdigit()
 
 
+def _json_list(result: CommandResult, command: str) -> list[dict[str, Any]]:
+    """The JSON list a helm ``-o json`` command printed; anything else is an error naming the command."""
+    try:
+        data = json.loads(result.stdout or "[]")
+    except ValueError:
+        raise PermanentError(
+            f"{command} printed something that is not JSON: {result.stdout[:200]!r}"
+        ) from None
+    return data if isinstance(data, list) else []
+
+
 class Helm:
     def __init__(
         self, binary: str = "helm", *, kubeconfig: str | None = None, runner: Runner | None = None
@@ -72,6 +83,23 @@ class Helm:
     def repo_update(self, name: str | None = None) -> CommandResult:
         return self.run(["repo", "update", *([name] if name else [])]).check("helm repo update")
 
+    def resolve_version(self, chart: str, constraint: str) -> tuple[str | None, list[str]]:
+        """The version ``helm upgrade --version <constraint>`` would install from the added repository, and every
+        version the repository has, newest first (for a message when none matches).
+
+        Why ``helm search repo``: it checks the same Masterminds semver constraint over the same cached index
+        as the upgrade's chart lookup, newest first (helm@v4.1.4 pkg/cmd/search_repo.go ``applyConstraint``,
+        pkg/repo/v1/index.go ``IndexFile.Get``), so the runbook learns the version before anything changes."""
+        matching = self._search(chart, ["--version", constraint])
+        every = self._search(chart, ["--versions"])
+        return (matching[0] if matching else None), every
+
+    def _search(self, chart: str, flags: list[str]) -> list[str]:
+        result = self.run(["search", "repo", chart, *flags, "-o", "json"]).check("helm search repo")
+        data = _json_list(result, "helm search repo")
+        # search matches names by substring (nvdp/nvidia-device-plugin-foo too): keep the chart itself
+        return [str(r["version"]) for r in data if r.get("name") == chart]
+
     def releases(self, namespace: str) -> list[Release]:
         return self._parse_list(
             self.run(["list", "-n", namespace, *LIST_FILTER, "-o", "json"]).check("helm list"), namespace
@@ -79,12 +107,7 @@ class Helm:
 
     @staticmethod
     def _parse_list(result: CommandResult, namespace: str) -> list[Release]:
-        try:
-            data = json.loads(result.stdout or "[]")
-        except ValueError:
-            raise PermanentError(
-                f"helm list printed something that is not JSON: {result.stdout[:200]!r}"
-            ) from None
+        data = _json_list(result, "helm list")
         return [
             Release(
                 name=r["name"],

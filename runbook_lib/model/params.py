@@ -182,7 +182,7 @@ class DevicePlugin(_Strict):
     """NVIDIA k8s-device-plugin Helm chart (the Kubernetes layer up to Talos 1.12)."""
 
     chart_version: str | None = None
-    """Chart version to pin; default: 0.17.2 up to Talos 1.11, 0.18.0 from 1.12 (the charts Talos CI installs on 1.11 and 1.12; up to 1.10 CI ran its own DaemonSet with k8s-device-plugin v0.14.1, not a chart)."""
+    """Chart version to pin, or a range helm resolves (`~0.18`, `>=0.17.0`: the step installs the newest chart it allows and refuses one older than installed); default: 0.17.2 up to Talos 1.11, 0.18.0 from 1.12 (the charts Talos CI installs on 1.11 and 1.12; up to 1.10 CI ran its own DaemonSet with k8s-device-plugin v0.14.1, not a chart)."""
     namespace: Namespace = "kube-system"
     """Namespace (not ``default``); Talos enforces Pod Security baseline elsewhere unless the namespace is labelled privileged."""
     release: ReleaseName = "nvidia-device-plugin"
@@ -197,7 +197,7 @@ class GpuOperator(_Strict):
     """NVIDIA GPU Operator Helm chart (the Kubernetes layer from Talos 1.13)."""
 
     chart_version: str = "v26.3.3"
-    """Chart version to pin; the Talos docs require v26.3.1 or higher."""
+    """Chart version to pin, or a range helm resolves (`>=v26.3.1`: the step installs the newest chart it allows and refuses one older than installed); the Talos docs require v26.3.1 or higher."""
     namespace: Namespace = "gpu-operator"
     """Namespace (not ``default``); it is labelled ``pod-security.kubernetes.io/enforce=privileged``."""
     release: ReleaseName = "gpu-operator"

@@ -201,6 +201,12 @@ def _chart_version_key(text: str) -> tuple[Any, ...] | None:
     return (core, (0, tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in pre.split("."))))
 
 
+def is_chart_version(text: str) -> bool:
+    """Whether ``text`` is one chart version rather than a range (``~0.17``, ``>=26.3.1``) helm resolves against
+    the repository's index."""
+    return _chart_version_key(text) is not None
+
+
 def chart_is_newer(installed: str, planned: str) -> bool | None:
     """Whether a Helm chart version installed is newer than the one planned (``v26.7.0`` > ``v26.3.3``), by
     semantic-version precedence as helm orders chart versions; ``None`` when either is not a version (a

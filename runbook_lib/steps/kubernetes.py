@@ -12,6 +12,7 @@ apply off, writes go to the API server's dry run and helm's ``--dry-run``.
 
 from __future__ import annotations
 
+import shlex
 import time
 from collections.abc import Callable
 from typing import Any
@@ -19,7 +20,7 @@ from typing import Any
 from runbook_lib.clients.helm import Release
 from runbook_lib.errors import PermanentError, RunbookError
 from runbook_lib.model.profiles import GPU_OPERATOR_VALUES
-from runbook_lib.model.versions import chart_is_newer
+from runbook_lib.model.versions import chart_is_newer, is_chart_version
 
 from . import gpu_operator_handover, kube_diagnosis, operator_runtime_class
 from .context import Context, wait_seconds
@@ -58,10 +59,10 @@ def kubernetes_layer(
     changed: list[str] = []
     try:
         _chart_repository(ctx)  # before any change: a repository helm cannot read stops the step here
+        version = _planned_version(ctx)  # before any change: a range resolved as helm will, or none met
         releases = ctx.helm.releases_everywhere()  # one helm list -A for both uses below
-        current = _existing_release(
-            ctx, releases
-        )  # before any change: another release of the chart, or newer
+        # before any change: another release of the chart, or a newer one
+        current = _existing_release(ctx, releases, version)
         if plan.kubernetes_layer == "gpu-operator":
             _retire_device_plugin(ctx, releases, result, changed, dry_run=dry_run, timeout_s=timeout_s)
         _runtime_class(ctx, result, changed, dry_run=dry_run)
@@ -77,7 +78,7 @@ def kubernetes_layer(
         gpu_nodes = ctx.nodes(only)
         if plan.kubernetes_layer == "device-plugin" and ctx.params.device_plugin.label_nodes:
             _label_nodes(ctx, gpu_nodes, changed, dry_run=dry_run)
-        _helm_release(ctx, current, result, changed, dry_run=dry_run, timeout_s=timeout_s)
+        _helm_release(ctx, current, version, result, changed, dry_run=dry_run, timeout_s=timeout_s)
     except RunbookError as exc:
         result.checks.append(Check("kubernetes layer", False, exc.message, fix=exc.hint or ""))
         return result.finish()
@@ -202,9 +203,38 @@ def _section(ctx: Context) -> str:
     return "gpu_operator" if ctx.plan.kubernetes_layer == "gpu-operator" else "device_plugin"
 
 
-def _existing_release(ctx: Context, releases: list[Release]) -> Release | None:
+def _planned_version(ctx: Context) -> str:
+    """The chart version the step installs: ``chart_version`` itself, or the version helm picks for a range
+    (``~0.17``, ``>=26.3.1``). Why resolve a range first: the downgrade refusal and the "already deployed" check
+    compare versions, and a range compared as text let helm downgrade a release and upgraded an unchanged one
+    on every run. A range nothing meets fails here, naming the parameter, where it used to fail in helm after the
+    RuntimeClass and namespace were changed."""
+    planned = ctx.plan.helm
+    if is_chart_version(planned.version):
+        return planned.version
+    section = _section(ctx)
+    listing = f"helm search repo {planned.chart} --versions"
+    try:
+        found, every = ctx.helm.resolve_version(planned.chart, planned.version)
+    except RunbookError as exc:
+        raise PermanentError(
+            f"{section}.chart_version {planned.version}: helm cannot read it as a version or a range, so "
+            f"nothing was changed: {exc.message}",
+            hint=f"set {section}.chart_version to a version such as {planned.chart} lists: {listing}",
+        ) from None
+    if found is None:
+        have = ", ".join(every[:8]) + (", ..." if len(every) > 8 else "") if every else "no versions"
+        raise PermanentError(
+            f"{section}.chart_version {planned.version}: no {planned.chart} chart in {planned.repo_url} meets "
+            f"it (the repository has {have}), so nothing was changed",
+            hint=f"set {section}.chart_version to one of them; list them with: {listing}",
+        )
+    return found
+
+
+def _existing_release(ctx: Context, releases: list[Release], version: str) -> Release | None:
     """The planned release as installed (``None`` if it is not), after refusing what would go wrong; ``releases``
-    is ``helm list -A``'s answer.
+    is ``helm list -A``'s answer, ``version`` the chart version to install (a range resolved).
 
     Why ``helm list -A``: NVIDIA installs its charts under other names than the runbook's (``nvdp`` in namespace
     ``nvidia-device-plugin``, NVIDIA/k8s-device-plugin README; ``helm install --generate-name`` for the operator,
@@ -230,19 +260,19 @@ def _existing_release(ctx: Context, releases: list[Release]) -> Release | None:
         )
     current = same_chart[0] if same_chart else None
     if current is not None:
-        _refuse_downgrade(current, chart_name, planned.version, section)
+        shown = planned.version if planned.version == version else f"{planned.version} ({version})"
+        _refuse_downgrade(current, chart_name, version, shown, section)
     return current
 
 
-def _refuse_downgrade(current: Release, chart_name: str, planned_version: str, section: str) -> None:
-    """Refuse when the release runs a newer chart than planned; a version that is not one (a constraint such as
-    ``>=26.3.1``) is left to helm, as before."""
+def _refuse_downgrade(current: Release, chart_name: str, version: str, shown: str, section: str) -> None:
+    """Refuse when the release runs a newer chart than ``version`` (``shown`` is how the parameter reads)."""
     installed = current.chart_version(chart_name)
-    newer = chart_is_newer(installed, planned_version)
+    newer = chart_is_newer(installed, version)
     if newer:
         raise PermanentError(
             f"release {current.name} in {current.namespace} runs chart {installed}, newer than "
-            f"{section}.chart_version {planned_version}: the runbook does not downgrade a chart, so nothing was "
+            f"{section}.chart_version {shown}: the runbook does not downgrade a chart, so nothing was "
             "changed",
             hint=f"set {section}.chart_version: {installed} (or newer) to keep it; to go back on purpose, "
             f"helm rollback {current.name} -n {current.namespace}",
@@ -252,6 +282,7 @@ def _refuse_downgrade(current: Release, chart_name: str, planned_version: str, s
 def _helm_release(
     ctx: Context,
     current: Release | None,
+    version: str,
     result: StepResult,
     changed: list[str],
     *,
@@ -264,7 +295,7 @@ def _helm_release(
     if (
         current is not None
         and current.status == "deployed"
-        and current.chart_version(chart_name).lstrip("v") == release.version.lstrip("v")
+        and current.chart_version(chart_name).lstrip("v") == version.lstrip("v")
     ):
         values = ctx.helm.values(release.release, release.namespace)
         if all(_dotted(values, key) == value for key, value in release.values.items()):
@@ -279,7 +310,7 @@ def _helm_release(
     run = ctx.helm.upgrade_install(
         release.release,
         release.chart,
-        version=release.version,
+        version=version,
         namespace=release.namespace,
         values=release.values,
         create_namespace=not release.privileged_namespace and release.namespace != "kube-system",
@@ -288,9 +319,7 @@ def _helm_release(
         dry_run=dry_run,
         reuse_values=current is not None,
     )
-    what = (
-        f"helm upgrade --install {release.release} {release.chart} {release.version} -n {release.namespace}"
-    )
+    what = f"helm upgrade --install {release.release} {release.chart} {version} -n {release.namespace}"
     if current is not None:
         what += " (keeping the release's other values)"
     if dry_run and not run.ok and "ensure CRDs are installed first" in run.stderr:
@@ -695,7 +724,7 @@ def _driver_validation(ctx: Context, message: str, reads: ClusterReads) -> Check
         cause="the operator waits for its own driver container (driver.enabled=true), which "
         "cannot load its modules on Talos, or finds no driver under hostPaths.driverInstallDir "
         "(Talos ships it under /usr/local)",
-        fix=f"helm upgrade {release.release} {release.chart} --version {release.version} "
+        fix=f"helm upgrade {release.release} {release.chart} --version {shlex.quote(release.version)} "
         f"-n {release.namespace} --reuse-values {values}  # the values the runbook sets",
     )
 
