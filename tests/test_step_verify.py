@@ -321,21 +321,58 @@ def test_verify_reads_kubernetes_nodes_page_by_page_and_misses_none(gpu_ready_on
     assert sorted(paged) == names and len(paged) == 3
 
 
+def _verify_as(params, talos_version, state_dir):
+    """Verify of the simulated cluster's nodes under a plan for ``talos_version`` (not the release they run)."""
+    data = {
+        "cluster": params.cluster,
+        "target": "simulated",
+        "talos_version": talos_version,
+        "nodes": [{"name": n.name, "address": n.address} for n in params.nodes],
+    }
+    return verify(connect(validate(data, source="test"), state_dir=state_dir))
+
+
 def test_a_node_on_another_minor_than_the_plan_is_told_so_first(tmp_path):
     """Verify judges each node against the plan's release (its services, CDI spec, module build): on a node the
     image step has not moved, 1.12.7 judged as 1.13.2, the failures read as the node's own (``ext-nvidia-cdi-gen``
     missing, a service no 1.12 extension has). The node's running release (``talosctl version``) now fails a
     first check that says which release it runs and that the image step moves it."""
     with sim_cluster(tmp_path, scenario="gpu-ready", talos_version="v1.12.7") as (params, _ctx):
-        data = {
-            "cluster": params.cluster,
-            "target": "simulated",
-            "talos_version": "v1.13.2",
-            "nodes": [{"name": n.name, "address": n.address} for n in params.nodes],
-        }
-        result = verify(connect(validate(data, source="test"), state_dir=tmp_path))
+        result = _verify_as(params, "v1.13.2", tmp_path)
     for node in result.nodes:
         first = node.checks[0]
         assert (first.name, first.ok) == ("Talos release", False), node.checks
         assert first.message.startswith("the node runs Talos v1.12.7, the plan v1.13.2"), first
         assert "--steps image --apply" in first.fix
+
+
+def test_a_node_on_another_patch_of_the_plans_minor_is_judged_by_the_release_it_runs(tmp_path):
+    """A node on v1.13.2 whose kernel-module extension was built for v1.13.2 (its image's own) is healthy: the
+    modules load into the kernel they were built against (siderolabs/extensions: the kmod extension's version
+    ends with the Talos tag it was built for). Verify compared the build with the plan's v1.13.3 and told the node
+    its modules "were built for Talos v1.13.2, but the node runs v1.13.3", a release it does not run. It now
+    compares with the release the node reports (``talosctl version``)."""
+    with sim_cluster(tmp_path, scenario="gpu-ready", talos_version="v1.13.2") as (params, _ctx):
+        result = _verify_as(params, "v1.13.3", tmp_path)
+    for node in result.nodes:
+        messages = [c.message for c in node.checks]
+        assert not any("but the node runs v1.13.3" in m for m in messages), node.checks
+        kmod = [c for c in node.checks if "kernel modules" in c.message and "Talos" in c.message]
+        assert kmod and all(c.ok for c in kmod) and "match Talos v1.13.2" in kmod[0].message, node.checks
+
+
+def test_a_node_left_on_1_10_under_a_1_11_plan_has_its_loaded_modules_read_as_1_10_shows_them(tmp_path):
+    """From 1.11 verify reads loaded modules with ``talosctl get modules`` (LoadedKernelModule, aliases
+    ``module``/``modules``, talos@v1.11.0 pkg/machinery/resources/runtime/loaded_kernel_module.go:48). On 1.10 the
+    alias ``modules`` names KernelModuleSpec, the modules the config asks for, with no state
+    (talos@v1.10.0 .../kernel_module_spec.go:46). A healthy 1.10 node the image step has not moved yet was
+    therefore told its NVIDIA modules were "not Live" and that its GPU was likely unsupported. Such a node's
+    modules are now read from ``/proc/modules``, as a 1.10 plan reads them, so the only failure is its release."""
+    with sim_cluster(tmp_path, scenario="gpu-ready", talos_version="v1.10.7") as (params, _ctx):
+        result = _verify_as(params, "v1.11.5", tmp_path)
+    for node in result.nodes:
+        failed = [c for c in node.checks if not c.ok]
+        assert [c.name for c in failed] == ["Talos release"], failed
+        assert failed[0].message.startswith("the node runs Talos v1.10.7, the plan v1.11.5")
+        modules = next(c for c in node.checks if c.name == "modules")
+        assert modules.ok, modules

@@ -471,6 +471,14 @@ class NodeContext:
     """The planned GPU schematic: the one to upgrade to."""
     current_schematic: str | None = None
     """The schematic the node runs; good enough for fixes that keep the extensions (a re-install)."""
+    running: TalosVersion | None = None
+    """The release the node reports (``talosctl version``); ``talos`` stays the plan's, which fix commands
+    upgrade to. Unknown: the node is taken to run ``talos``."""
+
+    @property
+    def node_release(self) -> TalosVersion | None:
+        """What the node's kernel is: the kernel-module build is compared with this, not with the plan."""
+        return self.running or self.talos
 
     def fill(self, template: str, *, new_schematic: bool = False) -> str:
         talos = str(self.talos) if self.talos and self.talos.is_release else "<talos-version>"
@@ -724,12 +732,13 @@ def _driver_match(stack: NvidiaStack, drivers: Mapping[str, str], ctx: NodeConte
 
 def _built_for_release(kmod_tag: str, built_for: str, ctx: NodeContext) -> list[Finding]:
     """Kernel modules load only into the kernel they were built against, i.e. their Talos release."""
-    if ctx.talos is None or not ctx.talos.is_release:
+    runs = ctx.node_release
+    if runs is None or not runs.is_release:
         return []
-    if built_for != str(ctx.talos):
-        message = f"kernel modules {kmod_tag} were built for Talos {built_for}, but the node runs {ctx.talos}"
+    if built_for != str(runs):
+        message = f"kernel modules {kmod_tag} were built for Talos {built_for}, but the node runs {runs}"
         return [_finding("kmod-talos-version", False, message, ctx, "kmod-built-for-other-talos")]
-    return [_finding("kmod-talos-version", True, f"kernel modules {kmod_tag} match Talos {ctx.talos}", ctx)]
+    return [_finding("kmod-talos-version", True, f"kernel modules {kmod_tag} match Talos {runs}", ctx)]
 
 
 def check_schematic(current: str | None, planned: str, ctx: NodeContext | None = None) -> Finding:
@@ -809,9 +818,9 @@ def _modules_cause(message: str, missing: bool, stack: NvidiaStack, ctx: NodeCon
         message += "; no NVIDIA kernel-module extension is installed"
         return _finding("modules", False, message, ctx, _NOT_INSTALLED)
     built_for = _kmod_built_for(stack.kmod.tag)
-    release = ctx.talos is not None and ctx.talos.is_release
-    if missing and release and built_for and built_for != str(ctx.talos):
-        message += f"; the extension {stack.kmod.name} was built for Talos {built_for}, not {ctx.talos}"
+    runs = ctx.node_release
+    if missing and runs is not None and runs.is_release and built_for and built_for != str(runs):
+        message += f"; the extension {stack.kmod.name} was built for Talos {built_for}, not {runs}"
         return _finding("modules", False, message, ctx, "kmod-built-for-other-talos")
     if missing:
         message += f"; the extension {stack.kmod.name} is installed"

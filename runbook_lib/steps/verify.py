@@ -104,6 +104,8 @@ def _collect(ctx: Context, addresses: list[str]) -> _Collected:
         logs_call = pool.submit(_cdi_logs, ctx, addresses, services_call) if cdi else None
         module_state, module_errors = pool.result(pool.submit(_read_modules, ctx, addresses))
         services, service_errors = pool.result(services_call)
+        talos = pool.result(version_call)[1]
+        _reread_pre_111_modules(ctx, talos, module_state, module_errors)
         return _Collected(
             pool.result(extensions_call),
             services,
@@ -112,7 +114,7 @@ def _collect(ctx: Context, addresses: list[str]) -> _Collected:
             module_state,
             module_errors,
             pool.result(logs_call) if logs_call else None,
-            pool.result(version_call)[1],
+            talos,
             pool.result(pci_call),
             pool.result(kube_call),
         )
@@ -134,10 +136,37 @@ def _cdi_logs(
     return ctx.talosctl.logs(CDI_GEN, finished) if finished else ({}, {})
 
 
-def _read_modules(ctx: Context, addresses: list[str]) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
-    """Module name -> state per node, and per-node errors (``get modules`` from Talos 1.11, else
-    ``/proc/modules``)."""
-    if ctx.params.profile().module_check == "get modules":
+def _reread_pre_111_modules(
+    ctx: Context, talos: dict[str, str], state: dict[str, dict[str, str]], errors: dict[str, str]
+) -> None:
+    """Read ``/proc/modules`` again on the nodes that run Talos 1.10 or older under a 1.11+ plan (in place).
+
+    Why: ``get modules`` names LoadedKernelModule from 1.11 (talos@v1.11.0 pkg/machinery/resources/runtime/
+    loaded_kernel_module.go:48), but on 1.10 the alias ``modules`` is KernelModuleSpec, the modules the config
+    asks for, with no state (talos@v1.10.0 .../kernel_module_spec.go:46): a healthy node the image step has not
+    moved read as "modules not Live". Only such nodes are read again, so a fleet on one release pays nothing."""
+    if ctx.params.profile().module_check != "get modules":
+        return
+    older = [
+        address
+        for address, tag in talos.items()
+        if (found := TalosVersion.parse_or_none(tag)) is not None and not found.at_least(1, 11)
+    ]
+    if older:
+        again, again_errors = _read_modules(ctx, older, proc=True)
+        for address in older:
+            state.pop(address, None)
+            errors.pop(address, None)
+        state.update(again)
+        errors.update(again_errors)
+
+
+def _read_modules(
+    ctx: Context, addresses: list[str], *, proc: bool = False
+) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
+    """Module name -> state per node, and per-node errors (``get modules`` from Talos 1.11, else, or with
+    ``proc``, ``/proc/modules``)."""
+    if not proc and ctx.params.profile().module_check == "get modules":
         module_fan = ctx.talosctl.get("modules", addresses)
         state = {
             n: {m.name: m.state for m in modules_from_resources(r).values()}
@@ -201,9 +230,10 @@ def verify(
             services=None if service_error else seen.services.get(node.address, {}),
         )
         planned = next((p.schematic_id for p in ctx.plan.nodes if p.name == node.name), ctx.plan.schematic_id)
+        running = TalosVersion.parse_or_none(seen.talos.get(node.address))
         findings = diagnose(
             evidence,
-            NodeContext(node=node.address, talos=ctx.params.talos, schematic=planned),
+            NodeContext(node=node.address, talos=ctx.params.talos, schematic=planned, running=running),
             planned_schematic=planned,
         )
         res.checks = [*_other_minor(ctx, node, seen.talos.get(node.address)), *checks_from_findings(findings)]
@@ -243,8 +273,8 @@ def _other_minor(ctx: Context, node: Node, running: str | None) -> list[Check]:
     extension's build), so on a node the image step has not moved they fail for reasons that are not the
     node's (found by a review helper against talos and extensions sources: a 1.12 node judged as 1.13 lacks
     ``ext-nvidia-cdi-gen``, a service no 1.12 extension has). Only the minor: a node on another patch of the
-    same minor is the image step's business (it refuses to move a node back); its kernel-module check still
-    names the plan's release as the node's (diagnosis.py), which is not fixed here."""
+    same minor is the image step's business (it refuses to move a node back); its kernel-module build is compared
+    with the release the node reports (``NodeContext.running``), not the plan's."""
     found = TalosVersion.parse_or_none(running)
     planned = ctx.params.talos
     if found is None or found.minor_line == planned.minor_line:
