@@ -302,6 +302,23 @@ def test_a_validator_crash_looping_in_toolkit_validation_is_named_not_sent_to_th
             {"feature.node.kubernetes.io/pci-10de.present": "true"},
             "the GPU Operator has not labelled Node gpu-worker-2 nvidia.com/gpu.deploy.device-plugin=true",
         ),
+        # operands disabled on the node: the operator removes every deploy label there
+        # (gpu-operator@v26.3.3 controllers/state_manager.go:317-323, 396-402)
+        (
+            {
+                "feature.node.kubernetes.io/pci-10de.present": "true",
+                "nvidia.com/gpu.deploy.operands": "false",
+            },
+            "Node gpu-worker-2 has nvidia.com/gpu.deploy.operands=false",
+        ),
+        # a deploy label already set is honoured, false too (state_manager.go:411-420 addGPUStateLabels)
+        (
+            {
+                "feature.node.kubernetes.io/pci-10de.present": "true",
+                "nvidia.com/gpu.deploy.device-plugin": "false",
+            },
+            "Node gpu-worker-2 has nvidia.com/gpu.deploy.device-plugin=false",
+        ),
     ],
 )
 def test_a_node_the_gpu_operator_never_selected_is_named_as_such(
@@ -329,3 +346,6 @@ def test_a_node_the_gpu_operator_never_selected_is_named_as_such(
     check = _no_gpu_diagnosis(ctx, nodes[2])
     assert check.name == "GPU Operator node selection", check
     assert message in check.message, check
+    if "=false" in message:
+        label = message.split(" has ")[1].split("=", maxsplit=1)[0]
+        assert f"kubectl label node gpu-worker-2 {label}-" in check.fix, check

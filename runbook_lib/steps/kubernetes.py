@@ -614,9 +614,12 @@ NFD_GPU_LABELS = (
     "feature.node.kubernetes.io/pci-0302_10de.present",
     "feature.node.kubernetes.io/pci-0300_10de.present",
 )
-#: The label the operator's device-plugin (and validator) DaemonSet selects on (state_manager.go:93, 97;
-#: assets/state-device-plugin/0500_daemonset.yaml nodeSelector).
+#: The label the operator's device-plugin DaemonSet selects on (state_manager.go:93;
+#: assets/state-device-plugin/0500_daemonset.yaml nodeSelector; the validator's selects
+#: ``nvidia.com/gpu.deploy.operator-validator``, which the operator sets with it, :97).
 DEPLOY_PLUGIN_LABEL = "nvidia.com/gpu.deploy.device-plugin"
+#: ``false`` on a node: the operator removes every deploy label there (state_manager.go:317-323, 396-402).
+OPERANDS_LABEL = "nvidia.com/gpu.deploy.operands"
 
 
 def _operator_not_selected(ctx: Context, node: dict[str, Any]) -> Check | None:
@@ -639,12 +642,23 @@ def _operator_not_selected(ctx: Context, node: dict[str, Any]) -> Check | None:
             fix=f"kubectl -n {namespace} get pods -l app.kubernetes.io/name=node-feature-discovery,role=worker "
             "-o wide  # the NFD worker on this node, and its log",
         )
+    for label, what in ((OPERANDS_LABEL, "none of its operands"), (DEPLOY_PLUGIN_LABEL, "its device plugin")):
+        if labels.get(label) == "false":
+            # the operator honours a deploy label already set, false too (state_manager.go:411-420)
+            return Check(
+                "GPU Operator node selection",
+                False,
+                f"Node {name} has {label}=false, so the GPU Operator deploys {what} there",
+                cause="someone excluded the node from the GPU Operator by hand (or a tool did)",
+                fix=f"kubectl label node {name} {label}-  # if the node should run GPU pods; the operator "
+                "then labels it",
+            )
     return Check(
         "GPU Operator node selection",
         False,
         f"the GPU Operator has not labelled Node {name} {DEPLOY_PLUGIN_LABEL}=true, so its device plugin does not "
         "run there",
-        cause="the operator has not reconciled since NFD labelled the node, or the label was set to false by hand",
+        cause="the operator has not reconciled since NFD labelled the node",
         fix=f"kubectl get node {name} --show-labels; kubectl -n {namespace} logs "
         f"{operator_runtime_class.OPERATOR_DEPLOYMENT}",
     )
