@@ -700,7 +700,8 @@ def _operator_validation_waiting(ctx: Context, node: str, reads: ClusterReads) -
 def _stuck(status: dict[str, Any]) -> str | None:
     """How an init container holds its pod up: ``""`` running (driver-validation waits, ``WITH_WAIT: "true"``),
     ``" (CrashLoopBackOff: …)"`` when it exits with an error and is restarted, which is how the validator's later
-    validations fail (``WITH_WAIT: "false"``: they run once; gpu-operator@v26.3.3
+    validations fail, or, between a failed run and the back-off, terminated with a non-zero exit code
+    (``WITH_WAIT: "false"``: they run once; gpu-operator@v26.3.3
     assets/state-operator-validation/0500_daemonset.yaml:59-125, cmd/nvidia-validator/main.go:1132-1150); None
     otherwise (done, or not started yet)."""
     state = status.get("state") or {}
@@ -709,6 +710,11 @@ def _stuck(status: dict[str, Any]) -> str | None:
     waiting = state.get("waiting") or {}
     if waiting.get("reason") == "CrashLoopBackOff":
         return " (CrashLoopBackOff: it exits with an error and is restarted)"
+    ended = state.get("terminated") or {}
+    if ended.get("exitCode", 0) != 0:  # the moment between a failed run and the back-off
+        return (
+            f" (exited with code {ended['exitCode']}, {ended.get('reason') or 'no reason'}: it is restarted)"
+        )
     return None
 
 
