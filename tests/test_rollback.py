@@ -488,3 +488,25 @@ def test_the_real_talosctl_against_simnode_takes_the_removal_patches_and_the_way
     assert [c["exit_code"] for c in done["changes"]] == [0] * 6  # an upgrade and a removal patch per node
     assert main(["run", "-p", PARAMS, "--steps", "config-patch", *env]) == 0  # the patch is planned again
     assert records.load_record(records.resolve(tmp_path / "records", None))["outcome"] == "planned"
+
+
+def test_a_way_back_from_a_node_below_1_8_asks_for_preserve_by_the_release_the_node_runs(
+    sim: Path,
+) -> None:
+    """``--preserve`` is needed when the release the node *runs* is below 1.8: its machined builds the upgrade
+    sequence from the flag, and without it a control-plane node removes its pods and leaves etcd before the
+    installer runs (talos@v1.7.0 internal/app/machined/pkg/runtime/v1alpha1/v1alpha1_sequencer.go:462-488).
+    Rollback took the running release from the parameters (v1.9.0), not from the node, so a node moved back to
+    v1.7.7 by hand since the records, and rolled back to its recorded v1.8.3, went without it. The node's state
+    is written here as ``talosctl version`` reads it (``NodeState``); only the flag is under test."""
+    from runbook_lib.model.rollback import FoundImage, NodeEvidence
+    from runbook_lib.steps.image import NodeState
+    from runbook_lib.steps.rollback import _node_plan
+
+    ctx = _ctx(sim, talos_version="v1.9.0")
+    node = ctx.params.nodes[0]
+    found = NodeEvidence(node.name, node.address, image=FoundImage("record-1", "v1.8.3", None))
+    for running, preserve in (("v1.7.7", True), ("v1.9.0", False)):
+        plan = _node_plan(ctx, node, found, config=[], state=NodeState(version=running), fact=None)
+        assert plan is not None and plan.preserve is preserve, (running, plan)
+        assert ("--preserve" in plan.upgrade_argv(ctx)) is preserve

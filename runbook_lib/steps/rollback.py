@@ -232,8 +232,9 @@ def _node_plan(
             platform=platform,
         )
         plan.image = image
-        # the version rolled back to, and the one the node runs (the plan's, which the records' upgrade set)
-        plan.preserve = preserve_needed(TalosVersion.parse(found.image.version), str(ctx.params.talos))
+        # the version rolled back to, and the one the node reports running (not the plan's: the node may have
+        # been moved by hand since the records; unread counts as old, preserve_needed)
+        plan.preserve = preserve_needed(TalosVersion.parse(found.image.version), state.version)
         plan.legacy = fact is not None and image_risks.legacy_needed(fact, state.client_version)
     elif patches["after-image"] and runs_nvidia_image(state.extensions):
         raise PermanentError(
