@@ -320,3 +320,42 @@ def test_a_version_range_no_chart_meets_fails_before_any_change_naming_the_param
         assert "device_plugin.chart_version latest: helm cannot read it" in check.message, check
         assert "invalid version/constraint format" in check.message, check
         assert ctx.kube.runtime_class("nvidia") is None
+
+
+def test_a_gpu_operator_range_that_resolves_below_the_supported_version_is_refused_before_any_change(
+    tmp_path,
+):
+    """A pinned GPU Operator older than v26.3.1 fails parameter validation (tests/test_params.py); a range is
+    known only once helm resolves it. The simulated repository serves only v26.3.3 (its chart facts are that
+    version's), so what ``helm search repo`` answers is given here by a stand-in returning its parsed answer;
+    the step's own rule is what is tested."""
+    from types import SimpleNamespace
+
+    from runbook_lib.errors import PermanentError
+    from runbook_lib.model.plan import HelmRelease
+    from runbook_lib.steps.kubernetes import _planned_version
+
+    helm = HelmRelease(
+        release="gpu-operator",
+        chart="nvidia/gpu-operator",
+        repo_name="nvidia",
+        repo_url="https://helm.ngc.nvidia.com/nvidia",
+        version="<v26.3.1",
+        namespace="gpu-operator",
+        values={},
+        privileged_namespace=True,
+    )
+
+    class _Search:
+        def resolve_version(self, chart, constraint):
+            return "v26.3.0", ["v26.7.0", "v26.3.3", "v26.3.1", "v26.3.0"]
+
+    ctx = SimpleNamespace(plan=SimpleNamespace(helm=helm, kubernetes_layer="gpu-operator"), helm=_Search())
+    with pytest.raises(PermanentError) as refused:
+        _planned_version(ctx)
+    assert "gpu_operator.chart_version <v26.3.1: helm would install v26.3.0 is older than v26.3.1" in str(
+        refused.value.message
+    )
+    ctx.plan.helm = HelmRelease(**{**helm.__dict__, "version": ">=v26.3.1"})
+    _Search.resolve_version = lambda self, chart, constraint: ("v26.7.0", [])
+    assert _planned_version(ctx) == "v26.7.0"

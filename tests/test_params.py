@@ -392,3 +392,18 @@ def test_a_number_too_long_to_be_a_parameter_is_refused_naming_its_line(tmp_path
 def test_an_overlong_value_is_not_echoed_in_full(tmp_path):
     (problem,) = problems(tmp_path, {**GOOD, "cluster": "x" * 100_000})
     assert problem.startswith(f"{tmp_path}/cluster.yaml: cluster:") and len(problem) < 400
+
+
+@pytest.mark.parametrize("version", ["v26.3.0", "25.10.1", "v24.9.2"])
+def test_a_gpu_operator_older_than_the_talos_docs_support_is_refused_naming_the_parameter(tmp_path, version):
+    # Talos docs 1.13 "NVIDIA GPU (OSS drivers)": "Make sure to install GPU operator version v26.3.1 or higher"
+    # (facts §1.5, siderolabs/docs 4e9a921). The pin was taken as given, and the step installed it.
+    (problem,) = problems(tmp_path, {**GOOD, "gpu_operator": {"chart_version": version}})
+    assert problem.startswith(f"{tmp_path}/cluster.yaml: gpu_operator.chart_version:"), problem
+    assert "v26.3.1 or higher" in problem and version in problem
+
+
+@pytest.mark.parametrize("version", ["v26.3.1", "v26.7.0", "26.3.3", ">=v26.3.1", "~26.3"])
+def test_a_supported_gpu_operator_version_or_a_range_is_accepted(tmp_path, version):
+    params = load_params(write(tmp_path, {**GOOD, "gpu_operator": {"chart_version": version}}))
+    assert params.gpu_operator.chart_version == version

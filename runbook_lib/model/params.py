@@ -27,9 +27,9 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from runbook_lib.errors import CompatibilityError, ParameterProblem, ParametersInvalid, PermanentError
 
 from . import safeload
-from .profiles import Flavor, GpuProfile, Track, profile_for
+from .profiles import GPU_OPERATOR_CHART_MINIMUM, Flavor, GpuProfile, Track, profile_for
 from .rollout import parse_budget
-from .versions import TalosVersion
+from .versions import TalosVersion, gpu_operator_too_old
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _HOSTNAME = re.compile(
@@ -204,6 +204,14 @@ class GpuOperator(_Strict):
     """Helm release name; set it (and ``namespace``) to an existing release of the chart, e.g. the ``gpu-operator-<number>`` that NVIDIA's ``helm install --generate-name`` creates, so the runbook upgrades that one instead of refusing."""
     repo_url: RepoUrl = "https://helm.ngc.nvidia.com/nvidia"
     """Helm chart repository holding ``gpu-operator``: NVIDIA's, or a mirror for air-gapped sites (for target simulated: the simulator's own)."""
+
+    @field_validator("chart_version")
+    @classmethod
+    def _supported(cls, value: str) -> str:
+        why = gpu_operator_too_old(value, GPU_OPERATOR_CHART_MINIMUM)
+        if why:
+            raise ValueError(why)
+        return value
 
 
 class CudaTest(_Strict):

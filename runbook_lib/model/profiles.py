@@ -38,6 +38,8 @@ GPU_OPERATOR_VALUES: Mapping[str, str] = {
 
 #: Talos CI pins v26.3.3; the docs require v26.3.1 or higher (facts §1.5).
 GPU_OPERATOR_CHART_DEFAULT = "v26.3.3"
+#: The oldest chart the Talos docs support: "Make sure to install GPU operator version v26.3.1 or higher".
+GPU_OPERATOR_CHART_MINIMUM = "v26.3.1"
 
 #: Images the CUDA test pods use (facts §1.5).  The vectoradd sample also proves CUDA compute works.
 CUDA_VECTORADD_IMAGE = "nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0"

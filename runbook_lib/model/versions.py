@@ -219,3 +219,14 @@ def chart_is_newer(installed: str, planned: str) -> bool | None:
     if old is None or new is None:
         return None
     return old > new
+
+
+def gpu_operator_too_old(version: str, minimum: str) -> str | None:
+    """Why ``version`` of the GPU Operator chart is refused, or None: older than ``minimum``, the oldest the Talos
+    docs support. A range is judged once helm has resolved it (the Kubernetes step)."""
+    if chart_is_newer(minimum, version):
+        return (
+            f'{version} is older than {minimum}: the Talos docs say "Make sure to install GPU operator version '
+            f'{minimum} or higher"; pin {minimum} or newer (Talos CI installs v26.3.3)'
+        )
+    return None

@@ -19,8 +19,8 @@ from typing import Any
 
 from runbook_lib.clients.helm import Release
 from runbook_lib.errors import PermanentError, RunbookError
-from runbook_lib.model.profiles import GPU_OPERATOR_VALUES
-from runbook_lib.model.versions import chart_is_newer, is_chart_version
+from runbook_lib.model.profiles import GPU_OPERATOR_CHART_MINIMUM, GPU_OPERATOR_VALUES
+from runbook_lib.model.versions import chart_is_newer, gpu_operator_too_old, is_chart_version
 
 from . import gpu_operator_handover, kube_diagnosis, operator_runtime_class
 from .context import Context, wait_seconds
@@ -208,10 +208,22 @@ def _planned_version(ctx: Context) -> str:
     (``~0.17``, ``>=26.3.1``). Why resolve a range first: the downgrade refusal and the "already deployed" check
     compare versions, and a range compared as text let helm downgrade a release and upgraded an unchanged one
     on every run. A range nothing meets fails here, naming the parameter, where it used to fail in helm after the
-    RuntimeClass and namespace were changed."""
+    RuntimeClass and namespace were changed. A GPU Operator older than the Talos docs support is refused here too
+    when a range picks it (a pinned one already fails parameter validation)."""
     planned = ctx.plan.helm
-    if is_chart_version(planned.version):
-        return planned.version
+    version = planned.version if is_chart_version(planned.version) else _resolved(ctx)
+    too_old = gpu_operator_too_old(version, GPU_OPERATOR_CHART_MINIMUM)
+    if ctx.plan.kubernetes_layer == "gpu-operator" and too_old:
+        raise PermanentError(
+            f"gpu_operator.chart_version {planned.version}: helm would install {too_old}; nothing was changed",
+            hint=f"set gpu_operator.chart_version: {GPU_OPERATOR_CHART_MINIMUM} or newer",
+        )
+    return version
+
+
+def _resolved(ctx: Context) -> str:
+    """The version helm picks for the ``chart_version`` range, or an error naming the parameter."""
+    planned = ctx.plan.helm
     section = _section(ctx)
     listing = f"helm search repo {planned.chart} --versions"
     try:
