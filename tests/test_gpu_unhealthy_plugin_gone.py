@@ -15,8 +15,8 @@ import subprocess
 from types import SimpleNamespace
 from typing import Any
 
-from runbook_lib.model.plan import HelmRelease
 from runbook_lib.steps.kubernetes import _no_gpu_diagnosis
+from tests.helm_releases import device_plugin
 
 NODE = "gpu-2"
 
@@ -68,17 +68,7 @@ class _Reads:
 
 
 def _ctx() -> Any:
-    # The real HelmRelease (not a stand-in namespace): the step reads its derived fields such as chart_name.
-    helm = HelmRelease(
-        release="nvidia-device-plugin",
-        chart="nvdp/nvidia-device-plugin",
-        repo_name="nvdp",
-        repo_url="https://nvidia.github.io/k8s-device-plugin",
-        version="0.17.4",
-        namespace="kube-system",
-        values={"runtimeClassName": "nvidia"},
-        privileged_namespace=False,
-    )
+    helm = device_plugin()  # the real HelmRelease: the step reads derived fields such as chart_name
     plan = SimpleNamespace(helm=helm, kubernetes_layer="device-plugin")
     return SimpleNamespace(
         plan=plan, params=SimpleNamespace(nodes=[SimpleNamespace(name=NODE, address="10.5.0.4")])

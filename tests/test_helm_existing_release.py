@@ -19,6 +19,7 @@ import pytest
 from runbook_lib.model.params import validate
 from runbook_lib.steps.context import connect
 from runbook_lib.steps.kubernetes import allocatable_gpus, kubernetes_layer
+from tests.helm_releases import gpu_operator
 from tests.realplane import real_cluster
 
 pytestmark = pytest.mark.slow
@@ -332,19 +333,9 @@ def test_a_gpu_operator_range_that_resolves_below_the_supported_version_is_refus
     from types import SimpleNamespace
 
     from runbook_lib.errors import PermanentError
-    from runbook_lib.model.plan import HelmRelease
     from runbook_lib.steps.kubernetes import _planned_version
 
-    helm = HelmRelease(
-        release="gpu-operator",
-        chart="nvidia/gpu-operator",
-        repo_name="nvidia",
-        repo_url="https://helm.ngc.nvidia.com/nvidia",
-        version="<v26.3.1",
-        namespace="gpu-operator",
-        values={},
-        privileged_namespace=True,
-    )
+    helm = gpu_operator(version="<v26.3.1")
 
     class _Search:
         def resolve_version(self, chart, constraint):
@@ -356,6 +347,6 @@ def test_a_gpu_operator_range_that_resolves_below_the_supported_version_is_refus
     assert "gpu_operator.chart_version <v26.3.1: helm would install v26.3.0 is older than v26.3.1" in str(
         refused.value.message
     )
-    ctx.plan.helm = HelmRelease(**{**helm.__dict__, "version": ">=v26.3.1"})
+    ctx.plan.helm = gpu_operator(version=">=v26.3.1")
     _Search.resolve_version = lambda self, chart, constraint: ("v26.7.0", [])
     assert _planned_version(ctx) == "v26.7.0"
