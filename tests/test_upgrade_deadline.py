@@ -38,3 +38,23 @@ def test_an_upgrade_talosctl_drains_is_not_stopped_at_its_timeout(slow_talosctl:
 def test_an_upgrade_without_a_drain_is_still_stopped_after_its_timeout(slow_talosctl: Talosctl) -> None:
     run = slow_talosctl.upgrade("10.5.0.3", IMAGE, timeout=1.0, drains=False)
     assert not run.ok and "(timed out after 1 s)" in run.stderr, run.stderr
+
+
+@pytest.mark.parametrize(
+    ("node", "client", "legacy", "drains"),
+    [
+        ("v1.13.9", "v1.13.9", False, True),
+        ("v1.12.7", "v1.13.9", False, False),  # below the new API's range: talosctl falls back to legacy
+        ("v1.13.9", "v1.12.0", False, False),  # talosctl 1.12 has no drain
+        ("v1.13.9", "v1.13.9", True, False),
+        # a development build's tag (git describe): talosctl parses it tolerantly (semver.ParseTolerant,
+        # talos@v1.13.0 cmd/talosctl/pkg/talos/helpers/checks.go:55-75) and, within ">1.13.0-alpha.2 <2.0.0"
+        # (upgrade.go:85), drains. The runbook cannot read such a tag, so it allowed no time for the drain.
+        ("v1.13.0-alpha.2-30-g1234abc", "v1.13.9", False, True),
+        (None, "v1.13.9", False, True),  # not read: allow for the drain rather than stop it midway
+    ],
+)
+def test_whether_talosctl_drains(node: str | None, client: str, legacy: bool, drains: bool) -> None:
+    from runbook_lib.steps.image_risks import drains as will_drain
+
+    assert will_drain(node, client, legacy=legacy) is drains

@@ -141,11 +141,15 @@ def legacy_note(names: Sequence[str]) -> str:
 def drains(node_version: str | None, client: str | None, *, legacy: bool) -> bool:
     """Whether ``talosctl upgrade`` will drain this node: talosctl 1.13+ drains by default (``--drain``, which the
     step does not pass, defaults to true) whenever it uses the new upgrade API, i.e. the node runs 1.13+
-    (talos@v1.13.0:cmd/talosctl/cmd/talos/upgrade.go:69-71,85,115-126,360) and ``--legacy`` is not set."""
+    (talos@v1.13.0:cmd/talosctl/cmd/talos/upgrade.go:69-71,85,115-126,360) and ``--legacy`` is not set.
+
+    A node release the runbook cannot read (not answered, or a development build's ``git describe`` tag, which
+    talosctl parses tolerantly, helpers/checks.go:55-75) counts as draining: the answer sets how long the upgrade
+    may run, and stopping one midway through its drain leaves the node cordoned."""
     node, cli = _version(node_version), _version(client)
-    return (
-        not legacy and node is not None and cli is not None and node.at_least(1, 13) and cli.at_least(1, 13)
-    )
+    if legacy or cli is None or not cli.at_least(1, 13):
+        return False
+    return node is None or node.at_least(1, 13)
 
 
 def drain_note(names: Sequence[str]) -> str:
