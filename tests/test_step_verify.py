@@ -359,6 +359,8 @@ def test_a_node_on_another_patch_of_the_plans_minor_is_judged_by_the_release_it_
         assert not any("but the node runs v1.13.3" in m for m in messages), node.checks
         kmod = [c for c in node.checks if "kernel modules" in c.message and "Talos" in c.message]
         assert kmod and all(c.ok for c in kmod) and "match Talos v1.13.2" in kmod[0].message, node.checks
+    names = ", ".join(node.node for node in result.nodes)
+    assert f"{names} run Talos v1.13.2, not the plan's v1.13.3" in " ".join(result.notes), result.notes
 
 
 def test_a_node_left_on_1_10_under_a_1_11_plan_has_its_loaded_modules_read_as_1_10_shows_them(tmp_path):

@@ -263,6 +263,7 @@ def verify(
             progress(index, len(nodes))
     if unconfigured:
         _configured_but_not_loaded(ctx, unconfigured)
+    _other_patch_note(ctx, result, nodes, seen.talos)
     _add_inventory(result, inventories, seen.kube)
     return result.finish()
 
@@ -292,6 +293,24 @@ def _other_minor(ctx: Context, node: Node, running: str | None) -> list[Check]:
             cause="the image step has not upgraded this node (it failed, was skipped, or rolled back)",
         )
     ]
+
+
+def _other_patch_note(ctx: Context, result: StepResult, nodes: list[Node], talos: dict[str, str]) -> None:
+    """A note (not a failure) naming the nodes on another patch of the plan's minor: their checks are judged by
+    the release they run and may all pass, but they are not where the plan puts them; the image step moves them
+    (or, newer, keeps them: it does not move a node back)."""
+    planned = ctx.params.talos
+    other: dict[str, list[str]] = {}
+    for node in nodes:
+        found = TalosVersion.parse_or_none(talos.get(node.address))
+        if found is not None and found.minor_line == planned.minor_line and str(found) != str(planned):
+            other.setdefault(str(found), []).append(node.name)
+    for version, names in sorted(other.items()):
+        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        result.notes.append(
+            f"{shown} run{'s' if len(names) == 1 else ''} Talos {version}, not the plan's {planned}: "
+            "the image step moves a node to the plan's release (never back)"
+        )
 
 
 def _allocatable_shown(kube: dict[str, KubeGpu] | None) -> bool:
