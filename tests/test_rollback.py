@@ -510,3 +510,10 @@ def test_a_way_back_from_a_node_below_1_8_asks_for_preserve_by_the_release_the_n
         plan = _node_plan(ctx, node, found, config=[], state=NodeState(version=running), fact=None)
         assert plan is not None and plan.preserve is preserve, (running, plan)
         assert ("--preserve" in plan.upgrade_argv(ctx)) is preserve
+    # whether talosctl drains first (its upgrade deadline) also follows the node and the client, not a guess:
+    # a 1.9 node is below the new upgrade API's range, so talosctl 1.13 takes the legacy path, without a drain
+    # (talos@v1.13.0 cmd/talosctl/cmd/talos/upgrade.go:85, 115-126)
+    for running, client, drains in (("v1.9.0", "v1.13.9", False), ("v1.13.9", "v1.13.9", True)):
+        state = NodeState(version=running, client_version=client)
+        plan = _node_plan(ctx, node, found, config=[], state=state, fact=None)
+        assert plan is not None and plan.drains is drains, (running, plan)

@@ -72,6 +72,8 @@ class NodeRollback:
     image: str | None
     preserve: bool = False
     legacy: bool = False
+    drains: bool = True
+    """Whether talosctl drains the node first (``image_risks.drains``), which sets how long its upgrade may run."""
 
     def upgrade_argv(self, ctx: Context) -> list[str]:
         flags = upgrade_flags(self.image or "", preserve=self.preserve, legacy=self.legacy)
@@ -236,6 +238,7 @@ def _node_plan(
         # been moved by hand since the records; unread counts as old, preserve_needed)
         plan.preserve = preserve_needed(TalosVersion.parse(found.image.version), state.version)
         plan.legacy = fact is not None and image_risks.legacy_needed(fact, state.client_version)
+        plan.drains = image_risks.drains(state.version, state.client_version, legacy=plan.legacy)
     elif patches["after-image"] and runs_nvidia_image(state.extensions):
         raise PermanentError(
             "runs an NVIDIA image no record shows the runbook installed: removing the modules patch would hang "
@@ -424,9 +427,7 @@ def _images(
                 plan.image or "",
                 preserve=plan.preserve,
                 legacy=plan.legacy,
-                # talosctl 1.13+ drains unless --legacy; rollback does not read the client's release, so it
-                # allows for the drain whenever it may happen (only a hung talosctl waits longer for it)
-                drains=not plan.legacy,
+                drains=plan.drains,
                 timeout=float(ctx.params.timeouts.upgrade_seconds),
             )
             return None if run.ok else (run.stderr.strip() or f"talosctl upgrade exited {run.exit_code}")
