@@ -339,7 +339,7 @@ def test_a_gpu_operator_range_that_resolves_below_the_supported_version_is_refus
 
     class _Search:
         def resolve_version(self, chart, constraint):
-            return "v26.3.0", ["v26.7.0", "v26.3.3", "v26.3.1", "v26.3.0"]
+            return "v26.3.0"
 
     ctx = SimpleNamespace(plan=SimpleNamespace(helm=helm, kubernetes_layer="gpu-operator"), helm=_Search())
     with pytest.raises(PermanentError) as refused:
@@ -348,5 +348,5 @@ def test_a_gpu_operator_range_that_resolves_below_the_supported_version_is_refus
         refused.value.message
     )
     ctx.plan.helm = gpu_operator(version=">=v26.3.1")
-    _Search.resolve_version = lambda self, chart, constraint: ("v26.7.0", [])
+    _Search.resolve_version = lambda self, chart, constraint: "v26.7.0"
     assert _planned_version(ctx) == "v26.7.0"

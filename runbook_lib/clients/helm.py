@@ -83,16 +83,18 @@ class Helm:
     def repo_update(self, name: str | None = None) -> CommandResult:
         return self.run(["repo", "update", *([name] if name else [])]).check("helm repo update")
 
-    def resolve_version(self, chart: str, constraint: str) -> tuple[str | None, list[str]]:
-        """The version ``helm upgrade --version <constraint>`` would install from the added repository, and every
-        version the repository has, newest first (for a message when none matches).
+    def resolve_version(self, chart: str, constraint: str) -> str | None:
+        """The version ``helm upgrade --version <constraint>`` would install from the added repository, or None.
 
         Why ``helm search repo``: it checks the same Masterminds semver constraint over the same cached index
         as the upgrade's chart lookup, newest first (helm@v4.1.4 pkg/cmd/search_repo.go ``applyConstraint``,
         pkg/repo/v1/index.go ``IndexFile.Get``), so the runbook learns the version before anything changes."""
         matching = self._search(chart, ["--version", constraint])
-        every = self._search(chart, ["--versions"])
-        return (matching[0] if matching else None), every
+        return matching[0] if matching else None
+
+    def chart_versions(self, chart: str) -> list[str]:
+        """Every version of ``chart`` the added repository has, newest first."""
+        return self._search(chart, ["--versions"])
 
     def _search(self, chart: str, flags: list[str]) -> list[str]:
         result = self.run(["search", "repo", chart, *flags, "-o", "json"]).check("helm search repo")

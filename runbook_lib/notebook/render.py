@@ -12,6 +12,7 @@ from collections import defaultdict
 from html import escape
 from typing import Any
 
+from runbook_lib.model.text import shortened
 from runbook_lib.steps.results import Check, NodeResult, StepResult
 
 #: Rows of the full node table, and failing nodes shown in detail, before "N more in the record".
@@ -65,11 +66,6 @@ def _badge(status: str) -> str:
     )
 
 
-def _nodes_text(names: list[str], limit: int = 8) -> str:
-    shown = ", ".join(names[:limit])
-    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
-
-
 def diff_groups(result: StepResult) -> list[tuple[str, list[str]]]:
     """Distinct diffs with the nodes that share each one, most nodes first."""
     groups: dict[str, list[str]] = defaultdict(list)
@@ -116,7 +112,7 @@ def _inventory_html(result: StepResult) -> list[str]:
         names = [str(n) for n in group.get("nodes", [])]
         line = f"<li>{escape(str(group.get('line', '')))}"
         if len(names) > 1:
-            line += f"<details><summary>nodes</summary>{escape(_nodes_text(names, 50))}</details>"
+            line += f"<details><summary>nodes</summary>{escape(shortened(names, 50))}</details>"
         out.append(line + "</li>")
     out.append("</ul>")
     out += [f"<p>{escape(note)}</p>" for note in _inventory_notes(result)]
@@ -186,7 +182,7 @@ def render_html(result: StepResult, *, limit: int = TABLE_LIMIT, title: str | No
         out.append("<h4>Changes</h4>")
         for diff, names in groups[:DIFF_LIMIT]:
             out.append(
-                f"<p>{len(names)} node(s): {escape(_nodes_text(names))}</p>"
+                f"<p>{len(names)} node(s): {escape(shortened(names))}</p>"
                 f'<pre class="runbook-diff" style="{_PRE}">{escape(diff)}</pre>'
             )
         if len(groups) > DIFF_LIMIT:
@@ -251,7 +247,7 @@ def render_markdown(result: StepResult, *, limit: int = TABLE_LIMIT, title: str 
             lines.append(f"- … {len(failing) - FAILING_LIMIT} more failing nodes in the record")
     lines += _inventory_markdown(result)
     for diff, names in diff_groups(result)[:DIFF_LIMIT]:
-        lines += ["", f"{len(names)} node(s): {_nodes_text(names)}", "", "```diff", diff.rstrip("\n"), "```"]
+        lines += ["", f"{len(names)} node(s): {shortened(names)}", "", "```diff", diff.rstrip("\n"), "```"]
     for note in result.notes:
         lines.append(f"- {note}")
     if result.nodes:

@@ -20,6 +20,7 @@ from typing import Any
 from runbook_lib.clients.helm import Release
 from runbook_lib.errors import PermanentError, RunbookError
 from runbook_lib.model.profiles import GPU_OPERATOR_CHART_MINIMUM, GPU_OPERATOR_VALUES
+from runbook_lib.model.text import shortened
 from runbook_lib.model.versions import chart_is_newer, gpu_operator_too_old, is_chart_version
 
 from . import gpu_operator_handover, kube_diagnosis, operator_runtime_class
@@ -212,8 +213,10 @@ def _planned_version(ctx: Context) -> str:
     when a range picks it (a pinned one already fails parameter validation)."""
     planned = ctx.plan.helm
     version = planned.version if is_chart_version(planned.version) else _resolved(ctx)
+    if ctx.plan.kubernetes_layer != "gpu-operator":
+        return version
     too_old = gpu_operator_too_old(version, GPU_OPERATOR_CHART_MINIMUM)
-    if ctx.plan.kubernetes_layer == "gpu-operator" and too_old:
+    if too_old:
         raise PermanentError(
             f"gpu_operator.chart_version {planned.version}: helm would install {too_old}; nothing was changed",
             hint=f"set gpu_operator.chart_version: {GPU_OPERATOR_CHART_MINIMUM} or newer",
@@ -227,7 +230,7 @@ def _resolved(ctx: Context) -> str:
     section = _section(ctx)
     listing = f"helm search repo {planned.chart} --versions"
     try:
-        found, every = ctx.helm.resolve_version(planned.chart, planned.version)
+        found = ctx.helm.resolve_version(planned.chart, planned.version)
     except RunbookError as exc:
         raise PermanentError(
             f"{section}.chart_version {planned.version}: helm cannot read it as a version or a range, so "
@@ -235,7 +238,8 @@ def _resolved(ctx: Context) -> str:
             hint=f"set {section}.chart_version to a version such as {planned.chart} lists: {listing}",
         ) from None
     if found is None:
-        have = ", ".join(every[:8]) + (", ..." if len(every) > 8 else "") if every else "no versions"
+        every = ctx.helm.chart_versions(planned.chart)  # only for the message: read when nothing matched
+        have = shortened(every) if every else "no versions"
         raise PermanentError(
             f"{section}.chart_version {planned.version}: no {planned.chart} chart in {planned.repo_url} meets "
             f"it (the repository has {have}), so nothing was changed",

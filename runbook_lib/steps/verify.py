@@ -51,6 +51,7 @@ from runbook_lib.model.parsers import (
     schematic_id,
 )
 from runbook_lib.model.pci import PciDevice, nvidia_gpus
+from runbook_lib.model.text import shortened
 from runbook_lib.model.versions import TalosVersion
 
 from . import fixes
@@ -208,6 +209,8 @@ def verify(
     nodes = ctx.nodes(only)
     result = StepResult(step="verify", applied=False)
     seen = _collect(ctx, [n.address for n in nodes])
+    # each node's release, read once: its kernel-module check, the other-minor check and the other-patch note
+    releases = {address: TalosVersion.parse_or_none(tag) for address, tag in seen.talos.items()}
     ext_by_node = seen.extensions.by_node()
     unconfigured: list[tuple[Node, NodeResult]] = []
     inventories: dict[str, NodeInventory] = {}
@@ -230,13 +233,13 @@ def verify(
             services=None if service_error else seen.services.get(node.address, {}),
         )
         planned = next((p.schematic_id for p in ctx.plan.nodes if p.name == node.name), ctx.plan.schematic_id)
-        running = TalosVersion.parse_or_none(seen.talos.get(node.address))
+        running = releases.get(node.address)
         findings = diagnose(
             evidence,
             NodeContext(node=node.address, talos=ctx.params.talos, schematic=planned, running=running),
             planned_schematic=planned,
         )
-        res.checks = [*_other_minor(ctx, node, seen.talos.get(node.address)), *checks_from_findings(findings)]
+        res.checks = [*_other_minor(ctx, node, running), *checks_from_findings(findings)]
         cdi = _cdi_spec(seen, ext_versions, evidence, NodeContext(node=node.address, talos=ctx.params.talos))
         if cdi is not None:
             res.checks.append(cdi)
@@ -263,12 +266,12 @@ def verify(
             progress(index, len(nodes))
     if unconfigured:
         _configured_but_not_loaded(ctx, unconfigured)
-    _other_patch_note(ctx, result, nodes, seen.talos)
+    _other_patch_note(ctx, result, nodes, releases)
     _add_inventory(result, inventories, seen.kube)
     return result.finish()
 
 
-def _other_minor(ctx: Context, node: Node, running: str | None) -> list[Check]:
+def _other_minor(ctx: Context, node: Node, found: TalosVersion | None) -> list[Check]:
     """A failed check, first, when the node runs another Talos minor than the plan: every check after it is
     judged against the plan's release (which extension services exist, the CDI spec, the kernel module
     extension's build), so on a node the image step has not moved they fail for reasons that are not the
@@ -276,7 +279,6 @@ def _other_minor(ctx: Context, node: Node, running: str | None) -> list[Check]:
     ``ext-nvidia-cdi-gen``, a service no 1.12 extension has). Only the minor: a node on another patch of the
     same minor is the image step's business (it refuses to move a node back); its kernel-module build is compared
     with the release the node reports (``NodeContext.running``), not the plan's."""
-    found = TalosVersion.parse_or_none(running)
     planned = ctx.params.talos
     if found is None or found.minor_line == planned.minor_line:
         return []
@@ -295,20 +297,21 @@ def _other_minor(ctx: Context, node: Node, running: str | None) -> list[Check]:
     ]
 
 
-def _other_patch_note(ctx: Context, result: StepResult, nodes: list[Node], talos: dict[str, str]) -> None:
+def _other_patch_note(
+    ctx: Context, result: StepResult, nodes: list[Node], releases: dict[str, TalosVersion | None]
+) -> None:
     """A note (not a failure) naming the nodes on another patch of the plan's minor: their checks are judged by
     the release they run and may all pass, but they are not where the plan puts them; the image step moves them
     (or, newer, keeps them: it does not move a node back)."""
     planned = ctx.params.talos
     other: dict[str, list[str]] = {}
     for node in nodes:
-        found = TalosVersion.parse_or_none(talos.get(node.address))
-        if found is not None and found.minor_line == planned.minor_line and str(found) != str(planned):
+        found = releases.get(node.address)
+        if found is not None and found.minor_line == planned.minor_line and found != planned:
             other.setdefault(str(found), []).append(node.name)
     for version, names in sorted(other.items()):
-        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
         result.notes.append(
-            f"{shown} run{'s' if len(names) == 1 else ''} Talos {version}, not the plan's {planned}: "
+            f"{shortened(names, 5)} run{'s' if len(names) == 1 else ''} Talos {version}, not the plan's {planned}: "
             "the image step moves a node to the plan's release (never back)"
         )
 

@@ -1,0 +1,12 @@
+"""Text shared by steps and rendering: one rule for a long list cut short, so every message shortens the same way."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def shortened(names: Sequence[str], limit: int = 8) -> str:
+    """``names`` joined with commas, the first ``limit`` of them, then how many more: a message about 1,000 nodes
+    stays one line."""
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
