@@ -95,7 +95,13 @@ def test_watch_gives_the_objects_as_the_api_wrote_them_and_closes_the_stream() -
     got = kube().watch_until(list_fn, running, timeout=5.5, namespace="default")
     assert got == pod("a", "Running")  # the timestamp as the API wrote it, no model round trip
     assert list_fn.calls == [
-        {"watch": True, "timeout_seconds": 5, "_preload_content": False, "namespace": "default"}
+        {
+            "watch": True,
+            "timeout_seconds": 5,
+            "_preload_content": False,
+            "_request_timeout": (30.0, 10.0),  # a silent connection is dead 5 s after the server's end
+            "namespace": "default",
+        }
     ]
     assert first.closed and first.released
 

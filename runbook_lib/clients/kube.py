@@ -31,6 +31,11 @@ Obj = dict[str, Any]
 
 #: Pods per DELETE collection call of :meth:`Kube.delete_pods` (its docstring says why a page).
 DELETE_PAGE = 500
+#: Seconds a watch may stay silent past the timeout it asked the server for before its connection counts as
+#: dead, and the seconds to wait for a connection to open (client-go's dialer: 30 s, k8s.io/client-go@v0.35.0
+#: transport/cache.go). :meth:`Kube._events` says why.
+WATCH_READ_GRACE_S = 5.0
+WATCH_CONNECT_S = 30.0
 
 
 def _model(cls: Any, data: Obj) -> Any:
@@ -516,8 +521,21 @@ class Kube:
         on an ERROR event (kubernetes 37.0.2 watch.py reads ``raw_object``, which only the model path sets).
         An ERROR event carries a Status (k8s.io/apimachinery@v0.35.0 pkg/watch/watch.go ``Error``; 410
         Expired for a resource version too old) and is raised as the ApiException the caller handles.
+
+        Why a read timeout: the server ends the watch itself after ``timeout`` seconds, so a connection silent
+        for longer is dead (a load balancer or a moved VIP forgot the flow, with no FIN or RST).  kubectl finds
+        such a connection within ~45 s by HTTP/2 pings (k8s.io/apimachinery@v0.35.0 pkg/util/net/http.go:
+        171-189); the Python client has no check and, with no ``_request_timeout``, read for ever (kubernetes
+        37.0.2 client/rest.py:235-246): cuda-test then never got back to its deadline nor deleted its pods.
+        The read times out as a urllib3 error, which :meth:`_watch` answers like any dropped watch.
         """
-        response = list_fn(watch=True, timeout_seconds=timeout, _preload_content=False, **kwargs)
+        response = list_fn(
+            watch=True,
+            timeout_seconds=timeout,
+            _preload_content=False,
+            _request_timeout=(WATCH_CONNECT_S, timeout + WATCH_READ_GRACE_S),
+            **kwargs,
+        )
         try:
             for line in watch.watch.iter_resp_lines(response):  # type: ignore[no-untyped-call]
                 event = json.loads(line)
