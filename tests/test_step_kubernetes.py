@@ -193,6 +193,59 @@ def test_cuda_vectoradd_runs_with_the_runtime_class_only_as_talos_ci_does(tmp_pa
         assert ctx.kube.pods(TEST_NAMESPACE, f"{RUN_LABEL}={result.data['run_id']}") == []
 
 
+def test_a_cluster_without_the_runtime_class_fails_each_node_naming_it_instead_of_crashing(tmp_path):
+    """kube-apiserver refuses a pod whose RuntimeClass does not exist (HTTP 403 ``pods "…" is forbidden: pod
+    rejected: RuntimeClass "nvidia" not found``: kubernetes v1.35.0 plugin/pkg/admission/runtimeclass/
+    admission.go:158), as on a cluster moved to Talos 1.13 before the GPU Operator created its RuntimeClass.
+    Before, the 403 escaped the step as an exception: no node's result and no fix. Now every node fails with the
+    API server's words and the known fix (create the RuntimeClass), and no pod is left."""
+    with real_cluster(tmp_path, scenario="gpu-ready", apply=True) as (params, ctx):
+        assert ctx.kube.runtime_class("nvidia") is None
+        result = cuda_test(ctx)
+        assert result.status == "failed" and result.counts() == {"failed": 2}, result.to_dict()
+        for node in result.nodes:
+            assert len(node.checks) == 4 and not any(c.ok for c in node.checks), node
+            check = node.checks[0]
+            assert 'pod rejected: RuntimeClass "nvidia" not found' in check.message, check
+            assert check.message.endswith("RuntimeClass nvidia does not exist"), check
+            assert "kind: RuntimeClass" in check.fix and "handler: nvidia" in check.fix, check
+        assert result.data["pods_deleted"] == 0
+        assert ctx.kube.pods(TEST_NAMESPACE) == []
+
+
+def test_a_failed_cleanup_keeps_the_nodes_results_and_says_how_to_remove_the_pods(tmp_path, monkeypatch):
+    """The pods are deleted in the step's ``finally``; a delete the API server answers 503 (what kube-apiserver
+    sends when overloaded or its storage is unreachable) raised from there and replaced the step's result, so the
+    nodes that had just passed were reported as nothing. Now the result stands, with a note that names the run's
+    label and the command; the label is what ``runbook run`` deletes by after the step."""
+    from kubernetes.client.exceptions import ApiException
+
+    from runbook_lib.clients.kube import _api_error
+
+    unavailable = ApiException(status=503, reason="Service Unavailable")
+    unavailable.body = (
+        '{"kind":"Status","status":"Failure","message":"etcdserver: leader changed","code":503}'
+    )
+
+    def refuse(namespace, selector):
+        raise _api_error(unavailable, f"delete pods in {namespace} with {selector}")
+
+    with real_cluster(tmp_path, scenario="gpu-ready", apply=True, cuda_test={"request_gpu": False}) as (
+        params,
+        ctx,
+    ):
+        ctx.kube.create_runtime_class("nvidia", "nvidia", dry_run=False)
+        monkeypatch.setattr(ctx.kube, "delete_pods", refuse)
+        result = cuda_test(ctx, only=[params.nodes[0].name])
+        assert result.ok and result.counts() == {"ok": 1}, result.to_dict()
+        selector = f"{RUN_LABEL}={result.data['run_id']}"
+        [note] = [n for n in result.notes if "could not all be deleted" in n]
+        assert "HTTP 503 Service Unavailable: etcdserver: leader changed" in note, note
+        assert f"kubectl -n {TEST_NAMESPACE} delete pods -l {selector}" in note, note
+        assert result.data["pods_deleted"] is None
+        assert len(ctx.kube.pods(TEST_NAMESPACE, selector)) == 2  # left, under the run's label
+
+
 @pytest.fixture(scope="module")
 def planned(tmp_path_factory):
     """One gpu-ready cluster on the real control plane for the plan-only tests, which change nothing in it."""

@@ -127,15 +127,21 @@ def cuda_test(
     pods = build_pods(ctx, nodes, run_id)
     attempted: list[TestPod] = []
     try:
-        _create_pods(ctx, pods, attempted)
-        finished = _wait(ctx, run_id, {p.name for p in pods}, ctx.params.cuda_test.timeout_seconds, progress)
+        refused = _create_pods(ctx, pods, attempted)
+        waiting = {p.name for p in pods} - set(refused)
+        timeout = ctx.params.cuda_test.timeout_seconds
+        finished = _wait(ctx, run_id, waiting, timeout, progress) if waiting else {}
         checks = ctx.kube.each(
-            lambda pod: _judge(
-                ctx,
-                pod,
-                finished.get(pod.name),
-                drivers.get(pod.node.name),
-                driver_unread=unread.get(pod.node.name),
+            lambda pod: (
+                _refused(ctx, pod, refused[pod.name])
+                if pod.name in refused
+                else _judge(
+                    ctx,
+                    pod,
+                    finished.get(pod.name),
+                    drivers.get(pod.node.name),
+                    driver_unread=unread.get(pod.node.name),
+                )
             ),
             pods,
         )
@@ -160,15 +166,41 @@ def _plan_only(ctx: Context, nodes: list[Node], result: StepResult) -> StepResul
     return result.finish()
 
 
-def _create_pods(ctx: Context, pods: list[TestPod], attempted: list[TestPod]) -> None:
+def _create_pods(ctx: Context, pods: list[TestPod], attempted: list[TestPod]) -> dict[str, str]:
     """Create the pods concurrently, each one listed in ``attempted`` before its call: a pod whose creation
-    was cut short (an error, Ctrl-C) may still exist, and the caller deletes every pod listed there."""
+    was cut short (an error, Ctrl-C) may still exist, and the caller deletes every pod listed there.
+
+    Returns, by pod name, why a pod could not be created.  Why not raise: the API server refuses a pod for a
+    reason the operator must see on the node's line, such as ``pods "…" is forbidden: pod rejected:
+    RuntimeClass "nvidia" not found`` (HTTP 403 from the RuntimeClass admission plugin, kubernetes v1.35.0
+    plugin/pkg/admission/runtimeclass/admission.go:158), which is what a cluster upgraded to Talos 1.13
+    without the GPU Operator's RuntimeClass answers.  Raised, it ended the step with no node's result, no
+    fix, and the pods that were created still judged by nobody.
+    """
+    refused: dict[str, str] = {}
 
     def create(pod: TestPod) -> None:
         attempted.append(pod)
-        ctx.kube.create_pod(TEST_NAMESPACE, pod.manifest)
+        try:
+            ctx.kube.create_pod(TEST_NAMESPACE, pod.manifest)
+        except RunbookError as exc:
+            refused[pod.name] = exc.message
 
     ctx.kube.each(create, pods)
+    return refused
+
+
+def _refused(ctx: Context, pod: TestPod, why: str) -> Check:
+    """A pod the API server did not create: failed, with the known fault's fix when the refusal names one."""
+    return _diagnosed(
+        ctx,
+        TITLES[pod.kind],
+        pod,
+        f"the pod could not be created: {why}",
+        why,
+        fix="remove what the API server's answer names (a missing RuntimeClass, an admission policy, RBAC on "
+        f"pods in namespace {TEST_NAMESPACE}), then run the cuda-test step again",
+    )
 
 
 def _node_results(nodes: list[Node], pods: list[TestPod], checks: list[Check]) -> list[NodeResult]:
@@ -185,10 +217,27 @@ def _node_results(nodes: list[Node], pods: list[TestPod], checks: list[Check]) -
 
 def _delete_pods(ctx: Context, pods: list[TestPod], run_id: str, result: StepResult) -> None:
     """Delete every pod whose creation was attempted, by the run's label (:meth:`Kube.delete_pods`: a page
-    of pods per call, each pod journalled).  Should that fail, the pods still there carry the run label,
-    which ``runbook run`` removes after the step."""
-    deleted = ctx.kube.delete_pods(TEST_NAMESPACE, f"{RUN_LABEL}={run_id}") if pods else []
-    result.data["pods_deleted"] = len(deleted)
+    of pods per call, each pod journalled).
+
+    Why a failure here is a note, not an error: the delete runs in the step's ``finally``, so an error raised
+    here (a 503 from a busy API server, a connection cut) replaced the step's result, and the nodes that had
+    just passed were reported as nothing at all; after an earlier error it would have hidden that error too.
+    The pods still there carry the run label, which ``runbook run`` deletes after the step (it looks whenever
+    a created pod has no journalled delete); the note gives the command for a notebook run.
+    """
+    if not pods:
+        result.data["pods_deleted"] = 0
+        return
+    selector = f"{RUN_LABEL}={run_id}"
+    try:
+        result.data["pods_deleted"] = len(ctx.kube.delete_pods(TEST_NAMESPACE, selector))
+    except RunbookError as exc:
+        result.data["pods_deleted"] = None
+        result.notes.append(
+            f"the test pods could not all be deleted ({exc.message}); those left carry the label {selector}: "
+            f"`runbook run` deletes them after this step, or run `kubectl -n {TEST_NAMESPACE} delete pods -l "
+            f"{selector}`"
+        )
 
 
 def extension_drivers(ctx: Context, nodes: list[Node]) -> tuple[dict[str, str], dict[str, str]]:
@@ -242,6 +291,15 @@ def _wait(
     return seen
 
 
+#: Each test pod's check, by its kind.
+TITLES = {
+    "smi": "nvidia-smi (runtimeClass nvidia)",
+    "gpu": "nvidia-smi with nvidia.com/gpu: 1",
+    "vectoradd": "CUDA vectoradd (runtimeClass nvidia)",
+    "vectoradd-gpu": "CUDA vectoradd with nvidia.com/gpu: 1",
+}
+
+
 def _judge(
     ctx: Context,
     pod: TestPod,
@@ -250,12 +308,7 @@ def _judge(
     *,
     driver_unread: str | None = None,
 ) -> Check:
-    title = {
-        "smi": "nvidia-smi (runtimeClass nvidia)",
-        "gpu": "nvidia-smi with nvidia.com/gpu: 1",
-        "vectoradd": "CUDA vectoradd (runtimeClass nvidia)",
-        "vectoradd-gpu": "CUDA vectoradd with nvidia.com/gpu: 1",
-    }[pod.kind]
+    title = TITLES[pod.kind]
     phase = ((obj or {}).get("status") or {}).get("phase", "Unknown")
     log, unread = _read_log(ctx, pod) if phase in ("Succeeded", "Failed") else ("", None)
     if unread is not None:
@@ -383,6 +436,14 @@ def _read_log(ctx: Context, pod: TestPod) -> tuple[str, str | None]:
 def _failed(ctx: Context, title: str, pod: TestPod, reason: str, log: str) -> Check:
     events = ctx.kube.events_for(TEST_NAMESPACE, "Pod", pod.name)
     text = "\n".join(f"{e.get('reason')}: {e.get('message')}" for e in events) + "\n" + log
+    return _diagnosed(ctx, title, pod, reason, text)
+
+
+def _diagnosed(
+    ctx: Context, title: str, pod: TestPod, reason: str, text: str, *, fix: str | None = None
+) -> Check:
+    """A failed check: the known fault ``text`` shows (its cause and fix filled for the node), else ``reason``
+    with ``fix`` (by default the command that shows the pod)."""
     known = match_failures(text)
     if known:
         entry = known[0]
@@ -399,5 +460,6 @@ def _failed(ctx: Context, title: str, pod: TestPod, reason: str, log: str) -> Ch
         False,
         reason,
         evidence=text.strip()[-1500:],
-        fix=f"kubectl -n {TEST_NAMESPACE} describe pod {pod.name}  # re-run this step to see it (pods are deleted afterwards)",
+        fix=fix
+        or f"kubectl -n {TEST_NAMESPACE} describe pod {pod.name}  # re-run this step to see it (pods are deleted afterwards)",
     )
