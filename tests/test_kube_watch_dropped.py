@@ -1,4 +1,4 @@
-"""A watch whose connection goes silent ends at its deadline instead of blocking the runbook for ever.
+"""A watch, or any other call, whose connection goes silent ends instead of blocking the runbook for ever.
 
 What a dropped connection looks like from the client: the API server answered the watch (status line and
 headers, then chunks as events come), and then nothing, with no FIN and no RST, as when a load balancer or a
@@ -26,6 +26,7 @@ from kubernetes import client
 from runbook_lib.clients import kube as kube_module
 from runbook_lib.clients.kube import Kube
 from runbook_lib.clients.proc import Journal
+from runbook_lib.errors import RetryableError
 
 #: The chunked 200 the API server starts a watch answer with (k8s.io/apiserver@v0.35.0
 #: pkg/endpoints/handlers/watch.go: Content-Type application/json, flushed before the first event).
@@ -87,3 +88,33 @@ def test_a_watch_on_a_silent_connection_returns_at_its_deadline(
     assert 2 <= float(str(outcome["took"])) < 6
     assert accepted, "the watch never reached the server"
     assert "until every test pod finished (not reached" in kube.journal.entries[-1].summary
+
+
+def test_a_call_on_a_silent_connection_fails_naming_the_api_instead_of_blocking(
+    silent_api: tuple[str, list[socket.socket]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Any other call, such as the pod list the steps make, on a connection that went silent: kube-apiserver
+    answers every request that is not a watch or a stream within its ``--request-timeout`` (60 s by default,
+    k8s.io/apiserver@v0.35.0 pkg/server/config.go:445), so a longer silence is a dead connection. Before,
+    the call read until the kernel gave up on the connection (about 15 minutes of retransmissions for a request
+    in flight; for ever when the server's host still acknowledges, as here)."""
+    monkeypatch.setattr(kube_module, "REQUEST_READ_S", 1.0)
+    address, _ = silent_api
+    configuration = client.Configuration()
+    configuration.host = address
+    kube = Kube(client.ApiClient(configuration), Journal())
+    outcome: dict[str, object] = {}
+
+    def list_pods() -> None:
+        try:
+            kube.pods("default", "talos-gpu-runbooks/run-id=abc123")
+        except Exception as exc:  # the outcome is asserted below
+            outcome["error"] = exc
+
+    caller = threading.Thread(target=list_pods, daemon=True)
+    caller.start()
+    caller.join(15)
+    assert not caller.is_alive(), "the pod list was still blocked after 15 s"
+    error = outcome["error"]
+    assert isinstance(error, RetryableError), error
+    assert "list pods" in error.message and "did not answer" in error.message, error.message

@@ -36,6 +36,10 @@ DELETE_PAGE = 500
 #: transport/cache.go). :meth:`Kube._events` says why.
 WATCH_READ_GRACE_S = 5.0
 WATCH_CONNECT_S = 30.0
+#: Seconds any other call may read nothing before its connection counts as dead: twice kube-apiserver's own
+#: ``--request-timeout`` default (60 s, k8s.io/apiserver@v0.35.0 pkg/server/config.go:445), after which it
+#: answers every request that is not a watch or a stream itself. :func:`_with_read_timeout` says why.
+REQUEST_READ_S = 120.0
 
 
 def _model(cls: Any, data: Obj) -> Any:
@@ -59,6 +63,28 @@ def _api_error(exc: ApiException, what: str) -> PermanentError | RetryableError:
     return PermanentError(message)
 
 
+def _with_read_timeout(api_client: client.ApiClient) -> None:
+    """Give every request of ``api_client`` that names no timeout of its own a connect and a read timeout.
+
+    Why: the official client reads for ever unless a call passes ``_request_timeout`` (kubernetes 37.0.2
+    client/rest.py:235-246), so a pooled connection a load balancer forgot (no FIN, no RST) blocked whatever
+    call was sent on it until the kernel gave up, ~15 minutes of retransmissions.  kubectl does not wait like
+    that: client-go pings a connection idle for 30 s (k8s.io/apimachinery@v0.35.0 pkg/util/net/http.go:171-189).
+    The read timeout is far above anything the API server takes on such a call (it ends them itself after its
+    request timeout); a call timed out raises the urllib3 error ``Kube._call`` turns into a retryable
+    "did not answer".  Read at call time, so a test can shorten it.
+    """
+    rest = api_client.rest_client
+    send: Callable[..., Any] = rest.request
+
+    def request(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("_request_timeout") is None:
+            kwargs["_request_timeout"] = (WATCH_CONNECT_S, REQUEST_READ_S)
+        return send(*args, **kwargs)
+
+    rest.request = request  # type: ignore[method-assign]  # the one request method every call goes through
+
+
 class Kube:
     """Kubernetes operations the runbook needs, journalled, with dry-run support on writes.
 
@@ -70,6 +96,8 @@ class Kube:
     def __init__(self, api_client: client.ApiClient, journal: Journal | None = None) -> None:
         self.api = api_client
         self.journal = journal if journal is not None else Journal()
+        if api_client is not None:
+            _with_read_timeout(api_client)
 
     @functools.cached_property
     def core(self) -> client.CoreV1Api:
