@@ -58,14 +58,19 @@ def silent_api() -> Iterator[tuple[str, list[socket.socket]]]:
         conn.close()
 
 
+def client_of(address: str) -> Kube:
+    """The library's client of the API at ``address``, through the official client as a kubeconfig builds it."""
+    configuration = client.Configuration()
+    configuration.host = address
+    return Kube(client.ApiClient(configuration), Journal())
+
+
 def test_a_watch_on_a_silent_connection_returns_at_its_deadline(
     silent_api: tuple[str, list[socket.socket]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(kube_module, "WATCH_READ_GRACE_S", 1.0)
     address, accepted = silent_api
-    configuration = client.Configuration()
-    configuration.host = address
-    kube = Kube(client.ApiClient(configuration), Journal())
+    kube = client_of(address)
     outcome: dict[str, object] = {}
 
     def wait() -> None:
@@ -100,9 +105,7 @@ def test_a_call_on_a_silent_connection_fails_naming_the_api_instead_of_blocking(
     in flight; for ever when the server's host still acknowledges, as here)."""
     monkeypatch.setattr(kube_module, "REQUEST_READ_S", 1.0)
     address, _ = silent_api
-    configuration = client.Configuration()
-    configuration.host = address
-    kube = Kube(client.ApiClient(configuration), Journal())
+    kube = client_of(address)
     outcome: dict[str, object] = {}
 
     def list_pods() -> None:
