@@ -295,6 +295,26 @@ def test_a_version_range_met_by_the_installed_chart_upgrades_nothing_on_a_second
         assert ctx.helm.release("nvidia-device-plugin", "kube-system").revision == 1
 
 
+def test_the_values_a_site_gave_the_release_stay_out_of_the_record(tmp_path):
+    """A second run on the installed chart reads the release's values (``helm get values -o json``) to compare them
+    with its own. They are the site's, and may hold what no key name marks as a secret (a time-slicing or MIG
+    config, a registry's credentials under a chart's own key), and records are shared widely: the read goes to
+    the journal as a command only, never its output. Before, the journal kept helm's whole JSON answer."""
+    with _installed(tmp_path, "0.17.2") as (params, ctx):
+        _helm(
+            ctx,
+            *["upgrade", "nvidia-device-plugin", "nvdp/nvidia-device-plugin", "-n", "kube-system"],
+            *["--version", "0.17.2", "--reuse-values", "--set-string", "siteNote=registry-pass-8c1f2e"],
+        )
+        again = _with(params, tmp_path, device_plugin={"chart_version": "0.17.2"})
+        result = kubernetes_layer(again, timeout_s=GPUS_WITHIN)
+
+        assert result.ok and not result.data.get("changes"), result.to_dict()
+        read = [e for e in again.journal.entries if e.argv[1:3] == ("get", "values")]
+        assert read, [e.summary for e in again.journal.entries]
+        assert "registry-pass-8c1f2e" not in json.dumps([e.to_dict() for e in again.journal.entries])
+
+
 def test_a_version_range_no_chart_meets_fails_before_any_change_naming_the_parameter(tmp_path):
     with real_cluster(
         tmp_path, scenario="gpu-ready", apply=True, device_plugin={"chart_version": "~0.99"}

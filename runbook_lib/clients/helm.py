@@ -136,7 +136,14 @@ class Helm:
         return next((r for r in self.releases(namespace) if r.name == name), None)
 
     def values(self, name: str, namespace: str) -> dict[str, Any]:
-        result = self.run(["get", "values", name, "-n", namespace, "-o", "json"]).check("helm get values")
+        """The values the release was given (its user-supplied ones, as ``helm get values`` prints them).
+
+        Journalled as a command without its output: they are the site's values and may hold what no key name
+        marks as secret (a registry's credentials under a chart's own key, a MIG config), and records are
+        shared widely."""
+        result = self.run(["get", "values", name, "-n", namespace, "-o", "json"], journal_output=False).check(
+            "helm get values"
+        )
         data = json.loads(result.stdout or "{}")
         return data if isinstance(data, dict) else {}
 
