@@ -78,7 +78,7 @@ def test_helm_calls_are_waves_too_but_its_waiting_install_is_the_kubernetes_step
             },
         ],
     )
-    repo_add = [helm, "repo", "add", "nvdp", "http://127.0.0.1:39197", "--force-update", *kubeconfig]
+    repo_add = [helm, "repo", "add", "nvdp", "http://127.0.0.1:39197", *kubeconfig]
     install = [
         helm,
         "upgrade",

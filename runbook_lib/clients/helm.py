@@ -77,8 +77,21 @@ class Helm:
         return result.stdout.strip()
 
     def repo_add(self, name: str, url: str) -> CommandResult:
-        # --force-update makes re-adding an existing repo a no-op instead of an error (helm ≥3.3)
-        return self.run(["repo", "add", name, url, "--force-update"]).check(f"helm repo add {name}")
+        """Add a repository this machine's helm does not have yet (:meth:`repository_url` first).
+
+        Why not ``--force-update``: it replaces the whole entry, username, password, CA and TLS files included
+        (helm@v4.1.4 pkg/cmd/repo_add.go:93, 191-216), so it erased the credentials a site's NGC or mirror
+        entry holds from the user's own helm configuration."""
+        return self.run(["repo", "add", name, url]).check(f"helm repo add {name}")
+
+    def repository_url(self, name: str) -> str | None:
+        """The URL this machine's helm has for repository ``name``, or None when it has none.
+
+        ``-o json`` prints ``[]`` when there are none, on helm 3.14 as on 4 (helm@v4.1.4 pkg/cmd/repo_list.go:
+        44-48; the table form alone fails or warns "no repositories to show")."""
+        result = self.run(["repo", "list", "-o", "json"]).check("helm repo list")
+        found = [r for r in _json_list(result, "helm repo list") if r.get("name") == name]
+        return str(found[0].get("url", "")) if found else None
 
     def repo_update(self, name: str | None = None) -> CommandResult:
         return self.run(["repo", "update", *([name] if name else [])]).check("helm repo update")

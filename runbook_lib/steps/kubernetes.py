@@ -184,11 +184,22 @@ def _chart_repository(ctx: Context) -> None:
     """``helm repo add`` + ``helm repo update`` of the release's repository, first: a mirror URL that is wrong
     or unreachable (the parameter an air-gapped site sets) fails the step before it changes anything, naming
     the parameter, where it used to retire releases or create RuntimeClass ``nvidia`` and then stop half-way.
-    Only helm's local repository list changes here."""
+    Only helm's local repository list changes here, and only by a new entry: an entry of the same name is used
+    as it is (its credentials and CA kept) when it has the planned URL, else the step stops naming both URLs."""
     release = ctx.plan.helm
     section = _section(ctx)
+    known = ctx.helm.repository_url(release.repo_name)
+    if known is not None and known.rstrip("/") != release.repo_url.rstrip("/"):
+        # The user's own entry (perhaps with credentials or a CA): never overwritten, never silently used.
+        raise PermanentError(
+            f"{section}.repo_url {release.repo_url}: this machine's helm already has a repository named "
+            f"{release.repo_name!r} at {known}; nothing was changed",
+            hint=f"set {section}.repo_url: {known} to install from it, or remove the entry first "
+            f"(helm repo remove {release.repo_name}) to use {release.repo_url}",
+        )
     try:
-        ctx.helm.repo_add(release.repo_name, release.repo_url)
+        if known is None:
+            ctx.helm.repo_add(release.repo_name, release.repo_url)
         ctx.helm.repo_update(release.repo_name)
     except RunbookError as exc:
         raise PermanentError(

@@ -67,3 +67,39 @@ def test_the_step_installs_from_the_mirror_of_the_parameters_and_a_wrong_mirror_
         line.startswith("GET /nvidia/nvidia-device-plugin-") and line.endswith(" 200") for line in served
     )
     assert _requests(tmp_path, "charts.log") == []
+
+
+def _repository_entry(ctx: Context, name: str) -> dict[str, Any]:
+    """The entry of this machine's helm for repository ``name``, as helm wrote it in its repositories file."""
+    import yaml
+
+    path = ctx.helm.run(["env", "HELM_REPOSITORY_CONFIG"]).stdout.strip()
+    entries = yaml.safe_load(Path(path).read_text())["repositories"]
+    return next(e for e in entries if e["name"] == name)
+
+
+def test_the_users_own_repository_entry_is_used_as_it_is_and_never_overwritten(tmp_path: Path) -> None:
+    """A site's helm often has the repository already, with what it needs to read it: credentials (NGC), a CA
+    file (a mirror). The step ran ``helm repo add <name> <url> --force-update``, which replaces the whole entry
+    (helm@v4.1.4 pkg/cmd/repo_add.go:93, 191-216): the credentials were erased from the user's helm. Now an entry
+    with the planned URL is used as it is; one with another URL stops the step before any change, naming both
+    URLs and the parameter, and stays as it was."""
+    with real_cluster(tmp_path, scenario="gpu-ready", apply=True) as (params, ctx):
+        urls = json.loads((tmp_path / "endpoints.json").read_text())
+        site = ["--username", "site-robot", "--password", "robot-pass-51c9"]
+        ctx.helm.run(["repo", "add", "nvdp", urls["charts_mirror"], *site]).check("helm repo add")
+
+        refused = kubernetes_layer(_with_repo(params, urls["charts"], tmp_path), timeout_s=GPUS_WITHIN)
+        (check,) = [c for c in refused.checks if not c.ok]
+        assert "device_plugin.repo_url" in check.message, check
+        assert urls["charts"] in check.message and urls["charts_mirror"] in check.message, check
+        assert f"device_plugin.repo_url: {urls['charts_mirror']}" in check.fix, check
+        assert ctx.kube.runtime_class("nvidia") is None and refused.data.get("changes") is None
+        assert _repository_entry(ctx, "nvdp")["url"] == urls["charts_mirror"]
+
+        mirror = _with_repo(params, urls["charts_mirror"], tmp_path)
+        done = kubernetes_layer(mirror, timeout_s=GPUS_WITHIN)
+        assert done.ok, done.to_dict()
+        entry = _repository_entry(ctx, "nvdp")
+        assert entry["username"] == "site-robot" and entry["password"] == "robot-pass-51c9", entry
+        assert not [e.argv for e in mirror.journal.entries if e.argv[1:3] == ("repo", "add")]
