@@ -370,3 +370,61 @@ def test_a_gpu_operator_range_that_resolves_below_the_supported_version_is_refus
     ctx.plan.helm = gpu_operator(version=">=v26.3.1")
     _Search.resolve_version = lambda self, chart, constraint: "v26.7.0"
     assert _planned_version(ctx) == "v26.7.0"
+
+
+def _killed_mid_install(ctx, node, state_dir):
+    """A helm installing the device plugin killed while it waits (as a timeout or a kill stops it): one GPU node
+    takes no pods (the simulator's ``pods_pending``), so the DaemonSet never becomes ready and helm waits."""
+    import subprocess
+    import time
+
+    from runbook_lib.sim import faults
+    from runbook_lib.steps.kubernetes import _label_nodes
+
+    faults.inject(state_dir, node, "pods_pending", True)
+    # the chart's affinity wants the label the step sets, or the DaemonSet has no node to wait for
+    _label_nodes(ctx, [n for n in ctx.params.nodes if n.name == node], [], dry_run=False)
+    ctx.helm.repo_add("nvdp", ctx.plan.helm.repo_url)
+    argv = ctx.helm.argv(
+        [
+            *["upgrade", "--install", "nvidia-device-plugin", "nvdp/nvidia-device-plugin"],
+            *["-n", "kube-system", "--version", "0.17.2", "--set", "runtimeClassName=nvidia"],
+            *["--wait", "--timeout", "300s"],
+        ]
+    )
+    helm = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while (release := ctx.helm.release("nvidia-device-plugin", "kube-system")) is None or (
+            release.status != "pending-install"
+        ):
+            assert time.monotonic() < deadline and helm.poll() is None, release
+            time.sleep(0.5)
+        time.sleep(2)  # helm is now waiting for the DaemonSet
+    finally:
+        helm.kill()
+        helm.wait()
+    return ctx.helm.release("nvidia-device-plugin", "kube-system")
+
+
+def test_a_release_a_killed_helm_left_pending_stops_the_step_before_any_change_with_the_command_that_clears_it(
+    tmp_path,
+):
+    """helm records the release ``pending-install`` before it waits, and a helm killed then (the runbook's own
+    subprocess timeout did that: it allowed ``--timeout`` + 60 s where helm may take three times ``--timeout``,
+    helm@v4.1.4 pkg/action/install.go:505-551) leaves it so: every later helm refuses it, 'another operation
+    (install/upgrade/rollback) is in progress'. The step ran into that after creating the RuntimeClass, and its fix
+    said "see the helm error above". Now it stops before any change, saying what happened and the command."""
+    with real_cluster(tmp_path, scenario="gpu-ready", apply=True) as (params, ctx):
+        left = _killed_mid_install(ctx, params.nodes[0].name, tmp_path)
+        assert left is not None and left.status == "pending-install", left
+        changes_before = len(ctx.journal.changes())
+
+        result = kubernetes_layer(ctx, timeout_s=GPUS_WITHIN)
+
+        (check,) = [c for c in result.checks if not c.ok]
+        assert "nvidia-device-plugin in kube-system is pending-install" in check.message, check
+        assert "nothing was changed" in check.message, check
+        assert "helm uninstall nvidia-device-plugin -n kube-system" in check.fix, check
+        assert ctx.kube.runtime_class("nvidia") is None
+        assert len(ctx.journal.changes()) == changes_before

@@ -54,6 +54,13 @@ def _json_list(result: CommandResult, command: str) -> list[dict[str, Any]]:
     return data if isinstance(data, list) else []
 
 
+#: How many times its ``--timeout`` one ``helm upgrade --install`` may take: helm gives the pre-hooks, the wait for
+#: the resources and the post-hooks the whole ``--timeout`` each (helm@v4.1.4 pkg/action/upgrade.go:457, 490-496,
+#: 505; install.go:505, 542-551), and the GPU Operator chart has a pre-upgrade hook Job. A helm killed before it
+#: ends leaves the release pending-upgrade (or pending-install), which every later helm refuses to touch.
+UPGRADE_PHASES = 3
+
+
 class Helm:
     def __init__(
         self, binary: str = "helm", *, kubeconfig: str | None = None, runner: Runner | None = None
@@ -192,4 +199,9 @@ class Helm:
             args += ["--wait", "--timeout", f"{timeout_s}s"]
         if dry_run:
             args.append("--dry-run")
-        return self.run(args, timeout=timeout_s + 60, changes_cluster=not dry_run, journal_output=not dry_run)
+        return self.run(
+            args,
+            timeout=UPGRADE_PHASES * timeout_s + 60,
+            changes_cluster=not dry_run,
+            journal_output=not dry_run,
+        )

@@ -286,10 +286,25 @@ def _existing_release(ctx: Context, releases: list[Release], version: str) -> Re
             f"{first.namespace}; or remove it first: helm uninstall {first.name} -n {first.namespace}",
         )
     current = same_chart[0] if same_chart else None
+    if current is not None and current.status.startswith("pending-"):
+        raise PermanentError(
+            f"release {current.name} in {current.namespace} is {current.status}: a helm operation on it was "
+            "stopped midway (killed, or still running elsewhere) and helm refuses any other until it is cleared "
+            "(helm@v4.1.4 pkg/action/upgrade.go:241-243, 'another operation (install/upgrade/rollback) is in "
+            "progress'); nothing was changed",
+            hint=_pending_fix(current),
+        )
     if current is not None:
         shown = planned.version if planned.version == version else f"{planned.version} ({version})"
         _refuse_downgrade(current, chart_name, version, shown, section)
     return current
+
+
+def _pending_fix(release: Release) -> str:
+    """How to clear a release a stopped helm left pending: back to its last revision, or gone if it has none."""
+    where = f"{release.name} -n {release.namespace}"
+    first = "helm uninstall" if release.status == "pending-install" else "helm rollback"
+    return f"make sure no helm runs on it (helm history {where}), then: {first} {where}; then run this step again"
 
 
 def _refuse_downgrade(current: Release, chart_name: str, version: str, shown: str, section: str) -> None:
