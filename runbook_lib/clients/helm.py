@@ -10,7 +10,10 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from runbook_lib.errors import PermanentError
 
@@ -83,22 +86,30 @@ class Helm:
         result.check("helm version")
         return result.stdout.strip()
 
-    def repo_add(self, name: str, url: str) -> CommandResult:
-        """Add a repository this machine's helm does not have yet (:meth:`repository_url` first).
+    def repo_add(self, name: str, url: str, *, replace: bool = False) -> CommandResult:
+        """Add repository ``name``; ``replace``: overwrite this machine's entry of that name.
 
-        Why not ``--force-update``: it replaces the whole entry, username, password, CA and TLS files included
-        (helm@v4.1.4 pkg/cmd/repo_add.go:93, 191-216), so it erased the credentials a site's NGC or mirror
-        entry holds from the user's own helm configuration."""
-        return self.run(["repo", "add", name, url]).check(f"helm repo add {name}")
+        Why ``replace`` is the caller's choice: ``--force-update`` replaces the whole entry, username, password,
+        CA and TLS files included (helm@v4.1.4 pkg/cmd/repo_add.go:93, 191-216), so used on every run it erased
+        the credentials a site's NGC or mirror entry holds (see :meth:`repository_entry`)."""
+        args = ["repo", "add", name, url, *(["--force-update"] if replace else [])]
+        return self.run(args).check(f"helm repo add {name}")
 
-    def repository_url(self, name: str) -> str | None:
-        """The URL this machine's helm has for repository ``name``, or None when it has none.
+    def repository_entry(self, name: str) -> dict[str, Any] | None:
+        """This machine's helm entry for repository ``name`` as helm's repositories file holds it, or None.
 
-        ``-o json`` prints ``[]`` when there are none, on helm 3.14 as on 4 (helm@v4.1.4 pkg/cmd/repo_list.go:
-        44-48; the table form alone fails or warns "no repositories to show")."""
-        result = self.run(["repo", "list", "-o", "json"]).check("helm repo list")
-        found = [r for r in _json_list(result, "helm repo list") if r.get("name") == name]
-        return str(found[0].get("url", "")) if found else None
+        Read from the file (``helm env HELM_REPOSITORY_CONFIG`` names it) because ``helm repo list`` shows names
+        and URLs only, and what an overwrite would lose is the rest: the fields of helm's ``repo.Entry``
+        (helm@v4.1.4 pkg/repo/v1/chartrepo.go:38-48). Never journalled: the entry can hold a password."""
+        path = self.run(["env", "HELM_REPOSITORY_CONFIG"]).check("helm env").stdout.strip()
+        try:
+            data = yaml.safe_load(Path(path).read_text()) if path else None
+        except FileNotFoundError:
+            return None  # helm writes the file with its first repository
+        except (OSError, yaml.YAMLError) as exc:
+            raise PermanentError(f"helm's repositories file {path} cannot be read: {exc}") from None
+        entries = (data.get("repositories") if isinstance(data, dict) else None) or []
+        return next((dict(e) for e in entries if isinstance(e, dict) and e.get("name") == name), None)
 
     def repo_update(self, name: str | None = None) -> CommandResult:
         return self.run(["repo", "update", *([name] if name else [])]).check("helm repo update")

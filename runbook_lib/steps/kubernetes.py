@@ -82,6 +82,7 @@ def kubernetes_layer(
         _helm_release(ctx, current, version, result, changed, dry_run=dry_run, timeout_s=timeout_s)
     except RunbookError as exc:
         result.checks.append(Check("kubernetes layer", False, exc.message, fix=exc.hint or ""))
+        result.data["changes"] = changed  # what was changed before the error, for the record
         return result.finish()
     result.data["changes"] = changed
     result.data["changed" if do_apply and changed else ("planned" if changed else "unchanged")] = True
@@ -89,13 +90,25 @@ def kubernetes_layer(
         result.notes.append(
             "plan only (apply is off): writes went to the API server's dry run / helm --dry-run"
         )
+    try:
+        _wait_after_changes(ctx, result, only, timeout_s=timeout_s, do_apply=do_apply)
+    except RunbookError as exc:
+        # Changes were made: an error here must not lose the result that lists them (rollback reads it).
+        result.checks.append(Check("kubernetes layer", False, exc.message, fix=exc.hint or ""))
+    return result.finish()
+
+
+def _wait_after_changes(
+    ctx: Context, result: StepResult, only: list[str] | None, *, timeout_s: float, do_apply: bool
+) -> None:
+    """Every GPU node advertising ``nvidia.com/gpu``, and on the GPU Operator layer its RuntimeClass, within
+    ``timeout_s`` together."""
     deadline = time.monotonic() + timeout_s
     _wait_for_gpus(ctx, result, ctx.nodes(only), timeout_s=timeout_s if do_apply else 0.0)
-    if do_apply and plan.kubernetes_layer == "gpu-operator":
+    if do_apply and ctx.plan.kubernetes_layer == "gpu-operator":
         # Advertised GPUs do not show it (issue 15): wait for it in what is left of the same timeout.
         left = max(0.0, deadline - time.monotonic())
         result.checks.append(operator_runtime_class.wait(ctx, timeout_s=left, waited_s=timeout_s))
-    return result.finish()
 
 
 def _runtime_class(ctx: Context, result: StepResult, changed: list[str], *, dry_run: bool) -> None:
@@ -184,22 +197,25 @@ def _chart_repository(ctx: Context) -> None:
     """``helm repo add`` + ``helm repo update`` of the release's repository, first: a mirror URL that is wrong
     or unreachable (the parameter an air-gapped site sets) fails the step before it changes anything, naming
     the parameter, where it used to retire releases or create RuntimeClass ``nvidia`` and then stop half-way.
-    Only helm's local repository list changes here, and only by a new entry: an entry of the same name is used
-    as it is (its credentials and CA kept) when it has the planned URL, else the step stops naming both URLs."""
+    Only helm's local repository list changes here: an entry of the same name with the planned URL is used as it
+    is; one with another URL is replaced only when it holds nothing but its URL (the runbook's own entry from a
+    run with another mirror), else the step stops naming both URLs and what replacing it would erase."""
     release = ctx.plan.helm
     section = _section(ctx)
-    known = ctx.helm.repository_url(release.repo_name)
-    if known is not None and known.rstrip("/") != release.repo_url.rstrip("/"):
-        # The user's own entry (perhaps with credentials or a CA): never overwritten, never silently used.
+    entry = ctx.helm.repository_entry(release.repo_name)
+    known = None if entry is None else str(entry.get("url", "")).rstrip("/")
+    if known is not None and known != release.repo_url.rstrip("/") and _kept_settings(entry):
+        # The user's own entry, with what reading it needs: never overwritten, never silently used.
         raise PermanentError(
             f"{section}.repo_url {release.repo_url}: this machine's helm already has a repository named "
-            f"{release.repo_name!r} at {known}; nothing was changed",
+            f"{release.repo_name!r} at {known}, with {', '.join(_kept_settings(entry))} that replacing it "
+            "would erase; nothing was changed",
             hint=f"set {section}.repo_url: {known} to install from it, or remove the entry first "
             f"(helm repo remove {release.repo_name}) to use {release.repo_url}",
         )
     try:
-        if known is None:
-            ctx.helm.repo_add(release.repo_name, release.repo_url)
+        if known != release.repo_url.rstrip("/"):
+            ctx.helm.repo_add(release.repo_name, release.repo_url, replace=known is not None)
         ctx.helm.repo_update(release.repo_name)
     except RunbookError as exc:
         raise PermanentError(
@@ -208,6 +224,24 @@ def _chart_repository(ctx: Context) -> None:
             hint=f"set {section}.repo_url to a Helm repository (the folder holding index.yaml) this machine "
             f"reaches, NVIDIA's or your mirror of it; check with: helm repo add {release.repo_name} <url>",
         ) from None
+
+
+#: What a helm repository entry can hold besides its name and URL (helm@v4.1.4 pkg/repo/v1/chartrepo.go:38-48).
+_ENTRY_SETTINGS = (
+    ("username", "a username"),
+    ("password", "a password"),
+    ("certFile", "a client certificate"),
+    ("keyFile", "a client key"),
+    ("caFile", "a CA file"),
+    ("insecure_skip_tls_verify", "insecure_skip_tls_verify"),
+    ("pass_credentials_all", "pass_credentials_all"),
+)
+
+
+def _kept_settings(entry: dict[str, object] | None) -> list[str]:
+    """The settings of a helm repository entry that ``helm repo add --force-update`` would erase (names only:
+    their values are never read into a message)."""
+    return [label for key, label in _ENTRY_SETTINGS if entry and entry.get(key)]
 
 
 def _section(ctx: Context) -> str:
@@ -384,11 +418,18 @@ def _helm_release(
             fix="" if run.ok else _helm_fix(run.stderr, release.namespace),
         )
     )
+    # A failed install (its --wait timed out, helm killed) can leave the release behind, status failed or
+    # pending-install: created all the same, so the record lists it and rollback removes it.
+    installed = run.ok or (not dry_run and ctx.helm.release(release.release, release.namespace) is not None)
+    if installed and current is None and not dry_run:
+        created = {"kind": "helm-release", "name": release.release, "namespace": release.namespace}
+        result.data["created"].append(created)
     if run.ok:
         changed.append(what)
-        if current is None and not dry_run:
-            created = {"kind": "helm-release", "name": release.release, "namespace": release.namespace}
-            result.data["created"].append(created)
+    elif installed and not dry_run:
+        changed.append(
+            f"{what}: failed, and left the release {release.release} in {release.namespace} installed"
+        )
 
 
 def _helm_fix(stderr: str, namespace: str) -> str:

@@ -82,8 +82,8 @@ def test_the_users_own_repository_entry_is_used_as_it_is_and_never_overwritten(t
     """A site's helm often has the repository already, with what it needs to read it: credentials (NGC), a CA
     file (a mirror). The step ran ``helm repo add <name> <url> --force-update``, which replaces the whole entry
     (helm@v4.1.4 pkg/cmd/repo_add.go:93, 191-216): the credentials were erased from the user's helm. Now an entry
-    with the planned URL is used as it is; one with another URL stops the step before any change, naming both
-    URLs and the parameter, and stays as it was."""
+    with the planned URL is used as it is; one with another URL and credentials stops the step before any change,
+    naming both URLs, the parameter and what replacing it would erase, and stays as it was."""
     with real_cluster(tmp_path, scenario="gpu-ready", apply=True) as (params, ctx):
         urls = json.loads((tmp_path / "endpoints.json").read_text())
         site = ["--username", "site-robot", "--password", "robot-pass-51c9"]
@@ -93,8 +93,10 @@ def test_the_users_own_repository_entry_is_used_as_it_is_and_never_overwritten(t
         (check,) = [c for c in refused.checks if not c.ok]
         assert "device_plugin.repo_url" in check.message, check
         assert urls["charts"] in check.message and urls["charts_mirror"] in check.message, check
+        assert "with a username, a password that replacing it would erase" in check.message, check
+        assert "robot-pass-51c9" not in json.dumps(refused.to_dict())
         assert f"device_plugin.repo_url: {urls['charts_mirror']}" in check.fix, check
-        assert ctx.kube.runtime_class("nvidia") is None and refused.data.get("changes") is None
+        assert ctx.kube.runtime_class("nvidia") is None and not refused.data.get("changes")
         assert _repository_entry(ctx, "nvdp")["url"] == urls["charts_mirror"]
 
         mirror = _with_repo(params, urls["charts_mirror"], tmp_path)
@@ -103,3 +105,14 @@ def test_the_users_own_repository_entry_is_used_as_it_is_and_never_overwritten(t
         entry = _repository_entry(ctx, "nvdp")
         assert entry["username"] == "site-robot" and entry["password"] == "robot-pass-51c9", entry
         assert not [e.argv for e in mirror.journal.entries if e.argv[1:3] == ("repo", "add")]
+
+
+def test_an_entry_that_holds_only_its_url_follows_the_parameter(tmp_path: Path) -> None:
+    """The runbook's own entry from a run with another mirror (or the simulator's repository on another port after
+    a restart) holds nothing an overwrite could lose, so a changed ``repo_url`` replaces it, as before."""
+    with real_cluster(tmp_path, scenario="gpu-ready", apply=True) as (params, ctx):
+        urls = json.loads((tmp_path / "endpoints.json").read_text())
+        ctx.helm.run(["repo", "add", "nvdp", urls["charts_mirror"]]).check("helm repo add")
+        done = kubernetes_layer(_with_repo(params, urls["charts"], tmp_path), timeout_s=GPUS_WITHIN)
+        assert done.ok, done.to_dict()
+        assert _repository_entry(ctx, "nvdp")["url"] == urls["charts"]
