@@ -365,6 +365,43 @@ def test_an_unprefixed_error_after_every_node_printed_is_the_last_nodes() -> Non
     assert _patch_call((a, b), 1, "", stderr).outcome() == ({b: "boom"}, {})
 
 
+# Captured from the real talosctl v1.14.1 (`patch mc` over three nodes, no --dry-run) against simnode, the middle
+# node's config holding a kubelet image too new for its Talos. From 1.14 each node's calls go through
+# ``client.WithNode`` (talos v1.14.0-rc.1 cmd/talosctl/pkg/talos/global/factory.go:135-170), a one-to-one
+# proxy whose error names no node, printed after the node's ``patched`` line (patch.go, patchFn): the last
+# node to print a line without an apply result is the one that failed; the node after it was never touched.
+UNNAMED_114_REFUSAL = (
+    "patched MachineConfigs.config.talos.dev/v1alpha1 at the node 10.5.0.3\n"
+    "Applied configuration without a reboot\n"
+    "patched MachineConfigs.config.talos.dev/v1alpha1 at the node 10.5.0.4\n"
+    "rpc error: code = InvalidArgument desc = 1 error occurred:\n"
+    "\t* v1alpha1.Config: 1 error occurred:\n"
+    "\t* kubelet image is not valid: version of Kubernetes 1.99.0 is too new to be used with Talos 1.14.1\n"
+    "\n\n\n\n\n"
+)
+
+
+def test_talosctl_1_14_unnamed_apply_error_fails_the_node_that_printed_it_not_the_next() -> None:
+    nodes = ("10.5.0.3", "10.5.0.4", "10.5.0.5")
+    failed, untouched = _patch_call(nodes, 1, "", UNNAMED_114_REFUSAL).outcome()
+    assert list(failed) == ["10.5.0.4"]
+    assert failed["10.5.0.4"].startswith("rpc error: code = InvalidArgument")
+    assert failed["10.5.0.4"].endswith("too new to be used with Talos 1.14.1")
+    assert untouched == {"10.5.0.5": "10.5.0.4"}
+
+
+def test_a_node_that_printed_its_dry_run_summary_is_not_the_one_that_failed() -> None:
+    """A dry run's result starts with ``Dry run summary:`` (no "Applied"): that node got through; the error is
+    the next node's, which failed before printing (a node down, ``error getting resource`` names it; a patch
+    that does not merge names none)."""
+    a, b, c = NODES[:3]
+    stderr = (
+        _dry_run_block(a) + "\nJSON6902 patches are not supported for multi-document machine configuration\n"
+    )
+    failed, untouched = _patch_call((a, b, c), 1, "", stderr).outcome()
+    assert list(failed) == [b] and untouched == {c: b}
+
+
 def test_talosctl_1_3_prints_patch_results_on_stdout() -> None:
     """talos v1.3.0 cmd/talosctl/cmd/talos/patch.go:74-79 and helpers/mode.go:122-131 use fmt.Println and
     fmt.Printf: results go to stdout (stderr from v1.4.0)."""

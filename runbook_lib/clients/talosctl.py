@@ -90,6 +90,8 @@ _PATCHED_LINE = re.compile(r"^patched \S+ at the node (\S+)$")
 _SKIPPED_LINE = "Apply was skipped: no changes detected."
 #: How a node's apply result (``ModeDetails``) starts, as opposed to an error.
 _RESULT_STARTS = ("Applied configuration", "Staged configuration", _SKIPPED_LINE)
+#: How a node's result starts in a dry run or a real apply: the node got through its apply.
+_APPLY_RESULT_STARTS = (*_RESULT_STARTS, "Dry run summary:")
 
 
 @dataclass(frozen=True)
@@ -130,10 +132,11 @@ class PatchCall:
 
         talosctl patches the nodes of one call in order and returns at the first error, so the nodes after
         the failing one were never touched and the ones before it were patched.  The failing node is the one
-        the error names (``<node>: …`` or a multierror line, e.g. ApplyConfiguration's), else the first
-        node that printed no result: a node that is down fails in ``ResolveResourceKind`` and a patch that
-        does not merge in ``configpatcher.Apply``, both with no node in the error (talos v1.12.0 patch.go:58-111,
-        helpers/resources.go:49); when every node printed one, the last node's apply failed after its line.
+        the error names (``<node>: …`` or a multierror line, e.g. ApplyConfiguration's up to 1.13), else the
+        one :meth:`_unnamed_failure` finds from the lines printed: a node that is down fails in
+        ``ResolveResourceKind`` and a patch that does not merge in ``configpatcher.Apply``, both before the
+        node's line and with no node in the error (talos v1.12.0 patch.go:58-111, helpers/resources.go:49);
+        from 1.14 an apply the node refuses names no node either, after the node's line.
         An error before any node printed (a bad flag, an unreadable patch file) is every node's error.
         """
         if self.result.ok:
@@ -146,11 +149,32 @@ class PatchCall:
         if not failed and done == 0:
             return dict.fromkeys(self.nodes, message), {}
         if not failed:
-            failed = {self.nodes[min(done, len(self.nodes) - 1)]: _error_lines(self.result.stderr) or message}
+            failed = {self._unnamed_failure(): _error_lines(self.result.stderr) or message}
         first = next(i for i, node in enumerate(self.nodes) if node in failed)
         return failed, dict.fromkeys(
             (node for node in self.nodes[first + 1 :] if node not in failed), self.nodes[first]
         )
+
+    def _unnamed_failure(self) -> str:
+        """The node an error naming no node belongs to: the last node that printed its ``patched`` line but no
+        apply result after it (ApplyConfiguration refused it: patchFn prints the line, then returns the error,
+        talos v1.12.0-v1.14.0-rc.1 cmd/talosctl/cmd/talos/patch.go patchFn), else the first node that printed
+        no line (it failed before its apply: a node down, a patch that does not merge)."""
+        reports = self.reports()
+        if reports:
+            node, text = reports[-1]
+            if node in self.nodes and not _without_warnings(text).startswith(_APPLY_RESULT_STARTS):
+                return node
+        return self.nodes[min(len(reports), len(self.nodes) - 1)]
+
+
+def _without_warnings(text: str) -> str:
+    """``text`` without the ``WARNING:`` lines PrintApplyResults prints before a result (pkg/cli/output.go:24-29,
+    helpers/mode.go PrintApplyResults at talos v1.14.0-rc.1)."""
+    lines = text.lstrip().splitlines()
+    while lines and lines[0].startswith("WARNING: "):
+        lines = lines[1:]
+    return "\n".join(lines)
 
 
 def _error_lines(stderr: str) -> str:
