@@ -31,6 +31,7 @@ from .patch_plan import (
     plan_and_dry_run,
     wanted_documents,
 )
+from .reboots import boot_ids, wait_for_reboots
 from .results import Check, NodeResult, StepResult
 
 #: ``wanted_documents`` moved to ``patch_plan`` and is still imported from here (preflight, tests).
@@ -42,7 +43,6 @@ __all__ = [
     "pause_before",
     "read_configs",
     "rollout_schedule",
-    "wait_for_nodes",
     "wanted_documents",
 ]
 
@@ -198,8 +198,11 @@ def _apply_in_batches(
             continue
         pause_before(plan, index)
         started = time.time()
-        failed += _patch_batch(ctx, batch, by_address, names)
-        failed += _wait_rebooted(ctx, batch, by_address)
+        going, boots, unread = _boots_before(ctx, batch, by_address)
+        failed += unread
+        if going:
+            failed += _patch_batch(ctx, going, by_address, names)
+            failed += _wait_rebooted(ctx, going, by_address, boots)
         batch_results = [by_address[node.address] for _patch, node in batch]
         log_batch(
             result.data.setdefault("rollout", []), index, plan, batch_results, started, events=ctx.events
@@ -246,41 +249,59 @@ def _patch_batch(
     return failed
 
 
-def _wait_rebooted(
+def _boots_before(
     ctx: Context, batch: list[tuple[str, Node]], by_address: dict[str, NodeResult]
+) -> tuple[list[tuple[str, Node]], dict[str, str | None], list[str]]:
+    """(the batch's nodes to patch, their boot IDs, the names of those failed here) before the patch.
+
+    Only the nodes whose dry run said the patch reboots them are read. One whose boot ID cannot be read is
+    not patched: its reboot could not be told from its answers before it (``reboots``), and a rollout that
+    cannot see a node come back would start the next batch while it is down.
+    """
+    rebooting = [node.address for _patch, node in batch if by_address[node.address].needs_reboot]
+    if not rebooting:
+        return batch, {}, []
+    ids, errors = boot_ids(ctx, rebooting)
+    for _patch, node in batch:
+        if node.address in errors:
+            res = by_address[node.address]
+            res.status = "failed"
+            res.message = (
+                f"not patched: its boot ID could not be read ({redact(errors[node.address])}); the patch "
+                "reboots the node, and the rollout must see it come back before the next batch"
+            )
+    going = [(patch, node) for patch, node in batch if node.address not in errors]
+    return going, ids, [node.name for _patch, node in batch if node.address in errors]
+
+
+def _wait_rebooted(
+    ctx: Context,
+    batch: list[tuple[str, Node]],
+    by_address: dict[str, NodeResult],
+    boots: dict[str, str | None],
 ) -> list[str]:
-    """Wait for the batch's nodes that reboot for their patch; returns those that did not answer again.
+    """Wait for the batch's nodes that reboot for their patch; returns those not seen back in a new boot.
 
     auto mode reboots for a machine.files change (Talos <= 1.13): the next batch starts only once these nodes
-    answer again, so rollout_concurrency also bounds how many GPU nodes are down.
+    answer again from a new boot, so rollout_concurrency also bounds how many GPU nodes are down. A node whose
+    reboot the dry run did not foretell (its config changed in between) has no boot ID from before: it is only
+    waited for to answer.
     """
-    rebooting = [
-        n.address
+    rebooting = {
+        n.address: boots.get(n.address)
         for _p, n in batch
         if by_address[n.address].status == "changed" and by_address[n.address].needs_reboot
-    ]
+    }
     failed: list[str] = []
     if not rebooting:
         return failed
-    for address in wait_for_nodes(ctx, rebooting, float(ctx.params.timeouts.node_ready_seconds)):
+    timeout = float(ctx.params.timeouts.node_ready_seconds)
+    for address, why in wait_for_reboots(ctx, rebooting, timeout).items():
         res = by_address[address]
         res.status = "failed"
-        res.message = "patched, but the node did not answer again after its reboot"
+        res.message = f"patched, but {why}"
         failed.append(res.node)
     return failed
-
-
-def wait_for_nodes(ctx: Context, addresses: list[str], timeout: float, interval: float = 2.0) -> list[str]:
-    """Wait until the nodes answer ``talosctl version`` again; returns those that did not within the timeout."""
-    deadline = time.monotonic() + timeout
-    pending = list(addresses)
-    while pending:
-        _client, servers, _errors = ctx.talosctl.version(pending)
-        pending = [a for a in pending if a not in servers]
-        if not pending or time.monotonic() >= deadline:
-            break
-        time.sleep(interval)
-    return pending
 
 
 def _confirm(ctx: Context, result: StepResult, by_address: dict[str, NodeResult]) -> None:

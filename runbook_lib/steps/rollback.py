@@ -46,6 +46,7 @@ from runbook_lib.model.boot_assets import installer_image
 from runbook_lib.model.machineconfig import Doc
 from runbook_lib.model.params import Node
 from runbook_lib.model.profiles import render_documents
+from runbook_lib.model.redact import redact
 from runbook_lib.model.rollback import Evidence, NodeEvidence, Phase, removal_documents, runs_nvidia_image
 from runbook_lib.model.rollout import Schedule
 from runbook_lib.model.upgrade_risks import preserve_needed
@@ -54,7 +55,8 @@ from runbook_lib.model.versions import TalosVersion
 from . import gpu_operator_handover, image_risks
 from .context import Context, wait_seconds
 from .image import MAX_PARALLEL_UPGRADES, NodeState, read_states
-from .patch import log_batch, pause_before, read_configs, rollout_schedule, wait_for_nodes
+from .patch import log_batch, pause_before, read_configs, rollout_schedule
+from .reboots import boot_ids, wait_for_reboots
 from .results import Check, NodeResult, StepResult
 
 Progress = Callable[[int, int], None]
@@ -394,18 +396,21 @@ def _patch(
     jobs = [p for p in plans if p.patches[phase]]
     if not jobs:
         return plans
+    # The removal is applied without a dry run, so which node reboots is known only after it: every node's
+    # boot ID is read before (a node that does not answer is only waited for to answer, see reboots.py).
+    boots, _unread = boot_ids(ctx, [p.node.address for p in jobs])
     runs = ctx.talosctl.patch_machineconfigs(
         [(p.patches[phase], [p.node.address]) for p in jobs], dry_run=False
     )
-    rebooting = []
+    rebooting: dict[str, str | None] = {}
     for plan, run in zip(jobs, runs, strict=True):
         if not run.ok:
             kept = " (the modules patch is kept)" if phase == "before-image" else ""
-            _fail(results[plan.node.address], f"removal patch failed{kept}: {run.failure_text}")
+            _fail(results[plan.node.address], f"removal patch failed{kept}: {redact(run.failure_text)}")
         elif "with a reboot" in run.details_of(plan.node.address):
-            rebooting.append(plan.node.address)
-    for address in wait_for_nodes(ctx, rebooting, timeout):
-        _fail(results[address], "patched, but the node did not answer again after its reboot")
+            rebooting[plan.node.address] = boots.get(plan.node.address)
+    for address, why in wait_for_reboots(ctx, rebooting, timeout).items():
+        _fail(results[address], f"patched, but {why}")
     return [p for p in plans if results[p.node.address].status != "failed"]
 
 

@@ -15,6 +15,7 @@ import json
 import os
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -449,6 +450,11 @@ def read_file(node: SimNode, path: str) -> str:
     if path == "/proc/cmdline":
         args = " ".join([f"talos.platform={node.platform}", TALOS_CMDLINE, *booted_kernel_args(node)])
         return f"{args}\n"
+    if path == "/proc/sys/kernel/random/boot_id":
+        # new on every boot (the kernel's random boot_id, drivers/char/random.c proc_do_uuid; what talosctl's
+        # tracker compares, talos@v1.12.0 cmd/talosctl/pkg/talos/action/tracker.go:345-366): derived from the
+        # node's boot count, which a reboot raises (_reboot_effects)
+        return f"{uuid.uuid5(uuid.NAMESPACE_URL, f'{node.name}/{node.boot_count}/{node.booted_at}')}\n"
     if path == "/proc/version":
         return "Linux version 6.12.57-talos (@buildkitsandbox) #1 SMP Sat Nov  1 00:00:00 UTC 2025\n"
     # machined stats the path first; from 1.8 a missing one is NotFound (talos@v1.8.0 and v1.12.0
