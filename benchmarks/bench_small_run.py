@@ -111,15 +111,15 @@ def external_calls(run: Run) -> list[tuple[float, float, str]]:
     """Every talosctl and helm call of the run as ``(start, end, kind)``, from the step journals as written: kind
     ``UPGRADE`` for a call that lasts a node's upgrade or reboot, the command line (``alone_kind``) for a talosctl
     call that only reads or dry-runs, ``talosctl`` for any other talosctl call (one round trip R), else the helm
-    command line (each command line is timed alone after the run).  ``helm upgrade --install --wait`` is left
-    out: it is the Kubernetes step's cluster time (:func:`cluster_time`)."""
+    command line (each command line is timed alone after the run).  ``helm upgrade --install`` and any ``--wait``
+    are left out: they are the Kubernetes step's cluster time (:func:`cluster_time`)."""
     out = []
     for step in STEPS:
         for e in run.journal(step):
             argv = [str(a) for a in e.get("argv", [])] if e.get("kind") == "command" else []
             if argv and argv[0].endswith("talosctl"):
                 kind = _talosctl_kind(argv)
-            elif argv and argv[0].endswith("helm") and "--wait" not in argv:
+            elif argv and argv[0].endswith("helm") and not ({"--wait", "--install"} & set(argv)):
                 kind = " ".join(argv)
             else:
                 continue

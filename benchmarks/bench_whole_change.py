@@ -216,11 +216,13 @@ def node_spans(entries: list[dict[str, Any]]) -> list[tuple[str, float, float, i
 
 
 def helm_wait(entry: dict[str, Any]) -> bool:
-    """A journaled ``helm … --wait``: the cluster rolling out what helm installed."""
+    """A journaled helm call that waits on the cluster: ``helm … --wait``, or ``helm upgrade --install`` (its
+    hooks; until 5 Dec 2026 it also waited with ``--wait`` for the rollout, now the step's ``wait: …`` entry)."""
+    argv = entry.get("argv", [""])
     return (
         entry.get("kind") == "command"
-        and entry.get("argv", [""])[0].endswith("helm")
-        and "--wait" in entry["argv"]
+        and argv[0].endswith("helm")
+        and ("--wait" in argv or {"upgrade", "--install"} <= set(argv))
     )
 
 

@@ -430,27 +430,6 @@ def test_a_release_a_killed_helm_left_pending_stops_the_step_before_any_change_w
         assert len(ctx.journal.changes()) == changes_before
 
 
-def test_a_first_install_that_fails_its_wait_is_still_recorded_as_created_for_rollback(tmp_path):
-    """helm's ``--wait`` failing leaves the release installed, status failed (helm@v4.1.4 pkg/action/install.go:
-    576-592; no --atomic). The step recorded a release as created only when helm succeeded, so the record said
-    nothing of it and rollback left it behind. Here one GPU node takes no pods (the simulator's ``pods_pending``),
-    so the device plugin's DaemonSet never becomes ready within helm's 15 s."""
-    from runbook_lib.sim import faults
-
-    with real_cluster(tmp_path, scenario="gpu-ready", apply=True) as (params, ctx):
-        faults.inject(tmp_path, params.nodes[0].name, "pods_pending", True)
-        result = kubernetes_layer(ctx, timeout_s=15)
-
-        assert not result.ok
-        (helm_check,) = [c for c in result.checks if c.name == "helm release nvidia-device-plugin"]
-        assert not helm_check.ok, helm_check
-        assert ctx.helm.release("nvidia-device-plugin", "kube-system").status == "failed"
-        assert {"kind": "helm-release", "name": "nvidia-device-plugin", "namespace": "kube-system"} in (
-            result.data["created"]
-        ), result.data
-        assert any("failed, and left the release" in c for c in result.data["changes"]), result.data
-
-
 def test_an_api_error_after_the_changes_keeps_the_result_that_lists_them(tmp_path, monkeypatch):
     """The waits after the changes read Nodes, Leases and ClusterPolicies; an error there (here the API server's
     RBAC answer for a user who may not list Nodes) raised out of the step, so no result was written and the record

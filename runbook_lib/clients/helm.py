@@ -58,7 +58,8 @@ def _json_list(result: CommandResult, command: str) -> list[dict[str, Any]]:
 
 
 #: How many times its ``--timeout`` one ``helm upgrade --install`` may take: helm gives the pre-hooks, the wait for
-#: the resources and the post-hooks the whole ``--timeout`` each (helm@v4.1.4 pkg/action/upgrade.go:457, 490-496,
+#: the resources (none without ``--wait``, kept for a site's helm that waits anyway) and the post-hooks the whole
+#: ``--timeout`` each (helm@v4.1.4 pkg/action/upgrade.go:457, 490-496,
 #: 505; install.go:505, 542-551), and the GPU Operator chart has a pre-upgrade hook Job. A helm killed before it
 #: ends leaves the release pending-upgrade (or pending-install), which every later helm refuses to touch.
 UPGRADE_PHASES = 3
@@ -187,7 +188,6 @@ class Helm:
         namespace: str,
         values: Mapping[str, str],
         create_namespace: bool = False,
-        wait: bool = True,
         timeout_s: int = 300,
         dry_run: bool = False,
         reuse_values: bool = False,
@@ -198,7 +198,13 @@ class Helm:
         secrets, tolerations): with any ``--set`` and neither reuse flag, helm starts from the new chart's defaults
         alone and drops them (helm@v4.1.4 pkg/action/upgrade.go:604-642, ``reuseValues``, the same since v3.14).
         ``--reset-then-reuse-values`` (helm ≥3.14) takes the new chart's defaults, the release's earlier values
-        over them, then ``--set``: unlike ``--reuse-values`` it lets defaults the new chart adds take effect."""
+        over them, then ``--set``: unlike ``--reuse-values`` it lets defaults the new chart adds take effect.
+
+        No ``--wait``: helm then waits for the chart's hooks only, within ``--timeout`` (helm 3 always waits for
+        hooks, helm@v3.21.4 pkg/action/hooks.go:90; helm 4's default ``hookOnly``, v4.1.4 pkg/cmd/flags.go:58-66,
+        pkg/kube/client.go:118). With ``--wait`` one node whose plugin pod never starts failed the whole release
+        after ``--timeout`` (helm 4's kstatus counts a DaemonSet ready only when every scheduled pod is), so every
+        later run upgraded it again; the step judges each GPU node itself (its GPUs, its plugin pod's revision)."""
         args = ["upgrade", "--install", release, chart, "--version", version, "-n", namespace]
         if reuse_values:
             args.append("--reset-then-reuse-values")
@@ -206,8 +212,8 @@ class Helm:
             args += ["--set", f"{key}={value}"]
         if create_namespace:
             args.append("--create-namespace")
-        if wait and not dry_run:
-            args += ["--wait", "--timeout", f"{timeout_s}s"]
+        if not dry_run:
+            args += ["--timeout", f"{timeout_s}s"]
         if dry_run:
             args.append("--dry-run")
         return self.run(

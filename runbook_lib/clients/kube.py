@@ -267,6 +267,20 @@ class Kube:
         )
         return [self.to_dict(d) for d in result.items]
 
+    def daemonset(self, namespace: str, name: str) -> Obj | None:
+        return self._read_or_none(
+            f"read daemonset {namespace}/{name}",
+            lambda: self.apps.read_namespaced_daemon_set(name, namespace),
+        )
+
+    def controller_revisions(self, namespace: str, label_selector: str | None = None) -> list[Obj]:
+        """apps/v1 ControllerRevisions: a DaemonSet's template history, the newest its current revision."""
+        result = self._call(
+            "list controllerrevisions",
+            lambda: self.apps.list_namespaced_controller_revision(namespace, label_selector=label_selector),
+        )
+        return [self.to_dict(r) for r in result.items]
+
     def pod(self, namespace: str, name: str) -> Obj | None:
         return self._read_or_none(
             f"read pod {namespace}/{name}", lambda: self.core.read_namespaced_pod(name, namespace)

@@ -23,7 +23,7 @@ from runbook_lib.model.profiles import GPU_OPERATOR_CHART_MINIMUM, GPU_OPERATOR_
 from runbook_lib.model.text import shortened
 from runbook_lib.model.versions import chart_is_newer, gpu_operator_too_old, is_chart_version
 
-from . import gpu_operator_handover, kube_diagnosis, operator_runtime_class
+from . import gpu_operator_handover, kube_diagnosis, operator_runtime_class, plugin_rollout
 from .context import Context, wait_seconds
 from .results import Check, NodeResult, StepResult
 
@@ -101,14 +101,37 @@ def kubernetes_layer(
 def _wait_after_changes(
     ctx: Context, result: StepResult, only: list[str] | None, *, timeout_s: float, do_apply: bool
 ) -> None:
-    """Every GPU node advertising ``nvidia.com/gpu``, and on the GPU Operator layer its RuntimeClass, within
-    ``timeout_s`` together."""
+    """The device plugin's DaemonSet rolled out, every GPU node advertising ``nvidia.com/gpu``, and on the GPU
+    Operator layer its RuntimeClass, within ``timeout_s`` together."""
     deadline = time.monotonic() + timeout_s
-    _wait_for_gpus(ctx, result, ctx.nodes(only), timeout_s=timeout_s if do_apply else 0.0)
+    rollout = None
+    if do_apply:  # before the GPUs: a node may advertise them from the previous plugin (plugin_rollout)
+        rollout = plugin_rollout.wait(
+            ctx, ctx.plan.helm.namespace, _plugin_daemonset(ctx), timeout_s=timeout_s
+        )
+    left = max(0.0, deadline - time.monotonic())
+    _wait_for_gpus(ctx, result, ctx.nodes(only), timeout_s=left if do_apply else 0.0, waited_s=timeout_s)
+    if rollout is not None:
+        _judge_rollout(result, rollout)
     if do_apply and ctx.plan.kubernetes_layer == "gpu-operator":
         # Advertised GPUs do not show it (issue 15): wait for it in what is left of the same timeout.
         left = max(0.0, deadline - time.monotonic())
         result.checks.append(operator_runtime_class.wait(ctx, timeout_s=left, waited_s=timeout_s))
+
+
+def _judge_rollout(result: StepResult, rollout: plugin_rollout.Rollout) -> None:
+    """A GPU node that advertises GPUs but whose device-plugin pod is not the current revision's, ready, fails
+    with why: its GPUs may come from the previous plugin. A node without GPUs already failed with the diagnosis
+    of its plugin pod (``_no_gpu_diagnosis``), which says the same."""
+    behind = rollout.behind()
+    for res in result.nodes:
+        why = behind.get(res.node)
+        if why is None or res.status != "ok":
+            continue
+        res.checks.append(Check("device plugin rolled out", False, why))
+        res.status = "failed"
+        joined = f"it {why}" if why.startswith("still") else why
+        res.message = f"{res.message}, but {joined}"
 
 
 def _runtime_class(ctx: Context, result: StepResult, changed: list[str], *, dry_run: bool) -> None:
@@ -390,7 +413,6 @@ def _helm_release(
         namespace=release.namespace,
         values=release.values,
         create_namespace=not release.privileged_namespace and release.namespace != "kube-system",
-        wait=not dry_run,
         timeout_s=int(timeout_s),
         dry_run=dry_run,
         reuse_values=current is not None,
@@ -453,8 +475,11 @@ def _dotted(values: dict[str, Any], key: str) -> str | None:
     return str(node)
 
 
-def _wait_for_gpus(ctx: Context, result: StepResult, gpu_nodes: list[Any], *, timeout_s: float) -> None:
-    """Watch nodes until every GPU node advertises ``nvidia.com/gpu`` (or the timeout), then report per node."""
+def _wait_for_gpus(
+    ctx: Context, result: StepResult, gpu_nodes: list[Any], *, timeout_s: float, waited_s: float | None = None
+) -> None:
+    """Watch nodes until every GPU node advertises ``nvidia.com/gpu`` (or the timeout), then report per node.
+    ``waited_s`` is the step's whole wait, which the messages name (the rollout wait may have used most of it)."""
     names = {n.name for n in gpu_nodes}
     listed = ctx.kube.nodes()
     ready = {n["metadata"]["name"] for n in listed if allocatable_gpus(n) > 0} & names
@@ -483,7 +508,8 @@ def _wait_for_gpus(ctx: Context, result: StepResult, gpu_nodes: list[Any], *, ti
             res.status = "failed"
             res.message = "no Kubernetes node of this name"
         else:
-            _judge_gpus(ctx, res, obj, reads, applied=result.applied, timeout_s=timeout_s)
+            waited = timeout_s if waited_s is None else waited_s
+            _judge_gpus(ctx, res, obj, reads, applied=result.applied, timeout_s=waited)
         result.nodes.append(res)
 
 

@@ -36,12 +36,12 @@ def test_a_ready_operator_without_its_lease_is_named_not_a_device_plugin_that_ad
     with started(tools, tmp_path, "operator-not-leader") as state:
         ctx = context(state)
         plan = ctx.plan.helm
-        # The release as the step installs it (helm returns once the operator Deployment is ready): then the
+        # The release as the step installs it (helm returns once its objects are created): then the
         # step finds it deployed with its values and only waits.
         ctx.helm.repo_add(plan.repo_name, plan.repo_url)
         run = ctx.helm.upgrade_install(
             plan.release, plan.chart, version=plan.version, namespace=plan.namespace, values=plan.values,
-            create_namespace=True, wait=True, timeout_s=300, dry_run=False,
+            create_namespace=True, timeout_s=300, dry_run=False,
         )  # fmt: skip
         assert run.ok, run.stderr
         wait_for(lambda: operator_pods(state), 120)

@@ -1,0 +1,124 @@
+"""After a chart upgrade: which GPU nodes run the device plugin's new pod, and why the others do not.
+
+Why: helm no longer waits for the release's resources (``Helm.upgrade_install``), and a node whose GPUs are
+allocatable may still run the previous plugin. A DaemonSet's rolling update replaces a node's pod only while
+fewer than ``maxUnavailable`` (1 by default) of its pods are unavailable (kubernetes v1.35.0
+pkg/controller/daemon/update.go:44-119), so one node whose new pod does not start holds back all the others:
+they keep their GPUs, on the old plugin. The rollout is done as ``kubectl rollout status`` judges it
+(kubectl@v0.35.0 pkg/polymorphichelpers/rollout_status.go:95-117); each node's pod is of the current revision
+when its ``controller-revision-hash`` label is the newest ControllerRevision's (daemon/util/daemonset_util.go:
+165-171, update.go:293-330).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .context import Context
+
+#: The label the DaemonSet controller puts on its pods and ControllerRevisions (apps/v1
+#: ``DefaultDaemonSetUniqueLabelKey``).
+REVISION_LABEL = "controller-revision-hash"
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """A DaemonSet as last read: its pods by node, its current revision, and whether the rollout is done."""
+
+    name: str
+    revision: str | None
+    pods: dict[str, dict[str, Any]]
+    done: bool
+
+    def behind(self) -> dict[str, str]:
+        """Node name -> why its pod is not the current revision's, ready (nodes without a pod are left out: the
+        GPU check says why they have no GPUs)."""
+        waiting = sorted(node for node, pod in self.pods.items() if self._updated(pod) and not _ready(pod))
+        why: dict[str, str] = {}
+        for node, pod in self.pods.items():
+            name = pod["metadata"]["name"]
+            if not self._updated(pod):
+                held = f"it waits on {', '.join(waiting)}" if waiting else "it has not reached this node yet"
+                why[node] = (
+                    f"still runs the previous device plugin (pod {name} of DaemonSet {self.name}): the rolling "
+                    f"update replaces a node's pod only while the replaced ones are available, and {held}"
+                )
+            elif not _ready(pod):
+                why[node] = f"the device plugin's new pod {name} is not ready: {_not_ready(pod)}"
+        return why
+
+    def _updated(self, pod: dict[str, Any]) -> bool:
+        labels = pod["metadata"].get("labels") or {}
+        return self.revision is not None and labels.get(REVISION_LABEL) == self.revision
+
+
+def wait(ctx: Context, namespace: str, name: str, *, timeout_s: float) -> Rollout | None:
+    """Watch DaemonSet ``name`` until its rollout is done or ``timeout_s`` passed (journalled as the cluster's
+    wait); ``None`` when there is none."""
+    last = ctx.kube.watch_until(
+        ctx.kube.apps.list_namespaced_daemon_set,
+        _done,
+        timeout=timeout_s,
+        until=f"DaemonSet {name} rolled out",
+        namespace=namespace,
+        field_selector=f"metadata.name={name}",
+    )
+    daemonset = last if last is not None else ctx.kube.daemonset(namespace, name)
+    return None if daemonset is None else read(ctx, daemonset)
+
+
+def read(ctx: Context, daemonset: dict[str, Any]) -> Rollout:
+    """The DaemonSet's pods (those it owns) by node, and its newest ControllerRevision's hash."""
+    meta, spec = daemonset["metadata"], daemonset.get("spec") or {}
+    labels = (spec.get("selector") or {}).get("matchLabels") or {}
+    selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items())) or None
+    namespace, uid = meta["namespace"], meta.get("uid")
+    revisions = [r for r in ctx.kube.controller_revisions(namespace, selector) if _owned(r, uid)]
+    newest = max(revisions, key=lambda r: int(r.get("revision") or 0), default=None)
+    revision = None
+    if newest is not None:
+        revision = (newest["metadata"].get("labels") or {}).get(REVISION_LABEL) or newest["metadata"]["name"]
+    pods = {
+        pod["spec"]["nodeName"]: pod
+        for pod in ctx.kube.pods(namespace, selector)
+        if _owned(pod, uid) and (pod.get("spec") or {}).get("nodeName")
+    }
+    return Rollout(meta["name"], revision, pods, _done(daemonset))
+
+
+def _done(daemonset: dict[str, Any]) -> bool:
+    """``kubectl rollout status``'s judgement (rollout_status.go:107-116)."""
+    status = daemonset.get("status") or {}
+    desired = int(status.get("desiredNumberScheduled") or 0)
+    return (
+        int(daemonset["metadata"].get("generation") or 0) <= int(status.get("observedGeneration") or 0)
+        and int(status.get("updatedNumberScheduled") or 0) >= desired
+        and int(status.get("numberAvailable") or 0) >= desired
+    )
+
+
+def _owned(obj: dict[str, Any], uid: str | None) -> bool:
+    return any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences") or [])
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def _not_ready(pod: dict[str, Any]) -> str:
+    """What the kubelet or the scheduler says of a pod that is not ready: a container's waiting or terminated
+    reason and message, else the unscheduled condition's message, else its phase."""
+    status = pod.get("status") or {}
+    for container in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
+        state = container.get("state") or {}
+        for kind in ("waiting", "terminated"):
+            detail = state.get(kind)
+            if detail and detail.get("reason") not in (None, "Completed"):
+                message = detail.get("message") or ""
+                return f"{container.get('name')} {detail['reason']}" + (f": {message}" if message else "")
+    for condition in status.get("conditions") or []:
+        if condition.get("status") == "False" and condition.get("message"):
+            return str(condition["message"])
+    return f"phase {status.get('phase') or 'unknown'}"

@@ -1,0 +1,155 @@
+"""One GPU node whose device-plugin pod cannot start, among healthy ones: the Kubernetes step judges each node.
+
+The step ran ``helm upgrade --install --wait``. On helm 4 a bare ``--wait`` uses kstatus, which counts a DaemonSet
+ready only when every scheduled pod is (helm 3 allowed ``maxUnavailable``): one such node made helm time out and
+mark the release failed, the step waited a second timeout for the GPUs, and every later run upgraded the release
+again because it was not ``deployed``. On an upgrade the DaemonSet's rolling update stops at that node (kubernetes
+v1.35.0 pkg/controller/daemon/update.go:44-119, maxUnavailable 1), so the other nodes keep the previous plugin and
+their GPUs: advertised GPUs alone would have passed them.
+
+All on the real control plane with the real helm and the real DaemonSet controller (``tests/realplane.py``); the
+simulated part is the node whose kubelet cannot pull the image (``image_pull_error``, the kubelet's ErrImagePull)
+or that takes no pods (``pods_pending``, kube-scheduler's ``Too many pods``).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from kubernetes import client
+
+from runbook_lib.sim import faults
+from runbook_lib.steps.kubernetes import kubernetes_layer
+from tests.realplane import real_cluster
+from tests.test_helm_existing_release import _installed, _with
+
+pytestmark = pytest.mark.slow
+
+RELEASE, NAMESPACE = "nvidia-device-plugin", "kube-system"
+
+
+def _helm_changes(result):
+    return [c for c in result.data["changes"] if c.startswith("helm ")]
+
+
+def test_a_first_install_with_one_node_taking_no_pods_fails_that_node_alone_and_the_release_is_deployed(
+    tmp_path,
+):
+    with real_cluster(tmp_path, scenario="gpu-ready", workers=3, apply=True) as (params, ctx):
+        bad, *good = params.nodes
+        faults.inject(tmp_path, bad.name, "pods_pending", True)
+        result = kubernetes_layer(ctx, timeout_s=30)
+
+        assert ctx.helm.release(RELEASE, NAMESPACE).status == "deployed"
+        (helm_check,) = [c for c in result.checks if c.name == f"helm release {RELEASE}"]
+        assert helm_check.ok, helm_check
+        assert result.node(bad.name).status == "failed"
+        assert "Too many pods" in str(result.node(bad.name).to_dict()), result.node(bad.name).to_dict()
+        assert [result.node(n.name).status for n in good] == ["ok"] * len(good), result.to_dict()
+        assert {"kind": "helm-release", "name": RELEASE, "namespace": NAMESPACE} in result.data["created"]
+
+        again = kubernetes_layer(ctx, timeout_s=5)
+        assert _helm_changes(again) == [], again.data  # a deployed release with its values: nothing to redo
+        assert again.node(bad.name).status == "failed"
+
+
+def test_an_upgrade_that_stops_at_one_node_fails_the_nodes_still_on_the_previous_plugin(tmp_path):
+    with _installed(tmp_path, "0.17.2") as (params, ctx):
+        bad = params.nodes[0]
+        faults.inject(tmp_path, bad.name, "image_pull_error", "v0.18.0")  # the new plugin's image only
+        newer = _with(params, tmp_path, device_plugin={"chart_version": "0.18.0"})
+        # long enough for the DaemonSet controller to reach the bad node on a busy machine: the step waits its
+        # whole timeout anyway, since the rollout never ends
+        result = kubernetes_layer(newer, timeout_s=60)
+
+        assert not result.ok
+        assert ctx.helm.release(RELEASE, NAMESPACE).status == "deployed"
+        node = result.node(bad.name)
+        assert node.status == "failed", node.to_dict()
+        assert "ImagePull" in str(node.to_dict()), node.to_dict()
+        assert node.message.endswith("after 60 s"), node.message  # the step's wait, not what was left of it
+        for other in params.nodes[1:]:
+            res = result.node(other.name)
+            # the rolling update either reached it (ok) or waits on the bad node (failed, saying so)
+            assert res.status == "ok" or (
+                res.status == "failed" and "still runs the previous device plugin" in res.message
+            ), res.to_dict()
+            if res.status == "failed":
+                assert f"waits on {bad.name}" in res.message, res.message
+        held = [n for n in params.nodes[1:] if result.node(n.name).status == "failed"]
+        assert held, (
+            "the rolling update (maxUnavailable 1) went past the node whose new pod never became ready"
+        )
+
+
+def _deny_daemonset(ctx, name):
+    """A site's admission policy refusing the plugin's DaemonSet (a ValidatingAdmissionPolicy, GA since
+    Kubernetes 1.30), and a wait until the API server enforces it (it loads policies asynchronously)."""
+    admission = client.AdmissionregistrationV1Api(ctx.kube.api)
+    admission.create_validating_admission_policy(
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": "no-gpu-daemonsets"},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {
+                    "resourceRules": [
+                        {
+                            "apiGroups": ["apps"],
+                            "apiVersions": ["v1"],
+                            "operations": ["CREATE"],
+                            "resources": ["daemonsets"],
+                        }
+                    ]
+                },
+                "validations": [
+                    {"expression": f"object.metadata.name != '{name}'", "message": "needs the platform team"}
+                ],
+            },
+        }
+    )
+    admission.create_validating_admission_policy_binding(
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": "no-gpu-daemonsets"},
+            "spec": {"policyName": "no-gpu-daemonsets", "validationActions": ["Deny"]},
+        }
+    )
+    probe = {
+        "metadata": {"name": name},
+        "spec": {
+            "selector": {"matchLabels": {"a": "b"}},
+            "template": {
+                "metadata": {"labels": {"a": "b"}},
+                "spec": {"containers": [{"name": "c", "image": "x"}]},
+            },
+        },
+    }
+    for _ in range(60):
+        try:
+            ctx.kube.apps.create_namespaced_daemon_set(NAMESPACE, probe, dry_run="All")
+        except client.ApiException as exc:
+            if exc.status in (400, 403, 422) and "needs the platform team" in str(exc.body):
+                return
+            raise
+        time.sleep(1)
+    raise AssertionError("the admission policy was never enforced")
+
+
+def test_a_first_install_helm_fails_is_still_recorded_as_created_for_rollback(tmp_path):
+    """A failed first install leaves the release, status failed (helm@v4.1.4 pkg/action/install.go:576-592; no
+    --atomic): the record lists it as created so rollback removes it. Here a site's admission policy refuses the
+    plugin's DaemonSet, as the API server's ValidatingAdmissionPolicy does."""
+    with real_cluster(tmp_path, scenario="gpu-ready", apply=True) as (params, ctx):
+        _deny_daemonset(ctx, RELEASE)
+        result = kubernetes_layer(ctx, timeout_s=10)
+
+        assert not result.ok
+        (helm_check,) = [c for c in result.checks if c.name == f"helm release {RELEASE}"]
+        assert not helm_check.ok and "needs the platform team" in helm_check.message, helm_check
+        assert ctx.helm.release(RELEASE, NAMESPACE).status == "failed"
+        assert {"kind": "helm-release", "name": RELEASE, "namespace": NAMESPACE} in result.data["created"]
+        assert any("failed, and left the release" in c for c in result.data["changes"]), result.data
