@@ -39,7 +39,12 @@ def test_dry_run_over_a_long_node_list_answers_for_every_node_in_a_few_calls(tmp
 
 
 @pytest.mark.slow
-def test_a_node_failing_its_dry_run_fails_the_group_as_one_call_would(tmp_path: Path) -> None:
+def test_a_node_failing_its_dry_run_fails_alone_and_the_nodes_after_it_get_their_own_dry_run(
+    tmp_path: Path,
+) -> None:
+    """talosctl stops a dry run at the node that fails (talos v1.12.0 helpers/resources.go ForEachResource); the
+    nodes after it in the call were never dry-run. The step failed the whole group (every node sharing the
+    patch, fleet-wide) for one node's own refusal; now those nodes go again without it."""
     with sim_cluster(tmp_path, workers=WORKERS, scenario="extensions-no-patch", daemon=False) as (_p, ctx):
         victim = ctx.params.nodes[PATCH_CALLS + 3]
         # the step reads and dry-runs chunk by chunk (steps/patch_plan.py)
@@ -53,9 +58,10 @@ def test_a_node_failing_its_dry_run_fails_the_group_as_one_call_would(tmp_path: 
 
         ctx.talosctl.get_call = read_then_lose_the_victim  # type: ignore[method-assign]
         result = config_patch(ctx, apply=False)
-    assert result.counts() == {"failed": WORKERS}
+    assert result.counts() == {"failed": 1, "planned": WORKERS - 1}, result.counts()
     assert "dry run refused" in result.node(victim.name).message
     assert victim.address in result.node(victim.name).message
+    assert result.data["batches"] and all(victim.name not in b for b in result.data["batches"])
 
 
 @pytest.mark.slow

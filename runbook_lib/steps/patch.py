@@ -92,18 +92,16 @@ def config_patch(
     for index, ((patch_yaml, members), dry) in enumerate(
         zip(groups.items(), plan.dry_runs.values(), strict=True)
     ):
-        # A refused dry run fails the whole group, as one call over the group would: the group shares one
-        # patch, so what one node refuses is not applied to its siblings either.
-        group_errors = dry.outcomes()[0] if not dry.ok else {}
+        # A refused dry run fails its node only: its siblings got their own verdicts (Planner.dry_run).
         result.data["groups"].append(
             {"nodes": [n.name for n in members], "patch": patch_yaml, "dry_run": redact(dry.output.strip())}
         )
         for node in members:
             res = by_address[node.address]
             res.data["group"] = index
-            if not dry.ok:
+            if node.address in plan.refused:
                 res.status = "failed"
-                res.message = "dry run refused: " + redact(group_errors.get(node.address) or dry.failure_text)
+                res.message = "dry run refused: " + redact(plan.refused[node.address] or dry.failure_text)
             elif "with a reboot" in dry.details_of(node.address):
                 res.needs_reboot = True
     todo = [

@@ -153,6 +153,8 @@ class ChunkPlan:
     results: list[NodeResult] = field(default_factory=list)
     patch_of: dict[str, str] = field(default_factory=dict)
     dry_runs: dict[str, PatchResult] = field(default_factory=dict)
+    refused: dict[str, str] = field(default_factory=dict)
+    """Address -> the error of each node whose own dry run failed."""
 
 
 @dataclass(frozen=True)
@@ -189,9 +191,32 @@ class Planner:
         for address, patch in plan.patch_of.items():
             groups.setdefault(patch, []).append(address)
         if groups:
-            runs = self.ctx.talosctl.patch_machineconfigs(list(groups.items()), dry_run=True, split=False)
-            plan.dry_runs = dict(zip(groups, runs, strict=True))
+            plan.dry_runs, plan.refused = self.dry_run(groups)
         return plan
+
+    def dry_run(self, groups: dict[str, list[str]]) -> tuple[dict[str, PatchResult], dict[str, str]]:
+        """Dry-run each patch over its nodes: (each patch's calls, the nodes refused and why).
+
+        talosctl stops a call at the first node that fails (``PatchCall.outcome``); the nodes after it were never
+        dry-run, so they go again without the refused ones, round after round, until each node has its own
+        verdict. A node's refusal is its own (its config, its release): it does not fail its siblings. Each round
+        is one call per patch, in this chunk's thread; many refusing nodes cost one round each.
+        """
+        calls: dict[str, list[PatchCall]] = {patch: [] for patch in groups}
+        refused: dict[str, str] = {}
+        pending = dict(groups)
+        while pending:
+            runs = self.ctx.talosctl.patch_machineconfigs(list(pending.items()), dry_run=True, split=False)
+            again: dict[str, list[str]] = {}
+            for (patch, addresses), run in zip(pending.items(), runs, strict=True):
+                calls[patch] += run.calls
+                failed, untouched = run.outcomes()
+                refused.update(failed)
+                rest = [address for address in addresses if address in untouched]
+                if failed and rest:
+                    again[patch] = rest
+            pending = again
+        return {patch: PatchResult(tuple(c)) for patch, c in calls.items()}, refused
 
     def read(self, addresses: list[str]) -> ChunkReads:
         """The chunk's configs and read errors; which of its nodes can take the default-runtime patch (all of them
@@ -270,6 +295,7 @@ class Plan:
     results: dict[str, NodeResult]
     groups: dict[str, list[Node]]
     dry_runs: dict[str, PatchResult]
+    refused: dict[str, str] = field(default_factory=dict)
 
 
 def plan_and_dry_run(ctx: Context, nodes: list[Node]) -> Plan:
@@ -287,7 +313,8 @@ def plan_and_dry_run(ctx: Context, nodes: list[Node]) -> Plan:
     for chunk in chunks:
         for patch, run in chunk.dry_runs.items():
             calls[patch] += run.calls
-    return Plan(results, groups, {patch: PatchResult(tuple(c)) for patch, c in calls.items()})
+    refused = {address: error for chunk in chunks for address, error in chunk.refused.items()}
+    return Plan(results, groups, {patch: PatchResult(tuple(c)) for patch, c in calls.items()}, refused)
 
 
 def unreachable_fix(node: Node) -> str:

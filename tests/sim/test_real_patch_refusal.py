@@ -23,10 +23,11 @@ from runbook_lib.errors import ParametersInvalid
 from runbook_lib.model.machineconfig import remaining_patch
 from runbook_lib.model.params import Node, load_params
 from runbook_lib.notebook.render import render_markdown
+from runbook_lib.sim.state import load_node, save_node
 from runbook_lib.steps import patch_plan
 from runbook_lib.steps.context import Context
 from runbook_lib.steps.patch import config_patch, read_configs
-from tests.simcluster import runs_real_talosctl, sim_cluster
+from tests.simcluster import runs_real_talosctl, serve_node_files, sim_cluster
 
 PARAMS = Path(__file__).resolve().parents[2] / "params" / "simulated.yaml"
 
@@ -94,3 +95,42 @@ def test_a_misspelt_key_is_refused_by_the_real_talosctl_on_each_nodes_line(
         assert f"- **{node.name}** ({node.address}): dry run refused: unknown keys found" in markdown
     assert after == before
     assert changes == []
+
+
+def _kubelet_too_new(state_dir: Path, name: str) -> None:
+    """The node's own config names a kubelet its Talos refuses to run (machined's validation, pkg/machinery
+    config/types/v1alpha1 ``kubelet image is not valid: version of Kubernetes … is too new``): every patch of
+    that node is refused, whatever the patch."""
+    node = load_node(state_dir, name)
+    for doc in node.machine_config:
+        if "machine" in doc:
+            doc["machine"].setdefault("kubelet", {})["image"] = "ghcr.io/siderolabs/kubelet:v1.99.0"
+    save_node(state_dir, node)
+    serve_node_files(state_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("talos_version", ["v1.12.7", "v1.14.1"])
+def test_a_node_refusing_its_own_dry_run_fails_alone_and_its_siblings_are_patched(
+    tmp_path: Path, talos_version: str
+) -> None:
+    """The three nodes share one patch and one dry-run call; talosctl stops that call at the middle node, whose
+    machined refuses the config (a 1.14 talosctl prints the refusal without the node's name, after its
+    ``patched`` line). Before: all three failed "dry run refused" (1.14: the third node was named as the one
+    refusing). Now the middle node fails with machined's words and the others are patched."""
+    with sim_cluster(tmp_path, daemon=False, workers=3, talos_version=talos_version, apply=True) as (
+        params,
+        ctx,
+    ):
+        if not runs_real_talosctl(tmp_path):
+            pytest.skip("the real talosctl is not built (make tools)")
+        first, refusing, last = params.nodes
+        _kubelet_too_new(tmp_path, refusing.name)
+        result = config_patch(ctx)
+        configs, _errors = read_configs(ctx, list(params.nodes))
+    assert result.node(refusing.name).status == "failed", result.to_dict()
+    assert result.node(refusing.name).message.startswith("dry run refused: rpc error: code = InvalidArgument")
+    assert "version of Kubernetes 1.99.0 is too new" in result.node(refusing.name).message
+    assert [result.node(n.name).status for n in (first, last)] == ["changed", "changed"], result.to_dict()
+    patched = {a for a, docs in configs.items() if "nvidia_uvm" in yaml.safe_dump(docs)}
+    assert patched == {first.address, last.address}
