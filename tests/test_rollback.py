@@ -429,6 +429,31 @@ def test_only_the_kubernetes_objects_the_runbook_created_are_removed(
 
 
 @pytest.mark.slow
+def test_a_kubernetes_step_that_left_changes_but_no_result_is_named_not_passed_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step killed after helm installed its release (or an aborted run's step) leaves its journal's changes in
+    the record and no result. Rollback read only results, so it said nothing of them and the release stayed
+    unmentioned; now the plan fails its Kubernetes check, naming the record and what the journal shows."""
+    use_real_plane(monkeypatch)
+    with sim_cluster(tmp_path, scenario="gpu-ready", apply=True) as (params, ctx):
+        installed = kubernetes_layer(ctx, timeout_s=60)
+        assert installed.ok
+        name, data = _record("run-1", ("kubernetes", ctx, installed))
+        for step in data["steps"]:
+            step.pop("result", None)  # as a killed kernel leaves it: the journal, no result
+        plan = rollback(
+            connect(params, state_dir=tmp_path), apply=False, evidence=evidence_from_records([(name, data)])
+        )
+        assert ctx.helm.release("nvidia-device-plugin", "kube-system") is not None
+    (check,) = [c for c in plan.checks if c.name == "Kubernetes layer"]
+    assert not check.ok, check
+    assert "run-1: the Kubernetes step changed the cluster" in check.message, check
+    assert "helm upgrade --install nvidia-device-plugin" in check.message, check
+    assert "left no result" in check.message and check.fix == "remove it by hand"
+
+
+@pytest.mark.slow
 def test_approve_in_jupyterlab_rolls_back_and_seals_an_interactive_record(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

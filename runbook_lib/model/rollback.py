@@ -209,10 +209,13 @@ def _add_not_undone(out: Evidence, name: str, steps: dict[str, dict[str, Any]]) 
         out.not_undone += [f"{name}: {c}" for c in changes if not str(c).startswith(UNDONE)]
 
 
-def _add_kubernetes(out: Evidence, name: str, steps: dict[str, dict[str, Any]]) -> None:
+def _add_kubernetes(
+    out: Evidence, name: str, steps: dict[str, dict[str, Any]], record: Mapping[str, Any]
+) -> None:
     _add_not_undone(out, name, steps)
     result = steps.get("kubernetes")
     if not result:
+        _journal_only(out, name, record)
         return
     data = result.get("data") or {}
     created = data.get("created")
@@ -231,6 +234,30 @@ def _add_kubernetes(out: Evidence, name: str, steps: dict[str, dict[str, Any]]) 
     out.kubernetes.append(KubeCreated(name, releases, runtime_class))
 
 
+def _journal_only(out: Evidence, name: str, record: Mapping[str, Any]) -> None:
+    """A Kubernetes step that changed the cluster but left no result (killed, or an aborted run's step):
+    its journal's changes are all the record holds, which cannot say what to remove, so rollback says so
+    instead of passing over them."""
+    changes = [c for c in _mappings(record.get("changes")) if c.get("step") == "kubernetes"]
+    if not changes:
+        return
+    texts = [_change_text(c) for c in changes]
+    # what rollback removes when a result says it was created first (helm installs, the RuntimeClass)
+    texts.sort(key=lambda text: 0 if "helm upgrade" in text or "RuntimeClass" in text else 1)
+    shown = "; ".join(texts[:3]) + (" …" if len(texts) > 3 else "")
+    out.kubernetes_missing.append(
+        f"{name}: the Kubernetes step changed the cluster ({len(changes)} change(s): {shown}) but left no "
+        "result that says what it created"
+    )
+
+
+def _change_text(change: Mapping[str, Any]) -> str:
+    argv = change.get("argv")
+    if isinstance(argv, list) and argv:
+        return " ".join([str(argv[0]).rsplit("/", 1)[-1], *(str(a) for a in argv[1:6])])
+    return str(change.get("summary") or change.get("kind") or "a change")
+
+
 def evidence_from_records(records: Sequence[tuple[str, Mapping[str, Any]]]) -> Evidence:
     """The evidence of ``records`` (name, record.json), oldest first, for the nodes each record names."""
     out = Evidence(records=[name for name, _data in records], nodes={})
@@ -244,7 +271,7 @@ def evidence_from_records(records: Sequence[tuple[str, Mapping[str, Any]]]) -> E
         steps = _step_results(record)
         _add_patches(current, name, record, steps)
         _add_images(current, name, record, steps)
-        _add_kubernetes(out, name, steps)
+        _add_kubernetes(out, name, steps, record)
         for node in current.values():
             if node.changed:
                 out.nodes.setdefault(node.name, node)
