@@ -212,10 +212,10 @@ class Helm:
             args += ["--set", f"{key}={value}"]
         if create_namespace:
             args.append("--create-namespace")
-        if not dry_run:
-            args += ["--timeout", f"{timeout_s}s"]
         if dry_run:
             args.append("--dry-run")
+        else:
+            args += ["--timeout", f"{timeout_s}s"]
         return self.run(
             args,
             timeout=UPGRADE_PHASES * timeout_s + 60,

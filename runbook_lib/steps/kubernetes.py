@@ -130,8 +130,7 @@ def _judge_rollout(result: StepResult, rollout: plugin_rollout.Rollout) -> None:
             continue
         res.checks.append(Check("device plugin rolled out", False, why))
         res.status = "failed"
-        joined = f"it {why}" if why.startswith("still") else why
-        res.message = f"{res.message}, but {joined}"
+        res.message = f"{res.message}, but {why}"
 
 
 def _runtime_class(ctx: Context, result: StepResult, changed: list[str], *, dry_run: bool) -> None:
@@ -500,6 +499,7 @@ def _wait_for_gpus(
         )
         listed = ctx.kube.nodes()  # as the watch left them; without a watch the first list is current
     by_name = {n["metadata"]["name"]: n for n in listed}
+    waited = timeout_s if waited_s is None else waited_s
     reads = ClusterReads(ctx)  # one set of reads for every GPU-less node's diagnosis
     for node in gpu_nodes:
         obj = by_name.get(node.name)
@@ -508,7 +508,6 @@ def _wait_for_gpus(
             res.status = "failed"
             res.message = "no Kubernetes node of this name"
         else:
-            waited = timeout_s if waited_s is None else waited_s
             _judge_gpus(ctx, res, obj, reads, applied=result.applied, timeout_s=waited)
         result.nodes.append(res)
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .context import Context
+from .kube_diagnosis import condition
 
 #: The label the DaemonSet controller puts on its pods and ControllerRevisions (apps/v1
 #: ``DefaultDaemonSetUniqueLabelKey``).
@@ -32,8 +33,8 @@ class Rollout:
     done: bool
 
     def behind(self) -> dict[str, str]:
-        """Node name -> why its pod is not the current revision's, ready (nodes without a pod are left out: the
-        GPU check says why they have no GPUs)."""
+        """Node name -> why its pod is not the current revision's, ready, worded to follow "but" (nodes without a
+        pod are left out: the GPU check says why they have no GPUs)."""
         waiting = sorted(node for node, pod in self.pods.items() if self._updated(pod) and not _ready(pod))
         why: dict[str, str] = {}
         for node, pod in self.pods.items():
@@ -41,7 +42,7 @@ class Rollout:
             if not self._updated(pod):
                 held = f"it waits on {', '.join(waiting)}" if waiting else "it has not reached this node yet"
                 why[node] = (
-                    f"still runs the previous device plugin (pod {name} of DaemonSet {self.name}): the rolling "
+                    f"it still runs the previous device plugin (pod {name} of DaemonSet {self.name}): the rolling "
                     f"update replaces a node's pod only while the replaced ones are available, and {held}"
                 )
             elif not _ready(pod):
@@ -103,8 +104,7 @@ def _owned(obj: dict[str, Any], uid: str | None) -> bool:
 
 
 def _ready(pod: dict[str, Any]) -> bool:
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    return (condition(pod, "Ready") or {}).get("status") == "True"
 
 
 def _not_ready(pod: dict[str, Any]) -> str:
@@ -118,7 +118,7 @@ def _not_ready(pod: dict[str, Any]) -> str:
             if detail and detail.get("reason") not in (None, "Completed"):
                 message = detail.get("message") or ""
                 return f"{container.get('name')} {detail['reason']}" + (f": {message}" if message else "")
-    for condition in status.get("conditions") or []:
-        if condition.get("status") == "False" and condition.get("message"):
-            return str(condition["message"])
+    for cond in status.get("conditions") or []:
+        if cond.get("status") == "False" and cond.get("message"):
+            return str(cond["message"])
     return f"phase {status.get('phase') or 'unknown'}"
