@@ -70,10 +70,14 @@ def _priority_class(ctx, name, namespace):
 
 
 @contextmanager
-def _installed(tmp_path, chart_version):
+def _installed(tmp_path, chart_version, workers=2):
     """A GPU-ready cluster on which the runbook installed the device-plugin chart ``chart_version``."""
     with real_cluster(
-        tmp_path, scenario="gpu-ready", apply=True, device_plugin={"chart_version": chart_version}
+        tmp_path,
+        scenario="gpu-ready",
+        workers=workers,
+        apply=True,
+        device_plugin={"chart_version": chart_version},
     ) as (params, ctx):
         assert kubernetes_layer(ctx, timeout_s=GPUS_WITHIN).ok
         yield params, ctx
