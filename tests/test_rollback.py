@@ -36,7 +36,7 @@ from runbook_lib.steps.image import image_upgrade
 from runbook_lib.steps.kubernetes import kubernetes_layer
 from runbook_lib.steps.patch import config_patch, read_configs
 from runbook_lib.steps.results import StepResult
-from runbook_lib.steps.rollback import rollback
+from runbook_lib.steps.rollback import KUBERNETES_BY_HAND, rollback
 from tests.realplane import use_real_plane
 from tests.simcluster import clear_fault, factory_only, inject_fault, node_state, sim_cluster
 
@@ -240,6 +240,48 @@ def test_after_a_half_finished_rollout_only_the_changed_nodes_go_back(sim: Path)
     assert all("nvidia" not in _modules(ctx, n) for n in WORKERS)
     again = rollback(_ctx(sim), apply=False, evidence=evidence_from_records([record]))
     assert {n.status for n in again.nodes} == {"unchanged"}
+
+
+def _result_file(step: str, ctx: Context, result: StepResult) -> str:
+    """``results/<step>.json`` as a step's kernel writes it (``notebook.steps._payload``)."""
+    payload = {
+        "step": step,
+        "status": result.status,
+        "summary": result.summary(),
+        "result": result.to_dict(),
+        "journal": [e.to_dict() for e in ctx.journal.entries],
+    }
+    return json.dumps(payload, default=str)
+
+
+@pytest.mark.slow
+def test_an_aborted_run_that_upgraded_nodes_before_it_died_rolls_them_back(sim: Path) -> None:
+    """A run killed in its Kubernetes step after its config-patch and image steps finished: ``records
+    seal-aborted`` kept their journals but not their results, so rollback knew the nodes were upgraded but not
+    the image it found them on, and refused them ("the record lacks its image before")."""
+    patch_ctx, image_ctx = _ctx(sim), _ctx(sim)
+    patched = config_patch(patch_ctx, only=WORKERS[:2])
+    upgraded = image_upgrade(image_ctx, only=WORKERS[:2], settle_timeout=30.0, poll_interval=0.1)
+    assert patched.ok and upgraded.ok
+    root = sim.parent / "records"
+    path = records.create_record_dir(root, "sim-gpu")
+    (path / "params.yaml").write_text(json.dumps(patch_ctx.params.public_dict()))
+    (path / "results").mkdir()
+    for number, (step, ctx, result) in enumerate(
+        [("config-patch", patch_ctx, patched), ("image", image_ctx, upgraded)], start=1
+    ):
+        (path / f"0{number}-{step}.ipynb").write_text("{}")
+        (path / "results" / f"{step}.json").write_text(_result_file(step, ctx, result))
+    (path / "03-kubernetes.ipynb").write_text("{}")  # running when the kernel died: no result
+    records.seal_aborted(path)
+
+    evidence = evidence_from_records([(path.name, records.load_record(path))])
+    for name in WORKERS[:2]:
+        node = evidence.nodes[name]
+        assert node.missing == [], node.missing
+        assert node.image is not None and node.image.schematic_id == VANILLA_SCHEMATIC, node.image
+    plan = rollback(_ctx(sim), apply=False, evidence=evidence)
+    assert [plan.node(n).status for n in WORKERS] == ["planned", "planned", "unchanged", "unchanged"]
 
 
 @pytest.mark.slow
@@ -450,7 +492,45 @@ def test_a_kubernetes_step_that_left_changes_but_no_result_is_named_not_passed_o
     assert not check.ok, check
     assert "run-1: the Kubernetes step changed the cluster" in check.message, check
     assert "helm upgrade --install nvidia-device-plugin" in check.message, check
-    assert "left no result" in check.message and check.fix == "remove it by hand"
+    assert "left no result" in check.message and "one the site had that it upgraded" in check.message
+    assert check.fix == KUBERNETES_BY_HAND and "helm history" in check.fix
+
+
+def test_what_a_resultless_kubernetes_step_removed_is_listed_as_not_undone_not_as_to_remove() -> None:
+    """The step retires the device plugin for the GPU Operator (``helm uninstall``, ``delete RuntimeClass``):
+    a journal holding only those leaves nothing to remove, and the plan must not ask a person to remove it."""
+    uninstall = ["helm", "uninstall", "nvidia-device-plugin", "-n", "kube-system", "--wait"]
+    record = {
+        "params": {"nodes": []},
+        "steps": [{"name": "kubernetes", "status": "aborted"}],
+        "changes": [
+            {
+                "step": "kubernetes",
+                "kind": "command",
+                "argv": uninstall,
+                "exit_code": 0,
+                "changes_cluster": True,
+            },
+            {
+                "step": "kubernetes",
+                "kind": "api",
+                "summary": "delete RuntimeClass nvidia",
+                "changes_cluster": True,
+            },
+        ],
+    }
+    evidence = evidence_from_records([("run-1", record)])
+    assert evidence.kubernetes_missing == []
+    assert evidence.not_undone == [
+        "run-1: helm uninstall nvidia-device-plugin -n kube-system --wait (from its journal)",
+        "run-1: delete RuntimeClass nvidia (from its journal)",
+    ]
+    install = ["helm", "upgrade", "--install", "gpu-operator", "gpu-operator", "-n", "gpu-operator"]
+    record["changes"].append(
+        {"step": "kubernetes", "kind": "command", "argv": install, "exit_code": 0, "changes_cluster": True}
+    )
+    (missing,) = evidence_from_records([("run-1", record)]).kubernetes_missing
+    assert "(1 change(s): helm upgrade --install gpu-operator gpu-operator -n" in missing, missing
 
 
 @pytest.mark.slow

@@ -237,8 +237,15 @@ def _add_kubernetes(
 def _journal_only(out: Evidence, name: str, record: Mapping[str, Any]) -> None:
     """A Kubernetes step that changed the cluster but left no result (killed, or an aborted run's step):
     its journal's changes are all the record holds, which cannot say what to remove, so rollback says so
-    instead of passing over them."""
+    instead of passing over them.
+
+    Why the wording asks a person to check: a journalled ``helm upgrade --install`` may have installed the
+    release or upgraded one the site had before, which only the lost result told apart.  What the step removed
+    (the device plugin it retired for the GPU Operator) is nothing to remove: it is listed as not undone."""
     changes = [c for c in _mappings(record.get("changes")) if c.get("step") == "kubernetes"]
+    removals = [c for c in changes if _removes(c)]
+    out.not_undone += [f"{name}: {_change_text(c)} (from its journal)" for c in removals]
+    changes = [c for c in changes if not _removes(c)]
     if not changes:
         return
     texts = [_change_text(c) for c in changes]
@@ -247,8 +254,14 @@ def _journal_only(out: Evidence, name: str, record: Mapping[str, Any]) -> None:
     shown = "; ".join(texts[:3]) + (" …" if len(texts) > 3 else "")
     out.kubernetes_missing.append(
         f"{name}: the Kubernetes step changed the cluster ({len(changes)} change(s): {shown}) but left no "
-        "result that says what it created"
+        "result that says what it created (a release it installed, or one the site had that it upgraded)"
     )
+
+
+def _removes(change: Mapping[str, Any]) -> bool:
+    """A journalled removal: ``helm uninstall`` or an API ``delete`` (``clients.kube``'s wording)."""
+    argv = [str(a) for a in change.get("argv") or []]
+    return "uninstall" in argv[1:3] or str(change.get("summary") or "").startswith("delete ")
 
 
 def _change_text(change: Mapping[str, Any]) -> str:

@@ -45,6 +45,7 @@ import yaml
 from runbook_lib.clients.proc import Journal, Runner
 from runbook_lib.errors import PermanentError
 from runbook_lib.notebook import frontpage
+from runbook_lib.notebook.record_content import group_nodes
 
 MANIFEST = "SHA256SUMS"
 RECORD_JSON = "record.json"
@@ -444,7 +445,15 @@ def _aborted_steps(
         except (OSError, ValueError, RecursionError):
             result = None
         if isinstance(result, dict):
-            step = {"name": name, "status": str(result.get("status")), "summary": str(result.get("summary"))}
+            step: dict[str, Any] = {
+                "name": name,
+                "status": str(result.get("status")),
+                "summary": str(result.get("summary")),
+            }
+            if isinstance(result.get("result"), dict):
+                # what rollback reads (where the image step found each node, which nodes a patch changed),
+                # as a sealed run's record keeps it (``record_content.StepOutcome.to_record``)
+                step["result"] = group_nodes(result["result"])
             entries = listed(result, "journal")
         else:
             step, entries = _in_flight_step(name, result_file, read_journal)

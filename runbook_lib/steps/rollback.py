@@ -62,6 +62,11 @@ from .results import Check, NodeResult, StepResult
 Progress = Callable[[int, int], None]
 STEP = "rollback"
 PHASES: tuple[Phase, ...] = ("before-image", "after-image")
+#: What a person does when a record cannot say what its Kubernetes step created.
+KUBERNETES_BY_HAND = (
+    "check each change against the cluster (helm history <release> -n <namespace> shows whether that run "
+    "installed the release or upgraded one already there) and remove by hand only what it created"
+)
 
 
 @dataclass
@@ -290,7 +295,12 @@ def _kubernetes_plan(
         return None
     if evidence.kubernetes_missing:
         result.checks.append(
-            Check("Kubernetes layer", False, "; ".join(evidence.kubernetes_missing), fix="remove it by hand")
+            Check(
+                "Kubernetes layer",
+                False,
+                "; ".join(evidence.kubernetes_missing),
+                fix=KUBERNETES_BY_HAND,
+            )
         )
         return None
     releases = tuple(r for r in evidence.releases() if ctx.helm.release(*r) is not None)
