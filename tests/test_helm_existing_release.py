@@ -457,3 +457,24 @@ def test_an_api_error_after_the_changes_keeps_the_result_that_lists_them(tmp_pat
         assert [c.message for c in result.checks if not c.ok] == [forbidden]
         kinds = sorted(c["kind"] for c in result.data["created"])
         assert kinds == ["RuntimeClass", "helm-release"], result.data
+
+
+def test_an_upgrade_of_a_release_the_site_set_to_on_delete_is_not_failed_as_a_stalled_rollout(tmp_path):
+    """The chart's ``updateStrategy`` value (k8s-device-plugin@v0.17.2 values.yaml:54) set to ``OnDelete``: the
+    DaemonSet controller then replaces no pod itself, and ``kubectl rollout status`` has nothing to wait for
+    (kubectl@v0.35.0 rollout_status.go:103-105). The step waited its whole timeout for a rollout that never
+    comes and failed every node as held back; now the nodes pass and a note says how to move them."""
+    with _installed(tmp_path, "0.17.2") as (params, ctx):
+        _helm(
+            ctx,
+            *["upgrade", "nvidia-device-plugin", "nvdp/nvidia-device-plugin", "-n", "kube-system"],
+            *["--version", "0.17.2", "--reuse-values", "--set", "updateStrategy.type=OnDelete"],
+        )
+        newer = _with(params, tmp_path, device_plugin={"chart_version": "0.18.0"})
+        result = kubernetes_layer(newer, timeout_s=60)
+
+        assert result.ok, result.to_dict()
+        assert ctx.helm.values("nvidia-device-plugin", "kube-system")["updateStrategy"] == {"type": "OnDelete"}
+        (note,) = [n for n in result.notes if "OnDelete" in n]
+        assert all(n.name in note for n in params.nodes), note
+        assert "kubectl delete pod -n kube-system -l app.kubernetes.io/instance=nvidia-device-plugin" in note, note

@@ -124,6 +124,8 @@ def _judge_rollout(result: StepResult, rollout: plugin_rollout.Rollout) -> None:
     with why: its GPUs may come from the previous plugin. A node without GPUs already failed with the diagnosis
     of its plugin pod (``_no_gpu_diagnosis``), which says the same."""
     behind = rollout.behind()
+    if not rollout.rolling and rollout.previous():
+        result.notes.append(_on_delete_note(rollout))
     for res in result.nodes:
         why = behind.get(res.node)
         if why is None or res.status != "ok":
@@ -131,6 +133,18 @@ def _judge_rollout(result: StepResult, rollout: plugin_rollout.Rollout) -> None:
         res.checks.append(Check("device plugin rolled out", False, why))
         res.status = "failed"
         res.message = f"{res.message}, but {why}"
+
+
+def _on_delete_note(rollout: plugin_rollout.Rollout) -> str:
+    """What a site that chose ``updateStrategy: OnDelete`` must do for its nodes to run the new plugin."""
+    nodes = rollout.previous()
+    shown = ", ".join(nodes[:5]) + (f" and {len(nodes) - 5} more" if len(nodes) > 5 else "")
+    return (
+        f"DaemonSet {rollout.name} replaces its pods only when they are deleted (updateStrategy OnDelete, from "
+        f"the release's values): {shown} still run the previous device plugin; delete each node's plugin pod "
+        f"when it may restart (kubectl delete pod -n {rollout.namespace} -l {rollout.selector} --field-selector "
+        "spec.nodeName=<node>), then run this step again to check them"
+    )
 
 
 def _runtime_class(ctx: Context, result: StepResult, changed: list[str], *, dry_run: bool) -> None:

@@ -31,21 +31,32 @@ class Rollout:
     revision: str | None
     pods: dict[str, dict[str, Any]]
     done: bool
+    selector: str = ""
+    """The DaemonSet's pod selector (``k=v,...``), which finds its pods with kubectl."""
+    namespace: str = ""
+    rolling: bool = True
+    """Whether the DaemonSet replaces its pods itself (``RollingUpdate``); with ``OnDelete`` a pod is replaced
+    only once someone deletes it, so an old pod is the site's choice, not a stalled rollout."""
+
+    def previous(self) -> list[str]:
+        """The nodes whose pod is not the current revision's."""
+        return sorted(node for node, pod in self.pods.items() if not self._updated(pod))
 
     def behind(self) -> dict[str, str]:
         """Node name -> why its pod is not the current revision's, ready, worded to follow "but" (nodes without a
-        pod are left out: the GPU check says why they have no GPUs)."""
+        pod are left out: the GPU check says why they have no GPUs). Under ``OnDelete`` only a new pod that is
+        not ready is behind: the old ones stay until the site deletes them."""
         waiting = sorted(node for node, pod in self.pods.items() if self._updated(pod) and not _ready(pod))
         why: dict[str, str] = {}
         for node, pod in self.pods.items():
             name = pod["metadata"]["name"]
-            if not self._updated(pod):
+            if not self._updated(pod) and self.rolling:
                 held = f"it waits on {', '.join(waiting)}" if waiting else "it has not reached this node yet"
                 why[node] = (
                     f"it still runs the previous device plugin (pod {name} of DaemonSet {self.name}): the rolling "
                     f"update replaces a node's pod only while the replaced ones are available, and {held}"
                 )
-            elif not _ready(pod):
+            elif self._updated(pod) and not _ready(pod):
                 why[node] = f"the device plugin's new pod {name} is not ready: {_not_ready(pod)}"
         return why
 
@@ -85,11 +96,30 @@ def read(ctx: Context, daemonset: dict[str, Any]) -> Rollout:
         for pod in ctx.kube.pods(namespace, selector)
         if _owned(pod, uid) and (pod.get("spec") or {}).get("nodeName")
     }
-    return Rollout(meta["name"], revision, pods, _done(daemonset))
+    return Rollout(
+        meta["name"],
+        revision,
+        pods,
+        _done(daemonset),
+        selector=selector or "",
+        namespace=namespace,
+        rolling=_rolling(daemonset),
+    )
+
+
+def _rolling(daemonset: dict[str, Any]) -> bool:
+    """``spec.updateStrategy.type`` is ``RollingUpdate`` (the apps/v1 default when unset); the device-plugin
+    chart sets it from its ``updateStrategy`` value (k8s-device-plugin@v0.17.2 values.yaml:54,
+    templates/daemonset-device-plugin.yml:32), which a site may set to ``OnDelete``."""
+    strategy = ((daemonset.get("spec") or {}).get("updateStrategy") or {}).get("type") or "RollingUpdate"
+    return strategy == "RollingUpdate"
 
 
 def _done(daemonset: dict[str, Any]) -> bool:
-    """``kubectl rollout status``'s judgement (rollout_status.go:107-116)."""
+    """``kubectl rollout status``'s judgement (rollout_status.go:103-116): a DaemonSet that does not roll its
+    pods itself (``OnDelete``) is done at once, there is no rollout to wait for."""
+    if not _rolling(daemonset):
+        return True
     status = daemonset.get("status") or {}
     desired = int(status.get("desiredNumberScheduled") or 0)
     return (
