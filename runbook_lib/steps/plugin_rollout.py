@@ -91,20 +91,31 @@ def read(ctx: Context, daemonset: dict[str, Any]) -> Rollout:
     revision = None
     if newest is not None:
         revision = (newest["metadata"].get("labels") or {}).get(REVISION_LABEL) or newest["metadata"]["name"]
-    pods = {
-        pod["spec"]["nodeName"]: pod
-        for pod in ctx.kube.pods(namespace, selector)
-        if _owned(pod, uid) and (pod.get("spec") or {}).get("nodeName")
-    }
+    owned = [pod for pod in ctx.kube.pods(namespace, selector) if _owned(pod, uid)]
     return Rollout(
         meta["name"],
         revision,
-        pods,
+        _by_node(owned, revision),
         _done(daemonset),
         selector=selector or "",
         namespace=namespace,
         rolling=_rolling(daemonset),
     )
+
+
+def _by_node(pods: list[dict[str, Any]], revision: str | None) -> dict[str, dict[str, Any]]:
+    """Each node's pod, as the DaemonSet controller counts it: a pod being deleted is left out
+    (daemon/update.go:266-288 ``findUpdatedPodsOnNode``), and of two on a node (a surge, or the controller
+    between a delete and its next sync) the current revision's is the one judged."""
+    out: dict[str, dict[str, Any]] = {}
+    for pod in pods:
+        node = (pod.get("spec") or {}).get("nodeName")
+        if not node or pod["metadata"].get("deletionTimestamp"):
+            continue
+        labels = pod["metadata"].get("labels") or {}
+        if node not in out or (revision is not None and labels.get(REVISION_LABEL) == revision):
+            out[node] = pod
+    return out
 
 
 def _rolling(daemonset: dict[str, Any]) -> bool:
