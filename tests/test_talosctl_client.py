@@ -135,6 +135,14 @@ def test_multierror_lines_and_whole_call_errors_are_attributed() -> None:
         dict.fromkeys(("10.0.0.1", "10.0.0.2"), "open /tmp/x.yaml: no such file or directory"),
         {},
     )
+    # the first node down: talosctl stops there, before any node's line, with an error naming no node
+    # (the real talosctl v1.12.0: tests/sim/test_talosctl_patch.py test_patch_stops_at_the_first_failing_node);
+    # it failed every node of the call, counting the untouched ones against the failure budget
+    down = call(_dial_error("10.0.0.1") + "\n", "10.0.0.1", "10.0.0.2", "10.0.0.3")
+    assert down.outcome() == (
+        {"10.0.0.1": _dial_error("10.0.0.1")},
+        {"10.0.0.2": "10.0.0.1", "10.0.0.3": "10.0.0.1"},
+    )
     # 10.0.0.1 is a prefix of 10.0.0.10: the longer address wins
     prefix = call("10.0.0.10: refused\n", "10.0.0.1", "10.0.0.10", "10.0.0.11")
     assert prefix.outcome() == ({"10.0.0.10": "refused"}, {"10.0.0.11": "10.0.0.10"})

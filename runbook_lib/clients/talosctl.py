@@ -137,7 +137,11 @@ class PatchCall:
         ``ResolveResourceKind`` and a patch that does not merge in ``configpatcher.Apply``, both before the
         node's line and with no node in the error (talos v1.12.0 patch.go:58-111, helpers/resources.go:49);
         from 1.14 an apply the node refuses names no node either, after the node's line.
-        An error before any node printed (a bad flag, an unreadable patch file) is every node's error.
+        An error before any node printed is the first node's when it is a gRPC status (``rpc error: code =
+        …``: that node is down or refused the read before its patch, and the nodes after it were never touched;
+        the real talosctl v1.12.0 prints it so, tests/sim/test_talosctl_patch.py
+        ``test_patch_stops_at_the_first_failing_node``), else every node's (a bad flag, an unreadable patch
+        file: talosctl failed before any node).
         """
         if self.result.ok:
             return {}, {}
@@ -146,7 +150,7 @@ class PatchCall:
             self.result.stderr, self.nodes
         )
         done = len(self.reports())
-        if not failed and done == 0:
+        if not failed and done == 0 and not message.startswith(_GRPC_ERROR):
             return dict.fromkeys(self.nodes, message), {}
         if not failed:
             failed = {self._unnamed_failure(): _error_lines(self.result.stderr) or message}
@@ -166,6 +170,11 @@ class PatchCall:
             if node in self.nodes and not _without_warnings(text).startswith(_APPLY_RESULT_STARTS):
                 return node
         return self.nodes[min(len(reports), len(self.nodes) - 1)]
+
+
+#: How a gRPC status error starts as talosctl prints it (google.golang.org/grpc/status ``Error()``:
+#: ``rpc error: code = %s desc = %s``): an answer, or no answer, from a node, not a local failure.
+_GRPC_ERROR = "rpc error: code = "
 
 
 def _without_warnings(text: str) -> str:
