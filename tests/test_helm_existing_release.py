@@ -474,7 +474,32 @@ def test_an_upgrade_of_a_release_the_site_set_to_on_delete_is_not_failed_as_a_st
         result = kubernetes_layer(newer, timeout_s=60)
 
         assert result.ok, result.to_dict()
-        assert ctx.helm.values("nvidia-device-plugin", "kube-system")["updateStrategy"] == {"type": "OnDelete"}
+        assert ctx.helm.values("nvidia-device-plugin", "kube-system")["updateStrategy"] == {
+            "type": "OnDelete"
+        }
         (note,) = [n for n in result.notes if "OnDelete" in n]
         assert all(n.name in note for n in params.nodes), note
-        assert "kubectl delete pod -n kube-system -l app.kubernetes.io/instance=nvidia-device-plugin" in note, note
+        assert (
+            "kubectl delete pod -n kube-system -l app.kubernetes.io/instance=nvidia-device-plugin" in note
+        ), note
+
+
+def test_an_upgrade_of_a_release_with_a_fullname_override_waits_for_its_own_daemonset(tmp_path):
+    """A site's ``fullnameOverride`` (k8s-device-plugin@v0.18.0 values.yaml, templates/_helpers.tpl
+    ``nvidia-device-plugin.fullname``) names the DaemonSet; the step watched for the default name, which never
+    appears, and ran its whole timeout before judging nothing. The journal, which the record keeps, shows the
+    wait and whether it was reached."""
+    with _installed(tmp_path, "0.17.2") as (params, ctx):
+        _helm(
+            ctx,
+            *["upgrade", "nvidia-device-plugin", "nvdp/nvidia-device-plugin", "-n", "kube-system"],
+            *["--version", "0.17.2", "--reuse-values", "--set", "fullnameOverride=gpu-plugin"],
+        )
+        newer = _with(params, tmp_path, device_plugin={"chart_version": "0.18.0"})
+        result = kubernetes_layer(newer, timeout_s=GPUS_WITHIN)
+
+        assert result.ok, result.to_dict()
+        (wait,) = [
+            e.summary for e in newer.journal.entries if "list_namespaced_daemon_set" in (e.summary or "")
+        ]
+        assert "until DaemonSet gpu-plugin rolled out" in wait and "not reached" not in wait, wait

@@ -157,3 +157,38 @@ def test_a_first_install_helm_fails_is_still_recorded_as_created_for_rollback(tm
         assert ctx.helm.release(RELEASE, NAMESPACE).status == "failed"
         assert {"kind": "helm-release", "name": RELEASE, "namespace": NAMESPACE} in result.data["created"]
         assert any("failed, and left the release" in c for c in result.data["changes"]), result.data
+
+
+def test_a_dead_gpu_node_does_not_make_the_step_wait_its_whole_timeout(tmp_path):
+    """A review (stop 38) expected a NotReady GPU node to hold the plugin's rollout, and so the step, for its whole
+    timeout on every run. It does not, and this test keeps it so: the node lifecycle controller taints a NotReady
+    node ``node.kubernetes.io/not-ready:NoSchedule``, which DaemonSet pods do not tolerate (only its NoExecute
+    form: kubernetes v1.35.0 pkg/controller/daemon/util/daemonset_util.go:47-100), so the DaemonSet controller
+    no longer counts the node as one that should run its pod (daemon_controller.go:1298-1315
+    ``NodeShouldRunDaemonPod``) and the rollout is done without it. The dead node fails alone, from the GPU
+    check. The journal (kept in the record) shows the wait and whether it was reached."""
+    with real_cluster(tmp_path, scenario="gpu-ready", workers=3, apply=True) as (params, ctx):
+        dead, *good = params.nodes
+        faults.inject(tmp_path, dead.name, "node_not_ready", True)
+        _until_not_ready(ctx, dead.name)
+        result = kubernetes_layer(ctx, timeout_s=120)
+
+        assert result.node(dead.name).status == "failed"
+        assert "node Ready" in str(result.node(dead.name).to_dict()), result.node(dead.name).to_dict()
+        assert [result.node(n.name).status for n in good] == ["ok"] * len(good), result.to_dict()
+        (wait,) = [
+            e.summary for e in ctx.journal.entries if "list_namespaced_daemon_set" in (e.summary or "")
+        ]
+        assert "not reached" not in wait, wait
+
+
+def _until_not_ready(ctx, name, timeout=60.0):
+    """The node lifecycle shows the fault: the Node's Ready condition is no longer True."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        node = ctx.kube.core.read_node(name).to_dict()
+        ready = [c for c in node["status"]["conditions"] or [] if c["type"] == "Ready"]
+        if ready and ready[0]["status"] != "True":
+            return
+        time.sleep(1)
+    raise AssertionError(f"{name} stayed Ready for {timeout} s")

@@ -18,8 +18,11 @@ import functools
 import http.server
 import shutil
 import subprocess
+import tempfile
 import threading
 from pathlib import Path
+
+import yaml
 
 CHART_SOURCES = Path(__file__).resolve().parent / "chartsrc"
 #: Versions served per chart: the ones the runbook pins (``DevicePlugin.chart_version``'s defaults:
@@ -27,7 +30,14 @@ CHART_SOURCES = Path(__file__).resolve().parent / "chartsrc"
 #: v26.3.3 from Talos 1.13, the version Talos CI pins). The gpu-operator chart's facts are v26.3.3's only.
 CHART_VERSIONS: dict[str, tuple[str, ...]] = {
     "nvidia-device-plugin": ("0.17.2", "0.18.0"),
-    "gpu-operator": ("v26.3.3",),
+    "gpu-operator": ("v26.3.3", "v26.7.0"),
+}
+#: What a served version's values change from ``chartsrc``'s (v26.3.3's): an upgrade of the GPU Operator chart
+#: moves the operator's device plugin to a new image, which is what the kubernetes step must see roll out.
+#: v26.7.0's own value only (gpu-operator@v26.7.0 deployments/gpu-operator/values.yaml:241-245; v26.3.3's is
+#: v0.19.3, values.yaml:222-226); the rest of v26.7.0's chart is not modelled.
+VALUES_OF: dict[tuple[str, str], dict[str, dict[str, str]]] = {
+    ("gpu-operator", "v26.7.0"): {"devicePlugin": {"version": "v0.20.0"}},
 }
 
 
@@ -56,13 +66,30 @@ def package(helm: Path, out: Path) -> list[Path]:
     """``helm package`` every served version of every chart into ``out``; the archives written."""
     out.mkdir(mode=0o700, parents=True, exist_ok=True)
     archives = []
-    for chart, versions in CHART_VERSIONS.items():
-        for version in versions:
-            argv = [str(helm), "package", str(CHART_SOURCES / chart), "-d", str(out)]
-            argv += ["--version", version, "--app-version", version]
-            _run(argv, f"helm package {chart} {version}")
-            archives.append(out / f"{chart}-{version}.tgz")
+    with tempfile.TemporaryDirectory(prefix="chartsrc-") as scratch:
+        for chart, versions in CHART_VERSIONS.items():
+            for version in versions:
+                source = _source(chart, version, Path(scratch))
+                argv = [str(helm), "package", str(source), "-d", str(out)]
+                argv += ["--version", version, "--app-version", version]
+                _run(argv, f"helm package {chart} {version}")
+                archives.append(out / f"{chart}-{version}.tgz")
     return archives
+
+
+def _source(chart: str, version: str, scratch: Path) -> Path:
+    """The chart's source for ``version``: ``chartsrc`` itself, or a copy with ``VALUES_OF``'s values set."""
+    changes = VALUES_OF.get((chart, version))
+    if not changes:
+        return CHART_SOURCES / chart
+    copy = scratch / f"{chart}-{version}" / chart
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(CHART_SOURCES / chart, copy)
+    values = yaml.safe_load((copy / "values.yaml").read_text(encoding="utf-8"))
+    for section, keys in changes.items():
+        values[section].update(keys)
+    (copy / "values.yaml").write_text(yaml.safe_dump(values, sort_keys=False), encoding="utf-8")
+    return copy
 
 
 def _run(argv: list[str], what: str) -> None:

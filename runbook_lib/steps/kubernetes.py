@@ -105,24 +105,65 @@ def _wait_after_changes(
     Operator layer its RuntimeClass, within ``timeout_s`` together."""
     deadline = time.monotonic() + timeout_s
     rollout = None
-    if do_apply:  # before the GPUs: a node may advertise them from the previous plugin (plugin_rollout)
+    if do_apply and _plugin_runs_here(ctx):
+        # before the GPUs: a node may advertise them from the previous plugin (plugin_rollout)
+        namespace, name = _release_daemonset(ctx)
         rollout = plugin_rollout.wait(
-            ctx, ctx.plan.helm.namespace, _plugin_daemonset(ctx), timeout_s=timeout_s
+            ctx,
+            namespace,
+            name,
+            timeout_s=timeout_s,
+            image=_operator_plugin_image(ctx),
         )
     left = max(0.0, deadline - time.monotonic())
     _wait_for_gpus(ctx, result, ctx.nodes(only), timeout_s=left if do_apply else 0.0, waited_s=timeout_s)
     if rollout is not None:
-        _judge_rollout(result, rollout)
+        # judged as it is now, after the GPU wait: the watch can end before the pods are ready (a DaemonSet
+        # whose first status counts no node as due a pod is done, 0 of 0), and its pods become ready meanwhile
+        _judge_rollout(result, plugin_rollout.again(ctx, rollout) or rollout)
     if do_apply and ctx.plan.kubernetes_layer == "gpu-operator":
         # Advertised GPUs do not show it (issue 15): wait for it in what is left of the same timeout.
         left = max(0.0, deadline - time.monotonic())
         result.checks.append(operator_runtime_class.wait(ctx, timeout_s=left, waited_s=timeout_s))
 
 
+def _cluster_policy(ctx: Context) -> dict[str, Any] | None:
+    policies = ctx.kube.cluster_objects(*operator_runtime_class.CLUSTER_POLICY)
+    return policies[0] if policies else None
+
+
+def _plugin_runs_here(ctx: Context) -> bool:
+    """Whether a device-plugin DaemonSet is to be waited for: always on the device-plugin layer; on the GPU
+    Operator layer unless its ClusterPolicy disables the device plugin (``devicePlugin.enabled: false``: the
+    operator then creates no DaemonSet to wait for, and a site runs its own)."""
+    if ctx.plan.kubernetes_layer != "gpu-operator":
+        return True
+    policy = _cluster_policy(ctx)
+    return (
+        policy is None or ((policy.get("spec") or {}).get("devicePlugin") or {}).get("enabled") is not False
+    )
+
+
+def _operator_plugin_image(ctx: Context) -> str | None:
+    """On the GPU Operator layer, the image the operator must write into its device-plugin DaemonSet.
+
+    Why: helm changes the ClusterPolicy, and the operator rewrites its DaemonSet only when it next reconciles;
+    until then the DaemonSet is the previous spec's, fully rolled out, and nothing in the ClusterPolicy's status
+    says it has reconciled (gpu-operator@v26.3.1 api/nvidia/v1/clusterpolicy_types.go:2012-2020: a state and
+    conditions, no observed generation). The image is what a chart upgrade changes."""
+    if ctx.plan.kubernetes_layer != "gpu-operator":
+        return None
+    policy = _cluster_policy(ctx)
+    return None if policy is None else plugin_rollout.operator_image(policy)
+
+
 def _judge_rollout(result: StepResult, rollout: plugin_rollout.Rollout) -> None:
     """A GPU node that advertises GPUs but whose device-plugin pod is not the current revision's, ready, fails
     with why: its GPUs may come from the previous plugin. A node without GPUs already failed with the diagnosis
-    of its plugin pod (``_no_gpu_diagnosis``), which says the same."""
+    of its plugin pod (``_no_gpu_diagnosis``), which says the same. On the GPU Operator layer a DaemonSet the
+    operator has not rewritten yet fails the step's check: its nodes run the previous device plugin."""
+    if rollout.stale():
+        result.checks.append(_stale_check(rollout))
     behind = rollout.behind()
     if not rollout.rolling and rollout.previous():
         result.notes.append(_on_delete_note(rollout))
@@ -133,6 +174,19 @@ def _judge_rollout(result: StepResult, rollout: plugin_rollout.Rollout) -> None:
         res.checks.append(Check("device plugin rolled out", False, why))
         res.status = "failed"
         res.message = f"{res.message}, but {why}"
+
+
+def _stale_check(rollout: plugin_rollout.Rollout) -> Check:
+    now = ", ".join(rollout.images) or "no container"
+    return Check(
+        f"DaemonSet {rollout.name} runs the ClusterPolicy's device plugin",
+        False,
+        f"the GPU Operator has not written {rollout.wanted_image} into DaemonSet {rollout.name} (it runs {now}): "
+        "every GPU node still runs the previous device plugin",
+        cause="the operator has not reconciled the ClusterPolicy since helm changed it",
+        fix=f"kubectl -n {rollout.namespace} logs {operator_runtime_class.OPERATOR_DEPLOYMENT}  # then re-run "
+        "this step",
+    )
 
 
 def _on_delete_note(rollout: plugin_rollout.Rollout) -> str:
@@ -871,7 +925,27 @@ def _driver_validation(ctx: Context, message: str, reads: ClusterReads) -> Check
     )
 
 
-def _plugin_daemonset(ctx: Context) -> str:
+def _release_daemonset(ctx: Context) -> tuple[str, str]:
+    """(namespace, name) of the device plugin's DaemonSet as the release's own values make them: the chart's
+    ``fullnameOverride``, ``nameOverride`` and ``namespaceOverride`` (k8s-device-plugin@v0.18.0
+    deployments/helm/nvidia-device-plugin/templates/_helpers.tpl ``nvidia-device-plugin.fullname`` and
+    ``.namespace``), which a site may have set and the runbook keeps. Why: a DaemonSet looked for under the
+    default name never appears, and the rollout wait ran its whole timeout."""
+    namespace = ctx.plan.helm.namespace
+    if ctx.plan.kubernetes_layer == "gpu-operator":
+        return namespace, _plugin_daemonset(ctx)
+    try:
+        values = ctx.helm.values(ctx.plan.helm.release, namespace)
+    except RunbookError:
+        values = {}  # no release to read (a failed first install): the chart's defaults
+    overridden = str(values.get("namespaceOverride") or "") or namespace
+    full = str(values.get("fullnameOverride") or "")
+    if full:
+        return overridden, full[:63].rstrip("-")
+    return overridden, _plugin_daemonset(ctx, str(values.get("nameOverride") or "") or None)
+
+
+def _plugin_daemonset(ctx: Context, name_override: str | None = None) -> str:
     """The DaemonSet that runs the device plugin: the operator names its own ``nvidia-device-plugin-daemonset``
     (gpu-operator assets/state-device-plugin/0500_daemonset.yaml); the chart names it after the release, with the
     chart's name appended unless the release name contains it (k8s-device-plugin@v0.18.0
@@ -879,6 +953,7 @@ def _plugin_daemonset(ctx: Context) -> str:
     gives ``nvdp-nvidia-device-plugin``)."""
     if ctx.plan.kubernetes_layer == "gpu-operator":
         return "nvidia-device-plugin-daemonset"
-    release, chart = ctx.plan.helm.release, ctx.plan.helm.chart_name
+    release = ctx.plan.helm.release
+    chart = name_override or ctx.plan.helm.chart_name
     name = release if chart in release else f"{release}-{chart}"
     return name[:63].rstrip("-")

@@ -37,6 +37,15 @@ class Rollout:
     rolling: bool = True
     """Whether the DaemonSet replaces its pods itself (``RollingUpdate``); with ``OnDelete`` a pod is replaced
     only once someone deletes it, so an old pod is the site's choice, not a stalled rollout."""
+    images: tuple[str, ...] = ()
+    """The images of the DaemonSet's containers as last read."""
+    wanted_image: str | None = None
+    """The image the DaemonSet must carry before its rollout counts (the GPU Operator layer: the ClusterPolicy's
+    device plugin, which the operator writes into its DaemonSet after helm returned)."""
+
+    def stale(self) -> bool:
+        """Whether the DaemonSet does not carry ``wanted_image`` yet: its rollout is the previous spec's."""
+        return self.wanted_image is not None and self.wanted_image not in self.images
 
     def previous(self) -> list[str]:
         """The nodes whose pod is not the current revision's."""
@@ -65,22 +74,54 @@ class Rollout:
         return self.revision is not None and labels.get(REVISION_LABEL) == self.revision
 
 
-def wait(ctx: Context, namespace: str, name: str, *, timeout_s: float) -> Rollout | None:
-    """Watch DaemonSet ``name`` until its rollout is done or ``timeout_s`` passed (journalled as the cluster's
-    wait); ``None`` when there is none."""
+def wait(
+    ctx: Context, namespace: str, name: str, *, timeout_s: float, image: str | None = None
+) -> Rollout | None:
+    """Watch DaemonSet ``name`` until it carries ``image`` (when given) and its rollout is done, or
+    ``timeout_s`` passed (journalled as the cluster's wait); ``None`` when there is none."""
+
+    def settled(ds: dict[str, Any]) -> bool:
+        return (image is None or image in _images(ds)) and _done(ds)
+
     last = ctx.kube.watch_until(
         ctx.kube.apps.list_namespaced_daemon_set,
-        _done,
+        settled,
         timeout=timeout_s,
-        until=f"DaemonSet {name} rolled out",
+        until=f"DaemonSet {name} rolled out" + (f" with {image}" if image else ""),
         namespace=namespace,
         field_selector=f"metadata.name={name}",
     )
     daemonset = last if last is not None else ctx.kube.daemonset(namespace, name)
-    return None if daemonset is None else read(ctx, daemonset)
+    return None if daemonset is None else read(ctx, daemonset, image)
 
 
-def read(ctx: Context, daemonset: dict[str, Any]) -> Rollout:
+def again(ctx: Context, rollout: Rollout) -> Rollout | None:
+    """The same DaemonSet read again (``None`` when it is gone), to judge its pods as they are now."""
+    daemonset = ctx.kube.daemonset(rollout.namespace, rollout.name)
+    return None if daemonset is None else read(ctx, daemonset, rollout.wanted_image)
+
+
+def operator_image(policy: dict[str, Any]) -> str | None:
+    """The device-plugin image the GPU Operator writes into its DaemonSet for this ClusterPolicy, as its
+    ``imagePath`` builds it (gpu-operator@v26.3.1 api/nvidia/v1/clusterpolicy_types.go:2001-2030, used for the
+    device plugin by controllers/object_controls.go:1502-1506): ``repository/image:version``, ``@`` for a
+    ``sha256:`` version, the bare ``image`` without both; ``None`` when the image comes from the operator's
+    environment (``DEVICE_PLUGIN_IMAGE``, not readable here) or the device plugin is disabled."""
+    spec = (policy.get("spec") or {}).get("devicePlugin") or {}
+    if spec.get("enabled") is False:
+        return None
+    repository, image, version = (str(spec.get(k) or "") for k in ("repository", "image", "version"))
+    if not repository and not version:
+        return image or None
+    return f"{repository}/{image}{'@' if version.startswith('sha256:') else ':'}{version}"
+
+
+def _images(daemonset: dict[str, Any]) -> list[str]:
+    template = ((daemonset.get("spec") or {}).get("template") or {}).get("spec") or {}
+    return [str(c.get("image")) for c in template.get("containers") or []]
+
+
+def read(ctx: Context, daemonset: dict[str, Any], image: str | None = None) -> Rollout:
     """The DaemonSet's pods (those it owns) by node, and its newest ControllerRevision's hash."""
     meta, spec = daemonset["metadata"], daemonset.get("spec") or {}
     labels = (spec.get("selector") or {}).get("matchLabels") or {}
@@ -100,6 +141,8 @@ def read(ctx: Context, daemonset: dict[str, Any]) -> Rollout:
         selector=selector or "",
         namespace=namespace,
         rolling=_rolling(daemonset),
+        images=tuple(_images(daemonset)),
+        wanted_image=image,
     )
 
 
