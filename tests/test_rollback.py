@@ -12,6 +12,7 @@ v1alpha1_server.go ``Rollback``).
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from runbook_lib.steps.context import SIM_STATE_ENV, Context, connect
 from runbook_lib.steps.image import image_upgrade
 from runbook_lib.steps.kubernetes import kubernetes_layer
 from runbook_lib.steps.patch import config_patch, read_configs
+from runbook_lib.steps.reboots import BOOT_ID_PATH
 from runbook_lib.steps.results import StepResult
 from runbook_lib.steps.rollback import KUBERNETES_BY_HAND, rollback
 from tests.realplane import use_real_plane
@@ -282,6 +284,46 @@ def test_an_aborted_run_that_upgraded_nodes_before_it_died_rolls_them_back(sim: 
         assert node.image is not None and node.image.schematic_id == VANILLA_SCHEMATIC, node.image
     plan = rollback(_ctx(sim), apply=False, evidence=evidence)
     assert [plan.node(n).status for n in WORKERS] == ["planned", "planned", "unchanged", "unchanged"]
+
+
+def _failing_boot_id_read(tmp_path: Path, real: str, address: str) -> str:
+    """A talosctl whose ``read`` of the boot ID fails on ``address``, with the error gRPC gives a call that
+    times out (a transient network failure: simnode has no fault that fails one call and answers the next);
+    every other call is the real talosctl's."""
+    script = tmp_path / "talosctl-boot-id-fails"
+    error = (
+        'rpc error: code = Unavailable desc = connection error: desc = "transport: Error while dialing: '
+        f'dial tcp {address}:50000: i/o timeout"'
+    )
+    script.write_text(
+        "#!/bin/sh\n"
+        f'case " $* " in *" -n {address} "*" {BOOT_ID_PATH} "*) echo \'{error}\' >&2; exit 1;; esac\n'
+        f'exec {shlex.quote(real)} "$@"\n'
+    )
+    script.chmod(0o755)
+    return str(script)
+
+
+@pytest.mark.slow
+def test_a_node_whose_boot_id_cannot_be_read_gets_no_removal_patch(sim: Path, tmp_path: Path) -> None:
+    """The removal is applied without a dry run, so rollback reads every node's boot ID first, to tell a
+    reboot it causes from the node's answers before it (``reboots``). A node whose read failed was patched all
+    the same, and a reboot there would have been waited for only until the node answered, which it still does
+    before it goes down (talos v1.13.0 v1alpha1_server.go:242-250): now it is not patched, and says why."""
+    patch_ctx = _ctx(sim)
+    patched = config_patch(patch_ctx, only=WORKERS[:2])
+    assert patched.ok
+    record = _record("run-1", ("config-patch", patch_ctx, patched))
+    ctx = _ctx(sim, rollout={"max_failures": 1})  # the canary's failure does not stop the second node
+    first = ADDRESS[WORKERS[0]]
+    ctx.talosctl.binary = _failing_boot_id_read(tmp_path, ctx.talosctl.binary, first)
+    result = rollback(ctx, evidence=evidence_from_records([record]), settle_timeout=30.0, poll_interval=0.1)
+    refused = result.node(WORKERS[0])
+    assert refused.status == "failed" and "boot ID could not be read" in refused.message, refused.to_dict()
+    assert "i/o timeout" in refused.message
+    assert [a for what, a in _calls(ctx) if what == "patch"] == [ADDRESS[WORKERS[1]]]
+    assert "nvidia" in _modules(ctx, WORKERS[0]) and "nvidia" not in _modules(ctx, WORKERS[1])
+    assert result.node(WORKERS[1]).status == "changed"
 
 
 @pytest.mark.slow

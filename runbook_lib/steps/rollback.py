@@ -407,8 +407,18 @@ def _patch(
     if not jobs:
         return plans
     # The removal is applied without a dry run, so which node reboots is known only after it: every node's
-    # boot ID is read before (a node that does not answer is only waited for to answer, see reboots.py).
-    boots, _unread = boot_ids(ctx, [p.node.address for p in jobs])
+    # boot ID is read before. A node whose boot ID cannot be read is not patched (as config-patch's
+    # ``_boots_before``): were it to reboot, its reboot could not be told from its answers before it, and its
+    # image upgrade would start while it is down.
+    boots, unread = boot_ids(ctx, [p.node.address for p in jobs])
+    for plan in jobs:
+        if plan.node.address in unread:
+            _fail(
+                results[plan.node.address],
+                f"removal patch not applied: its boot ID could not be read ({redact(unread[plan.node.address])});"
+                " the patch may reboot the node, and the rollback must see it come back before its next change",
+            )
+    jobs = [p for p in jobs if p.node.address not in unread]
     runs = ctx.talosctl.patch_machineconfigs(
         [(p.patches[phase], [p.node.address]) for p in jobs], dry_run=False
     )
