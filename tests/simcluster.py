@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 from collections.abc import Callable, Iterator
@@ -27,6 +28,7 @@ from runbook_lib.model.params import Params
 from runbook_lib.sim import cluster, factory, faults, realkube, realtalos
 from runbook_lib.sim.state import SimNode, load_cluster, load_node, load_nodes
 from runbook_lib.steps.context import Context, connect
+from runbook_lib.steps.reboots import BOOT_ID_PATH
 from tests.realplane import _params as gpu_params
 from tests.realplane import ready_if_real, stop_servers
 
@@ -243,3 +245,21 @@ def ensure_current_simkube(build: Callable[[], Path] = build_simkube) -> Path | 
             f"{exc}. Fix the build and run `make kube-tools`"
         ) from exc
     return built
+
+
+def failing_boot_id_read(tmp_path: Path, real: str, address: str) -> str:
+    """A talosctl whose ``read`` of the boot ID fails on ``address``, with the error gRPC gives a call that
+    times out (a transient network failure: simnode has no fault that fails one call and answers the next);
+    every other call is the real talosctl's."""
+    script = tmp_path / "talosctl-boot-id-fails"
+    error = (
+        'rpc error: code = Unavailable desc = connection error: desc = "transport: Error while dialing: '
+        f'dial tcp {address}:50000: i/o timeout"'
+    )
+    script.write_text(
+        "#!/bin/sh\n"
+        f'case " $* " in *" -n {address} "*" {BOOT_ID_PATH} "*) echo \'{error}\' >&2; exit 1;; esac\n'
+        f'exec {shlex.quote(real)} "$@"\n'
+    )
+    script.chmod(0o755)
+    return str(script)

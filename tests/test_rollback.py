@@ -12,7 +12,6 @@ v1alpha1_server.go ``Rollback``).
 from __future__ import annotations
 
 import json
-import shlex
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,11 +35,17 @@ from runbook_lib.steps.context import SIM_STATE_ENV, Context, connect
 from runbook_lib.steps.image import image_upgrade
 from runbook_lib.steps.kubernetes import kubernetes_layer
 from runbook_lib.steps.patch import config_patch, read_configs
-from runbook_lib.steps.reboots import BOOT_ID_PATH
 from runbook_lib.steps.results import StepResult
 from runbook_lib.steps.rollback import KUBERNETES_BY_HAND, rollback
 from tests.realplane import use_real_plane
-from tests.simcluster import clear_fault, factory_only, inject_fault, node_state, sim_cluster
+from tests.simcluster import (
+    clear_fault,
+    factory_only,
+    failing_boot_id_read,
+    inject_fault,
+    node_state,
+    sim_cluster,
+)
 
 PARAMS = str(Path(__file__).resolve().parents[1] / "params" / "simulated.yaml")
 MODULES_PATCH = (
@@ -286,24 +291,6 @@ def test_an_aborted_run_that_upgraded_nodes_before_it_died_rolls_them_back(sim: 
     assert [plan.node(n).status for n in WORKERS] == ["planned", "planned", "unchanged", "unchanged"]
 
 
-def _failing_boot_id_read(tmp_path: Path, real: str, address: str) -> str:
-    """A talosctl whose ``read`` of the boot ID fails on ``address``, with the error gRPC gives a call that
-    times out (a transient network failure: simnode has no fault that fails one call and answers the next);
-    every other call is the real talosctl's."""
-    script = tmp_path / "talosctl-boot-id-fails"
-    error = (
-        'rpc error: code = Unavailable desc = connection error: desc = "transport: Error while dialing: '
-        f'dial tcp {address}:50000: i/o timeout"'
-    )
-    script.write_text(
-        "#!/bin/sh\n"
-        f'case " $* " in *" -n {address} "*" {BOOT_ID_PATH} "*) echo \'{error}\' >&2; exit 1;; esac\n'
-        f'exec {shlex.quote(real)} "$@"\n'
-    )
-    script.chmod(0o755)
-    return str(script)
-
-
 @pytest.mark.slow
 def test_a_node_whose_boot_id_cannot_be_read_gets_no_removal_patch(sim: Path, tmp_path: Path) -> None:
     """The removal is applied without a dry run, so rollback reads every node's boot ID first, to tell a
@@ -316,7 +303,7 @@ def test_a_node_whose_boot_id_cannot_be_read_gets_no_removal_patch(sim: Path, tm
     record = _record("run-1", ("config-patch", patch_ctx, patched))
     ctx = _ctx(sim, rollout={"max_failures": 1})  # the canary's failure does not stop the second node
     first = ADDRESS[WORKERS[0]]
-    ctx.talosctl.binary = _failing_boot_id_read(tmp_path, ctx.talosctl.binary, first)
+    ctx.talosctl.binary = failing_boot_id_read(tmp_path, ctx.talosctl.binary, first)
     result = rollback(ctx, evidence=evidence_from_records([record]), settle_timeout=30.0, poll_interval=0.1)
     refused = result.node(WORKERS[0])
     assert refused.status == "failed" and "boot ID could not be read" in refused.message, refused.to_dict()

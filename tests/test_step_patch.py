@@ -12,6 +12,7 @@ from runbook_lib.sim.state import load_node
 from runbook_lib.steps.patch import config_patch, read_configs
 from runbook_lib.steps.reboots import BOOT_ID_PATH
 from tests.simcluster import (
+    failing_boot_id_read,
     inject_fault,
     runs_real_talosctl,
     sim_cluster,
@@ -162,6 +163,32 @@ def test_a_rebooting_node_is_seen_back_in_a_new_boot_before_the_next_batch(tmp_p
     down = REBOOT_MS / 1000  # simnode keeps a rebooting node's API down this long
     assert first["nodes"] == [params.nodes[0].name] and first["duration_s"] >= down
     assert second["started"] >= first["started"] + down, "the next batch started while the canary rebooted"
+
+
+@pytest.mark.slow
+def test_a_node_whose_boot_id_cannot_be_read_is_not_given_a_rebooting_patch(tmp_path):
+    """The dry run says the default-runtime patch reboots the node (up to Talos 1.13); its boot ID is read before
+    the patch so its reboot can be told from its answers before it. A node whose read fails is not patched
+    (``patch._boots_before``): the rollout could not see it come back before the next batch."""
+    with sim_cluster(
+        tmp_path,
+        daemon=False,
+        scenario="extensions-no-patch",
+        default_runtime_patch=True,
+        apply=True,
+        rollout={"max_failures": 1},  # the canary's failure does not stop the second node
+    ) as (params, ctx):
+        first, second = params.nodes[:2]
+        ctx.talosctl.binary = failing_boot_id_read(tmp_path, ctx.talosctl.binary, first.address)
+        result = config_patch(ctx)
+    refused = result.node(first.name)
+    assert refused.status == "failed" and refused.message.startswith(
+        "not patched: its boot ID could not be read"
+    )
+    assert "i/o timeout" in refused.message
+    assert result.node(second.name).status == "changed", result.to_dict()
+    patched = [e.argv for e in ctx.journal.changes() if "patch" in e.argv]
+    assert all(first.address not in argv for argv in patched), patched
 
 
 @pytest.mark.slow
