@@ -12,9 +12,11 @@ nvidia-device-plugin --create-namespace``, NVIDIA/k8s-device-plugin@v0.18.0 READ
 from __future__ import annotations
 
 import json
+import time
 from contextlib import contextmanager
 
 import pytest
+from kubernetes import client
 
 from runbook_lib.model.params import validate
 from runbook_lib.steps.context import connect
@@ -503,3 +505,75 @@ def test_an_upgrade_of_a_release_with_a_fullname_override_waits_for_its_own_daem
             e.summary for e in newer.journal.entries if "list_namespaced_daemon_set" in (e.summary or "")
         ]
         assert "until DaemonSet gpu-plugin rolled out" in wait and "not reached" not in wait, wait
+
+
+def test_a_site_that_refuses_the_operators_namespace_keeps_its_device_plugin(tmp_path):
+    """The Talos 1.13 hand-over removes the device plugin before the GPU Operator is installed; the operator's
+    namespace (created and labelled privileged) came after it. A site whose admission policy refuses privileged
+    namespaces (a ValidatingAdmissionPolicy, as the API server enforces it) lost its device plugin, and so every
+    GPU, with no operator to replace it. Now the namespace comes first, and the refusal changes nothing."""
+    with real_cluster(tmp_path, scenario="gpu-ready", talos_version="v1.13.2", apply=True) as (params, ctx):
+        ctx.helm.repo_add(
+            "nvdp", _with(params, tmp_path, kubernetes_layer="device-plugin").plan.helm.repo_url
+        )
+        _helm(
+            ctx,
+            *["install", "nvidia-device-plugin", "nvdp/nvidia-device-plugin", "-n", "kube-system"],
+            *["--version", "0.18.0", "--set", "runtimeClassName=nvidia"],
+        )
+        _deny_privileged_namespaces(ctx)
+
+        result = kubernetes_layer(ctx, timeout_s=5)
+
+        assert not result.ok
+        assert "privileged namespaces need the platform team" in str(result.to_dict()), result.to_dict()
+        assert _releases_of(ctx, "nvidia-device-plugin"), "the device plugin was retired before the refusal"
+        assert ctx.helm.release("gpu-operator", "gpu-operator") is None
+
+
+def _deny_privileged_namespaces(ctx):
+    """A site's ValidatingAdmissionPolicy refusing namespaces that enforce the privileged Pod Security level,
+    and a wait until the API server enforces it (it loads policies asynchronously)."""
+    admission = client.AdmissionregistrationV1Api(ctx.kube.api)
+    label = "pod-security.kubernetes.io/enforce"
+    admission.create_validating_admission_policy(
+        {
+            "metadata": {"name": "no-privileged-namespaces"},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {
+                    "resourceRules": [
+                        {
+                            "apiGroups": [""],
+                            "apiVersions": ["v1"],
+                            "operations": ["CREATE", "UPDATE"],
+                            "resources": ["namespaces"],
+                        }
+                    ]
+                },
+                "validations": [
+                    {
+                        "expression": f"!has(object.metadata.labels) || !('{label}' in object.metadata.labels)"
+                        f" || object.metadata.labels['{label}'] != 'privileged'",
+                        "message": "privileged namespaces need the platform team",
+                    }
+                ],
+            },
+        }
+    )
+    admission.create_validating_admission_policy_binding(
+        {
+            "metadata": {"name": "no-privileged-namespaces"},
+            "spec": {"policyName": "no-privileged-namespaces", "validationActions": ["Deny"]},
+        }
+    )
+    probe = {"metadata": {"name": "probe", "labels": {label: "privileged"}}}
+    for _ in range(60):
+        try:
+            ctx.kube.core.create_namespace(probe, dry_run="All")
+        except client.ApiException as exc:
+            if "privileged namespaces need the platform team" in str(exc.body):
+                return
+            raise
+        time.sleep(1)
+    raise AssertionError("the admission policy was never enforced")

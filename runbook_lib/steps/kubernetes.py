@@ -64,18 +64,17 @@ def kubernetes_layer(
         releases = ctx.helm.releases_everywhere()  # one helm list -A for both uses below
         # before any change: another release of the chart, or a newer one
         current = _existing_release(ctx, releases, version)
+        # the namespace before the hand-over: a site that refuses it (RBAC, an admission policy) must not
+        # find its device plugin already removed and no GPU Operator to replace it
         if plan.kubernetes_layer == "gpu-operator":
+            _privileged_namespace(ctx, result, changed, dry_run=dry_run)
             _retire_device_plugin(ctx, releases, result, changed, dry_run=dry_run, timeout_s=timeout_s)
         _runtime_class(ctx, result, changed, dry_run=dry_run)
         if not result.ok:
             result.notes.append("stopped before the Helm release: fix the RuntimeClass first")
             return result.finish()
-        if release.privileged_namespace or plan.kubernetes_layer == "gpu-operator":
-            state = ctx.kube.ensure_namespace(release.namespace, PRIVILEGED, dry_run=dry_run)
-            ok = True
-            if state != "ok":
-                changed.append(f"namespace {release.namespace} {state} (enforce=privileged)")
-            result.checks.append(Check(f"namespace {release.namespace} allows privileged pods", ok, state))
+        if release.privileged_namespace and plan.kubernetes_layer != "gpu-operator":
+            _privileged_namespace(ctx, result, changed, dry_run=dry_run)
         gpu_nodes = ctx.nodes(only)
         if plan.kubernetes_layer == "device-plugin" and ctx.params.device_plugin.label_nodes:
             _label_nodes(ctx, gpu_nodes, changed, dry_run=dry_run)
@@ -226,6 +225,15 @@ def _runtime_class(ctx: Context, result: StepResult, changed: list[str], *, dry_
     if not dry_run:
         result.data["created"].append({"kind": "RuntimeClass", "name": RUNTIME_CLASS})
     result.checks.append(Check("RuntimeClass nvidia", True, "created" if not dry_run else "would be created"))
+
+
+def _privileged_namespace(ctx: Context, result: StepResult, changed: list[str], *, dry_run: bool) -> None:
+    """The release's namespace, created or labelled to enforce the privileged Pod Security level."""
+    namespace = ctx.plan.helm.namespace
+    state = ctx.kube.ensure_namespace(namespace, PRIVILEGED, dry_run=dry_run)
+    if state != "ok":
+        changed.append(f"namespace {namespace} {state} (enforce=privileged)")
+    result.checks.append(Check(f"namespace {namespace} allows privileged pods", True, state))
 
 
 def _retire_device_plugin(
