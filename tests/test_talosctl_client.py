@@ -143,6 +143,26 @@ def test_multierror_lines_and_whole_call_errors_are_attributed() -> None:
         {"10.0.0.1": _dial_error("10.0.0.1")},
         {"10.0.0.2": "10.0.0.1", "10.0.0.3": "10.0.0.1"},
     )
+    # the same after talosctl's version-check warning, printed when the nodes are older than talosctl
+    # (talos v1.12.0 helpers/checks.go:76): config-patch runs before the image upgrade, so it usually is
+    warned = call(
+        "WARNING: 10.0.0.2: server version 1.11.5 is older than client version 1.12.0\n"
+        + _dial_error("10.0.0.1")
+        + "\n",
+        "10.0.0.1",
+        "10.0.0.2",
+    )
+    assert warned.outcome() == ({"10.0.0.1": _dial_error("10.0.0.1")}, {"10.0.0.2": "10.0.0.1"})
+    # a gRPC error of the whole call (the endpoint down, an expired certificate) is every node's
+    endpoint = call(_dial_error("10.9.9.9") + "\n", "10.0.0.1", "10.0.0.2")
+    assert set(endpoint.outcome()[0]) == {"10.0.0.1", "10.0.0.2"}
+    expired = call(
+        'rpc error: code = Unavailable desc = connection error: desc = "transport: authentication handshake '
+        'failed: tls: failed to verify certificate: x509: certificate has expired or is not yet valid"\n',
+        "10.0.0.1",
+        "10.0.0.2",
+    )
+    assert set(expired.outcome()[0]) == {"10.0.0.1", "10.0.0.2"}
     # 10.0.0.1 is a prefix of 10.0.0.10: the longer address wins
     prefix = call("10.0.0.10: refused\n", "10.0.0.1", "10.0.0.10", "10.0.0.11")
     assert prefix.outcome() == ({"10.0.0.10": "refused"}, {"10.0.0.11": "10.0.0.10"})

@@ -137,26 +137,39 @@ class PatchCall:
         ``ResolveResourceKind`` and a patch that does not merge in ``configpatcher.Apply``, both before the
         node's line and with no node in the error (talos v1.12.0 patch.go:58-111, helpers/resources.go:49);
         from 1.14 an apply the node refuses names no node either, after the node's line.
-        An error before any node printed is the first node's when it is a gRPC status (``rpc error: code =
-        …``: that node is down or refused the read before its patch, and the nodes after it were never touched;
-        the real talosctl v1.12.0 prints it so, tests/sim/test_talosctl_patch.py
-        ``test_patch_stops_at_the_first_failing_node``), else every node's (a bad flag, an unreadable patch
-        file: talosctl failed before any node).
+        An error before any node printed is the first node's when it says that node cannot be reached
+        (:meth:`_first_node_unreachable`: the nodes after it were never touched), else every node's (a bad flag,
+        an unreadable patch file, an expired certificate, an endpoint down: the call failed as a whole).
         """
         if self.result.ok:
             return {}, {}
-        message = self.result.stderr.strip() or f"exit {self.result.exit_code}"
+        message = _without_warnings(self.result.stderr).strip() or f"exit {self.result.exit_code}"
         failed = node_errors(self.result.stderr, self.nodes) or _prefixed_node_error(
             self.result.stderr, self.nodes
         )
         done = len(self.reports())
-        if not failed and done == 0 and not message.startswith(_GRPC_ERROR):
+        if not failed and done == 0 and not self._first_node_unreachable():
             return dict.fromkeys(self.nodes, message), {}
         if not failed:
-            failed = {self._unnamed_failure(): _error_lines(self.result.stderr) or message}
+            failed = {self._unnamed_failure(): _without_warnings(_error_lines(self.result.stderr)) or message}
         first = next(i for i, node in enumerate(self.nodes) if node in failed)
         return failed, dict.fromkeys(
             (node for node in self.nodes[first + 1 :] if node not in failed), self.nodes[first]
+        )
+
+    def _first_node_unreachable(self) -> bool:
+        """Whether the call's error is gRPC's ``Unavailable`` or ``DeadlineExceeded`` dialling the first node:
+        ``rpc error: code = Unavailable desc = connection error: … dial tcp <node>:50000: …``, as the real
+        talosctl v1.12.0 prints it for a node that is down (tests/sim/test_talosctl_patch.py
+        ``test_patch_stops_at_the_first_failing_node``), after any ``WARNING:`` lines of its version check
+        (talos v1.12.0 cmd/talosctl/cmd/talos/helpers/checks.go:76, printed for nodes older than talosctl).
+        One naming another address (the endpoint) is the whole call's."""
+        error = _without_warnings(self.result.stderr)
+        first = self.nodes[0] if self.nodes else ""
+        return (
+            error.startswith(_UNREACHABLE)
+            and bool(first)
+            and (f"{first}:" in error or f"[{first}]:" in error)
         )
 
     def _unnamed_failure(self) -> str:
@@ -172,9 +185,9 @@ class PatchCall:
         return self.nodes[min(len(reports), len(self.nodes) - 1)]
 
 
-#: How a gRPC status error starts as talosctl prints it (google.golang.org/grpc/status ``Error()``:
-#: ``rpc error: code = %s desc = %s``): an answer, or no answer, from a node, not a local failure.
-_GRPC_ERROR = "rpc error: code = "
+#: How a gRPC status error for a peer that cannot be reached starts as talosctl prints it
+#: (google.golang.org/grpc/status ``Error()``: ``rpc error: code = %s desc = %s``).
+_UNREACHABLE = ("rpc error: code = Unavailable ", "rpc error: code = DeadlineExceeded ")
 
 
 def _without_warnings(text: str) -> str:
