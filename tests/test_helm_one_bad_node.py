@@ -160,13 +160,16 @@ def test_a_first_install_helm_fails_is_still_recorded_as_created_for_rollback(tm
 
 
 def test_a_dead_gpu_node_does_not_make_the_step_wait_its_whole_timeout(tmp_path):
-    """A review (stop 38) expected a NotReady GPU node to hold the plugin's rollout, and so the step, for its whole
-    timeout on every run. It does not, and this test keeps it so: the node lifecycle controller taints a NotReady
+    """A first install. A review (stop 38) expected a NotReady GPU node to hold the plugin's rollout, and so the
+    step, for its whole timeout on every run. It does not, and this test keeps it so: the node lifecycle controller
+    taints a NotReady
     node ``node.kubernetes.io/not-ready:NoSchedule``, which DaemonSet pods do not tolerate (only its NoExecute
     form: kubernetes v1.35.0 pkg/controller/daemon/util/daemonset_util.go:47-100), so the DaemonSet controller
     no longer counts the node as one that should run its pod (daemon_controller.go:1298-1315
     ``NodeShouldRunDaemonPod``) and the rollout is done without it. The dead node fails alone, from the GPU
-    check. The journal (kept in the record) shows the wait and whether it was reached."""
+    check. The journal (kept in the record) shows the wait and whether it was reached. (On an upgrade the node
+    does hold it: the rolling update deletes its old pod, which its kubelet never finishes, and counts it
+    unavailable, update.go:82-94; tests/test_plugin_rollout.py covers how that node is then judged.)"""
     with real_cluster(tmp_path, scenario="gpu-ready", workers=3, apply=True) as (params, ctx):
         dead, *good = params.nodes
         faults.inject(tmp_path, dead.name, "node_not_ready", True)

@@ -1,7 +1,11 @@
 """Which device-plugin pod is judged on a node (``steps.plugin_rollout``), as the DaemonSet controller counts
-them: kubernetes v1.35.0 pkg/controller/daemon/update.go:266-288 ``findUpdatedPodsOnNode`` leaves out a pod
-being deleted, and a node holds two pods while an old one is held by a finalizer (the controller creates the
-new one beside it: daemon_controller.go ``podsShouldBeOnNode`` skips deleting pods) or during a surge.
+them (kubernetes v1.35.0 pkg/controller/daemon): ``findUpdatedPodsOnNode`` (update.go:266-288) leaves out a pod
+being deleted. A node holds a pod being deleted beside a live one when the old pod is terminal and awaiting its
+deletion (``getNodesToDaemonPods`` drops only pods both terminal and deleted, daemon_controller.go:747, so the
+controller creates the new one beside it), and two live pods during a surge. A node whose only pod is being
+deleted and is not terminal gets no new pod until it is gone (``podsShouldBeOnNode``, daemon_controller.go:
+806-812), while the kubelet keeps the stopped plugin's GPUs allocatable for up to 5 minutes (pkg/kubelet/cm/
+devicemanager/types.go:122 ``endpointStopGracePeriod``): that node is not judged ok.
 
 The pods are shaped as the API server returns them (``Kube.to_dict``: camelCase, as ``kubectl get -o json``)."""
 
@@ -14,13 +18,13 @@ from runbook_lib.steps.plugin_rollout import REVISION_LABEL, Rollout, _by_node
 
 
 def _pod(
-    name: str, node: str, revision: str, *, deleting: bool = False, ready: bool = True
+    name: str, node: str, revision: str, *, deleting: bool = False, ready: bool = True, phase: str = "Running"
 ) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name, "labels": {REVISION_LABEL: revision}}
     if deleting:
         meta["deletionTimestamp"] = "2026-12-05T16:00:00Z"
         meta["finalizers"] = ["example.com/hold"]
-    status = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
+    status = {"phase": phase, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
     return {"metadata": meta, "spec": {"nodeName": node}, "status": status}
 
 
@@ -28,10 +32,11 @@ def _rollout(pods: list[dict[str, Any]]) -> Rollout:
     return Rollout("nvidia-device-plugin", "new", _by_node(pods, "new"), done=False)
 
 
-def test_an_old_pod_held_terminating_beside_the_new_one_is_not_judged_in_any_list_order() -> None:
+def test_a_terminal_old_pod_awaiting_deletion_beside_the_new_one_is_not_judged_in_any_list_order() -> None:
     """Before: the last pod listed on a node won, so the node failed as 'still runs the previous device
-    plugin' whenever the terminating old pod sorted after the new one."""
-    pods = [_pod("plugin-aaaaa", "gpu-1", "old", deleting=True), _pod("plugin-bbbbb", "gpu-1", "new")]
+    plugin' whenever the old pod sorted after the new one."""
+    old = _pod("plugin-aaaaa", "gpu-1", "old", deleting=True, ready=False, phase="Failed")
+    pods = [old, _pod("plugin-bbbbb", "gpu-1", "new")]
     for order in itertools.permutations(pods):
         rollout = _rollout(list(order))
         assert rollout.pods["gpu-1"]["metadata"]["name"] == "plugin-bbbbb"
@@ -45,8 +50,23 @@ def test_of_two_live_pods_on_a_node_the_current_revisions_is_judged() -> None:
         assert list(behind) == ["gpu-1"] and "new pod plugin-new is not ready" in behind["gpu-1"], behind
 
 
-def test_a_node_whose_only_pod_is_being_deleted_has_no_pod_judged() -> None:
-    """The GPU check says why such a node has no GPUs; the rollout does not blame a pod that is going."""
-    rollout = _rollout([_pod("plugin-x", "gpu-1", "old", deleting=True), _pod("plugin-y", "gpu-2", "old")])
-    assert set(rollout.pods) == {"gpu-2"}
-    assert list(rollout.behind()) == ["gpu-2"]
+def test_a_node_whose_only_pod_is_being_deleted_is_behind_and_holds_the_others() -> None:
+    """Its GPUs may still be allocatable from the stopped plugin; the rolling update counts the node
+    unavailable, so a node still on the previous plugin waits on it."""
+    behind = _rollout(
+        [_pod("plugin-x", "gpu-1", "old", deleting=True), _pod("plugin-y", "gpu-2", "old")]
+    ).behind()
+    assert "plugin-x is being deleted" in behind["gpu-1"], behind
+    assert "still runs the previous device plugin" in behind["gpu-2"] and "waits on gpu-1" in behind["gpu-2"]
+
+
+def test_the_operators_image_counts_with_a_digest_an_admission_policy_appended() -> None:
+    """Image-verifying admission policies that pin digests rewrite ``repo/img:tag`` to ``repo/img:tag@sha256:…``;
+    the step must not wait its whole timeout for an exact string the API server never stores."""
+    want = "nvcr.io/nvidia/k8s-device-plugin:v0.20.0"
+    pinned = Rollout("ds", "new", {}, done=True, images=(want + "@sha256:" + "a" * 64,), wanted_image=want)
+    assert not pinned.stale()
+    older = Rollout(
+        "ds", "new", {}, done=True, images=("nvcr.io/nvidia/k8s-device-plugin:v0.19.3",), wanted_image=want
+    )
+    assert older.stale()

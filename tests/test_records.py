@@ -143,6 +143,28 @@ def test_unsealed_record_is_an_aborted_run_not_a_problem(tmp_path: Path) -> None
     assert records.check(root).aborted == [path]
 
 
+def test_seal_aborted_keeps_a_finished_steps_result_and_survives_a_damaged_one(tmp_path: Path) -> None:
+    """The results of the steps an aborted run finished go into its record (rollback reads them); a result
+    whose node list is not a list of mappings is left out instead of stopping the seal."""
+    root = tmp_path / "records"
+    path = records.create_record_dir(root, "sim-gpu")
+    (path / "results").mkdir()
+    good = {
+        "step": "image",
+        "nodes": [{"node": "w1", "status": "changed", "data": {"before": {"version": "v1"}}}],
+    }
+    for number, (step, result) in enumerate([("image", good), ("verify", {"nodes": ["w1"]})], start=1):
+        (path / f"0{number}-{step}.ipynb").write_text("{}")
+        payload = {"step": step, "status": "changed", "summary": "", "result": result, "journal": []}
+        (path / "results" / f"{step}.json").write_text(json.dumps(payload))
+    records.seal_aborted(path)
+    steps = {s["name"]: s for s in records.load_record(path)["steps"]}
+    assert steps["image"]["result"]["node_groups"] == [
+        {"nodes": ["w1"], "status": "changed", "data": {"before": {"version": "v1"}}}
+    ]
+    assert "result" not in steps["verify"]
+
+
 def test_seal_scrubs_secret_material_from_every_file(tmp_path: Path) -> None:
     kubeconfig, talosconfig = make_configs(tmp_path)
     secrets = records.secret_values(kubeconfig, talosconfig)

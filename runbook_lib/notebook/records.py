@@ -452,8 +452,10 @@ def _aborted_steps(
             }
             if isinstance(result.get("result"), dict):
                 # what rollback reads (where the image step found each node, which nodes a patch changed),
-                # as a sealed run's record keeps it (``record_content.StepOutcome.to_record``)
-                step["result"] = group_nodes(result["result"])
+                # as a sealed run's record keeps it (``record_content.StepOutcome.to_record``); a result file
+                # too damaged to group is left out, as an unreadable one is
+                with contextlib.suppress(AttributeError, TypeError):
+                    step["result"] = group_nodes(result["result"])
             entries = listed(result, "journal")
         else:
             step, entries = _in_flight_step(name, result_file, read_journal)

@@ -119,7 +119,18 @@ def _wait_after_changes(
     if rollout is not None:
         # judged as it is now, after the GPU wait: the watch can end before the pods are ready (a DaemonSet
         # whose first status counts no node as due a pod is done, 0 of 0), and its pods become ready meanwhile
-        _judge_rollout(result, plugin_rollout.again(ctx, rollout) or rollout)
+        now = plugin_rollout.again(ctx, rollout)
+        if now is None:
+            result.checks.append(
+                Check(
+                    f"DaemonSet {rollout.name}",
+                    False,
+                    f"DaemonSet {rollout.name} in namespace {rollout.namespace} was deleted during the step's wait",
+                    fix=f"helm status {ctx.plan.helm.release} -n {ctx.plan.helm.namespace}  # then re-run this step",
+                )
+            )
+        else:
+            _judge_rollout(result, now)
     if do_apply and ctx.plan.kubernetes_layer == "gpu-operator":
         # Advertised GPUs do not show it (issue 15): wait for it in what is left of the same timeout.
         left = max(0.0, deadline - time.monotonic())
@@ -193,8 +204,9 @@ def _on_delete_note(rollout: plugin_rollout.Rollout) -> str:
     nodes = rollout.previous()
     shown = ", ".join(nodes[:5]) + (f" and {len(nodes) - 5} more" if len(nodes) > 5 else "")
     return (
-        f"DaemonSet {rollout.name} replaces its pods only when they are deleted (updateStrategy OnDelete, from "
-        f"the release's values): {shown} still run the previous device plugin; delete each node's plugin pod "
+        f"DaemonSet {rollout.name} replaces its pods only when they are deleted (updateStrategy OnDelete: the "
+        "release's values, or the ClusterPolicy's daemonsets.updateStrategy on the GPU Operator layer): "
+        f"{shown} still run the previous device plugin; delete each node's plugin pod "
         f"when it may restart (kubectl delete pod -n {rollout.namespace} -l {rollout.selector} --field-selector "
         "spec.nodeName=<node>), then run this step again to check them"
     )

@@ -12,6 +12,7 @@ when its ``controller-revision-hash`` label is the newest ControllerRevision's (
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +46,7 @@ class Rollout:
 
     def stale(self) -> bool:
         """Whether the DaemonSet does not carry ``wanted_image`` yet: its rollout is the previous spec's."""
-        return self.wanted_image is not None and self.wanted_image not in self.images
+        return self.wanted_image is not None and not _carries(self.images, self.wanted_image)
 
     def previous(self) -> list[str]:
         """The nodes whose pod is not the current revision's."""
@@ -55,11 +56,20 @@ class Rollout:
         """Node name -> why its pod is not the current revision's, ready, worded to follow "but" (nodes without a
         pod are left out: the GPU check says why they have no GPUs). Under ``OnDelete`` only a new pod that is
         not ready is behind: the old ones stay until the site deletes them."""
-        waiting = sorted(node for node, pod in self.pods.items() if self._updated(pod) and not _ready(pod))
+        waiting = sorted(
+            node
+            for node, pod in self.pods.items()
+            if _deleting(pod) or (self._updated(pod) and not _ready(pod))
+        )
         why: dict[str, str] = {}
         for node, pod in self.pods.items():
             name = pod["metadata"]["name"]
-            if not self._updated(pod) and self.rolling:
+            if _deleting(pod):
+                why[node] = (
+                    f"its device plugin pod {name} is being deleted and none replaces it yet (a stopped plugin's "
+                    "GPUs stay allocatable for up to 5 minutes: kubelet devicemanager endpointStopGracePeriod)"
+                )
+            elif not self._updated(pod) and self.rolling:
                 held = f"it waits on {', '.join(waiting)}" if waiting else "it has not reached this node yet"
                 why[node] = (
                     f"it still runs the previous device plugin (pod {name} of DaemonSet {self.name}): the rolling "
@@ -81,7 +91,7 @@ def wait(
     ``timeout_s`` passed (journalled as the cluster's wait); ``None`` when there is none."""
 
     def settled(ds: dict[str, Any]) -> bool:
-        return (image is None or image in _images(ds)) and _done(ds)
+        return (image is None or _carries(_images(ds), image)) and _done(ds)
 
     last = ctx.kube.watch_until(
         ctx.kube.apps.list_namespaced_daemon_set,
@@ -116,6 +126,12 @@ def operator_image(policy: dict[str, Any]) -> str | None:
     return f"{repository}/{image}{'@' if version.startswith('sha256:') else ':'}{version}"
 
 
+def _carries(images: Sequence[str], image: str) -> bool:
+    """``image`` among ``images``, also with a digest an admission controller appended (``repo/img:tag@sha256:…``,
+    as image-verifying policies that pin digests write it)."""
+    return any(i == image or i.startswith(image + "@") for i in images)
+
+
 def _images(daemonset: dict[str, Any]) -> list[str]:
     template = ((daemonset.get("spec") or {}).get("template") or {}).get("spec") or {}
     return [str(c.get("image")) for c in template.get("containers") or []]
@@ -147,18 +163,30 @@ def read(ctx: Context, daemonset: dict[str, Any], image: str | None = None) -> R
 
 
 def _by_node(pods: list[dict[str, Any]], revision: str | None) -> dict[str, dict[str, Any]]:
-    """Each node's pod, as the DaemonSet controller counts it: a pod being deleted is left out
-    (daemon/update.go:266-288 ``findUpdatedPodsOnNode``), and of two on a node (a surge, or the controller
-    between a delete and its next sync) the current revision's is the one judged."""
+    """Each node's pod, as the DaemonSet controller counts it: of a pod being deleted and a live one (a
+    terminal pod awaiting deletion, daemon_controller.go:747, or a surge), the live one, and of two live pods
+    the current revision's (daemon/update.go:266-288 ``findUpdatedPodsOnNode``). A node whose only pod is
+    being deleted keeps it: no new pod starts there until it is gone (``podsShouldBeOnNode``, :806-812), and
+    ``Rollout.behind`` says so."""
     out: dict[str, dict[str, Any]] = {}
     for pod in pods:
         node = (pod.get("spec") or {}).get("nodeName")
-        if not node or pod["metadata"].get("deletionTimestamp"):
+        if not node:
             continue
-        labels = pod["metadata"].get("labels") or {}
-        if node not in out or (revision is not None and labels.get(REVISION_LABEL) == revision):
+        held = out.get(node)
+        if held is None or _rank(pod, revision) < _rank(held, revision):
             out[node] = pod
     return out
+
+
+def _rank(pod: dict[str, Any], revision: str | None) -> tuple[bool, bool]:
+    """Lower is the pod judged: a live pod before one being deleted, then the current revision's."""
+    labels = pod["metadata"].get("labels") or {}
+    return _deleting(pod), revision is None or labels.get(REVISION_LABEL) != revision
+
+
+def _deleting(pod: dict[str, Any]) -> bool:
+    return bool(pod["metadata"].get("deletionTimestamp"))
 
 
 def _rolling(daemonset: dict[str, Any]) -> bool:
