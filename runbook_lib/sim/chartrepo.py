@@ -83,7 +83,6 @@ def _source(chart: str, version: str, scratch: Path) -> Path:
     if not changes:
         return CHART_SOURCES / chart
     copy = scratch / f"{chart}-{version}" / chart
-    shutil.rmtree(copy, ignore_errors=True)
     shutil.copytree(CHART_SOURCES / chart, copy)
     values = yaml.safe_load((copy / "values.yaml").read_text(encoding="utf-8"))
     for section, keys in changes.items():

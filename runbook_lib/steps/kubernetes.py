@@ -104,16 +104,11 @@ def _wait_after_changes(
     Operator layer its RuntimeClass, within ``timeout_s`` together."""
     deadline = time.monotonic() + timeout_s
     rollout = None
-    if do_apply and _plugin_runs_here(ctx):
+    watched = _plugin_to_watch(ctx) if do_apply else None
+    if watched is not None:
         # before the GPUs: a node may advertise them from the previous plugin (plugin_rollout)
-        namespace, name = _release_daemonset(ctx)
-        rollout = plugin_rollout.wait(
-            ctx,
-            namespace,
-            name,
-            timeout_s=timeout_s,
-            image=_operator_plugin_image(ctx),
-        )
+        namespace, name, image = watched
+        rollout = plugin_rollout.wait(ctx, namespace, name, timeout_s=timeout_s, image=image)
     left = max(0.0, deadline - time.monotonic())
     _wait_for_gpus(ctx, result, ctx.nodes(only), timeout_s=left if do_apply else 0.0, waited_s=timeout_s)
     if rollout is not None:
@@ -137,34 +132,24 @@ def _wait_after_changes(
         result.checks.append(operator_runtime_class.wait(ctx, timeout_s=left, waited_s=timeout_s))
 
 
-def _cluster_policy(ctx: Context) -> dict[str, Any] | None:
+def _plugin_to_watch(ctx: Context) -> tuple[str, str, str | None] | None:
+    """(namespace, name, image it must carry) of the device plugin's DaemonSet to wait for; ``None`` on the GPU
+    Operator layer when its ClusterPolicy disables the device plugin (``devicePlugin.enabled: false``: the
+    operator then creates no DaemonSet, and a site runs its own).
+
+    Why an image on the GPU Operator layer: helm changes the ClusterPolicy, and the operator rewrites its
+    DaemonSet only when it next reconciles; until then the DaemonSet is the previous spec's, fully rolled out,
+    and nothing in the ClusterPolicy's status says it has reconciled (gpu-operator@v26.3.1 api/nvidia/v1/
+    clusterpolicy_types.go:2012-2020: a state and conditions, no observed generation). The image is what a
+    chart upgrade changes."""
+    if ctx.plan.kubernetes_layer != "gpu-operator":
+        return (*_release_daemonset(ctx), None)
     policies = ctx.kube.cluster_objects(*operator_runtime_class.CLUSTER_POLICY)
-    return policies[0] if policies else None
-
-
-def _plugin_runs_here(ctx: Context) -> bool:
-    """Whether a device-plugin DaemonSet is to be waited for: always on the device-plugin layer; on the GPU
-    Operator layer unless its ClusterPolicy disables the device plugin (``devicePlugin.enabled: false``: the
-    operator then creates no DaemonSet to wait for, and a site runs its own)."""
-    if ctx.plan.kubernetes_layer != "gpu-operator":
-        return True
-    policy = _cluster_policy(ctx)
-    return (
-        policy is None or ((policy.get("spec") or {}).get("devicePlugin") or {}).get("enabled") is not False
-    )
-
-
-def _operator_plugin_image(ctx: Context) -> str | None:
-    """On the GPU Operator layer, the image the operator must write into its device-plugin DaemonSet.
-
-    Why: helm changes the ClusterPolicy, and the operator rewrites its DaemonSet only when it next reconciles;
-    until then the DaemonSet is the previous spec's, fully rolled out, and nothing in the ClusterPolicy's status
-    says it has reconciled (gpu-operator@v26.3.1 api/nvidia/v1/clusterpolicy_types.go:2012-2020: a state and
-    conditions, no observed generation). The image is what a chart upgrade changes."""
-    if ctx.plan.kubernetes_layer != "gpu-operator":
+    policy = policies[0] if policies else None
+    if (((policy or {}).get("spec") or {}).get("devicePlugin") or {}).get("enabled") is False:
         return None
-    policy = _cluster_policy(ctx)
-    return None if policy is None else plugin_rollout.operator_image(policy)
+    image = None if policy is None else plugin_rollout.operator_image(policy)
+    return ctx.plan.helm.namespace, _plugin_daemonset(ctx), image
 
 
 def _judge_rollout(result: StepResult, rollout: plugin_rollout.Rollout) -> None:
@@ -952,8 +937,6 @@ def _release_daemonset(ctx: Context) -> tuple[str, str]:
     ``.namespace``), which a site may have set and the runbook keeps. Why: a DaemonSet looked for under the
     default name never appears, and the rollout wait ran its whole timeout."""
     namespace = ctx.plan.helm.namespace
-    if ctx.plan.kubernetes_layer == "gpu-operator":
-        return namespace, _plugin_daemonset(ctx)
     try:
         values = ctx.helm.values(ctx.plan.helm.release, namespace)
     except RunbookError:

@@ -80,8 +80,7 @@ class Rollout:
         return why
 
     def _updated(self, pod: dict[str, Any]) -> bool:
-        labels = pod["metadata"].get("labels") or {}
-        return self.revision is not None and labels.get(REVISION_LABEL) == self.revision
+        return _of_revision(pod, self.revision)
 
 
 def wait(
@@ -116,10 +115,8 @@ def operator_image(policy: dict[str, Any]) -> str | None:
     ``imagePath`` builds it (gpu-operator@v26.3.1 api/nvidia/v1/clusterpolicy_types.go:2001-2030, used for the
     device plugin by controllers/object_controls.go:1502-1506): ``repository/image:version``, ``@`` for a
     ``sha256:`` version, the bare ``image`` without both; ``None`` when the image comes from the operator's
-    environment (``DEVICE_PLUGIN_IMAGE``, not readable here) or the device plugin is disabled."""
+    environment (``DEVICE_PLUGIN_IMAGE``, not readable here)."""
     spec = (policy.get("spec") or {}).get("devicePlugin") or {}
-    if spec.get("enabled") is False:
-        return None
     repository, image, version = (str(spec.get(k) or "") for k in ("repository", "image", "version"))
     if not repository and not version:
         return image or None
@@ -181,8 +178,13 @@ def _by_node(pods: list[dict[str, Any]], revision: str | None) -> dict[str, dict
 
 def _rank(pod: dict[str, Any], revision: str | None) -> tuple[bool, bool]:
     """Lower is the pod judged: a live pod before one being deleted, then the current revision's."""
+    return _deleting(pod), not _of_revision(pod, revision)
+
+
+def _of_revision(pod: dict[str, Any], revision: str | None) -> bool:
+    """Whether the pod's ``controller-revision-hash`` is ``revision`` (never, when the revision is unknown)."""
     labels = pod["metadata"].get("labels") or {}
-    return _deleting(pod), revision is None or labels.get(REVISION_LABEL) != revision
+    return revision is not None and labels.get(REVISION_LABEL) == revision
 
 
 def _deleting(pod: dict[str, Any]) -> bool:
