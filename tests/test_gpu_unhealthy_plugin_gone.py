@@ -66,6 +66,9 @@ class _Reads:
     def daemonsets(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         return [{"status": {"desiredNumberScheduled": 1}}]
 
+    def plugin_daemonset(self) -> tuple[str, str]:
+        return "kube-system", "nvidia-device-plugin"  # the chart's defaults for release nvidia-device-plugin
+
 
 def _ctx() -> Any:
     helm = device_plugin()  # the real HelmRelease: the step reads derived fields such as chart_name

@@ -662,6 +662,13 @@ class ClusterReads:
         )
         return found
 
+    def plugin_daemonset(self) -> tuple[str, str]:
+        """(namespace, name) of the device plugin's DaemonSet: on the device-plugin layer as the release's values
+        make them (``_release_daemonset``), read with the values the diagnosis shares."""
+        if self._ctx.plan.kubernetes_layer == "gpu-operator":
+            return self._ctx.plan.helm.namespace, _plugin_daemonset(self._ctx)
+        return _release_daemonset(self._ctx, self.helm_values)
+
 
 def _no_gpu_diagnosis(ctx: Context, node: dict[str, Any], reads: ClusterReads | None = None) -> Check:
     """Why a GPU node advertises no ``nvidia.com/gpu``; ``reads`` shared by the step's nodes (fresh if None)."""
@@ -671,8 +678,9 @@ def _no_gpu_diagnosis(ctx: Context, node: dict[str, Any], reads: ClusterReads | 
         return said
     release = ctx.plan.helm
     labels = node["metadata"].get("labels") or {}
+    namespace, daemonset = reads.plugin_daemonset()
     # Only the release's own DaemonSets: kube-proxy and flannel share kube-system on every Talos cluster.
-    daemonsets = reads.daemonsets(release.namespace, f"app.kubernetes.io/instance={release.release}")
+    daemonsets = reads.daemonsets(namespace, f"app.kubernetes.io/instance={release.release}")
     desired = sum(int((d.get("status") or {}).get("desiredNumberScheduled", 0)) for d in daemonsets)
     if ctx.plan.kubernetes_layer == "device-plugin" and desired == 0:
         return Check(
@@ -703,7 +711,7 @@ def _no_gpu_diagnosis(ctx: Context, node: dict[str, Any], reads: ClusterReads | 
         "the device plugin runs but the node advertises no GPUs",
         cause="the driver is not loaded on the node, or the plugin does not run with the nvidia runtime",
         fix="run the verification step for this node; check `kubectl -n "
-        f"{release.namespace} logs ds/{_plugin_daemonset(ctx)}` for 'Incompatible strategy' / NVML errors",
+        f"{namespace} logs ds/{daemonset}` for 'Incompatible strategy' / NVML errors",
     )
 
 
@@ -715,7 +723,8 @@ def _kubernetes_says(ctx: Context, node: dict[str, Any], reads: ClusterReads) ->
     not_ready = kube_diagnosis.node_not_ready(node, address)
     if not_ready is not None:
         return not_ready
-    for pod in kube_diagnosis.pods_for_node(reads.pods(ctx.plan.helm.namespace, _plugin_selector(ctx)), name):
+    namespace = reads.plugin_daemonset()[0]
+    for pod in kube_diagnosis.pods_for_node(reads.pods(namespace, _plugin_selector(ctx)), name):
         stuck = kube_diagnosis.pod_not_started(pod, name, "device plugin")
         if stuck is not None:
             return stuck
@@ -733,8 +742,9 @@ def _gpus_unhealthy(ctx: Context, node: dict[str, Any], reads: ClusterReads) -> 
     Only while the node's plugin pod is Ready: for 5 minutes after the plugin stops (crash loop, a restart, the
     chart-to-operator handover) the kubelet also keeps every GPU in capacity and none allocatable
     (manager.go ``PluginDisconnected`` -> ``markResourceUnhealthy``; ``GetCapacity``'s grace period), with no Xid."""
+    namespace, daemonset = reads.plugin_daemonset()
     pods = kube_diagnosis.pods_for_node(
-        reads.pods(ctx.plan.helm.namespace, _plugin_selector(ctx)), node["metadata"]["name"]
+        reads.pods(namespace, _plugin_selector(ctx)), node["metadata"]["name"]
     )
     if not any((kube_diagnosis.condition(pod, "Ready") or {}).get("status") == "True" for pod in pods):
         return None
@@ -743,7 +753,6 @@ def _gpus_unhealthy(ctx: Context, node: dict[str, Any], reads: ClusterReads) -> 
     unhealthy = capacity - allocatable_gpus(node)
     if unhealthy <= 0:
         return None
-    namespace = ctx.plan.helm.namespace
     return Check(
         "device plugin ready",
         False,
@@ -752,7 +761,7 @@ def _gpus_unhealthy(ctx: Context, node: dict[str, Any], reads: ClusterReads) -> 
         cause="the plugin saw an Xid critical error on the GPU (e.g. Xid 79: it fell off the bus), or an NVML "
         "error waiting for GPU events (then every GPU, no Xid: health.go:126), and keeps it out of allocatable "
         "until its pod restarts",
-        fix=f"kubectl -n {namespace} logs ds/{_plugin_daemonset(ctx)} | grep -iE 'XidCriticalError|unhealthy'  "
+        fix=f"kubectl -n {namespace} logs ds/{daemonset} | grep -iE 'XidCriticalError|unhealthy'  "
         "# which Xid (or NVML error), which GPU; once its cause is dealt with (NVIDIA's Xid catalog), restart the "
         "plugin on this node: "
         f"kubectl -n {namespace} delete pod -l {_plugin_selector(ctx)} "
@@ -930,15 +939,19 @@ def _driver_validation(ctx: Context, message: str, reads: ClusterReads) -> Check
     )
 
 
-def _release_daemonset(ctx: Context) -> tuple[str, str]:
+def _release_daemonset(
+    ctx: Context, values_of: Callable[[str, str], dict[str, Any]] | None = None
+) -> tuple[str, str]:
     """(namespace, name) of the device plugin's DaemonSet as the release's own values make them: the chart's
     ``fullnameOverride``, ``nameOverride`` and ``namespaceOverride`` (k8s-device-plugin@v0.18.0
     deployments/helm/nvidia-device-plugin/templates/_helpers.tpl ``nvidia-device-plugin.fullname`` and
     ``.namespace``), which a site may have set and the runbook keeps. Why: a DaemonSet looked for under the
-    default name never appears, and the rollout wait ran its whole timeout."""
+    default name never appears, and the rollout wait ran its whole timeout; and the no-GPU diagnosis looked for the
+    plugin's pods in the release's namespace, found none, and blamed the node's labels or named a DaemonSet that
+    does not exist. ``values_of`` reads the values (default: ``helm get values``)."""
     namespace = ctx.plan.helm.namespace
     try:
-        values = ctx.helm.values(ctx.plan.helm.release, namespace)
+        values = (values_of or ctx.helm.values)(ctx.plan.helm.release, namespace)
     except RunbookError:
         values = {}  # no release to read (a failed first install): the chart's defaults
     overridden = str(values.get("namespaceOverride") or "") or namespace
