@@ -58,3 +58,26 @@ def test_preflight_refuses_a_helm_older_than_3_14(
     assert check.ok is ok, check
     if not ok:
         assert "3.14" in check.message and "tools.helm" in check.fix
+
+
+@pytest.mark.parametrize("default_runtime_patch", [True, False])
+def test_preflight_needs_kubectl_only_where_a_patch_reboots_the_nodes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, default_runtime_patch: bool
+) -> None:
+    """The default-runtime patch reboots the nodes up to Talos 1.13, and the config-patch step drains each with
+    kubectl first (``steps/drains.py``): without kubectl the canary would fail there. Preflight says so before any
+    node changes, and only then: the modules patch alone reboots nothing."""
+    python_talosctl(monkeypatch, "the kubectl check does not depend on the talosctl")
+    with sim_cluster(tmp_path / "sim", workers=1, default_runtime_patch=default_runtime_patch) as (
+        _params,
+        ctx,
+    ):
+        without = replace(ctx, endpoints=replace(ctx.endpoints, kubectl=str(tmp_path / "no-kubectl")))
+        result = preflight(without)
+    checks = [c for c in result.checks if c.name == "kubectl"]
+    if not default_runtime_patch:
+        assert checks == [] and "kubectl" not in result.data["versions"]
+        return
+    [check] = checks
+    assert not check.ok and not result.ok
+    assert "command not found" in check.message and "tools.kubectl" in check.fix, check

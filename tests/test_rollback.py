@@ -174,6 +174,14 @@ def sim(tmp_path: Path) -> Iterator[Path]:
         yield state
 
 
+@pytest.fixture
+def sim_with_api(tmp_path: Path) -> Iterator[Path]:
+    """As ``sim``, with the Kubernetes API: a patch that reboots its node drains it first (``steps/drains.py``)."""
+    state = tmp_path / "sim"
+    with sim_cluster(state, workers=4, scenario="fresh"):
+        yield state
+
+
 def _ctx(state: Path, **extra: Any) -> Context:
     nodes = [{"name": name, "address": ADDRESS[name]} for name in WORKERS]
     data = {"cluster": "sim-gpu", "talos_version": "v1.12.7", "nodes": nodes, "track": "lts", "apply": True}
@@ -424,9 +432,10 @@ def test_runbook_rollback_refuses_a_missing_or_edited_record_before_anything_run
 
 
 @pytest.mark.slow
-def test_the_default_runtime_goes_before_the_image_and_the_modules_after_it(sim: Path) -> None:
+def test_the_default_runtime_goes_before_the_image_and_the_modules_after_it(sim_with_api: Path) -> None:
     """The image step set ``nvidia`` as default runtime after the upgrade (containerd refuses a default runtime
     it has no definition for, see ``steps.patch.nodes_with_nvidia_runtime``): going back, it goes first."""
+    sim = sim_with_api
     record = _patch_and_upgrade(sim, WORKERS[:1], default_runtime_patch=True)
     machine = next(d for d in _config(_ctx(sim), "talos-worker-1") if "machine" in d)["machine"]
     assert machine.get("files"), "the image step applied the default-runtime file"

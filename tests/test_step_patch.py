@@ -133,9 +133,10 @@ def test_sim_node_state_is_what_talosctl_reports(tmp_path):
 
 @pytest.mark.slow
 def test_default_runtime_patch_applied_node_by_node_waits_for_each_reboot(tmp_path, monkeypatch):
-    with sim_cluster(
-        tmp_path, daemon=False, scenario="extensions-no-patch", default_runtime_patch=True, apply=True
-    ) as (params, ctx):
+    with sim_cluster(tmp_path, scenario="extensions-no-patch", default_runtime_patch=True, apply=True) as (
+        params,
+        ctx,
+    ):
         result = config_patch(ctx)
         assert result.status == "changed" and all(n.needs_reboot for n in result.nodes)
         boot_reads = [e for e in ctx.journal.entries if BOOT_ID_PATH in e.argv]
@@ -152,9 +153,10 @@ def test_a_rebooting_node_is_seen_back_in_a_new_boot_before_the_next_batch(tmp_p
     next one at once, and then read both nodes' old active config: two correctly patched nodes were failed
     ("the node's config does not show it"). The wait is now for a new boot ID, as talosctl's tracker waits."""
     monkeypatch.setenv("RUNBOOK_SIM_TIME_SCALE", "1")
-    with sim_cluster(
-        tmp_path, daemon=False, scenario="extensions-no-patch", default_runtime_patch=True, apply=True
-    ) as (params, ctx):
+    with sim_cluster(tmp_path, scenario="extensions-no-patch", default_runtime_patch=True, apply=True) as (
+        params,
+        ctx,
+    ):
         if not runs_real_talosctl(tmp_path):
             pytest.skip("the real talosctl is not built (make tools)")
         result = config_patch(ctx)
@@ -172,7 +174,6 @@ def test_a_node_whose_boot_id_cannot_be_read_is_not_given_a_rebooting_patch(tmp_
     (``patch._boots_before``): the rollout could not see it come back before the next batch."""
     with sim_cluster(
         tmp_path,
-        daemon=False,
         scenario="extensions-no-patch",
         default_runtime_patch=True,
         apply=True,

@@ -17,7 +17,7 @@ import yaml
 
 from runbook_lib.errors import PermanentError
 
-from .proc import CommandResult, Runner
+from .proc import CommandResult, KubeconfigTool, Runner
 
 #: What every ``helm list`` asks for, the same on helm 3 and 4. ``--max 0``: no cut, where the default 256 keeps
 #: the first 256 releases by name, so on a busy cluster ``nvidia-device-plugin`` was missing and taken as not
@@ -65,19 +65,11 @@ def _json_list(result: CommandResult, command: str) -> list[dict[str, Any]]:
 UPGRADE_PHASES = 3
 
 
-class Helm:
+class Helm(KubeconfigTool):
     def __init__(
         self, binary: str = "helm", *, kubeconfig: str | None = None, runner: Runner | None = None
     ) -> None:
-        self.binary = binary
-        self.kubeconfig = kubeconfig
-        self.runner = runner or Runner()
-
-    def argv(self, args: list[str]) -> list[str]:
-        out = [self.binary, *args]
-        if self.kubeconfig:
-            out += ["--kubeconfig", self.kubeconfig]
-        return out
+        super().__init__(binary, kubeconfig=kubeconfig, runner=runner)
 
     def run(self, args: list[str], **kwargs: Any) -> CommandResult:
         return self.runner.run(self.argv(args), **kwargs)

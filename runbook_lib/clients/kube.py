@@ -204,6 +204,9 @@ class Kube:
         )
         return [self.to_dict(n) for n in result.items]
 
+    def node(self, name: str) -> Obj | None:
+        return self._read_or_none(f"read node {name}", lambda: self.core.read_node(name))
+
     def iter_nodes(self, *, page: int = 200, timeout_s: tuple[float, float] | None = None) -> Iterator[Obj]:
         """Every Node as the API's JSON, ``page`` at a time (``limit``/``continue``), through the API client
         alone.  Why not ``nodes()``: the generated ``CoreV1Api`` module costs a kernel ~22 MB just to import

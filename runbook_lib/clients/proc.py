@@ -247,7 +247,7 @@ class Runner:
         except FileNotFoundError:
             raise PermanentError(
                 f"{argv[0]}: command not found",
-                hint="install it or set its path in the parameters (tools.talosctl / tools.helm)",
+                hint="install it or set its path in the parameters (tools.talosctl / tools.helm / tools.kubectl)",
             ) from None
         except subprocess.TimeoutExpired as exc:
             result = CommandResult(
@@ -317,3 +317,19 @@ def _text(value: bytes | str | None) -> str:
     if value is None:
         return ""
     return value.decode(errors="replace") if isinstance(value, bytes) else value
+
+
+class KubeconfigTool:
+    """A command-line client of the Kubernetes API (helm, kubectl): its binary, the kubeconfig it is pointed at
+    (a path, never its contents) and the runner that journals its calls."""
+
+    def __init__(self, binary: str, *, kubeconfig: str | None = None, runner: Runner | None = None) -> None:
+        self.binary = binary
+        self.kubeconfig = kubeconfig
+        self.runner = runner or Runner()
+
+    def argv(self, args: list[str]) -> list[str]:
+        out = [self.binary, *args]
+        if self.kubeconfig:
+            out += ["--kubeconfig", self.kubeconfig]
+        return out

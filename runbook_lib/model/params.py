@@ -234,6 +234,8 @@ class Tools(_Strict):
     """Path or name of the talosctl binary (for target simulated: the simulator's)."""
     helm: str = "helm"
     """Path or name of the helm binary (for target simulated: the simulator's)."""
+    kubectl: str = "kubectl"
+    """Path or name of the kubectl binary: it drains a node before a patch that reboots it (for target simulated: the simulator's)."""
 
 
 class Timeouts(_Strict):
@@ -245,6 +247,8 @@ class Timeouts(_Strict):
     """A node answering again, on the planned schematic, after its upgrade."""
     kubernetes_seconds: Seconds = Field(default=300, ge=5)
     """The Helm release becoming ready and every GPU node advertising `nvidia.com/gpu`."""
+    drain_seconds: Seconds = Field(default=300, ge=5)
+    """One node's `kubectl drain` before a patch that reboots it (talosctl's own drain timeout is 5 minutes)."""
 
 
 class Rollout(_Strict):

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from runbook_lib.clients.helm import Helm
+from runbook_lib.clients.kubectl import Kubectl
 from runbook_lib.clients.proc import Journal, Runner
 from runbook_lib.clients.talosctl import Talosctl
 from runbook_lib.errors import PermanentError
@@ -42,6 +43,7 @@ class Endpoints:
     image_factory_url: str
     chart_repo_url: str | None = None
     """The simulated cluster's own chart repository (``charts`` in ``endpoints.json``); None for a real one."""
+    kubectl: str = "kubectl"
 
 
 def sim_state_dir() -> Path:
@@ -59,6 +61,7 @@ def resolve_endpoints(params: Params, state_dir: Path | None = None) -> Endpoint
             # (then helm and the Python client both read $KUBECONFIG themselves).
             kubeconfig=_expand(params.kubeconfig) or _single_path(os.environ.get("KUBECONFIG")),
             image_factory_url=params.image_factory_url,
+            kubectl=params.tools.kubectl,
         )
     state = state_dir or sim_state_dir()
     endpoints_file = state / "endpoints.json"
@@ -75,6 +78,7 @@ def resolve_endpoints(params: Params, state_dir: Path | None = None) -> Endpoint
         kubeconfig=str(state / "kubeconfig"),
         image_factory_url=str(published.get("factory") or params.image_factory_url),
         chart_repo_url=str(published["charts"]) if published.get("charts") else None,
+        kubectl=str(state / "bin" / "kubectl"),
     )
 
 
@@ -110,6 +114,11 @@ class Context:
 
             self._kube = Kube.from_kubeconfig(self.endpoints.kubeconfig, self.journal)
         return self._kube
+
+    @property
+    def kubectl(self) -> Kubectl:
+        """kubectl, for the one thing the runbook leaves to it: a node's drain (``clients/kubectl.py``)."""
+        return Kubectl(self.endpoints.kubectl, kubeconfig=self.endpoints.kubeconfig, runner=self.helm.runner)
 
     @property
     def apply(self) -> bool:

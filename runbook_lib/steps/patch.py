@@ -23,6 +23,7 @@ from runbook_lib.model.params import Node
 from runbook_lib.model.redact import redact
 from runbook_lib.model.rollout import Schedule, schedule
 
+from . import drains
 from .context import Context
 from .events import Events
 from .patch_plan import (
@@ -111,6 +112,9 @@ def config_patch(
         if by_address[node.address].status == "planned"
     ]
     batches = rollout_schedule(ctx, result, [node.name for _patch, node in todo])
+    rebooting = [node.name for _patch, node in todo if by_address[node.address].needs_reboot]
+    if rebooting:
+        result.notes.append(drains.plan_note(ctx, rebooting))
     if not do_apply:
         result.notes.append("plan only (apply is off): nothing was changed")
         return result.finish()
@@ -198,9 +202,12 @@ def _apply_in_batches(
         started = time.time()
         going, boots, unread = _boots_before(ctx, batch, by_address)
         failed += unread
+        going, drained = _drain_rebooting(ctx, going, by_address)
+        failed += list(drained.failed)
         if going:
             failed += _patch_batch(ctx, going, by_address, names)
             failed += _wait_rebooted(ctx, going, by_address, boots)
+        failed += _uncordon(ctx, drained.cordoned, by_address)
         batch_results = [by_address[node.address] for _patch, node in batch]
         log_batch(
             result.data.setdefault("rollout", []), index, plan, batch_results, started, events=ctx.events
@@ -270,6 +277,46 @@ def _boots_before(
             )
     going = [(patch, node) for patch, node in batch if node.address not in errors]
     return going, ids, [node.name for _patch, node in batch if node.address in errors]
+
+
+def _drain_rebooting(
+    ctx: Context, batch: list[tuple[str, Node]], by_address: dict[str, NodeResult]
+) -> tuple[list[tuple[str, Node]], drains.Drained]:
+    """(the batch's nodes to patch, what the drain did): the nodes whose dry run said the patch reboots them are
+    drained first (``drains``); one whose drain fails is not patched and fails, with kubectl's error."""
+    rebooting = [node.name for _patch, node in batch if by_address[node.address].needs_reboot]
+    drained = drains.drain(ctx, rebooting)
+    for _patch, node in batch:
+        if node.name in drained.failed:
+            res = by_address[node.address]
+            res.status = "failed"
+            res.message = (
+                f"not patched: the patch reboots it, and its drain failed: {drained.failed[node.name]}"
+            )
+    return [(p, n) for p, n in batch if n.name not in drained.failed], drained
+
+
+def _uncordon(ctx: Context, cordoned: list[str], by_address: dict[str, NodeResult]) -> list[str]:
+    """Lift the cordon of the batch's drained nodes: once Ready after their reboot, or at once where they were
+    not patched (no reboot came); returns the names of nodes this fails. A node that did not come back keeps
+    its cordon, and its message says so: pods scheduled onto it would wait there."""
+    results = {res.node: res for res in by_address.values()}
+    gone = [
+        n for n in cordoned if results[n].status == "failed" and results[n].message.startswith("patched, but")
+    ]
+    back = [n for n in cordoned if results[n].status == "changed"]
+    unpatched = [n for n in cordoned if n not in gone and n not in back]
+    timeout = float(ctx.params.timeouts.node_ready_seconds)
+    left = drains.uncordon_when_ready(ctx, back, timeout) | drains.uncordon(ctx, unpatched)
+    left |= {name: "it did not come back from its reboot" for name in gone}
+    failed: list[str] = []
+    for name, why in left.items():
+        res = results[name]
+        res.message += f"; it stays cordoned ({why}): kubectl uncordon {name} once it is back and Ready"
+        if res.status == "changed":
+            res.status = "failed"
+            failed.append(name)
+    return failed
 
 
 def _wait_rebooted(

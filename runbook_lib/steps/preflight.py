@@ -75,6 +75,8 @@ def _tool_versions(ctx: Context, result: StepResult, client: str | None) -> dict
         result.checks.append(
             Check("helm", False, exc.message, fix=exc.hint or "install helm or set tools.helm")
         )
+    if ctx.params.default_runtime_patch:
+        _kubectl_check(ctx, result, versions)
     try:
         versions["kubernetes"] = ctx.kube.server_version()
         result.checks.append(Check("kubernetes API", True, f"Kubernetes {versions['kubernetes']}"))
@@ -83,6 +85,25 @@ def _tool_versions(ctx: Context, result: StepResult, client: str | None) -> dict
             Check("kubernetes API", False, exc.message, fix=exc.hint or "check the kubeconfig parameter")
         )
     return versions
+
+
+def _kubectl_check(ctx: Context, result: StepResult, versions: dict[str, str]) -> None:
+    """kubectl must run where a patch may reboot the nodes (the default-runtime patch up to Talos 1.13): the
+    config-patch step drains each such node with it first (``drains``), and refuses to patch one it cannot
+    drain. Checked here so a missing kubectl stops the run before any node changes, not at the canary."""
+    try:
+        versions["kubectl"] = ctx.kubectl.version()
+        result.checks.append(Check("kubectl", True, f"kubectl {versions['kubectl']}"))
+    except RunbookError as exc:
+        result.checks.append(
+            Check(
+                "kubectl",
+                False,
+                exc.message,
+                fix="install kubectl or set tools.kubectl: default_runtime_patch reboots the nodes up to Talos "
+                "1.13, and each is drained with kubectl first",
+            )
+        )
 
 
 def _helm_check(version: str) -> Check:

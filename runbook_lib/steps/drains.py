@@ -1,0 +1,129 @@
+"""Draining the GPU nodes a patch reboots, before the patch, and uncordoning them once Ready after it.
+
+Why: Talos applies a machine-config change that needs a reboot by running its Reboot sequence, which stops every
+pod on the node without evicting it (talos@v1.12.0 internal/app/machined/pkg/runtime/v1alpha1/
+v1alpha1_sequencer.go:236-253: ``StopAllPods``, where the Upgrade sequence first runs ``CordonAndDrainNode``,
+:423-433). So PodDisruptionBudgets were never asked, and the scheduler kept placing pods on a node going down.
+talosctl drains only for ``upgrade`` (1.13+, by default) and ``reboot --drain`` (talos@v1.13.0
+cmd/talosctl/cmd/talos/reboot.go:142), never for ``patch``. The runbook drains as talosctl does: ``kubectl drain``
+with the options of Talos's own drain (``clients/kubectl.py``), then, after the reboot, waits for the Node to be
+Ready and uncordons it (talos@v1.13.0 cmd/talosctl/cmd/talos/drain.go:145-149).
+
+A node an administrator had cordoned before stays cordoned: the runbook uncordons only what it cordoned.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from runbook_lib.clients.fanout import concurrently
+from runbook_lib.clients.kubectl import DRAIN_FLAGS
+from runbook_lib.errors import RunbookError
+from runbook_lib.model.redact import redact
+
+from . import kube_diagnosis
+from .context import Context
+
+#: How many ``kubectl drain`` processes run at once: each is a Go process of some tens of MB that mostly waits (for
+#: evictions, for pods to go), so a batch of 250 rebooting nodes must not start 250 of them; talosctl drains every
+#: node of a call at once (drain.go:29). 16 is our choice, not from a source.
+DRAINS_AT_ONCE = 16
+#: How often a drained node's Ready condition is read after its reboot (talosctl polls every 5 s,
+#: talos@v1.13.0 cmd/talosctl/pkg/talos/nodedrain/nodedrain.go:33).
+READY_POLL_S = 2.0
+
+
+@dataclass
+class Drained:
+    """What :func:`drain` did to a batch's rebooting nodes (Kubernetes node names)."""
+
+    cordoned: list[str] = field(default_factory=list)
+    """Drained, and cordoned by the runbook: to uncordon once the node is back."""
+    failed: dict[str, str] = field(default_factory=dict)
+    """Node -> why its drain failed; such a node must not be patched."""
+
+
+def plan_note(ctx: Context, names: list[str]) -> str:
+    """What the plan says about the drains, so Approve approves them with the patch."""
+    flags = " ".join(DRAIN_FLAGS)
+    return (
+        f"{len(names)} node(s) reboot for their patch: each is drained first (kubectl drain {flags} "
+        f"--timeout={ctx.params.timeouts.drain_seconds}s: evictions wait for PodDisruptionBudgets, DaemonSet and "
+        "static pods stay) and uncordoned once its Node is Ready again; a node whose drain fails is not patched"
+    )
+
+
+def drain(ctx: Context, names: list[str]) -> Drained:
+    """Drain ``names`` side by side, each within ``timeouts.drain_seconds``; a failed drain is undone (its
+    cordon lifted, unless it was there before) and the node named with kubectl's own error."""
+    outcome = Drained()
+    if not names:
+        return outcome
+    timeout = float(ctx.params.timeouts.drain_seconds)
+    drained = concurrently(lambda n: _drain_one(ctx, n, timeout), names, DRAINS_AT_ONCE)
+    for name, cordoned, why in drained:
+        if why is not None:
+            outcome.failed[name] = why
+        elif cordoned:
+            outcome.cordoned.append(name)
+    return outcome
+
+
+def _drain_one(ctx: Context, name: str, timeout: float) -> tuple[str, bool, str | None]:
+    """(name, whether the runbook cordoned it, why the drain failed or None)."""
+    try:
+        node = ctx.kube.node(name)
+        if node is None:
+            return name, False, None  # no Kubernetes Node of that name: no pod runs there to evict
+        was_cordoned = bool((node.get("spec") or {}).get("unschedulable"))
+        run = ctx.kubectl.drain(name, timeout_s=timeout)
+    except RunbookError as exc:  # kubectl missing, the API unreachable: nothing was evicted by us
+        return name, False, exc.message + (f" ({exc.hint})" if exc.hint else "")
+    if run.ok:
+        return name, not was_cordoned, None
+    why = f"kubectl drain failed: {_last_error(run.stderr)}"
+    if not was_cordoned:
+        undo = ctx.kubectl.uncordon(name)
+        if not undo.ok:
+            why += f"; it stays cordoned (kubectl uncordon {name}: {_last_error(undo.stderr)})"
+    return name, False, why
+
+
+def _last_error(stderr: str) -> str:
+    """kubectl's last ``error…`` line (its verdict; the lines before it retell each retried eviction)."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if line.lower().startswith("error")]
+    return redact((errors or lines or ["no output"])[-1])
+
+
+def uncordon_when_ready(ctx: Context, names: list[str], timeout: float) -> dict[str, str]:
+    """Wait until each Node is Ready, then uncordon it; returns node -> why it stays cordoned."""
+    left: dict[str, str] = {}
+    pending = list(names)
+    deadline = time.monotonic() + timeout
+    while pending:
+        nodes = ctx.kube.each(ctx.kube.node, pending)
+        ready = [
+            n
+            for n, obj in zip(pending, nodes, strict=True)
+            if obj is None or (kube_diagnosis.condition(obj, "Ready") or {}).get("status") == "True"
+        ]
+        left |= uncordon(ctx, ready)
+        pending = [n for n in pending if n not in ready]
+        if not pending or time.monotonic() >= deadline:
+            break
+        time.sleep(READY_POLL_S)
+    for name in pending:
+        left[name] = f"its Node was not Ready within {timeout:.0f} s of its reboot"
+    return left
+
+
+def uncordon(ctx: Context, names: list[str]) -> dict[str, str]:
+    """Uncordon ``names`` now; returns node -> why it stays cordoned."""
+    left: dict[str, str] = {}
+    for name in names:
+        run = ctx.kubectl.uncordon(name)
+        if not run.ok:
+            left[name] = f"kubectl uncordon failed: {_last_error(run.stderr)}"
+    return left
