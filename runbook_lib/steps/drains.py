@@ -75,7 +75,16 @@ def _drain_one(ctx: Context, name: str, timeout: float) -> tuple[str, bool, str 
     try:
         node = ctx.kube.node(name)
         if node is None:
-            return name, False, None  # no Kubernetes Node of that name: no pod runs there to evict
+            # Skipping it would reboot, undrained, a node whose Kubernetes name differs from the parameters'
+            # (talosctl asks the node for it: talos@v1.13.0 nodedrain.go:47-63); the other steps use the name too.
+            return (
+                name,
+                False,
+                (
+                    f"there is no Kubernetes Node named {name} to drain (nodes[].name must be the node's name in "
+                    "Kubernetes: kubectl get nodes -o wide)"
+                ),
+            )
         was_cordoned = bool((node.get("spec") or {}).get("unschedulable"))
         run = ctx.kubectl.drain(name, timeout_s=timeout)
     except RunbookError as exc:  # kubectl missing, the API unreachable: nothing was evicted by us
