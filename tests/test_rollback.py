@@ -213,13 +213,31 @@ def _patch_and_upgrade(state: Path, names: list[str], **extra: Any) -> tuple[str
 
 
 def _calls(ctx: Context) -> list[tuple[str, str]]:
-    """(what, node address) of every cluster change, in order: 'upgrade' or 'patch'."""
+    """(what, node) of every cluster change, in order: 'upgrade' or 'patch' (a talosctl call, per node address),
+    'drain' or 'uncordon' (kubectl, the node's name)."""
     out = []
     for entry in ctx.journal.changes():
         argv = list(entry.argv or ())
+        if argv[1:2] in (["drain"], ["uncordon"]):
+            out.append((argv[1], argv[2]))
+            continue
         what = "upgrade" if "upgrade" in argv else "patch" if "patch" in argv else " ".join(argv)
         out += [(what, address) for address in argv[argv.index("-n") + 1].split(",")]
     return out
+
+
+def _workload_on(node: str) -> dict[str, Any]:
+    """A pod with no controller on ``node`` (``kubectl drain --force`` evicts those too)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "web"},
+        "spec": {
+            "nodeName": node,
+            "containers": [{"name": "web", "image": "registry.k8s.io/pause:3.10"}],
+            "tolerations": [{"operator": "Exists"}],
+        },
+    }
 
 
 def _config(ctx: Context, name: str) -> list[dict[str, Any]]:
@@ -440,9 +458,14 @@ def test_the_default_runtime_goes_before_the_image_and_the_modules_after_it(sim_
     machine = next(d for d in _config(_ctx(sim), "talos-worker-1") if "machine" in d)["machine"]
     assert machine.get("files"), "the image step applied the default-runtime file"
     ctx = _ctx(sim, default_runtime_patch=True)
+    ctx.kube.create_pod("default", _workload_on("talos-worker-1"))
     result = rollback(ctx, evidence=evidence_from_records([record]), settle_timeout=30.0, poll_interval=0.1)
     assert result.node("talos-worker-1").status == "changed"
-    assert [w for w, _a in _calls(ctx)] == ["patch", "upgrade", "patch"]
+    assert [w for w, _a in _calls(ctx)] == ["drain", "patch", "uncordon", "upgrade", "patch"]
+    # the removal of the default runtime reboots the node (Talos <= 1.13): drained first, as config-patch drains
+    assert "kubectl drain talos-worker-1 first" in (result.node("talos-worker-1").diff or "")
+    assert ctx.kube.pod("default", "web") is None, "the workload was not evicted before the reboot"
+    assert not (ctx.kube.node("talos-worker-1") or {}).get("spec", {}).get("unschedulable")
     machine = next(d for d in _config(ctx, "talos-worker-1") if "machine" in d)["machine"]
     assert not machine.get("files") and not (machine.get("kernel") or {}).get("modules")
 

@@ -136,3 +136,19 @@ def uncordon(ctx: Context, names: list[str]) -> dict[str, str]:
         if not run.ok:
             left[name] = f"kubectl uncordon failed: {_last_error(run.stderr)}"
     return left
+
+
+def lift(
+    ctx: Context, cordoned: list[str], *, rebooted: set[str], down: set[str], timeout: float
+) -> dict[str, str]:
+    """Lift the cordons :func:`drain` set: on nodes back from their reboot once Ready, at once on nodes the
+    change did not reach (no reboot came); nodes that did not come back keep theirs (pods scheduled there would
+    wait). Returns node -> why it stays cordoned, for its message (:func:`stays_cordoned`)."""
+    back = [n for n in cordoned if n in rebooted]
+    now = [n for n in cordoned if n not in rebooted and n not in down]
+    left = uncordon_when_ready(ctx, back, timeout) | uncordon(ctx, now)
+    return left | {n: "it did not come back from its reboot" for n in cordoned if n in down}
+
+
+def stays_cordoned(name: str, why: str) -> str:
+    return f"; it stays cordoned ({why}): kubectl uncordon {name} once it is back and Ready"

@@ -297,22 +297,17 @@ def _drain_rebooting(
 
 
 def _uncordon(ctx: Context, cordoned: list[str], by_address: dict[str, NodeResult]) -> list[str]:
-    """Lift the cordon of the batch's drained nodes: once Ready after their reboot, or at once where they were
-    not patched (no reboot came); returns the names of nodes this fails. A node that did not come back keeps
-    its cordon, and its message says so: pods scheduled onto it would wait there."""
+    """Lift the cordons of the batch's drained nodes (``drains.lift``); returns the names of nodes this fails."""
     results = {res.node: res for res in by_address.values()}
-    gone = [
+    down = {
         n for n in cordoned if results[n].status == "failed" and results[n].message.startswith("patched, but")
-    ]
-    back = [n for n in cordoned if results[n].status == "changed"]
-    unpatched = [n for n in cordoned if n not in gone and n not in back]
+    }
+    rebooted = {n for n in cordoned if results[n].status == "changed"}
     timeout = float(ctx.params.timeouts.node_ready_seconds)
-    left = drains.uncordon_when_ready(ctx, back, timeout) | drains.uncordon(ctx, unpatched)
-    left |= {name: "it did not come back from its reboot" for name in gone}
     failed: list[str] = []
-    for name, why in left.items():
+    for name, why in drains.lift(ctx, cordoned, rebooted=rebooted, down=down, timeout=timeout).items():
         res = results[name]
-        res.message += f"; it stays cordoned ({why}): kubectl uncordon {name} once it is back and Ready"
+        res.message += drains.stays_cordoned(name, why)
         if res.status == "changed":
             res.status = "failed"
             failed.append(name)

@@ -36,7 +36,7 @@ from __future__ import annotations
 import shlex
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from runbook_lib.clients.fanout import concurrently
@@ -54,6 +54,7 @@ from runbook_lib.model.versions import TalosVersion
 
 from . import gpu_operator_handover, image_risks
 from .context import Context, wait_seconds
+from .drains import drain, lift, stays_cordoned
 from .image import MAX_PARALLEL_UPGRADES, NodeState, read_states
 from .patch import log_batch, pause_before, read_configs, rollout_schedule
 from .reboots import boot_ids, wait_for_reboots
@@ -81,6 +82,8 @@ class NodeRollback:
     legacy: bool = False
     drains: bool = True
     """Whether talosctl drains the node first (``image_risks.drains``), which sets how long its upgrade may run."""
+    reboots: set[Phase] = field(default_factory=set)
+    """The phases whose removal patch the dry run said reboots the node: it is drained before (``drains``)."""
 
     def upgrade_argv(self, ctx: Context) -> list[str]:
         flags = upgrade_flags(self.image or "", preserve=self.preserve, legacy=self.legacy)
@@ -91,12 +94,18 @@ class NodeRollback:
         parts = []
         if self.patches["before-image"]:
             parts.append(
-                "# 1. remove from the config before the old image boots\n" + self.patches["before-image"]
+                "# 1. remove from the config before the old image boots\n"
+                + _drained_first(self, "before-image")
+                + self.patches["before-image"]
             )
         if self.image:
             parts.append("# 2. back to the image the runbook found\n" + shlex.join(self.upgrade_argv(ctx)))
         if self.patches["after-image"]:
-            parts.append("# 3. remove the modules patch (after the image)\n" + self.patches["after-image"])
+            parts.append(
+                "# 3. remove the modules patch (after the image)\n"
+                + _drained_first(self, "after-image")
+                + self.patches["after-image"]
+            )
         return "\n".join(parts)
 
 
@@ -256,6 +265,13 @@ def _node_plan(
     return plan
 
 
+def _drained_first(plan: NodeRollback, phase: Phase) -> str:
+    """The plan's line saying the node is drained before a removal patch that reboots it."""
+    if phase not in plan.reboots:
+        return ""
+    return f"# it reboots the node: kubectl drain {plan.node.name} first, uncordon once Ready\n"
+
+
 def _summary(plan: NodeRollback) -> str:
     parts = []
     if plan.image:
@@ -321,12 +337,16 @@ def _dry_run(ctx: Context, todo: list[NodeRollback], results: dict[str, NodeResu
     runs = ctx.talosctl.patch_machineconfigs(
         [(plan.patches[phase], [plan.node.address]) for plan, phase in jobs], dry_run=True
     )
-    for (plan, _phase), run in zip(jobs, runs, strict=True):
+    for (plan, phase), run in zip(jobs, runs, strict=True):
+        if run.ok and "with a reboot" in run.details_of(plan.node.address):
+            plan.reboots.add(phase)
         if not run.ok:
             res = results[plan.node.address]
             res.status = "failed"
             res.message = "dry run of the removal patch refused: " + run.failure_text
             res.checks.append(Check("removal patch dry run", False, res.message))
+    for plan in todo:  # the plan now knows which removal reboots its node, and says it drains it
+        results[plan.node.address].diff = plan.describe(ctx)
 
 
 # -- applying ------------------------------------------------------------------------------------------------
@@ -419,6 +439,12 @@ def _patch(
                 " the patch may reboot the node, and the rollback must see it come back before its next change",
             )
     jobs = [p for p in jobs if p.node.address not in unread]
+    drained = drain(ctx, [p.node.name for p in jobs if phase in p.reboots])
+    for plan in jobs:
+        if plan.node.name in drained.failed:
+            why = drained.failed[plan.node.name]
+            _fail(results[plan.node.address], f"removal patch not applied: it reboots the node, and {why}")
+    jobs = [p for p in jobs if p.node.name not in drained.failed]
     runs = ctx.talosctl.patch_machineconfigs(
         [(p.patches[phase], [p.node.address]) for p in jobs], dry_run=False
     )
@@ -429,9 +455,33 @@ def _patch(
             _fail(results[plan.node.address], f"removal patch failed{kept}: {redact(run.failure_text)}")
         elif "with a reboot" in run.details_of(plan.node.address):
             rebooting[plan.node.address] = boots.get(plan.node.address)
-    for address, why in wait_for_reboots(ctx, rebooting, timeout).items():
+    down = wait_for_reboots(ctx, rebooting, timeout)
+    for address, why in down.items():
         _fail(results[address], f"patched, but {why}")
+    _lift(ctx, jobs, drained.cordoned, results, rebooting=rebooting, down=down, timeout=timeout)
     return [p for p in plans if results[p.node.address].status != "failed"]
+
+
+def _lift(
+    ctx: Context,
+    jobs: list[NodeRollback],
+    cordoned: list[str],
+    results: dict[str, NodeResult],
+    *,
+    rebooting: dict[str, str | None],
+    down: dict[str, str],
+    timeout: float,
+) -> None:
+    """The drained nodes' cordons lifted (``drains.lift``); one that stays cordoned fails, saying so: the image
+    step after it would upgrade a node the scheduler avoids."""
+    names = {p.node.address: p.node.name for p in jobs}
+    by_name = {p.node.name: results[p.node.address] for p in jobs}
+    rebooted = {names[a] for a in rebooting if a not in down}
+    left = lift(ctx, cordoned, rebooted=rebooted, down={names[a] for a in down}, timeout=timeout)
+    for name, why in left.items():
+        res = by_name[name]
+        said = res.message if res.status == "failed" else "removal patch applied"
+        _fail(res, said + stays_cordoned(name, why))
 
 
 def _images(
