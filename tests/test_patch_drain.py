@@ -103,6 +103,7 @@ def test_a_node_whose_disruption_budget_blocks_the_drain_is_not_patched_nor_left
         # pkg/drain/drain.go:300-314)
         assert "not patched: the patch reboots it, and its drain failed" in blocked.message
         assert "global timeout reached" in blocked.message, blocked.message
+        assert "violate the pod's disruption budget" in blocked.message, blocked.message
         assert not _has_default_runtime(ctx, first), "the node was patched without its drain"
         assert not _unschedulable(ctx, first.name), "the runbook left its own cordon"
         assert ctx.kube.pod("default", "db") is not None

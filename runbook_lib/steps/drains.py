@@ -15,10 +15,12 @@ A node an administrator had cordoned before stays cordoned: the runbook uncordon
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from runbook_lib.clients.fanout import concurrently
-from runbook_lib.clients.kubectl import DRAIN_FLAGS
+from runbook_lib.clients.kubectl import DRAIN_FLAGS, SLACK_S
+from runbook_lib.clients.proc import CommandResult
 from runbook_lib.errors import RunbookError
 from runbook_lib.model.redact import redact
 
@@ -91,12 +93,25 @@ def _drain_one(ctx: Context, name: str, timeout: float) -> tuple[str, bool, str 
         return name, False, exc.message + (f" ({exc.hint})" if exc.hint else "")
     if run.ok:
         return name, not was_cordoned, None
-    why = f"kubectl drain failed: {_last_error(run.stderr)}"
+    why = f"kubectl drain failed: {_drain_error(run)}"
     if not was_cordoned:
         undo = ctx.kubectl.uncordon(name)
         if not undo.ok:
             why += f"; it stays cordoned (kubectl uncordon {name}: {_last_error(undo.stderr)})"
     return name, False, why
+
+
+def _drain_error(run: CommandResult) -> str:
+    """Why ``kubectl drain`` failed, in its words: its verdict (the last ``error`` line: on a timeout
+    ``error when evicting pods/"<pod>" -n "<ns>": global timeout reached: 5m0s``), and the last refusal it retried,
+    which says why (a PodDisruptionBudget's 429, printed "(will retry after 5s): <the API server's message>":
+    k8s.io/kubectl@v0.35.0 pkg/drain/drain.go:300-314)."""
+    if run.exit_code == 124:  # the runner stopped it (proc.Runner): kubectl did not end at its own --timeout
+        return f"it did not end within its --timeout + {SLACK_S:.0f} s and was stopped"
+    verdict = _last_error(run.stderr)
+    retried = [line for line in run.stderr.splitlines() if "(will retry after" in line]
+    cause = retried[-1].split("): ", 1)[-1].strip() if retried else ""
+    return verdict if not cause or cause in verdict else f"{verdict} (the last refusal: {redact(cause)})"
 
 
 def _last_error(stderr: str) -> str:
@@ -106,26 +121,43 @@ def _last_error(stderr: str) -> str:
     return redact((errors or lines or ["no output"])[-1])
 
 
-def uncordon_when_ready(ctx: Context, names: list[str], timeout: float) -> dict[str, str]:
-    """Wait until each Node is Ready, then uncordon it; returns node -> why it stays cordoned."""
+def uncordon_when_ready(
+    ctx: Context, names: list[str], timeout: float, before: Mapping[str, str | None] | None = None
+) -> dict[str, str]:
+    """Wait until each Node's kubelet is back (:func:`_back`), then uncordon it; returns node -> why it stays
+    cordoned. ``before``: each node's boot ID before its reboot."""
     left: dict[str, str] = {}
     pending = list(names)
     deadline = time.monotonic() + timeout
     while pending:
-        nodes = ctx.kube.each(ctx.kube.node, pending)
-        ready = [
-            n
-            for n, obj in zip(pending, nodes, strict=True)
-            if obj is None or (kube_diagnosis.condition(obj, "Ready") or {}).get("status") == "True"
-        ]
+        ready = [n for n in pending if _back(ctx, n, (before or {}).get(n))]
         left |= uncordon(ctx, ready)
         pending = [n for n in pending if n not in ready]
         if not pending or time.monotonic() >= deadline:
             break
         time.sleep(READY_POLL_S)
     for name in pending:
-        left[name] = f"its Node was not Ready within {timeout:.0f} s of its reboot"
+        left[name] = f"its Node was not Ready from its new boot within {timeout:.0f} s of its reboot"
     return left
+
+
+def _back(ctx: Context, name: str, boot_before: str | None) -> bool:
+    """The Node is Ready, as posted by the kubelet of the node's new boot.
+
+    Why the boot ID: Talos's API answers from the new boot before the kubelet starts, and the Node keeps the old
+    kubelet's Ready until the node lifecycle controller's grace period passes (kubernetes@v1.35.0
+    pkg/controller/nodelifecycle/config/v1alpha1/defaults.go:40-46), so Ready alone could uncordon a node whose
+    kubelet is not back. The kubelet posts the kernel's boot ID, the file the runbook read before the reboot
+    (``reboots.BOOT_ID_PATH``), as ``status.nodeInfo.bootID`` (pkg/kubelet/nodestatus/setters.go:243-254). An API
+    error is "not yet", as in talosctl's wait (talos@v1.13.0 nodedrain.go:157-160)."""
+    try:
+        node = ctx.kube.node(name)
+    except RunbookError:
+        return False
+    if node is None or (kube_diagnosis.condition(node, "Ready") or {}).get("status") != "True":
+        return False
+    posted = ((node.get("status") or {}).get("nodeInfo") or {}).get("bootID")
+    return not (boot_before and posted == boot_before)
 
 
 def uncordon(ctx: Context, names: list[str]) -> dict[str, str]:
@@ -139,15 +171,21 @@ def uncordon(ctx: Context, names: list[str]) -> dict[str, str]:
 
 
 def lift(
-    ctx: Context, cordoned: list[str], *, rebooted: set[str], down: set[str], timeout: float
+    ctx: Context,
+    cordoned: list[str],
+    *,
+    rebooted: Mapping[str, str | None],
+    down: set[str],
+    timeout: float,
 ) -> dict[str, str]:
     """Lift the cordons :func:`drain` set: on nodes back from their reboot once Ready, at once on nodes the
     change did not reach (no reboot came); nodes that did not come back keep theirs (pods scheduled there would
-    wait). Returns node -> why it stays cordoned, for its message (:func:`stays_cordoned`)."""
+    wait). ``rebooted``: node -> its boot ID before the reboot. Returns node -> why it stays cordoned, for its
+    message (:func:`stays_cordoned`)."""
     back = [n for n in cordoned if n in rebooted]
     now = [n for n in cordoned if n not in rebooted and n not in down]
-    left = uncordon_when_ready(ctx, back, timeout) | uncordon(ctx, now)
-    return left | {n: "it did not come back from its reboot" for n in cordoned if n in down}
+    left = uncordon_when_ready(ctx, back, timeout, rebooted) | uncordon(ctx, now)
+    return left | {n: "it was not seen back from a new boot" for n in cordoned if n in down}
 
 
 def stays_cordoned(name: str, why: str) -> str:

@@ -32,7 +32,7 @@ from .patch_plan import (
     plan_and_dry_run,
     wanted_documents,
 )
-from .reboots import boot_ids, wait_for_reboots
+from .reboots import NOT_REBOOTED, boot_ids, wait_for_reboots
 from .results import Check, NodeResult, StepResult
 
 #: ``wanted_documents`` moved to ``patch_plan`` and is still imported from here (preflight, tests).
@@ -207,7 +207,7 @@ def _apply_in_batches(
         if going:
             failed += _patch_batch(ctx, going, by_address, names)
             failed += _wait_rebooted(ctx, going, by_address, boots)
-        failed += _uncordon(ctx, drained.cordoned, by_address)
+        failed += _uncordon(ctx, drained.cordoned, by_address, boots)
         batch_results = [by_address[node.address] for _patch, node in batch]
         log_batch(
             result.data.setdefault("rollout", []), index, plan, batch_results, started, events=ctx.events
@@ -296,17 +296,19 @@ def _drain_rebooting(
     return [(p, n) for p, n in batch if n.name not in drained.failed], drained
 
 
-def _uncordon(ctx: Context, cordoned: list[str], by_address: dict[str, NodeResult]) -> list[str]:
-    """Lift the cordons of the batch's drained nodes (``drains.lift``); returns the names of nodes this fails."""
-    results = {res.node: res for res in by_address.values()}
-    down = {
-        n for n in cordoned if results[n].status == "failed" and results[n].message.startswith("patched, but")
-    }
-    rebooted = {n for n in cordoned if results[n].status == "changed"}
+def _uncordon(
+    ctx: Context, cordoned: list[str], by_address: dict[str, NodeResult], boots: dict[str, str | None]
+) -> list[str]:
+    """Lift the cordons of the batch's drained nodes (``drains.lift``); returns the names of nodes this fails.
+    ``boots``: boot IDs before the patch, by address; a node ``_wait_rebooted`` did not see back keeps its
+    cordon (``data["not_back"]``)."""
+    named = {res.node: (address, res) for address, res in by_address.items() if res.node in cordoned}
+    down = {n for n, (_a, res) in named.items() if res.data.get("not_back")}
+    rebooted = {n: boots.get(a) for n, (a, res) in named.items() if res.status == "changed"}
     timeout = float(ctx.params.timeouts.node_ready_seconds)
     failed: list[str] = []
     for name, why in drains.lift(ctx, cordoned, rebooted=rebooted, down=down, timeout=timeout).items():
-        res = results[name]
+        res = named[name][1]
         res.message += drains.stays_cordoned(name, why)
         if res.status == "changed":
             res.status = "failed"
@@ -340,6 +342,7 @@ def _wait_rebooted(
         res = by_address[address]
         res.status = "failed"
         res.message = f"patched, but {why}"
+        res.data["not_back"] = why != NOT_REBOOTED  # one that never went down is not down
         failed.append(res.node)
     return failed
 

@@ -16,6 +16,8 @@ from collections.abc import Mapping
 
 from .context import Context
 
+#: Why a node :func:`wait_for_reboots` names is not back, when it never went down.
+NOT_REBOOTED = "it still runs the boot it had before the change: it did not reboot"
 #: The kernel's boot ID, new on every boot (what talosctl's tracker reads, tracker.go:346).
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 
@@ -51,7 +53,7 @@ def wait_for_reboots(
             if address in ids and (old is None or ids[address] != old):
                 del pending[address]
             elif address in ids:
-                why[address] = "it still runs the boot it had before the change: it did not reboot"
+                why[address] = NOT_REBOOTED
             else:
                 why[address] = f"it did not answer again after its reboot ({errors[address]})"
         if not pending or time.monotonic() >= deadline:

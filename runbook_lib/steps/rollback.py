@@ -57,7 +57,7 @@ from .context import Context, wait_seconds
 from .drains import drain, lift, stays_cordoned
 from .image import MAX_PARALLEL_UPGRADES, NodeState, read_states
 from .patch import log_batch, pause_before, read_configs, rollout_schedule
-from .reboots import boot_ids, wait_for_reboots
+from .reboots import NOT_REBOOTED, boot_ids, wait_for_reboots
 from .results import Check, NodeResult, StepResult
 
 Progress = Callable[[int, int], None]
@@ -476,8 +476,9 @@ def _lift(
     step after it would upgrade a node the scheduler avoids."""
     names = {p.node.address: p.node.name for p in jobs}
     by_name = {p.node.name: results[p.node.address] for p in jobs}
-    rebooted = {names[a] for a in rebooting if a not in down}
-    left = lift(ctx, cordoned, rebooted=rebooted, down={names[a] for a in down}, timeout=timeout)
+    rebooted = {names[a]: boot for a, boot in rebooting.items() if a not in down}
+    gone = {names[a] for a, why in down.items() if why != NOT_REBOOTED}
+    left = lift(ctx, cordoned, rebooted=rebooted, down=gone, timeout=timeout)
     for name, why in left.items():
         res = by_name[name]
         said = res.message if res.status == "failed" else "removal patch applied"

@@ -1,0 +1,110 @@
+"""A node the patch reboots but Kubernetes does not know by the parameters' name is not patched.
+
+Why: ``kubectl drain <name>`` of a name Kubernetes does not know drains nothing, and skipping the drain would reboot
+a node with its pods still on it whenever ``nodes[].name`` differs from the node's Kubernetes name (talosctl's own
+drain asks the node for that name: talos@v1.13.0 cmd/talosctl/pkg/talos/nodedrain/nodedrain.go:47-63). The
+Kubernetes client answers as the real one does for a missing Node (``read_node`` 404 -> ``Kube.node`` None).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from runbook_lib.steps import drains
+
+
+class _Kubectl:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def drain(self, node: str, *, timeout_s: float) -> Any:
+        self.calls.append(node)
+        return SimpleNamespace(ok=True, stderr="")
+
+
+def test_a_node_kubernetes_does_not_know_by_that_name_is_reported_not_drained_and_not_skipped() -> None:
+    kubectl = _Kubectl()
+    ctx = SimpleNamespace(
+        params=SimpleNamespace(timeouts=SimpleNamespace(drain_seconds=300)),
+        kube=SimpleNamespace(node=lambda name: None),
+        kubectl=kubectl,
+    )
+    outcome = drains.drain(ctx, ["gpu-7"])  # type: ignore[arg-type]
+    assert outcome.cordoned == [] and kubectl.calls == []
+    assert "no Kubernetes Node named gpu-7" in outcome.failed["gpu-7"]
+    assert "nodes[].name" in outcome.failed["gpu-7"]
+
+
+def _node(boot_id: str, ready: str = "True") -> dict[str, Any]:
+    """A Node as the API serves it: the kubelet posts the kernel's boot ID (kubernetes@v1.35.0
+    pkg/kubelet/nodestatus/setters.go:243-254) and its Ready condition."""
+    return {
+        "metadata": {"name": "gpu-7"},
+        "spec": {"unschedulable": True},
+        "status": {
+            "conditions": [{"type": "Ready", "status": ready, "reason": "KubeletReady"}],
+            "nodeInfo": {"bootID": boot_id, "kubeletVersion": "v1.35.0"},
+        },
+    }
+
+
+class _Answers:
+    """``Kube.node`` answering each read with the next of ``answers`` (an exception is raised), the last one
+    for ever."""
+
+    def __init__(self, *answers: Any) -> None:
+        self.answers = list(answers)
+
+    def node(self, name: str) -> Any:
+        answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def _uncordoning(monkeypatch: pytest.MonkeyPatch, kube: _Answers) -> tuple[Any, list[str]]:
+    monkeypatch.setattr(drains, "READY_POLL_S", 0.0)
+    uncordoned: list[str] = []
+
+    def uncordon(node: str) -> Any:
+        uncordoned.append(node)
+        return SimpleNamespace(ok=True, stderr="")
+
+    return SimpleNamespace(kube=kube, kubectl=SimpleNamespace(uncordon=uncordon)), uncordoned
+
+
+def test_a_node_still_showing_its_old_kubelets_ready_is_not_uncordoned_until_the_new_boot_posts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Talos's API answers from the new boot before the kubelet starts, and the Node keeps the old kubelet's
+    Ready until the node lifecycle controller's grace period passes (nodelifecycle/config/v1alpha1/defaults.go:
+    40-46): Ready alone would uncordon a node with no kubelet."""
+    kube = _Answers(_node("old-boot"), _node("old-boot"), _node("new-boot", ready="False"), _node("new-boot"))
+    ctx, uncordoned = _uncordoning(monkeypatch, kube)
+    left = drains.uncordon_when_ready(ctx, ["gpu-7"], 5.0, {"gpu-7": "old-boot"})  # type: ignore[arg-type]
+    assert left == {} and uncordoned == ["gpu-7"]
+    assert kube.answers == [_node("new-boot")], "uncordoned before the new boot's kubelet was Ready"
+
+
+def test_an_api_error_while_the_node_comes_back_is_waited_out_not_raised(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """talosctl's wait takes a failed read as "not Ready yet" (talos@v1.13.0 nodedrain.go:157-160); raising
+    left the batch's nodes cordoned and the step without a result."""
+    from runbook_lib.errors import RetryableError
+
+    down = RetryableError("read node gpu-7: the Kubernetes API did not answer")
+    ctx, uncordoned = _uncordoning(monkeypatch, _Answers(down, down, _node("new-boot")))
+    assert drains.uncordon_when_ready(ctx, ["gpu-7"], 5.0, {"gpu-7": "old-boot"}) == {}  # type: ignore[arg-type]
+    assert uncordoned == ["gpu-7"]
+
+
+def test_a_node_whose_new_kubelet_never_posts_keeps_its_cordon_and_says_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ctx, uncordoned = _uncordoning(monkeypatch, _Answers(_node("old-boot")))
+    left = drains.uncordon_when_ready(ctx, ["gpu-7"], 0.05, {"gpu-7": "old-boot"})  # type: ignore[arg-type]
+    assert uncordoned == [] and "not Ready from its new boot" in left["gpu-7"]
