@@ -17,6 +17,7 @@ from typing import Any
 
 from runbook_lib.steps.kubernetes import _no_gpu_diagnosis
 from tests.helm_releases import device_plugin
+from tests.sim.test_real_kube_pods import owner
 
 NODE = "gpu-2"
 
@@ -43,7 +44,11 @@ def _plugin_pod(ready: bool) -> dict[str, Any]:
         }
     )
     return {
-        "metadata": {"name": "nvidia-device-plugin-abcde", "namespace": "kube-system"},
+        "metadata": {
+            "name": "nvidia-device-plugin-abcde",
+            "namespace": "kube-system",
+            "ownerReferences": [owner("nvidia-device-plugin")],
+        },
         "spec": {"nodeName": NODE},
         "status": {
             "phase": "Running",
@@ -64,7 +69,10 @@ class _Reads:
         return self._pods
 
     def daemonsets(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        return [{"status": {"desiredNumberScheduled": 1}}]
+        return [{"metadata": {"name": "nvidia-device-plugin"}, "status": {"desiredNumberScheduled": 1}}]
+
+    def plugin_pods(self) -> list[dict[str, Any]]:
+        return self._pods
 
     def plugin_daemonset(self) -> tuple[str, str]:
         return "kube-system", "nvidia-device-plugin"  # the chart's defaults for release nvidia-device-plugin

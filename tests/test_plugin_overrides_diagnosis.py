@@ -40,21 +40,36 @@ class OverridingHelm:
         }
 
 
-def _diagnosed(plugin: Obj, *, gpu_capacity: str | None = None) -> tuple[list[Any], OverridingHelm]:
-    """Every node's checks after the wait, with ``plugin`` as each node's plugin pod in the override namespace."""
+#: The chart's GPU Feature Discovery DaemonSet: ``<fullname>-gpu-feature-discovery``, same labels, same namespace
+#: (k8s-device-plugin@v0.18.0 templates/daemonset-gfd.yml:20-27, pod labels :38-39).
+GFD_NAME = f"{OVERRIDE_NAME}-gpu-feature-discovery"
+
+
+def _diagnosed(
+    plugin: Obj, *, gpu_capacity: str | None = None, gfd: Obj | None = None
+) -> tuple[list[Any], OverridingHelm]:
+    """Every node's checks after the wait, with ``plugin`` as each node's plugin pod in the override namespace
+    (and ``gfd`` as its GPU Feature Discovery pod)."""
     labels = {"app.kubernetes.io/instance": RELEASE}
     nodes = [_node(n, READY) for n in _names()]
     if gpu_capacity is not None:  # the plugin registered the GPUs; none allocatable
         for node in nodes:
             node["status"]["capacity"] = {**node["status"]["allocatable"], "nvidia.com/gpu": gpu_capacity}
             node["status"]["allocatable"]["nvidia.com/gpu"] = "0"
-    pods = [_on(plugin, n["metadata"]["name"], OVERRIDE_NS, labels) for n in nodes]
-    daemonset = {
-        "metadata": {"name": OVERRIDE_NAME, "namespace": OVERRIDE_NS, "labels": labels},
-        "status": {"desiredNumberScheduled": len(nodes)},
-    }
+    pods = [_on(plugin, n["metadata"]["name"], OVERRIDE_NS, labels, OVERRIDE_NAME) for n in nodes]
+    daemonsets = [
+        {
+            "metadata": {"name": name, "namespace": OVERRIDE_NS, "labels": labels},
+            "status": {
+                "desiredNumberScheduled": len(nodes) if gfd is not None or name == OVERRIDE_NAME else 0
+            },
+        }
+        for name in (OVERRIDE_NAME, GFD_NAME)
+    ]
+    if gfd is not None:
+        pods += [_on(gfd, n["metadata"]["name"], OVERRIDE_NS, labels, GFD_NAME) for n in nodes]
     helm = OverridingHelm()
-    ctx = _context("v1.12.7", CountingKube(nodes, pods, [daemonset]), helm)
+    ctx = _context("v1.12.7", CountingKube(nodes, pods, daemonsets), helm)
     assert ctx.plan.kubernetes_layer == "device-plugin" and ctx.plan.helm.namespace == "kube-system"
     result = StepResult(step="kubernetes", applied=True)
     _wait_for_gpus(ctx, result, list(ctx.params.nodes), timeout_s=0)
@@ -84,3 +99,17 @@ def test_gpus_the_plugin_marked_unhealthy_name_the_overridden_daemonset_and_name
     fix = checks[0].fix
     assert fix.startswith(f"kubectl -n {OVERRIDE_NS} logs ds/{OVERRIDE_NAME} |"), fix
     assert f"kubectl -n {OVERRIDE_NS} delete pod -l app.kubernetes.io/instance={RELEASE}" in fix, fix
+
+
+def test_a_ready_gpu_feature_discovery_pod_does_not_pass_for_the_device_plugin() -> None:
+    """The chart's GFD pods carry the plugin's ``app.kubernetes.io/instance`` label in its namespace: a Ready GFD pod
+    passed for a Ready plugin, so a node whose plugin crash-loops (the kubelet keeps the GPUs in capacity, none
+    allocatable, for 5 minutes) was sent to grep for Xid errors. Only the pods the plugin's DaemonSet owns count."""
+    crashing = running_plugin()  # Ready False
+    crashing["status"]["containerStatuses"][0]["state"] = {
+        "waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s restarting failed container"}
+    }
+    ready_gfd = running_plugin()
+    ready_gfd["status"]["conditions"][0]["status"] = "True"
+    checks, _ = _diagnosed(crashing, gpu_capacity="1", gfd=ready_gfd)
+    assert not any("unhealthy" in c.message for c in checks), checks[0]

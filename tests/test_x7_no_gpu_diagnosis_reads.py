@@ -31,6 +31,7 @@ from tests.sim.test_real_kube_pods import (
     STOPPED_POSTING,
     UNREACHABLE,
     node_object,
+    owner,
     pulling_plugin,
     running_plugin,
 )
@@ -115,10 +116,13 @@ def _node(name: str, ready: dict[str, str], taints: list[dict[str, str]] | None 
     return node
 
 
-def _on(pod: Obj, node: str, namespace: str, labels: dict[str, str]) -> Obj:
+def _on(pod: Obj, node: str, namespace: str, labels: dict[str, str], owner_name: str | None = None) -> Obj:
     """``pod`` (a plugin pod of tests/sim/test_real_kube_pods.py) as the DaemonSet's pod for ``node``."""
     pod = copy.deepcopy(pod)
-    pod["metadata"].update(name=f"{labels.get('app', 'nvidia-device-plugin')}-{node}", namespace=namespace)
+    daemonset = owner_name or labels.get("app", "nvidia-device-plugin")
+    pod["metadata"].update(
+        name=f"{daemonset}-{node}", namespace=namespace, ownerReferences=[owner(daemonset)]
+    )
     pod["metadata"]["labels"] = labels
     pod["spec"]["nodeName"] = node
     terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]

@@ -662,6 +662,21 @@ class ClusterReads:
         )
         return found
 
+    def plugin_pods(self) -> list[dict[str, Any]]:
+        """The device plugin's pods: those its DaemonSet owns. Why not the label selector alone: the chart's GPU
+        Feature Discovery and MPS DaemonSets label their pods ``app.kubernetes.io/instance: <release>`` too, in the
+        same namespace (k8s-device-plugin@v0.18.0 templates/daemonset-gfd.yml:25,38-39,
+        daemonset-mps-control-daemon.yml:23,36-37), so a Ready GFD pod passed for a Ready plugin."""
+        namespace, name = self.plugin_daemonset()
+        return [
+            pod
+            for pod in self.pods(namespace, _plugin_selector(self._ctx))
+            if any(
+                ref.get("kind") == "DaemonSet" and ref.get("name") == name
+                for ref in pod["metadata"].get("ownerReferences") or []
+            )
+        ]
+
     def plugin_daemonset(self) -> tuple[str, str]:
         """(namespace, name) of the device plugin's DaemonSet: on the device-plugin layer as the release's values
         make them (``_release_daemonset``), read with the values the diagnosis shares."""
@@ -680,7 +695,11 @@ def _no_gpu_diagnosis(ctx: Context, node: dict[str, Any], reads: ClusterReads | 
     labels = node["metadata"].get("labels") or {}
     namespace, daemonset = reads.plugin_daemonset()
     # Only the release's own DaemonSets: kube-proxy and flannel share kube-system on every Talos cluster.
-    daemonsets = reads.daemonsets(namespace, f"app.kubernetes.io/instance={release.release}")
+    daemonsets = [
+        d
+        for d in reads.daemonsets(namespace, f"app.kubernetes.io/instance={release.release}")
+        if d["metadata"].get("name") == daemonset  # the chart's GFD and MPS DaemonSets carry the same label
+    ]
     desired = sum(int((d.get("status") or {}).get("desiredNumberScheduled", 0)) for d in daemonsets)
     if ctx.plan.kubernetes_layer == "device-plugin" and desired == 0:
         return Check(
@@ -723,8 +742,7 @@ def _kubernetes_says(ctx: Context, node: dict[str, Any], reads: ClusterReads) ->
     not_ready = kube_diagnosis.node_not_ready(node, address)
     if not_ready is not None:
         return not_ready
-    namespace = reads.plugin_daemonset()[0]
-    for pod in kube_diagnosis.pods_for_node(reads.pods(namespace, _plugin_selector(ctx)), name):
+    for pod in kube_diagnosis.pods_for_node(reads.plugin_pods(), name):
         stuck = kube_diagnosis.pod_not_started(pod, name, "device plugin")
         if stuck is not None:
             return stuck
@@ -743,9 +761,7 @@ def _gpus_unhealthy(ctx: Context, node: dict[str, Any], reads: ClusterReads) -> 
     chart-to-operator handover) the kubelet also keeps every GPU in capacity and none allocatable
     (manager.go ``PluginDisconnected`` -> ``markResourceUnhealthy``; ``GetCapacity``'s grace period), with no Xid."""
     namespace, daemonset = reads.plugin_daemonset()
-    pods = kube_diagnosis.pods_for_node(
-        reads.pods(namespace, _plugin_selector(ctx)), node["metadata"]["name"]
-    )
+    pods = kube_diagnosis.pods_for_node(reads.plugin_pods(), node["metadata"]["name"])
     if not any((kube_diagnosis.condition(pod, "Ready") or {}).get("status") == "True" for pod in pods):
         return None
     status = node.get("status") or {}

@@ -96,6 +96,19 @@ UNREACHABLE = [
 READY = {"status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status"}
 
 
+def owner(daemonset: str) -> dict[str, Any]:
+    """The owner reference the DaemonSet controller gives each pod it creates (kubernetes@v1.35.0
+    pkg/controller/daemon/daemon_controller.go, ``metav1.NewControllerRef``)."""
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "name": daemonset,
+        "uid": "5d1c7c5e-8b0e-4a36-9c55-0f5a3c1e2b7d",
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
 def plugin_pod(status: dict[str, Any], *, bound: bool = True) -> dict[str, Any]:
     """The chart's DaemonSet pod for NODE (the DaemonSet controller pins it with a matchFields affinity; the
     scheduler sets nodeName once it binds it)."""
@@ -119,6 +132,7 @@ def plugin_pod(status: dict[str, Any], *, bound: bool = True) -> dict[str, Any]:
             "name": "nvidia-device-plugin-x7k2p",
             "namespace": "kube-system",
             "labels": {"app.kubernetes.io/instance": "nvidia-device-plugin"},
+            "ownerReferences": [owner("nvidia-device-plugin")],
         },
         "spec": spec,
         "status": status,
