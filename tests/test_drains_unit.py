@@ -58,6 +58,9 @@ class _Answers:
     def __init__(self, *answers: Any) -> None:
         self.answers = list(answers)
 
+    def annotate_node(self, name: str, annotations: dict[str, str | None]) -> None:
+        pass  # the mark's removal after the uncordon: _Cluster below checks it
+
     def node(self, name: str) -> Any:
         answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
         if isinstance(answer, Exception):
@@ -108,3 +111,66 @@ def test_a_node_whose_new_kubelet_never_posts_keeps_its_cordon_and_says_why(
     ctx, uncordoned = _uncordoning(monkeypatch, _Answers(_node("old-boot")))
     left = drains.uncordon_when_ready(ctx, ["gpu-7"], 0.05, {"gpu-7": "old-boot"})  # type: ignore[arg-type]
     assert uncordoned == [] and "not Ready from its new boot" in left["gpu-7"]
+
+
+class _Cluster:
+    """Nodes as the API serves them, their annotations patched as a strategic merge patch does (None removes)."""
+
+    def __init__(self, nodes: dict[str, dict[str, Any]]) -> None:
+        self.nodes = nodes
+
+    def node(self, name: str) -> dict[str, Any] | None:
+        return self.nodes.get(name)
+
+    def each(self, fn: Any, items: list[str]) -> list[Any]:
+        return [fn(item) for item in items]
+
+    def annotate_node(self, name: str, annotations: dict[str, str | None]) -> None:
+        meta = self.nodes[name]["metadata"]
+        meta["annotations"] = {
+            k: v for k, v in {**(meta.get("annotations") or {}), **annotations}.items() if v is not None
+        }
+
+
+def _cordoned(marked: bool) -> dict[str, Any]:
+    node = _node("new-boot")
+    if marked:
+        node["metadata"]["annotations"] = {drains.CORDON_MARK: "true"}
+    return node
+
+
+def test_a_cordon_the_runbook_marked_is_not_taken_for_an_administrators() -> None:
+    """A run interrupted between its drain and its uncordon leaves the cordon; Talos marks the cordons it sets
+    the same way (``talos.dev/cordoned``, talos@v1.13.0 node_apply.go:466-488) to tell them from an
+    administrator's. Unmarked, the next run took it for an administrator's and never lifted it."""
+    assert drains.administrators(_cordoned(marked=False))
+    assert not drains.administrators(_cordoned(marked=True))
+
+
+def test_the_next_run_lifts_a_cordon_a_run_left_and_leaves_an_administrators(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from runbook_lib.steps.patch import _cordons_left
+    from runbook_lib.steps.results import StepResult
+
+    monkeypatch.setattr(drains, "READY_POLL_S", 0.0)
+    cluster = _Cluster({"gpu-1": _cordoned(marked=True), "gpu-2": _cordoned(marked=False)})
+
+    def uncordon(node: str) -> Any:
+        cluster.nodes[node]["spec"]["unschedulable"] = False
+        return SimpleNamespace(ok=True, stderr="")
+
+    ctx = SimpleNamespace(
+        params=SimpleNamespace(default_runtime_patch=True, timeouts=SimpleNamespace(node_ready_seconds=5)),
+        kube=cluster,
+        kubectl=SimpleNamespace(uncordon=uncordon),
+    )
+    plan = StepResult(step="config-patch", applied=False)
+    assert _cordons_left(ctx, plan, ["gpu-1", "gpu-2"], lift=False) == ["gpu-1"]  # type: ignore[arg-type]
+    assert cluster.nodes["gpu-1"]["spec"]["unschedulable"], "a plan changed nothing"
+    applied = StepResult(step="config-patch", applied=True)
+    _cordons_left(ctx, applied, ["gpu-1", "gpu-2"], lift=True)  # type: ignore[arg-type]
+    assert not cluster.nodes["gpu-1"]["spec"]["unschedulable"]
+    assert drains.CORDON_MARK not in (cluster.nodes["gpu-1"]["metadata"].get("annotations") or {})
+    assert cluster.nodes["gpu-2"]["spec"]["unschedulable"], "the administrator's cordon was lifted"
+    assert applied.notes == ["lifted the cordon a run could not lift on gpu-1"]

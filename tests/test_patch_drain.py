@@ -14,7 +14,9 @@ from typing import Any
 
 import pytest
 
+from runbook_lib.steps.drains import CORDON_MARK
 from runbook_lib.steps.patch import config_patch, read_configs
+from runbook_lib.steps.reboots import boot_ids
 from tests.realplane import real_cluster
 
 pytestmark = pytest.mark.slow
@@ -80,12 +82,23 @@ def test_a_rebooting_patch_evicts_the_nodes_pods_first_and_uncordons_it_once_rea
         assert result.counts() == {"changed": 2}, result.to_dict()
         assert ctx.kube.pod("default", "web") is None, "the pod was not evicted before the reboot"
         assert not any(_unschedulable(ctx, n.name) for n in params.nodes), "a node was left cordoned"
+        marks = [
+            e.summary for e in ctx.journal.entries if e.kind == "api" and CORDON_MARK in (e.summary or "")
+        ]
+        assert len(marks) == 4, marks  # each node marked before its drain, unmarked after its uncordon
+        assert not any(
+            CORDON_MARK in (ctx.kube.node(n.name)["metadata"].get("annotations") or {}) for n in params.nodes
+        )
         drained = [argv[1:3] for argv in _commands(ctx, "drain")]
         assert drained == [("drain", n.name) for n in params.nodes], drained
         order = [e.argv for e in ctx.journal.entries if e.kind == "command" and e.changes_cluster]
         first_patch = next(i for i, argv in enumerate(order) if "patch" in argv and "--dry-run" not in argv)
         assert "drain" in order[first_patch - 1], "the node was not drained right before its patch"
         assert any("drain" in note for note in result.notes), "the plan did not say the nodes are drained"
+        # the uncordon waited for the new boot's kubelet: the Node carries the boot ID the node serves now
+        now, _errors = boot_ids(ctx, [first.address])
+        posted = ctx.kube.node(first.name)["status"]["nodeInfo"]["bootID"]
+        assert posted == now[first.address], (posted, now)
 
 
 def test_a_node_whose_disruption_budget_blocks_the_drain_is_not_patched_nor_left_cordoned(tmp_path):
@@ -121,4 +134,5 @@ def test_a_node_an_administrator_cordoned_stays_cordoned(tmp_path):
 
         assert result.counts() == {"changed": 2}, result.to_dict()
         assert _unschedulable(ctx, first.name), "the administrator's cordon was lifted"
+        assert CORDON_MARK not in (ctx.kube.node(first.name)["metadata"].get("annotations") or {})
         assert not _unschedulable(ctx, second.name)

@@ -218,6 +218,8 @@ def _calls(ctx: Context) -> list[tuple[str, str]]:
     out = []
     for entry in ctx.journal.changes():
         argv = list(entry.argv or ())
+        if not argv:  # an API call (the drain's cordon mark on the Node)
+            continue
         if argv[1:2] in (["drain"], ["uncordon"]):
             out.append((argv[1], argv[2]))
             continue

@@ -390,6 +390,12 @@ class Kube:
             changes_cluster=not dry_run,
         )
 
+    def annotate_node(self, name: str, annotations: Mapping[str, str | None]) -> None:
+        """Set (or, with None, remove) annotations on Node ``name`` (a strategic merge patch)."""
+        patch = {"metadata": {"annotations": dict(annotations)}}
+        self._call(f"annotate node {name}", lambda: self.core.patch_node(name, patch), changes=True)
+        self.journal.record_api(f"annotate Node {name} {dict(annotations)}", diff=json.dumps(patch))
+
     def create_pod(self, namespace: str, manifest: Obj) -> Obj:
         body = _model(client.V1Pod, manifest)
         created = self._call(

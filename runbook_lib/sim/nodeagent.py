@@ -449,6 +449,7 @@ class NodeAgent(Periodic):
         down = self._follow_kubelets(objs, nodes)
         nodes = [n for n in nodes if n.name not in down]  # no kubelet there: nothing changes until it is back
         self._follow_runtimes(objs, nodes)
+        self._follow_boots(objs, nodes)
         by_name = {n.name: n for n in nodes}
         pods = [p for p in pods if (p.get("spec") or {}).get("nodeName") not in down]
         self._repost_readiness(pods, {o["metadata"]["name"] for o in objs if _node_ready(o)})
@@ -491,6 +492,20 @@ class NodeAgent(Periodic):
                 self.core.patch_node(name, {"metadata": {"labels": {KUBELET_LABEL: want}}})
                 log.info("node %s: kubelet %s", name, "stopped (node down)" if want is None else "running")
         return down
+
+    def _follow_boots(self, objs: list[dict[str, Any]], nodes: list[SimNode]) -> None:
+        """``status.nodeInfo.bootID`` of each Node whose kubelet runs: its node's boot ID, as the kubelet posts the
+        kernel's (kubernetes@v1.35.0 pkg/kubelet/nodestatus/setters.go:243-254, read from
+        /proc/sys/kernel/random/boot_id, the file simnode serves). A rebooting node's Node keeps the old one until
+        its kubelet is back (``nodes`` holds only those whose kubelet runs)."""
+        posted = {
+            o["metadata"]["name"]: ((o.get("status") or {}).get("nodeInfo") or {}).get("bootID") for o in objs
+        }
+        for node in nodes:
+            boot = node.kernel_boot_id()
+            if node.name in posted and posted[node.name] != boot:
+                self.core.patch_node_status(node.name, {"status": {"nodeInfo": {"bootID": boot}}})
+                log.info("node %s: boot ID %s", node.name, boot)
 
     def _follow_runtimes(self, objs: list[dict[str, Any]], nodes: list[SimNode]) -> None:
         """``kwokstages.RUNTIME_LABEL`` on the Nodes whose containerd CRI does not load (``kubelet.cri_down``),

@@ -819,6 +819,7 @@ def with_observed(node: SimNode, path: Path) -> SimNode:
     node.machine_config = copy.deepcopy(list(_config_documents(str(obs.get("machine_config") or ""))))
     node.reachable = not obs.get("down")
     boot_id = str(obs.get("boot_id") or "")
+    node.boot_id = boot_id
     node.boot_count = int(hashlib.sha256(boot_id.encode()).hexdigest()[:12], 16)
     return node
 

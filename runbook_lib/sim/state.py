@@ -21,6 +21,7 @@ import os
 import re
 import tempfile
 import threading
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -124,6 +125,9 @@ class SimNode:
     staged_upgrade: dict[str, Any] | None = None
     """``upgrade --stage``: image to boot into at the next reboot."""
     boot_count: int = 1
+    boot_id: str = ""
+    """The kernel's boot ID simnode serves at ``/proc/sys/kernel/random/boot_id`` (its observation file); empty for
+    the Python simulator's nodes, whose boot ID :meth:`kernel_boot_id` derives."""
     booted_at: str = "2026-11-29T10:00:00Z"
     install_image: str = ""
     """The image the node was last installed/upgraded from (what ``upgrade`` history would show)."""
@@ -131,6 +135,14 @@ class SimNode:
     """Talos platform the node booted on (``PlatformMetadata`` ``spec.platform``: ``metal``, ``aws``…)."""
     kernel_args: list[str] | None = None
     """Extra arguments on the booted command line; ``None``: the config's ``extraKernelArgs`` (as installed)."""
+
+    def kernel_boot_id(self) -> str:
+        """The boot ID the node's kernel reports, new on every boot: simnode's, or for the Python simulator's nodes
+        one derived from the boot (its talosctl serves it at ``/proc/sys/kernel/random/boot_id``; the GPU node
+        agent posts it as the kubelet does)."""
+        return self.boot_id or str(
+            uuid.uuid5(uuid.NAMESPACE_URL, f"{self.name}/{self.boot_count}/{self.booted_at}")
+        )
 
     @property
     def minor(self) -> tuple[int, int]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from runbook_lib.clients.fanout import concurrently
 from runbook_lib.clients.kubectl import DRAIN_FLAGS, SLACK_S
@@ -31,6 +32,11 @@ from .context import Context
 #: evictions, for pods to go), so a batch of 250 rebooting nodes must not start 250 of them; talosctl drains every
 #: node of a call at once (drain.go:29). 16 is our choice, not from a source.
 DRAINS_AT_ONCE = 16
+#: The annotation the runbook sets on a Node it cordons, as Talos marks the nodes it cordons itself
+#: (``talos.dev/cordoned: "true"``: talos@v1.13.0 pkg/machinery/constants/constants.go:926-930,
+#: internal/app/machined/pkg/controllers/k8s/node_apply.go:466-488). Why: a cordon a run could not lift (it was
+#: interrupted between the drain and the uncordon) would otherwise pass for an administrator's on every later run.
+CORDON_MARK = "talos-gpu-runbooks/cordoned"
 #: How often a drained node's Ready condition is read after its reboot (talosctl polls every 5 s,
 #: talos@v1.13.0 cmd/talosctl/pkg/talos/nodedrain/nodedrain.go:33).
 READY_POLL_S = 2.0
@@ -87,7 +93,9 @@ def _drain_one(ctx: Context, name: str, timeout: float) -> tuple[str, bool, str 
                     "Kubernetes: kubectl get nodes -o wide)"
                 ),
             )
-        was_cordoned = bool((node.get("spec") or {}).get("unschedulable"))
+        was_cordoned = administrators(node)
+        if not was_cordoned:  # marked before kubectl cordons it: an interruption from here on leaves the mark
+            ctx.kube.annotate_node(name, {CORDON_MARK: "true"})
         run = ctx.kubectl.drain(name, timeout_s=timeout)
     except RunbookError as exc:  # kubectl missing, the API unreachable: nothing was evicted by us
         return name, False, exc.message + (f" ({exc.hint})" if exc.hint else "")
@@ -95,9 +103,9 @@ def _drain_one(ctx: Context, name: str, timeout: float) -> tuple[str, bool, str 
         return name, not was_cordoned, None
     why = f"kubectl drain failed: {_drain_error(run)}"
     if not was_cordoned:
-        undo = ctx.kubectl.uncordon(name)
-        if not undo.ok:
-            why += f"; it stays cordoned (kubectl uncordon {name}: {_last_error(undo.stderr)})"
+        left = uncordon(ctx, [name])
+        if left:
+            why += f"; it stays cordoned ({left[name]})"
     return name, False, why
 
 
@@ -161,13 +169,36 @@ def _back(ctx: Context, name: str, boot_before: str | None) -> bool:
 
 
 def uncordon(ctx: Context, names: list[str]) -> dict[str, str]:
-    """Uncordon ``names`` now; returns node -> why it stays cordoned."""
+    """Uncordon ``names`` now and take the runbook's mark off; returns node -> why it stays cordoned."""
     left: dict[str, str] = {}
     for name in names:
         run = ctx.kubectl.uncordon(name)
         if not run.ok:
             left[name] = f"kubectl uncordon failed: {_last_error(run.stderr)}"
+            continue
+        try:
+            ctx.kube.annotate_node(name, {CORDON_MARK: None})
+        except RunbookError as exc:  # uncordoned all the same; the mark alone does no harm
+            left[name] = f"uncordoned, but its {CORDON_MARK} annotation stays: {exc.message}"
     return left
+
+
+def administrators(node: dict[str, Any]) -> bool:
+    """The Node is cordoned, and not by the runbook (no :data:`CORDON_MARK`): the runbook leaves that cordon."""
+    marked = (node["metadata"].get("annotations") or {}).get(CORDON_MARK) == "true"
+    return bool((node.get("spec") or {}).get("unschedulable")) and not marked
+
+
+def left_by_a_run(ctx: Context, names: list[str]) -> list[str]:
+    """The nodes among ``names`` still cordoned by a run that could not lift its cordon (:data:`CORDON_MARK`)."""
+    nodes = ctx.kube.each(ctx.kube.node, names)
+    return [
+        n
+        for n, obj in zip(names, nodes, strict=True)
+        if obj is not None
+        and (obj["metadata"].get("annotations") or {}).get(CORDON_MARK) == "true"
+        and (obj.get("spec") or {}).get("unschedulable")
+    ]
 
 
 def lift(

@@ -15,7 +15,6 @@ import json
 import os
 import sys
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -454,7 +453,7 @@ def read_file(node: SimNode, path: str) -> str:
         # new on every boot (the kernel's random boot_id, drivers/char/random.c proc_do_uuid; what talosctl's
         # tracker compares, talos@v1.12.0 cmd/talosctl/pkg/talos/action/tracker.go:345-366): derived from the
         # node's boot count, which a reboot raises (_reboot_effects)
-        return f"{uuid.uuid5(uuid.NAMESPACE_URL, f'{node.name}/{node.boot_count}/{node.booted_at}')}\n"
+        return f"{node.kernel_boot_id()}\n"
     if path == "/proc/version":
         return "Linux version 6.12.57-talos (@buildkitsandbox) #1 SMP Sat Nov  1 00:00:00 UTC 2025\n"
     # machined stats the path first; from 1.8 a missing one is NotFound (talos@v1.8.0 and v1.12.0
