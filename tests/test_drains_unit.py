@@ -174,3 +174,50 @@ def test_the_next_run_lifts_a_cordon_a_run_left_and_leaves_an_administrators(
     assert drains.CORDON_MARK not in (cluster.nodes["gpu-1"]["metadata"].get("annotations") or {})
     assert cluster.nodes["gpu-2"]["spec"]["unschedulable"], "the administrator's cordon was lifted"
     assert applied.notes == ["lifted the cordon a run could not lift on gpu-1"]
+
+
+def test_a_drain_that_cannot_start_leaves_no_mark_on_a_node_it_never_cordoned() -> None:
+    """The mark is set before ``kubectl drain`` runs; when kubectl cannot even start (not installed: the runner
+    raises before any cordon), the Node stays schedulable, so a mark left on it would make the next run's plan
+    list a cordon that does not exist, and a later administrator's cordon pass for the runbook's and be lifted."""
+    from runbook_lib.errors import PermanentError
+
+    node = _node("boot")
+    node["spec"]["unschedulable"] = False
+    cluster = _Cluster({"gpu-7": node})
+
+    def missing(name: str, *, timeout_s: float) -> Any:
+        raise PermanentError(
+            "kubectl not found: /opt/bin/kubectl", hint="install kubectl or set tools.kubectl"
+        )
+
+    ctx = SimpleNamespace(
+        params=SimpleNamespace(timeouts=SimpleNamespace(drain_seconds=300)),
+        kube=cluster,
+        kubectl=SimpleNamespace(drain=missing),
+    )
+    outcome = drains.drain(ctx, ["gpu-7"])  # type: ignore[arg-type]
+    assert "kubectl not found" in outcome.failed["gpu-7"] and outcome.cordoned == []
+    assert drains.CORDON_MARK not in (node["metadata"].get("annotations") or {})
+    node["spec"]["unschedulable"] = True  # an administrator cordons it later
+    assert drains.administrators(node)
+
+
+def test_a_drain_that_cannot_start_keeps_the_mark_of_a_cordon_a_run_left() -> None:
+    """A node still cordoned and marked by an interrupted run: the failed start must not strip the mark, or its
+    cordon would pass for an administrator's and never be lifted."""
+    from runbook_lib.errors import PermanentError
+
+    node = _cordoned(marked=True)
+    cluster = _Cluster({"gpu-7": node})
+
+    def missing(name: str, *, timeout_s: float) -> Any:
+        raise PermanentError("kubectl not found: /opt/bin/kubectl")
+
+    ctx = SimpleNamespace(
+        params=SimpleNamespace(timeouts=SimpleNamespace(drain_seconds=300)),
+        kube=cluster,
+        kubectl=SimpleNamespace(drain=missing),
+    )
+    assert "gpu-7" in drains.drain(ctx, ["gpu-7"]).failed  # type: ignore[arg-type]
+    assert not drains.administrators(node)

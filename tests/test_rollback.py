@@ -685,3 +685,34 @@ def test_a_way_back_from_a_node_below_1_8_asks_for_preserve_by_the_release_the_n
         state = NodeState(version=running, client_version=client)
         plan = _node_plan(ctx, node, found, config=[], state=state, fact=None)
         assert plan is not None and plan.drains is drains, (running, plan)
+
+
+@pytest.mark.slow
+def test_a_cordon_an_interrupted_run_left_is_lifted_by_the_rollback(sim_with_api: Path) -> None:
+    """A run interrupted between a drain and its uncordon leaves the node cordoned and marked as the runbook's
+    (``drains.CORDON_MARK``); rolling that run back must undo it too. Before, only config-patch looked for it, so
+    a rollback left the node unschedulable, with nothing in the record saying why. An administrator's cordon
+    (no mark) stays."""
+    from runbook_lib.steps.drains import CORDON_MARK
+
+    sim = sim_with_api
+    record = _patch_and_upgrade(sim, WORKERS[:2])
+    ctx = _ctx(sim)
+    body = {"metadata": {"annotations": {CORDON_MARK: "true"}}, "spec": {"unschedulable": True}}
+    ctx.kube.core.patch_node("talos-worker-2", body)  # as a drain the interruption cut short leaves it
+    ctx.kube.core.patch_node("talos-worker-3", {"spec": {"unschedulable": True}})  # an administrator's
+    plan = rollback(_ctx(sim, apply=False), evidence=evidence_from_records([record]))
+    assert any("talos-worker-2 still carry the cordon a run could not lift" in n for n in plan.notes), (
+        plan.notes
+    )
+    assert (ctx.kube.node("talos-worker-2") or {})["spec"].get("unschedulable"), "a plan changed nothing"
+    result = rollback(ctx, evidence=evidence_from_records([record]), settle_timeout=30.0, poll_interval=0.1)
+    assert result.ok, result.notes
+    worker2 = ctx.kube.node("talos-worker-2") or {}
+    assert not worker2["spec"].get("unschedulable") and CORDON_MARK not in worker2["metadata"].get(
+        "annotations", {}
+    )
+    assert "lifted the cordon a run could not lift on talos-worker-2" in result.notes
+    assert (ctx.kube.node("talos-worker-3") or {})["spec"].get("unschedulable"), (
+        "the administrator's cordon went"
+    )

@@ -14,6 +14,7 @@ A node an administrator had cordoned before stays cordoned: the runbook uncordon
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from runbook_lib.model.redact import redact
 
 from . import kube_diagnosis
 from .context import Context
+from .results import StepResult
 
 #: How many ``kubectl drain`` processes run at once: each is a Go process of some tens of MB that mostly waits (for
 #: evictions, for pods to go), so a batch of 250 rebooting nodes must not start 250 of them; talosctl drains every
@@ -82,23 +84,22 @@ def _drain_one(ctx: Context, name: str, timeout: float) -> tuple[str, bool, str 
     """(name, whether the runbook cordoned it, why the drain failed or None)."""
     try:
         node = ctx.kube.node(name)
-        if node is None:
-            # Skipping it would reboot, undrained, a node whose Kubernetes name differs from the parameters'
-            # (talosctl asks the node for it: talos@v1.13.0 nodedrain.go:47-63); the other steps use the name too.
-            return (
-                name,
-                False,
-                (
-                    f"there is no Kubernetes Node named {name} to drain (nodes[].name must be the node's name in "
-                    "Kubernetes: kubectl get nodes -o wide)"
-                ),
-            )
-        was_cordoned = administrators(node)
+    except RunbookError as exc:  # the API unreachable: nothing was touched
+        return name, False, _because(exc)
+    if node is None:
+        # Skipping it would reboot, undrained, a node whose Kubernetes name differs from the parameters'
+        # (talosctl asks the node for it: talos@v1.13.0 nodedrain.go:47-63); the other steps use the name too.
+        return name, False, _NO_NODE.format(name=name)
+    was_cordoned = administrators(node)
+    schedulable = not (node.get("spec") or {}).get("unschedulable")
+    try:
         if not was_cordoned:  # marked before kubectl cordons it: an interruption from here on leaves the mark
             ctx.kube.annotate_node(name, {CORDON_MARK: "true"})
         run = ctx.kubectl.drain(name, timeout_s=timeout)
-    except RunbookError as exc:  # kubectl missing, the API unreachable: nothing was evicted by us
-        return name, False, exc.message + (f" ({exc.hint})" if exc.hint else "")
+    except RunbookError as exc:  # kubectl missing, the API unreachable: the runner raised before any cordon
+        if schedulable:  # a mark on a schedulable node would claim the next cordon, maybe an administrator's
+            _unmark(ctx, name)
+        return name, False, _because(exc)
     if run.ok:
         return name, not was_cordoned, None
     why = f"kubectl drain failed: {_drain_error(run)}"
@@ -107,6 +108,24 @@ def _drain_one(ctx: Context, name: str, timeout: float) -> tuple[str, bool, str 
         if left:
             why += f"; it stays cordoned ({left[name]})"
     return name, False, why
+
+
+_NO_NODE = (
+    "there is no Kubernetes Node named {name} to drain (nodes[].name must be the node's name in Kubernetes: "
+    "kubectl get nodes -o wide)"
+)
+
+
+def _because(exc: RunbookError) -> str:
+    return exc.message + (f" ({exc.hint})" if exc.hint else "")
+
+
+def _unmark(ctx: Context, name: str) -> None:
+    """Take :data:`CORDON_MARK` off, best effort: the API that just failed may refuse this too, and then the mark
+    stays (harmless while the Node is schedulable, but a later administrator's cordon would pass for the
+    runbook's)."""
+    with contextlib.suppress(RunbookError):
+        ctx.kube.annotate_node(name, {CORDON_MARK: None})
 
 
 def _drain_error(run: CommandResult) -> str:
@@ -199,6 +218,38 @@ def left_by_a_run(ctx: Context, names: list[str]) -> list[str]:
         and (obj["metadata"].get("annotations") or {}).get(CORDON_MARK) == "true"
         and (obj.get("spec") or {}).get("unschedulable")
     ]
+
+
+def cordons_left(ctx: Context, result: StepResult, names: list[str]) -> list[str]:
+    """:func:`left_by_a_run`, for a step's plan: an API error is a note, not the step's failure (the cordon is
+    a leftover to tidy, not a reason to stop)."""
+    if not names:
+        return []
+    try:
+        return left_by_a_run(ctx, names)
+    except RunbookError as exc:
+        result.notes.append(f"could not look for cordons a run left: {exc.message}")
+        return []
+
+
+def lift_left(ctx: Context, result: StepResult, left: list[str]) -> None:
+    """Lift the cordons :func:`cordons_left` found, each once its Node is Ready; notes say which were lifted and
+    why any stays."""
+    if not left:
+        return
+    kept = uncordon_when_ready(ctx, left, float(ctx.params.timeouts.node_ready_seconds))
+    lifted = [n for n in left if n not in kept]
+    if lifted:
+        result.notes.append(f"lifted the cordon a run could not lift on {', '.join(lifted)}")
+    result.notes += [f"{n}: the cordon a run left stays ({why})" for n, why in kept.items()]
+
+
+def left_note(left: list[str]) -> str:
+    """What a plan says of the cordons a run left."""
+    return (
+        f"{', '.join(left)} still carry the cordon a run could not lift (annotation {CORDON_MARK}): apply lifts "
+        "it once each Node is Ready"
+    )
 
 
 def lift(

@@ -18,7 +18,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from runbook_lib.errors import RunbookError
 from runbook_lib.model.machineconfig import contains
 from runbook_lib.model.params import Node
 from runbook_lib.model.redact import redact
@@ -119,10 +118,7 @@ def config_patch(
     left = _cordons_left(ctx, result, [n.name for n in nodes if n.name not in rebooting], lift=do_apply)
     if not do_apply:
         if left:
-            result.notes.append(
-                f"{', '.join(left)} still carry the cordon a run could not lift (annotation "
-                f"{drains.CORDON_MARK}): apply lifts it once each Node is Ready"
-            )
+            result.notes.append(drains.left_note(left))
         result.notes.append("plan only (apply is off): nothing was changed")
         return result.finish()
 
@@ -134,20 +130,12 @@ def _cordons_left(ctx: Context, result: StepResult, names: list[str], *, lift: b
     """The nodes among ``names`` an interrupted run left cordoned (``drains.CORDON_MARK``), lifted once Ready when
     ``lift``. Why here: those nodes are patched already, so no later drain of theirs would lift it, and a cordon
     marked as the runbook's is not an administrator's. Only where the patch reboots nodes (the runbook cordons
-    nowhere else in this step); an API error is a note, not the step's failure."""
-    if not ctx.params.default_runtime_patch or not names:
+    nowhere else in this step)."""
+    if not ctx.params.default_runtime_patch:
         return []
-    try:
-        left = drains.left_by_a_run(ctx, names)
-        if lift and left:
-            kept = drains.uncordon_when_ready(ctx, left, float(ctx.params.timeouts.node_ready_seconds))
-            lifted = [n for n in left if n not in kept]
-            if lifted:
-                result.notes.append(f"lifted the cordon a run could not lift on {', '.join(lifted)}")
-            result.notes += [f"{n}: the cordon a run left stays ({why})" for n, why in kept.items()]
-    except RunbookError as exc:
-        result.notes.append(f"could not look for cordons a run left: {exc.message}")
-        return []
+    left = drains.cordons_left(ctx, result, names)
+    if lift:
+        drains.lift_left(ctx, result, left)
     return left
 
 

@@ -52,7 +52,7 @@ from runbook_lib.model.rollout import Schedule
 from runbook_lib.model.upgrade_risks import preserve_needed
 from runbook_lib.model.versions import TalosVersion
 
-from . import gpu_operator_handover, image_risks
+from . import drains, gpu_operator_handover, image_risks
 from .context import Context, wait_seconds
 from .drains import drain, lift, stays_cordoned
 from .image import MAX_PARALLEL_UPGRADES, NodeState, read_states
@@ -136,8 +136,14 @@ def rollback(
     kube = _kubernetes_plan(ctx, result, evidence, whole_cluster=whole_cluster)
     _dry_run(ctx, todo, results)
     schedule = rollout_schedule(ctx, result, [t.node.name for t in todo])
+    # a cordon a run left is the runbook's change too; a node whose removal reboots it is drained and
+    # uncordoned by its rollout, which lifts that cordon with its own
+    drained = {t.node.name for t in todo if t.reboots}
+    left = drains.cordons_left(ctx, result, [n.name for n in nodes if n.name not in drained])
     refused = [r.node for r in result.nodes if r.status == "failed"]
     if not do_apply or refused or not result.ok:
+        if left and not do_apply:
+            result.notes.append(drains.left_note(left))
         for plan in todo:
             res = results[plan.node.address]
             if res.status != "failed":
@@ -156,6 +162,7 @@ def rollback(
         return result.finish()
     log = result.data.setdefault("rollout", [])
     _roll_out(ctx, schedule, todo, results, progress, timeout=timeout, interval=poll_interval, log=log)
+    drains.lift_left(ctx, result, left)
     return result.finish()
 
 
@@ -202,8 +209,7 @@ def _plan_nodes(
             res.status = "unchanged"
             res.message = "already where the runbook found it"
             continue
-        res.diff = plan.describe(ctx)
-        res.message = _summary(plan)
+        res.message = _summary(plan)  # its diff once the dry run says which removal reboots it (_dry_run)
         todo.append(plan)
     return todo, results
 
