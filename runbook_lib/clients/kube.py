@@ -242,6 +242,32 @@ class Kube:
         data: Obj = json.loads(response.data or b"{}")
         return data
 
+    def allowed(
+        self, verb: str, resource: str, *, group: str = "", subresource: str = "", namespace: str = ""
+    ) -> tuple[bool, str]:
+        """Whether the kubeconfig's user may ``verb`` the resource (``namespace`` "": in every namespace), and the
+        authorizer's reason: the question ``kubectl auth can-i`` asks, a SelfSubjectAccessReview, which every
+        authenticated user may create (RBAC's ``system:basic-user``, kubernetes@v1.35.0
+        plugin/pkg/auth/authorizer/rbac/bootstrappolicy/policy.go) and which changes nothing."""
+        review = _model(
+            client.V1SelfSubjectAccessReview,
+            {
+                "spec": {
+                    "resourceAttributes": {
+                        "verb": verb,
+                        "group": group,
+                        "resource": resource,
+                        "subresource": subresource,
+                        "namespace": namespace,
+                    }
+                }
+            },
+        )
+        api = client.AuthorizationV1Api(self.api)
+        answer = self._call(f"can-i {verb} {resource}", lambda: api.create_self_subject_access_review(review))
+        status = answer.status
+        return bool(status.allowed), str(status.reason or status.evaluation_error or "")
+
     def namespace(self, name: str) -> Obj | None:
         return self._read_or_none(f"read namespace {name}", lambda: self.core.read_namespace(name))
 

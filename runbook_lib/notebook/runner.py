@@ -53,7 +53,16 @@ from runbook_lib.steps.context import Context, connect, resolve_endpoints, sim_s
 
 from . import interrupts, live_events, lock, offline_html, record_content, records
 from .record_content import REPO, RunOutcome, StepOutcome, compact_plan
-from .steps import RESULT_FILE_ENV, ROLLBACK, RUN_ID_ENV, STEP_NAMES, STEPS, StepSpec, journal_file
+from .steps import (
+    RESULT_FILE_ENV,
+    ROLLBACK,
+    RUN_ID_ENV,
+    RUN_STEPS_ENV,
+    STEP_NAMES,
+    STEPS,
+    StepSpec,
+    journal_file,
+)
 
 NOTEBOOKS = REPO / "notebooks"
 KERNEL = "python3"
@@ -409,7 +418,12 @@ def prestart_kernel(items: Sequence[StepSpec], *, notebooks: Path, result_file: 
     try:
         kernel.km.start_kernel(
             cwd=str(notebooks),
-            env={**os.environ, RESULT_FILE_ENV: str(result_file), RUN_ID_ENV: run_id},
+            env={
+                **os.environ,
+                RESULT_FILE_ENV: str(result_file),
+                RUN_ID_ENV: run_id,
+                RUN_STEPS_ENV: ",".join(i.name for i in items),
+            },
             extra_arguments=["--HistoryManager.hist_file=:memory:"],
         )
         _run_silently(kernel, warm_code(items))
@@ -963,7 +977,9 @@ def _prepare(
     env = stack.enter_context(hook(params))
     stack.enter_context(_environment(dict(env)))
     record, params_path = _open_record(root, params, run_id, named_at, html=html)
-    stack.enter_context(_environment({RUN_ID_ENV: run_id}))  # labels the CUDA test pods
+    # the run id labels the CUDA test pods; the steps tell preflight what to check
+    steps_env = {RUN_ID_ENV: run_id, RUN_STEPS_ENV: ",".join(s.name for s in selected)}
+    stack.enter_context(_environment(steps_env))
     secrets = _run_secrets(params)
     loop = _StepLoop(
         selected,
@@ -973,7 +989,7 @@ def _prepare(
         notebooks,
         background,
         signals,
-        run_env={**env, RUN_ID_ENV: run_id},
+        run_env={**env, **steps_env},
         run_id=run_id,
         on_event=scrubbed(on_event, secrets),
         html=html,

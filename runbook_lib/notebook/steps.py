@@ -41,6 +41,9 @@ if TYPE_CHECKING:  # imported when a step changes the cluster: see run_step
 RESULT_FILE_ENV = "RUNBOOK_RESULT_FILE"
 #: Set by ``runbook run``: its run id, which labels the CUDA test pods (so the run can remove leftovers).
 RUN_ID_ENV = "RUNBOOK_RUN_ID"
+#: Set by ``runbook run``: the steps it runs, comma-separated, so preflight checks what those need and no more
+#: (a ``--steps preflight,verify`` health check needs no write permission).
+RUN_STEPS_ENV = "RUNBOOK_RUN_STEPS"
 #: The parameters every step notebook declares (its ``parameters`` cell).
 NOTEBOOK_PARAMETERS = ("params_file", "apply", "nodes", "overrides")
 
@@ -124,6 +127,12 @@ def step_function(step: str) -> Callable[..., StepResult]:
         raise PermanentError(f"step {step!r} is not available in this version ({exc})") from None
     fn: Callable[..., StepResult] = getattr(module, item.function)
     return fn
+
+
+def run_steps() -> list[str] | None:
+    """The steps ``runbook run`` runs (:data:`RUN_STEPS_ENV`); None outside it (a notebook user may run all)."""
+    named = os.environ.get(RUN_STEPS_ENV)
+    return [s for s in named.split(",") if s] if named else None
 
 
 def _call(fn: Callable[..., StepResult], ctx: Context, **kwargs: Any) -> StepResult:
@@ -279,7 +288,7 @@ def run_step(
             item, fn, ctx, params, journal, only=only, show=show, source=(params_file, overrides)
         )
     else:
-        result = _call(fn, ctx, only=only)
+        result = _call(fn, ctx, only=only, steps=run_steps())
         if show:
             show_html(render_html(result, title=item.title))
     _write_result(_payload(item, params, journal, result, plan if plan is not result else None))

@@ -11,6 +11,7 @@ so a re-run shows at a glance which steps will be no-ops.
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +27,7 @@ from runbook_lib.model.parsers import (
 from runbook_lib.model.pci import PciDevice
 from runbook_lib.model.versions import TalosVersion
 
-from . import fixes
+from . import fixes, permissions
 from .context import Context
 from .gpu_presence import gpu_check, not_checked_note, read_pci
 from .patch import read_configs, wanted_documents
@@ -45,13 +46,17 @@ class _NodeReads:
     config_errors: dict[str, str]
 
 
-def preflight(ctx: Context, *, only: list[str] | None = None) -> StepResult:
+def preflight(
+    ctx: Context, *, only: list[str] | None = None, steps: Collection[str] | None = None
+) -> StepResult:
+    """``steps``: the steps of the run it precedes (``runbook run --steps``), whose needs it checks (tools,
+    Kubernetes permissions); None: all of them, as a user going through the notebooks runs them."""
     nodes = ctx.nodes(only)
     addresses = [n.address for n in nodes]
     result = StepResult(step="preflight", applied=False)
 
     client, servers, errors = ctx.talosctl.version(addresses)
-    result.data["versions"] = _tool_versions(ctx, result, client)
+    result.data["versions"] = _tool_versions(ctx, result, client, steps)
     reads = _read_nodes(ctx, nodes, addresses, servers, errors)
     for node in nodes:
         res = NodeResult(node=node.name, address=node.address)
@@ -62,7 +67,9 @@ def preflight(ctx: Context, *, only: list[str] | None = None) -> StepResult:
     return result.finish()
 
 
-def _tool_versions(ctx: Context, result: StepResult, client: str | None) -> dict[str, str]:
+def _tool_versions(
+    ctx: Context, result: StepResult, client: str | None, steps: Collection[str] | None
+) -> dict[str, str]:
     """Check talosctl, helm and the Kubernetes API and return their versions: a missing or unusable tool
     fails preflight, before any step changes a node, and the report shows which versions ran."""
     versions: dict[str, str] = {}
@@ -75,11 +82,12 @@ def _tool_versions(ctx: Context, result: StepResult, client: str | None) -> dict
         result.checks.append(
             Check("helm", False, exc.message, fix=exc.hint or "install helm or set tools.helm")
         )
-    if ctx.params.default_runtime_patch:
+    if ctx.params.default_runtime_patch and (steps is None or "config-patch" in steps):
         _kubectl_check(ctx, result, versions)
     try:
         versions["kubernetes"] = ctx.kube.server_version()
         result.checks.append(Check("kubernetes API", True, f"Kubernetes {versions['kubernetes']}"))
+        result.checks.append(permissions.check(ctx, steps))
     except RunbookError as exc:
         result.checks.append(
             Check("kubernetes API", False, exc.message, fix=exc.hint or "check the kubeconfig parameter")

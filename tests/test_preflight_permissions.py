@@ -1,0 +1,137 @@
+"""Preflight asks the API server whether the kubeconfig's user may make the run's writes, before any change.
+
+Without it, a service account that may not evict pods learned so at the first node whose patch reboots it (after
+the whole fleet's images were upgraded), and one that may not create the RuntimeClass after every node changed.
+On the real control plane (RBAC on, as Talos configures its API server: simkube/components.go), with a real
+service account's token, so the answers are the real authorizer's (SelfSubjectAccessReview, ``kubectl auth
+can-i``'s question).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from runbook_lib.clients.helm import Helm
+from runbook_lib.steps import permissions
+from runbook_lib.steps.preflight import preflight
+from tests.realplane import real_cluster
+
+pytestmark = pytest.mark.slow
+
+USER = "gpu-runner"
+
+
+def _restricted_kubeconfig(ctx: Any, admin: str, out: Path) -> Path:
+    """A kubeconfig for a service account that may read everything and create pods in ``default``, nothing
+    else: the kind of CI identity a site hands a runbook."""
+    rbac = client.RbacAuthorizationV1Api(ctx.kube.api)
+    ctx.kube.core.create_namespaced_service_account("default", {"metadata": {"name": USER}})
+    rbac.create_cluster_role(
+        {
+            "metadata": {"name": USER},
+            "rules": [
+                {"apiGroups": ["*"], "resources": ["*"], "verbs": ["get", "list", "watch"]},
+            ],
+        }
+    )
+    rbac.create_cluster_role_binding(
+        {
+            "metadata": {"name": USER},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": USER},
+            "subjects": [{"kind": "ServiceAccount", "name": USER, "namespace": "default"}],
+        }
+    )
+    rbac.create_namespaced_role(
+        "default",
+        {
+            "metadata": {"name": USER},
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "delete"]}],
+        },
+    )
+    rbac.create_namespaced_role_binding(
+        "default",
+        {
+            "metadata": {"name": USER},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": USER},
+            "subjects": [{"kind": "ServiceAccount", "name": USER, "namespace": "default"}],
+        },
+    )
+    token = ctx.kube.core.create_namespaced_service_account_token(
+        USER, "default", {"spec": {"expirationSeconds": 3600}}
+    ).status.token
+    config = yaml.safe_load(Path(admin).read_text())
+    config["users"] = [{"name": USER, "user": {"token": token}}]
+    for entry in config["contexts"]:
+        entry["context"]["user"] = USER
+    out.write_text(yaml.safe_dump(config))
+    return out
+
+
+def test_preflight_names_each_write_the_kubeconfigs_user_may_not_make_before_any_change(tmp_path):
+    with real_cluster(tmp_path, default_runtime_patch=True) as (params, ctx):
+        admin = permissions.check(ctx)
+        assert admin.ok, admin.message
+        kubeconfig = str(
+            _restricted_kubeconfig(ctx, ctx.endpoints.kubeconfig, tmp_path / "runner.kubeconfig")
+        )
+        endpoints = dataclasses.replace(ctx.endpoints, kubeconfig=kubeconfig)
+        runner = dataclasses.replace(
+            ctx,
+            endpoints=endpoints,
+            _kube=None,
+            helm=Helm(endpoints.helm, kubeconfig=kubeconfig, runner=ctx.helm.runner),
+        )
+        result = preflight(runner)
+        check = next(c for c in result.checks if c.name == permissions.CHECK)
+        assert not check.ok and not result.ok
+        for refused in (
+            "create pods/eviction in every namespace",
+            "patch nodes",
+            "create secrets in kube-system",
+        ):
+            assert refused in check.message, check.message
+        assert "create runtimeclasses.node.k8s.io" in check.message
+        assert "in default" not in check.message, "the pods it may create were named as refused"
+        assert "kubectl auth can-i create pods/eviction -A" in check.fix
+        assert "daemonsets" not in check.message, "get daemonsets is allowed by the read-everything role"
+        assert [e.summary for e in runner.journal.changes()] == []
+
+
+def test_a_health_check_run_asks_no_write_permission_of_a_read_only_user(tmp_path):
+    """``runbook run --steps preflight,verify`` makes no write: the same read-only user passes its preflight."""
+    with real_cluster(tmp_path, default_runtime_patch=True) as (_params, ctx):
+        kubeconfig = str(
+            _restricted_kubeconfig(ctx, ctx.endpoints.kubeconfig, tmp_path / "runner.kubeconfig")
+        )
+        endpoints = dataclasses.replace(ctx.endpoints, kubeconfig=kubeconfig)
+        runner = dataclasses.replace(ctx, endpoints=endpoints, _kube=None)
+        result = preflight(runner, steps=["preflight", "verify"])
+        check = next(c for c in result.checks if c.name == permissions.CHECK)
+        assert check.ok and "no Kubernetes write" in check.message
+        assert "kubectl" not in [c.name for c in result.checks], "no drain in this run: kubectl is not needed"
+        cuda = permissions.check(runner, ["preflight", "cuda-test"])
+        assert cuda.ok, "the role lets it create and delete the test pods: " + cuda.message
+
+
+@pytest.mark.slow
+def test_runbook_run_tells_preflight_which_steps_it_runs(tmp_path):
+    """The steps reach preflight in the run's kernel (``RUNBOOK_RUN_STEPS``): a ``--steps preflight,verify`` run's
+    preflight record says the run makes no Kubernetes write."""
+    import json
+
+    from runbook_lib.cli import main
+    from runbook_lib.notebook import records
+
+    params = str(Path(__file__).parents[1] / "params" / "simulated.yaml")
+    argv = ["run", "-p", params, "--steps", "preflight,verify", "--records", str(tmp_path / "r")]
+    main([*argv, "--state", str(tmp_path / "s"), "--no-progress"])
+    record = records.resolve(tmp_path / "r", None)
+    checks = json.loads((record / "results" / "preflight.json").read_text())["result"]["checks"]
+    [check] = [c for c in checks if c["name"] == permissions.CHECK]
+    assert "no Kubernetes write" in check["message"]
