@@ -221,3 +221,80 @@ def test_a_drain_that_cannot_start_keeps_the_mark_of_a_cordon_a_run_left() -> No
     )
     assert "gpu-7" in drains.drain(ctx, ["gpu-7"]).failed  # type: ignore[arg-type]
     assert not drains.administrators(node)
+
+
+def test_a_kubectl_that_cannot_execute_is_a_refused_drain_and_leaves_no_mark(tmp_path) -> None:
+    """A ``tools.kubectl`` that exists but cannot run (no execute bit; another architecture's binary gives
+    ENOEXEC) raised a bare OSError past the drain's error handling: the step ended with a traceback and the
+    mark stayed on a schedulable Node. The runner now names the file, as for one that is missing."""
+    from runbook_lib.clients.kubectl import Kubectl
+    from runbook_lib.clients.proc import Runner
+
+    binary = tmp_path / "kubectl"
+    binary.write_text("not a program\n")
+    binary.chmod(0o644)
+    node = _node("boot")
+    node["spec"]["unschedulable"] = False
+    cluster = _Cluster({"gpu-7": node})
+    ctx = SimpleNamespace(
+        params=SimpleNamespace(timeouts=SimpleNamespace(drain_seconds=300)),
+        kube=cluster,
+        kubectl=Kubectl(str(binary), kubeconfig=None, runner=Runner()),
+    )
+    outcome = drains.drain(ctx, ["gpu-7"])  # type: ignore[arg-type]
+    assert (
+        f"{binary}: cannot run it" in outcome.failed["gpu-7"] and "tools.kubectl" in outcome.failed["gpu-7"]
+    )
+    assert drains.CORDON_MARK not in (node["metadata"].get("annotations") or {})
+
+
+def test_a_cordon_a_run_left_on_a_node_that_is_down_stays_without_holding_the_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Lifting a cordon a run left is tidying: the node is not rebooting for this step, so one not Ready is down
+    (often why a rollback runs). Before, the step waited ``node_ready_seconds`` (300 s by default) for it."""
+    from runbook_lib.steps.results import StepResult
+
+    def waited(seconds: float) -> None:
+        raise AssertionError(f"the step waited {seconds} s for a node that is down")
+
+    monkeypatch.setattr(drains.time, "sleep", waited)
+    down = _cordoned(marked=True)
+    down["status"]["conditions"][0]["status"] = "Unknown"
+    cluster = _Cluster({"gpu-1": down, "gpu-2": _cordoned(marked=True)})
+
+    def uncordon(node: str) -> Any:
+        cluster.nodes[node]["spec"]["unschedulable"] = False
+        return SimpleNamespace(ok=True, stderr="")
+
+    ctx = SimpleNamespace(
+        params=SimpleNamespace(timeouts=SimpleNamespace(node_ready_seconds=3600)),
+        kube=cluster,
+        kubectl=SimpleNamespace(uncordon=uncordon),
+    )
+    result = StepResult(step="rollback", applied=True)
+    drains.lift_left(ctx, result, ["gpu-1", "gpu-2"])  # type: ignore[arg-type]
+    assert (
+        cluster.nodes["gpu-1"]["spec"]["unschedulable"]
+        and not cluster.nodes["gpu-2"]["spec"]["unschedulable"]
+    )
+    assert "gpu-1: the cordon a run left stays (its Node is not Ready)" in result.notes
+
+
+def test_a_cordon_that_cannot_be_lifted_is_a_note_not_the_loss_of_the_steps_result() -> None:
+    """Rollback lifts leftover cordons after its rollout: an exception there lost the result that lists what the
+    rollout changed."""
+    from runbook_lib.errors import PermanentError
+    from runbook_lib.steps.results import StepResult
+
+    def missing(node: str) -> Any:
+        raise PermanentError("kubectl: command not found")
+
+    ctx = SimpleNamespace(
+        params=SimpleNamespace(timeouts=SimpleNamespace(node_ready_seconds=5)),
+        kube=_Cluster({"gpu-1": _cordoned(marked=True)}),
+        kubectl=SimpleNamespace(uncordon=missing),
+    )
+    result = StepResult(step="rollback", applied=True)
+    drains.lift_left(ctx, result, ["gpu-1"])  # type: ignore[arg-type]
+    assert result.notes == ["the cordon a run left on gpu-1 stays: kubectl: command not found"]

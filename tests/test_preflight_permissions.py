@@ -98,7 +98,11 @@ def test_preflight_names_each_write_the_kubeconfigs_user_may_not_make_before_any
             assert refused in check.message, check.message
         assert "create runtimeclasses.node.k8s.io" in check.message
         assert "in default" not in check.message, "the pods it may create were named as refused"
-        assert "kubectl auth can-i create pods/eviction -A" in check.fix
+        assert "kubectl auth can-i create pods --subresource=eviction -A" in check.fix
+        every = ["preflight", "config-patch", "image", "verify", "kubernetes", "cuda-test"]
+        planned = next(c for c in preflight(runner, steps=every).checks if c.name == permissions.CHECK)
+        assert planned.ok and "an --apply run would be refused: " in planned.message, "a plan-only run failed"
+        assert "create pods/eviction in every namespace" in planned.message
         assert "daemonsets" not in check.message, "get daemonsets is allowed by the read-everything role"
         assert [e.summary for e in runner.journal.changes()] == []
 

@@ -249,6 +249,12 @@ class Runner:
                 f"{argv[0]}: command not found",
                 hint="install it or set its path in the parameters (tools.talosctl / tools.helm / tools.kubectl)",
             ) from None
+        except OSError as exc:  # not executable, another architecture's binary (ENOEXEC): it never started
+            raise PermanentError(
+                f"{argv[0]}: cannot run it: {exc.strerror or exc}",
+                hint="point the parameter at an executable built for this machine (tools.talosctl / tools.helm / "
+                "tools.kubectl)",
+            ) from None
         except subprocess.TimeoutExpired as exc:
             result = CommandResult(
                 argv=tuple(argv),

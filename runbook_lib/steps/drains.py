@@ -164,7 +164,11 @@ def uncordon_when_ready(
             break
         time.sleep(READY_POLL_S)
     for name in pending:
-        left[name] = f"its Node was not Ready from its new boot within {timeout:.0f} s of its reboot"
+        left[name] = (
+            f"its Node was not Ready from its new boot within {timeout:.0f} s of its reboot"
+            if before
+            else "its Node is not Ready"
+        )
     return left
 
 
@@ -233,11 +237,17 @@ def cordons_left(ctx: Context, result: StepResult, names: list[str]) -> list[str
 
 
 def lift_left(ctx: Context, result: StepResult, left: list[str]) -> None:
-    """Lift the cordons :func:`cordons_left` found, each once its Node is Ready; notes say which were lifted and
-    why any stays."""
+    """Lift the cordons :func:`cordons_left` found on the nodes whose Node is Ready now; notes say which were
+    lifted and why any stays. Now, not waited for: these nodes are not rebooting for this step, so one not Ready
+    is down (often why a rollback runs), and waiting ``node_ready_seconds`` for it would hold the step for
+    nothing. An error (kubectl missing, the API gone) is a note: the step's own result must survive it."""
     if not left:
         return
-    kept = uncordon_when_ready(ctx, left, float(ctx.params.timeouts.node_ready_seconds))
+    try:
+        kept = uncordon_when_ready(ctx, left, 0.0)
+    except RunbookError as exc:
+        result.notes.append(f"the cordon a run left on {', '.join(left)} stays: {exc.message}")
+        return
     lifted = [n for n in left if n not in kept]
     if lifted:
         result.notes.append(f"lifted the cordon a run could not lift on {', '.join(lifted)}")

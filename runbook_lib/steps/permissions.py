@@ -8,7 +8,9 @@ will make with the parameters and the cluster as they are, and names each refuse
 asks the same question.
 
 Not asked: what a Helm chart's own templates create (it depends on the chart; helm reports a refusal with the
-object it named), and the reads (a user who may not read Nodes fails preflight's own reads first).
+object it named), nor the steps' reads other than those a write depends on. A plan-only ``runbook run`` makes
+none of these writes: there a refusal is reported without failing preflight (the plan still shows), and named
+as what an ``--apply`` run would meet.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from dataclasses import dataclass
 
 from runbook_lib.errors import RunbookError
 
+from . import gpu_operator_handover
 from .context import Context
 from .cudatest import TEST_NAMESPACE
-from .kubernetes import PRIVILEGED, RUNTIME_CLASS
+from .kubernetes import GPU_PRESENT_LABEL, PRIVILEGED, RUNTIME_CLASS
 from .results import Check
 
 CHECK = "Kubernetes permissions"
@@ -44,41 +47,76 @@ class Need:
         return f"{self.verb} {full}"
 
     def command(self) -> str:
+        """``kubectl auth can-i`` asking the same: a subresource goes in ``--subresource``, since
+        ``<resource>/<x>`` names an object there (k8s.io/kubectl@v0.35.0 pkg/cmd/auth/cani.go:176-183)."""
+        resource = self.resource + (f".{self.group}" if self.group else "")
+        sub = [f"--subresource={self.subresource}"] if self.subresource else []
         where = ["-n", self.namespace] if self.namespace else ["-A"]
-        return shlex.join(["kubectl", "auth", "can-i", *self.what().split(" "), *where])
+        return shlex.join(["kubectl", "auth", "can-i", self.verb, resource, *sub, *where])
 
 
 def needs(ctx: Context, steps: Collection[str] | None = None) -> list[Need]:
     """The writes the run's ``steps`` make (None: all of them, as a user going through the notebooks does), as
     the parameters and the cluster now stand. Why by step: ``runbook run --steps preflight,verify`` with a
-    read-only kubeconfig is a health check that makes no write, and must not fail for writes it will not make."""
+    read-only kubeconfig is a health check that makes no write, and must not fail for writes it will not make.
+    Preflight alone is asked as a readiness gate for the whole runbook: everything."""
+    if steps is not None and not set(steps) - {"preflight"}:
+        steps = None
 
     def runs(step: str) -> bool:
         return steps is None or step in steps
 
-    out = _kubernetes_layer(ctx) if runs("kubernetes") else []
-    out += _cuda_test() if runs("cuda-test") else []
+    out: list[Need] = []
     if ctx.params.default_runtime_patch and runs("config-patch"):
         out += _drains()
-    return out
+    if ctx.plan.kubernetes_layer == "gpu-operator" and (runs("image") or runs("kubernetes")):
+        out += _handover(ctx)
+    out += _kubernetes_layer(ctx) if runs("kubernetes") else []
+    out += _cuda_test() if runs("cuda-test") else []
+    return list(dict.fromkeys(out))
 
 
 def _drains() -> list[Need]:
-    """``kubectl drain`` as the config-patch step runs it (``drains``): it cordons with a strategic merge patch
-    (k8s.io/kubectl@v0.35.0 pkg/drain/cordon.go:104), lists the node's pods in every namespace (drain.go:198),
-    reads each pod's DaemonSet to let it stay (filters.go:196) and evicts the others through the eviction
-    subresource (drain.go:165); the runbook marks and uncordons the Node with patches too."""
+    """``kubectl drain`` as the config-patch step runs it (``drains``): it gets the Node
+    (k8s.io/kubectl@v0.35.0 pkg/cmd/drain/drain.go:293-306), cordons it with a strategic merge patch
+    (pkg/drain/cordon.go:104), lists the node's pods in every namespace (drain.go:198), reads each pod's
+    DaemonSet to let it stay (filters.go:196), evicts the others through the eviction subresource (drain.go:165)
+    and gets each evicted pod until it is gone (drain.go:253-255, :415-430); the runbook marks and uncordons the
+    Node with patches too. In every namespace: a drain evicts whatever runs on the node."""
     why = "drains the nodes a patch reboots"
     return [
+        Need("get", "nodes", why),
         Need("patch", "nodes", why),
         Need("list", "pods", why),
+        Need("get", "pods", why),
         Need("get", "daemonsets", why, group="apps"),
         Need("create", "pods", why, subresource="eviction"),
     ]
 
 
+def _handover(ctx: Context) -> list[Need]:
+    """On the GPU Operator layer, the device plugin's removal (``gpu_operator_handover``), which the image step
+    runs before the first node goes to Talos 1.13 and the Kubernetes step before the operator: ``helm list -A``
+    reads helm's release Secrets in every namespace (helm@v3.14.0 pkg/storage/driver/secrets.go ``List``), and
+    each release found is uninstalled (its objects and its Secrets deleted), then a RuntimeClass ``nvidia`` the
+    operator does not own. A refusal there stops the image step before any upgrade, or leaves the cluster
+    without a device plugin and no operator: asked here."""
+    why = "hands the GPUs from the device plugin to the GPU Operator"
+    out = [Need("list", "secrets", why + " (helm list -A)")]
+    found = gpu_operator_handover.leftovers(ctx)
+    for _name, namespace in found.releases:
+        out += [
+            Need("delete", "secrets", why + " (helm uninstall)", namespace=namespace),
+            Need("delete", "daemonsets", why + " (helm uninstall)", group="apps", namespace=namespace),
+        ]
+    if found.runtime_class:
+        out.append(Need("delete", "runtimeclasses", why, group="node.k8s.io"))
+    return out
+
+
 def _cuda_test() -> list[Need]:
-    """The CUDA test creates its pods and deletes them after (``cudatest``)."""
+    """The CUDA test creates its pods and deletes them after (``cudatest``; a refused ``deletecollection``
+    falls back to deleting each pod, ``Kube.delete_pods``)."""
     why = "runs the CUDA test pods"
     return [
         Need("create", "pods", why, namespace=TEST_NAMESPACE),
@@ -87,28 +125,47 @@ def _cuda_test() -> list[Need]:
 
 
 def _kubernetes_layer(ctx: Context) -> list[Need]:
-    """The Kubernetes step's own writes: the RuntimeClass when missing (device-plugin layer), the release
-    namespace when missing or unlabelled, node labels, and helm's release record, a Secret in the release's
-    namespace (helm's default storage driver: helm@v3.14.0 pkg/storage/driver/secrets.go ``Create``)."""
+    """The Kubernetes step's own writes. helm: ``helm list -A`` reads every namespace's release Secrets; an
+    install creates its release Secret, then updates it with the outcome (helm@v3.14.0 pkg/action/install.go:478,
+    :552-556), and an upgrade also deletes the oldest beyond ``--history-max`` (10) before it creates one
+    (pkg/storage/storage.go:60-70). The RuntimeClass when missing (device-plugin layer), the release namespace
+    when missing or unlabelled, and the labels of GPU nodes that lack them. Not asked: what the chart's own
+    templates create (helm names the object when refused)."""
     plan, why = ctx.plan, "installs the Kubernetes layer"
-    release = plan.helm
-    out = [Need("create", "secrets", why + " (helm's release record)", namespace=release.namespace)]
+    release, record = plan.helm, "installs the Kubernetes layer (helm's release record)"
+    out = [Need("list", "secrets", why + " (helm list -A)")]
+    out += [Need(verb, "secrets", record, namespace=release.namespace) for verb in ("create", "update")]
+    if ctx.helm.release(release.release, release.namespace) is not None:
+        out.append(Need("delete", "secrets", record, namespace=release.namespace))
     if plan.kubernetes_layer == "device-plugin" and ctx.kube.runtime_class(RUNTIME_CLASS) is None:
         out.append(Need("create", "runtimeclasses", why, group="node.k8s.io"))
     if release.privileged_namespace or plan.kubernetes_layer == "gpu-operator":
-        current = ctx.kube.namespace(release.namespace)
-        labels = ((current or {}).get("metadata") or {}).get("labels") or {}
-        if current is None:
-            out.append(Need("create", "namespaces", why))
-        elif any(labels.get(k) != v for k, v in PRIVILEGED.items()):
-            out.append(Need("patch", "namespaces", why))
-    if plan.kubernetes_layer == "device-plugin" and ctx.params.device_plugin.label_nodes:
+        out += _namespace(ctx, release.namespace, why)
+    if plan.kubernetes_layer == "device-plugin" and ctx.params.device_plugin.label_nodes and _unlabelled(ctx):
         out.append(Need("patch", "nodes", why + " (labels the GPU nodes)"))
     return out
 
 
+def _namespace(ctx: Context, name: str, why: str) -> list[Need]:
+    current = ctx.kube.namespace(name)
+    labels = ((current or {}).get("metadata") or {}).get("labels") or {}
+    if current is None:
+        return [Need("create", "namespaces", why)]
+    if any(labels.get(k) != v for k, v in PRIVILEGED.items()):
+        return [Need("patch", "namespaces", why)]
+    return []
+
+
+def _unlabelled(ctx: Context) -> bool:
+    """Some GPU node lacks the label the step sets (one list of the Nodes without it)."""
+    key, value = next(iter(GPU_PRESENT_LABEL.items()))
+    names = {n.name for n in ctx.params.nodes}
+    return any(n["metadata"]["name"] in names for n in ctx.kube.nodes(f"{key}!={value}"))
+
+
 def check(ctx: Context, steps: Collection[str] | None = None) -> Check:
-    """One check: every request allowed, or each refused one named with its reason and the command to ask."""
+    """One check: every request allowed, or each refused one named with its reason and the command to ask.
+    ``steps`` given and apply off (a plan-only ``runbook run``): refusals pass, named as the apply run's."""
     try:
         wanted = needs(ctx, steps)
         answers = ctx.kube.each(
@@ -118,7 +175,9 @@ def check(ctx: Context, steps: Collection[str] | None = None) -> Check:
             wanted,
         )
     except RunbookError as exc:
-        return Check(CHECK, False, f"could not ask the API server: {exc.message}", fix=exc.hint or "")
+        return Check(
+            CHECK, False, f"could not ask what the run may change: {exc.message}", fix=exc.hint or ""
+        )
     refused = [(n, reason) for n, (ok, reason) in zip(wanted, answers, strict=True) if not ok]
     if not wanted:
         return Check(CHECK, True, "the run's steps make no Kubernetes write")
@@ -129,11 +188,16 @@ def check(ctx: Context, steps: Collection[str] | None = None) -> Check:
         + (f": {reason}" if reason else "")
         for n, reason in refused
     )
+    fix = (
+        "grant them (a Role or ClusterRole bound to this user), or run with a kubeconfig that has them; "
+        "check with: " + "; ".join(dict.fromkeys(n.command() for n, _ in refused))
+    )
+    if steps is not None and not ctx.apply:
+        return Check(CHECK, True, f"plan only; an --apply run would be refused: {told}", fix=fix)
     return Check(
         CHECK,
         False,
         f"the API server refuses the kubeconfig's user: {told}",
-        fix="grant them (a Role or ClusterRole bound to this user), or run with a kubeconfig that has them; "
-        "check with: " + "; ".join(dict.fromkeys(n.command() for n, _ in refused)),
+        fix=fix,
         cause="the run would stop at that write, after the changes before it",
     )

@@ -1,0 +1,134 @@
+"""Which writes preflight asks the API server about, for which steps (``steps/permissions.py``).
+
+The answers are the real authorizer's in ``tests/test_preflight_permissions.py``; here, the questions, from the
+parameters and the cluster's state as the API and helm would answer them, checked against the sources the module
+cites (kubectl@v0.35.0 pkg/drain, helm@v3.14.0 pkg/storage and pkg/action/install.go).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+from runbook_lib.clients.helm import Release
+from runbook_lib.model.params import validate
+from runbook_lib.model.plan import build_plan
+from runbook_lib.steps import permissions
+
+
+class _Cluster:
+    def __init__(self, *, runtime_class: dict[str, Any] | None, namespace: dict[str, Any] | None) -> None:
+        self._runtime_class = runtime_class
+        self._namespace = namespace
+        self.unlabelled: list[str] = []
+
+    def runtime_class(self, name: str) -> dict[str, Any] | None:
+        return self._runtime_class
+
+    def namespace(self, name: str) -> dict[str, Any] | None:
+        return self._namespace
+
+    def nodes(self, selector: str | None = None) -> list[dict[str, Any]]:
+        assert selector == "nvidia.com/gpu.present!=true"
+        return [{"metadata": {"name": n}} for n in self.unlabelled]
+
+
+class _Helm:
+    def __init__(self, releases: list[Release]) -> None:
+        self.releases = releases
+
+    def releases_everywhere(self) -> list[Release]:
+        return self.releases
+
+    def release(self, name: str, namespace: str) -> Release | None:
+        return next((r for r in self.releases if (r.name, r.namespace) == (name, namespace)), None)
+
+
+def _ctx(
+    talos: str = "v1.12.7", *, releases: list[Release] = (), kube: _Cluster | None = None, **more: Any
+) -> Any:
+    params = validate(
+        {
+            "cluster": "c",
+            "talos_version": talos,
+            "nodes": [{"name": "gpu-1", "address": "10.0.0.1"}],
+            **more,
+        },
+        source="test",
+    )
+    kube = kube or _Cluster(runtime_class=None, namespace=None)
+    return SimpleNamespace(params=params, plan=build_plan(params), kube=kube, helm=_Helm(list(releases)))
+
+
+def _asked(needs: list[permissions.Need]) -> set[str]:
+    return {f"{n.what()} {n.namespace or '*'}" for n in needs}
+
+
+def test_a_drain_asks_what_kubectl_drain_does_and_only_where_a_patch_reboots() -> None:
+    asked = _asked(permissions.needs(_ctx(default_runtime_patch=True), ["config-patch"]))
+    assert asked == {
+        "get nodes *",
+        "patch nodes *",
+        "list pods *",
+        "get pods *",
+        "get daemonsets.apps *",
+        "create pods/eviction *",
+    }
+    assert permissions.needs(_ctx(), ["config-patch"]) == []
+
+
+def test_an_install_asks_for_helms_release_record_and_what_is_missing() -> None:
+    """A first install: helm lists every namespace's releases, creates the release Secret and updates it with
+    the outcome; the RuntimeClass is created; the GPU node lacks its label."""
+    kube = _Cluster(runtime_class=None, namespace=None)
+    kube.unlabelled = ["gpu-1", "cpu-9"]
+    asked = _asked(permissions.needs(_ctx(kube=kube), ["kubernetes"]))
+    assert asked == {
+        "list secrets *",
+        "create secrets kube-system",
+        "update secrets kube-system",
+        "create runtimeclasses.node.k8s.io *",
+        "patch nodes *",
+    }
+
+
+def test_what_is_already_there_is_not_asked_for_but_an_upgrade_may_prune_helms_history() -> None:
+    kube = _Cluster(runtime_class={"handler": "nvidia"}, namespace=None)
+    kube.unlabelled = ["cpu-9"]  # not a GPU node of the parameters
+    deployed = Release("nvidia-device-plugin", "kube-system", "nvidia-device-plugin-0.18.0", "deployed", 3)
+    asked = _asked(permissions.needs(_ctx(kube=kube, releases=[deployed]), ["kubernetes"]))
+    assert asked == {
+        "list secrets *",
+        "create secrets kube-system",
+        "update secrets kube-system",
+        "delete secrets kube-system",
+    }
+
+
+def test_the_gpu_operator_layer_asks_for_the_device_plugins_removal_from_the_image_step_on() -> None:
+    """The image step uninstalls the device plugin before the first node goes to Talos 1.13: a refusal there
+    must show at preflight, not after the plan was approved."""
+    plugin = Release("nvdp", "nvidia-device-plugin", "nvidia-device-plugin-0.18.0", "deployed", 1)
+    kube = _Cluster(runtime_class={"metadata": {}, "handler": "nvidia"}, namespace=None)
+    asked = _asked(permissions.needs(_ctx("v1.13.0", kube=kube, releases=[plugin]), ["image"]))
+    assert asked == {
+        "list secrets *",
+        "delete secrets nvidia-device-plugin",
+        "delete daemonsets.apps nvidia-device-plugin",
+        "delete runtimeclasses.node.k8s.io *",
+    }
+
+
+def test_preflight_alone_is_a_readiness_gate_for_the_whole_runbook() -> None:
+    ctx = _ctx(default_runtime_patch=True)
+    assert permissions.needs(ctx, ["preflight"]) == permissions.needs(ctx, None)
+    assert permissions.needs(ctx, ["preflight", "verify"]) == []
+
+
+def test_the_command_asks_for_the_subresource_as_kubectl_auth_can_i_reads_it() -> None:
+    """``kubectl auth can-i create pods/eviction`` asks about a pod *named* eviction (k8s.io/kubectl@v0.35.0
+    pkg/cmd/auth/cani.go:176-183); the subresource is a flag."""
+    [evict] = [
+        n for n in permissions.needs(_ctx(default_runtime_patch=True), ["config-patch"]) if n.subresource
+    ]
+    assert evict.command() == "kubectl auth can-i create pods --subresource=eviction -A"
