@@ -9,84 +9,23 @@ can-i``'s question).
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
-from kubernetes import client
 
-from runbook_lib.clients.helm import Helm
 from runbook_lib.steps import permissions
 from runbook_lib.steps.preflight import preflight
+from tests.rbac import as_restricted_user
 from tests.realplane import real_cluster
 
 pytestmark = pytest.mark.slow
-
-USER = "gpu-runner"
-
-
-def _restricted_kubeconfig(ctx: Any, admin: str, out: Path) -> Path:
-    """A kubeconfig for a service account that may read everything and create pods in ``default``, nothing
-    else: the kind of CI identity a site hands a runbook."""
-    rbac = client.RbacAuthorizationV1Api(ctx.kube.api)
-    ctx.kube.core.create_namespaced_service_account("default", {"metadata": {"name": USER}})
-    rbac.create_cluster_role(
-        {
-            "metadata": {"name": USER},
-            "rules": [
-                {"apiGroups": ["*"], "resources": ["*"], "verbs": ["get", "list", "watch"]},
-            ],
-        }
-    )
-    rbac.create_cluster_role_binding(
-        {
-            "metadata": {"name": USER},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": USER},
-            "subjects": [{"kind": "ServiceAccount", "name": USER, "namespace": "default"}],
-        }
-    )
-    rbac.create_namespaced_role(
-        "default",
-        {
-            "metadata": {"name": USER},
-            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "delete"]}],
-        },
-    )
-    rbac.create_namespaced_role_binding(
-        "default",
-        {
-            "metadata": {"name": USER},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": USER},
-            "subjects": [{"kind": "ServiceAccount", "name": USER, "namespace": "default"}],
-        },
-    )
-    token = ctx.kube.core.create_namespaced_service_account_token(
-        USER, "default", {"spec": {"expirationSeconds": 3600}}
-    ).status.token
-    config = yaml.safe_load(Path(admin).read_text())
-    config["users"] = [{"name": USER, "user": {"token": token}}]
-    for entry in config["contexts"]:
-        entry["context"]["user"] = USER
-    out.write_text(yaml.safe_dump(config))
-    return out
 
 
 def test_preflight_names_each_write_the_kubeconfigs_user_may_not_make_before_any_change(tmp_path):
     with real_cluster(tmp_path, default_runtime_patch=True) as (params, ctx):
         admin = permissions.check(ctx)
         assert admin.ok, admin.message
-        kubeconfig = str(
-            _restricted_kubeconfig(ctx, ctx.endpoints.kubeconfig, tmp_path / "runner.kubeconfig")
-        )
-        endpoints = dataclasses.replace(ctx.endpoints, kubeconfig=kubeconfig)
-        runner = dataclasses.replace(
-            ctx,
-            endpoints=endpoints,
-            _kube=None,
-            helm=Helm(endpoints.helm, kubeconfig=kubeconfig, runner=ctx.helm.runner),
-        )
+        runner = as_restricted_user(ctx, tmp_path)
         result = preflight(runner)
         check = next(c for c in result.checks if c.name == permissions.CHECK)
         assert not check.ok and not result.ok
@@ -101,7 +40,7 @@ def test_preflight_names_each_write_the_kubeconfigs_user_may_not_make_before_any
         assert "kubectl auth can-i create pods --subresource=eviction -A" in check.fix
         every = ["preflight", "config-patch", "image", "verify", "kubernetes", "cuda-test"]
         planned = next(c for c in preflight(runner, steps=every).checks if c.name == permissions.CHECK)
-        assert planned.ok and "an --apply run would be refused: " in planned.message, "a plan-only run failed"
+        assert planned.ok and "applying would be refused: " in planned.message, "a plan-only run failed"
         assert "create pods/eviction in every namespace" in planned.message
         assert "daemonsets" not in check.message, "get daemonsets is allowed by the read-everything role"
         assert [e.summary for e in runner.journal.changes()] == []
@@ -110,11 +49,7 @@ def test_preflight_names_each_write_the_kubeconfigs_user_may_not_make_before_any
 def test_a_health_check_run_asks_no_write_permission_of_a_read_only_user(tmp_path):
     """``runbook run --steps preflight,verify`` makes no write: the same read-only user passes its preflight."""
     with real_cluster(tmp_path, default_runtime_patch=True) as (_params, ctx):
-        kubeconfig = str(
-            _restricted_kubeconfig(ctx, ctx.endpoints.kubeconfig, tmp_path / "runner.kubeconfig")
-        )
-        endpoints = dataclasses.replace(ctx.endpoints, kubeconfig=kubeconfig)
-        runner = dataclasses.replace(ctx, endpoints=endpoints, _kube=None)
+        runner = as_restricted_user(ctx, tmp_path)
         result = preflight(runner, steps=["preflight", "verify"])
         check = next(c for c in result.checks if c.name == permissions.CHECK)
         assert check.ok and "no Kubernetes write" in check.message

@@ -716,3 +716,35 @@ def test_a_cordon_an_interrupted_run_left_is_lifted_by_the_rollback(sim_with_api
     assert (ctx.kube.node("talos-worker-3") or {})["spec"].get("unschedulable"), (
         "the administrator's cordon went"
     )
+
+
+@pytest.mark.slow
+def test_a_rollback_the_api_server_would_refuse_halfway_changes_nothing(
+    sim_with_api: Path, tmp_path: Path
+) -> None:
+    """The default runtime's removal reboots the node, so the rollback drains it; a user who may not evict pods
+    would have its drain refused after the rollback began. Asked of the real API server's RBAC authorizer before
+    any change: the plan names the refusal, and applying changes nothing."""
+    from tests.rbac import as_restricted_user
+
+    sim = sim_with_api
+    record = _patch_and_upgrade(sim, WORKERS[:1], default_runtime_patch=True)
+    planner = as_restricted_user(_ctx(sim, default_runtime_patch=True, apply=False), tmp_path)
+    plan = rollback(planner, evidence=evidence_from_records([record]))
+    [asked] = [c for c in plan.checks if c.name == "Kubernetes permissions"]
+    assert asked.ok and "applying would be refused: " in asked.message
+    assert (
+        "create pods/eviction in every namespace (the run drains the nodes a removal patch reboots)"
+        in asked.message
+    )
+    ctx = as_restricted_user(_ctx(sim, default_runtime_patch=True), tmp_path)
+    result = rollback(ctx, evidence=evidence_from_records([record]), settle_timeout=30.0, poll_interval=0.1)
+    [refused] = [c for c in result.checks if c.name == "Kubernetes permissions"]
+    assert (
+        not refused.ok
+        and not result.ok
+        and "kubectl auth can-i create pods --subresource=eviction" in refused.fix
+    )
+    assert _calls(ctx) == [] and result.node("talos-worker-1").status == "skipped"
+    machine = next(d for d in _config(ctx, "talos-worker-1") if "machine" in d)["machine"]
+    assert machine.get("files"), "the default runtime was removed all the same"

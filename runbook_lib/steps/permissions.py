@@ -76,14 +76,25 @@ def needs(ctx: Context, steps: Collection[str] | None = None) -> list[Need]:
     return list(dict.fromkeys(out))
 
 
-def _drains() -> list[Need]:
+def for_rollback(
+    kube_layer: gpu_operator_handover.Leftovers | None, *, drains: bool, cordons: bool
+) -> list[Need]:
+    """The writes a rollback makes: the Kubernetes layer's removal, the drains of nodes whose removal patch
+    reboots them, and the uncordon of a cordon a run left (a patch of the Node)."""
+    out = removal(kube_layer, "removes the Kubernetes layer the runbook created") if kube_layer else []
+    out += _drains("drains the nodes a removal patch reboots") if drains else []
+    if cordons:
+        out.append(Need("patch", "nodes", "lifts the cordon a run left"))
+    return list(dict.fromkeys(out))
+
+
+def _drains(why: str = "drains the nodes a patch reboots") -> list[Need]:
     """``kubectl drain`` as the config-patch step runs it (``drains``): it gets the Node
     (k8s.io/kubectl@v0.35.0 pkg/cmd/drain/drain.go:293-306), cordons it with a strategic merge patch
     (pkg/drain/cordon.go:104), lists the node's pods in every namespace (drain.go:198), reads each pod's
     DaemonSet to let it stay (filters.go:196), evicts the others through the eviction subresource (drain.go:165)
     and gets each evicted pod until it is gone (drain.go:253-255, :415-430); the runbook marks and uncordons the
     Node with patches too. In every namespace: a drain evicts whatever runs on the node."""
-    why = "drains the nodes a patch reboots"
     return [
         Need("get", "nodes", why),
         Need("patch", "nodes", why),
@@ -103,7 +114,14 @@ def _handover(ctx: Context) -> list[Need]:
     without a device plugin and no operator: asked here."""
     why = "hands the GPUs from the device plugin to the GPU Operator"
     out = [Need("list", "secrets", why + " (helm list -A)")]
-    found = gpu_operator_handover.leftovers(ctx)
+    return out + removal(gpu_operator_handover.leftovers(ctx), why)
+
+
+def removal(found: gpu_operator_handover.Leftovers, why: str) -> list[Need]:
+    """Removing ``found``: ``helm uninstall`` deletes each release's objects (the device plugin's DaemonSet;
+    what else depends on the chart) and its release Secrets (helm@v3.14.0 pkg/action/uninstall.go), then the
+    RuntimeClass is deleted."""
+    out: list[Need] = []
     for _name, namespace in found.releases:
         out += [
             Need("delete", "secrets", why + " (helm uninstall)", namespace=namespace),
@@ -164,10 +182,21 @@ def _unlabelled(ctx: Context) -> bool:
 
 
 def check(ctx: Context, steps: Collection[str] | None = None) -> Check:
-    """One check: every request allowed, or each refused one named with its reason and the command to ask.
-    ``steps`` given and apply off (a plan-only ``runbook run``): refusals pass, named as the apply run's."""
+    """One check of the run's ``steps`` (:func:`needs`). ``steps`` given and apply off (a plan-only
+    ``runbook run``): refusals pass, named as the apply run's."""
     try:
         wanted = needs(ctx, steps)
+    except RunbookError as exc:
+        return Check(
+            CHECK, False, f"could not read what the run will change: {exc.message}", fix=exc.hint or ""
+        )
+    return verdict(ctx, wanted, advisory=steps is not None and not ctx.apply)
+
+
+def verdict(ctx: Context, wanted: list[Need], *, advisory: bool) -> Check:
+    """Ask about each of ``wanted``: every one allowed, or each refused one named with its reason and the command
+    that asks the same. ``advisory`` (a plan): refusals are named, as what applying would meet, and pass."""
+    try:
         answers = ctx.kube.each(
             lambda n: ctx.kube.allowed(
                 n.verb, n.resource, group=n.group, subresource=n.subresource, namespace=n.namespace
@@ -175,14 +204,12 @@ def check(ctx: Context, steps: Collection[str] | None = None) -> Check:
             wanted,
         )
     except RunbookError as exc:
-        return Check(
-            CHECK, False, f"could not ask what the run may change: {exc.message}", fix=exc.hint or ""
-        )
+        return Check(CHECK, False, f"could not ask the API server: {exc.message}", fix=exc.hint or "")
     refused = [(n, reason) for n, (ok, reason) in zip(wanted, answers, strict=True) if not ok]
     if not wanted:
-        return Check(CHECK, True, "the run's steps make no Kubernetes write")
+        return Check(CHECK, True, "no Kubernetes write to make")
     if not refused:
-        return Check(CHECK, True, f"the kubeconfig's user may make the run's {len(wanted)} kinds of write")
+        return Check(CHECK, True, f"the kubeconfig's user may make the {len(wanted)} kinds of write")
     told = "; ".join(
         f"{n.what()} {'in ' + n.namespace if n.namespace else 'in every namespace'} (the run {n.why})"
         + (f": {reason}" if reason else "")
@@ -192,8 +219,8 @@ def check(ctx: Context, steps: Collection[str] | None = None) -> Check:
         "grant them (a Role or ClusterRole bound to this user), or run with a kubeconfig that has them; "
         "check with: " + "; ".join(dict.fromkeys(n.command() for n, _ in refused))
     )
-    if steps is not None and not ctx.apply:
-        return Check(CHECK, True, f"plan only; an --apply run would be refused: {told}", fix=fix)
+    if advisory:
+        return Check(CHECK, True, f"plan only; applying would be refused: {told}", fix=fix)
     return Check(
         CHECK,
         False,

@@ -52,7 +52,7 @@ from runbook_lib.model.rollout import Schedule
 from runbook_lib.model.upgrade_risks import preserve_needed
 from runbook_lib.model.versions import TalosVersion
 
-from . import drains, gpu_operator_handover, image_risks
+from . import drains, gpu_operator_handover, image_risks, permissions
 from .context import Context, wait_seconds
 from .drains import drain, lift, stays_cordoned
 from .image import MAX_PARALLEL_UPGRADES, NodeState, read_states
@@ -140,6 +140,11 @@ def rollback(
     # uncordoned by its rollout, which lifts that cordon with its own
     drained = {t.node.name for t in todo if t.reboots}
     left = drains.cordons_left(ctx, result, [n.name for n in nodes if n.name not in drained])
+    # before any change: a write the API server refuses would stop the rollback halfway (the Kubernetes layer
+    # gone, a node left unpatched because its drain was refused)
+    wanted = permissions.for_rollback(kube, drains=bool(drained), cordons=bool(left))
+    if wanted:
+        result.checks.append(permissions.verdict(ctx, wanted, advisory=not do_apply))
     refused = [r.node for r in result.nodes if r.status == "failed"]
     if not do_apply or refused or not result.ok:
         if left and not do_apply:
