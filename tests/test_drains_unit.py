@@ -273,12 +273,13 @@ def test_a_cordon_a_run_left_on_a_node_that_is_down_stays_without_holding_the_st
         kubectl=SimpleNamespace(uncordon=uncordon),
     )
     result = StepResult(step="rollback", applied=True)
-    drains.lift_left(ctx, result, ["gpu-1", "gpu-2"])  # type: ignore[arg-type]
+    drains.lift_left(ctx, result, ["gpu-1", "gpu-2"], wait_s=0.0)  # type: ignore[arg-type]  # as rollback does
     assert (
         cluster.nodes["gpu-1"]["spec"]["unschedulable"]
         and not cluster.nodes["gpu-2"]["spec"]["unschedulable"]
     )
-    assert "gpu-1: the cordon a run left stays (its Node is not Ready)" in result.notes
+    [note] = [n for n in result.notes if n.startswith("gpu-1:")]
+    assert "its Node was not Ready within 0 s" in note and "kubectl uncordon gpu-1 once it is back" in note
 
 
 def test_a_cordon_that_cannot_be_lifted_is_a_note_not_the_loss_of_the_steps_result() -> None:
@@ -298,3 +299,39 @@ def test_a_cordon_that_cannot_be_lifted_is_a_note_not_the_loss_of_the_steps_resu
     result = StepResult(step="rollback", applied=True)
     drains.lift_left(ctx, result, ["gpu-1"])  # type: ignore[arg-type]
     assert result.notes == ["the cordon a run left on gpu-1 stays: kubectl: command not found"]
+
+
+def test_a_step_waits_a_bounded_time_for_a_node_an_interrupted_run_left_still_booting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """config-patch may run right after the interrupted run, its node still coming back: it waits for it, but
+    at most ``LEFT_READY_S``, not ``node_ready_seconds`` (a node that is down must not hold the step)."""
+    from runbook_lib.steps.results import StepResult
+
+    clock = [0.0]
+    monkeypatch.setattr(drains.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(drains.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    booting = _cordoned(marked=True)
+    booting["status"]["conditions"][0]["status"] = "Unknown"
+    cluster = _Cluster({"gpu-1": booting})
+    ready_at = [20.0]
+
+    def node(name: str) -> Any:
+        if clock[0] >= ready_at[0]:
+            booting["status"]["conditions"][0]["status"] = "True"
+        return cluster.nodes[name]
+
+    ctx = SimpleNamespace(
+        params=SimpleNamespace(timeouts=SimpleNamespace(node_ready_seconds=3600)),
+        kube=SimpleNamespace(node=node, annotate_node=cluster.annotate_node),
+        kubectl=SimpleNamespace(uncordon=lambda n: SimpleNamespace(ok=True, stderr="")),
+    )
+    result = StepResult(step="config-patch", applied=True)
+    drains.lift_left(ctx, result, ["gpu-1"])  # type: ignore[arg-type]
+    assert result.notes == ["lifted the cordon a run could not lift on gpu-1"]
+    booting["status"]["conditions"][0]["status"] = "Unknown"
+    clock[0], ready_at[0] = 0.0, float("inf")  # down for good
+    down = StepResult(step="config-patch", applied=True)
+    drains.lift_left(ctx, down, ["gpu-1"])  # type: ignore[arg-type]
+    assert clock[0] <= drains.LEFT_READY_S + drains.READY_POLL_S
+    assert f"its Node was not Ready within {drains.LEFT_READY_S:.0f} s" in down.notes[0]

@@ -28,6 +28,14 @@ class _Cluster:
     def namespace(self, name: str) -> dict[str, Any] | None:
         return self._namespace
 
+    def kinds(self, api_version: str) -> dict[str, tuple[str, bool]]:
+        """As discovery answers (kubernetes v1.35.0)."""
+        return {
+            "apps/v1": {"DaemonSet": ("daemonsets", True)},
+            "v1": {"ServiceAccount": ("serviceaccounts", True)},
+            "rbac.authorization.k8s.io/v1": {"ClusterRole": ("clusterroles", False)},
+        }.get(api_version, {})
+
     def nodes(self, selector: str | None = None) -> list[dict[str, Any]]:
         assert selector == "nvidia.com/gpu.present!=true"
         return [{"metadata": {"name": n}} for n in self.unlabelled]
@@ -42,6 +50,15 @@ class _Helm:
 
     def release(self, name: str, namespace: str) -> Release | None:
         return next((r for r in self.releases if (r.name, r.namespace) == (name, namespace)), None)
+
+    def manifest(self, name: str, namespace: str) -> list[tuple[str, str, str]]:
+        """The device-plugin chart's objects with a config map set (k8s-device-plugin@v0.18.0
+        deployments/helm/nvidia-device-plugin/templates: daemonset.yml, service-account.yml, role.yml)."""
+        return [
+            ("apps/v1", "DaemonSet", namespace),
+            ("v1", "ServiceAccount", namespace),
+            ("rbac.authorization.k8s.io/v1", "ClusterRole", ""),
+        ]
 
 
 def _ctx(
@@ -107,14 +124,19 @@ def test_what_is_already_there_is_not_asked_for_but_an_upgrade_may_prune_helms_h
 
 def test_the_gpu_operator_layer_asks_for_the_device_plugins_removal_from_the_image_step_on() -> None:
     """The image step uninstalls the device plugin before the first node goes to Talos 1.13: a refusal there
-    must show at preflight, not after the plan was approved."""
+    must show at preflight, not after the plan was approved. ``helm uninstall --wait`` deletes, then watches, each
+    object of the release and purges its Secrets (helm@v4.1.4 pkg/action/uninstall.go:98,161,179-182,256-289):
+    a user who may delete the DaemonSet but not the chart's ClusterRole left the release ``uninstalling``."""
     plugin = Release("nvdp", "nvidia-device-plugin", "nvidia-device-plugin-0.18.0", "deployed", 1)
     kube = _Cluster(runtime_class={"metadata": {}, "handler": "nvidia"}, namespace=None)
     asked = _asked(permissions.needs(_ctx("v1.13.0", kube=kube, releases=[plugin]), ["image"]))
+    ns = "nvidia-device-plugin"
     assert asked == {
         "list secrets *",
-        "delete secrets nvidia-device-plugin",
-        "delete daemonsets.apps nvidia-device-plugin",
+        *(f"{verb} secrets {ns}" for verb in ("list", "get", "delete")),
+        *(f"{verb} daemonsets.apps {ns}" for verb in ("delete", "list", "watch")),
+        *(f"{verb} serviceaccounts {ns}" for verb in ("delete", "list", "watch")),
+        *(f"{verb} clusterroles.rbac.authorization.k8s.io *" for verb in ("delete", "list", "watch")),
         "delete runtimeclasses.node.k8s.io *",
     }
 
@@ -132,3 +154,42 @@ def test_the_command_asks_for_the_subresource_as_kubectl_auth_can_i_reads_it() -
         n for n in permissions.needs(_ctx(default_runtime_patch=True), ["config-patch"]) if n.subresource
     ]
     assert evict.command() == "kubectl auth can-i create pods --subresource=eviction -A"
+
+
+class _RefusingHelm(_Helm):
+    """helm as it answers a user who may not list Secrets: every read fails (helm list exits 1)."""
+
+    def releases_everywhere(self) -> list[Release]:
+        from runbook_lib.errors import PermanentError
+
+        raise PermanentError(
+            'helm list -A failed: secrets is forbidden: User "x" cannot list resource "secrets"'
+        )
+
+    def release(self, name: str, namespace: str) -> Release | None:
+        self.releases_everywhere()
+        return None
+
+
+def test_a_helm_that_cannot_read_its_releases_makes_the_questions_that_name_why() -> None:
+    """Before, helm's refusal failed preflight with helm's raw error, even a plan-only run's; now the access
+    reviews ask ``list secrets`` (which names the refusal) and, not knowing, the upgrade's larger questions."""
+    ctx = _ctx("v1.13.0", kube=_Cluster(runtime_class=None, namespace={"metadata": {"labels": {}}}))
+    ctx.helm = _RefusingHelm([])
+    asked = _asked(permissions.needs(ctx, ["image", "kubernetes"]))
+    assert {"list secrets *", "create secrets gpu-operator", "delete secrets gpu-operator"} <= asked
+
+
+def test_an_api_server_that_cannot_be_asked_fails_only_where_no_write_fails_safely_on_its_own() -> None:
+    """Rollback is often run on a broken cluster: with the API down its drains fail per node, unpatched, so the
+    Talos side may still go back; the removal of the Kubernetes layer needs the answer first."""
+    from runbook_lib.errors import RetryableError
+
+    def down(*args: Any, **kwargs: Any) -> Any:
+        raise RetryableError("can-i: the Kubernetes API did not answer")
+
+    ctx = SimpleNamespace(kube=SimpleNamespace(each=lambda fn, items: [fn(i) for i in items], allowed=down))
+    wanted = permissions.for_rollback(ctx, None, drains=True, cordons=False)  # type: ignore[arg-type]
+    assert permissions.verdict(ctx, wanted, advisory=False, unasked_ok=True).ok  # type: ignore[arg-type]
+    assert not permissions.verdict(ctx, wanted, advisory=False).ok  # type: ignore[arg-type]
+    assert permissions.verdict(ctx, wanted, advisory=True).ok  # type: ignore[arg-type]

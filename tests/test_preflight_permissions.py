@@ -74,3 +74,27 @@ def test_runbook_run_tells_preflight_which_steps_it_runs(tmp_path):
     checks = json.loads((record / "results" / "preflight.json").read_text())["result"]["checks"]
     [check] = [c for c in checks if c["name"] == permissions.CHECK]
     assert "no Kubernetes write" in check["message"]
+
+
+def test_a_layers_removal_asks_for_every_kind_of_object_its_release_made(tmp_path):
+    """``helm uninstall --wait`` deletes and watches each object of the release's manifest and purges its
+    Secrets (helm@v4.1.4 pkg/action/uninstall.go:98,161,179-182,256-289). The objects come from the real helm's
+    ``helm get manifest`` of a release the Kubernetes step installed, their resources from the real API server's
+    discovery; the read-everything user may list and watch them but not delete them."""
+    from runbook_lib.steps.gpu_operator_handover import Leftovers
+    from runbook_lib.steps.kubernetes import kubernetes_layer
+
+    with real_cluster(tmp_path, scenario="gpu-ready", apply=True) as (params, ctx):
+        assert kubernetes_layer(ctx, timeout_s=180).ok
+        release = (ctx.plan.helm.release, ctx.plan.helm.namespace)
+        found = Leftovers((release,), runtime_class=True)
+        asked = {f"{n.what()} {n.namespace or '*'}" for n in permissions.removal(ctx, found, "removes it")}
+        ns = ctx.plan.helm.namespace
+        assert {f"delete daemonsets.apps {ns}", f"watch daemonsets.apps {ns}", f"get secrets {ns}"} <= asked
+        assert "delete runtimeclasses.node.k8s.io *" in asked
+        runner = as_restricted_user(ctx, tmp_path)
+        verdict = permissions.verdict(
+            runner, permissions.removal(runner, found, "removes it"), advisory=False
+        )
+        assert not verdict.ok and f"delete daemonsets.apps in {ns}" in verdict.message
+        assert f"watch daemonsets.apps in {ns}" not in verdict.message, "the read-everything role may watch"

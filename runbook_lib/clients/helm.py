@@ -159,6 +159,22 @@ class Helm(KubeconfigTool):
     def release(self, name: str, namespace: str) -> Release | None:
         return next((r for r in self.releases(namespace) if r.name == name), None)
 
+    def manifest(self, name: str, namespace: str) -> list[tuple[str, str, str]]:
+        """(apiVersion, kind, namespace or "") of each object the release made (``helm get manifest``): what
+        ``helm uninstall`` deletes (helm@v4.1.4 pkg/action/uninstall.go:256-289). Journalled without its output:
+        a chart's Secrets are in it."""
+        result = self.run(["get", "manifest", name, "-n", namespace], journal_output=False).check(
+            "helm get manifest"
+        )
+        objects = []
+        for doc in yaml.safe_load_all(result.stdout):
+            if isinstance(doc, dict) and doc.get("kind"):
+                meta = doc.get("metadata") or {}
+                objects.append(
+                    (str(doc.get("apiVersion") or ""), str(doc["kind"]), str(meta.get("namespace") or ""))
+                )
+        return objects
+
     def values(self, name: str, namespace: str) -> dict[str, Any]:
         """The values the release was given (its user-supplied ones, as ``helm get values`` prints them).
 

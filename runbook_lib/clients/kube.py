@@ -242,6 +242,27 @@ class Kube:
         data: Obj = json.loads(response.data or b"{}")
         return data
 
+    def kinds(self, api_version: str) -> dict[str, tuple[str, bool]]:
+        """Kind -> (resource, namespaced) of one API group version, from the API server's discovery document
+        (what kubectl's and helm's REST mapper read); {} for a group version the server does not serve (a CRD
+        not installed). Discovery is readable by every authenticated user (``system:discovery``)."""
+        path = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+
+        def read() -> Obj:
+            try:
+                return self._get_json(path, [], None)
+            except ApiException as exc:
+                if exc.status == 404:
+                    return {}
+                raise
+
+        found = self._call(f"discover {api_version}", read)
+        return {
+            str(r["kind"]): (str(r["name"]), bool(r.get("namespaced")))
+            for r in found.get("resources") or []
+            if "/" not in str(r.get("name", ""))
+        }
+
     def allowed(
         self, verb: str, resource: str, *, group: str = "", subresource: str = "", namespace: str = ""
     ) -> tuple[bool, str]:

@@ -167,7 +167,7 @@ def uncordon_when_ready(
         left[name] = (
             f"its Node was not Ready from its new boot within {timeout:.0f} s of its reboot"
             if before
-            else "its Node is not Ready"
+            else f"its Node was not Ready within {timeout:.0f} s"
         )
     return left
 
@@ -236,22 +236,33 @@ def cordons_left(ctx: Context, result: StepResult, names: list[str]) -> list[str
         return []
 
 
-def lift_left(ctx: Context, result: StepResult, left: list[str]) -> None:
-    """Lift the cordons :func:`cordons_left` found on the nodes whose Node is Ready now; notes say which were
-    lifted and why any stays. Now, not waited for: these nodes are not rebooting for this step, so one not Ready
-    is down (often why a rollback runs), and waiting ``node_ready_seconds`` for it would hold the step for
-    nothing. An error (kubectl missing, the API gone) is a note: the step's own result must survive it."""
+#: How long a step waits for a node it found cordoned by an interrupted run to be Ready before it lifts that
+#: cordon: such a node is not rebooting for this step, though it may still be coming back from the run that left
+#: it; one not Ready after this is down (often why a rollback runs), and ``node_ready_seconds`` (300 s by
+#: default) would hold the step for nothing. Our choice, not from a source.
+LEFT_READY_S = 60.0
+
+
+def lift_left(ctx: Context, result: StepResult, left: list[str], *, wait_s: float = LEFT_READY_S) -> None:
+    """Lift the cordons :func:`cordons_left` found on the nodes whose Node is Ready within ``wait_s`` (at most
+    ``node_ready_seconds``); notes say which were lifted and why any stays. An error (kubectl missing, the API
+    gone) is a note: the step's own result must survive it."""
     if not left:
         return
     try:
-        kept = uncordon_when_ready(ctx, left, 0.0)
+        wait = min(wait_s, float(ctx.params.timeouts.node_ready_seconds))
+        kept = uncordon_when_ready(ctx, left, wait)
     except RunbookError as exc:
         result.notes.append(f"the cordon a run left on {', '.join(left)} stays: {exc.message}")
         return
     lifted = [n for n in left if n not in kept]
     if lifted:
         result.notes.append(f"lifted the cordon a run could not lift on {', '.join(lifted)}")
-    result.notes += [f"{n}: the cordon a run left stays ({why})" for n, why in kept.items()]
+    result.notes += [
+        f"{n}: the cordon a run left stays ({why}): kubectl uncordon {n} once it is back and Ready, or run this "
+        "step again"
+        for n, why in kept.items()
+    ]
 
 
 def left_note(left: list[str]) -> str:

@@ -1,4 +1,5 @@
-"""What the run will ask of the Kubernetes API, asked of its authorizer before any change (preflight).
+"""What a run or a rollback will ask of the Kubernetes API, asked of its authorizer before any change
+(preflight; rollback's plan).
 
 Why: the Kubernetes writes come late in a run. A service account that may not evict pods learns it at the first
 node whose patch reboots it, after the images of the whole fleet were upgraded; one that may not create the
@@ -7,8 +8,12 @@ making it (a SelfSubjectAccessReview, as ``kubectl auth can-i``), so preflight a
 will make with the parameters and the cluster as they are, and names each refused one with the command that
 asks the same question.
 
-Not asked: what a Helm chart's own templates create (it depends on the chart; helm reports a refusal with the
-object it named), nor the steps' reads other than those a write depends on. A plan-only ``runbook run`` makes
+Rollback asks for its own writes the same way (:func:`for_rollback`), the removal of a release from what the
+release holds (``helm get manifest``, :func:`removal`). Not asked: what a chart's templates create on install
+(it depends on the chart and its values; helm reports a refusal with the object it named), a policy other than
+RBAC (an admission webhook), nor the steps' reads other than those a write depends on. Evictions and DaemonSet
+reads are asked in every namespace: a user granted them per namespace is refused here, though a drain of a node
+whose pods are all in those namespaces would work. A plan-only ``runbook run`` makes
 none of these writes: there a refusal is reported without failing preflight (the plan still shows), and named
 as what an ``--apply`` run would meet.
 """
@@ -77,11 +82,13 @@ def needs(ctx: Context, steps: Collection[str] | None = None) -> list[Need]:
 
 
 def for_rollback(
-    kube_layer: gpu_operator_handover.Leftovers | None, *, drains: bool, cordons: bool
+    ctx: Context, kube_layer: gpu_operator_handover.Leftovers | None, *, drains: bool, cordons: bool
 ) -> list[Need]:
     """The writes a rollback makes: the Kubernetes layer's removal, the drains of nodes whose removal patch
-    reboots them, and the uncordon of a cordon a run left (a patch of the Node)."""
-    out = removal(kube_layer, "removes the Kubernetes layer the runbook created") if kube_layer else []
+    reboots them, and the uncordon of a cordon a run left (a patch of the Node). Raises ``RunbookError`` when
+    the layer's objects cannot be read."""
+    why = "removes the Kubernetes layer the runbook created"
+    out = removal(ctx, kube_layer, why) if kube_layer else []
     out += _drains("drains the nodes a removal patch reboots") if drains else []
     if cordons:
         out.append(Need("patch", "nodes", "lifts the cordon a run left"))
@@ -114,22 +121,49 @@ def _handover(ctx: Context) -> list[Need]:
     without a device plugin and no operator: asked here."""
     why = "hands the GPUs from the device plugin to the GPU Operator"
     out = [Need("list", "secrets", why + " (helm list -A)")]
-    return out + removal(gpu_operator_handover.leftovers(ctx), why)
+    try:
+        found = gpu_operator_handover.leftovers(ctx)
+    except RunbookError:  # helm list -A refused: the question above names why; what it would find is unknown
+        return out
+    return out + removal(ctx, found, why)
 
 
-def removal(found: gpu_operator_handover.Leftovers, why: str) -> list[Need]:
-    """Removing ``found``: ``helm uninstall`` deletes each release's objects (the device plugin's DaemonSet;
-    what else depends on the chart) and its release Secrets (helm@v3.14.0 pkg/action/uninstall.go), then the
-    RuntimeClass is deleted."""
+def removal(ctx: Context, found: gpu_operator_handover.Leftovers, why: str) -> list[Need]:
+    """Removing ``found``. ``helm uninstall --wait`` (helm@v4.1.4 pkg/action/uninstall.go) reads the release's
+    history (:98: ``list`` its Secrets), deletes each object of its manifest (:256-289; a refused delete is noted
+    and the others go on, then the uninstall fails with the release left ``uninstalling``), waits for them to be
+    gone (:161: ``list`` and ``watch`` each kind), and purges its Secrets (:179-182: ``get`` and ``delete``). The
+    objects are the release's own (``helm get manifest``), each kind's resource from discovery. Not asked:
+    the chart's delete hooks (neither NVIDIA chart has one by default)."""
     out: list[Need] = []
-    for _name, namespace in found.releases:
-        out += [
-            Need("delete", "secrets", why + " (helm uninstall)", namespace=namespace),
-            Need("delete", "daemonsets", why + " (helm uninstall)", group="apps", namespace=namespace),
-        ]
+    for name, namespace in found.releases:
+        uninstall = f"{why} (helm uninstall {name})"
+        out += [Need(verb, "secrets", uninstall, namespace=namespace) for verb in ("list", "get", "delete")]
+        for group, resource, where in _objects(ctx, name, namespace):
+            out += [
+                Need(v, resource, uninstall, group=group, namespace=where)
+                for v in ("delete", "list", "watch")
+            ]
     if found.runtime_class:
         out.append(Need("delete", "runtimeclasses", why, group="node.k8s.io"))
     return out
+
+
+def _objects(ctx: Context, release: str, namespace: str) -> list[tuple[str, str, str]]:
+    """(group, resource, namespace or "") of each kind of object the release made."""
+    out: dict[tuple[str, str, str], None] = {}
+    discovered: dict[str, dict[str, tuple[str, bool]]] = {}
+    for api_version, kind, where in ctx.helm.manifest(release, namespace):
+        if api_version not in discovered:
+            discovered[api_version] = ctx.kube.kinds(api_version)
+        served = discovered[api_version].get(kind)
+        if (
+            served is None
+        ):  # not served (a CRD gone): helm cannot build it either, and fails on that, not on RBAC
+            continue
+        resource, namespaced = served
+        out[(api_version.rpartition("/")[0], resource, (where or namespace) if namespaced else "")] = None
+    return list(out)
 
 
 def _cuda_test() -> list[Need]:
@@ -153,7 +187,7 @@ def _kubernetes_layer(ctx: Context) -> list[Need]:
     release, record = plan.helm, "installs the Kubernetes layer (helm's release record)"
     out = [Need("list", "secrets", why + " (helm list -A)")]
     out += [Need(verb, "secrets", record, namespace=release.namespace) for verb in ("create", "update")]
-    if ctx.helm.release(release.release, release.namespace) is not None:
+    if _release_exists(ctx):
         out.append(Need("delete", "secrets", record, namespace=release.namespace))
     if plan.kubernetes_layer == "device-plugin" and ctx.kube.runtime_class(RUNTIME_CLASS) is None:
         out.append(Need("create", "runtimeclasses", why, group="node.k8s.io"))
@@ -162,6 +196,15 @@ def _kubernetes_layer(ctx: Context) -> list[Need]:
     if plan.kubernetes_layer == "device-plugin" and ctx.params.device_plugin.label_nodes and _unlabelled(ctx):
         out.append(Need("patch", "nodes", why + " (labels the GPU nodes)"))
     return out
+
+
+def _release_exists(ctx: Context) -> bool:
+    """Whether the release exists; a helm that cannot read it (``list secrets`` refused, asked just before)
+    counts as yes: the question then asked is the upgrade's, the larger one."""
+    try:
+        return ctx.helm.release(ctx.plan.helm.release, ctx.plan.helm.namespace) is not None
+    except RunbookError:
+        return True
 
 
 def _namespace(ctx: Context, name: str, why: str) -> list[Need]:
@@ -187,15 +230,17 @@ def check(ctx: Context, steps: Collection[str] | None = None) -> Check:
     try:
         wanted = needs(ctx, steps)
     except RunbookError as exc:
-        return Check(
-            CHECK, False, f"could not read what the run will change: {exc.message}", fix=exc.hint or ""
-        )
+        ok = steps is not None and not ctx.apply
+        return Check(CHECK, ok, f"could not read what the run will change: {exc.message}", fix=exc.hint or "")
     return verdict(ctx, wanted, advisory=steps is not None and not ctx.apply)
 
 
-def verdict(ctx: Context, wanted: list[Need], *, advisory: bool) -> Check:
+def verdict(ctx: Context, wanted: list[Need], *, advisory: bool, unasked_ok: bool = False) -> Check:
     """Ask about each of ``wanted``: every one allowed, or each refused one named with its reason and the command
-    that asks the same. ``advisory`` (a plan): refusals are named, as what applying would meet, and pass."""
+    that asks the same. ``advisory`` (a plan): refusals are named, as what applying would meet, and pass.
+    ``unasked_ok``: an API server that cannot be asked passes with a note, for a caller whose writes each fail
+    safely on their own when the API is down (rollback's drains: a node whose Node cannot be read is not
+    patched, ``drains._drain_one``)."""
     try:
         answers = ctx.kube.each(
             lambda n: ctx.kube.allowed(
@@ -204,7 +249,8 @@ def verdict(ctx: Context, wanted: list[Need], *, advisory: bool) -> Check:
             wanted,
         )
     except RunbookError as exc:
-        return Check(CHECK, False, f"could not ask the API server: {exc.message}", fix=exc.hint or "")
+        ok = advisory or unasked_ok
+        return Check(CHECK, ok, f"could not ask the API server: {exc.message}", fix=exc.hint or "")
     refused = [(n, reason) for n, (ok, reason) in zip(wanted, answers, strict=True) if not ok]
     if not wanted:
         return Check(CHECK, True, "no Kubernetes write to make")

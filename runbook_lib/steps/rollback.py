@@ -140,11 +140,7 @@ def rollback(
     # uncordoned by its rollout, which lifts that cordon with its own
     drained = {t.node.name for t in todo if t.reboots}
     left = drains.cordons_left(ctx, result, [n.name for n in nodes if n.name not in drained])
-    # before any change: a write the API server refuses would stop the rollback halfway (the Kubernetes layer
-    # gone, a node left unpatched because its drain was refused)
-    wanted = permissions.for_rollback(kube, drains=bool(drained), cordons=bool(left))
-    if wanted:
-        result.checks.append(permissions.verdict(ctx, wanted, advisory=not do_apply))
+    _ask_permissions(ctx, result, kube, drains=bool(drained), cordons=bool(left), do_apply=do_apply)
     refused = [r.node for r in result.nodes if r.status == "failed"]
     if not do_apply or refused or not result.ok:
         if left and not do_apply:
@@ -167,11 +163,39 @@ def rollback(
         return result.finish()
     log = result.data.setdefault("rollout", [])
     _roll_out(ctx, schedule, todo, results, progress, timeout=timeout, interval=poll_interval, log=log)
-    drains.lift_left(ctx, result, left)
+    drains.lift_left(ctx, result, left, wait_s=0.0)  # the rollout waited for its nodes: one not Ready is down
     return result.finish()
 
 
 # -- planning ------------------------------------------------------------------------------------------------
+
+
+def _ask_permissions(
+    ctx: Context,
+    result: StepResult,
+    kube: gpu_operator_handover.Leftovers | None,
+    *,
+    drains: bool,
+    cordons: bool,
+    do_apply: bool,
+) -> None:
+    """Before any change: a write the API server refuses would stop the rollback halfway (the Kubernetes layer
+    gone, a node left unpatched because its drain was refused). With the API down, the drains fail per node,
+    unpatched, so only the layer's removal needs the answer first."""
+    try:
+        wanted = permissions.for_rollback(ctx, kube, drains=drains, cordons=cordons)
+    except RunbookError as exc:
+        result.checks.append(
+            Check(
+                permissions.CHECK,
+                False,
+                f"could not read the objects to remove: {exc.message}",
+                fix=exc.hint or "",
+            )
+        )
+        return
+    if wanted:
+        result.checks.append(permissions.verdict(ctx, wanted, advisory=not do_apply, unasked_ok=kube is None))
 
 
 def _plan_nodes(
@@ -330,10 +354,19 @@ def _kubernetes_plan(
             )
         )
         return None
-    releases = tuple(r for r in evidence.releases() if ctx.helm.release(*r) is not None)
-    runtime_class = (
-        evidence.runtime_class() and ctx.kube.runtime_class(gpu_operator_handover.RUNTIME_CLASS) is not None
-    )
+    try:
+        releases = tuple(r for r in evidence.releases() if ctx.helm.release(*r) is not None)
+        runtime_class = (
+            evidence.runtime_class()
+            and ctx.kube.runtime_class(gpu_operator_handover.RUNTIME_CLASS) is not None
+        )
+    except (
+        RunbookError
+    ) as exc:  # the layer to remove cannot be read: nothing is rolled back, the plan says why
+        result.checks.append(
+            Check("Kubernetes layer", False, f"could not read it: {exc.message}", fix=exc.hint or "")
+        )
+        return None
     found = gpu_operator_handover.Leftovers(releases, runtime_class)
     result.data["kubernetes"] = found.commands()
     if found.commands():
