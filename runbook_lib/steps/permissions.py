@@ -134,7 +134,8 @@ def removal(ctx: Context, found: gpu_operator_handover.Leftovers, why: str) -> l
     and the others go on, then the uninstall fails with the release left ``uninstalling``), waits for them to be
     gone (:161: ``list`` and ``watch`` each kind), and purges its Secrets (:179-182: ``get`` and ``delete``). The
     objects are the release's own (``helm get manifest``), each kind's resource from discovery. Not asked:
-    the chart's delete hooks (neither NVIDIA chart has one by default)."""
+    the chart's delete hooks: k8s-device-plugin@v0.18.0 has none, gpu-operator@v26.3.1 one only with
+    ``operator.cleanupCRD`` (deployments/gpu-operator/templates/cleanup_crd.yaml:8; values.yaml:79, off)."""
     out: list[Need] = []
     for name, namespace in found.releases:
         uninstall = f"{why} (helm uninstall {name})"
