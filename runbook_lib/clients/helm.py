@@ -25,7 +25,10 @@ from .proc import CommandResult, KubeconfigTool, Runner
 #: lists only deployed and failed releases by default, hiding one left ``pending-upgrade`` by an interrupted
 #: ``helm upgrade``, and helm 4 lists every status, ``uninstalled`` (``helm uninstall --keep-history``) too
 #: (v3.14.0 pkg/action/list.go:300-330, v4.1.4 :328-331); a release uninstalled with its history kept is gone.
-LIST_FILTER = ("--max", "0", "--deployed", "--failed", "--pending")
+#: ``uninstalling``: a ``helm uninstall`` stopped midway leaves its record so (v4.1.4 pkg/action/uninstall.go:125-150,
+#: 176-186), and ``helm upgrade --install`` then fails ("has no deployed releases", upgrade.go:250-263): the release
+#: is there for the kubernetes step to refuse and for rollback to finish removing.
+LIST_FILTER = ("--max", "0", "--deployed", "--failed", "--pending", "--uninstalling")
 
 
 @dataclass(frozen=True)

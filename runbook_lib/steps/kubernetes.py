@@ -415,6 +415,15 @@ def _existing_release(ctx: Context, releases: list[Release], version: str) -> Re
             f"{first.namespace}; or remove it first: helm uninstall {first.name} -n {first.namespace}",
         )
     current = same_chart[0] if same_chart else None
+    if current is not None and current.status == "uninstalling":
+        raise PermanentError(
+            f"release {current.name} in {current.namespace} is uninstalling: a helm uninstall of it was stopped "
+            "midway (killed, or still running elsewhere), and helm upgrade --install cannot install it again until "
+            "the removal ends (helm@v4.1.4 pkg/action/upgrade.go:250-263, 'has no deployed releases'); nothing "
+            "was changed",
+            hint=f"make sure no helm runs on it (helm history {current.name} -n {current.namespace}), then: helm "
+            f"uninstall {current.name} -n {current.namespace}  # it finishes the removal; then run this step again",
+        )
     if current is not None and current.status.startswith("pending-"):
         raise PermanentError(
             f"release {current.name} in {current.namespace} is {current.status}: a helm operation on it was "
