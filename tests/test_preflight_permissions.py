@@ -26,9 +26,14 @@ def test_preflight_names_each_write_the_kubeconfigs_user_may_not_make_before_any
         admin = permissions.check(ctx)
         assert admin.ok, admin.message
         runner = as_restricted_user(ctx, tmp_path)
+        before = len(runner.journal.entries)
         result = preflight(runner)
         check = next(c for c in result.checks if c.name == permissions.CHECK)
         assert not check.ok and not result.ok
+        ran = runner.journal.entries[before:]
+        lists = [e.argv[1:4] for e in ran if e.kind == "command" and e.argv[1:2] == ("list",)]
+        assert lists == [("list", "-n", "kube-system")], "the release was read twice: " + repr(lists)
+        assert result.data["done"]["runtimeclass"] is False and result.data["done"]["helm_release"] is None
         for refused in (
             "create pods/eviction in every namespace",
             "patch nodes",

@@ -24,6 +24,7 @@ import shlex
 from collections.abc import Collection
 from dataclasses import dataclass
 
+from runbook_lib.clients.helm import Release
 from runbook_lib.errors import RunbookError
 
 from . import gpu_operator_handover
@@ -60,7 +61,20 @@ class Need:
         return shlex.join(["kubectl", "auth", "can-i", self.verb, resource, *sub, *where])
 
 
-def needs(ctx: Context, steps: Collection[str] | None = None) -> list[Need]:
+@dataclass
+class LayerReads:
+    """The Kubernetes layer as asking for its writes read it (None where it did not), which preflight reports
+    as progress too: one ``helm list`` and one RuntimeClass read per preflight, not two."""
+
+    runtime_class: bool | None = None
+    """Whether RuntimeClass ``nvidia`` exists."""
+    release: tuple[Release | None] | None = None
+    """The planned release as ``helm list`` showed it (in a 1-tuple: ``(None,)`` is read and not installed)."""
+    release_error: RunbookError | None = None
+    """Why ``helm list`` could not read it, when it could not."""
+
+
+def needs(ctx: Context, steps: Collection[str] | None = None, reads: LayerReads | None = None) -> list[Need]:
     """The writes the run's ``steps`` make (None: all of them, as a user going through the notebooks does), as
     the parameters and the cluster now stand. Why by step: ``runbook run --steps preflight,verify`` with a
     read-only kubeconfig is a health check that makes no write, and must not fail for writes it will not make.
@@ -76,7 +90,7 @@ def needs(ctx: Context, steps: Collection[str] | None = None) -> list[Need]:
         out += _drains()
     if ctx.plan.kubernetes_layer == "gpu-operator" and (runs("image") or runs("kubernetes")):
         out += _handover(ctx)
-    out += _kubernetes_layer(ctx) if runs("kubernetes") else []
+    out += _kubernetes_layer(ctx, reads or LayerReads()) if runs("kubernetes") else []
     out += _cuda_test() if runs("cuda-test") else []
     return list(dict.fromkeys(out))
 
@@ -177,7 +191,7 @@ def _cuda_test() -> list[Need]:
     ]
 
 
-def _kubernetes_layer(ctx: Context) -> list[Need]:
+def _kubernetes_layer(ctx: Context, reads: LayerReads) -> list[Need]:
     """The Kubernetes step's own writes. helm: ``helm list -A`` reads every namespace's release Secrets; an
     install creates its release Secret, then updates it with the outcome (helm@v3.14.0 pkg/action/install.go:478,
     :552-556), and an upgrade also deletes the oldest beyond ``--history-max`` (10) before it creates one
@@ -188,10 +202,12 @@ def _kubernetes_layer(ctx: Context) -> list[Need]:
     release, record = plan.helm, "installs the Kubernetes layer (helm's release record)"
     out = [Need("list", "secrets", why + " (helm list -A)")]
     out += [Need(verb, "secrets", record, namespace=release.namespace) for verb in ("create", "update")]
-    if _release_exists(ctx):
+    if _release_exists(ctx, reads):
         out.append(Need("delete", "secrets", record, namespace=release.namespace))
-    if plan.kubernetes_layer == "device-plugin" and ctx.kube.runtime_class(RUNTIME_CLASS) is None:
-        out.append(Need("create", "runtimeclasses", why, group="node.k8s.io"))
+    if plan.kubernetes_layer == "device-plugin":
+        reads.runtime_class = ctx.kube.runtime_class(RUNTIME_CLASS) is not None
+        if not reads.runtime_class:
+            out.append(Need("create", "runtimeclasses", why, group="node.k8s.io"))
     if release.privileged_namespace or plan.kubernetes_layer == "gpu-operator":
         out += _namespace(ctx, release.namespace, why)
     if plan.kubernetes_layer == "device-plugin" and ctx.params.device_plugin.label_nodes and _unlabelled(ctx):
@@ -199,13 +215,15 @@ def _kubernetes_layer(ctx: Context) -> list[Need]:
     return out
 
 
-def _release_exists(ctx: Context) -> bool:
+def _release_exists(ctx: Context, reads: LayerReads) -> bool:
     """Whether the release exists; a helm that cannot read it (``list secrets`` refused, asked just before)
     counts as yes: the question then asked is the upgrade's, the larger one."""
     try:
-        return ctx.helm.release(ctx.plan.helm.release, ctx.plan.helm.namespace) is not None
-    except RunbookError:
+        reads.release = (ctx.helm.release(ctx.plan.helm.release, ctx.plan.helm.namespace),)
+    except RunbookError as exc:
+        reads.release_error = exc
         return True
+    return reads.release[0] is not None
 
 
 def _namespace(ctx: Context, name: str, why: str) -> list[Need]:
@@ -225,11 +243,11 @@ def _unlabelled(ctx: Context) -> bool:
     return any(n["metadata"]["name"] in names for n in ctx.kube.nodes(f"{key}!={value}"))
 
 
-def check(ctx: Context, steps: Collection[str] | None = None) -> Check:
+def check(ctx: Context, steps: Collection[str] | None = None, reads: LayerReads | None = None) -> Check:
     """One check of the run's ``steps`` (:func:`needs`). ``steps`` given and apply off (a plan-only
-    ``runbook run``): refusals pass, named as the apply run's."""
+    ``runbook run``): refusals pass, named as the apply run's. ``reads`` keeps what it read of the layer."""
     try:
-        wanted = needs(ctx, steps)
+        wanted = needs(ctx, steps, reads)
     except RunbookError as exc:
         ok = steps is not None and not ctx.apply
         return Check(CHECK, ok, f"could not read what the run will change: {exc.message}", fix=exc.hint or "")

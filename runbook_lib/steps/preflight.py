@@ -56,19 +56,24 @@ def preflight(
     result = StepResult(step="preflight", applied=False)
 
     client, servers, errors = ctx.talosctl.version(addresses)
-    result.data["versions"] = _tool_versions(ctx, result, client, steps)
+    layer = permissions.LayerReads()
+    result.data["versions"] = _tool_versions(ctx, result, client, steps, layer)
     reads = _read_nodes(ctx, nodes, addresses, servers, errors)
     for node in nodes:
         res = NodeResult(node=node.name, address=node.address)
         result.nodes.append(res)
         _check_node(ctx, res, node, reads)
     _count_done(ctx, result, nodes, reads.config_errors)
-    _cluster_progress(ctx, result)
+    _cluster_progress(ctx, result, layer)
     return result.finish()
 
 
 def _tool_versions(
-    ctx: Context, result: StepResult, client: str | None, steps: Collection[str] | None
+    ctx: Context,
+    result: StepResult,
+    client: str | None,
+    steps: Collection[str] | None,
+    layer: permissions.LayerReads,
 ) -> dict[str, str]:
     """Check talosctl, helm and the Kubernetes API and return their versions: a missing or unusable tool
     fails preflight, before any step changes a node, and the report shows which versions ran."""
@@ -87,7 +92,7 @@ def _tool_versions(
     try:
         versions["kubernetes"] = ctx.kube.server_version()
         result.checks.append(Check("kubernetes API", True, f"Kubernetes {versions['kubernetes']}"))
-        result.checks.append(permissions.check(ctx, steps))
+        result.checks.append(permissions.check(ctx, steps, layer))
     except RunbookError as exc:
         result.checks.append(
             Check("kubernetes API", False, exc.message, fix=exc.hint or "check the kubeconfig parameter")
@@ -213,14 +218,19 @@ def _count_done(ctx: Context, result: StepResult, nodes: list[Node], config_erro
         result.notes.append(unchecked)
 
 
-def _cluster_progress(ctx: Context, result: StepResult) -> None:
-    """Record whether the RuntimeClass and the Helm release exist; an unreadable API is only a note, since
-    this is progress to report, not a reason to stop."""
+def _cluster_progress(ctx: Context, result: StepResult, layer: permissions.LayerReads) -> None:
+    """Record whether the RuntimeClass and the Helm release exist (as the permission check read them, else read
+    here); an unreadable API is only a note, since this is progress to report, not a reason to stop."""
     plan = ctx.plan
     try:
-        runtime_class = ctx.kube.runtime_class("nvidia")
-        result.data["done"]["runtimeclass"] = runtime_class is not None
-        release = ctx.helm.release(plan.helm.release, plan.helm.namespace)
+        if layer.runtime_class is None:
+            layer.runtime_class = ctx.kube.runtime_class("nvidia") is not None
+        result.data["done"]["runtimeclass"] = layer.runtime_class
+        if layer.release_error is not None:
+            raise layer.release_error
+        if layer.release is None:
+            layer.release = (ctx.helm.release(plan.helm.release, plan.helm.namespace),)
+        (release,) = layer.release
         result.data["done"]["helm_release"] = f"{release.chart} ({release.status})" if release else None
     except RunbookError as exc:
         result.notes.append(f"Kubernetes state not read: {exc.message}")
