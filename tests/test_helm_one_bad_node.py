@@ -14,6 +14,8 @@ or that takes no pods (``pods_pending``, kube-scheduler's ``Too many pods``).
 
 from __future__ import annotations
 
+import shlex
+import subprocess
 import time
 
 import pytest
@@ -195,3 +197,47 @@ def _until_not_ready(ctx, name, timeout=60.0):
             return
         time.sleep(1)
     raise AssertionError(f"{name} stayed Ready for {timeout} s")
+
+
+def test_an_upgrade_held_by_a_dead_node_ends_early_with_the_command_that_moves_it_on(tmp_path):
+    """A GPU node that is down during a chart upgrade. The DaemonSet controller deletes its old, unavailable pod,
+    only its kubelet can finish that deletion, and while the pod is being deleted the node counts unavailable, so
+    the rolling update replaces no other pod (kubernetes v1.35.0 pkg/controller/daemon/update.go:70-88,
+    findUpdatedPodsOnNode :266-288 skips a pod being deleted). The step waited its whole timeout for a rollout that
+    cannot end, and a re-run passed the dead node on the GPUs its Node still lists (the node lifecycle controller
+    changes only its conditions). Now the wait ends once the node has been down a minute, the step says what holds
+    the update and the forced delete that moves it on; that command, run with the real kubectl, lets the update
+    finish on the other nodes, and the dead node fails on every run."""
+    with _installed(tmp_path, "0.17.2", workers=3) as (params, ctx):
+        dead, *good = params.nodes
+        faults.inject(tmp_path, dead.name, "node_not_ready", True)
+        _until_not_ready(ctx, dead.name)
+        newer = _with(params, tmp_path, device_plugin={"chart_version": "0.18.0"})
+
+        started = time.monotonic()
+        result = kubernetes_layer(newer, timeout_s=400)
+        took = time.monotonic() - started
+
+        assert took < 250, took  # the whole timeout before: the update never ends
+        assert result.node(dead.name).status == "failed"
+        assert "node Ready" in str(result.node(dead.name).to_dict()), result.node(dead.name).to_dict()
+        (held,) = [c for c in result.checks if c.name == f"DaemonSet {RELEASE} rolled out"]
+        assert not held.ok and f"stopped at {dead.name}, not Ready" in held.message, held
+        (wait,) = [
+            e.summary for e in newer.journal.entries if "list_namespaced_daemon_set" in (e.summary or "")
+        ]
+        assert f"waits on {dead.name}, not Ready" in wait, wait
+
+        command = held.fix.split("(", 1)[1].split(")", 1)[0]
+        assert command.startswith("kubectl delete pod") and command.endswith("--force --grace-period=0"), held
+        kubectl, kubeconfig = tmp_path / "bin" / "kubectl", tmp_path / "kubeconfig"  # the real kubectl 1.35.2
+        assert kubectl.exists(), list((tmp_path / "bin").iterdir())
+        argv = [str(kubectl), *shlex.split(command)[1:], "--kubeconfig", str(kubeconfig)]
+        forced = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+        assert forced.returncode == 0, forced.stderr
+
+        again = kubernetes_layer(newer, timeout_s=240)
+        assert [again.node(n.name).status for n in good] == ["ok"] * len(good), again.to_dict()
+        assert again.node(dead.name).status == "failed"
+        assert "not Ready" in again.node(dead.name).message, again.node(dead.name).to_dict()
+        assert not [c for c in again.checks if c.name == f"DaemonSet {RELEASE} rolled out"], again.checks

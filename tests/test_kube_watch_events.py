@@ -98,6 +98,7 @@ def test_watch_gives_the_objects_as_the_api_wrote_them_and_closes_the_stream() -
         {
             "watch": True,
             "timeout_seconds": 5,
+            "allow_watch_bookmarks": True,
             "_preload_content": False,
             "_request_timeout": (30.0, 10.0),  # a silent connection is dead 5 s after the server's end
             "namespace": "default",
@@ -114,6 +115,40 @@ def test_a_410_expired_event_re_establishes_the_watch() -> None:
     list_fn = ListFn(gone, again)
     assert kube().watch_until(list_fn, running, timeout=5) == pod("a", "Running")
     assert len(list_fn.calls) == 2 and gone.closed
+    assert "resource_version" not in list_fn.calls[1], "an expired version was asked for again"
+
+
+def test_a_watch_that_ends_resumes_from_the_last_version_seen_a_bookmarks_too() -> None:
+    """As client-go's reflector: after a watch the server ended (each ``give_up`` interval, or a dropped
+    connection) the next starts from the newest resource version, so the server sends only what changed since
+    and not every object again (k8s.io/client-go@v0.35.0 tools/cache/reflector.go:500-534, ``watch``, passes
+    its ``LastSyncResourceVersion``, and asks for bookmarks)."""
+    bookmark = {"kind": "Pod", "apiVersion": "v1", "metadata": {"resourceVersion": "57"}}
+    first = Stream(
+        [{"type": "ADDED", "object": pod("a", "Pending")}, {"type": "BOOKMARK", "object": bookmark}]
+    )
+    second = Stream([{"type": "MODIFIED", "object": pod("a", "Running")}])
+    list_fn = ListFn(first, second)
+    asked: list[int] = []
+
+    def give_up() -> str | None:
+        asked.append(1)
+        return None
+
+    got = kube().watch_until(list_fn, running, timeout=5, give_up=give_up, check_every_s=1)
+    assert got == pod("a", "Running")
+    assert "resource_version" not in list_fn.calls[0]
+    assert list_fn.calls[1]["resource_version"] == "57" and list_fn.calls[1]["timeout_seconds"] == 1
+    assert asked == [1], "give_up is asked once between the two watches"
+
+
+def test_give_up_ends_the_wait_with_its_reason_in_the_journal() -> None:
+    k = kube()
+    list_fn = ListFn(Stream([{"type": "ADDED", "object": pod("a", "Pending")}]))
+    got = k.watch_until(list_fn, running, timeout=30, until="a Running", give_up=lambda: "gpu-3 is down")
+    assert got == pod("a", "Pending") and len(list_fn.calls) == 1
+    (entry,) = k.journal.entries
+    assert entry.summary.endswith("until a Running (not reached: gpu-3 is down)"), entry.summary
 
 
 def test_another_error_event_is_raised_naming_its_status() -> None:

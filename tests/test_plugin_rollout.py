@@ -12,8 +12,10 @@ The pods are shaped as the API server returns them (``Kube.to_dict``: camelCase,
 from __future__ import annotations
 
 import itertools
+import time
 from typing import Any
 
+from runbook_lib.steps.kube_diagnosis import DownNodes
 from runbook_lib.steps.plugin_rollout import REVISION_LABEL, Rollout, _by_node
 
 
@@ -70,3 +72,45 @@ def test_the_operators_image_counts_with_a_digest_an_admission_policy_appended()
         "ds", "new", {}, done=True, images=("nvcr.io/nvidia/k8s-device-plugin:v0.19.3",), wanted_image=want
     )
     assert older.stale()
+
+
+def _node(name: str, ready: str, changed: str) -> dict[str, Any]:
+    """A Node as the API server returns it, its Ready condition as the node lifecycle controller leaves it for a
+    node whose kubelet stopped posting (kubernetes v1.35.0 node_lifecycle_controller.go:966-971)."""
+    condition = {"type": "Ready", "status": ready, "lastTransitionTime": changed}
+    if ready == "Unknown":
+        condition |= {"reason": "NodeStatusUnknown", "message": "Kubelet stopped posting node status."}
+    return {"metadata": {"name": name}, "status": {"conditions": [condition]}}
+
+
+def _stamp(seconds_ago: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - seconds_ago))
+
+
+def test_a_node_down_for_minutes_counts_as_down_at_once_and_one_just_gone_only_after_the_grace() -> None:
+    down = DownNodes()
+    down.see(_node("gpu-1", "Unknown", _stamp(300)))
+    down.see(_node("gpu-2", "Unknown", _stamp(0)))
+    down.see(_node("gpu-3", "True", _stamp(900)))
+
+    assert down.down(["gpu-1"]) == ["gpu-1"]
+    assert down.down(["gpu-1", "gpu-2"]) == []  # gpu-2 went down just now: it may be back within the grace
+    assert down.down(["gpu-2", "gpu-1"], grace_s=0) == ["gpu-1", "gpu-2"]
+    assert down.down(["gpu-3"], grace_s=0) == []  # Ready
+    assert down.down([]) == []
+
+    down.see(_node("gpu-1", "True", _stamp(0)))  # its kubelet posts again
+    assert down.down(["gpu-1"], grace_s=0) == []
+
+
+def test_the_nodes_a_rolling_update_waits_on_are_those_whose_pod_is_deleted_or_new_and_not_ready() -> None:
+    rollout = _rollout(
+        [
+            _pod("old-a", "gpu-1", "old", deleting=True),
+            _pod("new-b", "gpu-2", "new", ready=False),
+            _pod("new-c", "gpu-3", "new"),
+            _pod("old-d", "gpu-4", "old"),
+        ]
+    )
+    assert rollout.holding() == ["gpu-1", "gpu-2"]
+    assert "waits on gpu-1, gpu-2" in rollout.behind()["gpu-4"]

@@ -229,19 +229,25 @@ def test_gpu_operator_layer_reads_its_daemonsets_validator_pods_and_release_valu
 
 def test_a_node_with_gpus_names_its_gfd_product_in_message_and_data() -> None:
     """The GPU Feature Discovery label (``nvidia.com/gpu.product``) reaches the node's line and its data, and
-    a node with GPUs costs no diagnosis read."""
+    a node with GPUs costs no diagnosis read. Node 0's kubelet stopped posting: its Node keeps the GPUs it last
+    posted (the node lifecycle controller changes only its conditions, kubernetes v1.35.0
+    node_lifecycle_controller.go:938-980), and it fails as not Ready, from what the Node already says."""
     nodes, _pods = _fleet("kube-system", {})
     for node in nodes:
         node["status"]["allocatable"]["nvidia.com/gpu"] = "1"
-    nodes[0]["metadata"]["labels"]["nvidia.com/gpu.product"] = "NVIDIA-L4"
+    nodes[1]["metadata"]["labels"]["nvidia.com/gpu.product"] = "NVIDIA-L4"
     kube = CountingKube(nodes, [], [])
     result = _diagnose_all(_context("v1.12.7", kube, CountingHelm()))
-    assert result.nodes[0].message == "1 allocatable nvidia.com/gpu (nvidia.com/gpu.product=NVIDIA-L4)"
-    assert result.nodes[0].data["gpu_product"] == "NVIDIA-L4"
+    assert result.nodes[1].message == "1 allocatable nvidia.com/gpu (nvidia.com/gpu.product=NVIDIA-L4)"
+    assert result.nodes[1].data["gpu_product"] == "NVIDIA-L4"
     assert (
-        result.nodes[1].message == "1 allocatable nvidia.com/gpu"
-        and "gpu_product" not in result.nodes[1].data
+        result.nodes[2].message == "1 allocatable nvidia.com/gpu"
+        and "gpu_product" not in result.nodes[2].data
     )
+    assert result.nodes[0].status == "failed", result.nodes[0].to_dict()
+    assert result.nodes[0].message.startswith("not Ready: its 1 allocatable nvidia.com/gpu"), result.nodes[
+        0
+    ].message
     assert kube.reads == {"list nodes": 1}
 
 

@@ -36,6 +36,9 @@ DELETE_PAGE = 500
 #: transport/cache.go). :meth:`Kube._events` says why.
 WATCH_READ_GRACE_S = 5.0
 WATCH_CONNECT_S = 30.0
+#: Seconds between two questions to a wait's ``give_up`` (:meth:`Kube.watch_until`): a choice, short beside the
+#: minutes the waits allow, long enough that its reads cost little.
+GIVE_UP_CHECK_S = 10.0
 #: Seconds any other call may read nothing before its connection counts as dead: twice kube-apiserver's own
 #: ``--request-timeout`` default (60 s, k8s.io/apiserver@v0.35.0 pkg/server/config.go:445), after which it
 #: answers every request that is not a watch or a stream itself. :func:`_with_read_timeout` says why.
@@ -560,6 +563,8 @@ class Kube:
         *,
         timeout: float,
         until: str = "done",
+        give_up: Callable[[], str | None] | None = None,
+        check_every_s: float = GIVE_UP_CHECK_S,
         **kwargs: Any,
     ) -> Obj | None:
         """Watch a list endpoint until ``done(object)`` or the timeout; returns the last object seen.
@@ -567,16 +572,22 @@ class Kube:
         Re-establishes the watch when the server closes it early (watches drop on real clusters too).  The
         wait goes to the journal with its duration and whether it ended in time (``until`` says what it
         waited for): a record then shows how long the cluster took, apart from the runbook's own time.
+        ``give_up``, asked every ``check_every_s`` (the server ends each watch then; a stalled cluster sends no
+        events to judge it by), ends the wait early with its reason when what is awaited can no longer come (a
+        node that is down holds it).
         """
         started = time.monotonic()
-        reached = False
+        reached, why = False, "timed out or failed"
         try:
-            last, reached = self._watch(list_fn, done, started + timeout, **kwargs)
+            last, reached, gave_up = self._watch(
+                list_fn, done, started + timeout, give_up=give_up, check_every_s=check_every_s, **kwargs
+            )
+            why = gave_up or why
             return last
         finally:
             selector = kwargs.get("label_selector")
             where = f" {selector}" if selector else ""
-            verdict = "" if reached else " (not reached: timed out or failed)"
+            verdict = "" if reached else f" (not reached: {why})"
             self.journal.record_api(
                 f"wait: {list_fn.__name__}{where} until {until}{verdict}",
                 changes_cluster=False,
@@ -584,33 +595,55 @@ class Kube:
             )
 
     def _watch(
-        self, list_fn: Callable[..., Any], done: Callable[[Obj], bool], deadline: float, **kwargs: Any
-    ) -> tuple[Obj | None, bool]:
-        """The last object seen, and whether ``done`` said so before the deadline."""
+        self,
+        list_fn: Callable[..., Any],
+        done: Callable[[Obj], bool],
+        deadline: float,
+        *,
+        give_up: Callable[[], str | None] | None,
+        check_every_s: float,
+        **kwargs: Any,
+    ) -> tuple[Obj | None, bool, str | None]:
+        """The last object seen, whether ``done`` said so before the deadline, and ``give_up``'s reason if it
+        ended the wait.
+
+        Each watch after the first resumes from the last resource version seen (as client-go's reflector does),
+        so the server does not send every object again each time a watch ends: with ``give_up`` that is every
+        ``check_every_s``, and a Node watch at 1,000 nodes would re-read the whole fleet each time."""
         last: Obj | None = None
+        cursor: dict[str, str] = {}
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                return last, False
+                return last, False, None
+            if give_up is not None:
+                remaining = min(remaining, check_every_s)
             try:
-                with contextlib.closing(self._events(list_fn, max(1, int(remaining)), **kwargs)) as events:
+                events = self._events(list_fn, max(1, int(remaining)), cursor, **kwargs)
+                with contextlib.closing(events):
                     for obj in events:
                         last = obj
                         if done(obj):
-                            return obj, True
+                            return obj, True, None
                         if time.monotonic() >= deadline:
-                            return last, False
+                            return last, False, None
             except ApiException as exc:
-                if exc.status == 410:  # resourceVersion too old: start over from the current state
-                    continue
-                raise _api_error(exc, "watch") from None
+                if exc.status != 410:
+                    raise _api_error(exc, "watch") from None
+                cursor.clear()  # resourceVersion too old: start over from the current state
             except (ConnectionError, OSError, urllib3.exceptions.HTTPError):
                 # A watch cut by the server or a load balancer (ProtocolError, read timeout): re-establish.
                 time.sleep(0.2)
+            why = give_up() if give_up is not None else None
+            if why:
+                return last, False, why
 
     @staticmethod
-    def _events(list_fn: Callable[..., Any], timeout: int, **kwargs: Any) -> Generator[Obj, None, None]:
-        """The watched objects as the API's JSON, one per event line, until the server ends the watch.
+    def _events(
+        list_fn: Callable[..., Any], timeout: int, cursor: dict[str, str], **kwargs: Any
+    ) -> Generator[Obj, None, None]:
+        """The watched objects as the API's JSON, one per event line, until the server ends the watch; from
+        ``cursor``'s resource version when it has one, which each event (bookmarks too) moves on.
 
         Why not ``kubernetes.watch.Watch``: it turns every event into the client's model objects (JSON parsed,
         dumped and parsed again), which the library turned back into a dict: 1.6 ms of CPU per Pod event
@@ -627,11 +660,14 @@ class Kube:
         37.0.2 client/rest.py:235-246): cuda-test then never got back to its deadline nor deleted its pods.
         The read times out as a urllib3 error, which :meth:`_watch` answers like any dropped watch.
         """
+        resume = {"resource_version": cursor["rv"]} if cursor.get("rv") else {}
         response = list_fn(
             watch=True,
             timeout_seconds=timeout,
+            allow_watch_bookmarks=True,
             _preload_content=False,
             _request_timeout=(WATCH_CONNECT_S, timeout + WATCH_READ_GRACE_S),
+            **resume,
             **kwargs,
         )
         try:
@@ -642,6 +678,9 @@ class Kube:
                     raise ApiException(
                         status=status.get("code"), reason=f"{status.get('reason')}: {status.get('message')}"
                     )
+                version = ((event.get("object") or {}).get("metadata") or {}).get("resourceVersion")
+                if version:
+                    cursor["rv"] = str(version)
                 if event.get("type") != "BOOKMARK":
                     yield event["object"]
         finally:

@@ -17,9 +17,18 @@ texts quoted are the components' own:
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterable
+from datetime import datetime
 from typing import Any
 
 from .results import Check
+
+#: How long a node must have been not Ready before a wait stops waiting on it (``DownNodes``). A choice, not a
+#: Kubernetes figure: a node the runbook rebooted is Ready again before the Kubernetes steps (the config-patch and
+#: image steps wait for it), so a node still not Ready after a minute is down, and waiting the whole
+#: ``timeouts.kubernetes_seconds`` for it only delays the verdict on every other node.
+DOWN_GRACE_S = 60.0
 
 #: Waiting reasons of a container whose image the node cannot pull (kubernetes@v1.35.0 pkg/kubelet/images/types.go).
 PULL_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull")
@@ -53,6 +62,51 @@ def node_not_ready(node: dict[str, Any], address: str) -> Check | None:
         fix=f"talosctl -n {address} service kubelet  # then `talosctl -n {address} logs kubelet`; "
         f"`talosctl -n {address} health` if the node does not answer",
     )
+
+
+def is_ready(node: dict[str, Any]) -> bool:
+    """The Node's Ready condition is True (a Node without one yet counts as Ready, as ``node_not_ready``)."""
+    ready = condition(node, "Ready")
+    return ready is None or ready.get("status") == "True"
+
+
+class DownNodes:
+    """Since when each node seen has been not Ready: the earlier of when this process first saw it so and its
+    Ready condition's ``lastTransitionTime``.
+
+    Why: a Node whose kubelet stopped keeps the status it last posted, its allocatable GPUs too; the node
+    lifecycle controller changes only its conditions (kubernetes@v1.35.0
+    pkg/controller/nodelifecycle/node_lifecycle_controller.go:938-980). Such a node never registers GPUs nor
+    finishes deleting a pod, and a wait for either ran its whole timeout, failing every other node's verdict
+    with it. A clock ahead of the API server's only makes a node that is down count as down sooner."""
+
+    def __init__(self) -> None:
+        self._since: dict[str, float] = {}
+
+    def see(self, node: dict[str, Any]) -> None:
+        name = node["metadata"]["name"]
+        if is_ready(node):
+            self._since.pop(name, None)
+        elif name not in self._since:
+            changed = (condition(node, "Ready") or {}).get("lastTransitionTime")
+            self._since[name] = time.monotonic() - _age_s(changed)
+
+    def down(self, names: Iterable[str], grace_s: float = DOWN_GRACE_S) -> list[str]:
+        """``names`` (sorted) when every one of them has been not Ready for ``grace_s``; else none."""
+        wanted = sorted(names)
+        now = time.monotonic()
+        if wanted and all(n in self._since and now - self._since[n] >= grace_s for n in wanted):
+            return wanted
+        return []
+
+
+def _age_s(stamp: Any) -> float:
+    """Seconds since an API timestamp (``2026-12-06T02:30:00Z``); 0 when there is none or it is in the future."""
+    try:
+        then = datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
+    return max(0.0, time.time() - then)
 
 
 def pods_for_node(pods: list[dict[str, Any]], node: str) -> list[dict[str, Any]]:

@@ -159,6 +159,9 @@ def _judge_rollout(result: StepResult, rollout: plugin_rollout.Rollout) -> None:
     operator has not rewritten yet fails the step's check: its nodes run the previous device plugin."""
     if rollout.stale():
         result.checks.append(_stale_check(rollout))
+    held = [n for n in rollout.held_by_down if n in rollout.holding()]
+    if held and not rollout.done:
+        result.checks.append(_held_by_down_check(rollout, held))
     behind = rollout.behind()
     if not rollout.rolling and rollout.previous():
         result.notes.append(_on_delete_note(rollout))
@@ -169,6 +172,27 @@ def _judge_rollout(result: StepResult, rollout: plugin_rollout.Rollout) -> None:
         res.checks.append(Check("device plugin rolled out", False, why))
         res.status = "failed"
         res.message = f"{res.message}, but {why}"
+
+
+def _held_by_down_check(rollout: plugin_rollout.Rollout, held: list[str]) -> Check:
+    """The rolling update stopped at nodes that are down: what moves it on without them (``plugin_rollout._Stall``
+    says why nothing else does)."""
+    pods = [rollout.pods[n]["metadata"]["name"] for n in held]
+    forced = f"kubectl delete pod -n {rollout.namespace} {' '.join(pods)} --force --grace-period=0"
+    if rollout.tolerates_all:
+        # its pods tolerate the not-ready taints, so the DaemonSet would start a pod there again and wait on it
+        forced = f"kubectl delete node {' '.join(held)}; the kubelet registers it again when it returns"
+    return Check(
+        f"DaemonSet {rollout.name} rolled out",
+        False,
+        f"the rolling update of DaemonSet {rollout.name} stopped at {', '.join(held)}, not Ready: the old device "
+        "plugin pod there is deleted only when its kubelet confirms it, and until then the update replaces no "
+        "other node's pod",
+        cause="the node is down (powered off, cut off, or its kubelet stopped)",
+        fix="bring the node back; or, once you know it is down for good, take it out of the update "
+        f"({forced}) and run this step again: the update goes on without the node, and the node gets the new "
+        "plugin when it returns",
+    )
 
 
 def _stale_check(rollout: plugin_rollout.Rollout) -> Check:
@@ -471,22 +495,13 @@ def _helm_release(
 ) -> None:
     """Install the release, or upgrade it keeping the values a site gave it (``reuse_values``)."""
     release = ctx.plan.helm
-    chart_name = release.chart_name
-    if (
-        current is not None
-        and current.status == "deployed"
-        and current.chart_version(chart_name).lstrip("v") == version.lstrip("v")
-    ):
-        values = ctx.helm.values(release.release, release.namespace)
-        if all(_dotted(values, key) == value for key, value in release.values.items()):
-            result.checks.append(
-                Check(
-                    f"helm release {release.release}",
-                    True,
-                    f"{current.chart} already deployed with these values",
-                )
+    if current is not None and already_deployed(ctx, current, version):
+        result.checks.append(
+            Check(
+                f"helm release {release.release}", True, f"{current.chart} already deployed with these values"
             )
-            return
+        )
+        return
     run = ctx.helm.upgrade_install(
         release.release,
         release.chart,
@@ -535,6 +550,18 @@ def _helm_release(
         )
 
 
+def already_deployed(ctx: Context, current: Release, version: str) -> bool:
+    """Whether the release is deployed with chart ``version`` and the runbook's values, so the step runs no helm
+    (its user-supplied values read with ``helm get values``)."""
+    planned = ctx.plan.helm
+    if current.status != "deployed" or current.chart_version(planned.chart_name).lstrip(
+        "v"
+    ) != version.lstrip("v"):
+        return False
+    values = ctx.helm.values(planned.release, planned.namespace)
+    return all(_dotted(values, key) == value for key, value in planned.values.items())
+
+
 def _helm_fix(stderr: str, namespace: str) -> str:
     if "default' namespace is not recommended" in stderr:
         return "install into kube-system (device_plugin.namespace: kube-system) or a namespace labelled privileged"
@@ -559,18 +586,29 @@ def _dotted(values: dict[str, Any], key: str) -> str | None:
 def _wait_for_gpus(
     ctx: Context, result: StepResult, gpu_nodes: list[Any], *, timeout_s: float, waited_s: float | None = None
 ) -> None:
-    """Watch nodes until every GPU node advertises ``nvidia.com/gpu`` (or the timeout), then report per node.
+    """Watch nodes until every GPU node is Ready and advertises ``nvidia.com/gpu`` (or the timeout, or every node
+    still waited for has been not Ready a minute: ``kube_diagnosis.DownNodes``), then report per node.
     ``waited_s`` is the step's whole wait, which the messages name (the rollout wait may have used most of it)."""
     names = {n.name for n in gpu_nodes}
     listed = ctx.kube.nodes()
-    ready = {n["metadata"]["name"] for n in listed if allocatable_gpus(n) > 0} & names
+    down = kube_diagnosis.DownNodes()
+    for listed_node in listed:
+        down.see(listed_node)
+    ready = {n["metadata"]["name"] for n in listed if _serves_gpus(n)} & names
 
     def all_ready(obj: dict[str, Any]) -> bool:
         # Track readiness from the watch events themselves: no re-list per event at fleet scale.
         name = obj["metadata"]["name"]
         if name in names:
-            (ready.add if allocatable_gpus(obj) > 0 else ready.discard)(name)
+            down.see(obj)
+            (ready.add if _serves_gpus(obj) else ready.discard)(name)
         return ready >= names
+
+    def give_up() -> str | None:
+        held = down.down(names - ready)
+        return (
+            f"{', '.join(held)} not Ready for {kube_diagnosis.DOWN_GRACE_S:.0f} s or more" if held else None
+        )
 
     if timeout_s > 0 and not ready >= names:
         ctx.kube.watch_until(
@@ -578,6 +616,7 @@ def _wait_for_gpus(
             all_ready,
             timeout=timeout_s,
             until="every GPU node Ready with nvidia.com/gpu",
+            give_up=give_up,
         )
         listed = ctx.kube.nodes()  # as the watch left them; without a watch the first list is current
     by_name = {n["metadata"]["name"]: n for n in listed}
@@ -594,6 +633,11 @@ def _wait_for_gpus(
         result.nodes.append(res)
 
 
+def _serves_gpus(node: dict[str, Any]) -> bool:
+    """Ready, with allocatable GPUs: a Node that is not Ready keeps the GPUs its kubelet last posted."""
+    return allocatable_gpus(node) > 0 and kube_diagnosis.is_ready(node)
+
+
 def _judge_gpus(
     ctx: Context,
     res: NodeResult,
@@ -606,7 +650,14 @@ def _judge_gpus(
     """``res`` for a GPU node Kubernetes knows: its allocatable GPUs, or why it has none."""
     gpus = allocatable_gpus(obj)
     res.data["allocatable_gpus"] = gpus
-    if gpus > 0:
+    not_ready = kube_diagnosis.node_not_ready(obj, res.address)
+    if not_ready is not None:  # applied or not: no pod starts there
+        res.status = "failed"
+        res.message = "not Ready" + (
+            f": its {gpus} allocatable {GPU_RESOURCE} are what its kubelet last posted" if gpus else ""
+        )
+        res.checks.append(not_ready)
+    elif gpus > 0:
         res.status = "ok"
         res.message = f"{gpus} allocatable {GPU_RESOURCE}"
         product = _gpu_product(obj)

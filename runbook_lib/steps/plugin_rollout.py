@@ -12,12 +12,15 @@ when its ``controller-revision-hash`` label is the newest ControllerRevision's (
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from runbook_lib.errors import RunbookError
+
 from .context import Context
-from .kube_diagnosis import condition
+from .kube_diagnosis import DOWN_GRACE_S, DownNodes, condition
 
 #: The label the DaemonSet controller puts on its pods and ControllerRevisions (apps/v1
 #: ``DefaultDaemonSetUniqueLabelKey``).
@@ -43,6 +46,11 @@ class Rollout:
     wanted_image: str | None = None
     """The image the DaemonSet must carry before its rollout counts (the GPU Operator layer: the ClusterPolicy's
     device plugin, which the operator writes into its DaemonSet after helm returned)."""
+    held_by_down: tuple[str, ...] = ()
+    """The nodes, not Ready, at which the wait found the rolling update stopped (``wait``)."""
+    tolerates_all: bool = False
+    """Its pods tolerate every taint (a toleration ``operator: Exists`` without a key), a site's choice: then the
+    DaemonSet puts a pod on a node that is not Ready too."""
 
     def stale(self) -> bool:
         """Whether the DaemonSet does not carry ``wanted_image`` yet: its rollout is the previous spec's."""
@@ -56,11 +64,7 @@ class Rollout:
         """Node name -> why its pod is not the current revision's, ready, worded to follow "but" (nodes without a
         pod are left out: the GPU check says why they have no GPUs). Under ``OnDelete`` only a new pod that is
         not ready is behind: the old ones stay until the site deletes them."""
-        waiting = sorted(
-            node
-            for node, pod in self.pods.items()
-            if _deleting(pod) or (self._updated(pod) and not _ready(pod))
-        )
+        waiting = self.holding()
         why: dict[str, str] = {}
         for node, pod in self.pods.items():
             name = pod["metadata"]["name"]
@@ -79,6 +83,14 @@ class Rollout:
                 why[node] = f"the device plugin's new pod {name} is not ready: {_not_ready(pod)}"
         return why
 
+    def holding(self) -> list[str]:
+        """The nodes the rolling update waits on: their pod is being deleted, or new and not ready."""
+        return sorted(
+            node
+            for node, pod in self.pods.items()
+            if _deleting(pod) or (self._updated(pod) and not _ready(pod))
+        )
+
     def _updated(self, pod: dict[str, Any]) -> bool:
         return _of_revision(pod, self.revision)
 
@@ -89,7 +101,10 @@ def wait(
     """Watch DaemonSet ``name`` until it carries ``image`` (when given) and its rollout is done, or
     ``timeout_s`` passed (journalled as the cluster's wait); ``None`` when there is none."""
 
+    stall = _Stall(ctx, image)
+
     def settled(ds: dict[str, Any]) -> bool:
+        stall.last = ds
         return (image is None or _carries(_images(ds), image)) and _done(ds)
 
     last = ctx.kube.watch_until(
@@ -97,17 +112,76 @@ def wait(
         settled,
         timeout=timeout_s,
         until=f"DaemonSet {name} rolled out" + (f" with {image}" if image else ""),
+        give_up=stall.held,
         namespace=namespace,
         field_selector=f"metadata.name={name}",
     )
     daemonset = last if last is not None else ctx.kube.daemonset(namespace, name)
-    return None if daemonset is None else read(ctx, daemonset, image)
+    rollout = None if daemonset is None else read(ctx, daemonset, image)
+    return None if rollout is None else replace(rollout, held_by_down=tuple(stall.down_held))
+
+
+class _Stall:
+    """Whether a rolling update has stopped at nodes that are down, so waiting on longer cannot help.
+
+    Why: on an upgrade the DaemonSet controller deletes the old pod of a node that is not Ready (its pods are
+    unavailable), but only the node's kubelet finishes a pod's deletion, and while that pod counts unavailable the
+    update replaces no other (``maxUnavailable`` 1: kubernetes@v1.35.0 pkg/controller/daemon/update.go:44-119). Only
+    the node's return, a forced delete, or the ``node.kubernetes.io/out-of-service`` taint (the pod garbage
+    collector then deletes the node's terminating pods, pkg/controller/podgc/gc_controller.go:148-190) moves it
+    on. Asked between watches: the pods and the Nodes are read only once the DaemonSet's status has not moved
+    for ``DOWN_GRACE_S``, so a rollout in progress (a new pod's image pull and start can take longer than one
+    question's interval) costs nothing more. A read that fails only leaves the wait as it was."""
+
+    def __init__(self, ctx: Context, image: str | None) -> None:
+        self.ctx, self.image = ctx, image
+        self.last: dict[str, Any] | None = None
+        self.down_held: list[str] = []
+        self._progress: tuple[int, ...] | None = None
+        self._moved = time.monotonic()
+        self._down = DownNodes()
+
+    def held(self) -> str | None:
+        if self.last is None:
+            return None
+        progress = _progress(self.last)
+        if progress != self._progress:
+            self._progress, self._moved = progress, time.monotonic()
+            return None
+        if time.monotonic() - self._moved < DOWN_GRACE_S:
+            return None
+        try:
+            holders = read(self.ctx, self.last, self.image).holding()
+            for name in holders:
+                node = self.ctx.kube.node(name)
+                if node is not None:
+                    self._down.see(node)
+        except RunbookError:
+            return None
+        self.down_held = self._down.down(holders)
+        if not self.down_held:
+            return None
+        return f"the rolling update waits on {', '.join(self.down_held)}, not Ready for {DOWN_GRACE_S:.0f} s or more"
+
+
+def _progress(daemonset: dict[str, Any]) -> tuple[int, ...]:
+    status = daemonset.get("status") or {}
+    keys = (
+        "observedGeneration",
+        "updatedNumberScheduled",
+        "numberReady",
+        "numberAvailable",
+        "numberUnavailable",
+    )
+    return tuple(int(status.get(k) or 0) for k in keys)
 
 
 def again(ctx: Context, rollout: Rollout) -> Rollout | None:
     """The same DaemonSet read again (``None`` when it is gone), to judge its pods as they are now."""
     daemonset = ctx.kube.daemonset(rollout.namespace, rollout.name)
-    return None if daemonset is None else read(ctx, daemonset, rollout.wanted_image)
+    if daemonset is None:
+        return None
+    return replace(read(ctx, daemonset, rollout.wanted_image), held_by_down=rollout.held_by_down)
 
 
 def operator_image(policy: dict[str, Any]) -> str | None:
@@ -127,6 +201,15 @@ def _carries(images: Sequence[str], image: str) -> bool:
     """``image`` among ``images``, also with a digest an admission controller appended (``repo/img:tag@sha256:…``,
     as image-verifying policies that pin digests write it)."""
     return any(i == image or i.startswith(image + "@") for i in images)
+
+
+def _tolerates_all(daemonset: dict[str, Any]) -> bool:
+    """A toleration with ``operator: Exists`` and no key tolerates every taint (core/v1 ``Toleration``)."""
+    template = ((daemonset.get("spec") or {}).get("template") or {}).get("spec") or {}
+    return any(
+        not t.get("key") and t.get("operator") == "Exists" and not t.get("effect")
+        for t in template.get("tolerations") or []
+    )
 
 
 def _images(daemonset: dict[str, Any]) -> list[str]:
@@ -156,6 +239,7 @@ def read(ctx: Context, daemonset: dict[str, Any], image: str | None = None) -> R
         rolling=_rolling(daemonset),
         images=tuple(_images(daemonset)),
         wanted_image=image,
+        tolerates_all=_tolerates_all(daemonset),
     )
 
 
