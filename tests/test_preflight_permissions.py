@@ -103,3 +103,31 @@ def test_a_layers_removal_asks_for_every_kind_of_object_its_release_made(tmp_pat
         )
         assert not verdict.ok and f"delete daemonsets.apps in {ns}" in verdict.message
         assert f"watch daemonsets.apps in {ns}" not in verdict.message, "the read-everything role may watch"
+
+
+def test_a_re_run_on_a_cluster_already_done_asks_no_helm_write_and_runs_without_one(tmp_path):
+    """The release deployed with the pinned chart and the runbook's values: the Kubernetes step runs no helm
+    (``kubernetes.already_deployed``), so its release-record writes are not asked of a least-privileged
+    identity, and that identity's Kubernetes step passes, making no write. Before, preflight refused it "create
+    secrets in kube-system" for a run that writes none. Another chart version is asked again (v1.12.7 installs
+    0.18.0 by default)."""
+    from runbook_lib.steps.kubernetes import kubernetes_layer
+    from tests.test_helm_existing_release import _with
+
+    with real_cluster(tmp_path, scenario="gpu-ready", apply=True) as (params, ctx):
+        assert kubernetes_layer(ctx, timeout_s=120).ok
+        runner = as_restricted_user(ctx, tmp_path)
+        steps = ["preflight", "kubernetes", "cuda-test"]
+        changes = len(runner.journal.changes())  # the journal is the admin's too: its install
+
+        check = permissions.check(runner, steps)
+        assert check.ok, check.message
+        again = kubernetes_layer(runner, timeout_s=120)
+        assert again.ok, [c for c in again.checks if not c.ok]
+        assert [e.summary for e in runner.journal.changes()[changes:]] == []
+
+        newer = as_restricted_user(
+            _with(params, tmp_path, device_plugin={"chart_version": "0.17.2"}), tmp_path
+        )
+        upgrade = permissions.check(newer, steps)
+        assert not upgrade.ok and "create secrets in kube-system" in upgrade.message, upgrade.message

@@ -26,11 +26,12 @@ from dataclasses import dataclass
 
 from runbook_lib.clients.helm import Release
 from runbook_lib.errors import RunbookError
+from runbook_lib.model.versions import is_chart_version
 
 from . import gpu_operator_handover
 from .context import Context
 from .cudatest import TEST_NAMESPACE
-from .kubernetes import GPU_PRESENT_LABEL, PRIVILEGED, RUNTIME_CLASS
+from .kubernetes import GPU_PRESENT_LABEL, PRIVILEGED, RUNTIME_CLASS, already_deployed
 from .results import Check
 
 CHECK = "Kubernetes permissions"
@@ -201,9 +202,10 @@ def _kubernetes_layer(ctx: Context, reads: LayerReads) -> list[Need]:
     plan, why = ctx.plan, "installs the Kubernetes layer"
     release, record = plan.helm, "installs the Kubernetes layer (helm's release record)"
     out = [Need("list", "secrets", why + " (helm list -A)")]
-    out += [Need(verb, "secrets", record, namespace=release.namespace) for verb in ("create", "update")]
-    if _release_exists(ctx, reads):
-        out.append(Need("delete", "secrets", record, namespace=release.namespace))
+    exists = _release_exists(ctx, reads)
+    if not _unchanged(ctx, reads):
+        out += [Need(verb, "secrets", record, namespace=release.namespace) for verb in ("create", "update")]
+        out += [Need("delete", "secrets", record, namespace=release.namespace)] if exists else []
     if plan.kubernetes_layer == "device-plugin":
         reads.runtime_class = ctx.kube.runtime_class(RUNTIME_CLASS) is not None
         if not reads.runtime_class:
@@ -224,6 +226,21 @@ def _release_exists(ctx: Context, reads: LayerReads) -> bool:
         reads.release_error = exc
         return True
     return reads.release[0] is not None
+
+
+def _unchanged(ctx: Context, reads: LayerReads) -> bool:
+    """Whether the step will run no helm: the release is deployed with the pinned ``chart_version`` and the
+    runbook's values (``kubernetes.already_deployed``), so a least-privileged re-run on a cluster already done
+    is not asked for helm's writes. A range of versions is not resolved here (that reads the repository): it
+    counts as a change."""
+    current = (reads.release or (None,))[0]
+    version = ctx.plan.helm.version
+    if current is None or not is_chart_version(version):
+        return False
+    try:
+        return already_deployed(ctx, current, version)
+    except RunbookError:
+        return False
 
 
 def _namespace(ctx: Context, name: str, why: str) -> list[Need]:
