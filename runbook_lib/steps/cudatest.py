@@ -130,7 +130,8 @@ def cuda_test(
         refused = _create_pods(ctx, pods, attempted)
         waiting = {p.name for p in pods} - set(refused)
         timeout = ctx.params.cuda_test.timeout_seconds
-        finished = _wait(ctx, run_id, waiting, timeout, progress) if waiting else {}
+        on_node = {p.name: p.node.name for p in pods if p.name in waiting}
+        finished, down = _wait(ctx, run_id, on_node, timeout, progress) if waiting else ({}, [])
         checks = ctx.kube.each(
             lambda pod: (
                 _refused(ctx, pod, refused[pod.name])
@@ -141,14 +142,27 @@ def cuda_test(
                     finished.get(pod.name),
                     drivers.get(pod.node.name),
                     driver_unread=unread.get(pod.node.name),
+                    node_down=pod.node.name in down,
                 )
             ),
             pods,
         )
         result.nodes += _node_results(nodes, pods, checks)
+        if down:
+            result.notes.append(_left_on_down_nodes(run_id, down))
     finally:
         _delete_pods(ctx, attempted, run_id, result)
     return result.finish()
+
+
+def _left_on_down_nodes(run_id: str, down: list[str]) -> str:
+    """Test pods bound to a node that is down stay Terminating after their delete until its kubelet confirms it
+    (it does when it returns); forcing it is the site's call, so the step names the command, not runs it."""
+    return (
+        f"the test pods on {', '.join(down)} (not Ready) stay Terminating until the node's kubelet is back; to "
+        f"remove them now: kubectl -n {TEST_NAMESPACE} delete pods -l {RUN_LABEL}={run_id} --field-selector "
+        f"spec.nodeName=<node> --force --grace-period=0"
+    )
 
 
 def _plan_only(ctx: Context, nodes: list[Node], result: StepResult) -> StepResult:
@@ -261,11 +275,18 @@ def extension_drivers(ctx: Context, nodes: list[Node]) -> tuple[dict[str, str], 
 
 
 def _wait(
-    ctx: Context, run_id: str, names: set[str], timeout: float, progress: Callable[[int, int], None] | None
-) -> dict[str, dict[str, Any]]:
-    """Watch this run's pods until each has finished (Succeeded/Failed) or the timeout; returns the last seen."""
+    ctx: Context,
+    run_id: str,
+    on_node: dict[str, str],
+    timeout: float,
+    progress: Callable[[int, int], None] | None,
+) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """Watch this run's pods (name -> node) until each has finished (Succeeded/Failed), the timeout, or every
+    pod left is on a node that has been down a minute (``_DownPods``); returns the last seen, and those nodes."""
+    names = set(on_node)
     seen: dict[str, dict[str, Any]] = {}
     done: set[str] = set()
+    stalled = _DownPods(ctx, on_node, done)
 
     def finished(obj: dict[str, Any]) -> bool:
         name = obj["metadata"]["name"]
@@ -281,6 +302,7 @@ def _wait(
         finished,
         timeout=timeout,
         until="every test pod finished",
+        give_up=stalled.held,
         namespace=TEST_NAMESPACE,
         label_selector=f"{RUN_LABEL}={run_id}",
     )
@@ -288,7 +310,45 @@ def _wait(
         pod = ctx.kube.pod(TEST_NAMESPACE, name)
         if pod:
             seen[name] = pod
-    return seen
+    return seen, stalled.down
+
+
+class _DownPods:
+    """Whether every test pod not finished is on a node that is down, so waiting on cannot help.
+
+    Why: a node whose kubelet stopped gets the ``node.kubernetes.io/unreachable`` (or ``not-ready``) NoSchedule
+    taint, which the test pods do not tolerate (kubernetes v1.35.0 node_lifecycle_controller.go:84-91), so its
+    pods stay Pending, and the step waited its whole ``cuda_test.timeout_seconds`` for every other node's verdict
+    (a pod already running there is never reported finished either: no kubelet posts its end). The Nodes are read
+    only once no pod has finished for ``DOWN_GRACE_S``, so a fleet whose pods are still pulling costs nothing
+    more; a read that fails leaves the wait as it was."""
+
+    def __init__(self, ctx: Context, on_node: dict[str, str], done: set[str]) -> None:
+        self.ctx, self.on_node, self.done = ctx, on_node, done
+        self.down: list[str] = []
+        self._count, self._moved = -1, time.monotonic()
+        self._nodes = kube_diagnosis.DownNodes()
+
+    def held(self) -> str | None:
+        if len(self.done) != self._count:
+            self._count, self._moved = len(self.done), time.monotonic()
+            return None
+        if time.monotonic() - self._moved < kube_diagnosis.DOWN_GRACE_S:
+            return None
+        left = {node for name, node in self.on_node.items() if name not in self.done}
+        try:
+            for obj in self.ctx.kube.nodes():
+                if obj["metadata"]["name"] in left:
+                    self._nodes.see(obj)
+        except RunbookError:
+            return None
+        self.down = self._nodes.down(left)
+        grace = f"{kube_diagnosis.DOWN_GRACE_S:.0f} s"
+        return (
+            f"the pods left are on {', '.join(self.down)}, not Ready for {grace} or more"
+            if self.down
+            else None
+        )
 
 
 #: Each test pod's check, by its kind.
@@ -307,6 +367,7 @@ def _judge(
     node_driver: str | None,
     *,
     driver_unread: str | None = None,
+    node_down: bool = False,
 ) -> Check:
     title = TITLES[pod.kind]
     phase = ((obj or {}).get("status") or {}).get("phase", "Unknown")
@@ -335,6 +396,9 @@ def _judge(
     reason = (
         f"pod ended {phase}"
         if phase in ("Failed",)
+        else f"pod still {phase}: node {pod.node.name} is not Ready, and has not been for "
+        f"{kube_diagnosis.DOWN_GRACE_S:.0f} s or more"
+        if node_down
         else f"pod still {phase} after {ctx.params.cuda_test.timeout_seconds} s"
     )
     # A pod that never started says why in its own status (the scheduler's or the kubelet's words).
