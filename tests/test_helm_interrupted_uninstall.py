@@ -26,6 +26,7 @@ import pytest
 from runbook_lib.model.rollback import evidence_from_records
 from runbook_lib.steps.context import connect
 from runbook_lib.steps.kubernetes import kubernetes_layer
+from runbook_lib.steps.preflight import preflight
 from runbook_lib.steps.rollback import rollback
 from tests.realplane import real_cluster
 from tests.test_rollback import _record
@@ -88,6 +89,12 @@ def test_the_kubernetes_step_stops_before_any_change_at_a_release_left_uninstall
         assert f"helm uninstall {RELEASE} -n {NAMESPACE}" in check.fix, check
         assert len(ctx.journal.changes()) == changes_before
         assert _listed(ctx) == [(RELEASE, "uninstalling")]
+
+        # preflight says so before a run's image and config-patch steps change the nodes, when it runs the step
+        (refused,) = [c for c in preflight(ctx).checks if c.name == f"helm release {RELEASE}"]
+        assert not refused.ok and "is uninstalling" in refused.message and refused.fix == check.fix, refused
+        health = preflight(ctx, steps=["preflight", "verify"])
+        assert not [c for c in health.checks if c.name == f"helm release {RELEASE}"], health.checks
 
 
 def test_rollback_finishes_a_removal_a_killed_helm_left_uninstalling(tmp_path):

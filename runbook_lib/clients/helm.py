@@ -187,7 +187,10 @@ class Helm(KubeconfigTool):
         result = self.run(["get", "values", name, "-n", namespace, "-o", "json"], journal_output=False).check(
             "helm get values"
         )
-        data = json.loads(result.stdout or "{}")
+        try:
+            data = json.loads(result.stdout or "{}")
+        except ValueError:
+            raise PermanentError("helm get values printed something that is not JSON") from None
         return data if isinstance(data, dict) else {}
 
     def upgrade_install(

@@ -429,37 +429,48 @@ def _existing_release(ctx: Context, releases: list[Release], version: str) -> Re
     same_chart = [r for r in releases if r.of_chart(chart_name)]
     others = [r for r in same_chart if (r.name, r.namespace) != (planned.release, planned.namespace)]
     if others:
-        found = ", ".join(f"{r.name} in namespace {r.namespace} ({r.chart})" for r in others)
+        found = ", ".join(f"{r.name} in namespace {r.namespace} ({r.chart}, {r.status})" for r in others)
         first = others[0]
+        removal = f"helm uninstall {first.name} -n {first.namespace}"
         raise PermanentError(
             f"{chart_name} is already installed as release {found}: a second release "
             f"{planned.release} in {planned.namespace} would run the chart twice on the same nodes, so nothing "
             "was changed",
-            hint=f"to let the runbook manage it, set {section}.release: {first.name} and {section}.namespace: "
-            f"{first.namespace}; or remove it first: helm uninstall {first.name} -n {first.namespace}",
+            hint=f"finish its removal: {removal}"
+            if first.status == "uninstalling"
+            else f"to let the runbook manage it, set {section}.release: {first.name} and {section}.namespace: "
+            f"{first.namespace}; or remove it first: {removal}",
         )
     current = same_chart[0] if same_chart else None
-    if current is not None and current.status == "uninstalling":
-        raise PermanentError(
-            f"release {current.name} in {current.namespace} is uninstalling: a helm uninstall of it was stopped "
-            "midway (killed, or still running elsewhere), and helm upgrade --install cannot install it again until "
-            "the removal ends (helm@v4.1.4 pkg/action/upgrade.go:250-263, 'has no deployed releases'); nothing "
-            "was changed",
-            hint=f"make sure no helm runs on it (helm history {current.name} -n {current.namespace}), then: helm "
-            f"uninstall {current.name} -n {current.namespace}  # it finishes the removal; then run this step again",
-        )
-    if current is not None and current.status.startswith("pending-"):
-        raise PermanentError(
-            f"release {current.name} in {current.namespace} is {current.status}: a helm operation on it was "
-            "stopped midway (killed, or still running elsewhere) and helm refuses any other until it is cleared "
-            "(helm@v4.1.4 pkg/action/upgrade.go:241-243, 'another operation (install/upgrade/rollback) is in "
-            "progress'); nothing was changed",
-            hint=_pending_fix(current),
-        )
+    stuck = None if current is None else stuck_release(current)
+    if stuck is not None:
+        raise stuck
     if current is not None:
         shown = planned.version if planned.version == version else f"{planned.version} ({version})"
         _refuse_downgrade(current, chart_name, version, shown, section)
     return current
+
+
+def stuck_release(current: Release) -> PermanentError | None:
+    """The refusal of a release a stopped helm left ``uninstalling`` or ``pending-*``, which no further
+    ``helm upgrade --install`` gets past (preflight asks it too, before the other steps change nodes)."""
+    where = f"release {current.name} in {current.namespace}"
+    if current.status == "uninstalling":
+        return PermanentError(
+            f"{where} is uninstalling: a helm uninstall of it was stopped midway (killed, or still running "
+            "elsewhere), and helm upgrade --install cannot install it again until the removal ends (helm@v4.1.4 "
+            "pkg/action/upgrade.go:250-263, 'has no deployed releases'); nothing was changed",
+            hint=f"make sure no helm runs on it (helm history {current.name} -n {current.namespace}), then: helm "
+            f"uninstall {current.name} -n {current.namespace}  # it finishes the removal; then run this step again",
+        )
+    if current.status.startswith("pending-"):
+        return PermanentError(
+            f"{where} is {current.status}: a helm operation on it was stopped midway (killed, or still running "
+            "elsewhere) and helm refuses any other until it is cleared (helm@v4.1.4 pkg/action/upgrade.go:241-243, "
+            "'another operation (install/upgrade/rollback) is in progress'); nothing was changed",
+            hint=_pending_fix(current),
+        )
+    return None
 
 
 def _pending_fix(release: Release) -> str:

@@ -27,7 +27,7 @@ from runbook_lib.model.parsers import (
 from runbook_lib.model.pci import PciDevice
 from runbook_lib.model.versions import TalosVersion
 
-from . import fixes, permissions
+from . import fixes, kubernetes, permissions
 from .context import Context
 from .gpu_presence import gpu_check, not_checked_note, read_pci
 from .patch import read_configs, wanted_documents
@@ -64,7 +64,7 @@ def preflight(
         result.nodes.append(res)
         _check_node(ctx, res, node, reads)
     _count_done(ctx, result, nodes, reads.config_errors)
-    _cluster_progress(ctx, result, layer)
+    _cluster_progress(ctx, result, layer, steps)
     return result.finish()
 
 
@@ -218,9 +218,13 @@ def _count_done(ctx: Context, result: StepResult, nodes: list[Node], config_erro
         result.notes.append(unchecked)
 
 
-def _cluster_progress(ctx: Context, result: StepResult, layer: permissions.LayerReads) -> None:
+def _cluster_progress(
+    ctx: Context, result: StepResult, layer: permissions.LayerReads, steps: Collection[str] | None
+) -> None:
     """Record whether the RuntimeClass and the Helm release exist (as the permission check read them, else read
-    here); an unreadable API is only a note, since this is progress to report, not a reason to stop."""
+    here); an unreadable API is only a note, since this is progress to report, not a reason to stop. A release
+    a stopped helm left ``uninstalling`` or ``pending-*`` fails preflight when the run includes the kubernetes
+    step: that step refuses it, and the image and config-patch steps before it would have changed the nodes."""
     plan = ctx.plan
     try:
         if layer.runtime_class is None:
@@ -232,6 +236,11 @@ def _cluster_progress(ctx: Context, result: StepResult, layer: permissions.Layer
             layer.release = (ctx.helm.release(plan.helm.release, plan.helm.namespace),)
         (release,) = layer.release
         result.data["done"]["helm_release"] = f"{release.chart} ({release.status})" if release else None
+        stuck = None if release is None else kubernetes.stuck_release(release)
+        if stuck is not None and (steps is None or "kubernetes" in steps):
+            result.checks.append(
+                Check(f"helm release {plan.helm.release}", False, stuck.message, fix=stuck.hint or "")
+            )
     except RunbookError as exc:
         result.notes.append(f"Kubernetes state not read: {exc.message}")
 
