@@ -40,7 +40,7 @@ def test_cuda_test_reports_the_other_nodes_without_waiting_out_a_dead_nodes_pods
         assert [result.node(n.name).status for n in good] == ["ok"] * len(good), result.to_dict()
         failed = result.node(dead.name)
         assert failed.status == "failed"
-        assert f"node {dead.name} is not Ready" in str(failed.to_dict()), failed.to_dict()
+        assert f"node {dead.name} has not been Ready for" in str(failed.to_dict()), failed.to_dict()
         assert "untolerated taint" in str(failed.to_dict()), "the scheduler's own words are kept"
         (wait,) = [e.summary for e in ctx.journal.entries if "list_namespaced_pod" in (e.summary or "")]
         assert f"on {dead.name}, not Ready" in wait, wait
@@ -48,6 +48,6 @@ def test_cuda_test_reports_the_other_nodes_without_waiting_out_a_dead_nodes_pods
         # only the dead node's, deleted but Terminating: no kubelet confirms their end; the note says so
         assert {p["spec"].get("nodeName") for p in left} <= {dead.name}, left
         assert all(p["metadata"].get("deletionTimestamp") for p in left), left
-        assert any(f"test pods on {dead.name} (not Ready) stay Terminating" in n for n in result.notes), (
-            result.notes
-        )
+        assert any(
+            f"test pods bound to {dead.name} (not Ready) stay Terminating" in n for n in result.notes
+        ), result.notes

@@ -93,6 +93,8 @@ def test_the_kubernetes_step_stops_before_any_change_at_a_release_left_uninstall
         # preflight says so before a run's image and config-patch steps change the nodes, when it runs the step
         (refused,) = [c for c in preflight(ctx).checks if c.name == f"helm release {RELEASE}"]
         assert not refused.ok and "is uninstalling" in refused.message and refused.fix == check.fix, refused
+        gate = preflight(ctx, steps=["preflight"])  # preflight alone is the whole runbook's readiness gate
+        assert [c.ok for c in gate.checks if c.name == f"helm release {RELEASE}"] == [False], gate.checks
         health = preflight(ctx, steps=["preflight", "verify"])
         assert not [c for c in health.checks if c.name == f"helm release {RELEASE}"], health.checks
 

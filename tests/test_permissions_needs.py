@@ -44,6 +44,11 @@ class _Cluster:
 class _Helm:
     def __init__(self, releases: list[Release]) -> None:
         self.releases = releases
+        self.given: dict[str, Any] = {}
+        """The release's values as ``helm get values -o json`` prints them (the user-supplied ones)."""
+
+    def values(self, name: str, namespace: str) -> dict[str, Any]:
+        return self.given
 
     def releases_everywhere(self) -> list[Release]:
         return self.releases
@@ -113,13 +118,29 @@ def test_what_is_already_there_is_not_asked_for_but_an_upgrade_may_prune_helms_h
     kube = _Cluster(runtime_class={"handler": "nvidia"}, namespace=None)
     kube.unlabelled = ["cpu-9"]  # not a GPU node of the parameters
     deployed = Release("nvidia-device-plugin", "kube-system", "nvidia-device-plugin-0.18.0", "deployed", 3)
-    asked = _asked(permissions.needs(_ctx(kube=kube, releases=[deployed]), ["kubernetes"]))
+    ctx = _ctx(kube=kube, releases=[deployed])
+    ctx.helm.given = {"priorityClassName": "system-node-critical"}  # the site's, without the runbook's value
+    asked = _asked(permissions.needs(ctx, ["kubernetes"]))
     assert asked == {
         "list secrets *",
         "create secrets kube-system",
         "update secrets kube-system",
         "delete secrets kube-system",
     }
+    # deployed with the runbook's values at the planned 0.18.0 (v1.12's default): the step runs no helm
+    ctx.helm.given = {"priorityClassName": "system-node-critical", "runtimeClassName": "nvidia"}
+    assert _asked(permissions.needs(ctx, ["kubernetes"])) == {"list secrets *"}
+    ctx = _ctx(kube=kube, releases=[deployed], device_plugin={"chart_version": "~0.18"})
+    ctx.helm.given = {"runtimeClassName": "nvidia"}
+    assert "create secrets kube-system" in _asked(permissions.needs(ctx, ["kubernetes"])), (
+        "a range is a change"
+    )
+
+
+def test_a_run_of_preflight_alone_runs_every_step_and_otherwise_only_its_own() -> None:
+    assert permissions.runs_step(None, "kubernetes") and permissions.runs_step(["preflight"], "kubernetes")
+    assert permissions.runs_step(["preflight", "kubernetes"], "kubernetes")
+    assert not permissions.runs_step(["preflight", "verify"], "kubernetes")
 
 
 def test_the_gpu_operator_layer_asks_for_the_device_plugins_removal_from_the_image_step_on() -> None:

@@ -159,8 +159,8 @@ def _left_on_down_nodes(run_id: str, down: list[str]) -> str:
     """Test pods bound to a node that is down stay Terminating after their delete until its kubelet confirms it
     (it does when it returns); forcing it is the site's call, so the step names the command, not runs it."""
     return (
-        f"the test pods on {', '.join(down)} (not Ready) stay Terminating until the node's kubelet is back; to "
-        f"remove them now: kubectl -n {TEST_NAMESPACE} delete pods -l {RUN_LABEL}={run_id} --field-selector "
+        f"the test pods bound to {', '.join(down)} (not Ready) stay Terminating until the node's kubelet is back; "
+        f"to remove them now: kubectl -n {TEST_NAMESPACE} delete pods -l {RUN_LABEL}={run_id} --field-selector "
         f"spec.nodeName=<node> --force --grace-period=0"
     )
 
@@ -316,12 +316,14 @@ def _wait(
 class _DownPods:
     """Whether every test pod not finished is on a node that is down, so waiting on cannot help.
 
-    Why: a node whose kubelet stopped gets the ``node.kubernetes.io/unreachable`` (or ``not-ready``) NoSchedule
-    taint, which the test pods do not tolerate (kubernetes v1.35.0 node_lifecycle_controller.go:84-91), so its
-    pods stay Pending, and the step waited its whole ``cuda_test.timeout_seconds`` for every other node's verdict
-    (a pod already running there is never reported finished either: no kubelet posts its end). The Nodes are read
-    only once no pod has finished for ``DOWN_GRACE_S``, so a fleet whose pods are still pulling costs nothing
-    more; a read that fails leaves the wait as it was."""
+    Why: the pods bound to such a node by ``spec.nodeName`` stay Pending, as no kubelet starts them, and those
+    left to kube-scheduler meet the ``node.kubernetes.io/unreachable`` (or ``not-ready``) NoSchedule taint, which
+    they do not tolerate (kubernetes v1.35.0 node_lifecycle_controller.go:84-91, 550-560); the step waited its
+    whole ``cuda_test.timeout_seconds`` for every other node's verdict (a pod already running there is never
+    reported finished either: no kubelet posts its end). Nodes are read only once no pod has finished for
+    ``DOWN_GRACE_S``, one at a time and only until one is Ready (which keeps the wait going), so a fleet whose
+    pods are still pulling costs nothing more and one held by a Ready node costs a read; a read that fails
+    leaves the wait as it was."""
 
     def __init__(self, ctx: Context, on_node: dict[str, str], done: set[str]) -> None:
         self.ctx, self.on_node, self.done = ctx, on_node, done
@@ -337,9 +339,11 @@ class _DownPods:
             return None
         left = {node for name, node in self.on_node.items() if name not in self.done}
         try:
-            for obj in self.ctx.kube.nodes():
-                if obj["metadata"]["name"] in left:
-                    self._nodes.see(obj)
+            for name in sorted(left):
+                obj = self.ctx.kube.node(name)
+                if obj is None or kube_diagnosis.is_ready(obj):
+                    return None
+                self._nodes.see(obj)
         except RunbookError:
             return None
         self.down = self._nodes.down(left)
@@ -396,7 +400,7 @@ def _judge(
     reason = (
         f"pod ended {phase}"
         if phase in ("Failed",)
-        else f"pod still {phase}: node {pod.node.name} is not Ready, and has not been for "
+        else f"pod still {phase}: node {pod.node.name} has not been Ready for "
         f"{kube_diagnosis.DOWN_GRACE_S:.0f} s or more"
         if node_down
         else f"pod still {phase} after {ctx.params.cuda_test.timeout_seconds} s"

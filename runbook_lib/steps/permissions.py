@@ -75,16 +75,20 @@ class LayerReads:
     """Why ``helm list`` could not read it, when it could not."""
 
 
+def runs_step(steps: Collection[str] | None, step: str) -> bool:
+    """Whether a run of ``steps`` runs ``step``: None is every step, and so is preflight alone (a readiness gate
+    for the whole runbook)."""
+    return steps is None or not set(steps) - {"preflight"} or step in steps
+
+
 def needs(ctx: Context, steps: Collection[str] | None = None, reads: LayerReads | None = None) -> list[Need]:
     """The writes the run's ``steps`` make (None: all of them, as a user going through the notebooks does), as
     the parameters and the cluster now stand. Why by step: ``runbook run --steps preflight,verify`` with a
     read-only kubeconfig is a health check that makes no write, and must not fail for writes it will not make.
     Preflight alone is asked as a readiness gate for the whole runbook: everything."""
-    if steps is not None and not set(steps) - {"preflight"}:
-        steps = None
 
     def runs(step: str) -> bool:
-        return steps is None or step in steps
+        return runs_step(steps, step)
 
     out: list[Need] = []
     if ctx.params.default_runtime_patch and runs("config-patch"):

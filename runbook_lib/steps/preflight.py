@@ -87,7 +87,7 @@ def _tool_versions(
         result.checks.append(
             Check("helm", False, exc.message, fix=exc.hint or "install helm or set tools.helm")
         )
-    if ctx.params.default_runtime_patch and (steps is None or "config-patch" in steps):
+    if ctx.params.default_runtime_patch and permissions.runs_step(steps, "config-patch"):
         _kubectl_check(ctx, result, versions)
     try:
         versions["kubernetes"] = ctx.kube.server_version()
@@ -237,7 +237,7 @@ def _cluster_progress(
         (release,) = layer.release
         result.data["done"]["helm_release"] = f"{release.chart} ({release.status})" if release else None
         stuck = None if release is None else kubernetes.stuck_release(release)
-        if stuck is not None and (steps is None or "kubernetes" in steps):
+        if stuck is not None and permissions.runs_step(steps, "kubernetes"):
             result.checks.append(
                 Check(f"helm release {plan.helm.release}", False, stuck.message, fix=stuck.hint or "")
             )
