@@ -310,7 +310,7 @@ def _wait(
         pod = ctx.kube.pod(TEST_NAMESPACE, name)
         if pod:
             seen[name] = pod
-    return seen, stalled.down
+    return seen, stalled.stall.down
 
 
 class _DownPods:
@@ -320,39 +320,19 @@ class _DownPods:
     left to kube-scheduler meet the ``node.kubernetes.io/unreachable`` (or ``not-ready``) NoSchedule taint, which
     they do not tolerate (kubernetes v1.35.0 node_lifecycle_controller.go:84-91, 550-560); the step waited its
     whole ``cuda_test.timeout_seconds`` for every other node's verdict (a pod already running there is never
-    reported finished either: no kubelet posts its end). Nodes are read only once no pod has finished for
-    ``DOWN_GRACE_S``, one at a time and only until one is Ready (which keeps the wait going), so a fleet whose
-    pods are still pulling costs nothing more and one held by a Ready node costs a read; a read that fails
-    leaves the wait as it was."""
+    reported finished either: no kubelet posts its end). Its mark of progress is the number of pods finished
+    (``kube_diagnosis.Stall`` says how the Nodes are then read)."""
 
     def __init__(self, ctx: Context, on_node: dict[str, str], done: set[str]) -> None:
-        self.ctx, self.on_node, self.done = ctx, on_node, done
-        self.down: list[str] = []
-        self._count, self._moved = -1, time.monotonic()
-        self._nodes = kube_diagnosis.DownNodes()
+        self.on_node, self.done = on_node, done
+        self.stall = kube_diagnosis.Stall(ctx.kube)
 
     def held(self) -> str | None:
-        if len(self.done) != self._count:
-            self._count, self._moved = len(self.done), time.monotonic()
+        if not self.stall.quiet(len(self.done)):
             return None
-        if time.monotonic() - self._moved < kube_diagnosis.DOWN_GRACE_S:
-            return None
-        left = {node for name, node in self.on_node.items() if name not in self.done}
-        try:
-            for name in sorted(left):
-                obj = self.ctx.kube.node(name)
-                if obj is None or kube_diagnosis.is_ready(obj):
-                    return None
-                self._nodes.see(obj)
-        except RunbookError:
-            return None
-        self.down = self._nodes.down(left)
+        down = self.stall.down_among({node for name, node in self.on_node.items() if name not in self.done})
         grace = f"{kube_diagnosis.DOWN_GRACE_S:.0f} s"
-        return (
-            f"the pods left are on {', '.join(self.down)}, not Ready for {grace} or more"
-            if self.down
-            else None
-        )
+        return f"the pods left are on {', '.join(down)}, not Ready for {grace} or more" if down else None
 
 
 #: Each test pod's check, by its kind.

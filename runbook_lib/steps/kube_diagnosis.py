@@ -18,11 +18,16 @@ texts quoted are the components' own:
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from runbook_lib.errors import RunbookError
 
 from .results import Check
+
+if TYPE_CHECKING:
+    from runbook_lib.clients.kube import Kube
 
 #: How long a node must have been not Ready before a wait stops waiting on it (``DownNodes``). A choice, not a
 #: Kubernetes figure: a node the runbook rebooted is Ready again before the Kubernetes steps (the config-patch and
@@ -42,9 +47,9 @@ def condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
 
 def node_not_ready(node: dict[str, Any], address: str) -> Check | None:
     """A failed check when the Node's Ready condition is False or Unknown, quoting it; None when Ready."""
-    ready = condition(node, "Ready")
-    if ready is None or ready.get("status") == "True":
+    if is_ready(node):
         return None
+    ready = condition(node, "Ready") or {}
     name = node["metadata"]["name"]
     said = f"{ready.get('reason', '')}: {ready.get('message', '')}".strip(": ")
     if ready.get("status") == "Unknown":
@@ -98,6 +103,45 @@ class DownNodes:
         if wanted and all(n in self._since and now - self._since[n] >= grace_s for n in wanted):
             return wanted
         return []
+
+
+class Stall:
+    """A wait that stopped moving at nodes that are down, for the waits that can end early (``give_up``).
+
+    Why one class: the rollout wait and cuda-test's pod wait ask the same two questions, each with its own mark
+    of progress. Nodes are read only once the mark has not moved for ``DOWN_GRACE_S`` (a wait that moves costs
+    nothing more), one at a time and only until one is Ready or gone, which keeps the wait going; a read that
+    fails leaves it as it was."""
+
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
+        self.down: list[str] = []
+        """The nodes the last look found the wait held by, all down."""
+        self._mark: Hashable = None
+        self._moved = time.monotonic()
+        self._nodes = DownNodes()
+
+    def quiet(self, mark: Hashable) -> bool:
+        """Whether ``mark`` (the wait's progress) has stayed the same for ``DOWN_GRACE_S``."""
+        if mark != self._mark:
+            self._mark, self._moved = mark, time.monotonic()
+            return False
+        return time.monotonic() - self._moved >= DOWN_GRACE_S
+
+    def down_among(self, names: Iterable[str]) -> list[str]:
+        """``names`` (sorted) when every one is a Node not Ready for ``DOWN_GRACE_S``; else none (also ``down``)."""
+        wanted = sorted(names)
+        self.down = []
+        try:
+            for name in wanted:
+                obj = self.kube.node(name)
+                if obj is None or is_ready(obj):
+                    return []
+                self._nodes.see(obj)
+        except RunbookError:
+            return []
+        self.down = self._nodes.down(wanted)
+        return self.down
 
 
 def _age_s(stamp: Any) -> float:

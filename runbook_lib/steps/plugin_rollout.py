@@ -12,7 +12,6 @@ when its ``controller-revision-hash`` label is the newest ControllerRevision's (
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -20,7 +19,7 @@ from typing import Any
 from runbook_lib.errors import RunbookError
 
 from .context import Context
-from .kube_diagnosis import DOWN_GRACE_S, DownNodes, condition
+from .kube_diagnosis import DOWN_GRACE_S, Stall, condition
 
 #: The label the DaemonSet controller puts on its pods and ControllerRevisions (apps/v1
 #: ``DefaultDaemonSetUniqueLabelKey``).
@@ -118,7 +117,7 @@ def wait(
     )
     daemonset = last if last is not None else ctx.kube.daemonset(namespace, name)
     rollout = None if daemonset is None else read(ctx, daemonset, image)
-    return None if rollout is None else replace(rollout, held_by_down=tuple(stall.down_held))
+    return None if rollout is None else replace(rollout, held_by_down=tuple(stall.stall.down))
 
 
 class _Stall:
@@ -129,39 +128,27 @@ class _Stall:
     update replaces no other (``maxUnavailable`` 1: kubernetes@v1.35.0 pkg/controller/daemon/update.go:44-119). Only
     the node's return, a forced delete, or the ``node.kubernetes.io/out-of-service`` taint (the pod garbage
     collector then deletes the node's terminating pods, pkg/controller/podgc/gc_controller.go:148-190) moves it
-    on. Asked between watches: the pods and the Nodes are read only once the DaemonSet's status has not moved
-    for ``DOWN_GRACE_S``, so a rollout in progress (a new pod's image pull and start can take longer than one
-    question's interval) costs nothing more. A read that fails only leaves the wait as it was."""
+    on. Asked between watches: the pods are read only once the DaemonSet's status has not moved for ``DOWN_GRACE_S``
+    (a new pod's image pull and start can take longer than one question's interval), the Nodes as
+    ``kube_diagnosis.Stall`` reads them."""
 
     def __init__(self, ctx: Context, image: str | None) -> None:
         self.ctx, self.image = ctx, image
         self.last: dict[str, Any] | None = None
-        self.down_held: list[str] = []
-        self._progress: tuple[int, ...] | None = None
-        self._moved = time.monotonic()
-        self._down = DownNodes()
+        self.stall = Stall(ctx.kube)
 
     def held(self) -> str | None:
-        if self.last is None:
-            return None
-        progress = _progress(self.last)
-        if progress != self._progress:
-            self._progress, self._moved = progress, time.monotonic()
-            return None
-        if time.monotonic() - self._moved < DOWN_GRACE_S:
+        if self.last is None or not self.stall.quiet(_progress(self.last)):
             return None
         try:
             holders = read(self.ctx, self.last, self.image).holding()
-            for name in holders:
-                node = self.ctx.kube.node(name)
-                if node is not None:
-                    self._down.see(node)
         except RunbookError:
             return None
-        self.down_held = self._down.down(holders)
-        if not self.down_held:
-            return None
-        return f"the rolling update waits on {', '.join(self.down_held)}, not Ready for {DOWN_GRACE_S:.0f} s or more"
+        down = self.stall.down_among(holders)
+        grace = f"{DOWN_GRACE_S:.0f} s"
+        return (
+            f"the rolling update waits on {', '.join(down)}, not Ready for {grace} or more" if down else None
+        )
 
 
 def _progress(daemonset: dict[str, Any]) -> tuple[int, ...]:
