@@ -51,3 +51,30 @@ def test_cuda_test_reports_the_other_nodes_without_waiting_out_a_dead_nodes_pods
         assert any(
             f"test pods bound to {dead.name} (not Ready) stay Terminating" in n for n in result.notes
         ), result.notes
+
+
+def test_a_dead_node_is_named_when_a_ready_nodes_hung_pods_run_the_wait_to_its_timeout(tmp_path):
+    """The early stop needs every pod left to be on a down node; here a Ready node's pods hang in ErrImagePull
+    (the ``image_pull_error`` fault), so the wait runs its whole timeout. Before, the dead node's pods were then
+    reported "still Pending after 30 s" like any slow pod, with no word of the node nor of its pods that stay
+    Terminating."""
+    with real_cluster(
+        tmp_path, scenario="gpu-ready", workers=3, apply=True, cuda_test={"timeout_seconds": 30}
+    ) as (params, ctx):
+        assert kubernetes_layer(ctx, timeout_s=120).ok
+        dead, hung, good = params.nodes
+        faults.inject(tmp_path, hung.name, "image_pull_error", True)
+        faults.inject(tmp_path, dead.name, "node_not_ready", True)
+        _until_not_ready(ctx, dead.name)
+
+        result = cuda_test(ctx)
+
+        assert result.node(good.name).status == "ok", result.to_dict()
+        failed = str(result.node(dead.name).to_dict())
+        assert f"after 30 s: node {dead.name} is not Ready (Ready=Unknown" in failed, failed
+        assert "Kubelet stopped posting node status." in failed, failed
+        hung_line = str(result.node(hung.name).to_dict())
+        assert "not Ready" not in hung_line and "ErrImagePull" in hung_line, hung_line
+        assert any(
+            f"test pods bound to {dead.name} (not Ready) stay Terminating" in n for n in result.notes
+        ), result.notes

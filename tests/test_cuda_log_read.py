@@ -13,7 +13,7 @@ from typing import Any
 
 from runbook_lib.errors import RetryableError
 from runbook_lib.steps.cudatest import _judge, build_pods
-from tests.sim.test_real_kube_pods import NODE, FixedKube, context
+from tests.sim.test_real_kube_pods import NODE, READY, STOPPED_POSTING, FixedKube, context, node_object
 
 SMI = """Tue Dec  2 03:24:40 2026
 +-----------------------------------------------------------------------------------------+
@@ -30,13 +30,18 @@ FAILED_READ = "log of default/{name}: HTTP 500 Internal Server Error: "
 
 
 class FlakyLogs(FixedKube):
-    """A kube whose log reads fail ``failures`` times with the client's HTTP 500, then answer nvidia-smi."""
+    """A kube whose log reads fail ``failures`` times with the client's HTTP 500, then answer nvidia-smi; its
+    Node has the Ready condition ``ready``."""
 
-    def __init__(self, failures: int, log: str = SMI) -> None:
+    def __init__(self, failures: int, log: str = SMI, ready: dict[str, str] = READY) -> None:
         super().__init__([])
         self.failures = failures
         self.reads = 0
         self.log = log
+        self.ready = ready
+
+    def node(self, name: str) -> dict[str, Any] | None:
+        return node_object(self.ready) if name == NODE else None
 
     def pod_log(self, namespace: str, name: str) -> str:
         self.reads += 1
@@ -72,3 +77,13 @@ def test_an_empty_nvidia_smi_log_fails_the_check_instead_of_crashing_the_step() 
     """Before: OutputParseError ("the nvidia-smi output is empty") ended the whole step, every node unjudged."""
     check = _judge_smi(FlakyLogs(failures=0, log=""))
     assert not check.ok and "nvidia-smi printed nothing the runbook recognises" in check.message, check
+
+
+def test_a_log_on_a_node_that_went_down_is_read_once_and_the_failure_names_the_node() -> None:
+    """The pod succeeded, then its node stopped: the API server fetches logs from that node's kubelet, so each
+    retry only waited for the same dial to fail again (kube-apiserver's 500 with the dial error, as above)."""
+    kube = FlakyLogs(failures=100, ready=STOPPED_POSTING)
+    check = _judge_smi(kube)
+    assert kube.reads == 1, kube.reads
+    assert not check.ok and "could not be read" in check.message, check
+    assert f"node {NODE} is not Ready" in check.message and "Kubelet stopped posting" in check.message, check

@@ -131,7 +131,8 @@ def cuda_test(
         waiting = {p.name for p in pods} - set(refused)
         timeout = ctx.params.cuda_test.timeout_seconds
         on_node = {p.name: p.node.name for p in pods if p.name in waiting}
-        finished, down = _wait(ctx, run_id, on_node, timeout, progress) if waiting else ({}, [])
+        finished, early = _wait(ctx, run_id, on_node, timeout, progress) if waiting else ({}, [])
+        down = _down_nodes(ctx, finished, on_node, early)
         checks = ctx.kube.each(
             lambda pod: (
                 _refused(ctx, pod, refused[pod.name])
@@ -142,14 +143,14 @@ def cuda_test(
                     finished.get(pod.name),
                     drivers.get(pod.node.name),
                     driver_unread=unread.get(pod.node.name),
-                    node_down=pod.node.name in down,
+                    node_down=down.get(pod.node.name),
                 )
             ),
             pods,
         )
         result.nodes += _node_results(nodes, pods, checks)
         if down:
-            result.notes.append(_left_on_down_nodes(run_id, down))
+            result.notes.append(_left_on_down_nodes(run_id, sorted(down)))
     finally:
         _delete_pods(ctx, attempted, run_id, result)
     return result.finish()
@@ -313,6 +314,36 @@ def _wait(
     return seen, stalled.stall.down
 
 
+def _down_nodes(
+    ctx: Context, seen: dict[str, dict[str, Any]], on_node: dict[str, str], early: list[str]
+) -> dict[str, str]:
+    """By node, why the pods left there did not finish when its Node is not Ready, as the end of the pods'
+    "pod still Pending…": the early stop's words, or, after the whole timeout, the Node's own Ready condition.
+
+    Why read the Nodes after a timeout: the early stop fires only when every pod left is on a down node, so a
+    Ready node whose pods hang (an image it cannot pull) held the wait, and the down node's pods were reported
+    "still Pending after 300 s" like any slow pod, with no word of the node nor of its pods that stay
+    Terminating. Each node with a pod left is read once; a read that fails names nothing."""
+    if early:
+        grace = f"{kube_diagnosis.DOWN_GRACE_S:.0f} s"
+        return {n: f": node {n} has not been Ready for {grace} or more" for n in early}
+    waited = f" after {ctx.params.cuda_test.timeout_seconds} s: "
+    left = sorted({node for name, node in on_node.items() if _phase(seen.get(name)) not in _FINISHED})
+    down: dict[str, str] = {}
+    for name in left:
+        said = _node_down_now(ctx, name)
+        if said:
+            down[name] = waited + said
+    return down
+
+
+_FINISHED = ("Succeeded", "Failed")
+
+
+def _phase(obj: dict[str, Any] | None) -> str:
+    return str(((obj or {}).get("status") or {}).get("phase", "Unknown"))
+
+
 class _DownPods:
     """Whether every test pod not finished is on a node that is down, so waiting on cannot help.
 
@@ -351,11 +382,12 @@ def _judge(
     node_driver: str | None,
     *,
     driver_unread: str | None = None,
-    node_down: bool = False,
+    node_down: str | None = None,
 ) -> Check:
+    """The pod's check; ``node_down`` says why its node, not Ready, kept a pod from finishing (``_down_nodes``)."""
     title = TITLES[pod.kind]
-    phase = ((obj or {}).get("status") or {}).get("phase", "Unknown")
-    log, unread = _read_log(ctx, pod) if phase in ("Succeeded", "Failed") else ("", None)
+    phase = _phase(obj)
+    log, unread = _read_log(ctx, pod) if phase in _FINISHED else ("", None)
     if unread is not None:
         if phase == "Succeeded":
             return Check(
@@ -379,9 +411,8 @@ def _judge(
         return _judge_smi(ctx, title, pod, log, node_driver, driver_unread=driver_unread)
     reason = (
         f"pod ended {phase}"
-        if phase in ("Failed",)
-        else f"pod still {phase}: node {pod.node.name} has not been Ready for "
-        f"{kube_diagnosis.DOWN_GRACE_S:.0f} s or more"
+        if phase == "Failed"
+        else f"pod still {phase}{node_down}"
         if node_down
         else f"pod still {phase} after {ctx.params.cuda_test.timeout_seconds} s"
     )
@@ -466,7 +497,8 @@ def _read_log(ctx: Context, pod: TestPod) -> tuple[str, str | None]:
     Why retry: the API server fetches a log from the node's kubelet, and that hop can fail for a moment while
     the pod itself succeeded (seen as HTTP 500 on the real control plane); a step that crashed on it, or failed
     a GPU that worked, would send the operator after the wrong fault. A 4xx is final (a pod rejected before any
-    container ran has no log: HTTP 400).
+    container ran has no log: HTTP 400). Not when the pod's Node is not Ready: its kubelet, which serves the
+    log, is down or cut off, so a retry only adds the API server's dial timeout again; the reason names the node.
     """
     last = ""
     for attempt in range(LOG_READ_ATTEMPTS):
@@ -478,7 +510,20 @@ def _read_log(ctx: Context, pod: TestPod) -> tuple[str, str | None]:
             last = exc.message
         except RunbookError as exc:
             return "", exc.message
+        down = _node_down_now(ctx, pod.node.name) if attempt == 0 else None
+        if down:
+            return "", f"{last} ({down}; its kubelet serves the log)"
     return "", last
+
+
+def _node_down_now(ctx: Context, name: str) -> str | None:
+    """The Node's not-Ready message, or None when it is Ready, gone or cannot be read."""
+    try:
+        obj = ctx.kube.node(name)
+    except RunbookError:
+        return None
+    check = kube_diagnosis.node_not_ready(obj, name) if obj else None
+    return check.message if check else None
 
 
 def _failed(ctx: Context, title: str, pod: TestPod, reason: str, log: str) -> Check:
