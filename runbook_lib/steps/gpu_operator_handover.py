@@ -60,7 +60,12 @@ def leftovers(ctx: Context, listed: list[Release] | None = None) -> Leftovers:
 
 
 def remove(ctx: Context, found: Leftovers, *, dry_run: bool, timeout_s: float) -> None:
-    """Uninstall the releases (waiting until their pods are gone) and delete the RuntimeClass.
+    """Uninstall the releases (waiting until the objects they made are gone) and delete the RuntimeClass.
+
+    What the wait covers: ``helm uninstall --wait`` waits for the deleted objects themselves, which it deletes
+    with background propagation (helm@v4.1.4 pkg/action/uninstall.go:161, 286-301), so the DaemonSet goes at
+    once and the garbage collector deletes its pods after: a node that is down, whose pod only its kubelet can
+    finish deleting, does not hold the uninstall.
 
     A dry run only sends the RuntimeClass deletion to the API server's dry run; a failed uninstall raises
     ``PermanentError`` naming the command, before the RuntimeClass is touched.
