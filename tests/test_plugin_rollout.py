@@ -15,7 +15,7 @@ import itertools
 import time
 from typing import Any
 
-from runbook_lib.steps.kube_diagnosis import DownNodes
+from runbook_lib.steps.kube_diagnosis import DownNodes, Stall
 from runbook_lib.steps.plugin_rollout import REVISION_LABEL, Rollout, _by_node
 
 
@@ -101,6 +101,45 @@ def test_a_node_down_for_minutes_counts_as_down_at_once_and_one_just_gone_only_a
 
     down.see(_node("gpu-1", "True", _stamp(0)))  # its kubelet posts again
     assert down.down(["gpu-1"], grace_s=0) == []
+
+
+class _NodeReads:
+    """A kube that serves Nodes by name (``Kube.node``: None when there is none) and counts the reads."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, dict[str, Any]] = {}
+        self.reads: list[str] = []
+
+    def node(self, name: str) -> dict[str, Any] | None:
+        self.reads.append(name)
+        return self.nodes.get(name)
+
+
+def test_a_node_that_came_back_and_went_down_again_gets_a_new_grace_before_a_wait_gives_up_on_it() -> None:
+    """Before (90f31b5), a wait's look returned at a Ready node before noting it Ready, so the node kept when it
+    first went down, and a second outage minutes later counted as down at once: the rollout gave up and offered
+    a forced delete for a node that was only restarting its kubelet."""
+    kube = _NodeReads()
+    stall = Stall(kube)  # type: ignore[arg-type]  # the one read a look makes
+    kube.nodes["gpu-1"] = _node("gpu-1", "Unknown", _stamp(300))
+    assert stall.down_among(["gpu-1"]) == ["gpu-1"]
+    kube.nodes["gpu-1"] = _node("gpu-1", "True", _stamp(0))  # its kubelet posts again
+    assert stall.down_among(["gpu-1"]) == []
+    kube.nodes["gpu-1"] = _node("gpu-1", "Unknown", _stamp(0))  # and stops again, just now
+    assert stall.down_among(["gpu-1"]) == [], "a new outage waits its own grace"
+    assert stall.down == []
+
+
+def test_a_wait_held_by_a_ready_node_reads_that_node_first_at_each_look() -> None:
+    kube = _NodeReads()
+    stall = Stall(kube)  # type: ignore[arg-type]
+    kube.nodes = {
+        "gpu-a": _node("gpu-a", "Unknown", _stamp(300)),
+        "gpu-b": _node("gpu-b", "True", _stamp(900)),
+    }
+    assert stall.down_among(["gpu-a", "gpu-b"]) == []
+    assert stall.down_among(["gpu-a", "gpu-b"]) == []
+    assert kube.reads == ["gpu-a", "gpu-b", "gpu-b"], kube.reads
 
 
 def test_the_nodes_a_rolling_update_waits_on_are_those_whose_pod_is_deleted_or_new_and_not_ready() -> None:

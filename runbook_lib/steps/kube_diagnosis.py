@@ -96,6 +96,10 @@ class DownNodes:
             changed = (condition(node, "Ready") or {}).get("lastTransitionTime")
             self._since[name] = time.monotonic() - _age_s(changed)
 
+    def forget(self, name: str) -> None:
+        """A node that is gone: when it went down no longer counts."""
+        self._since.pop(name, None)
+
     def down(self, names: Iterable[str], grace_s: float = DOWN_GRACE_S) -> list[str]:
         """``names`` (sorted) when every one of them has been not Ready for ``grace_s``; else none."""
         wanted = sorted(names)
@@ -118,6 +122,7 @@ class Stall:
         self.down: list[str] = []
         """The nodes the last look found the wait held by, all down."""
         self._mark: Hashable = None
+        self._ready: str | None = None
         self._moved = time.monotonic()
         self._nodes = DownNodes()
 
@@ -129,15 +134,23 @@ class Stall:
         return time.monotonic() - self._moved >= DOWN_GRACE_S
 
     def down_among(self, names: Iterable[str]) -> list[str]:
-        """``names`` (sorted) when every one is a Node not Ready for ``DOWN_GRACE_S``; else none (also ``down``)."""
+        """``names`` (sorted) when every one is a Node not Ready for ``DOWN_GRACE_S``; else none (also ``down``).
+
+        Each Node read is seen (``DownNodes.see``) before the Ready test ends the look: a node that came back
+        forgets when it went down, so going down again starts a new minute. The node found Ready last time is
+        read first, so a wait held by a Ready node costs one read a look."""
         wanted = sorted(names)
         self.down = []
         try:
-            for name in wanted:
+            for name in sorted(wanted, key=lambda n: n != self._ready):
                 obj = self.kube.node(name)
-                if obj is None or is_ready(obj):
+                if obj is None:
+                    self._nodes.forget(name)
                     return []
                 self._nodes.see(obj)
+                if is_ready(obj):
+                    self._ready = name
+                    return []
         except RunbookError:
             return []
         self.down = self._nodes.down(wanted)
