@@ -34,11 +34,17 @@ class PermanentError(RunbookError):
 
 
 class RetryableError(RunbookError):
-    """The same call may succeed later (unreachable node, server error, timeout)."""
+    """The same call may succeed later (unreachable node, server error, timeout).
 
-    def __init__(self, message: str, *, hint: str | None = None, delay: float = 1.0) -> None:
+    ``status``: the HTTP status an API server answered with (None when none answered), for a caller whose next
+    move differs between a server that is busy (429) and one whose own hop failed (5xx)."""
+
+    def __init__(
+        self, message: str, *, hint: str | None = None, delay: float = 1.0, status: int | None = None
+    ) -> None:
         super().__init__(message, hint=hint)
         self.delay = delay
+        self.status = status
 
 
 @dataclass(frozen=True)

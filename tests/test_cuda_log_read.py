@@ -46,7 +46,7 @@ class FlakyLogs(FixedKube):
     def pod_log(self, namespace: str, name: str) -> str:
         self.reads += 1
         if self.reads <= self.failures:
-            raise RetryableError(FAILED_READ.format(name=name).rstrip(": "))
+            raise RetryableError(FAILED_READ.format(name=name).rstrip(": "), status=500)
         return self.log
 
 

@@ -62,7 +62,7 @@ def _api_error(exc: ApiException, what: str) -> PermanentError | RetryableError:
         reason = str(exc.body or "")
     message = f"{what}: HTTP {exc.status} {exc.reason}: {reason}".rstrip(": ")
     if exc.status in (429, 500, 502, 503, 504) or exc.status == 0:
-        return RetryableError(message)
+        return RetryableError(message, status=exc.status or None)
     return PermanentError(message)
 
 

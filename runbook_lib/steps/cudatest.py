@@ -149,18 +149,21 @@ def cuda_test(
             pods,
         )
         result.nodes += _node_results(nodes, pods, checks)
-        if down:
-            result.notes.append(_left_on_down_nodes(run_id, sorted(down)))
+        unreachable = sorted(n for n, why in down.items() if why.unreachable)
+        if unreachable:
+            result.notes.append(_left_on_down_nodes(run_id, unreachable))
     finally:
         _delete_pods(ctx, attempted, run_id, result)
     return result.finish()
 
 
 def _left_on_down_nodes(run_id: str, down: list[str]) -> str:
-    """Test pods bound to a node that is down stay Terminating after their delete until its kubelet confirms it
-    (it does when it returns); forcing it is the site's call, so the step names the command, not runs it."""
+    """Test pods bound to a node whose kubelet stopped posting stay Terminating after their delete until its
+    kubelet confirms it (it does when it returns); forcing it is the site's call, so the step names the command,
+    not runs it."""
     return (
-        f"the test pods bound to {', '.join(down)} (not Ready) stay Terminating until the node's kubelet is back; "
+        f"the test pods bound to {', '.join(down)} (its kubelet not posting) stay Terminating until the node's "
+        "kubelet is back; "
         f"to remove them now: kubectl -n {TEST_NAMESPACE} delete pods -l {RUN_LABEL}={run_id} --field-selector "
         f"spec.nodeName=<node> --force --grace-period=0"
     )
@@ -314,26 +317,53 @@ def _wait(
     return seen, stalled.stall.down
 
 
+@dataclass(frozen=True)
+class _Down:
+    """Why a node's pods did not finish: the node's ``state``; ``unreachable``: its kubelet stopped posting
+    (Ready Unknown), so none confirms a deletion there and the pods bound to it stay Terminating (a kubelet that
+    reports its node not Ready itself, Ready False, e.g. no CNI yet, still does); ``waited``: " after 300 s" when
+    the wait ran out rather than stopped early."""
+
+    state: str
+    unreachable: bool
+    waited: str = ""
+
+    def said(self) -> str:
+        """The end of the pods' "pod still Pending…"."""
+        return f"{self.waited}: {self.state}"
+
+
 def _down_nodes(
     ctx: Context, seen: dict[str, dict[str, Any]], on_node: dict[str, str], early: list[str]
-) -> dict[str, str]:
-    """By node, why the pods left there did not finish when its Node is not Ready, as the end of the pods'
-    "pod still Pending…": the early stop's words, or, after the whole timeout, the Node's own Ready condition.
+) -> dict[str, _Down]:
+    """By node, why the pods left there did not finish, for a node that is not Ready or gone: the early stop's
+    words, or, after the whole timeout, the Node's own Ready condition.
 
-    Why read the Nodes after a timeout: the early stop fires only when every pod left is on a down node, so a
-    Ready node whose pods hang (an image it cannot pull) held the wait, and the down node's pods were reported
-    "still Pending after 300 s" like any slow pod, with no word of the node nor of its pods that stay
-    Terminating. Each node with a pod left is read once; a read that fails names nothing."""
-    if early:
-        grace = f"{kube_diagnosis.DOWN_GRACE_S:.0f} s"
-        return {n: f": node {n} has not been Ready for {grace} or more" for n in early}
-    waited = f" after {ctx.params.cuda_test.timeout_seconds} s: "
+    Why look after a timeout too: the early stop fires only when every pod left is on a node down for a minute,
+    so a Ready node whose pods hang (an image it cannot pull), or a node down for less than the minute, let the
+    wait run out, and the down node's pods were reported "still Pending after 300 s" like any slow pod, with no
+    word of the node nor of its pods that stay Terminating. One list of the Nodes (at 1,000 nodes whose GPU pods
+    all hang, one request, not 1,000); a list that fails names only the early stop's nodes."""
     left = sorted({node for name, node in on_node.items() if _phase(seen.get(name)) not in _FINISHED})
-    down: dict[str, str] = {}
+    if not left:
+        return {}
+    try:
+        nodes: dict[str, dict[str, Any]] | None = {n["metadata"]["name"]: n for n in ctx.kube.iter_nodes()}
+    except RunbookError:
+        nodes = None
+    grace, waited = f"{kube_diagnosis.DOWN_GRACE_S:.0f} s", f" after {ctx.params.cuda_test.timeout_seconds} s"
+    down: dict[str, _Down] = {}
     for name in left:
-        said = _node_down_now(ctx, name)
-        if said:
-            down[name] = waited + said
+        obj = None if nodes is None else nodes.get(name)
+        unknown = (
+            nodes is None or (kube_diagnosis.condition(obj or {}, "Ready") or {}).get("status") == "Unknown"
+        )
+        if name in early:
+            down[name] = _Down(f"node {name} has not been Ready for {grace} or more", unknown)
+        elif nodes is not None and obj is None:  # its pods are deleted with it (pod GC), none stays
+            down[name] = _Down(f"node {name} no longer exists", False, waited)
+        elif obj is not None and (check := kube_diagnosis.node_not_ready(obj, name)):
+            down[name] = _Down(check.message, unknown, waited)
     return down
 
 
@@ -382,12 +412,12 @@ def _judge(
     node_driver: str | None,
     *,
     driver_unread: str | None = None,
-    node_down: str | None = None,
+    node_down: _Down | None = None,
 ) -> Check:
     """The pod's check; ``node_down`` says why its node, not Ready, kept a pod from finishing (``_down_nodes``)."""
     title = TITLES[pod.kind]
     phase = _phase(obj)
-    log, unread = _read_log(ctx, pod) if phase in _FINISHED else ("", None)
+    log, unread = _read_log(ctx, pod, node_down) if phase in _FINISHED else ("", None)
     if unread is not None:
         if phase == "Succeeded":
             return Check(
@@ -412,7 +442,7 @@ def _judge(
     reason = (
         f"pod ended {phase}"
         if phase == "Failed"
-        else f"pod still {phase}{node_down}"
+        else f"pod still {phase}{node_down.said()}"
         if node_down
         else f"pod still {phase} after {ctx.params.cuda_test.timeout_seconds} s"
     )
@@ -491,14 +521,15 @@ LOG_READ_ATTEMPTS = 3
 LOG_READ_PAUSE_S = 0.5
 
 
-def _read_log(ctx: Context, pod: TestPod) -> tuple[str, str | None]:
+def _read_log(ctx: Context, pod: TestPod, node_down: _Down | None = None) -> tuple[str, str | None]:
     """The pod's log, or why it could not be read.
 
     Why retry: the API server fetches a log from the node's kubelet, and that hop can fail for a moment while
     the pod itself succeeded (seen as HTTP 500 on the real control plane); a step that crashed on it, or failed
     a GPU that worked, would send the operator after the wrong fault. A 4xx is final (a pod rejected before any
-    container ran has no log: HTTP 400). Not when the pod's Node is not Ready: its kubelet, which serves the
-    log, is down or cut off, so a retry only adds the API server's dial timeout again; the reason names the node.
+    container ran has no log: HTTP 400). Not when the pod's Node is not Ready (``node_down``, or read once after
+    the first 5xx): its kubelet, which serves the log, is down or cut off, so a retry only adds the API server's
+    dial to it again; the reason names the node. A 429 (a busy API server) is retried without that read.
     """
     last = ""
     for attempt in range(LOG_READ_ATTEMPTS):
@@ -508,11 +539,14 @@ def _read_log(ctx: Context, pod: TestPod) -> tuple[str, str | None]:
             return ctx.kube.pod_log(TEST_NAMESPACE, pod.name), None
         except RetryableError as exc:
             last = exc.message
+            server_hop = exc.status is not None and exc.status >= 500
         except RunbookError as exc:
             return "", exc.message
-        down = _node_down_now(ctx, pod.node.name) if attempt == 0 else None
-        if down:
-            return "", f"{last} ({down}; its kubelet serves the log)"
+        if node_down is None and attempt == 0 and server_hop:
+            said = _node_down_now(ctx, pod.node.name)
+            node_down = _Down(said, True) if said else None
+        if node_down is not None:
+            return "", f"{last} ({node_down.state}; its kubelet serves the log)"
     return "", last
 
 
