@@ -131,3 +131,16 @@ def test_a_re_run_on_a_cluster_already_done_asks_no_helm_write_and_runs_without_
         )
         upgrade = permissions.check(newer, steps)
         assert not upgrade.ok and "create secrets in kube-system" in upgrade.message, upgrade.message
+
+
+def test_on_the_gpu_operator_layer_preflight_lists_the_releases_once(tmp_path):
+    """The hand-over's ``helm list -A`` (gpu_operator_handover) holds the planned release too; before, preflight
+    started a second helm for it (``helm list -n``) and read RuntimeClass ``nvidia`` again for its progress."""
+    with real_cluster(tmp_path, scenario="gpu-ready", talos_version="v1.13.2", apply=True) as (params, ctx):
+        assert ctx.plan.kubernetes_layer == "gpu-operator"
+        before = len(ctx.journal.entries)
+        result = preflight(ctx)
+        ran = ctx.journal.entries[before:]
+        lists = [e.argv[1:3] for e in ran if e.kind == "command" and e.argv[1:2] == ("list",)]
+        assert lists == [("list", "-A")], "the releases were listed twice: " + repr(lists)
+        assert result.data["done"]["runtimeclass"] is False and result.data["done"]["helm_release"] is None

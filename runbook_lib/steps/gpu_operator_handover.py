@@ -36,6 +36,9 @@ class Leftovers:
     releases: tuple[tuple[str, str], ...]
     """(release, namespace) of every device-plugin release, in every namespace."""
     runtime_class: bool
+    """RuntimeClass ``nvidia`` exists and is not the operator's."""
+    runtime_class_exists: bool = False
+    """RuntimeClass ``nvidia`` exists, the operator's or not (what preflight reports as progress)."""
 
     def commands(self) -> list[str]:
         """The commands of the docs' procedure, as a user would type them."""
@@ -56,7 +59,7 @@ def leftovers(ctx: Context, listed: list[Release] | None = None) -> Leftovers:
     existing = ctx.kube.runtime_class(RUNTIME_CLASS)
     owners = ((existing or {}).get("metadata") or {}).get("ownerReferences") or []
     operators = any(o.get("kind") == "ClusterPolicy" for o in owners)
-    return Leftovers(releases, existing is not None and not operators)
+    return Leftovers(releases, existing is not None and not operators, existing is not None)
 
 
 def remove(ctx: Context, found: Leftovers, *, dry_run: bool, timeout_s: float) -> None:

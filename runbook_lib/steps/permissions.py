@@ -93,9 +93,10 @@ def needs(ctx: Context, steps: Collection[str] | None = None, reads: LayerReads 
     out: list[Need] = []
     if ctx.params.default_runtime_patch and runs("config-patch"):
         out += _drains()
+    reads = reads or LayerReads()
     if ctx.plan.kubernetes_layer == "gpu-operator" and (runs("image") or runs("kubernetes")):
-        out += _handover(ctx)
-    out += _kubernetes_layer(ctx, reads or LayerReads()) if runs("kubernetes") else []
+        out += _handover(ctx, reads)
+    out += _kubernetes_layer(ctx, reads) if runs("kubernetes") else []
     out += _cuda_test() if runs("cuda-test") else []
     return list(dict.fromkeys(out))
 
@@ -131,19 +132,24 @@ def _drains(why: str = "drains the nodes a patch reboots") -> list[Need]:
     ]
 
 
-def _handover(ctx: Context) -> list[Need]:
+def _handover(ctx: Context, reads: LayerReads) -> list[Need]:
     """On the GPU Operator layer, the device plugin's removal (``gpu_operator_handover``), which the image step
     runs before the first node goes to Talos 1.13 and the Kubernetes step before the operator: ``helm list -A``
     reads helm's release Secrets in every namespace (helm@v3.14.0 pkg/storage/driver/secrets.go ``List``), and
     each release found is uninstalled (its objects and its Secrets deleted), then a RuntimeClass ``nvidia`` the
     operator does not own. A refusal there stops the image step before any upgrade, or leaves the cluster
-    without a device plugin and no operator: asked here."""
+    without a device plugin and no operator: asked here. What it reads is kept in ``reads`` (the planned release
+    is in ``helm list -A``; the RuntimeClass): preflight then starts no second helm nor reads it again."""
     why = "hands the GPUs from the device plugin to the GPU Operator"
     out = [Need("list", "secrets", why + " (helm list -A)")]
     try:
-        found = gpu_operator_handover.leftovers(ctx)
+        listed = ctx.helm.releases_everywhere()
+        found = gpu_operator_handover.leftovers(ctx, listed)
     except RunbookError:  # helm list -A refused: the question above names why; what it would find is unknown
         return out
+    plan = ctx.plan.helm
+    planned = (r for r in listed if r.name == plan.release and r.namespace == plan.namespace)
+    reads.release, reads.runtime_class = (next(planned, None),), found.runtime_class_exists
     return out + removal(ctx, found, why)
 
 
@@ -224,6 +230,8 @@ def _kubernetes_layer(ctx: Context, reads: LayerReads) -> list[Need]:
 def _release_exists(ctx: Context, reads: LayerReads) -> bool:
     """Whether the release exists; a helm that cannot read it (``list secrets`` refused, asked just before)
     counts as yes: the question then asked is the upgrade's, the larger one."""
+    if reads.release is not None:
+        return reads.release[0] is not None
     try:
         reads.release = (ctx.helm.release(ctx.plan.helm.release, ctx.plan.helm.namespace),)
     except RunbookError as exc:
