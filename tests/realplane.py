@@ -131,6 +131,7 @@ def real_cluster(
     talos_version: str = "v1.12.7",
     workers: int = 2,
     scenario: str = "fresh",
+    gpus_per_worker: int = 1,
     **params: Any,
 ) -> Iterator[tuple[Params, Context]]:
     """Create a simulated cluster on the real control plane; yield validated params + a connected context.
@@ -138,7 +139,10 @@ def real_cluster(
     The daemon starts (the Image Factory, the tool server), and the real control plane beside it. Stops
     everything it started, also when the test fails."""
     cluster.create(
-        state_dir, cluster.ClusterSpec(workers=workers, talos_version=talos_version, scenario=scenario)
+        state_dir,
+        cluster.ClusterSpec(
+            workers=workers, talos_version=talos_version, scenario=scenario, gpus_per_worker=gpus_per_worker
+        ),
     )
     tools = tools_for(str(load_cluster(state_dir)["kubernetes_version"]))
     cluster.start_daemon(state_dir)

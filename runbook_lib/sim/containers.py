@@ -166,15 +166,47 @@ def _shell_script(argv: list[str]) -> str | None:
     return None
 
 
-def _smi(argv: list[str], view: NodeView) -> str:
+def allocated(view: NodeView, requested: int) -> list[sim_state.Gpu]:
+    """The GPUs a container's ``nvidia-smi`` lists: the ``requested`` ones (the first, here: which ones the
+    device plugin picks is its choice), or every GPU of the node when it requested none.
+
+    Sources (read in the code; no capture from a multi-GPU Talos node was found): the device plugin answers
+    ``Allocate`` with the devices' UUIDs in ``NVIDIA_VISIBLE_DEVICES`` (NVIDIA/k8s-device-plugin@v0.18.0
+    internal/plugin/server.go:344-346, 479-481; default strategy ``envvar``, cmd/nvidia-device-plugin/main.go:
+    92-95), which containerd sets after the image's ``NVIDIA_VISIBLE_DEVICES=all`` so that it wins
+    (containerd@v2.2.3 internal/cri/server/container_create.go:762-768); with CDI (the GPU Operator from 25.10)
+    containerd injects the one device and the spec's ``NVIDIA_VISIBLE_DEVICES=void`` stops the runtime adding
+    more. A container with no request keeps the image's ``all``, which the toolkit accepts from an unprivileged
+    container by default (nvidia-container-toolkit@v1.19.1 api/config/v1/config.go:106; the Talos extensions
+    ship no setting of it). The ``gpu_isolation_lost`` fault lists every GPU anyway, as captured in
+    NVIDIA/gpu-operator#1021 and NVIDIA/k8s-device-plugin#1294."""
+    if requested and not view.sim.faults.get("gpu_isolation_lost"):
+        return view.sim.gpus[:requested]
+    return view.sim.gpus
+
+
+def _smi(argv: list[str], view: NodeView, requested: int) -> str:
     driver = view.rt.driver_version or ""
+    gpus = allocated(view, requested)
     if "-L" in argv:
-        return nvidia.nvidia_smi_list(view.sim.gpus)
+        return nvidia.nvidia_smi_list(gpus)
     query = next((a.split("=", 1)[1] for a in argv if a.startswith("--query-gpu=")), None)
     if query:
         fmt = next((a.split("=", 1)[1] for a in argv if a.startswith("--format=")), "csv")
-        return nvidia.nvidia_smi_query(driver, view.sim.gpus, query.split(","), "noheader" in fmt)
-    return nvidia.nvidia_smi(driver, view.sim.gpus)
+        return nvidia.nvidia_smi_query(driver, gpus, query.split(","), "noheader" in fmt)
+    return nvidia.nvidia_smi(driver, gpus)
+
+
+def _requested(container: dict[str, Any]) -> int:
+    """The container's ``nvidia.com/gpu`` (its limit: an extended resource's request equals it)."""
+    resources = container.get("resources") or {}
+    wanted = (resources.get("limits") or {}).get(GPU_RESOURCE) or (resources.get("requests") or {}).get(
+        GPU_RESOURCE
+    )
+    try:
+        return int(wanted or 0)
+    except (TypeError, ValueError):
+        return 0
 
 
 def program(
@@ -191,7 +223,10 @@ def program(
     stack = _gpu_stack(pod, container, image, argv, view, visible=visible, why=why, replicas=config_replicas)
     if stack is not None:
         return stack
-    return _workload(image, argv, view, wants_gpu=handler == "nvidia", visible=visible, why=why)
+    wants_gpu = handler == "nvidia"
+    return _workload(
+        image, argv, view, wants_gpu=wants_gpu, visible=visible, why=why, requested=_requested(container)
+    )
 
 
 def _gpu_stack(
@@ -260,7 +295,14 @@ def _feature_discovery(view: NodeView, *, visible: bool, why: str | None) -> Out
 
 
 def _workload(
-    image: str, argv: list[str], view: NodeView, *, wants_gpu: bool, visible: bool, why: str | None
+    image: str,
+    argv: list[str],
+    view: NodeView,
+    *,
+    wants_gpu: bool,
+    visible: bool,
+    why: str | None,
+    requested: int = 0,
 ) -> Outcome:
     """A user's container: the CUDA vectoradd sample, ``nvidia-smi`` (which the ``nvidia`` runtime mounts in,
     so without it the exec fails), or a shell one-liner; anything else keeps running."""
@@ -279,9 +321,9 @@ def _workload(
             )
         if why:
             return Outcome(log=why + "\n", exit_code=9 if "NVML" in why else 255)
-        return Outcome(log=_smi(words, view), exit_code=0)
+        return Outcome(log=_smi(words, view, requested), exit_code=0)
     if "nvidia-smi" in (script or "") and wants_gpu and not why:
-        return Outcome(log=_smi(shlex.split(script or "")[1:], view), exit_code=0)
+        return Outcome(log=_smi(shlex.split(script or "")[1:], view, requested), exit_code=0)
     return _shell(words, script) if words else Outcome()
 
 

@@ -33,6 +33,9 @@ FAULTS: dict[str, str] = {
     # Read by the GPU node agent on the real control plane (runbook_lib/sim/nodeagent.py):
     "gpu_unhealthy": "the device plugin marks the node's GPUs unhealthy (an Xid critical error, e.g. Xid 79: "
     "the GPU fell off the bus): nvidia.com/gpu stays in capacity, allocatable 0",
+    # Read when a container runs nvidia-smi (runbook_lib/sim/containers.py ``allocated``):
+    "gpu_isolation_lost": "a container that requests nvidia.com/gpu sees every GPU of the node, not the ones "
+    "allocated to it (as captured in NVIDIA/gpu-operator#1021 and NVIDIA/k8s-device-plugin#1294)",
     # Read by the simulated GPU Operator on the real control plane (runbook_lib/sim/gpuoperator.py):
     "gpu_operator_lease_held": "another GPU Operator instance holds and renews the operator's leader-election "
     "Lease (value: its holder identity): the operator pod is Ready but reconciles nothing",

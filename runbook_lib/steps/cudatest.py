@@ -471,6 +471,8 @@ def _judge_smi(
         return _failed(ctx, title, pod, f"nvidia-smi ran but reported {smi.error or 'no GPUs'}", log)
     gpus = ", ".join(sorted({g.name for g in smi.gpus}))
     message = f"{len(smi.gpus)} GPU(s) ({gpus}), driver {smi.driver_version}, CUDA {smi.cuda_version}"
+    if pod.kind == "gpu" and len(smi.gpus) > 1:
+        return _not_isolated(pod, message, log)
     if driver_unread is not None:
         command = f"talosctl -n {pod.node.address} get extensions"
         return Check(
@@ -496,6 +498,34 @@ def _judge_smi(
     if not node_driver:
         message = f"{message}; {_not_compared(node_driver)}"
     return Check(title, True, message, evidence=log[:2000])
+
+
+def _not_isolated(pod: TestPod, message: str, log: str) -> Check:
+    """The pod that requested one GPU lists more: what it was allocated did not reach the container, so every
+    pod on the node can use GPUs the scheduler counts as another's.
+
+    Why a failure: the device plugin hands the container its devices' UUIDs in ``NVIDIA_VISIBLE_DEVICES``, which
+    wins over the CUDA image's ``all`` (NVIDIA/k8s-device-plugin@v0.18.0 internal/plugin/server.go:344-346,
+    479-481; containerd@v2.2.3 internal/cri/server/container_create.go:762-768), or, with CDI (the GPU Operator
+    from 25.10), containerd injects the one device and the spec sets ``void``; so an unprivileged pod that sets
+    no ``NVIDIA_VISIBLE_DEVICES`` of its own, like this one, lists one GPU. Read in the code: no capture from a
+    multi-GPU Talos node was found; pods listing more than they asked are captured in NVIDIA/gpu-operator#1021
+    and NVIDIA/k8s-device-plugin#1294. The runtime-class-only pod is not judged so: with no request it keeps the
+    image's ``all``, which the toolkit accepts by default.
+    """
+    return Check(
+        TITLES[pod.kind],
+        False,
+        f"{message}; but the pod requested nvidia.com/gpu: 1: GPU isolation is not in effect",
+        cause="the devices allocated to the container did not limit what it sees (a device plugin whose "
+        "deviceListStrategy the node's container toolkit does not honour, or a runtime that injects every GPU), "
+        "so pods use GPUs the scheduler counts as another pod's",
+        fix="kubectl get ds -A -o yaml | grep -A1 DEVICE_LIST_STRATEGY   # none set means envvar, the plugin's "
+        "default; the GPU Operator sets cdi-annotations,cdi-cri. In a pod requesting nvidia.com/gpu: 1 on "
+        f"{pod.node.name}, `printenv NVIDIA_VISIBLE_DEVICES` prints one GPU-<uuid> (envvar) or void (CDI); "
+        "all is the image's own value, which the allocation did not replace",
+        evidence=log[-1500:],
+    )
 
 
 def _not_compared(node_driver: str | None) -> str:
