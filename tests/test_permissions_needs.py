@@ -214,3 +214,37 @@ def test_an_api_server_that_cannot_be_asked_fails_only_where_no_write_fails_safe
     assert permissions.verdict(ctx, wanted, advisory=False, unasked_ok=True).ok  # type: ignore[arg-type]
     assert not permissions.verdict(ctx, wanted, advisory=False).ok  # type: ignore[arg-type]
     assert permissions.verdict(ctx, wanted, advisory=True).ok  # type: ignore[arg-type]
+
+
+class _EveryNamespaceRefused(_Helm):
+    """helm as it answers a user who may list Secrets in the release's namespace only: ``helm list -A`` fails."""
+
+    def releases_everywhere(self) -> list[Release]:
+        from runbook_lib.errors import PermanentError
+
+        raise PermanentError(
+            'helm list -A failed: User "x" cannot list resource "secrets" at the cluster scope'
+        )
+
+
+def _operator(namespace: str) -> Release:
+    return Release("gpu-operator", namespace, "gpu-operator-v26.3.1", "deployed", 1)
+
+
+def test_a_helm_refused_every_namespace_still_reads_the_planned_release_in_its_own() -> None:
+    """The GPU Operator layer takes the planned release from the hand-over's ``helm list -A`` (5de9165); refused
+    that, it still reads it with ``helm list -n`` (what preflight reports and asks about)."""
+    ctx = _ctx("v1.13.0", kube=_Cluster(runtime_class=None, namespace={"metadata": {"labels": {}}}))
+    ctx.helm = _EveryNamespaceRefused([_operator(ctx.plan.helm.namespace)])
+    reads = permissions.LayerReads()
+    asked = _asked(permissions.needs(ctx, ["image", "kubernetes"], reads))
+    assert reads.release == (_operator(ctx.plan.helm.namespace),), reads
+    assert "delete secrets gpu-operator" in asked, "an upgrade of the release found is asked"
+
+
+def test_a_release_of_the_planned_name_in_another_namespace_is_not_taken_for_the_planned_one() -> None:
+    ctx = _ctx("v1.13.0", kube=_Cluster(runtime_class=None, namespace={"metadata": {"labels": {}}}))
+    ctx.helm = _Helm([_operator("somewhere-else")])
+    reads = permissions.LayerReads()
+    permissions.needs(ctx, ["image", "kubernetes"], reads)
+    assert reads.release == (None,) and reads.runtime_class is False, reads

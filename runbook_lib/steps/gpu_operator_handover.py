@@ -37,8 +37,12 @@ class Leftovers:
     """(release, namespace) of every device-plugin release, in every namespace."""
     runtime_class: bool
     """RuntimeClass ``nvidia`` exists and is not the operator's."""
-    runtime_class_exists: bool = False
-    """RuntimeClass ``nvidia`` exists, the operator's or not (what preflight reports as progress)."""
+    operators_runtime_class: bool = False
+    """RuntimeClass ``nvidia`` exists and is the operator's."""
+
+    def runtime_class_exists(self) -> bool:
+        """RuntimeClass ``nvidia`` exists, the operator's or not (what preflight reports as progress)."""
+        return self.runtime_class or self.operators_runtime_class
 
     def commands(self) -> list[str]:
         """The commands of the docs' procedure, as a user would type them."""
@@ -59,7 +63,7 @@ def leftovers(ctx: Context, listed: list[Release] | None = None) -> Leftovers:
     existing = ctx.kube.runtime_class(RUNTIME_CLASS)
     owners = ((existing or {}).get("metadata") or {}).get("ownerReferences") or []
     operators = any(o.get("kind") == "ClusterPolicy" for o in owners)
-    return Leftovers(releases, existing is not None and not operators, existing is not None)
+    return Leftovers(releases, existing is not None and not operators, existing is not None and operators)
 
 
 def remove(ctx: Context, found: Leftovers, *, dry_run: bool, timeout_s: float) -> None:

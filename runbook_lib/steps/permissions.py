@@ -142,14 +142,15 @@ def _handover(ctx: Context, reads: LayerReads) -> list[Need]:
     is in ``helm list -A``; the RuntimeClass): preflight then starts no second helm nor reads it again."""
     why = "hands the GPUs from the device plugin to the GPU Operator"
     out = [Need("list", "secrets", why + " (helm list -A)")]
+    plan = ctx.plan.helm
     try:
         listed = ctx.helm.releases_everywhere()
+        planned = (r for r in listed if r.name == plan.release and r.namespace == plan.namespace)
+        reads.release = (next(planned, None),)
         found = gpu_operator_handover.leftovers(ctx, listed)
     except RunbookError:  # helm list -A refused: the question above names why; what it would find is unknown
         return out
-    plan = ctx.plan.helm
-    planned = (r for r in listed if r.name == plan.release and r.namespace == plan.namespace)
-    reads.release, reads.runtime_class = (next(planned, None),), found.runtime_class_exists
+    reads.runtime_class = found.runtime_class_exists()
     return out + removal(ctx, found, why)
 
 
