@@ -45,6 +45,8 @@ class Nodes(FixedKube):
 
     def node(self, name: str) -> dict[str, Any] | None:
         self.node_reads += 1
+        if self.list_error:
+            raise self.list_error
         return self.by_name.get(name)
 
     def pod_log(self, namespace: str, name: str) -> str:
@@ -65,7 +67,7 @@ def _down(kube: Nodes, left: dict[str, str], early: list[str] | None = None) -> 
     return _down_nodes(context(kube), {}, left, early or [])
 
 
-def test_at_the_timeout_a_kubelet_that_stopped_posting_gets_the_terminating_note_and_one_reporting_not_ready_not():
+def test_at_the_timeout_the_nodes_not_ready_are_named_with_their_own_ready_condition():
     kube = Nodes(
         {
             "gpu-a": _named("gpu-a", STOPPED_POSTING),
@@ -75,26 +77,36 @@ def test_at_the_timeout_a_kubelet_that_stopped_posting_gets_the_terminating_note
     )
     down = _down(kube, {"p1": "gpu-a", "p2": "gpu-b", "p3": "gpu-c"})
     assert sorted(down) == ["gpu-a", "gpu-b"], down  # gpu-c is Ready: its pods are just slow
-    assert down["gpu-a"].unreachable and not down["gpu-b"].unreachable
+    assert down["gpu-a"].unreachable and not down["gpu-b"].unreachable  # a kubelet that posts serves logs
+    assert down["gpu-a"].held and down["gpu-b"].held  # a kubelet with no runtime cannot stop the pods either
     assert down["gpu-a"].said() == (
         " after 300 s: node gpu-a is not Ready (Ready=Unknown, NodeStatusUnknown: Kubelet stopped posting node "
         "status.)"
     )
     assert "KubeletNotReady: container runtime network not ready" in down["gpu-b"].said()
-    assert kube.lists == 1 and kube.node_reads == 0
+    assert kube.lists == 0 and kube.node_reads == 3  # a few nodes: a GET each
 
 
 def test_a_node_deleted_during_the_wait_is_named_as_gone_without_the_terminating_note():
     down = _down(Nodes({NODE: _named(NODE, READY)}), {"p1": "gpu-gone"})
     assert down["gpu-gone"].said() == " after 300 s: node gpu-gone no longer exists", down
-    assert not down["gpu-gone"].unreachable  # pod GC deletes the pods of a Node that no longer exists
+    assert not down["gpu-gone"].held  # pod GC deletes the pods of a Node that no longer exists
 
 
-def test_a_thousand_hung_nodes_cost_one_list_of_the_nodes_not_a_read_each():
-    nodes = {f"gpu-{i:04d}": _named(f"gpu-{i:04d}", READY) for i in range(1000)}
+def test_a_thousand_hung_nodes_cost_one_paged_list_of_the_nodes_not_a_read_each():
+    nodes = {f"gpu-{i:04d}": _named(f"gpu-{i:04d}", READY) for i in range(2000)}
+    nodes["gpu-0007"] = _named("gpu-0007", STOPPED_POSTING)
     kube = Nodes(nodes)
-    assert _down(kube, {f"p{i}": f"gpu-{i:04d}" for i in range(1000)}) == {}
+    down = _down(kube, {f"p{i}": f"gpu-{i:04d}" for i in range(1000)})
+    assert list(down) == ["gpu-0007"], down
     assert kube.lists == 1 and kube.node_reads == 0
+
+
+def test_an_api_server_that_stops_answering_costs_one_node_read_not_one_per_node():
+    kube = Nodes({})
+    kube.list_error = RetryableError("read node gpu-a: the Kubernetes API did not answer: timed out")
+    assert _down(kube, {"p1": "gpu-a", "p2": "gpu-b", "p3": "gpu-c"}) == {}
+    assert kube.node_reads == 1
 
 
 def test_a_node_list_that_fails_keeps_the_early_stops_names_and_adds_none():
@@ -120,9 +132,18 @@ def test_a_busy_api_server_429_is_read_again_without_reading_the_node():
     assert not check.ok and "HTTP 429" in check.message, check
 
 
+def test_a_log_on_a_node_whose_kubelet_reports_not_ready_is_read_again_as_that_kubelet_serves_logs():
+    kube = Nodes({NODE: _named(NODE, NO_CNI)}, log_status=500)
+    (down,) = _down(kube, {"p1": NODE}).values()
+    check = _judge_succeeded(kube, node_down=down)
+    assert kube.log_reads == 3, kube.log_reads
+    assert not check.ok and "HTTP 500" in check.message, check
+
+
 def test_a_log_on_a_node_already_found_down_is_read_once_and_the_node_not_read_again():
     kube = Nodes({NODE: _named(NODE, STOPPED_POSTING)}, log_status=500)
     (down,) = _down(kube, {"p1": NODE}).values()
+    reads = kube.node_reads
     check = _judge_succeeded(kube, node_down=down)
-    assert kube.log_reads == 1 and kube.node_reads == 0, (kube.log_reads, kube.node_reads)
+    assert kube.log_reads == 1 and kube.node_reads == reads, (kube.log_reads, kube.node_reads)
     assert f"node {NODE} is not Ready (Ready=Unknown" in check.message, check

@@ -149,21 +149,22 @@ def cuda_test(
             pods,
         )
         result.nodes += _node_results(nodes, pods, checks)
-        unreachable = sorted(n for n, why in down.items() if why.unreachable)
-        if unreachable:
-            result.notes.append(_left_on_down_nodes(run_id, unreachable))
+        held = sorted(n for n, why in down.items() if why.held)
+        if held:
+            result.notes.append(_left_on_down_nodes(run_id, held))
     finally:
         _delete_pods(ctx, attempted, run_id, result)
     return result.finish()
 
 
 def _left_on_down_nodes(run_id: str, down: list[str]) -> str:
-    """Test pods bound to a node whose kubelet stopped posting stay Terminating after their delete until its
-    kubelet confirms it (it does when it returns); forcing it is the site's call, so the step names the command,
-    not runs it."""
+    """Test pods bound to a node that is not Ready stay Terminating after their delete until its kubelet confirms
+    their end: one that stopped posting does when it returns, one that reports its node not Ready once it can stop
+    them (with no network it can; with its container runtime down it cannot). Forcing it is the site's call, so
+    the step names the command, not runs it."""
     return (
-        f"the test pods bound to {', '.join(down)} (its kubelet not posting) stay Terminating until the node's "
-        "kubelet is back; "
+        f"the test pods bound to {', '.join(down)} (not Ready) may stay Terminating until the node's kubelet "
+        "confirms their end; "
         f"to remove them now: kubectl -n {TEST_NAMESPACE} delete pods -l {RUN_LABEL}={run_id} --field-selector "
         f"spec.nodeName=<node> --force --grace-period=0"
     )
@@ -320,13 +321,14 @@ def _wait(
 @dataclass(frozen=True)
 class _Down:
     """Why a node's pods did not finish: the node's ``state``; ``unreachable``: its kubelet stopped posting
-    (Ready Unknown), so none confirms a deletion there and the pods bound to it stay Terminating (a kubelet that
-    reports its node not Ready itself, Ready False, e.g. no CNI yet, still does); ``waited``: " after 300 s" when
-    the wait ran out rather than stopped early."""
+    (Ready Unknown), so nothing there serves a log; ``held``: the pods bound to it may stay Terminating (the node
+    exists; pod garbage collection deletes those of a Node that is gone); ``waited``: " after 300 s" when the
+    wait ran out rather than stopped early."""
 
     state: str
     unreachable: bool
     waited: str = ""
+    held: bool = True
 
     def said(self) -> str:
         """The end of the pods' "pod still Pending…"."""
@@ -342,15 +344,12 @@ def _down_nodes(
     Why look after a timeout too: the early stop fires only when every pod left is on a node down for a minute,
     so a Ready node whose pods hang (an image it cannot pull), or a node down for less than the minute, let the
     wait run out, and the down node's pods were reported "still Pending after 300 s" like any slow pod, with no
-    word of the node nor of its pods that stay Terminating. One list of the Nodes (at 1,000 nodes whose GPU pods
-    all hang, one request, not 1,000); a list that fails names only the early stop's nodes."""
+    word of the node nor of its pods that stay Terminating. The Nodes are read by ``_ready_conditions``; when
+    they cannot be, only the early stop's nodes are named."""
     left = sorted({node for name, node in on_node.items() if _phase(seen.get(name)) not in _FINISHED})
     if not left:
         return {}
-    try:
-        nodes: dict[str, dict[str, Any]] | None = {n["metadata"]["name"]: n for n in ctx.kube.iter_nodes()}
-    except RunbookError:
-        nodes = None
+    nodes = _ready_conditions(ctx, left)
     grace, waited = f"{kube_diagnosis.DOWN_GRACE_S:.0f} s", f" after {ctx.params.cuda_test.timeout_seconds} s"
     down: dict[str, _Down] = {}
     for name in left:
@@ -361,10 +360,37 @@ def _down_nodes(
         if name in early:
             down[name] = _Down(f"node {name} has not been Ready for {grace} or more", unknown)
         elif nodes is not None and obj is None:  # its pods are deleted with it (pod GC), none stays
-            down[name] = _Down(f"node {name} no longer exists", False, waited)
+            down[name] = _Down(f"node {name} no longer exists", False, waited, held=False)
         elif obj is not None and (check := kube_diagnosis.node_not_ready(obj, name)):
             down[name] = _Down(check.message, unknown, waited)
     return down
+
+
+#: Up to this many Nodes are read one GET each after the pod wait; more, in one paged list (``_ready_conditions``).
+NODE_GETS_MAX = 20
+
+
+def _ready_conditions(ctx: Context, names: list[str]) -> dict[str, dict[str, Any]] | None:
+    """The Nodes named (only their name and Ready condition kept), missing ones left out; None when they cannot
+    be read. Why two ways: a few nodes cost a GET each, and the first that fails ends the look (an API server
+    that stopped answering costs one timeout, not one per node); many cost the paged list of every Node
+    (``Kube.iter_nodes``: 5 requests for 1,000 nodes, not 1,000 GETs), of which only those named are kept."""
+    try:
+        if len(names) <= NODE_GETS_MAX:
+            found = (ctx.kube.node(name) for name in names)
+            objs = [obj for obj in found if obj is not None]
+        else:
+            wanted = set(names)
+            objs = [n for n in ctx.kube.iter_nodes() if n["metadata"]["name"] in wanted]
+    except RunbookError:
+        return None
+    return {
+        n["metadata"]["name"]: {
+            "metadata": {"name": n["metadata"]["name"]},
+            "status": {"conditions": [c for c in [kube_diagnosis.condition(n, "Ready")] if c]},
+        }
+        for n in objs
+    }
 
 
 _FINISHED = ("Succeeded", "Failed")
@@ -573,21 +599,22 @@ def _read_log(ctx: Context, pod: TestPod, node_down: _Down | None = None) -> tup
         except RunbookError as exc:
             return "", exc.message
         if node_down is None and attempt == 0 and server_hop:
-            said = _node_down_now(ctx, pod.node.name)
-            node_down = _Down(said, True) if said else None
-        if node_down is not None:
+            node_down = _node_down_now(ctx, pod.node.name)
+        if node_down is not None and node_down.unreachable:
             return "", f"{last} ({node_down.state}; its kubelet serves the log)"
     return "", last
 
 
-def _node_down_now(ctx: Context, name: str) -> str | None:
-    """The Node's not-Ready message, or None when it is Ready, gone or cannot be read."""
+def _node_down_now(ctx: Context, name: str) -> _Down | None:
+    """The Node's not-Ready state, or None when it is Ready, gone or cannot be read."""
     try:
         obj = ctx.kube.node(name)
     except RunbookError:
         return None
     check = kube_diagnosis.node_not_ready(obj, name) if obj else None
-    return check.message if check else None
+    if obj is None or check is None:
+        return None
+    return _Down(check.message, (kube_diagnosis.condition(obj, "Ready") or {}).get("status") == "Unknown")
 
 
 def _failed(ctx: Context, title: str, pod: TestPod, reason: str, log: str) -> Check:
