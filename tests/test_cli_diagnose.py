@@ -102,7 +102,7 @@ def test_missing_modules_with_extensions_says_patch_machine_config(capsys):
     assert "upgrade" not in finding["fix"]
 
 
-def test_missing_modules_without_extensions_says_upgrade_with_factory_installer(capsys):
+def test_missing_modules_without_extensions_says_the_modules_patch_then_the_factory_installer(capsys):
     code, report = run_json(
         capsys,
         "--extensions",
@@ -117,7 +117,7 @@ def test_missing_modules_without_extensions_says_upgrade_with_factory_installer(
     finding = failed_checks(report)["modules"]
     assert "talosctl -n 10.5.0.3 upgrade --image factory.talos.dev/metal-installer/" in finding["fix"]
     assert ":v1.12.7" in finding["fix"]
-    assert "patch mc" not in finding["fix"]
+    assert finding["fix"].index("patch mc") < finding["fix"].index("upgrade --image"), "the patch first"
     # the vanilla schematic is the wrong one: it must not be offered as the upgrade target
     assert "376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba" not in finding["fix"]
 

@@ -134,14 +134,27 @@ def test_missing_modules_with_extensions_means_patch_machine_config():
     assert "bpf_jit_harden: 1" in finding.fix  # Talos 1.12 still needs the sysctl
 
 
-def test_missing_modules_without_extensions_means_factory_upgrade():
+def test_missing_modules_without_extensions_means_the_modules_patch_then_the_factory_upgrade():
+    """The upgrade alone, on a node whose config does not list the modules, boots a kernel-module extension that
+    blacklists them: ext-nvidia-persistenced waits for /sys/bus/pci/drivers/nvidia and the node rolls back after
+    about an hour (siderolabs/extensions#888, siderolabs/talos#9149). Before, this fix was that upgrade alone."""
     finding = d.check_modules({}, {}, ctx())
     assert finding.failure == "extensions-not-installed"
-    assert (
+    upgrade = (
         "talosctl -n 10.5.0.3 upgrade --image factory.talos.dev/metal-installer/<gpu-schematic-id>:v1.12.7"
-        in (finding.fix)
     )
-    assert "patch mc" not in finding.fix
+    patch = "talosctl -n 10.5.0.3 patch mc --patch @gpu-worker-patch.yaml"
+    assert patch in finding.fix and upgrade in finding.fix, finding.fix
+    assert finding.fix.index(patch) < finding.fix.index(upgrade), "the patch comes first"
+    assert "runbook run --steps config-patch,image --apply" in finding.fix
+
+
+def test_a_fix_names_the_sites_own_image_factory():
+    finding = d.check_extensions(
+        {}, d.NodeContext(node="10.5.0.3", talos=ctx().talos, factory="factory.corp:8443")
+    )[0]
+    assert "upgrade --image factory.corp:8443/metal-installer/" in finding.fix, finding.fix
+    assert "factory.talos.dev" not in finding.fix
 
 
 def test_missing_modules_with_unknown_extensions_offers_both_fixes():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from runbook_lib.model.boot_assets import factory_host
 from runbook_lib.model.params import validate
 from runbook_lib.steps.context import connect
 from runbook_lib.steps.patch import config_patch
@@ -46,8 +47,11 @@ def test_fresh_node_needs_the_factory_installer(tmp_path):
     with sim_cluster(tmp_path, daemon=False, scenario="fresh") as (params, ctx):
         result = verify(ctx)
         checks = failed(result)
-        assert "metal-installer/" + ctx.plan.schematic_id in checks["modules"].fix
-        assert "talosctl" in checks["modules"].fix and "upgrade" in checks["modules"].fix
+        fix = checks["modules"].fix
+        factory = factory_host(ctx.endpoints.image_factory_url)
+        assert f"upgrade --image {factory}/metal-installer/{ctx.plan.schematic_id}" in fix, fix
+        # the modules patch first: the upgrade alone hangs the node's boot (siderolabs/extensions#888)
+        assert fix.index("patch mc --patch") < fix.index("upgrade --image"), fix
 
 
 @pytest.mark.slow

@@ -107,7 +107,7 @@ FAILURES: tuple[KnownFailure, ...] = (
         "/etc/cri/conf.d/10-nvidia-container-runtime.part does not exist",
         fix="add the nvidia-container-toolkit extension (same track as the kernel modules) to the node's "
         "schematic and upgrade the node with that installer",
-        command="talosctl -n {node} upgrade --image factory.talos.dev/{installer}/{schematic}:{talos}",
+        command="talosctl -n {node} upgrade --image {factory}/{installer}/{schematic}:{talos}",
         sources=(
             "https://github.com/NVIDIA/gpu-operator/issues/413",
             "https://github.com/siderolabs/extensions/tree/main/nvidia-gpu/nvidia-container-toolkit",
@@ -144,7 +144,7 @@ FAILURES: tuple[KnownFailure, ...] = (
         cause="an extension packaging bug (libelf vs elfutils) in some production-track toolkit builds",
         fix="upgrade to a newer Talos patch release (its toolkit extension is rebuilt); the fixing version "
         "was not confirmed",
-        command="talosctl -n {node} upgrade --image factory.talos.dev/{installer}/{schematic}:<newer-patch>",
+        command="talosctl -n {node} upgrade --image {factory}/{installer}/{schematic}:<newer-patch>",
         sources=("https://github.com/siderolabs/extensions/issues/751",),
     ),
     KnownFailure(
@@ -167,12 +167,18 @@ FAILURES: tuple[KnownFailure, ...] = (
         symptoms=(),
         cause="the node does not run an installer that carries the NVIDIA extensions: patching the machine "
         "config does not install them, an upgrade with the GPU schematic's installer does",
-        fix="upgrade the node with the Image Factory installer of a schematic holding the kernel-module and "
-        "container-toolkit extensions, for the node's exact Talos version",
-        command="talosctl -n {node} upgrade --image factory.talos.dev/{installer}/{schematic}:{talos}",
+        fix="first the modules patch, unless the machine config lists the four modules already (the kernel-module "
+        "extension blacklists them, so a node that boots it without them never starts ext-nvidia-persistenced "
+        "and the upgrade rolls back after about an hour), then upgrade the node with the Image Factory installer "
+        "of a schematic holding the kernel-module and container-toolkit extensions, for the node's exact Talos "
+        "version (`runbook run --steps config-patch,image --apply` does both, in that order)",
+        command="{patch_command}\n# then, with the patch applied:\n"
+        "talosctl -n {node} upgrade --image {factory}/{installer}/{schematic}:{talos}",
         sources=(
             "https://github.com/siderolabs/talos/issues/7043",
             "https://github.com/siderolabs/talos/issues/5956",
+            "https://github.com/siderolabs/extensions/issues/888",
+            "https://github.com/siderolabs/talos/issues/9149",
         ),
         new_schematic=True,
     ),
@@ -230,7 +236,7 @@ FAILURES: tuple[KnownFailure, ...] = (
         ),
         cause="the GPU is not supported by this driver branch (or needs the proprietary/GRID driver)",
         fix="choose another track (lts/production) or the proprietary kernel modules (nonfree-kmod-nvidia-*)",
-        command="talosctl -n {node} upgrade --image factory.talos.dev/{installer}/<schematic-with-other-track>:{talos}",
+        command="talosctl -n {node} upgrade --image {factory}/{installer}/<schematic-with-other-track>:{talos}",
         sources=("https://github.com/siderolabs/extensions/issues/227",),
         new_schematic=True,
     ),
@@ -242,7 +248,7 @@ FAILURES: tuple[KnownFailure, ...] = (
         "visible to the OS, e.g. not passed through to the VM)",
         fix="put the NVIDIA extensions and the modules patch on GPU nodes only; upgrade this node with its "
         "non-GPU schematic",
-        command="talosctl -n {node} upgrade --image factory.talos.dev/{installer}/<non-gpu-schematic-id>:{talos}",
+        command="talosctl -n {node} upgrade --image {factory}/{installer}/<non-gpu-schematic-id>:{talos}",
         sources=("https://github.com/siderolabs/extensions/issues/888",),
     ),
     KnownFailure(
@@ -325,7 +331,7 @@ FAILURES: tuple[KnownFailure, ...] = (
         "kernel module with a production toolkit)",
         fix="use one track for both extensions (…-lts with …-lts, or …-production with …-production) and "
         "upgrade with that schematic's installer",
-        command="talosctl -n {node} upgrade --image factory.talos.dev/{installer}/{schematic}:{talos}",
+        command="talosctl -n {node} upgrade --image {factory}/{installer}/{schematic}:{talos}",
         sources=(
             "https://docs.siderolabs.com/talos/v1.12/configure-your-talos-cluster/hardware-and-drivers/nvidia-gpu",
             "https://github.com/NVIDIA/nvidia-container-toolkit/issues/171",
@@ -340,7 +346,7 @@ FAILURES: tuple[KnownFailure, ...] = (
         "(e.g. machine.install.extensions) or an installer for another release brings modules that do not load",
         fix="upgrade with the Image Factory installer for the node's exact Talos version: the factory picks "
         "the matching kernel-module tag",
-        command="talosctl -n {node} upgrade --image factory.talos.dev/{installer}/{schematic}:{talos}",
+        command="talosctl -n {node} upgrade --image {factory}/{installer}/{schematic}:{talos}",
         sources=("https://github.com/siderolabs/extensions/issues/406",),
     ),
     KnownFailure(
@@ -351,7 +357,7 @@ FAILURES: tuple[KnownFailure, ...] = (
         "proprietary): both flavours in one schematic, or outputs collected before and after a change",
         fix="keep exactly one kernel-module extension in the schematic (open modules for Turing and newer, "
         "proprietary for older GPUs and DGX/GB10), upgrade with it, and collect the outputs again",
-        command="talosctl -n {node} upgrade --image factory.talos.dev/{installer}/{schematic}:{talos}",
+        command="talosctl -n {node} upgrade --image {factory}/{installer}/{schematic}:{talos}",
         sources=(
             "https://github.com/siderolabs/extensions/tree/main/nvidia-gpu",
             "https://docs.siderolabs.com/talos/v1.13/configure-your-talos-cluster/hardware-and-drivers/nvidia-gpu",
@@ -367,7 +373,7 @@ FAILURES: tuple[KnownFailure, ...] = (
         "boots or nodes",
         fix="make the schematic carry exactly one kernel-module extension, upgrade (which reboots) and collect "
         "/proc/driver/nvidia/version and the extensions again",
-        command="talosctl -n {node} upgrade --image factory.talos.dev/{installer}/{schematic}:{talos}",
+        command="talosctl -n {node} upgrade --image {factory}/{installer}/{schematic}:{talos}",
         sources=("https://github.com/siderolabs/extensions/issues/406",),
     ),
     KnownFailure(
@@ -418,7 +424,7 @@ FAILURES: tuple[KnownFailure, ...] = (
         cause="the node was installed or upgraded with an installer of another schematic (for example "
         "`talosctl upgrade` without --image drops the extensions)",
         fix="upgrade the node with the planned schematic's installer",
-        command="talosctl -n {node} upgrade --image factory.talos.dev/{installer}/{schematic}:{talos}",
+        command="talosctl -n {node} upgrade --image {factory}/{installer}/{schematic}:{talos}",
         sources=("https://docs.siderolabs.com/talos/v1.12/learn-more/image-factory",),
     ),
 )
@@ -474,6 +480,9 @@ class NodeContext:
     running: TalosVersion | None = None
     """The release the node reports (``talosctl version``); ``talos`` stays the plan's, which fix commands
     upgrade to. Unknown: the node is taken to run ``talos``."""
+    factory: str = "factory.talos.dev"
+    """The Image Factory's registry host the installers come from (the parameters' ``image_factory_url``: a
+    site's own factory, or the simulator's), which fix commands name."""
 
     @property
     def node_release(self) -> TalosVersion | None:
@@ -489,6 +498,7 @@ class NodeContext:
             talos=talos,
             schematic=schematic or "<gpu-schematic-id>",
             installer=installer,
+            factory=self.factory,
             patch_command=module_patch(self.talos, self.node),
         )
 
@@ -496,7 +506,7 @@ class NodeContext:
 NEW_SCHEMATIC_HINT = (
     "(<gpu-schematic-id>: the ID Image Factory returns for a schematic with the kernel-module and toolkit "
     "extensions of one track, e.g. `runbook schematic show -p <params.yaml>`, or POST it to "
-    "https://factory.talos.dev/schematics)"
+    "https://{factory}/schematics)"
 )
 
 
@@ -532,7 +542,7 @@ def _finding(check: str, ok: bool, message: str, ctx: NodeContext, key: str | No
     entry = known_failure(key)
     fix = f"{ctx.fill(entry.fix)}:\n{ctx.fill(entry.command, new_schematic=entry.new_schematic)}"
     if entry.new_schematic and ctx.schematic is None and "{schematic}" in entry.command:
-        fix += f"\n{NEW_SCHEMATIC_HINT}"
+        fix += "\n" + NEW_SCHEMATIC_HINT.format(factory=ctx.factory)
     return Finding(
         check=check,
         ok=False,
@@ -801,7 +811,8 @@ def _modules_cause_open(message: str, ctx: NodeContext) -> Finding:
     """Without the extensions both fixes are possible: say how to tell them apart, and give both."""
     fix = (
         "run `talosctl -n {} get extensions`: with the NVIDIA kernel-module extension listed, apply the "
-        "modules patch:\n{}\nwithout it, upgrade with the factory installer of the GPU schematic:\n{}"
+        "modules patch:\n{}\nwithout it, apply the modules patch first, then upgrade with the factory installer "
+        "of the GPU schematic:\n{}"
     ).format(
         ctx.node or "<node>",
         module_patch(ctx.talos, ctx.node),

@@ -12,13 +12,15 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from runbook_lib.clients.helm import Helm
 from runbook_lib.clients.kubectl import Kubectl
 from runbook_lib.clients.proc import Journal, Runner
 from runbook_lib.clients.talosctl import Talosctl
 from runbook_lib.errors import PermanentError
+from runbook_lib.model.boot_assets import factory_host
+from runbook_lib.model.diagnosis import NodeContext
 from runbook_lib.model.params import Node, Params
 from runbook_lib.model.plan import Plan, build_plan
 
@@ -123,6 +125,16 @@ class Context:
     @property
     def apply(self) -> bool:
         return self.params.apply
+
+    def node_context(self, node: str, **known: Any) -> NodeContext:
+        """What the fix commands for ``node`` fill in: the plan's Talos release, the factory the installers come
+        from (``image_factory_url``: a site's own factory, the simulator's; before, every fix named
+        factory.talos.dev), and what the caller ``known``s (schematics, the running release)."""
+        try:
+            factory = factory_host(self.endpoints.image_factory_url)
+        except PermanentError:
+            factory = NodeContext.factory
+        return NodeContext(node=node, talos=self.params.talos, factory=factory, **known)
 
     def nodes(self, only: list[str] | None = None) -> list[Node]:
         """The GPU nodes, or the chosen subset (names or addresses); unknown names are an error."""

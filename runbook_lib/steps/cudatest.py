@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runbook_lib.errors import RetryableError, RunbookError
-from runbook_lib.model.diagnosis import NodeContext, match_failures
+from runbook_lib.model.diagnosis import match_failures
 from runbook_lib.model.params import Node
 from runbook_lib.model.parsers import OutputParseError, extensions_from_resources, parse_nvidia_smi
 
@@ -636,7 +636,7 @@ def _diagnosed(
             False,
             f"{reason}: {entry.title}",
             cause=entry.cause,
-            fix=f"{entry.fix}: {NodeContext(node=pod.node.name, talos=ctx.params.talos, schematic=ctx.plan.schematic_id).fill(entry.command, new_schematic=entry.new_schematic)}",
+            fix=f"{entry.fix}: {ctx.node_context(pod.node.name, schematic=ctx.plan.schematic_id).fill(entry.command, new_schematic=entry.new_schematic)}",
             evidence=text.strip()[-1500:],
         )
     return Check(

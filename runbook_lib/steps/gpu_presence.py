@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from runbook_lib.model.diagnosis import NodeContext, check_gpu_present
+from runbook_lib.model.diagnosis import check_gpu_present
 from runbook_lib.model.params import Node
 from runbook_lib.model.pci import PCI_DEVICES_RESOURCE, PciDevice, lists_pci_devices, pci_devices
 
@@ -43,7 +43,7 @@ def not_checked_note(ctx: Context) -> str | None:
 def gpu_check(ctx: Context, node: Node, devices: list[PciDevice], *, has_gpu_image: bool) -> Check:
     """The ``nvidia-gpu`` check of one node; when it fails, the fix takes the node out of the GPU list and,
     if it already runs a GPU image, gives it back a non-GPU one (failure table row ``no-nvidia-gpu``)."""
-    found = check_gpu_present(devices, NodeContext(node=node.address, talos=ctx.params.talos))
+    found = check_gpu_present(devices, ctx.node_context(node.address))
     if found.ok:
         return Check(found.check, True, found.message)
     fix = f"remove {node.name} ({node.address}) from `nodes:` in the parameter file: it is not a GPU node"

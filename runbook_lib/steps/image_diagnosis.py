@@ -317,7 +317,7 @@ def upgrade_failures(ctx: Context, failures: Mapping[str, UpgradeFailure]) -> di
 
 
 def _context(ctx: Context, node: Node) -> NodeContext:
-    return NodeContext(node=node.address, talos=ctx.params.talos)
+    return ctx.node_context(node.address)
 
 
 def _hung(ctx: Context, node: Node, error: str) -> bool:
@@ -386,7 +386,7 @@ def confirm_failure(
     Without a known cause, the fix is to run the node's upgrade again once it answers (``retry``)."""
     causes: list[Check] = []
     if found is not None:
-        nctx = NodeContext(node=node.address, talos=ctx.params.talos, schematic=planned_schematic)
+        nctx = ctx.node_context(node.address, schematic=planned_schematic)
         evidence = Evidence(extensions=dict(found[0]), schematic=found[1])
         causes = checks_from_findings(failed(diagnose(evidence, nctx, planned_schematic=planned_schematic)))
     fix, cause = retry, "the node rolled back or booted an image without the GPU extensions"

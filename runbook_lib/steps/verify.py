@@ -236,11 +236,11 @@ def verify(
         running = releases.get(node.address)
         findings = diagnose(
             evidence,
-            NodeContext(node=node.address, talos=ctx.params.talos, schematic=planned, running=running),
+            ctx.node_context(node.address, schematic=planned, running=running),
             planned_schematic=planned,
         )
         res.checks = [*_other_minor(ctx, node, running), *checks_from_findings(findings)]
-        cdi = _cdi_spec(seen, ext_versions, evidence, NodeContext(node=node.address, talos=ctx.params.talos))
+        cdi = _cdi_spec(seen, ext_versions, evidence, ctx.node_context(node.address))
         if cdi is not None:
             res.checks.append(cdi)
         if any(f.failure == "modules-not-configured" for f in findings):
