@@ -345,3 +345,27 @@ def test_a_run_needing_other_simulator_parameters_leaves_a_simulator_in_use_alon
         assert _run(tmp_path, "-p", PARAMS, "--steps", "preflight") == 2
     assert "used by another run with other parameters" in capsys.readouterr().err
     assert not state.exists() and not (tmp_path / "records").exists()
+
+
+def test_a_run_for_other_parameters_leaves_a_simulator_sim_up_started_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by an operator walkthrough: ``runbook sim up -p params/simulated.yaml --scenario upgrade-fails``, then
+    ``runbook run -p params/simulated.yaml --apply`` (scenario ``fresh``) wiped that cluster, made a fresh one,
+    passed with no fault, and stopped it; ``runbook rollback`` did the same to the state it was to undo. Here
+    the daemon ``sim up`` left running is this process's pid (no run's mark names it)."""
+    state = (tmp_path / "sim").resolve()
+    params = validate(yaml.safe_load(Path(PARAMS).read_text()), source=PARAMS)
+    spec = sim_cluster.spec_from_params(params)
+    sim_cluster.create(state, sim_cluster.ClusterSpec(**{**spec.__dict__, "scenario": "upgrade-fails"}))
+    made = (state / "cluster.json").read_bytes()
+    monkeypatch.setattr(sim_cluster, "daemon_pid", lambda _state: os.getpid())
+
+    assert _run(tmp_path, "-p", PARAMS, "--steps", "preflight") == 2
+    err = capsys.readouterr().err
+    assert (
+        "started by `runbook sim up` for other parameters (scenario upgrade-fails, this run's fresh)" in err
+    )
+    assert "--set simulation.scenario=" in err
+    assert (state / "cluster.json").read_bytes() == made, "nothing was changed"
+    assert not (tmp_path / "records").exists()

@@ -114,18 +114,48 @@ def _root(value: str | None) -> Path:
 # runbook run
 
 
-def _sim_matches(state_dir: Path, params: Params, scenario: str) -> bool:
-    """Reuse the simulator's state when it was made for these parameters, so a second run sees the
-    cluster the first one left (and changes nothing); anything else gets a fresh cluster."""
+def _sim_differs(state_dir: Path, params: Params, scenario: str) -> list[str] | None:
+    """How the simulator's state differs from what these parameters make (empty: it was made for them, and a
+    second run sees the cluster the first one left); None when there is no state."""
     try:
         info = sim_state.load_cluster(state_dir)
     except (FileNotFoundError, ValueError):
-        return False
+        return None
     workers = [(n["name"], n["address"]) for n in info.get("nodes", []) if n.get("role") == "worker"]
-    return (
-        info.get("scenario") == scenario
-        and info.get("talos_version") == sim_state.normalize_talos_version(params.talos_version)
-        and workers == [(n.name, n.address) for n in params.nodes]
+    talos = sim_state.normalize_talos_version(params.talos_version)
+    differs = [
+        f"scenario {info.get('scenario')}, this run's {scenario}" if info.get("scenario") != scenario else "",
+        f"Talos {info.get('talos_version')}, this run's {talos}"
+        if info.get("talos_version") != talos
+        else "",
+        "other GPU nodes (names or addresses) than this run's"
+        if workers != [(n.name, n.address) for n in params.nodes]
+        else "",
+    ]
+    return [d for d in differs if d]
+
+
+def _refuse_sim_up_cluster(state_dir: Path, differs: list[str] | None, files: _SimLeases) -> None:
+    """Refuse (exit 2, nothing changed) to replace a simulator `runbook sim up` started for other parameters.
+
+    Why: a cluster brought up with ``runbook sim up --scenario upgrade-fails`` (a fault to try) was wiped and
+    recreated by the next ``runbook run -p params/simulated.yaml`` (its scenario ``fresh``), which then passed
+    with no fault, and stopped it; ``runbook rollback`` did the same to the half-applied state it was to undo.
+    A run-started simulator is still replaced when stopped: its state is the runs' own."""
+    pid = sim_cluster.daemon_pid(state_dir)
+    if not differs or pid is None:
+        return
+    try:
+        started_by_run = files.started.read_text(encoding="utf-8").strip() == str(pid)
+    except FileNotFoundError:
+        started_by_run = False
+    if started_by_run:
+        return
+    raise lock.Busy(
+        f"the simulated cluster at {state_dir} was started by `runbook sim up` for other parameters "
+        f"({'; '.join(differs)}); nothing was changed",
+        hint="run with the parameters it was made for (e.g. --set simulation.scenario=<its scenario>), stop it "
+        "first (`runbook sim down`), or give this run its own --state DIR",
     )
 
 
@@ -185,11 +215,13 @@ def _simulated_cluster(params: Params, state: str | Path | None) -> Iterator[dic
 
 def _bring_up(params: Params, state_dir: Path, scenario: str, files: _SimLeases, own: Path) -> None:
     """Use the simulator as it runs when it was made for these parameters, else (re)create and start it;
-    never under another run that uses it (exit 2 naming that run)."""
-    matches = _sim_matches(state_dir, params, scenario)
+    never under another run that uses it, nor over one `runbook sim up` started (exit 2 naming it)."""
+    differs = _sim_differs(state_dir, params, scenario)
+    matches = differs == []
     if matches and sim_cluster.daemon_pid(state_dir) is not None:
         # Already up for these parameters (another run's, or `runbook sim up -p` for a JupyterLab session).
         return
+    _refuse_sim_up_cluster(state_dir, differs, files)
     others = [] if matches else lock.live_leases(files.leases, own=own)
     if others:
         raise lock.Busy(
