@@ -147,3 +147,18 @@ def test_a_log_on_a_node_already_found_down_is_read_once_and_the_node_not_read_a
     check = _judge_succeeded(kube, node_down=down)
     assert kube.log_reads == 1 and kube.node_reads == reads, (kube.log_reads, kube.node_reads)
     assert f"node {NODE} is not Ready (Ready=Unknown" in check.message, check
+
+
+def test_a_nodes_line_says_a_failure_its_pods_share_once():
+    """An operator walkthrough met the node's line holding four copies of one ErrImagePull text (1,500+ chars):
+    an image the node cannot pull fails its four test pods with the same words."""
+    from runbook_lib.steps.cudatest import _node_results
+    from runbook_lib.steps.results import Check
+
+    ctx = context(Nodes({}))
+    node = next(n for n in ctx.params.nodes if n.name == NODE)
+    pods = build_pods(ctx, [node], "abc123")
+    same = "pod still Pending after 300 s: ErrImagePull: not found"
+    checks = [Check(p.kind, False, same) for p in pods[:-1]] + [Check(pods[-1].kind, False, "other")]
+    (line,) = _node_results([node], pods, checks)
+    assert line.message == f"{same}; other", line.message

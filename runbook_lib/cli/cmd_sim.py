@@ -44,7 +44,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="FILE",
         help="take the GPU nodes (names, addresses), Talos release and scenario from a parameter file",
     )
-    up.add_argument("--nodes", type=int, default=2, metavar="N", help="GPU worker nodes (default 2)")
+    up.add_argument(
+        "--nodes",
+        type=int,
+        default=2,
+        metavar="N",
+        help="GPU worker nodes (default 2; with -p, the file's nodes)",
+    )
     up.add_argument(
         "--control-planes", type=int, default=1, metavar="N", help="control plane nodes (default 1)"
     )
@@ -63,7 +69,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="MS",
         help="per-call latency of every node (default: the parameter file's simulation.latency_ms, else 0)",
     )
-    up.add_argument("--gpus-per-node", type=int, default=1, metavar="N")
+    up.add_argument(
+        "--gpus-per-node",
+        type=int,
+        default=1,
+        metavar="N",
+        help="GPUs in each GPU worker (default 1); a pod's nvidia-smi lists those it requested, or all",
+    )
     up.add_argument(
         "--no-daemon",
         action="store_true",
@@ -273,13 +285,14 @@ def _fault(args: argparse.Namespace) -> int:
         value: Any = json.loads(args.value)
     except ValueError:
         value = args.value
+    clear = args.clear or value is False or value is None  # `FAULT false` switches it off, as --clear does
     try:
-        if not args.clear:
+        if not clear:
             cluster.check_talos_fault(state_dir, args.fault)
     except ValueError as exc:
         raise PermanentError(str(exc)) from None
     try:
-        if args.clear:
+        if clear:
             faults.clear(state_dir, args.node, args.fault)
         else:
             faults.inject(state_dir, args.node, args.fault, value)
@@ -287,5 +300,5 @@ def _fault(args: argparse.Namespace) -> int:
         raise PermanentError(f"no node {args.node!r} in {state_dir}") from None
     if args.fault == "unreachable":
         cluster.sync_talos_faults(state_dir)  # simnode, when it runs the nodes, takes the node down too
-    sys.stdout.write(f"{'cleared' if args.clear else 'set'} {args.fault} on {args.node}\n")
+    sys.stdout.write(f"{'cleared' if clear else 'set'} {args.fault} on {args.node}\n")
     return 0
