@@ -369,3 +369,22 @@ def test_a_run_for_other_parameters_leaves_a_simulator_sim_up_started_alone(
     assert "--set simulation.scenario=" in err
     assert (state / "cluster.json").read_bytes() == made, "nothing was changed"
     assert not (tmp_path / "records").exists()
+
+
+@pytest.mark.slow
+def test_resume_passes_over_a_newer_rollback_record_to_the_last_runs_parameters(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by an operator walkthrough: ``runbook run --from verify`` after a rollback resumed with the
+    rollback's parameters (the newest record), not those of the run the operator means."""
+    assert _run(tmp_path, "-p", PARAMS, "--steps", "preflight", "--set", "rollout_concurrency=3") == 0
+    run = _latest(tmp_path)["record"]
+    rollback = ["rollback", "--records", str(tmp_path / "records"), "--state", str(tmp_path / "sim")]
+    assert main([*rollback, "-p", PARAMS, "--from", run]) == 0
+    assert any(s.get("name") == "rollback" for s in _latest(tmp_path)["steps"])
+    capsys.readouterr()
+
+    assert _run(tmp_path, "--from", "preflight", "--steps", "preflight") == 0
+    err = capsys.readouterr().err
+    assert f"resuming with the parameters of {run}" in err and "passing over the rollback record" in err, err
+    assert _latest(tmp_path)["params"]["rollout_concurrency"] == 3

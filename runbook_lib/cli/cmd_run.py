@@ -341,13 +341,38 @@ def _resume_values(root: Path, *, apply: bool) -> dict[str, Any]:
     holds ``apply: true``, and resuming with it changed the cluster on a bare ``runbook run --from STEP``
     (F3 of the 1 Dec attack); the README shows ``runbook run --from verify`` as a harmless resume.
     """
-    latest = records.load_record(records.resolve(root, None))
+    latest = _latest_run(root)
     values = latest.get("params")
     if not isinstance(values, dict):
         raise PermanentError("the latest record holds no parameters to resume with", hint="give -p PARAMS")
     mode = "and --apply" if apply else "plan only (add --apply to change the cluster)"
     sys.stderr.write(f"resuming with the parameters of {latest.get('record')}, {mode}\n")
     return {**values, "apply": False}
+
+
+def _latest_run(root: Path) -> dict[str, Any]:
+    """The newest record of a run, passing over newer rollback records (named on stderr).
+
+    Why: an operator who rolled back and then resumes means their last run; the rollback's parameters are
+    those it was given for undoing (found by an operator walkthrough: ``--from verify`` resumed from one)."""
+    newest = records.resolve(root, None)
+    passed: list[str] = []
+    older = [
+        p
+        for p in reversed(records.sealed_records(root))
+        if p.name < newest.name and not records.is_unsealed(p)
+    ]
+    for path in [newest, *older]:
+        data = records.load_record(path)
+        if not any(step.get("name") == "rollback" for step in records.listed(data, "steps")):
+            if passed:
+                sys.stderr.write(f"passing over the rollback record(s) {', '.join(passed)}\n")
+            return data
+        passed.append(path.name)
+    raise PermanentError(
+        f"the records in {root} are all of rollbacks: none holds a run's parameters to resume with",
+        hint="give -p PARAMS",
+    )
 
 
 def _run(args: argparse.Namespace) -> int:
