@@ -64,6 +64,10 @@ class RunOutcome:
         lines = [
             f"{s.name:<13} {s.status:<10} {s.duration_s:6.1f} s  {s.summary}".rstrip() for s in self.steps
         ]
+        for step in self.steps:
+            planned = plan_lines(step.result) if step.status == "planned" else []
+            if planned:
+                lines += [f"\n{step.name} would change (applied only with --apply):", *planned]
         if self.failed_step:
             failed = next(s for s in self.steps if s.name == self.failed_step)
             if failed.error:
@@ -76,6 +80,57 @@ class RunOutcome:
         # The anchor: kept outside the records folder (a CI log), it proves the newest record too.
         lines.append(f"anchor: runbook records verify --expect {self.manifest_sha256}")
         return "\n".join(lines) + "\n"
+
+
+#: Lines a planned step shows in ``runbook run``'s report at most; the whole plan is in the record.
+PLAN_LINES_MAX = 40
+
+
+def plan_lines(result: dict[str, Any] | None) -> list[str]:
+    """What a planned step would change, for the terminal: each group of nodes with its machine-config diff
+    (talosctl's dry run), else each distinct planned node line with its nodes; then the step's notes.
+
+    Why: a plan-only ``runbook run`` printed ``config-patch planned (3 planned)`` and nothing of the diff, which
+    lived only in the executed notebook (found by an operator walkthrough): headless, the change could not be
+    reviewed before ``--apply``. Identical nodes are said once, so 1,000 nodes print as one group."""
+    if not result:
+        return []
+    lines: list[str] = []
+    for group in (result.get("data") or {}).get("groups") or []:
+        if isinstance(group, dict) and group.get("dry_run"):
+            lines.append(f"  {_names(group.get('nodes') or [])}: machine config diff (talosctl's dry run):")
+            lines += ["    " + line for line in _config_diff(str(group["dry_run"]))]
+    if not lines:
+        by_message: dict[str, list[str]] = {}
+        for node in result.get("nodes") or []:
+            if node.get("status") == "planned" and node.get("message"):
+                by_message.setdefault(str(node["message"]), []).append(str(node.get("node")))
+        lines += [f"  {_names(names)}: {message}" for message, names in by_message.items()]
+    lines += [f"  note: {n}" for n in result.get("notes") or [] if not str(n).startswith("plan only")]
+    if len(lines) > PLAN_LINES_MAX:
+        lines = [*lines[:PLAN_LINES_MAX], "  … (the whole plan is in the record)"]
+    return lines
+
+
+def _names(names: list[Any]) -> str:
+    shown = ", ".join(str(n) for n in names[:3])
+    return shown + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def _config_diff(dry_run: str) -> list[str]:
+    """The hunks of the ``Config diff:`` machined answers a dry run with (talos@v1.12.0
+    internal/app/machined/internal/server/v1alpha1/v1alpha1_server.go:330), which talosctl prints, without its
+    ``--- a``/``+++ b`` header, for the first node of the group; all of it when there is none."""
+    text = dry_run.split("Config diff:", 1)[-1]
+    lines: list[str] = []
+    for line in text.strip("\n").splitlines():
+        if line.startswith(("patched ", "Dry run summary:")):
+            break  # the next node's answer (one per node of the group: the same diff)
+        if line not in ("--- a", "+++ b"):
+            lines.append(line)
+    while lines and not lines[-1].strip():
+        lines.pop()
+    return lines
 
 
 def journal_record(step: str, entry: dict[str, Any]) -> dict[str, Any]:
