@@ -131,7 +131,8 @@ def cuda_test(
         waiting = {p.name for p in pods} - set(refused)
         timeout = ctx.params.cuda_test.timeout_seconds
         on_node = {p.name: p.node.name for p in pods if p.name in waiting}
-        finished, early = _wait(ctx, run_id, on_node, timeout, progress) if waiting else ({}, [])
+        finished, stalled = _wait(ctx, run_id, on_node, timeout, progress) if waiting else ({}, None)
+        early = stalled.stall.down if stalled else []
         down = _down_nodes(ctx, finished, on_node, early)
         checks = ctx.kube.each(
             lambda pod: (
@@ -144,6 +145,7 @@ def cuda_test(
                     drivers.get(pod.node.name),
                     driver_unread=unread.get(pod.node.name),
                     node_down=down.get(pod.node.name),
+                    stopped_early=bool(stalled and stalled.gave_up),
                 )
             ),
             pods,
@@ -288,9 +290,9 @@ def _wait(
     on_node: dict[str, str],
     timeout: float,
     progress: Callable[[int, int], None] | None,
-) -> tuple[dict[str, dict[str, Any]], list[str]]:
+) -> tuple[dict[str, dict[str, Any]], _DownPods]:
     """Watch this run's pods (name -> node) until each has finished (Succeeded/Failed), the timeout, or every
-    pod left is on a node that has been down a minute (``_DownPods``); returns the last seen, and those nodes."""
+    pod left cannot finish (``_DownPods``); returns the last seen, and what the early stop found."""
     names = set(on_node)
     seen: dict[str, dict[str, Any]] = {}
     done: set[str] = set()
@@ -299,6 +301,7 @@ def _wait(
     def finished(obj: dict[str, Any]) -> bool:
         name = obj["metadata"]["name"]
         seen[name] = obj
+        stalled.saw(name, obj)
         if (obj.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
             done.add(name)
             if progress:
@@ -318,7 +321,7 @@ def _wait(
         pod = ctx.kube.pod(TEST_NAMESPACE, name)
         if pod:
             seen[name] = pod
-    return seen, stalled.stall.down
+    return seen, stalled
 
 
 @dataclass(frozen=True)
@@ -404,25 +407,61 @@ def _phase(obj: dict[str, Any] | None) -> str:
 
 
 class _DownPods:
-    """Whether every test pod not finished is on a node that is down, so waiting on cannot help.
+    """Whether every test pod not finished cannot finish, so waiting on cannot help: it is on a node that is
+    down, or its image has failed to pull for a minute.
 
-    Why: the pods bound to such a node by ``spec.nodeName`` stay Pending, as no kubelet starts them, and those
+    Why: the pods bound to a down node by ``spec.nodeName`` stay Pending, as no kubelet starts them, and those
     left to kube-scheduler meet the ``node.kubernetes.io/unreachable`` (or ``not-ready``) NoSchedule taint, which
-    they do not tolerate (kubernetes v1.35.0 node_lifecycle_controller.go:84-91, 550-560); the step waited its
-    whole ``cuda_test.timeout_seconds`` for every other node's verdict (a pod already running there is never
-    reported finished either: no kubelet posts its end). Its mark of progress is the number of pods finished
-    (``kube_diagnosis.Stall`` says how the Nodes are then read)."""
+    they do not tolerate (kubernetes v1.35.0 node_lifecycle_controller.go:84-91, 550-560); a pod already running
+    there is never reported finished either (no kubelet posts its end). A pod whose image the node cannot pull
+    waits in ``ErrImagePull``/``ImagePullBackOff``, retried with a back-off from 10 s up to 5 minutes (kubernetes
+    v1.35.0 pkg/kubelet/kubelet.go:177, 225, 681; images/image_manager.go:335-348): the step waited its whole
+    ``cuda_test.timeout_seconds`` for every other node's verdict either way (an operator walkthrough met
+    301 s for an image tag that does not exist). The mark of progress is the number of pods finished
+    (``kube_diagnosis.Stall`` says how the Nodes are then read); a pull counts once it has failed for
+    ``DOWN_GRACE_S``, a pull that is only slow (``Pulling``) never does. A pod kube-scheduler cannot place
+    counts only beside such a pull on its node: a pod stuck pulling keeps the GPU it was given, so the node's
+    other GPU pod waits for it ("Insufficient nvidia.com/gpu"); placed apart, it may be waiting for a GPU a
+    workload frees."""
 
     def __init__(self, ctx: Context, on_node: dict[str, str], done: set[str]) -> None:
         self.on_node, self.done = on_node, done
         self.stall = kube_diagnosis.Stall(ctx.kube)
+        self.gave_up = False
+        self._pull_failing: dict[str, float] = {}
+        self._seen: dict[str, dict[str, Any]] = {}
+
+    def saw(self, name: str, obj: dict[str, Any]) -> None:
+        """Note since when the pod's image pull has been failing (the watch's events), and the pod."""
+        self._seen[name] = obj
+        if kube_diagnosis.pull_failing(obj):
+            self._pull_failing.setdefault(name, time.monotonic())
+        else:
+            self._pull_failing.pop(name, None)
 
     def held(self) -> str | None:
         if not self.stall.quiet(len(self.done)):
             return None
-        down = self.stall.down_among({node for name, node in self.on_node.items() if name not in self.done})
-        grace = f"{kube_diagnosis.DOWN_GRACE_S:.0f} s"
-        return f"the pods left are on {', '.join(down)}, not Ready for {grace} or more" if down else None
+        left = [name for name in self.on_node if name not in self.done]
+        now, grace = time.monotonic(), kube_diagnosis.DOWN_GRACE_S
+        pulls = [n for n in left if now - self._pull_failing.get(n, now) >= grace]
+        pulling_on = {self.on_node[n] for n in pulls}
+        waiting = [n for n in left if self.on_node[n] in pulling_on and self._unschedulable(n)]
+        nodes = {self.on_node[n] for n in left if n not in pulls and n not in waiting}
+        down = self.stall.down_among(nodes) if nodes else []
+        if nodes and not down:
+            return None
+        self.gave_up = True
+        said = (
+            [f"{len(pulls)} wait in an image pull that has failed for {grace:.0f} s or more"] if pulls else []
+        )
+        said += [f"{len(waiting)} wait for the GPU such a pod holds on its node"] if waiting else []
+        said += [f"on {', '.join(down)}, not Ready for {grace:.0f} s or more"] if down else []
+        return "the pods left cannot finish: " + "; ".join(said)
+
+    def _unschedulable(self, name: str) -> bool:
+        scheduled = kube_diagnosis.condition(self._seen.get(name) or {}, "PodScheduled") or {}
+        return scheduled.get("status") == "False"
 
 
 #: Each test pod's check, by its kind.
@@ -442,6 +481,7 @@ def _judge(
     *,
     driver_unread: str | None = None,
     node_down: _Down | None = None,
+    stopped_early: bool = False,
 ) -> Check:
     """The pod's check; ``node_down`` says why its node, not Ready, kept a pod from finishing (``_down_nodes``)."""
     title = TITLES[pod.kind]
@@ -473,6 +513,8 @@ def _judge(
         if phase == "Failed"
         else f"pod still {phase}{node_down.said()}"
         if node_down
+        else f"pod still {phase}"
+        if stopped_early
         else f"pod still {phase} after {ctx.params.cuda_test.timeout_seconds} s"
     )
     # A pod that never started says why in its own status (the scheduler's or the kubelet's words).

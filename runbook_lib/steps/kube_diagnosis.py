@@ -182,6 +182,12 @@ def _pinned_to(pod: dict[str, Any]) -> str | None:
     return None
 
 
+def pull_failing(pod: dict[str, Any]) -> bool:
+    """A container of ``pod`` waits in a failed image pull (``PULL_REASONS``)."""
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return any(((c.get("state") or {}).get("waiting") or {}).get("reason") in PULL_REASONS for c in statuses)
+
+
 def pod_not_started(pod: dict[str, Any], node: str, what: str) -> Check | None:
     """A failed check when ``pod`` (``what`` for ``node``: the device plugin, a CUDA test) never started: its image
     cannot be pulled, or the scheduler cannot place it; None otherwise."""

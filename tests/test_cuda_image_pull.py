@@ -1,0 +1,42 @@
+"""cuda-test with a node that cannot pull the test image: its pods wait in ErrImagePull/ImagePullBackOff, which
+the kubelet retries with a back-off from 10 s to 5 minutes (kubernetes v1.35.0 pkg/kubelet/kubelet.go:177, 225,
+681), so the step must not wait its whole ``cuda_test.timeout_seconds`` for them before it reports every node.
+
+Found by an operator walkthrough (301.3 s for an image the registry does not have). On the real control plane;
+the failing pull is simulated (the ``image_pull_error`` fault: the kubelet's waiting message and events as
+kubernetes v1.35.0 pkg/kubelet/images/image_manager.go:336-348, 410-411 word them).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from runbook_lib.sim import faults
+from runbook_lib.steps.cudatest import cuda_test
+from runbook_lib.steps.kubernetes import kubernetes_layer
+from tests.realplane import real_cluster
+
+pytestmark = pytest.mark.slow
+
+
+def test_pods_whose_image_cannot_be_pulled_end_the_wait_after_a_minute_without_progress(tmp_path):
+    with real_cluster(
+        tmp_path, scenario="gpu-ready", workers=2, apply=True, cuda_test={"timeout_seconds": 400}
+    ) as (params, ctx):
+        assert kubernetes_layer(ctx, timeout_s=120).ok
+        pulling, good = params.nodes
+        faults.inject(tmp_path, pulling.name, "image_pull_error", True)
+
+        started = time.monotonic()
+        result = cuda_test(ctx)
+        took = time.monotonic() - started
+
+        assert took < 250, took  # the whole 400 s before
+        assert result.node(good.name).status == "ok", result.to_dict()
+        failed = str(result.node(pulling.name).to_dict())
+        assert "pod still Pending: the CUDA test on" in failed and "ErrImagePull" in failed, failed
+        assert "after 400 s" not in failed, failed
+        (wait,) = [e.summary for e in ctx.journal.entries if "list_namespaced_pod" in (e.summary or "")]
+        assert "wait in an image pull that has failed for 60 s or more" in wait, wait
