@@ -40,7 +40,6 @@ from runbook_lib.sim.state import (
     SimPaths,
     atomic_write,
     load_cluster,
-    load_nodes,
     normalize_talos_version,
     runtime,
     save_cluster,
@@ -453,7 +452,9 @@ def status(state_dir: Path) -> dict[str, Any]:
         endpoints = json.loads(paths.endpoints.read_text())
     pid = daemon_pid(state_dir)
     nodes = []
-    for n in load_nodes(state_dir):
+    # As simnode observes them (the real talosctl's upgrades and patches live there); before, the node files
+    # the Python talosctl writes, so after a real-talosctl --apply every node still showed the stock schematic.
+    for n in realtalos.observed_nodes(state_dir):
         rt = runtime(n)
         nodes.append(
             {

@@ -221,6 +221,10 @@ def test_runbook_run_applies_all_six_steps_with_the_real_talosctl_and_a_second_r
     ]
     assert {"/metal-installer/" in w["image"] and w["booted"] for w in workers} == {True}
     assert {len(w["kernel_modules"]) for w in workers} == {4}
+    # `runbook sim status` shows the nodes as simnode observes them: before, the stock schematic and no driver
+    shown = json.loads(runbook(env, "sim", "status", "--state", str(state), "--json").stdout)["nodes"]
+    gpu = [n for n in shown if n["name"].startswith("gpu-worker")]
+    assert len(gpu) == 3 and all(n["driver"] != "-" and n["extensions"] for n in gpu), gpu
     second = runbook(env, *args)
     assert second.returncode == 0, second.stdout + second.stderr
     assert set(step_lines(second.stdout).values()) == {"ok"}
