@@ -388,3 +388,24 @@ def test_resume_passes_over_a_newer_rollback_record_to_the_last_runs_parameters(
     err = capsys.readouterr().err
     assert f"resuming with the parameters of {run}" in err and "passing over the rollback record" in err, err
     assert _latest(tmp_path)["params"]["rollout_concurrency"] == 3
+
+
+@pytest.mark.slow
+def test_a_run_logged_to_a_file_has_no_progress_bar(tmp_path: Path) -> None:
+    """Found by an operator walkthrough: `make demo` redirected to a log mixed tqdm's carriage-return bar into
+    the live lines. stderr here is a file, as in a CI log; the bar is left out, the step lines stay."""
+    log = tmp_path / "run.log"
+    with log.open("w") as err:
+        where = ["--records", str(tmp_path / "records"), "--state", str(tmp_path / "sim")]
+        proc = subprocess.run(
+            [sys.executable, "-m", "runbook_lib", "run", "-p", PARAMS, "--steps", "preflight", *where],
+            check=False,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            cwd=REPO,
+            timeout=600,
+        )
+    assert proc.returncode == 0, proc.stdout + log.read_text()
+    assert "step/s" not in log.read_text() and "\r" not in log.read_text(), log.read_text()
+    assert "preflight     ok" in proc.stdout

@@ -880,7 +880,9 @@ def _run_steps(loop: _StepLoop, first: Future[_Kernel], *, progress: bool) -> _S
     """Run the selected steps in order; stop at a failed or interrupted step, after a plan-only step's plan,
     or, between two steps, when a signal came (the next step is not started)."""
     ran = _StepsRun()
-    bar = tqdm(total=len(loop.selected), unit="step", disable=not progress, desc="runbook")
+    # None: tqdm leaves out the bar when stderr is no terminal (a CI log, a file), where its carriage returns
+    # mixed the bar into the live "batch 1/3 done" lines (found by an operator walkthrough of `make demo`).
+    bar = tqdm(total=len(loop.selected), unit="step", disable=True if not progress else None, desc="runbook")
     with contextlib.closing(bar):
         for index, item in enumerate(loop.selected):
             if loop.signals.received is not None:
