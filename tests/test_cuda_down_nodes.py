@@ -162,3 +162,11 @@ def test_a_nodes_line_says_a_failure_its_pods_share_once():
     checks = [Check(p.kind, False, same) for p in pods[:-1]] + [Check(pods[-1].kind, False, "other")]
     (line,) = _node_results([node], pods, checks)
     assert line.message == f"{same}; other", line.message
+
+
+def test_after_an_early_stop_a_node_found_not_ready_is_not_said_to_have_waited_the_timeout():
+    """Review of bc6c156: the wait gave up at ~70 s on pulls that failed, then the node went NotReady; its pods
+    read "pod still Pending after 300 s" though no 300 s passed."""
+    kube = Nodes({"gpu-a": _named("gpu-a", STOPPED_POSTING)})
+    down = _down_nodes(context(kube), {}, {"p1": "gpu-a"}, [], waited_out=False)
+    assert down["gpu-a"].said().startswith(": node gpu-a is not Ready"), down

@@ -38,5 +38,13 @@ def test_pods_whose_image_cannot_be_pulled_end_the_wait_after_a_minute_without_p
         failed = str(result.node(pulling.name).to_dict())
         assert "pod still Pending: the CUDA test on" in failed and "ErrImagePull" in failed, failed
         assert "after 400 s" not in failed, failed
+        fixes = {c.name: c.fix for c in result.node(pulling.name).checks}
+        # commands that still work after the step deleted its pods (before: `kubectl describe pod` of one gone);
+        # of the two GPU pods, the one scheduled first pulls, the other may wait for its GPU
+        assert fixes["nvidia-smi (runtimeClass nvidia)"].startswith(
+            f"talosctl -n {pulling.address} image pull nvcr.io/nvidia/cuda:"
+        ), fixes
+        pull, node = f"talosctl -n {pulling.address} image pull", f"kubectl describe node {pulling.name}"
+        assert all(fix.startswith((pull, node)) for fix in fixes.values()), fixes
         (wait,) = [e.summary for e in ctx.journal.entries if "list_namespaced_pod" in (e.summary or "")]
         assert "wait in an image pull that has failed for 60 s or more" in wait, wait

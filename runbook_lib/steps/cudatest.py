@@ -133,7 +133,7 @@ def cuda_test(
         on_node = {p.name: p.node.name for p in pods if p.name in waiting}
         finished, stalled = _wait(ctx, run_id, on_node, timeout, progress) if waiting else ({}, None)
         early = stalled.stall.down if stalled else []
-        down = _down_nodes(ctx, finished, on_node, early)
+        down = _down_nodes(ctx, finished, on_node, early, waited_out=not (stalled and stalled.gave_up))
         checks = ctx.kube.each(
             lambda pod: (
                 _refused(ctx, pod, refused[pod.name])
@@ -342,7 +342,12 @@ class _Down:
 
 
 def _down_nodes(
-    ctx: Context, seen: dict[str, dict[str, Any]], on_node: dict[str, str], early: list[str]
+    ctx: Context,
+    seen: dict[str, dict[str, Any]],
+    on_node: dict[str, str],
+    early: list[str],
+    *,
+    waited_out: bool = True,
 ) -> dict[str, _Down]:
     """By node, why the pods left there did not finish, for a node that is not Ready or gone: the early stop's
     words, or, after the whole timeout, the Node's own Ready condition.
@@ -356,7 +361,10 @@ def _down_nodes(
     if not left:
         return {}
     nodes = _ready_conditions(ctx, left)
-    grace, waited = f"{kube_diagnosis.DOWN_GRACE_S:.0f} s", f" after {ctx.params.cuda_test.timeout_seconds} s"
+    grace = f"{kube_diagnosis.DOWN_GRACE_S:.0f} s"
+    waited = (
+        f" after {ctx.params.cuda_test.timeout_seconds} s" if waited_out else ""
+    )  # not after an early stop
     down: dict[str, _Down] = {}
     for name in left:
         obj = None if nodes is None else nodes.get(name)
@@ -445,7 +453,7 @@ class _DownPods:
         left = [name for name in self.on_node if name not in self.done]
         now, grace = time.monotonic(), kube_diagnosis.DOWN_GRACE_S
         pulls = [n for n in left if now - self._pull_failing.get(n, now) >= grace]
-        pulling_on = {self.on_node[n] for n in pulls}
+        pulling_on = {self.on_node[n] for n in pulls if _requests_gpu(self._seen.get(n))}
         waiting = [n for n in left if self.on_node[n] in pulling_on and self._unschedulable(n)]
         nodes = {self.on_node[n] for n in left if n not in pulls and n not in waiting}
         down = self.stall.down_among(nodes) if nodes else []
@@ -460,8 +468,15 @@ class _DownPods:
         return "the pods left cannot finish: " + "; ".join(said)
 
     def _unschedulable(self, name: str) -> bool:
+        """kube-scheduler could not place the pod (its PodScheduled condition is False)."""
         scheduled = kube_diagnosis.condition(self._seen.get(name) or {}, "PodScheduled") or {}
         return scheduled.get("status") == "False"
+
+
+def _requests_gpu(pod: dict[str, Any] | None) -> bool:
+    """The pod asks for ``nvidia.com/gpu`` (then, scheduled, it holds one while it waits)."""
+    containers = ((pod or {}).get("spec") or {}).get("containers") or []
+    return any("nvidia.com/gpu" in ((c.get("resources") or {}).get("limits") or {}) for c in containers)
 
 
 #: Each test pod's check, by its kind.
@@ -520,8 +535,27 @@ def _judge(
     # A pod that never started says why in its own status (the scheduler's or the kubelet's words).
     stuck = kube_diagnosis.pod_not_started(obj, pod.node.name, "CUDA test") if obj else None
     if stuck is not None and phase == "Pending":
-        reason = f"{reason}: {stuck.message}"
+        return _failed(ctx, title, pod, f"{reason}: {stuck.message}", log, fix=_not_started_fix(pod, stuck))
     return _failed(ctx, title, pod, reason, log)
+
+
+def _not_started_fix(pod: TestPod, stuck: Check) -> str:
+    """What to do about a test pod that never started, with commands that still work once the step has deleted
+    its pods (before: ``kubectl describe pod`` of a pod that no longer exists, found by an operator
+    walkthrough). ``talosctl image pull`` pulls into the CRI namespace by default, as the kubelet does
+    (talosctl reference v1.10-v1.13 ``talosctl image pull``)."""
+    address, node = pod.node.address, pod.node.name
+    if stuck.name.endswith("image pulled"):
+        image = str(pod.manifest["spec"]["containers"][0]["image"])
+        return (
+            f"talosctl -n {address} image pull {image}   # the node's own pull shows the registry's answer; then "
+            "set cuda_test.smi_image / cuda_test.vectoradd_image to an image the node can pull, or let the node "
+            "reach the registry (a mirror, a pull secret)"
+        )
+    return (
+        f"kubectl describe node {node}; kubectl get pods -A --field-selector spec.nodeName={node}   # what holds "
+        "its GPUs or room (the scheduler's reason above); free it, then run the cuda-test step again"
+    )
 
 
 def _judge_smi(
@@ -662,10 +696,12 @@ def _node_down_now(ctx: Context, name: str) -> _Down | None:
     return _Down(check.message, (kube_diagnosis.condition(obj, "Ready") or {}).get("status") == "Unknown")
 
 
-def _failed(ctx: Context, title: str, pod: TestPod, reason: str, log: str) -> Check:
+def _failed(
+    ctx: Context, title: str, pod: TestPod, reason: str, log: str, *, fix: str | None = None
+) -> Check:
     events = ctx.kube.events_for(TEST_NAMESPACE, "Pod", pod.name)
     text = "\n".join(f"{e.get('reason')}: {e.get('message')}" for e in events) + "\n" + log
-    return _diagnosed(ctx, title, pod, reason, text)
+    return _diagnosed(ctx, title, pod, reason, text, fix=fix)
 
 
 def _diagnosed(
