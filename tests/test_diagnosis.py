@@ -582,3 +582,16 @@ def test_missing_extensions_before_1_5_are_fixed_through_the_config_not_an_image
     )
     later = d.check_extensions({}, d.NodeContext(node="10.5.0.13", talos=TalosVersion.parse("v1.5.5")))
     assert later[0].failure == "extensions-not-installed" and "factory.talos.dev" in later[0].fix
+
+
+def test_the_modules_patch_in_a_fix_takes_the_form_of_the_release_the_node_runs():
+    """A 1.13 node under a 1.14 plan refuses the KernelModuleConfig documents 1.14's docs use
+    ("KernelModuleConfig" "v1alpha1": not registered); 1.14 loads machine.kernel.modules too (review of 2adbfe0)."""
+    from runbook_lib.model.versions import TalosVersion
+
+    node = d.NodeContext(
+        node="10.5.0.3", talos=TalosVersion.parse("v1.14.1"), running=TalosVersion.parse("v1.13.4")
+    )
+    finding = d.check_extensions({}, node)[0]
+    assert "kernel:\n    modules:" in finding.fix and "KernelModuleConfig" not in finding.fix, finding.fix
+    assert ":v1.14.1" in finding.fix, "the upgrade still goes to the plan's release"

@@ -499,7 +499,8 @@ class NodeContext:
             schematic=schematic or "<gpu-schematic-id>",
             installer=installer,
             factory=self.factory,
-            patch_command=module_patch(self.talos, self.node),
+            # the form the node's own release takes (a 1.13 node refuses 1.14's KernelModuleConfig documents)
+            patch_command=module_patch(self.node_release, self.node),
         )
 
 
@@ -815,7 +816,7 @@ def _modules_cause_open(message: str, ctx: NodeContext) -> Finding:
         "of the GPU schematic:\n{}"
     ).format(
         ctx.node or "<node>",
-        module_patch(ctx.talos, ctx.node),
+        module_patch(ctx.node_release, ctx.node),
         ctx.fill(known_failure(_NOT_INSTALLED).command, new_schematic=True),
     )
     message += " (the extensions were not given, so the cause is open)"
