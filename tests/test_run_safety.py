@@ -409,3 +409,30 @@ def test_a_run_logged_to_a_file_has_no_progress_bar(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + log.read_text()
     assert "step/s" not in log.read_text() and "\r" not in log.read_text(), log.read_text()
     assert "preflight     ok" in proc.stdout
+
+
+@pytest.mark.slow
+def test_resume_after_a_rollback_stays_on_the_rollbacks_cluster(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Review of 3e79e9a: one records folder, a run on this cluster, then a run on another, then a rollback
+    here; passing over the rollback resumed the other cluster's newer run."""
+    assert _run(tmp_path, "-p", PARAMS, "--steps", "preflight") == 0
+    here = _latest(tmp_path)["record"]
+    other = [
+        "run",
+        "--records",
+        str(tmp_path / "records"),
+        "--state",
+        str(tmp_path / "sim2"),
+        "--no-progress",
+    ]
+    assert main([*other, "-p", PARAMS, "--set", "cluster=staging", "--steps", "preflight"]) == 0
+    assert _latest(tmp_path)["cluster"] == "staging"
+    rollback = ["rollback", "--records", str(tmp_path / "records"), "--state", str(tmp_path / "sim")]
+    assert main([*rollback, "-p", PARAMS, "--from", here]) == 0
+    capsys.readouterr()
+
+    assert _run(tmp_path, "--from", "preflight", "--steps", "preflight") == 0
+    assert f"resuming with the parameters of {here}" in capsys.readouterr().err
+    assert _latest(tmp_path)["cluster"] != "staging"

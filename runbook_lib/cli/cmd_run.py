@@ -354,8 +354,11 @@ def _latest_run(root: Path) -> dict[str, Any]:
     """The newest record of a run, passing over newer rollback records (named on stderr).
 
     Why: an operator who rolled back and then resumes means their last run; the rollback's parameters are
-    those it was given for undoing (found by an operator walkthrough: ``--from verify`` resumed from one)."""
+    those it was given for undoing (found by an operator walkthrough: ``--from verify`` resumed from one). Only
+    records of the newest record's cluster are looked at: a folder may hold several clusters' records, and
+    resuming another cluster's parameters would plan (or with ``--apply`` change) the wrong cluster."""
     newest = records.resolve(root, None)
+    cluster = records.load_record(newest).get("cluster")
     passed: list[str] = []
     older = [
         p
@@ -364,13 +367,16 @@ def _latest_run(root: Path) -> dict[str, Any]:
     ]
     for path in [newest, *older]:
         data = records.load_record(path)
+        if data.get("cluster") != cluster:
+            continue  # another cluster's run: never resumed in the place of the rollback's cluster's
         if not any(step.get("name") == "rollback" for step in records.listed(data, "steps")):
             if passed:
                 sys.stderr.write(f"passing over the rollback record(s) {', '.join(passed)}\n")
             return data
         passed.append(path.name)
     raise PermanentError(
-        f"the records in {root} are all of rollbacks: none holds a run's parameters to resume with",
+        f"the records of cluster {cluster!r} in {root} are all of rollbacks: none holds a run's parameters to "
+        "resume with",
         hint="give -p PARAMS",
     )
 
