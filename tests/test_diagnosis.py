@@ -595,3 +595,16 @@ def test_the_modules_patch_in_a_fix_takes_the_form_of_the_release_the_node_runs(
     finding = d.check_extensions({}, node)[0]
     assert "kernel:\n    modules:" in finding.fix and "KernelModuleConfig" not in finding.fix, finding.fix
     assert ":v1.14.1" in finding.fix, "the upgrade still goes to the plan's release"
+
+
+def test_on_a_node_without_extensions_every_upgrade_fix_says_the_modules_patch_comes_first():
+    """Review of 2adbfe0: verify also failed the node's schematic and its services with the bare `talosctl
+    upgrade`, printed beside the extensions check's fix that applies the modules patch first."""
+    evidence = d.Evidence(extensions={}, modules={"nvme_tcp": "Live"}, schematic="376567988ad3", services={})
+    findings = [f for f in d.diagnose(evidence, ctx(), planned_schematic="40b13a8d") if not f.ok]
+    upgrades = [f for f in findings if "upgrade --image" in f.fix]
+    assert {f.check for f in upgrades} >= {"extensions", "schematic"}, [f.check for f in findings]
+    for f in upgrades:
+        assert "patch mc" in f.fix.split("upgrade --image")[0] or f.fix.startswith(
+            "first the modules patch"
+        ), f

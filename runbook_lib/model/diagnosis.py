@@ -647,6 +647,7 @@ def expected_extension_names(
 
 #: The known failure of a node with no NVIDIA extensions (or only half of them).
 _NOT_INSTALLED = "extensions-not-installed"
+_NOT_INSTALLED_KEYS = (_NOT_INSTALLED, "extensions-not-installed-before-1-5")
 
 
 def check_extensions(extensions: Mapping[str, str], ctx: NodeContext | None = None) -> list[Finding]:
@@ -1143,4 +1144,23 @@ def diagnose(
         findings.extend(check_services(evidence.services, ctx, fabricmanager=fabricmanager))
     if evidence.log is not None:
         findings.extend(diagnose_text(evidence.log, ctx, check="log"))
-    return findings
+    return _one_way_in(findings)
+
+
+def _one_way_in(findings: list[Finding]) -> list[Finding]:
+    """On a node without the NVIDIA extensions, the other checks whose fix is a ``talosctl upgrade`` (its
+    schematic, its services) say to apply the modules patch of that check's fix first.
+
+    Why: printed side by side, the bare upgrade read as a shorter way to the same end, and on a node whose
+    config does not list the modules it hangs the boot (siderolabs/extensions#888); the extensions' fix applies
+    the modules patch first (found by a review of 2adbfe0)."""
+    missing = next((f for f in findings if not f.ok and f.failure in _NOT_INSTALLED_KEYS), None)
+    if missing is None:
+        return findings
+    first = f"first the modules patch (the {missing.check} check's fix: the NVIDIA extensions are missing), then: "
+    return [
+        replace(f, fix=first + f.fix)
+        if not f.ok and f.failure not in _NOT_INSTALLED_KEYS and "upgrade --image" in f.fix
+        else f
+        for f in findings
+    ]
