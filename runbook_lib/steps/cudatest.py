@@ -362,22 +362,31 @@ def _down_nodes(
         return {}
     nodes = _ready_conditions(ctx, left)
     grace = f"{kube_diagnosis.DOWN_GRACE_S:.0f} s"
-    waited = (
-        f" after {ctx.params.cuda_test.timeout_seconds} s" if waited_out else ""
-    )  # not after an early stop
+    # not after an early stop: the wait did not run to its timeout
+    waited = f" after {ctx.params.cuda_test.timeout_seconds} s" if waited_out else ""
     down: dict[str, _Down] = {}
     for name in left:
         obj = None if nodes is None else nodes.get(name)
-        unknown = (
-            nodes is None or (kube_diagnosis.condition(obj or {}, "Ready") or {}).get("status") == "Unknown"
-        )
         if name in early:
+            # a list that failed: as the early stop saw it
+            unknown = nodes is None or (obj is not None and _stopped_posting(obj))
             down[name] = _Down(f"node {name} has not been Ready for {grace} or more", unknown)
         elif nodes is not None and obj is None:  # its pods are deleted with it (pod GC), none stays
             down[name] = _Down(f"node {name} no longer exists", False, waited, held=False)
-        elif obj is not None and (check := kube_diagnosis.node_not_ready(obj, name)):
-            down[name] = _Down(check.message, unknown, waited)
+        elif obj is not None and (found := _not_ready(obj, name, waited)):
+            down[name] = found
     return down
+
+
+def _not_ready(node: dict[str, Any], name: str, waited: str = "") -> _Down | None:
+    """The Node's not-Ready state in its own Ready condition's words, or None when it is Ready."""
+    check = kube_diagnosis.node_not_ready(node, name)
+    return None if check is None else _Down(check.message, _stopped_posting(node), waited)
+
+
+def _stopped_posting(node: dict[str, Any]) -> bool:
+    """The node lifecycle controller set Ready Unknown: the node's kubelet stopped posting."""
+    return (kube_diagnosis.condition(node, "Ready") or {}).get("status") == "Unknown"
 
 
 #: Up to this many Nodes are read one GET each after the pod wait; more, in one paged list (``_ready_conditions``).
@@ -690,10 +699,7 @@ def _node_down_now(ctx: Context, name: str) -> _Down | None:
         obj = ctx.kube.node(name)
     except RunbookError:
         return None
-    check = kube_diagnosis.node_not_ready(obj, name) if obj else None
-    if obj is None or check is None:
-        return None
-    return _Down(check.message, (kube_diagnosis.condition(obj, "Ready") or {}).get("status") == "Unknown")
+    return None if obj is None else _not_ready(obj, name)
 
 
 def _failed(
