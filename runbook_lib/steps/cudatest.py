@@ -296,7 +296,7 @@ def _wait(
     names = set(on_node)
     seen: dict[str, dict[str, Any]] = {}
     done: set[str] = set()
-    stalled = _DownPods(ctx, on_node, done)
+    stalled = _DownPods(ctx, on_node, done, seen)
 
     def finished(obj: dict[str, Any]) -> bool:
         name = obj["metadata"]["name"]
@@ -441,16 +441,17 @@ class _DownPods:
     other GPU pod waits for it ("Insufficient nvidia.com/gpu"); placed apart, it may be waiting for a GPU a
     workload frees."""
 
-    def __init__(self, ctx: Context, on_node: dict[str, str], done: set[str]) -> None:
+    def __init__(
+        self, ctx: Context, on_node: dict[str, str], done: set[str], seen: dict[str, dict[str, Any]]
+    ) -> None:
         self.on_node, self.done = on_node, done
         self.stall = kube_diagnosis.Stall(ctx.kube)
         self.gave_up = False
         self._pull_failing: dict[str, float] = {}
-        self._seen: dict[str, dict[str, Any]] = {}
+        self._seen = seen  # the wait's last look at each pod, which it keeps up to date
 
     def saw(self, name: str, obj: dict[str, Any]) -> None:
-        """Note since when the pod's image pull has been failing (the watch's events), and the pod."""
-        self._seen[name] = obj
+        """Note since when the pod's image pull has been failing (the watch's events)."""
         if kube_diagnosis.pull_failing(obj):
             self._pull_failing.setdefault(name, time.monotonic())
         else:
