@@ -14,6 +14,7 @@ returns no plugin, so nothing registers with the kubelet (NVIDIA/k8s-device-plug
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -142,6 +143,45 @@ def register(core: client.CoreV1Api, nodes: list[SimNode], kubernetes: str) -> N
         except ApiException as exc:
             if exc.status != 409:
                 raise
+
+
+#: Where every node's Lease lives (the kubelet's, here kwok's: kubernetes@v1.35.0 pkg/kubelet/kubelet.go,
+#: ``v1.NamespaceNodeLease``).
+NODE_LEASES = "kube-node-lease"
+
+
+def release_leases(core: client.CoreV1Api) -> None:
+    """Delete the node Leases an earlier start's kwok held, before a new kwok starts.
+
+    Why: kwok's identity is the host name and a new UUID per process (sigs.k8s.io/kwok@v0.8.0
+    pkg/kwok/controllers/controller.go ``Identity``) and it plays a node only while it holds the node's Lease
+    (``readOnlyFunc``), which it may take over only once the old holder's expired, up to 40 s on (the
+    ``--node-lease-duration-seconds``; node_lease_controller.go ``sync``, ``tryAcquireOrRenew``). Pods created
+    meanwhile were skipped, and when kwok's look at the node's pods on taking over ran before its own Lease cache
+    named it the holder (controller.go ``podsOnNodeSyncWorker``), they stayed Pending for good. A real node's
+    kubelet outlives a ``runbook run``; the simulator's does not, so it hands the Leases over at once."""
+    client.CoordinationV1Api(core.api_client).delete_collection_namespaced_lease(NODE_LEASES)
+
+
+def await_leases(core: client.CoreV1Api, timeout: float) -> list[str]:
+    """Wait until every node kwok plays (``KUBELET_LABEL``) has a Lease again (``release_leases``); the nodes
+    still without one when ``timeout`` seconds passed (none: all handed over)."""
+    coordination = client.CoordinationV1Api(core.api_client)
+    deadline = time.monotonic() + timeout
+    while True:
+        played = {
+            o["metadata"]["name"]
+            for o in listed(core.list_node, label_selector=f"{KUBELET_LABEL}={KUBELET_RUNNING}")
+        }
+        held = {
+            o["metadata"]["name"]
+            for o in listed(functools.partial(coordination.list_namespaced_lease, NODE_LEASES))
+            if (o.get("spec") or {}).get("holderIdentity")
+        }
+        missing = sorted(played - held)
+        if not missing or time.monotonic() >= deadline:
+            return missing
+        time.sleep(0.2)
 
 
 def nvml_initialises(node: SimNode, handler: str) -> bool:

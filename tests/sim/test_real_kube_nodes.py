@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from runbook_lib.sim import faults, realkube
-from tests.sim.test_real_talos_113 import bare_pod, core_api, service_accounts
+from tests.sim.test_real_talos_113 import bare_pod, core_api, pod_phase, service_accounts
 from tests.sim.test_sim_up_real_kube import down, up
 from tests.sim.test_sim_up_real_kube import tools as tools  # noqa: PLC0414  (the module-scoped fixture)
 from tests.sim.test_sim_up_real_talosctl import step_lines
@@ -230,3 +230,34 @@ def test_kube_system_runs_what_talos_deploys_there(two_workers: Path) -> None:
         "DaemonSet",
         "ReplicaSet",
     }  # the real controllers made them, from the DaemonSets and Deployment
+
+
+def lease_holders(state: Path) -> dict[str, str]:
+    """Node name -> the holder of its Lease in kube-node-lease (kwok's identity: hostname and a per-process UUID,
+    sigs.k8s.io/kwok@v0.8.0 pkg/kwok/controllers/controller.go ``Identity``)."""
+    from kubernetes import client
+
+    coordination = client.CoordinationV1Api(core_api(state).api_client)
+    leases = coordination.list_namespaced_lease("kube-node-lease").items
+    return {lease.metadata.name: lease.spec.holder_identity or "" for lease in leases}
+
+
+def test_a_restarted_simulator_runs_pods_on_every_node_at_once(
+    tools: realkube.Tools, two_workers: Path
+) -> None:
+    """``runbook run`` restarts the simulator on the cluster the last run kept. A new kwok has a new identity,
+    and it manages a node only while it holds the node's Lease, which the old kwok held until it expires 40 s
+    after its last renewal (node_lease_controller.go ``sync``, ``tryAcquireOrRenew``). A pod created in that
+    window was skipped as read-only, and if kwok's look at the node's pods on taking the Lease over ran before
+    its own Lease cache showed it the holder (controller.go ``podsOnNodeSyncWorker``, ``readOnlyFunc``), the pod
+    stayed Pending for good: CI on 6 Dec 2026 failed a second ``runbook run`` whose cuda-test pods on one node
+    never started in 300 s. Real kubelets outlive a runbook run, so nothing of this exists on a real cluster:
+    the simulator now hands the Leases over before it says it is up."""
+    api = core_api(two_workers)
+    before = wait_for(lambda: len(h := lease_holders(two_workers)) == 3 and h, timeout=120)
+    realkube.stop(two_workers)
+    realkube.start(two_workers, tools)
+    after = lease_holders(two_workers)  # read at once: no wait for the old Leases to expire
+    assert set(after) == set(before) and not set(after.values()) & set(before.values()), (before, after)
+    api.create_namespaced_pod("default", bare_pod("after-restart", "talos-worker-1"))
+    assert wait_for(lambda: pod_phase(api, "after-restart") == "Running", timeout=120) is True
