@@ -153,9 +153,37 @@ def test_a_token_with_a_trailing_newline_is_a_recorded_probe_error_without_the_t
         params = _cluster_params(tmp_path, f'token: "{TOKEN}\\n"', server)
         versions = runner.collect_versions(params)
     error = versions["kubernetes_error"]
-    assert "ValueError" in error and "Invalid header value" in error
+    assert "the user's token contains a line break" in error  # before: ValueError: Invalid header value
     assert TOKEN not in json.dumps(versions)
     assert "talosctl_error" in versions and "helm_error" in versions  # the other probes still reported
+
+
+def test_a_token_the_kubernetes_client_quotes_in_an_error_is_not_printed_by_runbook_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The record was scrubbed of the kubeconfig's token, but ``runbook run``'s report was built from the
+    steps' results before the seal: a token ending in a newline reached the terminal twice, in the step's line
+    and in ``stopped at cuda-test: Invalid header value b'Bearer …\\n'`` (found on 6 Dec 2026)."""
+    talosctl = tmp_path / "talosctl"
+    talosctl.write_text("#!/bin/sh\necho 'error: connection refused' >&2\nexit 1\n")
+    talosctl.chmod(0o755)
+    with socket.create_server(("127.0.0.1", 0)) as api:
+        params = _cluster_params(tmp_path, f'token: "{TOKEN}\\n"', f"http://127.0.0.1:{api.getsockname()[1]}")
+        data = params.public_dict() | {"tools": {"talosctl": str(talosctl)}}
+        params_file = tmp_path / "params.yaml"
+        params_file.write_text(yaml.safe_dump(data))
+        args = ["run", "-p", str(params_file), "--steps", "cuda-test", "--apply", "--no-progress"]
+        code = main([*args, "--records", str(tmp_path / "records")])
+    out, err = capsys.readouterr()
+    assert code == 1, out + err
+    assert "stopped at cuda-test" in out
+    assert TOKEN not in out + err
+    assert (
+        f"kubeconfig {tmp_path / 'kubeconfig'}: the user's token contains a line break" in out
+    )  # what to fix
+    assert not [
+        p for p in (tmp_path / "records").rglob("*") if p.is_file() and TOKEN in p.read_text(errors="replace")
+    ]
 
 
 # ---------------------------------------------------------------------------------------------------------

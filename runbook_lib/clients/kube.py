@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import re
 import time
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
@@ -64,6 +65,23 @@ def _api_error(exc: ApiException, what: str) -> PermanentError | RetryableError:
     if exc.status in (429, 500, 502, 503, 504) or exc.status == 0:
         return RetryableError(message, status=exc.status or None)
     return PermanentError(message)
+
+
+def _refuse_broken_header(api_client: client.ApiClient, path: str | None) -> None:
+    """A clear error, without the value, for a credential no HTTP request may carry.
+
+    Why: a ``token: |`` block or a pasted token keeps its line break, and every request then failed with
+    http.client's ``ValueError: Invalid header value b'Bearer <token>\\n'`` (CPython 3.11 Lib/http/client.py
+    ``putheader``, ``_is_illegal_header_value``: a line break not followed by a space or tab), in the middle of a
+    step, quoting the token (attack F2 met it in the version probe)."""
+    for value in (api_client.configuration.api_key or {}).values():
+        if re.search(r"\n(?![ \t])|\r(?![ \t\n])", str(value)):
+            raise PermanentError(
+                f"kubeconfig {path or '(default)'}: the user's token contains a line break, which no HTTP "
+                "request may carry",
+                hint="write the token on one line (a quoted string, not a `token: |` block), or let "
+                "`talosctl kubeconfig` write the file",
+            )
 
 
 def _with_read_timeout(api_client: client.ApiClient) -> None:
@@ -132,6 +150,7 @@ class Kube:
                 f"cannot load kubeconfig {path or '(default)'}: {exc}",
                 hint="set the `kubeconfig` parameter to the path of a valid kubeconfig",
             ) from None
+        _refuse_broken_header(api_client, path)
         return cls(api_client, journal)
 
     @property

@@ -9,6 +9,7 @@ internals for it.  Everything here is pure: it shapes data, the callers write an
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,13 @@ class StepOutcome:
 
 @dataclass
 class RunOutcome:
+    """A sealed run as ``runbook run`` reports it on the terminal.
+
+    ``scrub`` blanks the run's secrets in the report, as the seal blanks them in the record: the steps' results
+    and errors here are the ones read before the seal, and a terminal or CI log leaves the machine too (a
+    kubeconfig token that ended in a newline was printed twice, quoted by the client's ``Invalid header value``).
+    """
+
     record: Path
     outcome: str
     steps: list[StepOutcome]
@@ -55,6 +63,7 @@ class RunOutcome:
     changes: int
     failed_step: str | None = None
     note: str = ""
+    scrub: Callable[[str], str] = field(default=lambda text: text, repr=False)
 
     @property
     def ok(self) -> bool:
@@ -79,7 +88,7 @@ class RunOutcome:
         lines.append(f"record: {self.record}")
         # The anchor: kept outside the records folder (a CI log), it proves the newest record too.
         lines.append(f"anchor: runbook records verify --expect {self.manifest_sha256}")
-        return "\n".join(lines) + "\n"
+        return self.scrub("\n".join(lines) + "\n")
 
 
 #: Lines a planned step shows in ``runbook run``'s report at most; the whole plan is in the record.

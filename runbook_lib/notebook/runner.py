@@ -1092,6 +1092,7 @@ def run(
     )
     digest = _seal(loop, data, secrets, interrupted)
     changes = len(data["changes"])
+    scrub = functools.partial(records.redact, secrets=secrets)
     return RunOutcome(
-        loop.record, data["outcome"], ran.outcomes, digest, changes, ran.failed_step, data["note"]
+        loop.record, data["outcome"], ran.outcomes, digest, changes, ran.failed_step, data["note"], scrub
     )
