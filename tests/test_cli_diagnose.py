@@ -163,6 +163,19 @@ def test_kmod_and_toolkit_driver_mismatch(capsys):
     assert "upgrade --image factory.talos.dev/metal-installer/<gpu-schematic-id>:<talos-version>" in out
 
 
+def test_fixes_name_the_factory_given_with_image_factory_url(capsys):
+    """A site with its own Image Factory: before, ``runbook diagnose`` named factory.talos.dev in every fix."""
+    args = ["--extensions", str(DATA / "extensions_table_mixed_tracks_1.12.7.txt")]
+    code, out, _ = run(capsys, *args, "--image-factory-url", "http://factory.lab:8080")
+    assert code == 1
+    assert "upgrade --image factory.lab:8080/metal-installer/<gpu-schematic-id>:<talos-version>" in out
+    assert "POST it to http://factory.lab:8080/schematics" in out
+    assert "factory.talos.dev" not in out
+    for bad in ("factory.lab:8080", "https://"):
+        code, out, err = run(capsys, *args, "--image-factory-url", bad)
+        assert code == 2 and f"--image-factory-url {bad!r}: not an http(s) URL" in err
+
+
 def test_kmod_built_for_another_talos_version(capsys):
     code, report = run_json(
         capsys,

@@ -157,6 +157,21 @@ def test_a_fix_names_the_sites_own_image_factory():
     assert "factory.talos.dev" not in finding.fix
 
 
+def test_the_new_schematic_hint_posts_to_the_sites_factory_url_not_an_https_guess():
+    """A site's factory may answer plain http, or under a path: the hint named ``https://<registry host>/
+    schematics``, which such a factory does not serve (found in review on 5 Dec 2026)."""
+    site = d.NodeContext(
+        node="10.5.0.3",
+        talos=ctx().talos,
+        factory="factory.lab:8080",
+        factory_url="http://factory.lab:8080/tf/",
+    )
+    finding = d.check_extensions({}, site)[0]
+    assert "upgrade --image factory.lab:8080/metal-installer/<gpu-schematic-id>:v1.12.7" in finding.fix
+    assert "POST it to http://factory.lab:8080/tf/schematics)" in finding.fix, finding.fix
+    assert "POST it to https://factory.talos.dev/schematics)" in d.check_extensions({}, ctx())[0].fix
+
+
 def test_missing_modules_with_unknown_extensions_offers_both_fixes():
     finding = d.check_modules({}, None, ctx())
     assert not finding.ok and finding.failure is None

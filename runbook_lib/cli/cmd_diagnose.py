@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from typing import Any, TypeVar
 
 from runbook_lib.errors import PermanentError
 from runbook_lib.model import safeload
+from runbook_lib.model.boot_assets import PUBLIC_FACTORY_URL, factory_host
 from runbook_lib.model.diagnosis import Evidence, Finding, NodeContext, classify_extensions, diagnose
 from runbook_lib.model.parsers import (
     NVIDIA_MODULES,
@@ -92,8 +94,28 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument(
         "--schematic", metavar="ID", help="the planned schematic ID, compared with the node's"
     )
+    parser.add_argument(
+        "--image-factory-url",
+        metavar="URL",
+        default=PUBLIC_FACTORY_URL,
+        help="the Image Factory the node's installers come from, which the fix commands name (the parameters' "
+        f"image_factory_url; default {PUBLIC_FACTORY_URL})",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
     parser.set_defaults(handler=run)
+
+
+def _node_context(node: str | None, talos: TalosVersion | None, factory_url: str) -> NodeContext:
+    """What the fix commands name; a factory URL that is not http(s) is an error naming the flag (a site's own
+    factory: before, every fix named factory.talos.dev)."""
+    if not re.match(r"^https?://[^\s/]+", factory_url):  # as the parameters' image_factory_url (params.py)
+        raise PermanentError(
+            f"--image-factory-url {factory_url!r}: not an http(s) URL",
+            hint=f"e.g. {PUBLIC_FACTORY_URL}, or your own factory's URL as in the parameters' image_factory_url",
+        )
+    return NodeContext(
+        node=node, talos=talos, factory=factory_host(factory_url), factory_url=factory_url.rstrip("/")
+    )
 
 
 @dataclass
@@ -207,6 +229,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         talos = TalosVersion.parse(args.talos_version) if args.talos_version else None
         collected, node = collect(args)
+        ctx = _node_context(node, talos, args.image_factory_url)
     except PermanentError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -223,7 +246,6 @@ def run(args: argparse.Namespace) -> int:
         services=collected.services,
         log=collected.log,
     )
-    ctx = NodeContext(node=node, talos=talos)
     findings = diagnose(evidence, ctx, planned_schematic=args.schematic)
     if args.json:
         sys.stdout.write(json.dumps(report_dict(evidence, findings), indent=2) + "\n")

@@ -483,6 +483,14 @@ class NodeContext:
     factory: str = "factory.talos.dev"
     """The Image Factory's registry host the installers come from (the parameters' ``image_factory_url``: a
     site's own factory, or the simulator's), which fix commands name."""
+    factory_url: str | None = None
+    """That factory's API URL (``image_factory_url``), where a schematic is POSTed; unknown: ``https://`` and
+    ``factory``. Why apart from ``factory``: a site's factory may answer plain http or under a path, while
+    its installers are named by the registry host alone."""
+
+    @property
+    def schematics_url(self) -> str:
+        return f"{(self.factory_url or f'https://{self.factory}').rstrip('/')}/schematics"
 
     @property
     def node_release(self) -> TalosVersion | None:
@@ -507,7 +515,7 @@ class NodeContext:
 NEW_SCHEMATIC_HINT = (
     "(<gpu-schematic-id>: the ID Image Factory returns for a schematic with the kernel-module and toolkit "
     "extensions of one track, e.g. `runbook schematic show -p <params.yaml>`, or POST it to "
-    "https://{factory}/schematics)"
+    "{schematics_url})"
 )
 
 
@@ -543,7 +551,7 @@ def _finding(check: str, ok: bool, message: str, ctx: NodeContext, key: str | No
     entry = known_failure(key)
     fix = f"{ctx.fill(entry.fix)}:\n{ctx.fill(entry.command, new_schematic=entry.new_schematic)}"
     if entry.new_schematic and ctx.schematic is None and "{schematic}" in entry.command:
-        fix += "\n" + NEW_SCHEMATIC_HINT.format(factory=ctx.factory)
+        fix += "\n" + NEW_SCHEMATIC_HINT.format(schematics_url=ctx.schematics_url)
     return Finding(
         check=check,
         ok=False,

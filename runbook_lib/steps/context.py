@@ -130,11 +130,12 @@ class Context:
         """What the fix commands for ``node`` fill in: the plan's Talos release, the factory the installers come
         from (``image_factory_url``: a site's own factory, the simulator's; before, every fix named
         factory.talos.dev), and what the caller ``known``s (schematics, the running release)."""
+        url: str | None = self.endpoints.image_factory_url
         try:
             factory = factory_host(self.endpoints.image_factory_url)
         except PermanentError:
-            factory = NodeContext.factory
-        return NodeContext(node=node, talos=self.params.talos, factory=factory, **known)
+            factory, url = NodeContext.factory, None
+        return NodeContext(node=node, talos=self.params.talos, factory=factory, factory_url=url, **known)
 
     def nodes(self, only: list[str] | None = None) -> list[Node]:
         """The GPU nodes, or the chosen subset (names or addresses); unknown names are an error."""
