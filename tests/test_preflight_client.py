@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from runbook_lib.clients.helm import Helm
+from runbook_lib.sim import catalog
 from runbook_lib.steps.preflight import preflight
 from tests.simcluster import python_talosctl, sim_cluster
 
@@ -81,3 +82,27 @@ def test_preflight_needs_kubectl_only_where_a_patch_reboots_the_nodes(
     [check] = checks
     assert not check.ok and not result.ok
     assert "command not found" in check.message and "tools.kubectl" in check.fix, check
+
+
+@pytest.mark.parametrize(("target", "ok"), [("v1.12.77", False), ("v1.12.7", True)])
+def test_preflight_refuses_a_release_the_image_factory_does_not_build(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, target: str, ok: bool
+) -> None:
+    """A mistyped release (v1.12.77) passed preflight and planned the modules patch; only the image step, after
+    the patch was applied, asked the factory for its extensions and got a 404. The factory lists what it builds
+    (``GET /versions``: siderolabs/image-factory README at 03bd46f); the simulated one lists the releases of
+    its catalog, the newest five of that line named."""
+    python_talosctl(monkeypatch, "the factory check does not depend on the talosctl")
+    with sim_cluster(tmp_path / "sim", talos_version=target, workers=1) as (_params, ctx):
+        result = preflight(ctx)
+        unchecked = preflight(ctx, steps=["preflight", "verify"])  # no image step: the factory is not asked
+    [check] = [c for c in result.checks if c.name == "image factory"]
+    assert check.ok is ok and result.ok is ok, check
+    assert not [c for c in unchecked.checks if c.name == "image factory"]
+    if not ok:
+        line = [v for v in catalog.factory_versions() if v.startswith("v1.12.") and "-" not in v]
+        assert (
+            f"does not build Talos v1.12.77: the factory knows {', '.join(line[-5:])} in that"
+            in check.message
+        )
+        assert "talos_version" in check.fix

@@ -209,15 +209,11 @@ class FactoryClient:
 
     def _version_hint(self, version: str) -> str:
         """Name the releases of the same minor line the factory does know (or say it has none)."""
-        wanted = TalosVersion.parse(version)
         try:
             known = self.versions()
         except RunbookError:
             return "check the Talos version (the Image Factory builds Talos 1.5 and later)"
-        same_line = [v for v in known if TalosVersion.parse(v).minor_line == wanted.minor_line]
-        if same_line:
-            return f"the factory knows {', '.join(same_line[-5:])} in that minor line"
-        return f"the factory builds nothing for Talos {wanted.major}.{wanted.minor} (it knows {known[0]}…{known[-1]})"
+        return known_versions_hint(known, TalosVersion.parse(version))
 
     def resolve_extensions(self, wanted_names: Iterable[str], talos_version: str) -> ResolvedExtensions:
         """Resolve wanted official extensions to exact images for ``talos_version``, or fail before any change.
@@ -230,6 +226,23 @@ class FactoryClient:
         wanted = list(dict.fromkeys(wanted_names))
         available = self.official_extensions(version)
         return resolve_against(available, wanted, version, source=self.base_url)
+
+
+def known_versions_hint(known: Sequence[str], wanted: TalosVersion) -> str:
+    """What the factory builds near ``wanted``: the newest five of its minor line, else its whole range."""
+    same_line = [v for v in known if _minor_line(v) == wanted.minor_line]
+    if same_line:
+        return f"the factory knows {', '.join(same_line[-5:])} in that minor line"
+    if not known:
+        return "the factory lists no Talos release at all"
+    return f"the factory builds nothing for Talos {wanted.major}.{wanted.minor} (it knows {known[0]}…{known[-1]})"
+
+
+def _minor_line(version: str) -> tuple[int, int] | None:
+    try:
+        return TalosVersion.parse(version).minor_line
+    except PermanentError:  # a name the factory lists that is not a release: not in any line
+        return None
 
 
 def resolve_against(

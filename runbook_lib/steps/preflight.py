@@ -15,6 +15,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
+from runbook_lib.clients.factory import FactoryClient, known_versions_hint
 from runbook_lib.errors import RunbookError
 from runbook_lib.model.machineconfig import contains
 from runbook_lib.model.params import Node
@@ -89,6 +90,8 @@ def _tool_versions(
         )
     if ctx.params.default_runtime_patch and permissions.runs_step(steps, "config-patch"):
         _kubectl_check(ctx, result, versions)
+    if permissions.runs_step(steps, "image") and ctx.params.talos.at_least(1, 5):
+        result.checks.append(_factory_check(ctx))
     try:
         versions["kubernetes"] = ctx.kube.server_version()
         result.checks.append(Check("kubernetes API", True, f"Kubernetes {versions['kubernetes']}"))
@@ -98,6 +101,32 @@ def _tool_versions(
             Check("kubernetes API", False, exc.message, fix=exc.hint or "check the kubeconfig parameter")
         )
     return versions
+
+
+def _factory_check(ctx: Context) -> Check:
+    """The Image Factory builds the plan's release: ``GET /versions``, "a list of Talos Linux versions available
+    for image generation" (siderolabs/image-factory README, ``GET /versions``, at 03bd46f).
+
+    Why here: a mistyped release (``v1.12.77``) passed preflight and planned the modules patch; only the image
+    step, after the patch was applied, asked the factory for the release's extensions and got a 404. A factory
+    that does not answer is not a failure here (a re-run whose nodes all run the GPU schematic needs none): the
+    image step says so when it needs it."""
+    client = FactoryClient(ctx.endpoints.image_factory_url, retries=1)  # a gate, not the step that needs it
+    wanted = ctx.params.talos
+    try:
+        known = client.versions()
+    except RunbookError as exc:
+        return Check("image factory", True, f"not checked: {exc.message}")
+    if str(wanted) in known:
+        return Check("image factory", True, f"{client.base_url} builds Talos {wanted}")
+    return Check(
+        "image factory",
+        False,
+        f"the Image Factory {client.base_url} does not build Talos {wanted}: "
+        f"{known_versions_hint(known, wanted)}",
+        fix="set talos_version to a release the factory lists (GET /versions), or image_factory_url to the "
+        "factory that builds it",
+    )
 
 
 def _kubectl_check(ctx: Context, result: StepResult, versions: dict[str, str]) -> None:
