@@ -164,6 +164,25 @@ def test_a_nodes_line_says_a_failure_its_pods_share_once():
     assert line.message == f"{same}; other", line.message
 
 
+def test_a_nodes_line_leaves_out_a_failure_another_pods_says_more_of():
+    """CI on 6 Dec 2026 printed ``pod still Pending after 300 s; pod still Pending after 300 s: the CUDA test pod
+    for gpu-worker-3 is not scheduled: 0/4 nodes are available: ...``: three pods were bound and waited, the
+    fourth had the scheduler's reason."""
+    from runbook_lib.steps.cudatest import _node_results
+    from runbook_lib.steps.results import Check
+
+    ctx = context(Nodes({}))
+    node = next(n for n in ctx.params.nodes if n.name == NODE)
+    pods = build_pods(ctx, [node], "abc123")
+    short = "pod still Pending after 300 s"
+    longer = (
+        f"{short}: the CUDA test pod for {NODE} is not scheduled: 0/4 nodes are available: 1 Insufficient"
+    )
+    checks = [Check(p.kind, False, short) for p in pods[:-1]] + [Check(pods[-1].kind, False, longer)]
+    (line,) = _node_results([node], pods, checks)
+    assert line.message == longer, line.message
+
+
 def test_after_an_early_stop_a_node_found_not_ready_is_not_said_to_have_waited_the_timeout():
     """Review of bc6c156: the wait gave up at ~70 s on pulls that failed, then the node went NotReady; its pods
     read "pod still Pending after 300 s" though no 300 s passed."""

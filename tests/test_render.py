@@ -143,3 +143,30 @@ def test_verify_inventory_in_markdown() -> None:
     md = render_markdown(verified_fleet(10))
     assert "- 8 nodes: Talos v1.12.7" in md and "- gpu-0007: Talos v1.12.6" in md
     assert "Sources: talos: talosctl version" in md
+
+
+#: What the image step's failed upgrade carries: the start of what the real talosctl v1.12.0 printed for simnode's
+#: upgrade-fails scenario (``runbook run --set simulation.scenario=upgrade-fails --apply``, 6 Dec 2026). The
+#: node line quotes the check's message after "talosctl upgrade failed: ".
+UPGRADE_ERROR = (
+    "sequence: upgrade action: NOOP error: [code: sequence failed: error running phase 9 in upgrade sequence: "
+    'task 1/1: failed, task "upgrade" failed: exit code 1 message: FATAL]\n'
+    "error: sequence error: sequence failed: error running phase 9 in upgrade sequence: task 1/1: failed\n"
+    "1 error(s) occurred:\n\tsequence error: sequence failed"
+)
+
+
+def test_a_check_the_node_line_already_quotes_is_not_printed_twice() -> None:
+    """Found by an operator walkthrough: a failed upgrade printed talosctl's whole error block twice, once in the
+    node's line and again as its ``upgrade`` check, pushing the fix below the terminal's fold."""
+    result = StepResult(step="image-upgrade", applied=True)
+    node = NodeResult(node="gpu-worker-3", address="10.5.0.13", status="failed")
+    node.message = f"talosctl upgrade failed: {UPGRADE_ERROR}"
+    node.checks.append(Check("upgrade", False, UPGRADE_ERROR, fix="talosctl -n 10.5.0.13 dmesg"))
+    node.checks.append(Check("boot", False, "not back after 600 s", fix="talosctl -n 10.5.0.13 health"))
+    result.nodes.append(node)
+    # the notebook's table lists every node's line once more, by design: the failing nodes' section is checked
+    for text in (failure_text(result), render_markdown(result).split("| node |")[0]):
+        assert text.count("1 error(s) occurred") == 1, text
+        assert "talosctl -n 10.5.0.13 dmesg" in text and "not back after 600 s" in text
+        assert "talosctl -n 10.5.0.13 health" in text

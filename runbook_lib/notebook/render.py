@@ -240,9 +240,8 @@ def render_markdown(result: StepResult, *, limit: int = TABLE_LIMIT, title: str 
         for node in failing[:FAILING_LIMIT]:
             lines.append(f"- **{node.node}** ({node.address}): {node.message}")
             for check in node.failed_checks:
-                lines.append(
-                    f"  - {check.name}: {check.message}" + (f" — fix: `{check.fix}`" if check.fix else "")
-                )
+                said = f"{check.name}: (above)" if _quoted(node, check) else f"{check.name}: {check.message}"
+                lines.append(f"  - {said}" + (f" — fix: `{check.fix}`" if check.fix else ""))
         if len(failing) > FAILING_LIMIT:
             lines.append(f"- … {len(failing) - FAILING_LIMIT} more failing nodes in the record")
     lines += _inventory_markdown(result)
@@ -261,6 +260,12 @@ def render_markdown(result: StepResult, *, limit: int = TABLE_LIMIT, title: str 
     return "\n".join(lines) + "\n"
 
 
+def _quoted(node: NodeResult, check: Check) -> bool:
+    """The node's line already says the check's message (a failed upgrade's line quotes talosctl's whole error
+    block): printed again, it pushed the fix below the terminal's fold (found by an operator walkthrough)."""
+    return bool(check.message) and check.message in node.message
+
+
 def failure_text(result: StepResult, *, limit: int = 5) -> str:
     """A plain-text diagnosis for the exception that stops a headless run (it lands in the error cell)."""
     lines = [result.summary()]
@@ -270,7 +275,8 @@ def failure_text(result: StepResult, *, limit: int = 5) -> str:
     for node in failing[:limit]:
         lines.append(f"  {node.node} ({node.address}): {node.message}")
         for check in node.failed_checks:
-            lines.append(f"    {check.name}: {check.message}")
+            if not _quoted(node, check):
+                lines.append(f"    {check.name}: {check.message}")
             if check.fix:
                 lines.append(f"    fix: {check.fix}")
     if len(failing) > limit:

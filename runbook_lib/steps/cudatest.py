@@ -226,16 +226,17 @@ def _refused(ctx: Context, pod: TestPod, why: str) -> Check:
 
 def _node_results(nodes: list[Node], pods: list[TestPod], checks: list[Check]) -> list[NodeResult]:
     """One result per node from its pods' checks: ok when all passed; the failures' messages, each once (a fault
-    of the node, such as an image it cannot pull, fails its four pods with the same words), else the first
-    check's, as the node's line."""
+    of the node, such as an image it cannot pull, fails its four pods with the same words) and none that another
+    continues, else the first check's, as the node's line."""
     by_node = {n.name: NodeResult(node=n.name, address=n.address) for n in nodes}
     for pod, check in zip(pods, checks, strict=True):
         by_node[pod.node.name].checks.append(check)
     for res in by_node.values():
         res.status = "ok" if all(c.ok for c in res.checks) else "failed"
-        res.message = (
-            "; ".join(dict.fromkeys(c.message for c in res.checks if not c.ok)) or res.checks[0].message
-        )
+        failed = list(dict.fromkeys(c.message for c in res.checks if not c.ok))
+        # "pod still Pending after 300 s" beside "pod still Pending after 300 s: <the scheduler's reason>"
+        said = [m for m in failed if not any(o != m and o.startswith(m) for o in failed)]
+        res.message = "; ".join(said) or res.checks[0].message
     return list(by_node.values())
 
 
