@@ -48,3 +48,45 @@ def test_pods_whose_image_cannot_be_pulled_end_the_wait_after_a_minute_without_p
         assert all(fix.startswith((pull, node)) for fix in fixes.values()), fixes
         (wait,) = [e.summary for e in ctx.journal.entries if "list_namespaced_pod" in (e.summary or "")]
         assert "wait in an image pull that has failed for 60 s or more" in wait, wait
+
+
+def test_a_pull_the_registry_rate_limits_is_waited_for_not_given_up_after_a_minute(tmp_path):
+    """A registry's 429 (Docker Hub's pull rate limit, and others') often lifts within the step's timeout, and
+    containerd itself retries it (containerd@v2.1.5 core/remotes/docker/resolver.go:755-756): cuda-test gave up
+    on it after a minute as on an image that does not exist. The waiting message carries containerd's
+    "unexpected status from HEAD request to <url>: 429 Too Many Requests" (the ``image_pull_rate_limited``
+    fault), which the node's line shows when the timeout ends the wait."""
+    with real_cluster(
+        tmp_path, scenario="gpu-ready", workers=2, apply=True, cuda_test={"timeout_seconds": 110}
+    ) as (params, ctx):
+        assert kubernetes_layer(ctx, timeout_s=120).ok
+        limited, good = params.nodes
+        faults.inject(tmp_path, limited.name, "image_pull_rate_limited", True)
+
+        started = time.monotonic()
+        result = cuda_test(ctx)
+        took = time.monotonic() - started
+
+        assert took >= 105, took  # waited its timeout; before, it stopped after about 70 s
+        assert result.node(good.name).status == "ok", result.to_dict()
+        failed = str(result.node(limited.name).to_dict())
+        assert "after 110 s" in failed and "429 Too Many Requests" in failed, failed
+
+
+def test_only_a_pull_the_registry_did_not_call_temporary_counts_as_failing():
+    """The kubelet's waiting messages as the simulated kubelet words them (sim/containers.py, after
+    kubernetes@v1.35.0 image_manager.go and containerd@v2.1.5's errors)."""
+    from runbook_lib.sim.containers import pull_backoff
+    from runbook_lib.steps.kube_diagnosis import pull_failing
+
+    image = "nvcr.io/nvidia/cuda:12.8.0-base-ubuntu24.04"
+
+    def pod(message: str) -> dict:
+        waiting = {"reason": "ImagePullBackOff", "message": message}
+        return {"status": {"containerStatuses": [{"name": "c", "state": {"waiting": waiting}}]}}
+
+    assert pull_failing(pod(pull_backoff(image)))  # not found: waiting on cannot help
+    assert not pull_failing(pod(pull_backoff(image, limited=True)))  # 429: it may lift
+    assert "https://nvcr.io/v2/nvidia/cuda/manifests/12.8.0-base-ubuntu24.04: 429" in pull_backoff(
+        image, True
+    )

@@ -65,32 +65,62 @@ class NodeView:
     fingerprint: str
 
 
+def _pull_fault(fault: str, image: str, sim: sim_state.SimNode, cluster_faults: dict[str, Any]) -> bool:
+    return matches(cluster_faults.get(fault, False), image) or matches(sim.faults.get(fault, False), image)
+
+
 def failing_pull(image: str, sim: sim_state.SimNode, cluster_faults: dict[str, Any]) -> bool:
-    """Does pulling ``image`` fail on this node (the ``image_pull_error`` fault: the cluster's or the node's)?"""
-    return matches(cluster_faults.get("image_pull_error", False), image) or matches(
-        sim.faults.get("image_pull_error", False), image
+    """Does pulling ``image`` fail on this node (the ``image_pull_error`` or ``image_pull_rate_limited`` fault:
+    the cluster's or the node's)?"""
+    return rate_limited(image, sim, cluster_faults) or _pull_fault(
+        "image_pull_error", image, sim, cluster_faults
     )
 
 
-def cri_pull_error(image: str) -> str:
-    """containerd's error for an image the registry does not have ("not found"), as the CRI returns it: the
-    ErrImagePull container's waiting message (kubernetes@v1.35.0 pkg/kubelet/images/image_manager.go:410-411)."""
+def rate_limited(image: str, sim: sim_state.SimNode, cluster_faults: dict[str, Any]) -> bool:
+    """Does the registry answer this node's pull of ``image`` with 429 Too Many Requests
+    (``image_pull_rate_limited``)?"""
+    return _pull_fault("image_pull_rate_limited", image, sim, cluster_faults)
+
+
+def _manifest_url(image: str) -> str:
+    """Where containerd resolves ``image``: its registry's ``/v2/<repository>/manifests/<tag>`` (Docker Hub's
+    short names on registry-1.docker.io, under library/ when they have no namespace)."""
+    name, _, tag = image.rpartition(":") if ":" in image.rsplit("/", 1)[-1] else (image, "", "latest")
+    first, _, rest = name.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        return f"https://{first}/v2/{rest}/manifests/{tag}"
+    return f"https://registry-1.docker.io/v2/{name if rest else f'library/{name}'}/manifests/{tag}"
+
+
+def cri_pull_error(image: str, limited: bool = False) -> str:
+    """containerd's error as the CRI returns it, the ErrImagePull container's waiting message
+    (kubernetes@v1.35.0 pkg/kubelet/images/image_manager.go:410-411): for an image the registry does not have
+    ("not found"), or, ``limited``, for a registry that answers 429, worded by containerd@v2.1.5
+    internal/cri/server/images/image_pull.go:283, client/pull.go:188 and core/remotes/errors/errors.go:43 (gRPC
+    code Unknown: the error is none of errdefs' kinds)."""
+    if limited:
+        return (
+            f'rpc error: code = Unknown desc = failed to pull and unpack image "{image}": failed to resolve '
+            f'reference "{image}": unexpected status from HEAD request to {_manifest_url(image)}: '
+            "429 Too Many Requests"
+        )
     return (
         f'rpc error: code = NotFound desc = failed to pull and unpack image "{image}": failed to resolve '
         f'reference "{image}": {image}: not found'
     )
 
 
-def pull_failure(image: str) -> str:
+def pull_failure(image: str, limited: bool = False) -> str:
     """The kubelet's Failed event for that pull (image_manager.go:361)."""
-    return f'Failed to pull image "{image}": {cri_pull_error(image)}'
+    return f'Failed to pull image "{image}": {cri_pull_error(image, limited)}'
 
 
-def pull_backoff(image: str) -> str:
+def pull_backoff(image: str, limited: bool = False) -> str:
     """The container's waiting message in ImagePullBackOff: "Back-off pulling image %q" wrapped with the last
     pull's "ErrImagePull: <CRI error>" (image_manager.go:336-348, 362-367, since Kubernetes 1.31); the BackOff
     event keeps the short text."""
-    return f'Back-off pulling image "{image}": ErrImagePull: {cri_pull_error(image)}'
+    return f'Back-off pulling image "{image}": ErrImagePull: {cri_pull_error(image, limited)}'
 
 
 #: The kubelet's Ready condition while its container runtime does not answer: the runtime status sync stops, so

@@ -4,7 +4,8 @@ Keys the real control plane's simulated components read (all optional; per-node 
 ``faults`` dict and use the same names where they make sense; ``runbook_lib/sim/faults.py`` lists them all):
 
 - ``api_latency_ms`` (number) and ``watch_drop_after_s`` (number): the user's relay (``latencyproxy``).
-- ``pods_pending``, ``image_pull_error``, ``node_not_ready``: the GPU node agent (``nodeagent``).
+- ``pods_pending``, ``image_pull_error``, ``image_pull_rate_limited``, ``node_not_ready``: the GPU node agent
+  (``nodeagent``).
 
 The file is re-read only when its mtime changes, so tests can flip faults while the cluster runs.
 """

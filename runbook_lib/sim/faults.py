@@ -30,6 +30,8 @@ FAULTS: dict[str, str] = {
     "node_not_ready": "the node's kubelet reports NotReady (its pods are marked not ready)",
     "pods_pending": "pods for this node stay Pending (real control plane: the node has no room, kube-scheduler says Too many pods)",
     "image_pull_error": "containers on this node fail to pull their image (ErrImagePull / ImagePullBackOff)",
+    "image_pull_rate_limited": "the registry answers this node's pulls with 429 Too Many Requests (a pull rate "
+    "limit; ErrImagePull / ImagePullBackOff until the fault is cleared)",
     # Read by the GPU node agent on the real control plane (runbook_lib/sim/nodeagent.py):
     "gpu_unhealthy": "the device plugin marks the node's GPUs unhealthy (an Xid critical error, e.g. Xid 79: "
     "the GPU fell off the bus): nvidia.com/gpu stays in capacity, allocatable 0",

@@ -39,6 +39,7 @@ from runbook_lib.sim.containers import (
     program,
     pull_backoff,
     pull_failure,
+    rate_limited,
 )
 from runbook_lib.sim.faultfile import FaultFile, matches
 from runbook_lib.sim.kubeletapi import KUBELET_PORT, Logs
@@ -605,7 +606,7 @@ class NodeAgent(Periodic):
             return
         image = _failing_image(pod, on, cluster) if on is not None else None
         if image is not None:
-            self._pull_failed(pod, image)
+            self._pull_failed(pod, image, rate_limited(image, on, cluster) if on is not None else False)
         elif on is None or not self._started_by_agent(pod, on, handler):
             meta = pod["metadata"]
             body = {"status": {"conditions": [_sandbox(True)]}}
@@ -629,14 +630,14 @@ class NodeAgent(Periodic):
             self._finish(pod, node, outcomes)
         return never
 
-    def _pull_failed(self, pod: dict[str, Any], image: str) -> None:
+    def _pull_failed(self, pod: dict[str, Any], image: str, limited: bool) -> None:
         """What the kubelet shows after the first failed pull and its back-off: the container waiting in
         ImagePullBackOff, the events Pulling, Failed (the registry's error), Failed "Error: ErrImagePull", BackOff
         and Failed "Error: ImagePullBackOff" (kubernetes@v1.35.0 pkg/kubelet/images/image_manager.go; the texts
         are kubelet.py's, ``pull_failure``). Simplified: the pull is retried every pass, not with back-off."""
         meta = pod["metadata"]
         backoff = f'Back-off pulling image "{image}"'
-        pulling = {"waiting": {"reason": "ImagePullBackOff", "message": pull_backoff(image)}}
+        pulling = {"waiting": {"reason": "ImagePullBackOff", "message": pull_backoff(image, limited)}}
         creating = {"waiting": {"reason": "ContainerCreating"}}
         statuses = [
             {"name": c["name"], "image": c.get("image", ""), "imageID": "", "ready": False, "restartCount": 0,
@@ -649,7 +650,7 @@ class NodeAgent(Periodic):
         self.core.patch_namespaced_pod_status(meta["name"], meta["namespace"], {"status": status})
         for reason, message, kind in (
             ("Pulling", f'Pulling image "{image}"', "Normal"),
-            ("Failed", pull_failure(image), "Warning"),
+            ("Failed", pull_failure(image, limited), "Warning"),
             ("Failed", "Error: ErrImagePull", "Warning"),
             ("BackOff", backoff, "Normal"),
             ("Failed", "Error: ImagePullBackOff", "Warning"),

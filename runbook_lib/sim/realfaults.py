@@ -44,7 +44,14 @@ TALOS_FAULTS = frozenset(
     }
 )
 KUBE_FAULTS = frozenset(
-    {"node_not_ready", "pods_pending", "image_pull_error", "gpu_operator_lease_held", "gpu_unhealthy"}
+    {
+        "node_not_ready",
+        "pods_pending",
+        "image_pull_error",
+        "image_pull_rate_limited",
+        "gpu_operator_lease_held",
+        "gpu_unhealthy",
+    }
 )
 
 

@@ -426,7 +426,8 @@ def _phase(obj: dict[str, Any] | None) -> str:
 
 class _DownPods:
     """Whether every test pod not finished cannot finish, so waiting on cannot help: it is on a node that is
-    down, or its image has failed to pull for a minute.
+    down, or its image has failed to pull for a minute (not counting a registry's "later", such as a 429 rate
+    limit: ``kube_diagnosis.pull_failing``).
 
     Why: the pods bound to a down node by ``spec.nodeName`` stay Pending, as no kubelet starts them, and those
     left to kube-scheduler meet the ``node.kubernetes.io/unreachable`` (or ``not-ready``) NoSchedule taint, which

@@ -17,6 +17,7 @@ texts quoted are the components' own:
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Hashable, Iterable
 from datetime import datetime
@@ -37,6 +38,12 @@ DOWN_GRACE_S = 60.0
 
 #: Waiting reasons of a container whose image the node cannot pull (kubernetes@v1.35.0 pkg/kubelet/images/types.go).
 PULL_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull")
+#: A registry's answer that says "later", in containerd's words for it ("unexpected status from HEAD request to
+#: <url>: 429 Too Many Requests": containerd@v2.1.5 core/remotes/errors/errors.go:43): the statuses containerd
+#: itself retries (408 and 429 always, 500, 503 and 504 once: core/remotes/docker/resolver.go:755-765), and 502
+#: (our choice: what a proxy answers while the registry behind it is down).
+#: The kubelet keeps the last pull's error in the back-off's waiting message (image_manager.go:336-348).
+TEMPORARY_PULL = re.compile(r"unexpected status from \w+ request to \S+: (408|429|500|502|503|504)\b")
 
 
 def condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
@@ -183,9 +190,17 @@ def _pinned_to(pod: dict[str, Any]) -> str | None:
 
 
 def pull_failing(pod: dict[str, Any]) -> bool:
-    """A container of ``pod`` waits in a failed image pull (``PULL_REASONS``)."""
+    """A container of ``pod`` waits in a failed image pull (``PULL_REASONS``) that the registry did not call
+    temporary (``TEMPORARY_PULL``: a pull rate limit, a registry briefly down), so waiting on cannot help.
+
+    Why not every failed pull: cuda-test stops waiting once pulls have failed for a minute, and a registry's
+    rate limit (Docker Hub's and others' 429) often lifts within the step's timeout; such a pull is waited for."""
     statuses = (pod.get("status") or {}).get("containerStatuses") or []
-    return any(((c.get("state") or {}).get("waiting") or {}).get("reason") in PULL_REASONS for c in statuses)
+    waiting = [(c.get("state") or {}).get("waiting") or {} for c in statuses]
+    return any(
+        w.get("reason") in PULL_REASONS and not TEMPORARY_PULL.search(str(w.get("message") or ""))
+        for w in waiting
+    )
 
 
 def pod_not_started(pod: dict[str, Any], node: str, what: str) -> Check | None:
