@@ -9,7 +9,11 @@ kubernetes v1.35.0 pkg/kubelet/images/image_manager.go:336-348, 410-411 word the
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,18 +25,23 @@ from tests.realplane import real_cluster
 pytestmark = pytest.mark.slow
 
 
-def test_pods_whose_image_cannot_be_pulled_end_the_wait_after_a_minute_without_progress(tmp_path):
+@contextlib.contextmanager
+def cuda_test_with(tmp_path: Path, fault: str, timeout_s: int) -> Iterator[tuple[Any, Any, Any, float, Any]]:
+    """cuda-test on two gpu-ready workers, the first with ``fault``: its node, the other, the result, how long
+    the step took and the context whose journal it wrote, yielded while the cluster still runs."""
     with real_cluster(
-        tmp_path, scenario="gpu-ready", workers=2, apply=True, cuda_test={"timeout_seconds": 400}
+        tmp_path, scenario="gpu-ready", workers=2, apply=True, cuda_test={"timeout_seconds": timeout_s}
     ) as (params, ctx):
         assert kubernetes_layer(ctx, timeout_s=120).ok
-        pulling, good = params.nodes
-        faults.inject(tmp_path, pulling.name, "image_pull_error", True)
-
+        faulty, good = params.nodes
+        faults.inject(tmp_path, faulty.name, fault, True)
         started = time.monotonic()
         result = cuda_test(ctx)
-        took = time.monotonic() - started
+        yield faulty, good, result, time.monotonic() - started, ctx
 
+
+def test_pods_whose_image_cannot_be_pulled_end_the_wait_after_a_minute_without_progress(tmp_path):
+    with cuda_test_with(tmp_path, "image_pull_error", 400) as (pulling, good, result, took, ctx):
         assert took < 250, took  # the whole 400 s before
         assert result.node(good.name).status == "ok", result.to_dict()
         failed = str(result.node(pulling.name).to_dict())
@@ -56,17 +65,7 @@ def test_a_pull_the_registry_rate_limits_is_waited_for_not_given_up_after_a_minu
     on it after a minute as on an image that does not exist. The waiting message carries containerd's
     "unexpected status from HEAD request to <url>: 429 Too Many Requests" (the ``image_pull_rate_limited``
     fault), which the node's line shows when the timeout ends the wait."""
-    with real_cluster(
-        tmp_path, scenario="gpu-ready", workers=2, apply=True, cuda_test={"timeout_seconds": 110}
-    ) as (params, ctx):
-        assert kubernetes_layer(ctx, timeout_s=120).ok
-        limited, good = params.nodes
-        faults.inject(tmp_path, limited.name, "image_pull_rate_limited", True)
-
-        started = time.monotonic()
-        result = cuda_test(ctx)
-        took = time.monotonic() - started
-
+    with cuda_test_with(tmp_path, "image_pull_rate_limited", 110) as (limited, good, result, took, _ctx):
         assert took >= 105, took  # waited its timeout; before, it stopped after about 70 s
         assert result.node(good.name).status == "ok", result.to_dict()
         failed = str(result.node(limited.name).to_dict())
