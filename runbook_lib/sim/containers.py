@@ -161,6 +161,12 @@ def _gpu_access(view: NodeView, handler: str) -> tuple[bool, str | None, str]:
                 prefix + "nvidia-container-cli: initialization error: nvml error: driver not loaded: unknown",
                 "",
             )
+        # The wording after "failed to create shim task:" is nvidia-container-runtime's in CDI mode, as a real
+        # host printed it (quoted verbatim, for a Docker container, in a Go test of
+        # github.com/inference-book/inference-plane, package internal/provisioners/vast: "... error modifying OCI
+        # spec: failed to inject CDI devices: unresolvable CDI devices <device>: unknown"). That a Talos 1.13 node
+        # whose driver is not loaded fails so (no CDI spec for nvidia.com/gpu=all) is our inference, not a
+        # capture from such a node: none was found.
         return (
             False,
             "failed to create containerd task: failed to create shim task: OCI runtime create failed: could not "
