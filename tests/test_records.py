@@ -184,6 +184,15 @@ def test_seal_scrubs_secret_material_from_every_file(tmp_path: Path) -> None:
     assert records.verify(root) == []
 
 
+def test_the_token_a_kubeconfig_keeps_in_a_token_file_is_a_secret_too(tmp_path: Path) -> None:
+    """Review of 8521977: ``tokenFile`` (relative to the kubeconfig, as kubectl reads it) was not collected, so a
+    record or report quoting that token kept it."""
+    (tmp_path / "sa-token").write_text(f"{TOKEN}\n")
+    cfg = tmp_path / "kubeconfig"
+    cfg.write_text(yaml.safe_dump({"users": [{"name": "u", "user": {"tokenFile": "sa-token"}}]}))
+    assert records.secret_values(cfg) == [TOKEN]
+
+
 def test_short_values_are_not_treated_as_secrets(tmp_path: Path) -> None:
     cfg = tmp_path / "kubeconfig"
     cfg.write_text(yaml.safe_dump({"users": [{"user": {"token": "x"}}]}))

@@ -170,3 +170,21 @@ def test_a_check_the_node_line_already_quotes_is_not_printed_twice() -> None:
         assert text.count("1 error(s) occurred") == 1, text
         assert "talosctl -n 10.5.0.13 dmesg" in text and "not back after 600 s" in text
         assert "talosctl -n 10.5.0.13 health" in text
+        assert "upgrade: (as in the node's line)" in text  # which check the fix is for
+
+
+def test_a_check_whose_message_is_only_part_of_another_is_still_printed_whole() -> None:
+    """Review of eb42958: a substring match dropped a short message the node's line holds by accident, and a
+    check with no fix disappeared."""
+    result = StepResult(step="cuda-test", applied=True)
+    node = NodeResult(node="gpu-1", address="10.5.0.11", status="failed")
+    node.message = "pod ended Failed: CUDA driver too old"
+    node.checks += [
+        Check("nvidia-smi", False, "pod ended Failed", fix="kubectl describe node gpu-1"),
+        Check("vectoradd", False, "pod ended Failed: CUDA driver too old", fix="talosctl -n 10.5.0.11 upgrade"),
+        Check("gpu", False, "Failed"),
+    ]
+    result.nodes.append(node)
+    text = failure_text(result)
+    assert "    nvidia-smi: pod ended Failed\n" in text and "    gpu: Failed" in text, text
+    assert "    vectoradd: (as in the node's line)" in text, text

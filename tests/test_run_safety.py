@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from runbook_lib.cli import cmd_run, main
+from runbook_lib.clients.kube import Kube
 from runbook_lib.clients.talosctl import Talosctl
 from runbook_lib.model.params import Params, validate
 from runbook_lib.notebook import lock, records, runner
@@ -144,17 +145,23 @@ def _cluster_params(tmp_path: Path, token_line: str, server: str) -> Params:
     return validate(data, source="test")
 
 
-def test_a_token_with_a_trailing_newline_is_a_recorded_probe_error_without_the_token(tmp_path: Path) -> None:
+#: A token with a line break inside: no HTTP request may carry it (its ends are trimmed, as kubectl trims a
+#: tokenFile's). Its tail is what must never be printed.
+BROKEN_TOKEN_LINE = f'token: "{TOKEN[:13]}\\n{TOKEN[13:]}"'
+
+
+def test_a_token_with_a_line_break_is_a_recorded_probe_error_without_the_token(tmp_path: Path) -> None:
     """F2: ``token: |`` (or a pasted token) leaves a newline in the bearer token; the Kubernetes client then
     raises ``ValueError: Invalid header value b'Bearer …\\n'`` (http.client's header check), which escaped
-    ``collect_versions`` and left the record unsealed.  Its text quotes the token, so it is not stored."""
+    ``collect_versions`` and left the record unsealed.  Its text quotes the token, so it is not stored. A
+    newline at its end is now trimmed (as kubectl trims a tokenFile); one inside is refused, naming the file."""
     with socket.create_server(("127.0.0.1", 0)) as api:  # connections are accepted by the kernel's backlog
         server = f"http://127.0.0.1:{api.getsockname()[1]}"
-        params = _cluster_params(tmp_path, f'token: "{TOKEN}\\n"', server)
+        params = _cluster_params(tmp_path, BROKEN_TOKEN_LINE, server)
         versions = runner.collect_versions(params)
     error = versions["kubernetes_error"]
-    assert "the user's token contains a line break" in error  # before: ValueError: Invalid header value
-    assert TOKEN not in json.dumps(versions)
+    assert "the user's token (token or tokenFile) contains a line break" in error  # before: ValueError
+    assert TOKEN[13:] not in json.dumps(versions)
     assert "talosctl_error" in versions and "helm_error" in versions  # the other probes still reported
 
 
@@ -162,13 +169,13 @@ def test_a_token_the_kubernetes_client_quotes_in_an_error_is_not_printed_by_runb
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The record was scrubbed of the kubeconfig's token, but ``runbook run``'s report was built from the
-    steps' results before the seal: a token ending in a newline reached the terminal twice, in the step's line
+    steps' results before the seal: a token with a newline reached the terminal twice, in the step's line
     and in ``stopped at cuda-test: Invalid header value b'Bearer …\\n'`` (found on 6 Dec 2026)."""
     talosctl = tmp_path / "talosctl"
     talosctl.write_text("#!/bin/sh\necho 'error: connection refused' >&2\nexit 1\n")
     talosctl.chmod(0o755)
     with socket.create_server(("127.0.0.1", 0)) as api:
-        params = _cluster_params(tmp_path, f'token: "{TOKEN}\\n"', f"http://127.0.0.1:{api.getsockname()[1]}")
+        params = _cluster_params(tmp_path, BROKEN_TOKEN_LINE, f"http://127.0.0.1:{api.getsockname()[1]}")
         data = params.public_dict() | {"tools": {"talosctl": str(talosctl)}}
         params_file = tmp_path / "params.yaml"
         params_file.write_text(yaml.safe_dump(data))
@@ -177,13 +184,28 @@ def test_a_token_the_kubernetes_client_quotes_in_an_error_is_not_printed_by_runb
     out, err = capsys.readouterr()
     assert code == 1, out + err
     assert "stopped at cuda-test" in out
-    assert TOKEN not in out + err
-    assert (
-        f"kubeconfig {tmp_path / 'kubeconfig'}: the user's token contains a line break" in out
-    )  # what to fix
+    assert TOKEN[13:] not in out + err
+    assert f"kubeconfig {tmp_path / 'kubeconfig'}: the user's token (token or tokenFile) contains" in out
     assert not [
-        p for p in (tmp_path / "records").rglob("*") if p.is_file() and TOKEN in p.read_text(errors="replace")
+        p
+        for p in (tmp_path / "records").rglob("*")
+        if p.is_file() and TOKEN[13:] in p.read_text(errors="replace")
     ]
+
+
+@pytest.mark.parametrize("form", ["token", "tokenFile"])
+def test_a_token_ending_in_a_newline_is_sent_trimmed_as_kubectl_sends_a_token_file(
+    tmp_path: Path, form: str
+) -> None:
+    """``echo "$TOKEN" > token`` or a ``token: |`` block ends the token with a newline: kubectl trims a tokenFile's
+    content (client-go transport/token_source.go), and the official Python client sends it as it is, which
+    http.client refuses. Both forms are sent trimmed, also after the client writes the token again before a
+    request (kube_config.py ``refresh_api_key_hook``)."""
+    (tmp_path / "token").write_text(f"{TOKEN}\n")
+    line = f'token: "{TOKEN}\\n"' if form == "token" else f'tokenFile: "{tmp_path / "token"}"'
+    params = _cluster_params(tmp_path, line, "http://127.0.0.1:1")
+    kube = Kube.from_kubeconfig(params.kubeconfig)
+    assert kube.api.configuration.get_api_key_with_prefix("BearerToken") == f"Bearer {TOKEN}"
 
 
 # ---------------------------------------------------------------------------------------------------------

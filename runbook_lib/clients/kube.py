@@ -68,20 +68,40 @@ def _api_error(exc: ApiException, what: str) -> PermanentError | RetryableError:
 
 
 def _refuse_broken_header(api_client: client.ApiClient, path: str | None) -> None:
-    """A clear error, without the value, for a credential no HTTP request may carry.
+    """The bearer token without the whitespace around it, and a clear error, without the value, for one no
+    HTTP request may carry.
 
-    Why: a ``token: |`` block or a pasted token keeps its line break, and every request then failed with
-    http.client's ``ValueError: Invalid header value b'Bearer <token>\\n'`` (CPython 3.11 Lib/http/client.py
-    ``putheader``, ``_is_illegal_header_value``: a line break not followed by a space or tab), in the middle of a
-    step, quoting the token (attack F2 met it in the version probe)."""
-    for value in (api_client.configuration.api_key or {}).values():
+    Why: a ``token: |`` block, a pasted token or a ``tokenFile`` written by ``echo`` keeps its line break, and
+    every request then failed with http.client's ``ValueError: Invalid header value b'Bearer <token>\\n'``
+    (CPython 3.11 Lib/http/client.py ``putheader``, ``_is_illegal_header_value``: a line break not followed by a
+    space or tab), in the middle of a step, quoting the token (attack F2 met it in the version probe). kubectl
+    trims a ``tokenFile``'s content (client-go transport/token_source.go ``cachingTokenSource``, TrimSpace), so
+    the ends are trimmed here too; the official client writes the token again before every request
+    (kube_config.py ``_set_config``, ``refresh_api_key_hook``), hence the wrapped hook. A break inside the token
+    is refused."""
+    configuration = api_client.configuration
+    hook = configuration.refresh_api_key_hook
+
+    def trimmed(conf: Any) -> None:
+        if hook is not None:
+            hook(conf)
+        conf.api_key = {key: _trim_bearer(str(value)) for key, value in (conf.api_key or {}).items()}
+
+    trimmed(configuration)
+    configuration.refresh_api_key_hook = trimmed
+    for value in (configuration.api_key or {}).values():
         if re.search(r"\n(?![ \t])|\r(?![ \t\n])", str(value)):
             raise PermanentError(
-                f"kubeconfig {path or '(default)'}: the user's token contains a line break, which no HTTP "
-                "request may carry",
+                f"kubeconfig {path or '(default)'}: the user's token (token or tokenFile) contains a line break, "
+                "which no HTTP request may carry",
                 hint="write the token on one line (a quoted string, not a `token: |` block), or let "
                 "`talosctl kubeconfig` write the file",
             )
+
+
+def _trim_bearer(value: str) -> str:
+    scheme, _, token = value.partition(" ")
+    return f"{scheme} {token.strip()}" if scheme == "Bearer" else value.strip()
 
 
 def _with_read_timeout(api_client: client.ApiClient) -> None:

@@ -147,6 +147,7 @@ def secret_values(*config_paths: str | Path | None) -> list[str]:
             continue
         for doc in docs:
             found.update(_walk_secrets(doc))
+            found.update(_token_files(doc, Path(path).parent))
     out: set[str] = set()
     for value in found:
         out.add(value)
@@ -154,6 +155,28 @@ def secret_values(*config_paths: str | Path | None) -> list[str]:
             decoded = base64.b64decode(value, validate=True).decode("utf-8")
             out.update(line for line in decoded.splitlines() if len(line) >= _MIN_SECRET_LEN)
     return sorted((v for v in out if len(v) >= _MIN_SECRET_LEN), key=len, reverse=True)
+
+
+def _token_files(node: Any, base: Path) -> Iterator[str]:
+    """The contents of the files a kubeconfig's ``tokenFile`` names (relative to the kubeconfig, as kubectl
+    reads them), trimmed as kubectl trims them: the token a run sends is a secret wherever it is kept."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "tokenFile" and isinstance(value, str):
+                with (
+                    contextlib.suppress(OSError, UnicodeDecodeError),
+                    (base / value).open(encoding="utf-8") as f,
+                ):
+                    yield f.read(_TOKEN_FILE_MAX).strip()
+            else:
+                yield from _token_files(value, base)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _token_files(item, base)
+
+
+#: How much of a tokenFile is read for its secret (a service-account token is a few KiB).
+_TOKEN_FILE_MAX = 64 * 1024
 
 
 def _walk_secrets(node: Any) -> Iterator[str]:

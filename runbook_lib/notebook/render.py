@@ -240,7 +240,7 @@ def render_markdown(result: StepResult, *, limit: int = TABLE_LIMIT, title: str 
         for node in failing[:FAILING_LIMIT]:
             lines.append(f"- **{node.node}** ({node.address}): {node.message}")
             for check in node.failed_checks:
-                said = f"{check.name}: (above)" if _quoted(node, check) else f"{check.name}: {check.message}"
+                said = f"{check.name}: {QUOTED if _quoted(node, check) else check.message}"
                 lines.append(f"  - {said}" + (f" — fix: `{check.fix}`" if check.fix else ""))
         if len(failing) > FAILING_LIMIT:
             lines.append(f"- … {len(failing) - FAILING_LIMIT} more failing nodes in the record")
@@ -260,10 +260,17 @@ def render_markdown(result: StepResult, *, limit: int = TABLE_LIMIT, title: str 
     return "\n".join(lines) + "\n"
 
 
+#: What a check says in place of a message its node's line already gave.
+QUOTED = "(as in the node's line)"
+
+
 def _quoted(node: NodeResult, check: Check) -> bool:
-    """The node's line already says the check's message (a failed upgrade's line quotes talosctl's whole error
-    block): printed again, it pushed the fix below the terminal's fold (found by an operator walkthrough)."""
-    return bool(check.message) and check.message in node.message
+    """The node's line is the check's message, one of its ``"; "``-joined parts, or ends with it after a
+    prefix (a failed upgrade's line is "talosctl upgrade failed: " and talosctl's whole error block): printed
+    again, it pushed the fix below the terminal's fold (found by an operator walkthrough). Not any substring: a
+    short message ("pod ended Failed") inside a longer line says something else."""
+    said, line = check.message, node.message
+    return bool(said) and (line == said or said in line.split("; ") or line.endswith(f": {said}"))
 
 
 def failure_text(result: StepResult, *, limit: int = 5) -> str:
@@ -275,8 +282,7 @@ def failure_text(result: StepResult, *, limit: int = 5) -> str:
     for node in failing[:limit]:
         lines.append(f"  {node.node} ({node.address}): {node.message}")
         for check in node.failed_checks:
-            if not _quoted(node, check):
-                lines.append(f"    {check.name}: {check.message}")
+            lines.append(f"    {check.name}: {QUOTED if _quoted(node, check) else check.message}")
             if check.fix:
                 lines.append(f"    fix: {check.fix}")
     if len(failing) > limit:

@@ -235,7 +235,7 @@ def _node_results(nodes: list[Node], pods: list[TestPod], checks: list[Check]) -
         res.status = "ok" if all(c.ok for c in res.checks) else "failed"
         failed = list(dict.fromkeys(c.message for c in res.checks if not c.ok))
         # "pod still Pending after 300 s" beside "pod still Pending after 300 s: <the scheduler's reason>"
-        said = [m for m in failed if not any(o != m and o.startswith(m) for o in failed)]
+        said = [m for m in failed if not any(o.startswith(f"{m}: ") for o in failed)]
         res.message = "; ".join(said) or res.checks[0].message
     return list(by_node.values())
 
