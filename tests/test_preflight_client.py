@@ -84,7 +84,7 @@ def test_preflight_needs_kubectl_only_where_a_patch_reboots_the_nodes(
     assert "command not found" in check.message and "tools.kubectl" in check.fix, check
 
 
-@pytest.mark.parametrize(("target", "ok"), [("v1.12.77", False), ("v1.12.7", True)])
+@pytest.mark.parametrize(("target", "ok"), [("v1.12.77", False), ("v1.12.7", True), ("v1.14.0-rc.1", True)])
 def test_preflight_refuses_a_release_the_image_factory_does_not_build(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, target: str, ok: bool
 ) -> None:
@@ -106,3 +106,7 @@ def test_preflight_refuses_a_release_the_image_factory_does_not_build(
             in check.message
         )
         assert "talos_version" in check.fix
+    if target.endswith(
+        "-rc.1"
+    ):  # not in GET /versions (only the newest line's alpha and beta are), still built
+        assert "serves the extensions of Talos v1.14.0-rc.1" in check.message, check.message

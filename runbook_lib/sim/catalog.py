@@ -72,7 +72,21 @@ def talos_versions() -> list[str]:
 
 
 def factory_versions() -> list[str]:
-    """What ``GET /versions`` returns: releases the factory can build (Talos 1.5 and later)."""
+    """What ``GET /versions`` returns: releases the factory can build (Talos 1.5 and later), and of the
+    pre-releases only the newest minor line's alpha and beta, as the real factory filters its list
+    (siderolabs/image-factory internal/artifacts/versions.go ``fetchTalosVersions`` at 9d6ab0e). It still serves
+    the extensions of every release of the catalog (``buildable``)."""
+    newest = max(TalosVersion.parse(v) for v in talos_versions()).minor_line
+
+    def listed(version: TalosVersion) -> bool:
+        kind = version.prerelease.lstrip("-").split(".")[0]
+        return not version.prerelease or (version.minor_line == newest and kind in ("alpha", "beta"))
+
+    return [v for v in buildable() if listed(TalosVersion.parse(v))]
+
+
+def buildable() -> list[str]:
+    """The releases whose extensions and installers the simulated factory serves: the catalog's from 1.5."""
     return [v for v in talos_versions() if TalosVersion.parse(v).minor_line >= FIRST_FACTORY_MINOR]
 
 

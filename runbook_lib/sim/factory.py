@@ -259,7 +259,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _known_version(self, version: str) -> bool:
         try:
-            return str(TalosVersion.parse(version)) in catalog.factory_versions() and version.startswith("v")
+            return str(TalosVersion.parse(version)) in catalog.buildable() and version.startswith("v")
         except PermanentError:
             return False
 

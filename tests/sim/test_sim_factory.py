@@ -83,6 +83,11 @@ def test_versions_list_factory_releases(server: factory.FactoryServer) -> None:
     versions = requests.get(f"{server.url}/versions", timeout=5).json()
     assert "v1.5.0" in versions and "v1.12.7" in versions and "v1.14.0" in versions
     assert "v1.4.8" not in versions  # the factory builds Talos 1.5 and later
+    # of the pre-releases only the newest line's alpha and beta (image-factory internal/artifacts/versions.go)
+    assert "v1.12.0-beta.0" not in versions and "v1.14.0-rc.1" not in versions
+    assert (
+        requests.get(f"{server.url}/version/v1.14.0-rc.1/extensions/official", timeout=5).status_code == 200
+    )
     assert requests.get(f"{server.url}/versions?broken=true", timeout=5).json() == []
 
 
