@@ -170,6 +170,10 @@ def test_the_new_schematic_hint_posts_to_the_sites_factory_url_not_an_https_gues
     assert "upgrade --image factory.lab:8080/metal-installer/<gpu-schematic-id>:v1.12.7" in finding.fix
     assert "POST it to http://factory.lab:8080/tf/schematics)" in finding.fix, finding.fix
     assert "POST it to https://factory.talos.dev/schematics)" in d.check_extensions({}, ctx())[0].fix
+    secret = d.NodeContext(
+        talos=ctx().talos, factory="f.lab", factory_url="https://u:p4ss@f.lab:8443/tf/?t=x#y"
+    )
+    assert secret.schematics_url == "https://f.lab:8443/tf/schematics"  # no credentials in a printed fix
 
 
 def test_missing_modules_with_unknown_extensions_offers_both_fixes():

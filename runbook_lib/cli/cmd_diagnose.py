@@ -228,6 +228,7 @@ def collect(args: argparse.Namespace) -> tuple[_Collected, str | None]:
 def run(args: argparse.Namespace) -> int:
     try:
         talos = TalosVersion.parse(args.talos_version) if args.talos_version else None
+        _node_context(None, talos, args.image_factory_url)  # a bad flag before any input is read
         collected, node = collect(args)
         ctx = _node_context(node, talos, args.image_factory_url)
     except PermanentError as exc:

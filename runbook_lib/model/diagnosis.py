@@ -16,6 +16,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
+from urllib.parse import urlsplit
 
 from runbook_lib.errors import PermanentError
 
@@ -490,7 +491,13 @@ class NodeContext:
 
     @property
     def schematics_url(self) -> str:
-        return f"{(self.factory_url or f'https://{self.factory}').rstrip('/')}/schematics"
+        """Where to POST a schematic: the factory URL without credentials, query or fragment (a fix is printed and
+        recorded; ``https://user:pass@factory/`` must not be)."""
+        parts = urlsplit(self.factory_url or f"https://{self.factory}")
+        host = parts.hostname or self.factory
+        host = f"[{host}]" if ":" in host else host  # an IPv6 address keeps its brackets
+        port = f":{parts.port}" if parts.port else ""
+        return f"{parts.scheme}://{host}{port}{parts.path.rstrip('/')}/schematics"
 
     @property
     def node_release(self) -> TalosVersion | None:

@@ -14,6 +14,7 @@ returns no plugin, so nothing registers with the kubelet (NVIDIA/k8s-device-plug
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -182,7 +183,32 @@ def await_leases(core: client.CoreV1Api, timeout: float) -> list[str]:
         missing = sorted(played - held)
         if not missing or time.monotonic() >= deadline:
             return missing
-        time.sleep(0.2)
+        time.sleep(0.5)
+
+
+#: Not on a real pod: the annotation ``nudge_pods`` sets to make kwok look at a pod again.
+RESYNC_ANNOTATION = "sim.talos-gpu-runbooks.local/resync"
+
+
+def nudge_pods(core: client.CoreV1Api) -> int:
+    """Touch every pod bound to a node that waits for kwok (Pending, or deleted and not yet gone), so kwok sees
+    it again once it holds the Leases (``await_leases``); how many.
+
+    Why: kwok skips a pod's events while it does not hold its node's Lease, and looks at the node's pods once
+    when it takes the Lease, before its own Lease cache may name it the holder (``release_leases``): a pod left
+    from before the restart could be skipped both times and never run or go. A pod's update is an event kwok
+    plays (pod_controller.go ``watchResources``). Found by review; no test makes the race happen on demand."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    waiting = [
+        p
+        for p in listed(core.list_pod_for_all_namespaces, field_selector="spec.nodeName!=")
+        if (p.get("status") or {}).get("phase") == "Pending" or p["metadata"].get("deletionTimestamp")
+    ]
+    body = {"metadata": {"annotations": {RESYNC_ANNOTATION: now}}}
+    for pod in waiting:
+        with contextlib.suppress(ApiException):  # gone meanwhile
+            core.patch_namespaced_pod(pod["metadata"]["name"], pod["metadata"]["namespace"], body)
+    return len(waiting)
 
 
 def nvml_initialises(node: SimNode, handler: str) -> bool:

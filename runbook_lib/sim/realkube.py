@@ -625,6 +625,7 @@ def _running(state_dir: Path, tools: Tools) -> Iterator[dict[str, Any]]:
         stack.callback(_stop_process, kwok, 30)
         if missing := nodeagent.await_leases(core, LEASES_TIMEOUT_S):
             log.warning("kwok holds no Lease for %s after %s s: their pods wait", missing, LEASES_TIMEOUT_S)
+        log.info("pods left waiting for kwok, looked at again: %d", nodeagent.nudge_pods(core))
         repo = chartrepo.serve(tools.helm, paths["charts"], paths["logs"] / "charts.log")
         stack.callback(repo.stop)
         mirror = chartrepo.serve_mirror(
