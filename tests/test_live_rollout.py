@@ -91,6 +91,10 @@ def test_a_line_for_the_terminal_has_the_runs_secrets_scrubbed_like_the_record()
     assert (
         secret not in json.dumps(got) and got[0]["node"] == "gpu-3" and got[0]["reason"].startswith("bad key")
     )
+    deliver(
+        {"step": "image", "kind": "other", "nodes": [{"reason": f"key {secret}"}]}
+    )  # nested: review of 8521977
+    assert secret not in json.dumps(got[1]) and got[1]["nodes"][0]["reason"].startswith("key ")
 
 
 def test_the_follower_hands_on_whole_lines_in_order_and_the_rest_at_the_end(tmp_path: Path) -> None:

@@ -752,8 +752,17 @@ def scrubbed(deliver: live_events.Deliver | None, secrets: Sequence[str]) -> liv
         return None
     values = list(secrets)
 
+    def clean(value: Any) -> Any:  # nested too: a line printed from an event may show any of its values
+        if isinstance(value, str):
+            return records.redact(value, values)
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [clean(v) for v in value]
+        return value
+
     def scrub(event: dict[str, Any]) -> None:
-        deliver({k: records.redact(v, values) if isinstance(v, str) else v for k, v in event.items()})
+        deliver(clean(event))
 
     return scrub
 
