@@ -421,6 +421,25 @@ def test_a_run_for_other_parameters_leaves_a_simulator_sim_up_started_alone(
     assert not (tmp_path / "records").exists()
 
 
+def test_a_plan_for_other_parameters_does_not_replace_the_simulated_cluster(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by an operator walkthrough: after a 1.12 ``--apply`` run, a plan-only ``runbook run --set
+    talos_version=v1.13.2`` on the same state re-created the cluster (what was applied and the state its rollback
+    was to undo were gone) and ended "plan only: nothing was changed on the cluster"."""
+    state = (tmp_path / "sim").resolve()
+    params = validate(yaml.safe_load(Path(PARAMS).read_text()), source=PARAMS)
+    sim_cluster.create(state, sim_cluster.spec_from_params(params))
+    made = (state / "cluster.json").read_bytes()
+
+    assert _run(tmp_path, "-p", PARAMS, "--steps", "preflight", "--set", "talos_version=v1.13.2") == 2
+    err = capsys.readouterr().err
+    assert "was made for other parameters (Talos v1.12.7, this run's v1.13.2); a plan would replace it" in err
+    assert "--apply to replace it" in err and "--state DIR" in err
+    assert (state / "cluster.json").read_bytes() == made, "nothing was changed"
+    assert not (tmp_path / "records").exists()
+
+
 @pytest.mark.slow
 def test_resume_passes_over_a_newer_rollback_record_to_the_last_runs_parameters(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]

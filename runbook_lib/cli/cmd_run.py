@@ -159,6 +159,23 @@ def _refuse_sim_up_cluster(state_dir: Path, differs: list[str] | None, files: _S
     )
 
 
+def _refuse_to_replace_for_a_plan(state_dir: Path, differs: list[str] | None, params: Params) -> None:
+    """Refuse (exit 2, nothing changed) to replace a simulated cluster made for other parameters in a plan.
+
+    Why: a plan changes nothing, yet a plan-only ``runbook run --set talos_version=v1.13.2`` (or a plan-only
+    rollback) on the state a 1.12 ``--apply`` run had left re-created the cluster, wiping what that run applied
+    and the state its rollback was to undo, and then said "plan only: nothing was changed on the cluster" (found
+    by an operator walkthrough). An ``--apply`` run still replaces it, as the README says."""
+    if not differs or params.apply:
+        return
+    raise lock.Busy(
+        f"the simulated cluster at {state_dir} was made for other parameters ({'; '.join(differs)}); a plan "
+        "would replace it, so nothing was started or changed",
+        hint="give the plan its own --state DIR, plan with the parameters the cluster was made for, or run with "
+        "--apply to replace it (a new cluster: nodes on the parameters' Talos release, nothing applied)",
+    )
+
+
 @dataclass(frozen=True)
 class _SimLeases:
     """Where runs that share one simulator meet (owner-only files under ``lock.locks_dir()``): a lock that
@@ -222,6 +239,7 @@ def _bring_up(params: Params, state_dir: Path, scenario: str, files: _SimLeases,
         # Already up for these parameters (another run's, or `runbook sim up -p` for a JupyterLab session).
         return
     _refuse_sim_up_cluster(state_dir, differs, files)
+    _refuse_to_replace_for_a_plan(state_dir, differs, params)
     others = [] if matches else lock.live_leases(files.leases, own=own)
     if others:
         raise lock.Busy(
