@@ -16,6 +16,7 @@ from typing import Any
 
 from runbook_lib.errors import PermanentError
 from runbook_lib.model.params import load_params
+from runbook_lib.model.versions import TalosVersion
 from runbook_lib.sim import cluster, faults, realkube, scenarios, toolserver
 from runbook_lib.sim.state import default_state_dir, sim_paths
 
@@ -55,7 +56,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--control-planes", type=int, default=1, metavar="N", help="control plane nodes (default 1)"
     )
     up.add_argument(
-        "--talos-version", default="1.12", metavar="V", help="Talos version of every node (default 1.12)"
+        "--talos-version",
+        metavar="V",
+        help="Talos version of every node (default 1.12; with -p, the file's talos_version, which this may not "
+        "contradict)",
     )
     up.add_argument("--talosctl-version", metavar="V", help="version the simulated talosctl client reports")
     up.add_argument(
@@ -140,13 +144,14 @@ def _spec(args: argparse.Namespace) -> cluster.ClusterSpec:
         return cluster.ClusterSpec(
             workers=args.nodes,
             control_planes=args.control_planes,
-            talos_version=args.talos_version,
+            talos_version=args.talos_version or "1.12",
             scenario=args.scenario or "fresh",
             latency_ms=args.latency_ms or 0.0,
             gpus_per_worker=args.gpus_per_node,
             talosctl_version=args.talosctl_version,
         )
     from_params = cluster.spec_from_params(load_params(args.params))
+    _same_release(args.talos_version, from_params.talos_version, args.params)
     return dataclasses.replace(
         from_params,
         control_planes=args.control_planes,
@@ -154,6 +159,21 @@ def _spec(args: argparse.Namespace) -> cluster.ClusterSpec:
         talosctl_version=args.talosctl_version,
         scenario=args.scenario or from_params.scenario,
         latency_ms=from_params.latency_ms if args.latency_ms is None else args.latency_ms,
+    )
+
+
+def _same_release(flag: str | None, in_file: str, params_file: str) -> None:
+    """``--talos-version`` beside ``-p`` must name the file's release: the runbook plans for the file's, and its
+    preflight fails every node on another. Before, the flag was ignored without a word (found by an operator
+    walkthrough: ``sim up -p FILE --talos-version v1.13.2`` brought up v1.12.7 nodes)."""
+    wanted, have = TalosVersion.parse_or_none(flag), TalosVersion.parse_or_none(in_file)
+    if wanted is None or have is None or wanted == have:
+        return
+    if not wanted.is_release and wanted.minor_line == have.minor_line:  # "1.12" names the file's line
+        return
+    raise PermanentError(
+        f"--talos-version {flag} contradicts talos_version {in_file} in {params_file}",
+        hint="set talos_version in the parameter file (the runbook plans for it), or leave out -p",
     )
 
 
