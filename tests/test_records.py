@@ -218,6 +218,31 @@ def test_list_and_show(chain: tuple[Path, list[Path]], capsys: pytest.CaptureFix
     assert main(["records", "show", "nope", "--dir", str(root)]) == 2
 
 
+def test_show_gives_a_failed_steps_diagnosis_without_the_exception_class_and_evenly_indented(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by an operator walkthrough: ``records show`` printed ``error: StepFailed: kubernetes: failed (…)``,
+    repeating the step's line with the exception's class, and the diagnosis under it indented less."""
+    root = tmp_path / "records"
+    path = records.create_record_dir(root, "sim-gpu")
+    summary = "kubernetes: failed (1 failed, 2 ok)"
+    diagnosis = f"{summary}\n  gpu-worker-3 (10.5.0.13): node not Ready\n    fix: talosctl -n 10.5.0.13 service kubelet"
+    steps = [
+        {"name": "kubernetes", "status": "failed", "summary": summary,
+         "error": {"ename": "StepFailed", "evalue": diagnosis}},
+        {"name": "cuda-test", "status": "failed", "error": {"ename": "ValueError", "evalue": "boom"}},
+    ]  # fmt: skip
+    records.seal(path, {"cluster": "sim-gpu", "outcome": "failed", "steps": steps})
+    assert main(["records", "show", "--dir", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "StepFailed" not in out and out.count(summary) == 1, out
+    assert (
+        "      gpu-worker-3 (10.5.0.13): node not Ready\n        fix: talosctl -n 10.5.0.13 service kubelet"
+        in out
+    )
+    assert "    error: ValueError: boom" in out  # an unexpected exception keeps its class
+
+
 def test_identical_read_commands_fold_into_one_entry_per_step_but_changes_never_do():
     from runbook_lib.notebook.record_content import fold_commands
 

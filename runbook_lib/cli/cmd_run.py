@@ -516,7 +516,20 @@ def _show_steps(steps: list[dict[str, Any]]) -> None:
         sys.stdout.write(line + "\n")
         error = step.get("error")
         if isinstance(error, dict):
-            sys.stdout.write(f"    error: {error.get('ename')}: {error.get('evalue')}\n")
+            sys.stdout.write(_error_lines(error, step.get("summary")))
+
+
+def _error_lines(error: dict[str, Any], summary: object) -> str:
+    """A step's error under its line, every line indented alike. A step that found problems (``StepFailed``) is
+    no exception to name: its diagnosis is shown without the class and without its first line when that repeats
+    the step's summary (found by an operator walkthrough: ``error: StepFailed: kubernetes: failed (…)``, then
+    the diagnosis indented less than that line)."""
+    lines = str(error.get("evalue") or "").splitlines() or [""]
+    if error.get("ename") == "StepFailed":
+        lines = lines[1:] if lines[0].strip() == str(summary or "").strip() else lines
+    else:
+        lines[0] = f"error: {error.get('ename')}: {lines[0]}"
+    return "".join(f"    {line}\n" for line in lines if line.strip())
 
 
 def _show_checked(verify: dict[str, Any]) -> None:
