@@ -181,7 +181,9 @@ def test_a_check_whose_message_is_only_part_of_another_is_still_printed_whole() 
     node.message = "pod ended Failed: CUDA driver too old"
     node.checks += [
         Check("nvidia-smi", False, "pod ended Failed", fix="kubectl describe node gpu-1"),
-        Check("vectoradd", False, "pod ended Failed: CUDA driver too old", fix="talosctl -n 10.5.0.11 upgrade"),
+        Check(
+            "vectoradd", False, "pod ended Failed: CUDA driver too old", fix="talosctl -n 10.5.0.11 upgrade"
+        ),
         Check("gpu", False, "Failed"),
     ]
     result.nodes.append(node)
