@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from dataclasses import replace
 from typing import Any
 
 from runbook_lib.steps.kube_diagnosis import DownNodes, Stall
@@ -153,3 +154,23 @@ def test_the_nodes_a_rolling_update_waits_on_are_those_whose_pod_is_deleted_or_n
     )
     assert rollout.holding() == ["gpu-1", "gpu-2"]
     assert "waits on gpu-1, gpu-2" in rollout.behind()["gpu-4"]
+
+
+def test_a_first_install_whose_new_pod_sits_on_a_node_that_went_down_blames_no_old_pod() -> None:
+    """Found by an operator walkthrough, reproduced by a helper: the node went down after the DaemonSet placed its
+    pod there (helm revision 1), so the controller kept counting it and the rollout never ended; the step said
+    "the old device plugin pod there is deleted only when its kubelet confirms it", an upgrade's words."""
+    from runbook_lib.steps.kubernetes import _judge_rollout
+    from runbook_lib.steps.results import StepResult
+
+    pods = [_pod("new-a", "gpu-1", "new"), _pod("new-b", "gpu-2", "new")]
+    stranded = _pod("new-c", "gpu-3", "new", ready=False, phase="Pending")
+    rollout = replace(_rollout([*pods, stranded]), held_by_down=("gpu-3",))
+    result = StepResult("kubernetes", applied=True)
+    _judge_rollout(result, rollout)
+    assert not [c for c in result.checks if not c.ok], result.checks
+    assert any("new-c on gpu-3 before the node went down" in n and "--force" in n for n in result.notes)
+    upgrade = replace(_rollout([*pods[:1], _pod("old-b", "gpu-2", "old"), stranded]), held_by_down=("gpu-3",))
+    result = StepResult("kubernetes", applied=True)
+    _judge_rollout(result, upgrade)  # another node waits on gpu-3: the upgrade's check stays
+    assert any("stopped at gpu-3" in c.message for c in result.checks if not c.ok), result.checks

@@ -160,8 +160,10 @@ def _judge_rollout(result: StepResult, rollout: plugin_rollout.Rollout) -> None:
     if rollout.stale():
         result.checks.append(_stale_check(rollout))
     held = [n for n in rollout.held_by_down if n in rollout.holding()]
-    if held and not rollout.done:
+    if held and not rollout.done and rollout.holds_others(held):
         result.checks.append(_held_by_down_check(rollout, held))
+    elif held and not rollout.done:
+        result.notes.append(_stranded_note(rollout, held))
     behind = rollout.behind()
     if not rollout.rolling and rollout.previous():
         result.notes.append(_on_delete_note(rollout))
@@ -192,6 +194,23 @@ def _held_by_down_check(rollout: plugin_rollout.Rollout, held: list[str]) -> Che
         fix="bring the node back; or, once you know it is down for good, take it out of the update "
         f"({forced}) and run this step again: the update goes on without the node, and the node gets the new "
         "plugin when it returns",
+    )
+
+
+def _stranded_note(rollout: plugin_rollout.Rollout, held: list[str]) -> str:
+    """New pods on nodes that went down after the DaemonSet placed them, which no other node waits on (a first
+    install): the controller keeps counting such a node, as on a taint it resyncs a DaemonSet only when a pod must
+    be created or removed (kubernetes@v1.35.0 pkg/controller/daemon/daemon_controller.go:1466) and its pods
+    tolerate the NoExecute not-ready/unreachable taints (util/daemonset_util.go:48-67), so the rollout never
+    ends. The node fails on its own (node Ready). Before, this was the upgrade's check, blaming an old pod that
+    did not exist (found by an operator walkthrough; root cause by a helper's reproduction)."""
+    pods = [rollout.pods[n]["metadata"]["name"] for n in held]
+    return (
+        f"DaemonSet {rollout.name} placed its pod {', '.join(pods)} on {', '.join(held)} before the node went "
+        "down: the pod never started and the DaemonSet controller keeps counting the node, so `kubectl rollout "
+        "status` does not finish (no other node waits on it). Once the node is known down for good: kubectl "
+        f"delete pod -n {rollout.namespace} {' '.join(pods)} --force --grace-period=0 (the controller then leaves "
+        "the tainted node out; it gets a pod when it is Ready again)"
     )
 
 

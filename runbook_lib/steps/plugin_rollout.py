@@ -90,6 +90,13 @@ class Rollout:
             if _deleting(pod) or (self._updated(pod) and not _ready(pod))
         )
 
+    def holds_others(self, held: list[str]) -> bool:
+        """Whether the update waits on ``held`` to reach other nodes: an old pod there is being deleted, or
+        another node still runs the previous revision. Not on a first install whose new pod the DaemonSet placed
+        on a node that went down afterwards: nothing waits on it, though the rollout never ends (``stranded``)."""
+        old = any(_deleting(self.pods[n]) for n in held if n in self.pods)
+        return old or (self.rolling and any(n not in held for n in self.previous()))
+
     def _updated(self, pod: dict[str, Any]) -> bool:
         return _of_revision(pod, self.revision)
 
