@@ -195,12 +195,15 @@ def pull_failing(pod: dict[str, Any]) -> bool:
 
     Why not every failed pull: cuda-test stops waiting once pulls have failed for a minute, and a registry's
     rate limit (Docker Hub's and others' 429) often lifts within the step's timeout; such a pull is waited for."""
-    statuses = (pod.get("status") or {}).get("containerStatuses") or []
-    waiting = [(c.get("state") or {}).get("waiting") or {} for c in statuses]
-    return any(
-        w.get("reason") in PULL_REASONS and not TEMPORARY_PULL.search(str(w.get("message") or ""))
-        for w in waiting
-    )
+    return any(not TEMPORARY_PULL.search(str(w.get("message") or "")) for _, w in _failed_pulls(pod))
+
+
+def _failed_pulls(pod: dict[str, Any]) -> Iterable[tuple[dict[str, Any], dict[str, Any]]]:
+    """(container status, its ``waiting``) of each container of ``pod`` waiting in a failed pull (``PULL_REASONS``)."""
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        waiting = (status.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in PULL_REASONS:
+            yield status, waiting
 
 
 def pod_not_started(pod: dict[str, Any], node: str, what: str) -> Check | None:
@@ -217,17 +220,15 @@ def pod_not_started(pod: dict[str, Any], node: str, what: str) -> Check | None:
             cause="kube-scheduler cannot place the pod on this node, for the reasons it gives",
             fix=f"{describe}  # free what the scheduler names on {node} (pods, resources, taints)",
         )
-    for status in (pod.get("status") or {}).get("containerStatuses") or []:
-        waiting = (status.get("state") or {}).get("waiting") or {}
-        if waiting.get("reason") in PULL_REASONS:
-            return Check(
-                f"{what} image pulled",
-                False,
-                f"the {what} on {node} waits in {waiting['reason']}: {waiting.get('message', '')}".rstrip(
-                    ": "
-                ),
-                cause=f"the node cannot pull the image {status.get('image', '')} (a wrong name or tag, the "
-                "registry unreachable from the node, or a missing pull secret), so the plugin never started",
-                fix=f"{describe}  # the kubelet's Failed events carry the registry's error",
-            )
+    pull = next(iter(_failed_pulls(pod)), None)
+    if pull is not None:
+        status, waiting = pull
+        return Check(
+            f"{what} image pulled",
+            False,
+            f"the {what} on {node} waits in {waiting['reason']}: {waiting.get('message', '')}".rstrip(": "),
+            cause=f"the node cannot pull the image {status.get('image', '')} (a wrong name or tag, the "
+            "registry unreachable from the node, or a missing pull secret), so the plugin never started",
+            fix=f"{describe}  # the kubelet's Failed events carry the registry's error",
+        )
     return None
