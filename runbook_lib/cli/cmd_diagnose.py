@@ -17,15 +17,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from runbook_lib.errors import PermanentError
 from runbook_lib.model import safeload
-from runbook_lib.model.boot_assets import PUBLIC_FACTORY_URL, factory_host
+from runbook_lib.model.boot_assets import PUBLIC_FACTORY_URL, is_factory_url
 from runbook_lib.model.diagnosis import Evidence, Finding, NodeContext, classify_extensions, diagnose
 from runbook_lib.model.parsers import (
     NVIDIA_MODULES,
@@ -105,17 +104,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.set_defaults(handler=run)
 
 
-def _node_context(node: str | None, talos: TalosVersion | None, factory_url: str) -> NodeContext:
+def _node_context(talos: TalosVersion | None, factory_url: str) -> NodeContext:
     """What the fix commands name; a factory URL that is not http(s) is an error naming the flag (a site's own
     factory: before, every fix named factory.talos.dev)."""
-    if not re.match(r"^https?://[^\s/]+", factory_url):  # as the parameters' image_factory_url (params.py)
+    if not is_factory_url(factory_url):  # as the parameters' image_factory_url
         raise PermanentError(
             f"--image-factory-url {factory_url!r}: not an http(s) URL",
             hint=f"e.g. {PUBLIC_FACTORY_URL}, or your own factory's URL as in the parameters' image_factory_url",
         )
-    return NodeContext(
-        node=node, talos=talos, factory=factory_host(factory_url), factory_url=factory_url.rstrip("/")
-    )
+    return NodeContext.at_factory(factory_url, talos=talos)
 
 
 @dataclass
@@ -228,9 +225,8 @@ def collect(args: argparse.Namespace) -> tuple[_Collected, str | None]:
 def run(args: argparse.Namespace) -> int:
     try:
         talos = TalosVersion.parse(args.talos_version) if args.talos_version else None
-        _node_context(None, talos, args.image_factory_url)  # a bad flag before any input is read
+        ctx = _node_context(talos, args.image_factory_url)  # a bad flag before any input is read
         collected, node = collect(args)
-        ctx = _node_context(node, talos, args.image_factory_url)
     except PermanentError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -247,7 +243,7 @@ def run(args: argparse.Namespace) -> int:
         services=collected.services,
         log=collected.log,
     )
-    findings = diagnose(evidence, ctx, planned_schematic=args.schematic)
+    findings = diagnose(evidence, replace(ctx, node=node), planned_schematic=args.schematic)
     if args.json:
         sys.stdout.write(json.dumps(report_dict(evidence, findings), indent=2) + "\n")
     else:

@@ -63,6 +63,29 @@ def factory_host(factory_url: str) -> str:
     return match["host"]
 
 
+#: An Image Factory URL the runbook accepts (the parameters' ``image_factory_url``, ``runbook diagnose``'s flag).
+_FACTORY_URL_RE = re.compile(r"^https?://[^\s/]+")
+#: Its parts a printed command may show: scheme, host (with port) and path; not credentials, query or fragment.
+_SHOWN_URL_RE = re.compile(r"^(?P<scheme>https?)://(?:[^@/\s]*@)?(?P<host>[^/\s?#@]+)(?P<path>[^\s?#]*)")
+
+
+def is_factory_url(url: str) -> bool:
+    """An http(s) URL with a host: what ``image_factory_url`` must be."""
+    return bool(_FACTORY_URL_RE.match(url))
+
+
+def schematics_url(factory_url: str) -> str:
+    """Where to POST a schematic, as a fix prints it: the factory URL without credentials, query or fragment (a
+    fix is printed and recorded; ``https://user:pass@factory/`` must not be)."""
+    match = _SHOWN_URL_RE.match(factory_url.strip())
+    shown = (
+        f"{match['scheme']}://{match['host']}{match['path']}"
+        if match
+        else f"https://{factory_host(factory_url)}"
+    )
+    return f"{shown.rstrip('/')}/schematics"
+
+
 def _base(factory_url: str) -> str:
     url = factory_url if "://" in factory_url else f"https://{factory_url}"
     return url.rstrip("/")

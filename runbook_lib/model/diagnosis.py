@@ -15,11 +15,11 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal
-from urllib.parse import urlsplit
+from typing import Any, Literal
 
 from runbook_lib.errors import PermanentError
 
+from .boot_assets import factory_host, schematics_url
 from .parsers import NVIDIA_MODULES, DriverInfo, NvidiaSmi, ServiceStatus
 from .pci import PciDevice, nvidia_gpus
 from .versions import TalosVersion, parse_kmod_tag, parse_toolkit_tag
@@ -489,15 +489,17 @@ class NodeContext:
     ``factory``. Why apart from ``factory``: a site's factory may answer plain http or under a path, while
     its installers are named by the registry host alone."""
 
+    @classmethod
+    def at_factory(cls, factory_url: str, **known: Any) -> NodeContext:
+        """The context of a node whose installers come from the factory at ``factory_url`` (the parameters'
+        ``image_factory_url``): its registry host for the installers, the URL for schematics. Raises
+        PermanentError for a string that is no URL."""
+        return cls(factory=factory_host(factory_url), factory_url=factory_url, **known)
+
     @property
     def schematics_url(self) -> str:
-        """Where to POST a schematic: the factory URL without credentials, query or fragment (a fix is printed and
-        recorded; ``https://user:pass@factory/`` must not be)."""
-        parts = urlsplit(self.factory_url or f"https://{self.factory}")
-        host = parts.hostname or self.factory
-        host = f"[{host}]" if ":" in host else host  # an IPv6 address keeps its brackets
-        port = f":{parts.port}" if parts.port else ""
-        return f"{parts.scheme}://{host}{port}{parts.path.rstrip('/')}/schematics"
+        """Where to POST a schematic (``boot_assets.schematics_url``: no credentials, query or fragment)."""
+        return schematics_url(self.factory_url or f"https://{self.factory}")
 
     @property
     def node_release(self) -> TalosVersion | None:

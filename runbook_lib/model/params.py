@@ -27,6 +27,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from runbook_lib.errors import CompatibilityError, ParameterProblem, ParametersInvalid, PermanentError
 
 from . import safeload
+from .boot_assets import is_factory_url
 from .profiles import GPU_OPERATOR_CHART_MINIMUM, Flavor, GpuProfile, Track, profile_for
 from .rollout import parse_budget
 from .versions import TalosVersion, gpu_operator_too_old
@@ -378,7 +379,7 @@ class Params(_Strict):
     @field_validator("image_factory_url")
     @classmethod
     def _factory(cls, value: str) -> str:
-        if not re.match(r"^https?://[^\s/]+", value):
+        if not is_factory_url(value):
             raise ValueError("must be an http(s) URL such as https://factory.talos.dev")
         return value.rstrip("/")
 

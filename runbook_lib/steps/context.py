@@ -19,7 +19,6 @@ from runbook_lib.clients.kubectl import Kubectl
 from runbook_lib.clients.proc import Journal, Runner
 from runbook_lib.clients.talosctl import Talosctl
 from runbook_lib.errors import PermanentError
-from runbook_lib.model.boot_assets import factory_host
 from runbook_lib.model.diagnosis import NodeContext
 from runbook_lib.model.params import Node, Params
 from runbook_lib.model.plan import Plan, build_plan
@@ -130,12 +129,12 @@ class Context:
         """What the fix commands for ``node`` fill in: the plan's Talos release, the factory the installers come
         from (``image_factory_url``: a site's own factory, the simulator's; before, every fix named
         factory.talos.dev), and what the caller ``known``s (schematics, the running release)."""
-        url: str | None = self.endpoints.image_factory_url
         try:
-            factory = factory_host(self.endpoints.image_factory_url)
+            return NodeContext.at_factory(
+                self.endpoints.image_factory_url, node=node, talos=self.params.talos, **known
+            )
         except PermanentError:
-            factory, url = NodeContext.factory, None
-        return NodeContext(node=node, talos=self.params.talos, factory=factory, factory_url=url, **known)
+            return NodeContext(node=node, talos=self.params.talos, **known)
 
     def nodes(self, only: list[str] | None = None) -> list[Node]:
         """The GPU nodes, or the chosen subset (names or addresses); unknown names are an error."""
