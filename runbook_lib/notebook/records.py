@@ -146,8 +146,11 @@ def secret_values(*config_paths: str | Path | None) -> list[str]:
         except (OSError, yaml.YAMLError, UnicodeDecodeError):
             continue
         for doc in docs:
-            found.update(_walk_secrets(doc))
-            found.update(_token_files(doc, Path(path).parent))
+            for key, value in _string_fields(doc):
+                if key in _SECRET_KEYS:
+                    found.add(value)
+                elif key == "tokenFile":
+                    found.update(_token_file(Path(path).parent / value))
     out: set[str] = set()
     for value in found:
         out.add(value)
@@ -157,38 +160,28 @@ def secret_values(*config_paths: str | Path | None) -> list[str]:
     return sorted((v for v in out if len(v) >= _MIN_SECRET_LEN), key=len, reverse=True)
 
 
-def _token_files(node: Any, base: Path) -> Iterator[str]:
-    """The contents of the files a kubeconfig's ``tokenFile`` names (relative to the kubeconfig, as kubectl
-    reads them), trimmed as kubectl trims them: the token a run sends is a secret wherever it is kept."""
-    if isinstance(node, dict):
-        for key, value in node.items():
-            if key == "tokenFile" and isinstance(value, str):
-                with (
-                    contextlib.suppress(OSError, UnicodeDecodeError),
-                    (base / value).open(encoding="utf-8") as f,
-                ):
-                    yield f.read(_TOKEN_FILE_MAX).strip()
-            else:
-                yield from _token_files(value, base)
-    elif isinstance(node, list):
-        for item in node:
-            yield from _token_files(item, base)
+def _token_file(path: Path) -> Iterator[str]:
+    """The content of a file a kubeconfig's ``tokenFile`` names (relative to the kubeconfig, as kubectl reads
+    it), trimmed as kubectl trims it: the token a run sends is a secret wherever it is kept."""
+    with contextlib.suppress(OSError, UnicodeDecodeError), path.open(encoding="utf-8") as f:
+        yield f.read(_TOKEN_FILE_MAX).strip()
 
 
 #: How much of a tokenFile is read for its secret (a service-account token is a few KiB).
 _TOKEN_FILE_MAX = 64 * 1024
 
 
-def _walk_secrets(node: Any) -> Iterator[str]:
+def _string_fields(node: Any) -> Iterator[tuple[str, str]]:
+    """Every (key, value) of a parsed config whose value is a string, at any depth."""
     if isinstance(node, dict):
         for key, value in node.items():
-            if key in _SECRET_KEYS and isinstance(value, str):
-                yield value
+            if isinstance(value, str):
+                yield key, value
             else:
-                yield from _walk_secrets(value)
+                yield from _string_fields(value)
     elif isinstance(node, list):
         for item in node:
-            yield from _walk_secrets(item)
+            yield from _string_fields(item)
 
 
 def redact(text: str, secrets: Iterable[str]) -> str:

@@ -127,11 +127,12 @@ def _factory_check(ctx: Context) -> Check:
         return Check("image factory", True, f"{client.base_url} builds Talos {wanted}")
     try:
         client.official_extensions(str(wanted))
-    except RunbookError as exc:
-        if not isinstance(exc, FactoryRefused) or exc.status != 404:
-            return Check("image factory", True, f"not checked: {exc.message}")
-    else:
         return Check("image factory", True, f"{client.base_url} serves the extensions of Talos {wanted}")
+    except FactoryRefused as exc:
+        if exc.status != 404:
+            return Check("image factory", True, f"not checked: {exc.message}")
+    except RunbookError as exc:
+        return Check("image factory", True, f"not checked: {exc.message}")
     return Check(
         "image factory",
         False,
