@@ -159,7 +159,7 @@ UPGRADE_ERROR = (
 def test_a_check_the_node_line_already_quotes_is_not_printed_twice() -> None:
     """Found by an operator walkthrough: a failed upgrade printed talosctl's whole error block twice, once in the
     node's line and again as its ``upgrade`` check, pushing the fix below the terminal's fold."""
-    result = StepResult(step="image-upgrade", applied=True)
+    result = StepResult(step="image", applied=True)
     node = NodeResult(node="gpu-worker-3", address="10.5.0.13", status="failed")
     node.message = f"talosctl upgrade failed: {UPGRADE_ERROR}"
     node.checks.append(Check("upgrade", False, UPGRADE_ERROR, fix="talosctl -n 10.5.0.13 dmesg"))

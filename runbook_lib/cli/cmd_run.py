@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runbook_lib.cli import live
+from runbook_lib.cli import live, run_report
 from runbook_lib.cli.cmd_params import add_set_arg
 from runbook_lib.errors import PermanentError
 from runbook_lib.model.params import Params
@@ -419,6 +419,9 @@ def _run_steps(args: argparse.Namespace) -> int:
         resume_values = _resume_values(root, apply=args.apply)
     elif params_file is None:
         params_file = "params/simulated.yaml"
+    invocation = run_report.Invocation(
+        params_file, args.overrides or (), args.records, args.state, apply=bool(args.apply)
+    )
     outcome = runner.run(
         params_file,
         steps=steps,
@@ -430,9 +433,9 @@ def _run_steps(args: argparse.Namespace) -> int:
         cluster=lambda params: _simulated_cluster(params, state_dir),
         cluster_key=str(state_dir),
         progress=not args.no_progress,
-        on_event=live.print_event,
+        on_event=lambda event: live.print_event(event, invocation.with_params),
     )
-    sys.stdout.write(outcome.report())
+    sys.stdout.write(run_report.report(outcome, invocation))
     return 0 if outcome.ok else 1
 
 

@@ -12,7 +12,7 @@ shows it.
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from tqdm import tqdm
@@ -20,7 +20,8 @@ from tqdm import tqdm
 from runbook_lib.notebook.live_events import event_line
 
 
-def print_event(event: Mapping[str, Any]) -> None:
-    """Print the event's line now (above the progress bar, if one is drawn)."""
-    tqdm.write(event_line(event), file=sys.stdout)
+def print_event(event: Mapping[str, Any], rewrite: Callable[[str], str] = str) -> None:
+    """Print the event's line now (above the progress bar, if one is drawn); ``rewrite`` puts the run's own
+    ``-p FILE`` in a fix's placeholder (:mod:`.run_report`)."""
+    tqdm.write(rewrite(event_line(event)), file=sys.stdout)
     sys.stdout.flush()

@@ -281,7 +281,7 @@ FAILURES: tuple[KnownFailure, ...] = (
         "the kubeconfig the drain uses: talosctl config endpoint <control-plane address>), the Kubernetes API it "
         "names must be reachable from here, and no PodDisruptionBudget may block the eviction for 5 minutes; "
         "then re-run the image step (it drains, reboots and uncordons the node)",
-        command="runbook run -p <params.yaml> --steps image --apply",
+        command="runbook run -p <parameters> --steps image --apply",
         sources=(
             "https://github.com/siderolabs/talos/blob/v1.13.0/cmd/talosctl/cmd/talos/upgrade.go",
             "https://github.com/siderolabs/talos/blob/v1.13.0/cmd/talosctl/cmd/talos/drain.go",
@@ -296,7 +296,7 @@ FAILURES: tuple[KnownFailure, ...] = (
         cause="the Talos release bumped the driver and toolkit; 1.13 switched the recommended Kubernetes layer "
         "to the GPU Operator",
         fix="re-validate the node and follow the procedure for the new Talos minor version",
-        command="runbook run -p <params.yaml>",
+        command="runbook run -p <parameters>",
         sources=(
             "https://github.com/siderolabs/talos/issues/13346",
             "https://github.com/siderolabs/extensions/issues/527",
@@ -523,7 +523,7 @@ class NodeContext:
 
 NEW_SCHEMATIC_HINT = (
     "(<gpu-schematic-id>: the ID Image Factory returns for a schematic with the kernel-module and toolkit "
-    "extensions of one track, e.g. `runbook schematic show -p <params.yaml>`, or POST it to "
+    "extensions of one track, e.g. `runbook schematic show -p <parameters>`, or POST it to "
     "{schematics_url})"
 )
 

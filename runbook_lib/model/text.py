@@ -10,3 +10,9 @@ def shortened(names: Sequence[str], limit: int = 8) -> str:
     stays one line."""
     shown = ", ".join(names[:limit])
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+#: How a fix names the parameters to re-run with.  A step runs in a kernel that does not know the file or the
+#: ``--set`` overrides it was started with; ``runbook run`` puts its own ``-p FILE --set …`` in their place when it
+#: prints (an operator walkthrough copied ``-p <parameters>`` into a shell).  Records keep this placeholder.
+PARAMS_PLACEHOLDER = "-p <parameters>"

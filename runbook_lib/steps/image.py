@@ -53,7 +53,7 @@ from .patch import (
 from .results import Check, NodeResult, StepResult
 
 Progress = Callable[[int, int], None]
-STEP = "image-upgrade"
+STEP = "image"  # the name `--steps` and the record use (was "image-upgrade": two names for one step)
 #: Upper bound on concurrent ``talosctl upgrade`` processes: ``rollout_concurrency``'s own bound, so a batch's nodes
 #: all upgrade at once as that parameter promises. It was 64: a batch of 125 ran as two waves, twice as long
 #: (``benchmarks/bench_whole_change.py``). Each process holds ~14 MB of its own (talosctl's 58 MB binary is shared).

@@ -1029,7 +1029,7 @@ def _driver_validation(ctx: Context, message: str, reads: ClusterReads) -> Check
             cause="the release already has the runbook's values (driver.enabled=false, "
             "hostPaths.driverInstallDir=/usr/local), so the validator finds no working nvidia-smi and "
             "libnvidia-ml.so.1 under /usr/local: the node lacks the NVIDIA extensions or their modules",
-            fix="runbook run -p <params> --steps config-patch,image,verify --apply  # the modules patch, the "
+            fix="runbook run -p <parameters> --steps config-patch,image,verify --apply  # the modules patch, the "
             "extensions, then what verify finds on this node",
         )
     values = " ".join(f"--set {k}={v}" for k, v in GPU_OPERATOR_VALUES.items())

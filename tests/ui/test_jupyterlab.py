@@ -303,7 +303,7 @@ def test_preflight_and_image_plan_in_jupyterlab(
     nb.open(lab, "notebooks/03-image.ipynb")
     nb.run_all()
     nb.assert_no_error_outputs()
-    plan = nb.step_output("image-upgrade", "plan")
+    plan = nb.step_output("image", "plan")
     expect(plan.locator("h3")).to_contain_text("planned")
     assert nb.open_node_table(plan) == dict.fromkeys(ui_workspace.node_names, "planned")
     approve = nb.button(APPROVE)

@@ -1,0 +1,84 @@
+"""What ``runbook run`` adds to the runner's report on its terminal: the operator's own parameters in the fix
+commands, and the steps a successful run left for later with the command that continues.
+
+Why here and not in the runner: a step runs in a kernel that knows its parameter values but not the file or the
+``--set`` overrides they came from, and the record is shared with people who have neither; only the command line
+knows them (found by an operator walkthrough: fixes said ``runbook run -p <parameters> …``, and after ``--steps
+image --apply`` nothing said that verify, kubernetes and cuda-test were still to run).
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from runbook_lib.model.text import PARAMS_PLACEHOLDER
+from runbook_lib.notebook.record_content import RunOutcome
+from runbook_lib.notebook.steps import STEP_NAMES
+
+#: Step statuses after which the next step may run: the run went through this step.
+_DONE = ("ok", "changed")
+
+
+@dataclass(frozen=True)
+class Invocation:
+    """The parts of a ``runbook run`` command line that a later command must repeat to mean the same cluster."""
+
+    params_file: str | None
+    overrides: Sequence[str] = ()
+    records: str | None = None
+    state: str | None = None
+    apply: bool = False
+
+    def params_args(self) -> list[str]:
+        """``-p FILE --set K=V …`` as given; empty when the run resumed a record's parameters (no file)."""
+        if self.params_file is None:
+            return []
+        return ["-p", self.params_file, *(arg for item in self.overrides for arg in ("--set", item))]
+
+    def place_args(self) -> list[str]:
+        """``--records DIR --state DIR`` as given: a command to run later must find the same records and cluster."""
+        return [
+            *(["--records", self.records] if self.records else []),
+            *(["--state", self.state] if self.state else []),
+        ]
+
+    def with_params(self, text: str) -> str:
+        """``text`` with the placeholder of the fixes replaced by this run's ``-p FILE --set … --records …``."""
+        args = self.params_args()
+        if not args:
+            return text
+        # `runbook run` takes --records and --state too; `runbook schematic show` only -p and --set
+        run = f"runbook run {PARAMS_PLACEHOLDER}"
+        text = text.replace(run, shlex.join(["runbook", "run", *args, *self.place_args()]))
+        return text.replace(PARAMS_PLACEHOLDER, shlex.join(args))
+
+    def continue_from(self, step: str) -> str:
+        """The command that runs ``step`` and every step after it with this run's parameters and approval.
+
+        Without ``-p``, ``--from`` reuses the parameters of the latest record in the records folder, which is
+        this run's (``cmd_run._resume_values``); the approval is never reused, so ``--apply`` is repeated."""
+        argv = ["runbook", "run", "--from", step, *self.params_args(), *self.place_args()]
+        argv += ["--apply"] if self.apply else []
+        return shlex.join(argv)
+
+
+def steps_left(outcome: RunOutcome) -> list[str]:
+    """The runbook's steps after the last one this run went through, when every step it ran ended ok or changed.
+
+    Empty after a failure (the report says where it stopped), a plan-only stop (its later steps are listed as
+    waiting for apply) or a run that reached cuda-test."""
+    if not outcome.ok or not outcome.steps or any(s.status not in _DONE for s in outcome.steps):
+        return []
+    last = STEP_NAMES.index(outcome.steps[-1].name)
+    return list(STEP_NAMES[last + 1 :])
+
+
+def report(outcome: RunOutcome, invocation: Invocation) -> str:
+    """The runner's report with this run's parameters in its fixes and, after a partial run, what is left."""
+    text = invocation.with_params(outcome.report())
+    left = steps_left(outcome)
+    if not left:
+        return text
+    return text + f"not run yet: {', '.join(left)}; continue with: {invocation.continue_from(left[0])}\n"

@@ -1,0 +1,124 @@
+"""What ``runbook run`` prints after the runner's report (``runbook_lib/cli/run_report.py``): the operator's own
+``-p FILE --set …`` in the fixes, and after a partial run the steps left with the command that continues.
+
+Found by an operator walkthrough (Stop 44's note): the fixes said ``runbook run -p <parameters> …``, which a
+shell copy-paste turns into a redirection from a file named ``parameters``; after ``--steps config-patch,image
+--apply`` nothing said verify, kubernetes and cuda-test were still to run; the step line read ``image  changed
+… image-upgrade: changed (3 changed)``. The wording is this project's own (no upstream source defines it).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from runbook_lib.cli import main
+from runbook_lib.cli.run_report import Invocation, report, steps_left
+from runbook_lib.model.text import PARAMS_PLACEHOLDER
+from runbook_lib.notebook import records
+from runbook_lib.notebook.record_content import RunOutcome, StepOutcome
+
+REPO = Path(__file__).resolve().parents[1]
+PARAMS = str(REPO / "params" / "simulated.yaml")
+
+
+def _outcome(*steps: tuple[str, str, str], failed: str | None = None) -> RunOutcome:
+    outcomes = [StepOutcome(name, f"{name}.ipynb", status, 1.0, summary) for name, status, summary in steps]
+    if failed:
+        outcomes[-1].error = {"ename": "StepFailed", "evalue": outcomes[-1].summary + "\n  gpu-3: fix: x"}
+    return RunOutcome(Path("/r/rec"), "changed", outcomes, "ab" * 32, 3, failed_step=failed)
+
+
+def test_fixes_name_the_run_s_own_parameter_file_overrides_and_places() -> None:
+    invocation = Invocation("my params.yaml", ["rollout_concurrency=3"], "/tmp/rec", "/tmp/st", apply=True)
+    fixed = invocation.with_params(
+        "re-run: runbook run -p <parameters> --steps image --apply; see runbook schematic show -p <parameters>"
+    )
+    assert PARAMS_PLACEHOLDER not in fixed
+    run = "runbook run -p 'my params.yaml' --set rollout_concurrency=3 --records /tmp/rec --state /tmp/st"
+    assert f"re-run: {run} --steps image --apply;" in fixed
+    # `runbook schematic show` takes no --records or --state: it would refuse them
+    assert fixed.endswith("runbook schematic show -p 'my params.yaml' --set rollout_concurrency=3")
+
+
+def test_a_resumed_run_has_no_file_to_name_and_keeps_the_placeholder() -> None:
+    text = "re-run: runbook run -p <parameters> --steps image --apply"
+    assert Invocation(None, ["x=1"]).with_params(text) == text
+
+
+def test_every_fix_in_the_library_uses_the_one_placeholder_the_cli_replaces() -> None:
+    """A fix written ``-p <params.yaml>`` would stay a placeholder on the terminal (three spellings existed)."""
+    found = {
+        f"{path.relative_to(REPO)}: {match}"
+        for path in (REPO / "runbook_lib").rglob("*.py")
+        for match in re.findall(r"runbook (?:run|schematic show) -p <[^>]*>", path.read_text())
+        if not match.endswith(PARAMS_PLACEHOLDER)
+    }
+    assert not found, found
+
+
+def test_steps_left_after_a_partial_run_and_none_after_a_failure_a_plan_or_the_last_step() -> None:
+    done = _outcome(("config-patch", "changed", ""), ("image", "changed", ""))
+    assert steps_left(done) == ["verify", "kubernetes", "cuda-test"]
+    assert steps_left(_outcome(("image", "failed", "image: failed (1 failed)"), failed="image")) == []
+    assert (
+        steps_left(_outcome(("config-patch", "planned", ""), ("image", "skipped", "waits for apply"))) == []
+    )
+    assert steps_left(_outcome(("verify", "ok", ""), ("kubernetes", "ok", ""), ("cuda-test", "ok", ""))) == []
+
+
+def test_step_lines_say_the_step_name_once_and_name_the_counts_as_nodes() -> None:
+    outcome = _outcome(
+        ("image", "changed", "image: changed (3 changed)"),
+        ("kubernetes", "failed", "kubernetes: failed (3 ok)"),
+    )
+    outcome.failed_step = "kubernetes"
+    outcome.steps[-1].error = {"evalue": "kubernetes: failed (3 ok)\n  hint: x"}
+    text = report(outcome, Invocation("p.yaml"))
+    assert re.search(r"^image +changed +1\.0 s  nodes: 3 changed$", text, re.M), text
+    assert "\nstopped at kubernetes: nodes: 3 ok\n" in text and "kubernetes: kubernetes" not in text
+
+
+@pytest.mark.slow
+def test_a_partial_run_says_what_is_left_and_its_command_continues_the_same_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    place = ["--records", str(tmp_path / "records"), "--state", str(tmp_path / "sim")]
+    assert main(["run", "-p", PARAMS, "--set", "rollout_concurrency=3", *place, "--steps", "preflight"]) == 0
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if line.startswith("not run yet: "))
+    left, command = line.removeprefix("not run yet: ").split("; continue with: ")
+    assert left == "config-patch, image, verify, kubernetes, cuda-test"
+    argv = shlex.split(command)
+    assert argv[:4] == ["runbook", "run", "--from", "config-patch"] and "--apply" not in argv
+    assert main([*argv[1:], "--no-progress"]) == 0  # the printed command, as the operator pastes it
+    resumed = records.load_record(records.resolve(tmp_path / "records", None))
+    assert resumed["steps"][0]["name"] == "config-patch" and resumed["steps"][0]["status"] == "planned"
+    assert resumed["params"]["rollout_concurrency"] == 3  # the same parameters, the same records folder
+
+
+@pytest.mark.slow
+def test_a_failed_node_s_fix_is_a_command_the_operator_can_paste(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The last worker fails its upgrade (scenario ``upgrade-fails``); the fix's re-run, pasted, runs the image
+    step again on the same cluster with the same overrides, into the same records folder."""
+    place = ["--records", str(tmp_path / "records"), "--state", str(tmp_path / "sim")]
+    sets = ["--set", "simulation.scenario=upgrade-fails", "--set", "rollout_concurrency=3"]
+    assert main(["run", "-p", PARAMS, *sets, *place, "--steps", "config-patch,image", "--apply"]) == 1
+    out = capsys.readouterr().out
+    assert PARAMS_PLACEHOLDER not in out and "not run yet" not in out
+    fix = next(line for line in out.splitlines() if "fix: " in line and "re-run the image step" in line)
+    command = re.search(r"(runbook run .*--apply)", fix)
+    assert command, fix
+    argv = shlex.split(command.group(1))
+    assert argv[2:] == ["-p", PARAMS, *sets, *place, "--steps", "image", "--apply"]
+    assert main([*argv[1:], "--no-progress"]) == 1  # the fault is still on: it fails again, on that node only
+    again = records.load_record(records.resolve(tmp_path / "records", None))
+    assert [s["name"] for s in again["steps"]] == ["image"]  # a new record in the same folder
+    out = capsys.readouterr().out
+    failures = re.findall(r"^image: (\S+) \(\S+\) failed: ", out, re.M)
+    assert failures == ["gpu-worker-3"] and "nodes: 1 failed, 2 unchanged" in out, out
