@@ -13,13 +13,14 @@ from collections.abc import Callable, Sequence
 
 from runbook_lib.errors import PermanentError, RetryableError, RunbookError
 
-from . import cmd_diagnose, cmd_params, cmd_rollback, cmd_run, cmd_schematic, cmd_sim
+from . import cmd_diagnose, cmd_params, cmd_records, cmd_rollback, cmd_run, cmd_schematic, cmd_sim
 
 Register = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 
 GROUPS: list[Register] = [
     cmd_diagnose.register,
     cmd_params.register,
+    cmd_records.register,
     cmd_rollback.register,
     cmd_run.register,
     cmd_schematic.register,
