@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 import shutil
 import urllib.parse
 from pathlib import Path
@@ -235,12 +236,53 @@ def test_show_gives_a_failed_steps_diagnosis_without_the_exception_class_and_eve
     records.seal(path, {"cluster": "sim-gpu", "outcome": "failed", "steps": steps})
     assert main(["records", "show", "--dir", str(root)]) == 0
     out = capsys.readouterr().out
-    assert "StepFailed" not in out and out.count(summary) == 1, out
+    assert "StepFailed" not in out and summary not in out, out
+    assert re.search(r"^  kubernetes +failed .* s  nodes: 1 failed, 2 ok$", out, re.M), (
+        out
+    )  # the name said once
     assert (
         "      gpu-worker-3 (10.5.0.13): node not Ready\n        fix: talosctl -n 10.5.0.13 service kubelet"
         in out
     )
     assert "    error: ValueError: boom" in out  # an unexpected exception keeps its class
+
+
+def test_show_names_each_patch_by_its_content_not_by_a_temporary_file_that_is_gone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by an operator walkthrough: ``records show`` listed ``--patch @/tmp/runbook-patch-…/patch-0.yaml``,
+    a file removed when the step ended. The record keeps each patch as its change's ``diff``; identical patches
+    (1,000 nodes patched alike) are shown once."""
+    root = tmp_path / "records"
+    path = records.create_record_dir(root, "sim-gpu")
+    modules = "machine:\n  kernel:\n    modules:\n    - name: nvidia\n"
+    runtime = "machine:\n  files:\n  - path: /etc/cri/conf.d/20-customization.part\n"
+
+    def patch(node: str, tmp: str, body: str) -> dict[str, object]:
+        argv = ["talosctl", "-n", node, "patch", "machineconfig", "--patch", f"@/tmp/{tmp}/patch-0.yaml"]
+        return {"step": "config-patch", "argv": argv, "exit_code": 0, "changes_cluster": True, "diff": body}
+
+    changes = [
+        patch("10.5.0.11", "a1", modules),
+        patch("10.5.0.12", "b2", modules),
+        patch("10.5.0.11", "c3", runtime),
+    ]
+    changes.append(
+        {"step": "kubernetes", "summary": "create RuntimeClass nvidia (handler nvidia)", "diff": "{}"}
+    )
+    records.seal(path, {"cluster": "sim-gpu", "outcome": "changed", "steps": [], "changes": changes})
+    assert main(["records", "show", "--dir", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert not any(f"/tmp/{tmp}/" in out for tmp in ("a1", "b2", "c3")), out
+    assert (
+        out.count("--patch @patch-1.yaml  (exit 0)") == 2
+        and out.count("--patch @patch-2.yaml  (exit 0)") == 1
+    )
+    assert (
+        "patch-1.yaml (the machine-config patch the changes above name):\n    machine:\n      kernel:" in out
+    )
+    assert out.count("- name: nvidia") == 1 and "  - path: /etc/cri/conf.d/20-customization.part" in out
+    assert "[kubernetes] create RuntimeClass nvidia (handler nvidia)" in out
 
 
 def test_identical_read_commands_fold_into_one_entry_per_step_but_changes_never_do():

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from runbook_lib.notebook import interrupts, lock, records, runner
+from runbook_lib.notebook.record_content import step_line_summary
 from runbook_lib.notebook.steps import journal_file
 from runbook_lib.sim import state as sim_state
 
@@ -129,7 +130,9 @@ def _show_steps(steps: list[dict[str, Any]]) -> None:
         seconds = f"{duration:>7.1f}" if isinstance(duration, int | float) else f"{'?':>7}"
         line = f"  {step.get('name')!s:<13} {step.get('status')!s:<10} {seconds} s"
         if step.get("summary"):
-            line += f"  {step['summary']}"
+            line += (
+                f"  {step_line_summary(str(step['summary']), str(step.get('name')), str(step.get('status')))}"
+            )
         sys.stdout.write(line + "\n")
         error = step.get("error")
         if isinstance(error, dict):
@@ -158,9 +161,10 @@ def _show_checked(verify: dict[str, Any]) -> None:
 
 def _show_changes(changes: list[dict[str, Any]]) -> None:
     sys.stdout.write(f"changes to the cluster: {len(changes) or 'none'}\n")
+    patches: dict[str, str] = {}  # patch body -> the name it is shown under
     for change in changes:
-        argv = change.get("argv")
-        text = " ".join(map(str, argv)) if isinstance(argv, list) and argv else str(change.get("summary", ""))
+        argv = _with_patch_name(change, patches)
+        text = " ".join(map(str, argv)) if argv else str(change.get("summary", ""))
         code = change.get("exit_code")
         interrupt = change.get("interrupt")  # in flight at, or finished after, an interrupt (Ctrl-C)
         sys.stdout.write(
@@ -169,6 +173,28 @@ def _show_changes(changes: list[dict[str, Any]]) -> None:
             + (f"  ({interrupt})" if interrupt else "")
             + "\n"
         )
+    for body, name in patches.items():
+        sys.stdout.write(f"{name} (the machine-config patch the changes above name):\n")
+        sys.stdout.write("".join(f"    {line}\n" for line in body.rstrip("\n").splitlines()))
+
+
+def _with_patch_name(change: dict[str, Any], patches: dict[str, str]) -> list[str]:
+    """The change's argv with ``--patch @<temporary file>`` named by its content: ``@patch-1.yaml``, shown below.
+
+    Why: the runbook writes each patch to a temporary file that is gone once the step ends, so the path told a
+    reader nothing (found by an operator walkthrough); the record keeps the patch itself as the change's
+    ``diff``. Identical patches share one name, so 1,000 nodes patched alike show one patch."""
+    argv = change.get("argv")
+    if not isinstance(argv, list) or not argv:
+        return []
+    body = change.get("diff")
+    if not isinstance(body, str) or "--patch" not in argv:
+        return [str(a) for a in argv]
+    at = argv.index("--patch") + 1
+    if at >= len(argv) or not str(argv[at]).startswith("@"):
+        return [str(a) for a in argv]
+    name = patches.setdefault(body, f"patch-{len(patches) + 1}.yaml")
+    return [*map(str, argv[:at]), f"@{name}", *map(str, argv[at + 1 :])]
 
 
 def _verify(args: argparse.Namespace) -> int:

@@ -71,7 +71,7 @@ class RunOutcome:
 
     def report(self) -> str:
         lines = [
-            f"{s.name:<13} {s.status:<10} {s.duration_s:6.1f} s  {_short_summary(s)}".rstrip()
+            f"{s.name:<13} {s.status:<10} {s.duration_s:6.1f} s  {step_line_summary(s.summary, s.name, s.status)}".rstrip()
             for s in self.steps
         ]
         for step in self.steps:
@@ -82,7 +82,7 @@ class RunOutcome:
             failed = next(s for s in self.steps if s.name == self.failed_step)
             if failed.error:
                 text = str(failed.error.get("evalue", "")).splitlines() or [""]
-                text[0] = _without_step(text[0], failed.name, "failed")
+                text[0] = step_line_summary(text[0], failed.name, "failed")
                 cut = "\n  … (the full diagnosis is in the record)" if len(text) > 12 else ""
                 lines.append(f"\nstopped at {self.failed_step}: " + "\n".join(text[:12]) + cut)
         if self.note:
@@ -93,20 +93,16 @@ class RunOutcome:
         return self.scrub("\n".join(lines) + "\n")
 
 
-def _short_summary(step: StepOutcome) -> str:
+def step_line_summary(summary: str, name: str, status: str) -> str:
     """The step's summary without the step's name and status the line already shows, its counts named as nodes.
 
     Why: the line read ``image  changed  20.0 s  image-upgrade: changed (3 changed)``, and the kubernetes step's
     ``kubernetes: changed (3 ok)`` looked like a contradiction (found by an operator walkthrough): the counts are
     the nodes', the status the step's (a chart installed on nodes that each were already fine)."""
-    return _without_step(step.summary, step.name, step.status)
-
-
-def _without_step(line: str, name: str, status: str) -> str:
     prefix = f"{name}: {status} ("
-    if line.startswith(prefix) and line.endswith(")"):
-        return "nodes: " + line[len(prefix) : -1]
-    return line
+    if summary.startswith(prefix) and summary.endswith(")"):
+        return "nodes: " + summary[len(prefix) : -1]
+    return summary
 
 
 #: Lines a planned step shows in ``runbook run``'s report at most; the whole plan is in the record.
