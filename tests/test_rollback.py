@@ -403,7 +403,9 @@ def test_a_node_without_evidence_is_refused_and_nothing_is_changed(sim: Path) ->
 
 
 @pytest.mark.slow
-def test_runbook_rollback_plans_then_applies_from_a_record_into_its_own_record(tmp_path: Path) -> None:
+def test_runbook_rollback_plans_then_applies_from_a_record_into_its_own_record(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     env = ["--records", str(tmp_path / "records"), "--state", str(tmp_path / "sim"), "--no-progress"]
     steps = "config-patch,image,kubernetes"
     assert main(["run", "-p", PARAMS, "--steps", steps, "--apply", *env]) == 0
@@ -413,7 +415,17 @@ def test_runbook_rollback_plans_then_applies_from_a_record_into_its_own_record(t
     plan = records.load_record(records.resolve(tmp_path / "records", None))
     assert plan["outcome"] == "planned" and plan["changes"] == []
     assert plan["params"]["rollback"]["records"] == [str(applied)]
+    capsys.readouterr()
     assert main(["rollback", "-p", PARAMS, "--from", applied.name, "--apply", *env]) == 0
+    out = capsys.readouterr().out  # what it did and what it left, not only the counts (operator walkthrough)
+    assert "rolled back:\n  helm uninstall nvidia-device-plugin -n kube-system\n" in out, out
+    assert "  gpu-worker-1, gpu-worker-2, gpu-worker-3: back to Talos v1.12.7, schematic " in out, out
+    left = "not undone by the rollback, put back by hand if needed:\n  "
+    assert (
+        f"{left}{applied.name}: label nvidia.com/gpu.present added to 3 node(s) that had none; to remove "
+        in out
+    )
+    assert "kubectl label node gpu-worker-1 gpu-worker-2 gpu-worker-3 nvidia.com/gpu.present-\n" in out, out
     done = records.load_record(records.resolve(tmp_path / "records", None))
     assert done["outcome"] == "changed" and done["steps_requested"] == ["rollback"]
     argvs = [" ".join(c.get("argv", [])) for c in done["changes"]]
@@ -525,10 +537,12 @@ def test_only_the_kubernetes_objects_the_runbook_created_are_removed(
         result = rollback(back, evidence=evidence_from_records([record]), poll_interval=0.1)
         assert result.ok and {n.status for n in result.nodes} == {"unchanged"}
         assert result.data["kubernetes"] == ["helm uninstall nvidia-device-plugin -n kube-system"]
-        # what it does not undo is named in the plan, for a person to decide
+        # what it does not undo is named in the plan, for a person to decide, as the command that undoes it
         assert any(
-            "label node talos-worker-1 nvidia.com/gpu.present=true" in n for n in result.data["not_undone"]
-        )
+            "label nvidia.com/gpu.present added to 2 node(s) that had none; to remove it: kubectl label node "
+            "talos-worker-1 talos-worker-2 nvidia.com/gpu.present-" in n
+            for n in result.data["not_undone"]
+        ), result.data["not_undone"]
         assert back.helm.release("nvidia-device-plugin", "kube-system") is None
         assert back.kube.runtime_class("nvidia") is not None
 
@@ -557,6 +571,34 @@ def test_a_kubernetes_step_that_left_changes_but_no_result_is_named_not_passed_o
     assert "helm upgrade --install nvidia-device-plugin" in check.message, check
     assert "left no result" in check.message and "one the site had that it upgraded" in check.message
     assert check.fix == KUBERNETES_BY_HAND and "helm history" in check.fix
+
+
+def test_labels_the_kubernetes_step_added_are_left_with_the_kubectl_commands_that_put_them_back() -> None:
+    """Found by an operator walkthrough: the rollback listed ``label node gpu-worker-1 nvidia.com/gpu.present=true``
+    for each node, the change it made, not how to undo it. The step now records each label's value before
+    (``data.labelled``); ``kubectl label node A B key-`` removes a label from each node named, ``key=v
+    --overwrite`` sets it back (kubectl's label command: k8s.io/kubectl@v0.35.0 pkg/cmd/label/label.go, its
+    examples ``kubectl label pods foo bar-`` and ``--overwrite``; several names of one type are the resource
+    builder's ``ResourceTypeOrNameArgs``)."""
+    labelled = [
+        {"node": "gpu-1", "label": "nvidia.com/gpu.present", "before": None},
+        {"node": "gpu-2", "label": "nvidia.com/gpu.present", "before": "false"},
+        {"node": "gpu-3", "label": "nvidia.com/gpu.present", "before": None},
+    ]
+    changes = [f"label node gpu-{i} nvidia.com/gpu.present=true" for i in (1, 2, 3)]
+    changes.append("create namespace gpu-operator")
+    kube = {"name": "kubernetes", "status": "changed"}
+    kube["result"] = {"applied": True, "data": {"changes": changes, "labelled": labelled}}
+    record = {"params": {"nodes": []}, "steps": [kube]}
+    assert evidence_from_records([("run-1", record)]).not_undone == [
+        "run-1: label nvidia.com/gpu.present added to 2 node(s) that had none; to remove it: "
+        "kubectl label node gpu-1 gpu-3 nvidia.com/gpu.present-",
+        "run-1: label nvidia.com/gpu.present changed from 'false' on 1 node(s); to put it back: "
+        "kubectl label node gpu-2 nvidia.com/gpu.present=false --overwrite",
+        "run-1: create namespace gpu-operator",
+    ]
+    del kube["result"]["data"]["labelled"]  # a record from before 6 Dec 2026: the changes as they were said
+    assert evidence_from_records([("run-1", record)]).not_undone == [f"run-1: {c}" for c in changes]
 
 
 def test_what_a_resultless_kubernetes_step_removed_is_listed_as_not_undone_not_as_to_remove() -> None:

@@ -18,6 +18,7 @@ from types import TracebackType
 
 from runbook_lib.model.params import load_params
 from runbook_lib.notebook import runner
+from runbook_lib.notebook.record_content import RunOutcome, node_lines
 from runbook_lib.notebook.rollback_records import load_evidence, record_path
 from runbook_lib.notebook.steps import ROLLBACK
 
@@ -95,5 +96,26 @@ def _roll_back(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         sys.excepthook = _quiet_interrupt  # this process ends by it: no traceback under the sealed record
         raise
-    sys.stdout.write(outcome.report())
+    sys.stdout.write(_done_lines(outcome) + outcome.report())
     return 0 if outcome.ok else 1
+
+
+def _done_lines(outcome: RunOutcome) -> str:
+    """After an applied rollback, what it did per group of nodes and what it left for a person, above the step
+    line: the counts alone said nothing of either (found by an operator walkthrough), and what is not undone
+    (node labels, a device plugin removed for the GPU Operator) is a to-do for whoever ran it."""
+    step = next((s for s in outcome.steps if s.name == ROLLBACK.name and s.status != "planned"), None)
+    if step is None or not step.result:
+        return ""
+    data = step.result.get("data") or {}
+    removed = any(
+        c.get("name") == "Kubernetes layer removed" and c.get("ok") for c in step.result.get("checks") or []
+    )
+    kubernetes = [f"  {what}" for what in data.get("kubernetes") or []] if removed else []
+    lines = ["rolled back:", *kubernetes, *node_lines(step.result, "changed")]
+    lines = lines if len(lines) > 1 else []
+    left = data.get("not_undone") or []
+    lines += (
+        ["not undone by the rollback, put back by hand if needed:", *(f"  {i}" for i in left)] if left else []
+    )
+    return "".join(f"{line}\n" for line in lines)

@@ -23,7 +23,8 @@ used rather than JSON6902 ``remove``: Talos refuses JSON6902 patches on multi-do
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+import shlex
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -205,8 +206,37 @@ def _add_not_undone(out: Evidence, name: str, steps: dict[str, dict[str, Any]]) 
         out.not_undone += [f"{name}: {c}" for c in (image.get("data") or {}).get("before_upgrade") or []]
     kube = steps.get("kubernetes") or {}
     if kube.get("applied"):
-        changes = (kube.get("data") or {}).get("changes") or []
-        out.not_undone += [f"{name}: {c}" for c in changes if not str(c).startswith(UNDONE)]
+        data = kube.get("data") or {}
+        labelled = list(_mappings(data.get("labelled")))
+        changes = [str(c) for c in data.get("changes") or [] if not str(c).startswith(UNDONE)]
+        if labelled:  # said as the commands that put the labels back (records since 6 Dec 2026 keep them)
+            changes = [c for c in changes if not c.startswith("label node ")]
+            out.not_undone += [f"{name}: {line}" for line in label_undo(labelled)]
+        out.not_undone += [f"{name}: {c}" for c in changes]
+
+
+def label_undo(labelled: Iterable[Mapping[str, Any]]) -> list[str]:
+    """What the Kubernetes step's node labels were, as the ``kubectl label`` commands that put them back: one per
+    label and earlier value, naming all its nodes (``kubectl label node A B C key-`` removes the label from
+    each; ``key=old --overwrite`` sets it back)."""
+    groups: dict[tuple[str, str | None], list[str]] = {}
+    for item in labelled:
+        before = item.get("before")
+        key = (str(item.get("label")), None if before is None else str(before))
+        groups.setdefault(key, []).append(str(item.get("node")))
+    lines = []
+    for (label, before), nodes in groups.items():
+        if before is None:
+            lines.append(
+                f"label {label} added to {len(nodes)} node(s) that had none; to remove it: "
+                + shlex.join(["kubectl", "label", "node", *nodes, f"{label}-"])
+            )
+        else:
+            lines.append(
+                f"label {label} changed from {before!r} on {len(nodes)} node(s); to put it back: "
+                + shlex.join(["kubectl", "label", "node", *nodes, f"{label}={before}", "--overwrite"])
+            )
+    return lines
 
 
 def _add_kubernetes(

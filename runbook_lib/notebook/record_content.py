@@ -124,15 +124,21 @@ def plan_lines(result: dict[str, Any] | None) -> list[str]:
             lines.append(f"  {_names(group.get('nodes') or [])}: machine config diff (talosctl's dry run):")
             lines += ["    " + line for line in _config_diff(str(group["dry_run"]))]
     if not lines:
-        by_message: dict[str, list[str]] = {}
-        for node in result.get("nodes") or []:
-            if node.get("status") == "planned" and node.get("message"):
-                by_message.setdefault(str(node["message"]), []).append(str(node.get("node")))
-        lines += [f"  {_names(names)}: {message}" for message, names in by_message.items()]
+        lines += node_lines(result, "planned")
     lines += [f"  note: {n}" for n in result.get("notes") or [] if not str(n).startswith("plan only")]
     if len(lines) > PLAN_LINES_MAX:
         lines = [*lines[:PLAN_LINES_MAX], "  … (the whole plan is in the record)"]
     return lines
+
+
+def node_lines(result: dict[str, Any] | None, status: str) -> list[str]:
+    """Each distinct message of the step's nodes in ``status``, with the nodes that have it (1,000 alike: one
+    line)."""
+    by_message: dict[str, list[str]] = {}
+    for node in (result or {}).get("nodes") or []:
+        if node.get("status") == status and node.get("message"):
+            by_message.setdefault(str(node["message"]), []).append(str(node.get("node")))
+    return [f"  {_names(names)}: {message}" for message, names in by_message.items()]
 
 
 def _names(names: list[Any]) -> str:

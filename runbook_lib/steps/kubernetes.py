@@ -77,7 +77,7 @@ def kubernetes_layer(
             _privileged_namespace(ctx, result, changed, dry_run=dry_run)
         gpu_nodes = ctx.nodes(only)
         if plan.kubernetes_layer == "device-plugin" and ctx.params.device_plugin.label_nodes:
-            _label_nodes(ctx, gpu_nodes, changed, dry_run=dry_run)
+            _label_nodes(ctx, gpu_nodes, result, changed, dry_run=dry_run)
         _helm_release(ctx, current, version, result, changed, dry_run=dry_run, timeout_s=timeout_s)
     except RunbookError as exc:
         result.checks.append(Check("kubernetes layer", False, exc.message, fix=exc.hint or ""))
@@ -309,16 +309,22 @@ def _did(what: str, dry_run: bool) -> str:
     return ("would run: " if dry_run else "ran: ") + what
 
 
-def _label_nodes(ctx: Context, gpu_nodes: list[Any], changed: list[str], *, dry_run: bool) -> None:
+def _label_nodes(
+    ctx: Context, gpu_nodes: list[Any], result: StepResult, changed: list[str], *, dry_run: bool
+) -> None:
     """Label the GPU nodes that lack the label, concurrently (issue 16: one call at a time took 24 s for
-    1,000 nodes); ``changed`` lists the labelled nodes in the API's node order, also when one call fails."""
+    1,000 nodes); ``changed`` lists the labelled nodes in the API's node order, also when one call fails.
+
+    ``data.labelled`` keeps each labelled node's value before (None: it had no such label), so the rollback can
+    say the exact command that puts it back (found by an operator walkthrough: it listed the label it added)."""
     names = {n.name for n in gpu_nodes}
-    todo = [
-        node["metadata"]["name"]
+    key, value = next(iter(GPU_PRESENT_LABEL.items()))
+    before = {
+        node["metadata"]["name"]: (node["metadata"].get("labels") or {}).get(key)
         for node in ctx.kube.nodes()
         if node["metadata"]["name"] in names
-        and (node["metadata"].get("labels") or {}).get("nvidia.com/gpu.present") != "true"
-    ]
+    }
+    todo = [name for name, current in before.items() if current != value]
     done: set[str] = set()
 
     def label(name: str) -> None:
@@ -328,7 +334,10 @@ def _label_nodes(ctx: Context, gpu_nodes: list[Any], changed: list[str], *, dry_
     try:
         ctx.kube.each(label, todo)
     finally:
-        changed.extend(f"label node {name} nvidia.com/gpu.present=true" for name in todo if name in done)
+        changed.extend(f"label node {name} {key}={value}" for name in todo if name in done)
+        if not dry_run:
+            labelled = [{"node": name, "label": key, "before": before[name]} for name in todo if name in done]
+            result.data["labelled"] = labelled
 
 
 def _chart_repository(ctx: Context) -> None:

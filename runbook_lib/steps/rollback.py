@@ -338,7 +338,7 @@ def _kubernetes_plan(
     """The releases and RuntimeClass the records say the runbook created and that still exist."""
     if evidence.not_undone:
         result.data["not_undone"] = evidence.not_undone
-        result.notes.append("not undone, put back by hand if needed: " + "; ".join(evidence.not_undone))
+        result.notes += [f"not undone, put back by hand if needed: {item}" for item in evidence.not_undone]
     if not evidence.kubernetes and not evidence.kubernetes_missing:
         return None
     if not whole_cluster:
