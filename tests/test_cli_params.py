@@ -74,6 +74,25 @@ def test_plan_yaml_is_default_and_parses(capsys):
     assert yaml.safe_load(capsys.readouterr().out)["cluster"] == "sim-gpu"
 
 
+def test_plan_of_a_simulated_target_says_the_factory_and_chart_repository_it_shows_are_not_the_ones_used(
+    capsys,
+):
+    """Found by an operator walkthrough: for ``target: simulated`` the plan showed factory.talos.dev and the public
+    chart repository, which that run never contacts (``runbook_lib/steps/context.py``: the simulator's endpoints
+    replace them); still valid YAML and JSON."""
+    assert main(["plan", "-p", SIM]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(
+        "# target simulated: `runbook run` uses the simulator's Image Factory and chart repo"
+    )
+    assert yaml.safe_load(out)["helm"]["repo_url"] == "https://nvidia.github.io/k8s-device-plugin"
+    assert main(["plan", "-p", SIM, "--format", "json"]) == 0
+    printed = capsys.readouterr()
+    assert json.loads(printed.out)["target"] == "simulated" and "simulator's Image Factory" in printed.err
+    assert main(["plan", "-p", SIM, "--set", "target=cluster"]) == 0
+    assert not capsys.readouterr().out.startswith("#")  # a real cluster's plan shows what it uses
+
+
 def test_params_check_ok_prints_resolved_values(capsys):
     assert main(["params", "check", SIM]) == 0
     out = capsys.readouterr().out

@@ -89,7 +89,22 @@ def _doc(args: argparse.Namespace) -> int:
     return 0
 
 
+#: What ``runbook plan`` says first for ``target: simulated`` (a YAML comment; on stderr with ``--format json``).
+SIMULATED_NOTE = (
+    "target simulated: `runbook run` uses the simulator's Image Factory and chart repository in place of the "
+    "installer registry and repo_url below (their local addresses exist only while it runs: `runbook sim status`)"
+)
+
+
 def _plan(args: argparse.Namespace) -> int:
-    plan = build_plan(load_params(args.params, args.overrides))
+    """The plan offline. Why the note: for a simulated target it showed factory.talos.dev and the public chart
+    repository, which that run never contacts (found by an operator walkthrough)."""
+    params = load_params(args.params, args.overrides)
+    plan = build_plan(params)
+    if params.target == "simulated":
+        if args.format == "json":
+            sys.stderr.write(f"note: {SIMULATED_NOTE}\n")
+        else:
+            sys.stdout.write(f"# {SIMULATED_NOTE}\n")
     sys.stdout.write(_dump(plan.to_dict(), args.format))
     return 0
