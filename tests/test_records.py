@@ -219,6 +219,17 @@ def test_list_and_show(chain: tuple[Path, list[Path]], capsys: pytest.CaptureFix
     assert main(["records", "show", "nope", "--dir", str(root)]) == 2
 
 
+def test_records_commands_take_the_records_folder_as_runbook_run_names_it(
+    chain: tuple[Path, list[Path]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``runbook run --records DIR`` wrote it; ``runbook records show --records DIR`` must read it (it took only
+    ``--dir``, exit 2: found by an operator walkthrough)."""
+    root, paths = chain
+    assert main(["records", "show", "--records", str(root)]) == 0
+    assert paths[-1].name in capsys.readouterr().out
+    assert main(["records", "verify", "--records", str(root)]) == 0
+
+
 def test_show_gives_a_failed_steps_diagnosis_without_the_exception_class_and_evenly_indented(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

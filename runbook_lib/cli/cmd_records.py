@@ -46,7 +46,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     for parser in (lst, show, ver, aborted):
         parser.add_argument(
-            "--dir", metavar="DIR", help="records directory (default: $RUNBOOK_RECORDS or ./records)"
+            "--dir",
+            "--records",  # the name `runbook run` and `runbook rollback` give it (an operator walkthrough tried it)
+            dest="dir",
+            metavar="DIR",
+            help="records directory (default: $RUNBOOK_RECORDS or ./records)",
         )
     lst.set_defaults(handler=_list)
     show.set_defaults(handler=_show)
