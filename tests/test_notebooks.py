@@ -187,13 +187,38 @@ def test_healthy_cluster_end_to_end_then_a_second_run_changes_nothing(
 
 
 @pytest.mark.slow
-def test_default_run_only_plans_and_changes_nothing(sim_env: dict[str, Path]) -> None:
+def test_default_run_only_plans_and_changes_nothing(
+    sim_env: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One plan shows the whole change: the config diff, the installer each node goes to, the Kubernetes objects
+    and the chart with its values. Verify and the CUDA test, which check applied changes, wait. Found by an
+    operator walkthrough: the plan stopped after config-patch and never showed the image or the chart."""
     assert run(sim_env, "-p", PARAMS) == 0
     plan = latest(sim_env)
     assert plan["apply"] is False and plan["outcome"] == "planned" and plan["changes"] == []
     statuses = {s["name"]: s["status"] for s in plan["steps"]}
-    assert statuses["config-patch"] == "planned" and statuses["image"] == "skipped"
+    assert statuses == {
+        "preflight": "ok",
+        "config-patch": "planned",
+        "image": "planned",
+        "verify": "skipped",
+        "kubernetes": "planned",
+        "cuda-test": "skipped",
+    }
+    assert "verify, cuda-test, which check the applied changes, were not run" in str(plan["note"])
     assert "run with --apply" in str(plan["note"])
+    out = capsys.readouterr().out
+    image = "/metal-installer/40b13a8d4f3202c7d7c95f0cc0fa5cecea2d480ea9f1f1dd3122395cd68f6e9d:v1.12.7 (now: "
+    assert (
+        "\nimage would change (applied only with --apply):\n  gpu-worker-1, gpu-worker-2, gpu-worker-3: upgrade to "
+        in out
+    )
+    assert image in out, out
+    chart = "helm upgrade --install nvidia-device-plugin nvdp/nvidia-device-plugin 0.18.0 -n kube-system"
+    assert f"  would: {chart} --set runtimeClassName=nvidia\n" in out, out
+    assert (
+        "  would: label nvidia.com/gpu.present=true on gpu-worker-1, gpu-worker-2, gpu-worker-3\n" in out
+    ), out
     # kernels started ahead for the steps that did not run are stopped too
     assert kernel_children() == []
     # the cluster is as it was: the image is still planned on every node

@@ -125,10 +125,34 @@ def plan_lines(result: dict[str, Any] | None) -> list[str]:
             lines += ["    " + line for line in _config_diff(str(group["dry_run"]))]
     if not lines:
         lines += node_lines(result, "planned")
+    lines += [f"  would: {change}" for change in _planned_changes(result)]
     lines += [f"  note: {n}" for n in result.get("notes") or [] if not str(n).startswith("plan only")]
     if len(lines) > PLAN_LINES_MAX:
         lines = [*lines[:PLAN_LINES_MAX], "  … (the whole plan is in the record)"]
     return lines
+
+
+def _planned_changes(result: dict[str, Any]) -> list[str]:
+    """The cluster-wide changes a step plans (``data.changes``: the Kubernetes step's RuntimeClass, labels, Helm
+    release with its values), node labels folded into one line per label.
+
+    Why: the Kubernetes step's plan showed only "no allocatable nvidia.com/gpu yet" per node, not the chart,
+    namespace and values it would install (found by an operator walkthrough)."""
+    changes = (result.get("data") or {}).get("changes")
+    if not isinstance(changes, list):
+        return []
+    labelled: dict[str, list[str]] = {}  # label -> its nodes, in the step's order
+    for parts in (str(c).split(" ") for c in changes):
+        if parts[:2] == ["label", "node"] and len(parts) == 4:
+            labelled.setdefault(parts[3], []).append(parts[2])
+    out: list[str] = []
+    for change in map(str, changes):
+        parts = change.split(" ")
+        if parts[:2] != ["label", "node"] or len(parts) != 4:
+            out.append(change)
+        elif parts[2] == labelled[parts[3]][0]:  # the label's first node: one line for all of them
+            out.append(f"label {parts[3]} on {_names(labelled[parts[3]])}")
+    return out
 
 
 def node_lines(result: dict[str, Any] | None, status: str) -> list[str]:

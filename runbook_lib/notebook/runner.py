@@ -11,8 +11,11 @@ Why the notebooks read a parameter file written into the record: every step of a
 ``--from`` resume, must see exactly the same validated parameters, and the record must show them.  The file
 holds the validated values (paths for the talosconfig/kubeconfig, never their contents).
 
-Why a plan-only run stops after the first step that plans changes: later steps would only look at a
-cluster without those changes and report failures that the plan already explains.
+Why a plan-only run skips verify and the CUDA test once a step plans changes: they would only look at a
+cluster without those changes and report failures that the plan already explains.  The steps whose plan does not
+depend on an earlier step's changes (``StepSpec.plans_alone``: the image, the Kubernetes layer) are still planned,
+so one plan shows the whole change (found by an operator walkthrough: a plan stopped after the config patch and
+never showed the installer or the chart it would install).
 """
 
 from __future__ import annotations
@@ -872,16 +875,11 @@ def _run_step(loop: _StepLoop, index: int, item: StepSpec, first: Future[_Kernel
     return outcome
 
 
-def _plan_stop(item: StepSpec, rest: Sequence[StepSpec]) -> _StepsRun:
-    """A plan-only run ends at the first step that plans changes (module docstring); the rest are skipped."""
-    if not rest:
-        return _StepsRun()
-    note = (
-        f"plan only: {item.name} planned changes, so the later steps "
-        f"({', '.join(s.name for s in rest)}) were not run; run with --apply to apply them"
-    )
-    return _StepsRun(
-        [StepOutcome(s.name, s.notebook, "skipped", summary="waits for apply") for s in rest], None, note
+def _plan_note(planned: StepSpec, skipped: Sequence[StepSpec]) -> str:
+    """Why a plan-only run left steps out (module docstring): they check changes it only planned."""
+    return (
+        f"plan only: {planned.name} planned changes, so {', '.join(s.name for s in skipped)}, which check the "
+        "applied changes, were not run; run with --apply to apply them"
     )
 
 
@@ -893,9 +891,18 @@ def _run_steps(loop: _StepLoop, first: Future[_Kernel], *, progress: bool) -> _S
     # mixed the bar into the live "batch 1/3 done" lines (found by an operator walkthrough of `make demo`).
     bar = tqdm(total=len(loop.selected), unit="step", disable=True if not progress else None, desc="runbook")
     with contextlib.closing(bar):
+        planned: StepSpec | None = None  # the first step of a plan-only run that planned changes
+        skipped: list[StepSpec] = []
         for index, item in enumerate(loop.selected):
             if loop.signals.received is not None:
                 break
+            if planned is not None and not item.plans_alone:
+                skipped.append(item)
+                ran.outcomes.append(
+                    StepOutcome(item.name, item.notebook, "skipped", summary="waits for apply")
+                )
+                bar.update(1)
+                continue
             bar.set_description(item.name)
             outcome = _run_step(loop, index, item, first)
             ran.outcomes.append(outcome)
@@ -905,11 +912,10 @@ def _run_steps(loop: _StepLoop, first: Future[_Kernel], *, progress: bool) -> _S
             if outcome.status in ("failed", "interrupted"):
                 ran.failed_step = item.name
                 break
-            if outcome.status == "planned" and not loop.params.apply:
-                stop = _plan_stop(item, loop.selected[index + 1 :])
-                ran.outcomes += stop.outcomes
-                ran.stop_note = stop.stop_note
-                break
+            if outcome.status == "planned" and not loop.params.apply and planned is None:
+                planned = item
+        if planned is not None and skipped:
+            ran.stop_note = _plan_note(planned, skipped)
     return ran
 
 

@@ -59,6 +59,10 @@ class StepSpec:
     """Runs behind the approval gate (plan first; apply only when approved)."""
     kubernetes_apis: tuple[str, ...] = ()
     """The Kubernetes client's API classes the step calls: ``runbook run`` builds them in its kernel ahead."""
+    plans_alone: bool = False
+    """Its plan reads only what it changes itself (a node's installed image; the cluster's RuntimeClass, labels
+    and Helm releases), none of which an earlier step changes: a plan-only run still plans it after an earlier
+    step planned changes. Verify and the CUDA test check what the applied changes leave, so they wait."""
 
     @property
     def uses_kubernetes(self) -> bool:
@@ -81,7 +85,9 @@ STEPS: tuple[StepSpec, ...] = (
     # siderolabs/extensions#888, siderolabs/talos#9149).  Without the extension the modules patch only
     # makes KernelModuleSpecController retry (talos@v1.12.0 .../controllers/runtime/kernel_module_spec.go).
     StepSpec("config-patch", "02-config-patch.ipynb", "patch", "config_patch", "Config patch", True),
-    StepSpec("image", "03-image.ipynb", "image", "image_upgrade", "Image and upgrade", True),
+    StepSpec(
+        "image", "03-image.ipynb", "image", "image_upgrade", "Image and upgrade", True, plans_alone=True
+    ),
     StepSpec("verify", "04-verify.ipynb", "verify", "verify", "Verification", False),
     StepSpec(
         "kubernetes",
@@ -91,6 +97,7 @@ STEPS: tuple[StepSpec, ...] = (
         "Kubernetes layer",
         True,
         ("CoreV1Api", "AppsV1Api", "NodeV1Api", "CustomObjectsApi"),
+        plans_alone=True,
     ),
     StepSpec("cuda-test", "06-cuda-test.ipynb", "cudatest", "cuda_test", "CUDA test", True, ("CoreV1Api",)),
 )

@@ -261,7 +261,7 @@ def _refuse_before_config_patch(
         res.message = (
             "the machine config does not carry the NVIDIA modules patch yet (upgrading now would hang "
             "the boot and roll back): run the config-patch step first "
-            "(runbook run --steps config-patch --apply), then this step"
+            "(runbook run -p <parameters> --steps config-patch --apply), then this step"
             if node in missing
             else "not touched: another node's config lacks the modules patch"
         )
@@ -486,7 +486,8 @@ def _sort_nodes(
             continue
         plan = plans[node.address] = guarded
         res.data["before"] = {"version": state.version, "schematic_id": state.schematic_id}
-        res.message = "; ".join(problems)
+        # the installer first: a plan that named only the schematic IDs left the reader to work out the upgrade
+        res.message = f"upgrade to {plan.image} (now: {'; '.join(problems)})"
         res.diff = shlex.join(upgrade_command(ctx, plan))
         todo.append(plan)
     return todo, results, states

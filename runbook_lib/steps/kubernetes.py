@@ -553,6 +553,7 @@ def _helm_release(
         reuse_values=current is not None,
     )
     what = f"helm upgrade --install {release.release} {release.chart} {version} -n {release.namespace}"
+    what += "".join(f" --set {key}={value}" for key, value in release.values.items())  # the plan names them
     if current is not None:
         what += " (keeping the release's other values)"
     if dry_run and not run.ok and "ensure CRDs are installed first" in run.stderr:
