@@ -79,27 +79,6 @@ def _root(value: str | None) -> Path:
 # runbook run
 
 
-def _sim_differs(state_dir: Path, params: Params, scenario: str) -> list[str] | None:
-    """How the simulator's state differs from what these parameters make (empty: it was made for them, and a
-    second run sees the cluster the first one left); None when there is no state."""
-    try:
-        info = sim_state.load_cluster(state_dir)
-    except (FileNotFoundError, ValueError):
-        return None
-    workers = [(n["name"], n["address"]) for n in info.get("nodes", []) if n.get("role") == "worker"]
-    talos = sim_state.normalize_talos_version(params.talos_version)
-    differs = [
-        f"scenario {info.get('scenario')}, this run's {scenario}" if info.get("scenario") != scenario else "",
-        f"Talos {info.get('talos_version')}, this run's {talos}"
-        if info.get("talos_version") != talos
-        else "",
-        "other GPU nodes (names or addresses) than this run's"
-        if workers != [(n.name, n.address) for n in params.nodes]
-        else "",
-    ]
-    return [d for d in differs if d]
-
-
 def _refuse_sim_up_cluster(state_dir: Path, differs: list[str] | None, files: _SimLeases) -> None:
     """Refuse (exit 2, nothing changed) to replace a simulator `runbook sim up` started for other parameters.
 
@@ -198,7 +177,7 @@ def _simulated_cluster(params: Params, state: str | Path | None) -> Iterator[dic
 def _bring_up(params: Params, state_dir: Path, scenario: str, files: _SimLeases, own: Path) -> None:
     """Use the simulator as it runs when it was made for these parameters, else (re)create and start it;
     never under another run that uses it, nor over one `runbook sim up` started (exit 2 naming it)."""
-    differs = _sim_differs(state_dir, params, scenario)
+    differs = sim_cluster.state_differs(state_dir, params, scenario)
     matches = differs == []
     if matches and sim_cluster.daemon_pid(state_dir) is not None:
         # Already up for these parameters (another run's, or `runbook sim up -p` for a JupyterLab session).

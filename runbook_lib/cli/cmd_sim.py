@@ -18,7 +18,7 @@ from runbook_lib.errors import PermanentError
 from runbook_lib.model.params import load_params
 from runbook_lib.model.versions import TalosVersion
 from runbook_lib.sim import cluster, faults, realkube, scenarios, toolserver
-from runbook_lib.sim.state import default_state_dir, sim_paths
+from runbook_lib.sim.state import default_state_dir, load_nodes, sim_paths
 
 
 def _state(args: argparse.Namespace) -> Path:
@@ -86,6 +86,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="only write the state: no Kubernetes API or Image Factory, and the Python talosctl answers the "
         "nodes (simnode follows the daemon, so without one it is not started)",
     )
+    up.add_argument(
+        "--keep",
+        action="store_true",
+        help="start the servers on the cluster the state directory holds (what earlier runs left on its nodes "
+        "and in its Kubernetes API), creating nothing; with -p, refused when it was made for other parameters",
+    )
     up.set_defaults(handler=_up)
 
     status = sim_sub.add_parser("status", help="show the simulated cluster and its servers")
@@ -112,6 +118,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _up(args: argparse.Namespace) -> int:
     state_dir = _state(args)
+    if args.keep:
+        return _up_kept(args, state_dir)
     spec = _spec(args)
     _refuse_bad_modes(spec, daemon=not args.no_daemon)  # before anything is stopped or written
     try:
@@ -133,6 +141,69 @@ def _up(args: argparse.Namespace) -> int:
     talos = "" if args.no_daemon else f" ({_start_talos(state_dir, spec, nodes)})"
     _print_up(state_dir, spec, nodes, endpoints, talos)
     return 0
+
+
+def _up_kept(args: argparse.Namespace, state_dir: Path) -> int:
+    """``sim up --keep``: the servers started again on the cluster a state directory holds; nothing created.
+
+    Why: ``runbook run`` stops the simulator it started, and ``sim up`` created a new cluster, so an operator who
+    wanted to look at what a run left (``kubectl get pods``, ``talosctl get extensions``) could not (found while
+    checking the rollback's ``kubectl label`` command by hand). A cluster already running is left as it is."""
+    chosen = [flag for flag, value in _create_flags(args) if value]
+    if chosen:
+        raise PermanentError(
+            f"--keep starts the cluster as it was created; {', '.join(chosen)} would make another one",
+            hint="leave them out, or create a new cluster without --keep",
+        )
+    try:
+        spec = cluster.spec_from_state(state_dir)
+    except (FileNotFoundError, ValueError):
+        raise PermanentError(
+            f"no simulated cluster at {state_dir} to keep",
+            hint="create one: runbook sim up -p FILE (or runbook run, which creates it)",
+        ) from None
+    if args.params:
+        params = load_params(args.params)
+        differs = cluster.state_differs(state_dir, params, params.simulation.scenario)
+        if differs:
+            raise PermanentError(
+                f"the simulated cluster at {state_dir} was made for other parameters than {args.params} "
+                f"({'; '.join(differs)}); nothing was started",
+                hint="leave out -p to start it as it is, or create one for the file without --keep",
+            )
+    nodes = load_nodes(state_dir)
+    if cluster.daemon_pid(state_dir) is not None:
+        sys.stdout.write(f"already running: the simulated cluster at {state_dir} was left as it is\n")
+        _print_up(state_dir, spec, nodes, _published(state_dir), "")
+        return 0
+    _refuse_bad_modes(spec, daemon=True)
+    realkube.stop(state_dir)
+    try:
+        endpoints = realkube.start_servers(state_dir)
+    except (RuntimeError, ValueError) as exc:
+        raise PermanentError(str(exc)) from None
+    _print_up(state_dir, spec, nodes, endpoints, f" ({_start_talos(state_dir, spec, nodes)})")
+    return 0
+
+
+def _create_flags(args: argparse.Namespace) -> list[tuple[str, object]]:
+    """The ``sim up`` flags that describe a cluster to create, and whether each was given."""
+    return [
+        ("--scenario", args.scenario),
+        ("--talos-version", args.talos_version),
+        ("--talosctl-version", args.talosctl_version),
+        ("--latency-ms", args.latency_ms is not None),
+        ("--no-daemon", args.no_daemon),
+    ]
+
+
+def _published(state_dir: Path) -> dict[str, Any]:
+    """The endpoints a running simulator published (``endpoints.json``), or none."""
+    try:
+        data = json.loads(sim_paths(state_dir).endpoints.read_text(encoding="utf-8"))
+    except (FileNotFoundError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _spec(args: argparse.Namespace) -> cluster.ClusterSpec:

@@ -40,6 +40,7 @@ from runbook_lib.sim.state import (
     SimPaths,
     atomic_write,
     load_cluster,
+    load_nodes,
     normalize_talos_version,
     runtime,
     save_cluster,
@@ -68,6 +69,44 @@ class ClusterSpec:
     talosctl_version: str | None = None
     worker_nodes: tuple[tuple[str, str], ...] = ()
     """(name, address) of each GPU worker, e.g. from a parameter file; default ``talos-worker-N``."""
+
+
+def state_differs(state_dir: Path, params: Params, scenario: str) -> list[str] | None:
+    """How the simulator's state differs from what these parameters make (empty: it was made for them, and a
+    second run sees the cluster the first one left); None when there is no state."""
+    try:
+        info = load_cluster(state_dir)
+    except (FileNotFoundError, ValueError):
+        return None
+    workers = [(n["name"], n["address"]) for n in info.get("nodes", []) if n.get("role") == "worker"]
+    talos = normalize_talos_version(params.talos_version)
+    differs = [
+        f"scenario {info.get('scenario')}, this run's {scenario}" if info.get("scenario") != scenario else "",
+        f"Talos {info.get('talos_version')}, this run's {talos}"
+        if info.get("talos_version") != talos
+        else "",
+        "other GPU nodes (names or addresses) than this run's"
+        if workers != [(n.name, n.address) for n in params.nodes]
+        else "",
+    ]
+    return [d for d in differs if d]
+
+
+def spec_from_state(state_dir: Path) -> ClusterSpec:
+    """The spec a state directory's cluster was created with, as far as starting its servers again needs it
+    (``runbook sim up --keep``). FileNotFoundError when there is none."""
+    info = load_cluster(state_dir)
+    nodes = [n for n in load_nodes(state_dir) if n.role == "worker"]
+    talosctl = info.get("talosctl_version")
+    return ClusterSpec(
+        workers=len(nodes),
+        talos_version=str(info.get("talos_version")),
+        scenario=str(info.get("scenario") or "fresh"),
+        latency_ms=nodes[0].latency_ms if nodes else 0.0,
+        # only a client version chosen at creation (--talosctl-version); by default it follows the release
+        talosctl_version=str(talosctl) if talosctl and talosctl != info.get("talos_version") else None,
+        worker_nodes=tuple((n.name, n.address) for n in nodes),
+    )
 
 
 def spec_from_params(params: Params) -> ClusterSpec:

@@ -1,0 +1,67 @@
+"""``runbook sim up --keep``: the simulator's servers started again on the cluster a run left, nothing created.
+
+Found while checking a rollback's ``kubectl label`` command by hand: ``runbook run`` stops the simulator it
+started, and ``runbook sim up`` created a new cluster, so what a run left could not be looked at with the real
+talosctl and kubectl. Here a run patches the nodes; ``--keep`` brings them back with that patch, and a label set
+with the real kubectl survives a ``sim down`` / ``sim up --keep`` (the real control plane resumes its etcd data).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from runbook_lib.cli import main
+from tests.realplane import use_real_plane
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[1]
+PARAMS = str(REPO / "params" / "simulated.yaml")
+
+
+def _tool(state: Path, name: str, *args: str) -> str:
+    config = ["--talosconfig", str(state / "talosconfig")] if name == "talosctl" else []
+    config = config or ["--kubeconfig", str(state / "kubeconfig")]
+    argv = [str(state / "bin" / name), *config, *args]
+    return subprocess.run(argv, capture_output=True, text=True, check=True, timeout=120).stdout
+
+
+def test_keep_starts_the_cluster_a_run_left_and_refuses_to_make_another(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    use_real_plane(monkeypatch)
+    state = tmp_path / "sim"
+    place = ["--records", str(tmp_path / "records"), "--state", str(state)]
+    assert main(["run", "-p", PARAMS, *place, "--steps", "config-patch", "--apply", "--no-progress"]) == 0
+    assert main(["sim", "up", "--keep", "--state", str(state)]) == 0
+    try:
+        config = _tool(state, "talosctl", "-n", "10.5.0.11", "get", "machineconfig", "-o", "yaml")
+        assert "nvidia_uvm" in config  # the run's modules patch: not a new cluster
+        _tool(state, "kubectl", "label", "node", "gpu-worker-1", "kept=yes")
+        capsys.readouterr()
+        assert (
+            main(["sim", "up", "--keep", "--state", str(state), "-p", PARAMS]) == 0
+        )  # running: left as it is
+        assert capsys.readouterr().out.startswith(f"already running: the simulated cluster at {state}")
+        assert main(["sim", "down", "--state", str(state)]) == 0
+        assert main(["sim", "up", "--keep", "--state", str(state)]) == 0
+        labels = _tool(
+            state, "kubectl", "get", "node", "gpu-worker-1", "-o", "jsonpath={.metadata.labels.kept}"
+        )
+        assert labels == "yes"
+    finally:
+        main(["sim", "down", "--state", str(state)])
+    capsys.readouterr()
+    assert main(["sim", "up", "--keep", "--state", str(state), "--scenario", "gpu-ready"]) == 2
+    assert (
+        "--keep starts the cluster as it was created; --scenario would make another one"
+        in capsys.readouterr().err
+    )
+    other = tmp_path / "other.yaml"
+    other.write_text(Path(PARAMS).read_text().replace("scenario: fresh", "scenario: gpu-ready"))
+    assert main(["sim", "up", "--keep", "--state", str(state), "-p", str(other)]) == 2
+    assert "made for other parameters than" in capsys.readouterr().err
+    assert main(["sim", "up", "--keep", "--state", str(tmp_path / "none")]) == 2
+    assert f"no simulated cluster at {tmp_path / 'none'} to keep" in capsys.readouterr().err
