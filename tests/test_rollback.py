@@ -31,6 +31,7 @@ from runbook_lib.notebook.runner import select_steps
 from runbook_lib.notebook.steps import GATES, RESULT_FILE_ENV, ROLLBACK, run_step
 from runbook_lib.sim import patching, realtalos
 from runbook_lib.sim.state import VANILLA_SCHEMATIC, load_node
+from runbook_lib.steps import rollback as rollback_step
 from runbook_lib.steps.context import SIM_STATE_ENV, Context, connect
 from runbook_lib.steps.image import image_upgrade
 from runbook_lib.steps.kubernetes import kubernetes_layer
@@ -415,7 +416,9 @@ def test_runbook_rollback_plans_then_applies_from_a_record_into_its_own_record(
     plan = records.load_record(records.resolve(tmp_path / "records", None))
     assert plan["outcome"] == "planned" and plan["changes"] == []
     assert plan["params"]["rollback"]["records"] == [str(applied)]
-    capsys.readouterr()
+    planned = capsys.readouterr().out  # a plan says it in its plan lines, once, not as something done
+    assert "rolled back:" not in planned and "not undone by the rollback" not in planned, planned
+    assert planned.count("nvidia.com/gpu.present-") == 1, planned
     assert main(["rollback", "-p", PARAMS, "--from", applied.name, "--apply", *env]) == 0
     out = capsys.readouterr().out  # what it did and what it left, not only the counts (operator walkthrough)
     assert "rolled back:\n  helm uninstall nvidia-device-plugin -n kube-system\n" in out, out
@@ -590,11 +593,23 @@ def test_labels_the_kubernetes_step_added_are_left_with_the_kubectl_commands_tha
     kube = {"name": "kubernetes", "status": "changed"}
     kube["result"] = {"applied": True, "data": {"changes": changes, "labelled": labelled}}
     record = {"params": {"nodes": []}, "steps": [kube]}
-    assert evidence_from_records([("run-1", record)]).not_undone == [
+    evidence = evidence_from_records([("run-1", record)])
+    whole = StepResult(step="rollback", applied=False)
+    rollback_step._not_undone(whole, evidence, {"gpu-1"}, whole_cluster=True)
+    assert whole.data["not_undone"] == [
         "run-1: label nvidia.com/gpu.present added to 2 node(s) that had none; to remove it: "
         "kubectl label node gpu-1 gpu-3 nvidia.com/gpu.present-",
         "run-1: label nvidia.com/gpu.present changed from 'false' on 1 node(s); to put it back: "
         "kubectl label node gpu-2 nvidia.com/gpu.present=false --overwrite",
+        "run-1: create namespace gpu-operator",
+    ]
+    # only gpu-1 goes back and the Kubernetes layer stays: the label is taken off gpu-1 alone (review of 6 Dec
+    # 2026: off every node it would take the device plugin off the nodes that keep their GPUs)
+    some = StepResult(step="rollback", applied=False)
+    rollback_step._not_undone(some, evidence, {"gpu-1"}, whole_cluster=False)
+    assert some.data["not_undone"] == [
+        "run-1: label nvidia.com/gpu.present added to 1 node(s) that had none; to remove it: kubectl label node "
+        "gpu-1 nvidia.com/gpu.present- (only the nodes that go back: the others keep it while the plugin runs)",
         "run-1: create namespace gpu-operator",
     ]
     del kube["result"]["data"]["labelled"]  # a record from before 6 Dec 2026: the changes as they were said

@@ -63,6 +63,10 @@ def test_every_fix_in_the_library_uses_the_one_placeholder_the_cli_replaces() ->
 def test_steps_left_after_a_partial_run_and_none_after_a_failure_a_plan_or_the_last_step() -> None:
     done = _outcome(("config-patch", "changed", ""), ("image", "changed", ""))
     assert steps_left(done) == ["verify", "kubernetes", "cuda-test"]
+    # a gap counts: continuing at kubernetes would skip the image the Kubernetes layer needs (review)
+    gap = _outcome(("preflight", "ok", ""), ("config-patch", "changed", ""), ("verify", "ok", ""))
+    assert steps_left(gap) == ["image", "kubernetes", "cuda-test"]
+    assert steps_left(_outcome(("verify", "ok", ""))) == []  # a health check changed nothing: nothing is left
     assert steps_left(_outcome(("image", "failed", "image: failed (1 failed)"), failed="image")) == []
     assert (
         steps_left(_outcome(("config-patch", "planned", ""), ("image", "skipped", "waits for apply"))) == []
@@ -87,17 +91,20 @@ def test_a_partial_run_says_what_is_left_and_its_command_continues_the_same_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     place = ["--records", str(tmp_path / "records"), "--state", str(tmp_path / "sim")]
-    assert main(["run", "-p", PARAMS, "--set", "rollout_concurrency=3", *place, "--steps", "preflight"]) == 0
+    steps = ["--steps", "config-patch", "--apply", "--no-progress"]
+    assert main(["run", "-p", PARAMS, "--set", "rollout_concurrency=3", *place, *steps]) == 0
     out = capsys.readouterr().out
     line = next(line for line in out.splitlines() if line.startswith("not run yet: "))
     left, command = line.removeprefix("not run yet: ").split("; continue with: ")
-    assert left == "config-patch, image, verify, kubernetes, cuda-test"
+    assert left == "image, verify, kubernetes, cuda-test"
     argv = shlex.split(command)
-    assert argv[:4] == ["runbook", "run", "--from", "config-patch"] and "--apply" not in argv
+    assert argv[:4] == ["runbook", "run", "--from", "image"] and argv[-1] == "--apply"
     assert main([*argv[1:], "--no-progress"]) == 0  # the printed command, as the operator pastes it
-    resumed = records.load_record(records.resolve(tmp_path / "records", None))
-    assert resumed["steps"][0]["name"] == "config-patch" and resumed["steps"][0]["status"] == "planned"
-    assert resumed["params"]["rollout_concurrency"] == 3  # the same parameters, the same records folder
+    rest = records.load_record(records.resolve(tmp_path / "records", None))
+    assert [s["name"] for s in rest["steps"]] == ["image", "verify", "kubernetes", "cuda-test"]
+    assert rest["outcome"] == "changed" and rest["verification"]["cuda-test"]["status"] == "ok"
+    assert rest["params"]["rollout_concurrency"] == 3  # the same parameters, the same records folder
+    assert "not run yet" not in capsys.readouterr().out  # the runbook is done
 
 
 @pytest.mark.slow

@@ -104,9 +104,9 @@ def _done_lines(outcome: RunOutcome) -> str:
     """After an applied rollback, what it did per group of nodes and what it left for a person, above the step
     line: the counts alone said nothing of either (found by an operator walkthrough), and what is not undone
     (node labels, a device plugin removed for the GPU Operator) is a to-do for whoever ran it."""
-    step = next((s for s in outcome.steps if s.name == ROLLBACK.name and s.status != "planned"), None)
-    if step is None or not step.result:
-        return ""
+    step = next((s for s in outcome.steps if s.name == ROLLBACK.name), None)
+    if step is None or not step.result or not step.result.get("applied"):
+        return ""  # a plan says all this in its plan lines (review of 6 Dec 2026: a failed plan printed it)
     data = step.result.get("data") or {}
     removed = any(
         c.get("name") == "Kubernetes layer removed" and c.get("ok") for c in step.result.get("checks") or []

@@ -65,14 +65,21 @@ class Invocation:
 
 
 def steps_left(outcome: RunOutcome) -> list[str]:
-    """The runbook's steps after the last one this run went through, when every step it ran ended ok or changed.
+    """The runbook's steps after the first one this run ran that it did not run, when it changed the cluster and
+    every step it ran ended ok or changed.
 
-    Empty after a failure (the report says where it stopped), a plan-only stop (its later steps are listed as
-    waiting for apply) or a run that reached cuda-test."""
+    Gaps count (review of 6 Dec 2026: after ``--steps preflight,config-patch,verify --apply`` the continue command
+    started at kubernetes, past the image the Kubernetes layer needs): ``--from`` the earliest re-runs the steps
+    after it that this run did, which find their work done. Empty after a failure (the report says where it
+    stopped), a plan (its later steps wait for apply), a run that changed nothing (a health check such as
+    ``--steps verify`` is not a partial change) or one with nothing left."""
     if not outcome.ok or not outcome.steps or any(s.status not in _DONE for s in outcome.steps):
         return []
-    last = STEP_NAMES.index(outcome.steps[-1].name)
-    return list(STEP_NAMES[last + 1 :])
+    if not any(s.status == "changed" for s in outcome.steps):
+        return []
+    ran = {s.name for s in outcome.steps}
+    first = STEP_NAMES.index(outcome.steps[0].name)
+    return [name for name in STEP_NAMES[first + 1 :] if name not in ran]
 
 
 def report(outcome: RunOutcome, invocation: Invocation) -> str:

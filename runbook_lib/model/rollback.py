@@ -87,6 +87,9 @@ class Evidence:
     not_undone: list[str] = field(default_factory=list)
     """What those runs changed that the rollback does not undo (the device plugin removed before Talos 1.13,
     namespace and node labels): the plan lists it, for a person to put back if needed."""
+    labelled: list[tuple[str, list[dict[str, Any]]]] = field(default_factory=list)
+    """Per record, the node labels its Kubernetes step set with each one's value before (``data.labelled``): the
+    rollback step says how to put back those of the nodes that go back, or of all when the layer goes too."""
 
     def releases(self) -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = []
@@ -211,7 +214,7 @@ def _add_not_undone(out: Evidence, name: str, steps: dict[str, dict[str, Any]]) 
         changes = [str(c) for c in data.get("changes") or [] if not str(c).startswith(UNDONE)]
         if labelled:  # said as the commands that put the labels back (records since 6 Dec 2026 keep them)
             changes = [c for c in changes if not c.startswith("label node ")]
-            out.not_undone += [f"{name}: {line}" for line in label_undo(labelled)]
+            out.labelled.append((name, labelled))
         out.not_undone += [f"{name}: {c}" for c in changes]
 
 

@@ -47,7 +47,14 @@ from runbook_lib.model.machineconfig import Doc
 from runbook_lib.model.params import Node
 from runbook_lib.model.profiles import render_documents
 from runbook_lib.model.redact import redact
-from runbook_lib.model.rollback import Evidence, NodeEvidence, Phase, removal_documents, runs_nvidia_image
+from runbook_lib.model.rollback import (
+    Evidence,
+    NodeEvidence,
+    Phase,
+    label_undo,
+    removal_documents,
+    runs_nvidia_image,
+)
 from runbook_lib.model.rollout import Schedule
 from runbook_lib.model.upgrade_risks import preserve_needed
 from runbook_lib.model.versions import TalosVersion
@@ -133,6 +140,7 @@ def rollback(
     todo, results = _plan_nodes(ctx, result, nodes, evidence)
     # every GPU node, however it was asked for (``nodes`` may list them all): then the Kubernetes layer goes
     whole_cluster = {n.address for n in nodes} == {n.address for n in ctx.params.nodes}
+    _not_undone(result, evidence, {t.node.name for t in todo}, whole_cluster=whole_cluster)
     kube = _kubernetes_plan(ctx, result, evidence, whole_cluster=whole_cluster)
     _dry_run(ctx, todo, results)
     schedule = rollout_schedule(ctx, result, [t.node.name for t in todo])
@@ -332,13 +340,30 @@ def _refuse(res: NodeResult, node: Node, why: str) -> None:
     )
 
 
+def _not_undone(result: StepResult, evidence: Evidence, back: set[str], *, whole_cluster: bool) -> None:
+    """What the records show changed that the rollback leaves, for a person: the node labels as the ``kubectl``
+    commands that put them back, on every labelled node when the Kubernetes layer goes too, else only on the nodes
+    that go back (review of 6 Dec 2026: removing the label from the nodes that keep their GPUs would take the
+    device plugin off them, since the chart schedules only where it is set)."""
+    labels = []
+    for record, items in evidence.labelled:
+        mine = items if whole_cluster else [i for i in items if i.get("node") in back]
+        where = (
+            ""
+            if whole_cluster
+            else " (only the nodes that go back: the others keep it while the plugin runs)"
+        )
+        labels += [f"{record}: {line}{where}" for line in label_undo(mine)]
+    left = [*labels, *evidence.not_undone]
+    if left:
+        result.data["not_undone"] = left
+        result.notes += [f"not undone, put back by hand if needed: {item}" for item in left]
+
+
 def _kubernetes_plan(
     ctx: Context, result: StepResult, evidence: Evidence, *, whole_cluster: bool
 ) -> gpu_operator_handover.Leftovers | None:
     """The releases and RuntimeClass the records say the runbook created and that still exist."""
-    if evidence.not_undone:
-        result.data["not_undone"] = evidence.not_undone
-        result.notes += [f"not undone, put back by hand if needed: {item}" for item in evidence.not_undone]
     if not evidence.kubernetes and not evidence.kubernetes_missing:
         return None
     if not whole_cluster:
