@@ -214,7 +214,7 @@ def test_default_run_only_plans_and_changes_nothing(
         in out
     )
     assert image in out, out
-    chart = "helm upgrade --install nvidia-device-plugin nvdp/nvidia-device-plugin 0.18.0 -n kube-system"
+    chart = "helm upgrade --install nvidia-device-plugin nvdp/nvidia-device-plugin --version 0.18.0 -n kube-system"
     assert f"  would: {chart} --set runtimeClassName=nvidia\n" in out, out
     assert (
         "  would: label nvidia.com/gpu.present=true on gpu-worker-1, gpu-worker-2, gpu-worker-3\n" in out

@@ -805,3 +805,25 @@ def test_a_rollback_the_api_server_would_refuse_halfway_changes_nothing(
     assert _calls(ctx) == [] and result.node("talos-worker-1").status == "skipped"
     machine = next(d for d in _config(ctx, "talos-worker-1") if "machine" in d)["machine"]
     assert machine.get("files"), "the default runtime was removed all the same"
+
+
+@pytest.mark.slow
+def test_a_refused_node_s_fix_names_the_records_in_the_folder_that_changed_it_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by an operator walkthrough: a change applied in two runs (config-patch, then ``continue with: runbook
+    run --from image …``) leaves two records; a rollback from the first alone refused every node ("the record that
+    changed it"), naming neither the record nor the flag. The fix now names the later record as ``--from``, and
+    with it the plan passes."""
+    env = ["--records", str(tmp_path / "records"), "--state", str(tmp_path / "sim"), "--no-progress"]
+    assert main(["run", "-p", PARAMS, "--steps", "config-patch", "--apply", *env]) == 0
+    patched = records.resolve(tmp_path / "records", None)
+    assert main(["run", "-p", PARAMS, "--steps", "image", "--apply", *env]) == 0
+    upgraded = records.resolve(tmp_path / "records", None)
+    capsys.readouterr()
+    assert main(["rollback", "-p", PARAMS, "--from", patched.name, *env]) == 1
+    out = capsys.readouterr().out
+    assert f"fix: name the record(s) that changed it too: --from {upgraded.name} (in the notebook" in out, out
+    assert main(["rollback", "-p", PARAMS, "--from", patched.name, "--from", upgraded.name, *env]) == 0
+    plan = records.load_record(records.resolve(tmp_path / "records", None))
+    assert plan["outcome"] == "planned", plan["steps"]

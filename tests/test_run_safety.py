@@ -416,7 +416,8 @@ def test_a_run_for_other_parameters_leaves_a_simulator_sim_up_started_alone(
     assert (
         "started by `runbook sim up` for other parameters (scenario upgrade-fails, this run's fresh)" in err
     )
-    assert "--set simulation.scenario=" in err
+    assert "(--set simulation.scenario=upgrade-fails)" in err, err  # the value, not a placeholder
+    assert f"`runbook sim down --state {state}`" in err, err  # a bare one stops .sim/default (walkthrough)
     assert (state / "cluster.json").read_bytes() == made, "nothing was changed"
     assert not (tmp_path / "records").exists()
 

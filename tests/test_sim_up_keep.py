@@ -8,6 +8,8 @@ with the real kubectl survives a ``sim down`` / ``sim up --keep`` (the real cont
 
 from __future__ import annotations
 
+import json
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -65,3 +67,34 @@ def test_keep_starts_the_cluster_a_run_left_and_refuses_to_make_another(
     assert "made for other parameters than" in capsys.readouterr().err
     assert main(["sim", "up", "--keep", "--state", str(tmp_path / "none")]) == 2
     assert f"no simulated cluster at {tmp_path / 'none'} to keep" in capsys.readouterr().err
+
+
+def test_a_fault_simnode_reads_at_its_start_is_refused_while_it_runs_with_the_commands_that_switch_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by an operator walkthrough: ``sim fault --clear gpu-worker-3 upgrade_fails`` printed "cleared" while
+    simnode kept failing the upgrade (it switches only ``unreachable`` while it runs); the fix command failed
+    again. Clearing is refused as setting is, and the commands the hint gives clear it for simnode."""
+    use_real_plane(monkeypatch)
+    state = tmp_path / "sim"
+    assert main(["sim", "up", "-p", PARAMS, "--scenario", "upgrade-fails", "--state", str(state)]) == 0
+    try:
+        before = json.loads((state / "simnode-nodes.json").read_text())["nodes"]
+        assert [n["name"] for n in before if n.get("fail_install")] == ["gpu-worker-3"]
+        capsys.readouterr()
+        assert main(["sim", "fault", "--state", str(state), "--clear", "gpu-worker-3", "upgrade_fails"]) == 2
+        err = capsys.readouterr().err
+        assert "switches only 'unreachable' while it runs" in err, err
+        hint = err.split("hint: ", 1)[1].split(" (the nodes keep", 1)[0]
+        commands = [shlex.split(c) for c in hint.split("; ")]
+        assert [c[:3] for c in commands] == [
+            ["runbook", "sim", "down"],
+            ["runbook", "sim", "fault"],
+            ["runbook", "sim", "up"],
+        ]
+        for argv in commands:
+            assert main(argv[1:]) == 0, argv
+        nodes = json.loads((state / "simnode-nodes.json").read_text())["nodes"]
+        assert not any(n.get("fail_install") for n in nodes), nodes  # what simnode reads: cleared
+    finally:
+        main(["sim", "down", "--state", str(state)])

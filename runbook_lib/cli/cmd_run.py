@@ -12,6 +12,7 @@ import atexit
 import contextlib
 import difflib
 import gc
+import shlex
 import signal
 import sys
 import tempfile
@@ -79,7 +80,9 @@ def _root(value: str | None) -> Path:
 # runbook run
 
 
-def _refuse_sim_up_cluster(state_dir: Path, differs: list[str] | None, files: _SimLeases) -> None:
+def _refuse_sim_up_cluster(
+    state_dir: Path, differs: list[str] | None, files: _SimLeases, params: Params
+) -> None:
     """Refuse (exit 2, nothing changed) to replace a simulator `runbook sim up` started for other parameters.
 
     Why: a cluster brought up with ``runbook sim up --scenario upgrade-fails`` (a fault to try) was wiped and
@@ -98,9 +101,22 @@ def _refuse_sim_up_cluster(state_dir: Path, differs: list[str] | None, files: _S
     raise lock.Busy(
         f"the simulated cluster at {state_dir} was started by `runbook sim up` for other parameters "
         f"({'; '.join(differs)}); nothing was changed",
-        hint="run with the parameters it was made for (e.g. --set simulation.scenario=<its scenario>), stop it "
-        "first (`runbook sim down`), or give this run its own --state DIR",
+        # the real values and state dir in the commands: a bare `runbook sim down` stops .sim/default, which may
+        # be another cluster (found by an operator walkthrough)
+        hint=f"run with the parameters it was made for{_its_sets(state_dir, params)}, stop it first "
+        f"(`{shlex.join(['runbook', 'sim', 'down', '--state', str(state_dir)])}`), or give this run its own --state DIR",
     )
+
+
+def _its_sets(state_dir: Path, params: Params) -> str:
+    """`` (--set K=V …)``: the overrides that make these parameters the cluster's, where a --set can."""
+    info = sim_state.load_cluster(state_dir)
+    sets = []
+    if info.get("scenario") != params.simulation.scenario:
+        sets.append(f"--set simulation.scenario={info.get('scenario')}")
+    if info.get("talos_version") != sim_state.normalize_talos_version(params.talos_version):
+        sets.append(f"--set talos_version={info.get('talos_version')}")
+    return f" ({' '.join(sets)})" if sets else ""
 
 
 def _refuse_to_replace_for_a_plan(state_dir: Path, differs: list[str] | None, params: Params) -> None:
@@ -182,7 +198,7 @@ def _bring_up(params: Params, state_dir: Path, scenario: str, files: _SimLeases,
     if matches and sim_cluster.daemon_pid(state_dir) is not None:
         # Already up for these parameters (another run's, or `runbook sim up -p` for a JupyterLab session).
         return
-    _refuse_sim_up_cluster(state_dir, differs, files)
+    _refuse_sim_up_cluster(state_dir, differs, files, params)
     _refuse_to_replace_for_a_plan(state_dir, differs, params)
     others = [] if matches else lock.live_leases(files.leases, own=own)
     if others:

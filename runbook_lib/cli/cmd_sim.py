@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -370,6 +371,16 @@ def _scenarios(_args: argparse.Namespace) -> int:
     return 0
 
 
+def _restart_hint(args: argparse.Namespace, state_dir: Path, clear: bool) -> str:
+    """The three commands that switch a fault simnode reads only at its start, on the cluster as it is."""
+    state = shlex.join(["--state", str(state_dir)])
+    switch = shlex.join([args.node, args.fault, *(["--clear"] if clear else [args.value])])
+    return (
+        f"runbook sim down {state}; runbook sim fault {state} {switch}; runbook sim up --keep {state} "
+        "(the nodes keep what runs did to them)"
+    )
+
+
 def _fault(args: argparse.Namespace) -> int:
     state_dir = _state(args)
     try:
@@ -378,10 +389,11 @@ def _fault(args: argparse.Namespace) -> int:
         value = args.value
     clear = args.clear or value is False or value is None  # `FAULT false` switches it off, as --clear does
     try:
-        if not clear:
-            cluster.check_talos_fault(state_dir, args.fault)
+        # clearing too: a cleared upgrade_fails was reported "cleared" while simnode kept failing the upgrade
+        # (found by an operator walkthrough)
+        cluster.check_talos_fault(state_dir, args.fault)
     except ValueError as exc:
-        raise PermanentError(str(exc)) from None
+        raise PermanentError(str(exc), hint=_restart_hint(args, state_dir, clear)) from None
     try:
         if clear:
             faults.clear(state_dir, args.node, args.fault)

@@ -87,6 +87,10 @@ class Evidence:
     not_undone: list[str] = field(default_factory=list)
     """What those runs changed that the rollback does not undo (the device plugin removed before Talos 1.13,
     namespace and node labels): the plan lists it, for a person to put back if needed."""
+    unnamed: dict[str, list[str]] = field(default_factory=dict)
+    """By node name, the records of the same cluster in the records folder that changed the node and were not
+    named: what a refusal asks to name too (found by an operator walkthrough: a run split into two records by
+    ``--steps`` and ``--from`` was refused with the config-patch record alone, and the hint named neither)."""
     labelled: list[tuple[str, list[dict[str, Any]]]] = field(default_factory=list)
     """Per record, the node labels its Kubernetes step set with each one's value before (``data.labelled``): the
     rollback step says how to put back those of the nodes that go back, or of all when the layer goes too."""

@@ -73,6 +73,27 @@ def load_evidence(params: Params, root: Path | None = None) -> Evidence:
         path = record_path(ref, root)
         data = checked_record(path, params.cluster)
         loaded[path] = (str(data.get("started", "")), path.name, data)
-    return evidence_from_records(
+    evidence = evidence_from_records(
         [(name, data) for _s, name, data in sorted(loaded.values(), key=lambda t: t[:2])]
     )
+    # the folder the named records are in: a notebook's kernel may have another default root than the CLI's
+    first = min(loaded, key=lambda p: p.name)
+    evidence.unnamed = _unnamed(first.parent, params.cluster, set(loaded), first.name)
+    return evidence
+
+
+def _unnamed(root: Path, cluster: str, named: set[Path], since: str) -> dict[str, list[str]]:
+    """By node, the sealed records of ``cluster`` in ``root`` from the earliest named one on that changed it and
+    are not named (rollbacks and other clusters' records left out)."""
+    out: dict[str, list[str]] = {}
+    for path in records.sealed_records(root):
+        if path.resolve() in named or path.name < since or records.is_unsealed(path):
+            continue
+        data = records.load_record(path)
+        if data.get("cluster") != cluster or data.get("outcome") not in ("changed", "failed", "aborted"):
+            continue
+        if any(step.get("name") == "rollback" for step in records.listed(data, "steps")):
+            continue
+        for node in evidence_from_records([(path.name, data)]).nodes:
+            out.setdefault(node, []).append(path.name)
+    return out

@@ -690,8 +690,8 @@ def check_switchable(state_dir: Path, fault: str) -> None:
     if fault in realfaults.TALOS_FAULTS - {"unreachable"} and running_pid(state_dir) is not None:
         raise RealTalosError(
             f"fault {fault}: simnode serves these nodes to the real talosctl and switches only 'unreachable' "
-            f"while it runs; {fault} comes with a scenario (runbook sim up --scenario ...), or run the Python "
-            f"talosctl ({MODE_ENV}=python runbook sim up) to switch it by hand"
+            f"while it runs; it reads {fault} when it starts (a scenario's, or one switched while it is down), "
+            f"or run the Python talosctl ({MODE_ENV}=python runbook sim up) to switch it by hand"
         )
 
 

@@ -552,7 +552,9 @@ def _helm_release(
         dry_run=dry_run,
         reuse_values=current is not None,
     )
-    what = f"helm upgrade --install {release.release} {release.chart} {version} -n {release.namespace}"
+    what = (
+        f"helm upgrade --install {release.release} {release.chart} --version {version} -n {release.namespace}"
+    )
     what += "".join(f" --set {key}={value}" for key, value in release.values.items())  # the plan names them
     if current is not None:
         what += " (keeping the release's other values)"

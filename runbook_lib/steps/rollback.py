@@ -228,19 +228,20 @@ def _plan_nodes(
             {r for r, _d in found.patches} | ({found.image.record} if found.image else set())
         )
         if found.address != node.address:
-            _refuse(res, node, _moved(node, found))
+            _refuse(res, node, _moved(node, found), evidence.unnamed.get(node.name, []))
             continue
         state = states[node.address]
         problem = found.missing or [errors.get(node.address) or state.error or ""]
         if found.missing or node.address in errors or state.error or node.address not in configs:
-            _refuse(res, node, "; ".join(p for p in problem if p) or "the machine config could not be read")
+            why = "; ".join(p for p in problem if p) or "the machine config could not be read"
+            _refuse(res, node, why, evidence.unnamed.get(node.name, []))
             continue
         try:
             plan = _node_plan(
                 ctx, node, found, config=configs[node.address], state=state, fact=facts.get(node.address)
             )
         except RunbookError as exc:
-            _refuse(res, node, exc.message)
+            _refuse(res, node, exc.message, evidence.unnamed.get(node.name, []))
             continue
         if plan is None:
             res.status = "unchanged"
@@ -326,16 +327,22 @@ def _summary(plan: NodeRollback) -> str:
     return "; ".join(parts)
 
 
-def _refuse(res: NodeResult, node: Node, why: str) -> None:
+def _refuse(res: NodeResult, node: Node, why: str, unnamed: list[str]) -> None:
+    """The node is refused; the fix names the records in the folder that changed it and were not named."""
     res.status = "failed"
     res.message = f"refused: {why}"
+    also = (
+        f"name the record(s) that changed it too: {' '.join(f'--from {r}' for r in unnamed)} "
+        "(in the notebook: rollback.records)"
+        if unnamed
+        else "name the record that changed it (runbook rollback --from RECORD; in the notebook: rollback.records)"
+    )
     res.checks.append(
         Check(
             "rollback evidence",
             False,
             res.message,
-            fix=f"leave the node out (nodes: every GPU node but {node.name}) and put it back by hand, "
-            "or name the record that changed it in rollback.records",
+            fix=f"{also}, or leave the node out (nodes: every GPU node but {node.name}) and put it back by hand",
         )
     )
 

@@ -343,7 +343,10 @@ def test_runbook_run_on_talos_1_13_passes_every_step_with_the_gpu_operator_on_th
         assert len(step_lines(first.stdout)) == 6, first.stdout
         (result,) = records.glob("*/results/kubernetes.json")
         changes = json.loads(result.read_text())["result"]["data"]["changes"]
-        assert "helm upgrade --install gpu-operator nvidia/gpu-operator v26.3.3 -n gpu-operator" in changes
+        assert (
+            "helm upgrade --install gpu-operator nvidia/gpu-operator --version v26.3.3 -n gpu-operator"
+            in " ".join(changes)
+        )
         second = runbook(env, *args)
         assert second.returncode == 0, second.stdout + second.stderr
         assert "nothing changed on the cluster" in second.stdout
