@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -595,7 +596,7 @@ def test_labels_the_kubernetes_step_added_are_left_with_the_kubectl_commands_tha
     record = {"params": {"nodes": []}, "steps": [kube]}
     evidence = evidence_from_records([("run-1", record)])
     whole = StepResult(step="rollback", applied=False)
-    rollback_step._not_undone(whole, evidence, {"gpu-1"}, whole_cluster=True)
+    rollback_step._not_undone(whole, evidence, {"gpu-1"}, layer_goes=True)
     assert whole.data["not_undone"] == [
         "run-1: label nvidia.com/gpu.present added to 2 node(s) that had none; to remove it: "
         "kubectl label node gpu-1 gpu-3 nvidia.com/gpu.present-",
@@ -603,10 +604,11 @@ def test_labels_the_kubernetes_step_added_are_left_with_the_kubectl_commands_tha
         "kubectl label node gpu-2 nvidia.com/gpu.present=false --overwrite",
         "run-1: create namespace gpu-operator",
     ]
-    # only gpu-1 goes back and the Kubernetes layer stays: the label is taken off gpu-1 alone (review of 6 Dec
-    # 2026: off every node it would take the device plugin off the nodes that keep their GPUs)
+    # only gpu-1 goes back and the Kubernetes layer stays (some nodes stay, or the release was there before the
+    # run): the label is taken off gpu-1 alone (review of 6 Dec 2026: off every node it would take the device
+    # plugin off the nodes that keep their GPUs)
     some = StepResult(step="rollback", applied=False)
-    rollback_step._not_undone(some, evidence, {"gpu-1"}, whole_cluster=False)
+    rollback_step._not_undone(some, evidence, {"gpu-1"}, layer_goes=False)
     assert some.data["not_undone"] == [
         "run-1: label nvidia.com/gpu.present added to 1 node(s) that had none; to remove it: kubectl label node "
         "gpu-1 nvidia.com/gpu.present- (only the nodes that go back: the others keep it while the plugin runs)",
@@ -827,3 +829,37 @@ def test_a_refused_node_s_fix_names_the_records_in_the_folder_that_changed_it_to
     assert main(["rollback", "-p", PARAMS, "--from", patched.name, "--from", upgraded.name, *env]) == 0
     plan = records.load_record(records.resolve(tmp_path / "records", None))
     assert plan["outcome"] == "planned", plan["steps"]
+
+
+def test_the_records_a_refusal_suggests_are_the_cluster_s_changing_runs_and_a_broken_one_stops_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review of 6 Dec 2026: one unreadable record made every rollback fail, and an interrupted run (outcome
+    ``interrupted``), the record a user most often forgets, was never suggested. Which nodes a record changed is
+    ``evidence_from_records``' answer (tested above); here it is stubbed to the record's ``touched`` list."""
+    from runbook_lib.model.rollback import Evidence
+    from runbook_lib.notebook import rollback_records
+
+    def touched(found: list[tuple[str, dict[str, Any]]]) -> Evidence:
+        return Evidence(
+            [n for n, _d in found], {node: None for _n, d in found for node in d.get("touched", [])}
+        )  # type: ignore[misc]
+
+    monkeypatch.setattr(rollback_records, "evidence_from_records", touched)
+    root = tmp_path / "records"
+    made = []
+    for minute, (cluster, outcome, nodes) in enumerate(
+        [
+            ("sim-gpu", "changed", ["gpu-1"]),  # the named one
+            ("sim-gpu", "interrupted", ["gpu-1"]),
+            ("sim-gpu", "planned", ["gpu-1"]),
+            ("other", "changed", ["gpu-1"]),
+            ("sim-gpu", "changed", ["gpu-2"]),
+        ]
+    ):
+        path = records.create_record_dir(root, cluster, now=datetime(2026, 12, 6, 12, minute, tzinfo=UTC))
+        records.seal(path, {"cluster": cluster, "outcome": outcome, "steps": [], "touched": nodes})
+        made.append(path)
+    (made[-1] / "record.json").write_text("{not json")  # damaged after its seal
+    found = rollback_records._unnamed(root, "sim-gpu", {made[0].resolve()}, made[0].name)
+    assert found == {"gpu-1": [made[1].name]}, found

@@ -391,7 +391,7 @@ def test_a_run_needing_other_simulator_parameters_leaves_a_simulator_in_use_alon
     """A run whose parameters do not match the simulator's state recreates it: never under another run
     that uses it (here a lease held as that run would hold it)."""
     state = tmp_path / "sim"
-    with lock.lease(cmd_run._SimLeases.of(state.resolve()).leases):
+    with lock.lease(cmd_run.SimLeases.of(state.resolve()).leases):
         assert _run(tmp_path, "-p", PARAMS, "--steps", "preflight") == 2
     assert "used by another run with other parameters" in capsys.readouterr().err
     assert not state.exists() and not (tmp_path / "records").exists()

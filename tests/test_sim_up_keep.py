@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from runbook_lib.cli import main
+from runbook_lib.cli import cmd_run, main
+from runbook_lib.sim import cluster as sim_cluster
 from tests.realplane import use_real_plane
 
 pytestmark = pytest.mark.slow
@@ -43,10 +44,13 @@ def test_keep_starts_the_cluster_a_run_left_and_refuses_to_make_another(
         assert "nvidia_uvm" in config  # the run's modules patch: not a new cluster
         _tool(state, "kubectl", "label", "node", "gpu-worker-1", "kept=yes")
         capsys.readouterr()
-        assert (
-            main(["sim", "up", "--keep", "--state", str(state), "-p", PARAMS]) == 0
-        )  # running: left as it is
+        # as if a run had started it: that run would stop it when it ends, so --keep takes it over (review)
+        mark = cmd_run.SimLeases.of(state.resolve()).started
+        mark.write_text(str(sim_cluster.daemon_pid(state)), encoding="utf-8")
+        running = ["sim", "up", "--keep", "--state", str(state), "-p", PARAMS]
+        assert main(running) == 0  # running: left as it is
         assert capsys.readouterr().out.startswith(f"already running: the simulated cluster at {state}")
+        assert not mark.exists()
         assert main(["sim", "down", "--state", str(state)]) == 0
         assert main(["sim", "up", "--keep", "--state", str(state)]) == 0
         labels = _tool(

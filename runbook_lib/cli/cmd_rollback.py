@@ -105,8 +105,10 @@ def _done_lines(outcome: RunOutcome) -> str:
     line: the counts alone said nothing of either (found by an operator walkthrough), and what is not undone
     (node labels, a device plugin removed for the GPU Operator) is a to-do for whoever ran it."""
     step = next((s for s in outcome.steps if s.name == ROLLBACK.name), None)
-    if step is None or not step.result or not step.result.get("applied"):
-        return ""  # a plan says all this in its plan lines (review of 6 Dec 2026: a failed plan printed it)
+    if step is None or step.status != "changed" or not step.result or not step.result.get("applied"):
+        # a plan says all this in its plan lines, and a failed rollback's list was made for nodes that did not
+        # all go back (review of 6 Dec 2026): the record keeps it, the report says where it stopped
+        return ""
     data = step.result.get("data") or {}
     removed = any(
         c.get("name") == "Kubernetes layer removed" and c.get("ok") for c in step.result.get("checks") or []

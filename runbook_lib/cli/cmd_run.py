@@ -81,7 +81,7 @@ def _root(value: str | None) -> Path:
 
 
 def _refuse_sim_up_cluster(
-    state_dir: Path, differs: list[str] | None, files: _SimLeases, params: Params
+    state_dir: Path, differs: list[str] | None, files: SimLeases, params: Params
 ) -> None:
     """Refuse (exit 2, nothing changed) to replace a simulator `runbook sim up` started for other parameters.
 
@@ -137,7 +137,7 @@ def _refuse_to_replace_for_a_plan(state_dir: Path, differs: list[str] | None, pa
 
 
 @dataclass(frozen=True)
-class _SimLeases:
+class SimLeases:
     """Where runs that share one simulator meet (owner-only files under ``lock.locks_dir()``): a lock that
     orders bringing it up and stopping it, one lease per run using it, and a mark saying a run started it
     (with the daemon's pid), so the last run out stops only a simulator a run started."""
@@ -147,7 +147,7 @@ class _SimLeases:
     started: Path
 
     @classmethod
-    def of(cls, state_dir: Path) -> _SimLeases:
+    def of(cls, state_dir: Path) -> SimLeases:
         key = str(state_dir)
         return cls(
             lock.key_path("sim", key, ".lock"),
@@ -175,7 +175,7 @@ def _simulated_cluster(params: Params, state: str | Path | None) -> Iterator[dic
             f"unknown simulation.scenario {params.simulation.scenario!r}",
             hint=f"scenarios: {', '.join(sorted(scenarios.SCENARIOS))} (`runbook sim scenarios`)",
         )
-    files = _SimLeases.of(state_dir)
+    files = SimLeases.of(state_dir)
     with contextlib.ExitStack() as held_lease:
         with lock.held(files.lifecycle):
             own = held_lease.enter_context(lock.lease(files.leases))
@@ -190,7 +190,7 @@ def _simulated_cluster(params: Params, state: str | Path | None) -> Iterator[dic
                     _stop_if_a_run_started_it(state_dir, files)
 
 
-def _bring_up(params: Params, state_dir: Path, scenario: str, files: _SimLeases, own: Path) -> None:
+def _bring_up(params: Params, state_dir: Path, scenario: str, files: SimLeases, own: Path) -> None:
     """Use the simulator as it runs when it was made for these parameters, else (re)create and start it;
     never under another run that uses it, nor over one `runbook sim up` started (exit 2 naming it)."""
     differs = sim_cluster.state_differs(state_dir, params, scenario)
@@ -234,7 +234,7 @@ def _bring_up(params: Params, state_dir: Path, scenario: str, files: _SimLeases,
     files.started.write_text(str(info.get("pid")), encoding="utf-8")
 
 
-def _stop_if_a_run_started_it(state_dir: Path, files: _SimLeases) -> None:
+def _stop_if_a_run_started_it(state_dir: Path, files: SimLeases) -> None:
     """Stop the daemon when a run started it (its pid is in the mark); one started by ``runbook sim up``
     is left running, as found."""
     try:

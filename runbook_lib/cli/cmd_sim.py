@@ -15,9 +15,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from runbook_lib.cli import cmd_run
 from runbook_lib.errors import PermanentError
 from runbook_lib.model.params import load_params
 from runbook_lib.model.versions import TalosVersion
+from runbook_lib.notebook import lock
 from runbook_lib.sim import cluster, faults, realkube, scenarios, toolserver
 from runbook_lib.sim.state import default_state_dir, load_nodes, sim_paths
 
@@ -173,17 +175,22 @@ def _up_kept(args: argparse.Namespace, state_dir: Path) -> int:
                 hint="leave out -p to start it as it is, or create one for the file without --keep",
             )
     nodes = load_nodes(state_dir)
-    if cluster.daemon_pid(state_dir) is not None:
-        sys.stdout.write(f"already running: the simulated cluster at {state_dir} was left as it is\n")
-        _print_up(state_dir, spec, nodes, _published(state_dir), "")
-        return 0
-    _refuse_bad_modes(spec, daemon=True)
-    realkube.stop(state_dir)
-    try:
-        endpoints = realkube.start_servers(state_dir)
-    except (RuntimeError, ValueError) as exc:
-        raise PermanentError(str(exc)) from None
-    _print_up(state_dir, spec, nodes, endpoints, f" ({_start_talos(state_dir, spec, nodes)})")
+    files = cmd_run.SimLeases.of(state_dir.resolve())  # as a run keys it (cmd_run._state_dir)
+    with lock.held(files.lifecycle):  # not while a run brings this cluster up or stops it
+        if cluster.daemon_pid(state_dir) is not None:
+            # a run that started it would stop it when it ends: it is this command's now, as `sim up` leaves it
+            files.started.unlink(missing_ok=True)
+            sys.stdout.write(f"already running: the simulated cluster at {state_dir} was left as it is\n")
+            _print_up(state_dir, spec, nodes, _published(state_dir), "")
+            return 0
+        _refuse_bad_modes(spec, daemon=True)
+        realkube.stop(state_dir)
+        try:
+            endpoints = realkube.start_servers(state_dir)
+        except (RuntimeError, ValueError) as exc:
+            raise PermanentError(str(exc)) from None
+        talos = _start_talos(state_dir, spec, nodes, keep=True)
+    _print_up(state_dir, spec, nodes, endpoints, f" ({talos})")
     return 0
 
 
@@ -290,10 +297,10 @@ def _print_up(
     )
 
 
-def _start_talos(state_dir: Path, spec: cluster.ClusterSpec, nodes: list[Any]) -> str:
+def _start_talos(state_dir: Path, spec: cluster.ClusterSpec, nodes: list[Any], *, keep: bool = False) -> str:
     """The real talosctl against simnode, or the Python one; the one-line reason (``RUNBOOK_SIM_TALOSCTL``)."""
     try:
-        return cluster.start_talos(state_dir, spec, nodes).reason
+        return cluster.start_talos(state_dir, spec, nodes, keep=keep).reason
     except ValueError as exc:  # RUNBOOK_SIM_TALOSCTL=real that cannot be honoured: nothing left running
         _stop_all(state_dir)
         raise PermanentError(str(exc)) from None

@@ -89,8 +89,11 @@ def _unnamed(root: Path, cluster: str, named: set[Path], since: str) -> dict[str
     for path in records.sealed_records(root):
         if path.resolve() in named or path.name < since or records.is_unsealed(path):
             continue
-        data = records.load_record(path)
-        if data.get("cluster") != cluster or data.get("outcome") not in ("changed", "failed", "aborted"):
+        try:
+            data = records.load_record(path)
+        except (PermanentError, OSError, ValueError):
+            continue  # only a suggestion: a record that cannot be read (or is being sealed) is not one
+        if data.get("cluster") != cluster or data.get("outcome") in ("planned", "unchanged"):
             continue
         if any(step.get("name") == "rollback" for step in records.listed(data, "steps")):
             continue

@@ -13,9 +13,9 @@ holds the validated values (paths for the talosconfig/kubeconfig, never their co
 
 Why a plan-only run skips verify and the CUDA test once a step plans changes: they would only look at a
 cluster without those changes and report failures that the plan already explains.  The steps whose plan does not
-depend on an earlier step's changes (``StepSpec.plans_alone``: the image, the Kubernetes layer) are still planned,
-so one plan shows the whole change (found by an operator walkthrough: a plan stopped after the config patch and
-never showed the installer or the chart it would install).
+depend on an earlier step's changes (``StepSpec.plans_alone``: the image) are still planned, so one plan shows
+the node changes (found by an operator walkthrough: a plan stopped after the config patch and never showed the
+installer the nodes would boot).
 """
 
 from __future__ import annotations
@@ -878,8 +878,8 @@ def _run_step(loop: _StepLoop, index: int, item: StepSpec, first: Future[_Kernel
 def _plan_note(planned: StepSpec, skipped: Sequence[StepSpec]) -> str:
     """Why a plan-only run left steps out (module docstring): they check changes it only planned."""
     return (
-        f"plan only: {planned.name} planned changes, so {', '.join(s.name for s in skipped)}, which check the "
-        "applied changes, were not run; run with --apply to apply them"
+        f"plan only: {planned.name} planned changes, so {', '.join(s.name for s in skipped)}, which need them "
+        "applied, were not run; run with --apply to apply them"
     )
 
 

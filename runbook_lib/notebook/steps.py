@@ -60,9 +60,11 @@ class StepSpec:
     kubernetes_apis: tuple[str, ...] = ()
     """The Kubernetes client's API classes the step calls: ``runbook run`` builds them in its kernel ahead."""
     plans_alone: bool = False
-    """Its plan reads only what it changes itself (a node's installed image; the cluster's RuntimeClass, labels
-    and Helm releases), none of which an earlier step changes: a plan-only run still plans it after an earlier
-    step planned changes. Verify and the CUDA test check what the applied changes leave, so they wait."""
+    """Its plan reads only what it changes itself (a node's installed image), which an earlier step does not
+    change: a plan-only run still plans it after an earlier step planned changes. Verify and the CUDA test check
+    what the applied changes leave, so they wait; so does the Kubernetes layer, whose dry run needs the writes'
+    permissions (the API server checks a dry run as the write: a read-only identity's plan would fail there,
+    review of 6 Dec 2026) and writes helm's repository list."""
 
     @property
     def uses_kubernetes(self) -> bool:
@@ -97,7 +99,6 @@ STEPS: tuple[StepSpec, ...] = (
         "Kubernetes layer",
         True,
         ("CoreV1Api", "AppsV1Api", "NodeV1Api", "CustomObjectsApi"),
-        plans_alone=True,
     ),
     StepSpec("cuda-test", "06-cuda-test.ipynb", "cudatest", "cuda_test", "CUDA test", True, ("CoreV1Api",)),
 )

@@ -326,9 +326,11 @@ def running(state_dir: Path, spec: ClusterSpec, *, daemon: bool = True) -> Itera
             stop_daemon(state_dir)
 
 
-def start_talos(state_dir: Path, spec: ClusterSpec, nodes: list[SimNode]) -> realtalos.Choice:
+def start_talos(
+    state_dir: Path, spec: ClusterSpec, nodes: list[SimNode], *, keep: bool = False
+) -> realtalos.Choice:
     """The real talosctl against simnode when built and the scenario allows it, else the Python talosctl
-    (``realtalos``; ``RUNBOOK_SIM_TALOSCTL`` switches)."""
+    (``realtalos``; ``RUNBOOK_SIM_TALOSCTL`` switches); ``keep``: see ``realtalos.up``."""
     version = normalize_talos_version(spec.talos_version)
     talosctl = normalize_talos_version(spec.talosctl_version) if spec.talosctl_version else None
     return realtalos.up(
@@ -339,6 +341,7 @@ def start_talos(state_dir: Path, spec: ClusterSpec, nodes: list[SimNode]) -> rea
         scenario=spec.scenario,
         latency_ms=spec.latency_ms,
         kube=kube_side(state_dir),
+        keep=keep,
     )
 
 

@@ -652,9 +652,12 @@ def up(
     scenario: str,
     latency_ms: float,
     kube: str = "none",
+    keep: bool = False,
 ) -> Choice:
     """What ``runbook sim up`` and ``runbook run`` call after creating the cluster and starting its Kubernetes side
-    (``kube``, see ``choose``): real talosctl when chosen, else the Python one stays (the reason is recorded)."""
+    (``kube``, see ``choose``): real talosctl when chosen, else the Python one stays (the reason is recorded).
+    ``keep`` (``sim up --keep``) refuses the Python one where simnode holds the nodes' state: it would start over
+    from the node files, losing what the real talosctl did to them (review of 6 Dec 2026)."""
     choice = choose(talos_version, talosctl_version, scenario, kube=kube, state_dir=state_dir)
     if choice.real and (faults := sorted({f for n in nodes for f in realfaults.unsupported(n)})):
         why = f"faults {', '.join(faults)} are not simulated by simnode yet"
@@ -663,6 +666,11 @@ def up(
         choice = Choice(False, f"Python talosctl: {why}")
     if choice.real:
         start(state_dir, choice, nodes, latency_ms)
+    elif keep and paths(state_dir).dir.exists():
+        raise RealTalosError(
+            f"{choice.reason}: simnode holds these nodes' state (what runs did through the real talosctl), which "
+            "the Python talosctl would not keep"
+        )
     else:
         stop(state_dir)
         shutil.rmtree(paths(state_dir).dir, ignore_errors=True)  # no stale observed state for the kubelet

@@ -140,8 +140,8 @@ def rollback(
     todo, results = _plan_nodes(ctx, result, nodes, evidence)
     # every GPU node, however it was asked for (``nodes`` may list them all): then the Kubernetes layer goes
     whole_cluster = {n.address for n in nodes} == {n.address for n in ctx.params.nodes}
-    _not_undone(result, evidence, {t.node.name for t in todo}, whole_cluster=whole_cluster)
     kube = _kubernetes_plan(ctx, result, evidence, whole_cluster=whole_cluster)
+    _not_undone(result, evidence, {t.node.name for t in todo}, layer_goes=kube is not None)
     _dry_run(ctx, todo, results)
     schedule = rollout_schedule(ctx, result, [t.node.name for t in todo])
     # a cordon a run left is the runbook's change too; a node whose removal reboots it is drained and
@@ -227,8 +227,8 @@ def _plan_nodes(
         res.data["records"] = sorted(
             {r for r, _d in found.patches} | ({found.image.record} if found.image else set())
         )
-        if found.address != node.address:
-            _refuse(res, node, _moved(node, found), evidence.unnamed.get(node.name, []))
+        if found.address != node.address:  # another node of that name: records of the name say nothing of it
+            _refuse(res, node, _moved(node, found), [])
             continue
         state = states[node.address]
         problem = found.missing or [errors.get(node.address) or state.error or ""]
@@ -347,18 +347,16 @@ def _refuse(res: NodeResult, node: Node, why: str, unnamed: list[str]) -> None:
     )
 
 
-def _not_undone(result: StepResult, evidence: Evidence, back: set[str], *, whole_cluster: bool) -> None:
+def _not_undone(result: StepResult, evidence: Evidence, back: set[str], *, layer_goes: bool) -> None:
     """What the records show changed that the rollback leaves, for a person: the node labels as the ``kubectl``
-    commands that put them back, on every labelled node when the Kubernetes layer goes too, else only on the nodes
-    that go back (review of 6 Dec 2026: removing the label from the nodes that keep their GPUs would take the
+    commands that put them back, on every labelled node when this rollback removes the Kubernetes layer, else only
+    on the nodes that go back (review of 6 Dec 2026: removing the label from the nodes that keep their GPUs would take the
     device plugin off them, since the chart schedules only where it is set)."""
     labels = []
     for record, items in evidence.labelled:
-        mine = items if whole_cluster else [i for i in items if i.get("node") in back]
+        mine = items if layer_goes else [i for i in items if i.get("node") in back]
         where = (
-            ""
-            if whole_cluster
-            else " (only the nodes that go back: the others keep it while the plugin runs)"
+            "" if layer_goes else " (only the nodes that go back: the others keep it while the plugin runs)"
         )
         labels += [f"{record}: {line}{where}" for line in label_undo(mine)]
     left = [*labels, *evidence.not_undone]
