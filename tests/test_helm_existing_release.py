@@ -386,10 +386,12 @@ def _killed_mid_install(ctx, node, state_dir):
 
     from runbook_lib.sim import faults
     from runbook_lib.steps.kubernetes import _label_nodes
+    from runbook_lib.steps.results import StepResult
 
     faults.inject(state_dir, node, "pods_pending", True)
     # the chart's affinity wants the label the step sets, or the DaemonSet has no node to wait for
-    _label_nodes(ctx, [n for n in ctx.params.nodes if n.name == node], [], dry_run=False)
+    labelled = StepResult(step="kubernetes", applied=True)
+    _label_nodes(ctx, [n for n in ctx.params.nodes if n.name == node], labelled, [], dry_run=False)
     ctx.helm.repo_add("nvdp", ctx.plan.helm.repo_url)
     argv = ctx.helm.argv(
         [

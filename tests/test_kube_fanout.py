@@ -27,6 +27,7 @@ from runbook_lib.clients.kube import Kube
 from runbook_lib.sim.state import save_cluster_faults
 from runbook_lib.steps.cudatest import RUN_LABEL, TEST_NAMESPACE, cuda_test
 from runbook_lib.steps.kubernetes import GPU_PRESENT_LABEL, _label_nodes, kubernetes_layer
+from runbook_lib.steps.results import StepResult
 from tests.realplane import use_real_plane
 from tests.sim.waiting import wait_for
 from tests.simcluster import sim_cluster
@@ -89,10 +90,15 @@ def test_labelling_40_nodes_runs_the_calls_concurrently_within_the_pool(tmp_path
         assert time.monotonic() - started >= LATENCY_MS / 1000
         changed: list[str] = []
         calls = InFlight(ctx.kube)
+        result = StepResult(step="kubernetes", applied=True)
         with mock.patch.object(ctx.kube, "_call", calls):
-            _label_nodes(ctx, list(params.nodes), changed, dry_run=False)
+            _label_nodes(ctx, list(params.nodes), result, changed, dry_run=False)
         assert sorted(changed) == sorted(
             f"label node {n.name} nvidia.com/gpu.present=true" for n in params.nodes
+        )
+        # each node's value before, for the rollback's command that puts it back: none had the label
+        assert sorted(i["node"] for i in result.data["labelled"] if i["before"] is None) == sorted(
+            n.name for n in params.nodes
         )
         key, value = next(iter(GPU_PRESENT_LABEL.items()))
         labelled = {
