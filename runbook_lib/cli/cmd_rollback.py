@@ -110,10 +110,8 @@ def _done_lines(outcome: RunOutcome) -> str:
         # all go back (review of 6 Dec 2026): the record keeps it, the report says where it stopped
         return ""
     data = step.result.get("data") or {}
-    removed = any(
-        c.get("name") == "Kubernetes layer removed" and c.get("ok") for c in step.result.get("checks") or []
-    )
-    kubernetes = [f"  {what}" for what in data.get("kubernetes") or []] if removed else []
+    # a rollback that passed removed what its plan listed: a failed removal fails the step
+    kubernetes = [f"  {what}" for what in data.get("kubernetes") or []]
     lines = ["rolled back:", *kubernetes, *node_lines(step.result, "changed")]
     lines = lines if len(lines) > 1 else []
     left = data.get("not_undone") or []

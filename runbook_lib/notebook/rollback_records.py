@@ -59,8 +59,11 @@ def checked_record(path: Path, cluster: str) -> dict[str, Any]:
     return data
 
 
-def load_evidence(params: Params, root: Path | None = None) -> Evidence:
-    """The evidence of the records ``rollback.records`` names (paths or names in ``root``), oldest first."""
+def load_evidence(params: Params, root: Path | None = None, *, suggest: bool = False) -> Evidence:
+    """The evidence of the records ``rollback.records`` names (paths or names in ``root``), oldest first.
+
+    ``suggest``: also read the folder's other records for ``Evidence.unnamed``, which only the step's refusals use;
+    the CLI's check before the run does not (it read every newer record a second time)."""
     refs = list(params.rollback.records)
     if not refs:
         raise PermanentError(f"{PARAMETER} is empty: name the change record(s) to roll back", hint=HINT)
@@ -76,6 +79,8 @@ def load_evidence(params: Params, root: Path | None = None) -> Evidence:
     evidence = evidence_from_records(
         [(name, data) for _s, name, data in sorted(loaded.values(), key=lambda t: t[:2])]
     )
+    if not suggest:
+        return evidence
     # the folder the named records are in: a notebook's kernel may have another default root than the CLI's
     first = min(loaded, key=lambda p: p.name)
     evidence.unnamed = _unnamed(first.parent, params.cluster, set(loaded), first.name)

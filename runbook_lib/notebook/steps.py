@@ -283,7 +283,7 @@ def run_step(
     if item is ROLLBACK:  # its evidence, read and checked before anything runs (rollback_records)
         from .rollback_records import load_evidence  # noqa: PLC0415 - lazy (only this step reads records)
 
-        fn = functools.partial(fn, evidence=load_evidence(params))
+        fn = functools.partial(fn, evidence=load_evidence(params, suggest=True))
     journal = _step_journal()
     ctx = connect(params, journal=journal)
     if os.environ.get(RESULT_FILE_ENV):  # runbook run follows the rollout's events (live_events.py)
