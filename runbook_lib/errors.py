@@ -79,3 +79,12 @@ class ParametersInvalid(PermanentError):
 
 class CompatibilityError(PermanentError):
     """Pieces that cannot work together (driver versions, tracks, Talos versions)."""
+
+
+class Forbidden(PermanentError):
+    """The API server's authorizer refused the request for this identity (HTTP 403).
+
+    Its own class because a plan meets it differently from other failures: a dry-run write the identity may
+    not make is not checked by the server's dry run, but it tells the plan what an apply run with the same
+    kubeconfig would meet, and the plan goes on (steps/kubernetes.py). Granting the permission helps;
+    retrying does not."""

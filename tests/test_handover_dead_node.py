@@ -16,6 +16,7 @@ import pytest
 from runbook_lib.sim import faults
 from runbook_lib.steps import gpu_operator_handover
 from runbook_lib.steps.kubernetes import kubernetes_layer
+from runbook_lib.steps.results import StepResult
 from tests.realplane import real_cluster
 from tests.test_helm_one_bad_node import _until_not_ready
 
@@ -38,7 +39,9 @@ def test_the_device_plugin_is_uninstalled_at_once_with_a_gpu_node_down(tmp_path)
         found = gpu_operator_handover.leftovers(ctx)
         assert [name for name, _ in found.releases] == [ctx.plan.helm.release], found
         started = time.monotonic()
-        gpu_operator_handover.remove(ctx, found, dry_run=False, timeout_s=120)
+        gpu_operator_handover.remove(
+            ctx, StepResult(step="kubernetes", applied=True), found, dry_run=False, timeout_s=120
+        )
         took = time.monotonic() - started
 
         assert took < 60, took

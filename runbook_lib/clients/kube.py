@@ -20,7 +20,7 @@ import urllib3
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
-from runbook_lib.errors import PermanentError, RetryableError
+from runbook_lib.errors import Forbidden, PermanentError, RetryableError
 
 from .fanout import concurrently
 from .proc import Journal
@@ -64,6 +64,8 @@ def _api_error(exc: ApiException, what: str) -> PermanentError | RetryableError:
     message = f"{what}: HTTP {exc.status} {exc.reason}: {reason}".rstrip(": ")
     if exc.status in (429, 500, 502, 503, 504) or exc.status == 0:
         return RetryableError(message, status=exc.status or None)
+    if exc.status == 403:
+        return Forbidden(message)
     return PermanentError(message)
 
 

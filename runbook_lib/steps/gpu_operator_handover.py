@@ -17,9 +17,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from runbook_lib.clients.helm import Release
-from runbook_lib.errors import PermanentError, RunbookError
+from runbook_lib.errors import Forbidden, PermanentError, RunbookError
 from runbook_lib.model.versions import TalosVersion
 
+from . import dryrun
 from .context import Context
 from .results import Check, StepResult
 
@@ -66,7 +67,7 @@ def leftovers(ctx: Context, listed: list[Release] | None = None) -> Leftovers:
     return Leftovers(releases, existing is not None and not operators, existing is not None and operators)
 
 
-def remove(ctx: Context, found: Leftovers, *, dry_run: bool, timeout_s: float) -> None:
+def remove(ctx: Context, result: StepResult, found: Leftovers, *, dry_run: bool, timeout_s: float) -> str:
     """Uninstall the releases (waiting until the objects they made are gone) and delete the RuntimeClass.
 
     What the wait covers: ``helm uninstall --wait`` waits for the deleted objects themselves, which it deletes
@@ -75,7 +76,8 @@ def remove(ctx: Context, found: Leftovers, *, dry_run: bool, timeout_s: float) -
     finish deleting, does not hold the uninstall.
 
     A dry run only sends the RuntimeClass deletion to the API server's dry run; a failed uninstall raises
-    ``PermanentError`` naming the command, before the RuntimeClass is touched.
+    ``PermanentError`` naming the command, before the RuntimeClass is touched. Returns "" or, in a dry run the
+    kubeconfig's user may not make, the refusal as the plan says it (steps/dryrun.py).
     """
     for name, namespace in found.releases:
         if not dry_run:
@@ -84,7 +86,11 @@ def remove(ctx: Context, found: Leftovers, *, dry_run: bool, timeout_s: float) -
                 what = f"helm uninstall {name} -n {namespace}"
                 raise PermanentError(f"{what} failed: {run.stderr.strip()}", hint=what)
     if found.runtime_class:
-        ctx.kube.delete_runtime_class(RUNTIME_CLASS, dry_run=dry_run)
+        try:
+            ctx.kube.delete_runtime_class(RUNTIME_CLASS, dry_run=dry_run)
+        except Forbidden as exc:
+            return dryrun.refused_in_plan(result, exc, dry_run=dry_run)
+    return ""
 
 
 def needed_before_upgrade(ctx: Context, versions: Sequence[str | None]) -> bool:
@@ -118,7 +124,9 @@ def before_upgrade(
     try:
         found = leftovers(ctx)
         result.data["before_upgrade"] = found.commands()
-        remove(ctx, found, dry_run=dry_run, timeout_s=float(ctx.params.timeouts.kubernetes_seconds))
+        refused = remove(
+            ctx, result, found, dry_run=dry_run, timeout_s=float(ctx.params.timeouts.kubernetes_seconds)
+        )
     except RunbookError as exc:
         result.checks.append(
             Check(
@@ -136,5 +144,6 @@ def before_upgrade(
             f"RuntimeClass before upgrading (the GPU Operator brings both); {verb} first: "
             + "; ".join(found.commands())
         )
-        result.checks.append(Check(title, True, f"{verb}: " + "; ".join(found.commands())))
+        said = f"{verb}: " + "; ".join(found.commands()) + refused
+        result.checks.append(Check(title, True, said, fix=dryrun.fix(refused)))
     return True

@@ -18,12 +18,12 @@ from collections.abc import Callable
 from typing import Any
 
 from runbook_lib.clients.helm import Release
-from runbook_lib.errors import PermanentError, RunbookError
+from runbook_lib.errors import Forbidden, PermanentError, RunbookError
 from runbook_lib.model.profiles import GPU_OPERATOR_CHART_MINIMUM, GPU_OPERATOR_VALUES
 from runbook_lib.model.text import shortened
 from runbook_lib.model.versions import chart_is_newer, gpu_operator_too_old, is_chart_version
 
-from . import gpu_operator_handover, kube_diagnosis, operator_runtime_class, plugin_rollout
+from . import dryrun, gpu_operator_handover, kube_diagnosis, operator_runtime_class, plugin_rollout
 from .context import Context, wait_seconds
 from .results import Check, NodeResult, StepResult
 
@@ -89,6 +89,9 @@ def kubernetes_layer(
         result.notes.append(
             "plan only (apply is off): writes went to the API server's dry run / helm --dry-run"
         )
+        refused = dryrun.note(result)
+        if refused:
+            result.notes.append(refused)
     try:
         _wait_after_changes(ctx, result, only, timeout_s=timeout_s, do_apply=do_apply)
     except RunbookError as exc:
@@ -260,20 +263,33 @@ def _runtime_class(ctx: Context, result: StepResult, changed: list[str], *, dry_
     if ctx.plan.kubernetes_layer == "gpu-operator":
         result.checks.append(Check("RuntimeClass nvidia", True, "will be created by the GPU Operator chart"))
         return
-    ctx.kube.create_runtime_class(RUNTIME_CLASS, RUNTIME_CLASS, dry_run=dry_run)
+    try:
+        ctx.kube.create_runtime_class(RUNTIME_CLASS, RUNTIME_CLASS, dry_run=dry_run)
+        refused = ""
+    except Forbidden as exc:
+        refused = dryrun.refused_in_plan(result, exc, dry_run=dry_run)
     changed.append("RuntimeClass nvidia (handler nvidia)")
     if not dry_run:
         result.data["created"].append({"kind": "RuntimeClass", "name": RUNTIME_CLASS})
-    result.checks.append(Check("RuntimeClass nvidia", True, "created" if not dry_run else "would be created"))
+    said = "created" if not dry_run else "would be created" + refused
+    result.checks.append(Check("RuntimeClass nvidia", True, said, fix=dryrun.fix(refused)))
 
 
 def _privileged_namespace(ctx: Context, result: StepResult, changed: list[str], *, dry_run: bool) -> None:
     """The release's namespace, created or labelled to enforce the privileged Pod Security level."""
     namespace = ctx.plan.helm.namespace
-    state = ctx.kube.ensure_namespace(namespace, PRIVILEGED, dry_run=dry_run)
+    try:
+        state, refused = ctx.kube.ensure_namespace(namespace, PRIVILEGED, dry_run=dry_run), ""
+    except Forbidden as exc:
+        # ensure_namespace writes only when a change is due: created when it is not there, else labelled
+        state = "created" if ctx.kube.namespace(namespace) is None else "labelled"
+        refused = dryrun.refused_in_plan(result, exc, dry_run=dry_run)
     if state != "ok":
         changed.append(f"namespace {namespace} {state} (enforce=privileged)")
-    result.checks.append(Check(f"namespace {namespace} allows privileged pods", True, state))
+    said = state if not refused else f"would be {state}{refused}"
+    result.checks.append(
+        Check(f"namespace {namespace} allows privileged pods", True, said, fix=dryrun.fix(refused))
+    )
 
 
 def _retire_device_plugin(
@@ -292,7 +308,7 @@ def _retire_device_plugin(
     would be removed.
     """
     found = gpu_operator_handover.leftovers(ctx, releases)
-    gpu_operator_handover.remove(ctx, found, dry_run=dry_run, timeout_s=timeout_s)
+    refused = gpu_operator_handover.remove(ctx, result, found, dry_run=dry_run, timeout_s=timeout_s)
     for name, namespace in found.releases:
         what = f"helm uninstall {name} -n {namespace}"
         changed.append(what + " (the GPU Operator brings its own device plugin)")
@@ -301,7 +317,12 @@ def _retire_device_plugin(
         what = f"delete RuntimeClass {RUNTIME_CLASS} (the GPU Operator creates its own)"
         changed.append(what)
         result.checks.append(
-            Check(f"RuntimeClass {RUNTIME_CLASS} handed to the GPU Operator", True, _did(what, dry_run))
+            Check(
+                f"RuntimeClass {RUNTIME_CLASS} handed to the GPU Operator",
+                True,
+                _did(what, dry_run) + refused,
+                fix=dryrun.fix(refused),
+            )
         )
 
 
@@ -333,6 +354,14 @@ def _label_nodes(
 
     try:
         ctx.kube.each(label, todo)
+    except Forbidden as exc:
+        said = dryrun.refused_in_plan(result, exc, dry_run=dry_run)
+        done.update(todo)  # planned all the same: what applying would label
+        result.checks.append(
+            Check(
+                f"label {key}={value}", True, f"would label {len(todo)} node(s){said}", fix=dryrun.fix(said)
+            )
+        )
     finally:
         changed.extend(f"label node {name} {key}={value}" for name in todo if name in done)
         if not dry_run:

@@ -429,7 +429,7 @@ def _dry_run(ctx: Context, todo: list[NodeRollback], results: dict[str, NodeResu
 def _remove_kubernetes(ctx: Context, result: StepResult, found: gpu_operator_handover.Leftovers) -> bool:
     try:
         gpu_operator_handover.remove(
-            ctx, found, dry_run=False, timeout_s=float(ctx.params.timeouts.kubernetes_seconds)
+            ctx, result, found, dry_run=False, timeout_s=float(ctx.params.timeouts.kubernetes_seconds)
         )
     except RunbookError as exc:
         result.checks.append(Check("Kubernetes layer removed", False, exc.message, fix=exc.hint or ""))

@@ -1,0 +1,46 @@
+"""What a plan says of a write the kubeconfig's user may not make.
+
+Why: the API server authorizes a dry-run write as the write itself (a dry run is a flag on the same request;
+k8s.io/apiserver@v0.35.0 pkg/server/config.go:1019 authorizes before any handler reads it),
+so a read-only identity, the one a site hands a reviewer or a CI job that only plans, failed the whole plan at
+its first write (found by an operator walkthrough). The plan now goes on: the refused write is shown as planned,
+with the refusal as what an apply run with the same kubeconfig would meet, and nothing after it is hidden. What
+the server's dry run would have checked of that write (admission, validation) is not checked, and the plan says
+so. An apply run raises the refusal as before.
+"""
+
+from __future__ import annotations
+
+from runbook_lib.errors import Forbidden
+
+from .results import StepResult
+
+GRANT = (
+    "grant the write to the user who applies (a Role or ClusterRole bound to it), or apply with a kubeconfig "
+    "that has it; the apply run's preflight names every write it needs"
+)
+
+
+def refused_in_plan(result: StepResult, exc: Forbidden, *, dry_run: bool) -> str:
+    """The refusal as a plan says it (``; applying would be refused …``), counted in ``data.refused``;
+    raised again when not ``dry_run``."""
+    if not dry_run:
+        raise exc
+    result.data["refused"] = int(result.data.get("refused", 0)) + 1
+    return f"; applying would be refused, so the API server's dry run did not check it: {exc.message}"
+
+
+def fix(refused: str) -> str:
+    """The check's fix for a write said by :func:`refused_in_plan` (none when it was not refused)."""
+    return GRANT if refused else ""
+
+
+def note(result: StepResult) -> str | None:
+    """The plan's note when writes were refused, else None."""
+    count = int(result.data.get("refused", 0))
+    if not count:
+        return None
+    return (
+        f"{count} planned write(s) are refused to this kubeconfig's user: the plan shows them, but an apply "
+        "run with the same kubeconfig would stop at the first"
+    )

@@ -1,0 +1,84 @@
+"""A plan made with a read-only kubeconfig shows every change, and names the writes applying would be refused.
+
+The API server authorizes a dry-run write as the write itself: a dry run is the ``dryRun`` flag on the same
+request, and the authorization filter runs before any handler reads it (k8s.io/apiserver@v0.35.0
+pkg/server/config.go:1019 ``WithAuthorization`` in ``DefaultBuildHandlerChain``; the attributes it decides on,
+pkg/authorization/authorizer/interfaces.go ``Attributes``, carry verb, resource and name, no dry run), so a
+read-only identity, the one a site
+hands a reviewer or a CI job that only plans, failed the whole Kubernetes plan at its first write, and the
+image step's plan at the Talos 1.13 hand-over. Found by an operator walkthrough (stop 44's note). On the real
+control plane with a real service account's token (tests/rbac.py): the 403s are the real authorizer's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from runbook_lib.steps.image import image_upgrade
+from runbook_lib.steps.kubernetes import kubernetes_layer
+from tests.rbac import as_restricted_user
+from tests.realplane import real_cluster
+from tests.test_image_step import _same_cluster_on
+
+pytestmark = pytest.mark.slow
+
+REFUSED = "applying would be refused"
+
+
+def test_a_read_only_user_plans_the_whole_kubernetes_layer_and_sees_which_writes_it_may_not_make(
+    tmp_path: Path,
+) -> None:
+    with real_cluster(tmp_path, scenario="gpu-ready") as (_params, ctx):
+        runner = as_restricted_user(ctx, tmp_path)
+        plan = kubernetes_layer(runner, apply=False)
+        assert plan.ok, plan.to_dict()
+        assert plan.data["changes"] == [
+            "RuntimeClass nvidia (handler nvidia)",
+            "label node talos-worker-1 nvidia.com/gpu.present=true",
+            "label node talos-worker-2 nvidia.com/gpu.present=true",
+            "helm upgrade --install nvidia-device-plugin nvdp/nvidia-device-plugin --version 0.18.0 -n kube-system "
+            "--set runtimeClassName=nvidia",
+        ]
+        said = {c.name: c for c in plan.checks}
+        runtime_class = said["RuntimeClass nvidia"]
+        assert runtime_class.message.startswith("would be created; " + REFUSED), runtime_class.message
+        assert 'cannot create resource "runtimeclasses"' in runtime_class.message
+        assert "grant the write" in runtime_class.fix
+        labels = said["label nvidia.com/gpu.present=true"]
+        assert "would label 2 node(s); " + REFUSED in labels.message and 'cannot patch resource "nodes"' in (
+            labels.message
+        )
+        assert any("2 planned write(s) are refused" in n for n in plan.notes), plan.notes
+        assert [e.summary for e in runner.journal.changes()] == []
+        assert ctx.kube.runtime_class("nvidia") is None
+
+        applied = kubernetes_layer(runner, apply=True)
+        assert not applied.ok, "an apply run with the same user must still stop at the refused write"
+        assert 'cannot create resource "runtimeclasses"' in applied.checks[-1].message
+        assert ctx.kube.runtime_class("nvidia") is None
+
+        admin = kubernetes_layer(ctx, apply=False)
+        assert admin.ok and "refused" not in admin.data, "an admin's plan names no refusal"
+        assert not any(REFUSED in c.message for c in admin.checks)
+
+
+def test_a_read_only_user_plans_the_talos_1_13_hand_over_and_the_upgrade_behind_it(tmp_path: Path) -> None:
+    """The image step's plan on 1.12 nodes with the device plugin, to 1.13 with the GPU Operator: its
+    RuntimeClass deletion goes to the server's dry run, which the read-only user may not make."""
+    from tests.simcluster import sim_cluster
+
+    with sim_cluster(tmp_path, scenario="gpu-ready", apply=True) as (params, ctx):
+        assert kubernetes_layer(ctx, timeout_s=60).ok  # Talos 1.12: the device plugin and RuntimeClass nvidia
+        runner = as_restricted_user(_same_cluster_on(params, "v1.13.2", tmp_path, apply=False), tmp_path)
+        plan = image_upgrade(runner)
+        assert plan.ok, plan.to_dict()
+        assert [n.status for n in plan.nodes] == ["planned"] * len(plan.nodes)
+        hand_over = next(c for c in plan.checks if c.name.startswith("device plugin removed before"))
+        assert hand_over.message.startswith(
+            "would run: helm uninstall nvidia-device-plugin -n kube-system; kubectl delete runtimeclass nvidia; "
+            + REFUSED
+        ), hand_over.message
+        assert 'cannot delete resource "runtimeclasses"' in hand_over.message
+        assert ctx.kube.runtime_class("nvidia") is not None
