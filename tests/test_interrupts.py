@@ -324,11 +324,12 @@ def test_the_run_removes_test_pods_of_its_run_id_left_in_the_api(tmp_path: Path)
 
 
 def step_kernel(result_file: Path) -> int | None:
-    """The pid of the kernel running the step whose result file is ``result_file`` (from its environment)."""
-    wanted = f"RUNBOOK_RESULT_FILE={result_file}".encode()
+    """The pid of the kernel running the step whose result file is ``result_file``: the run's one kernel, whose
+    environment (as /proc shows it: as it started) names the first step's result file in the same folder."""
+    wanted = f"RUNBOOK_RESULT_FILE={result_file.parent}/".encode()
     for environ in Path("/proc").glob("[0-9]*/environ"):
         with contextlib.suppress(OSError):
-            if wanted in environ.read_bytes().split(b"\0"):
+            if any(v.startswith(wanted) for v in environ.read_bytes().split(b"\0")):
                 return int(environ.parent.name)
     return None
 

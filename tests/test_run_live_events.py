@@ -125,7 +125,11 @@ def test_a_failed_node_is_printed_while_the_image_step_still_runs_and_kept_in_th
     ], seen
     folder = records.resolve(root, None)
     record = records.load_record(folder)
-    assert [(s["name"], s["status"]) for s in record["steps"]] == [("image", "interrupted")]
+    # preflight first: an --apply run of changing steps runs it (runner.with_preflight)
+    assert [(s["name"], s["status"]) for s in record["steps"]] == [
+        ("preflight", "ok"),
+        ("image", "interrupted"),
+    ]
     path = folder / "results" / "image.events.jsonl"
     kept = [json.loads(line) for line in path.read_text().splitlines()]
     assert [(e["kind"], e.get("node"), e.get("batch")) for e in kept] == [

@@ -72,6 +72,9 @@ def test_steps_left_after_a_partial_run_and_none_after_a_failure_a_plan_or_the_l
         steps_left(_outcome(("config-patch", "planned", ""), ("image", "skipped", "waits for apply"))) == []
     )
     assert steps_left(_outcome(("verify", "ok", ""), ("kubernetes", "ok", ""), ("cuda-test", "ok", ""))) == []
+    # the preflight an --apply run adds is not where the run started: --from verify left nothing before it
+    resumed = _outcome(("preflight", "ok", ""), ("verify", "ok", ""), ("kubernetes", "changed", ""))
+    assert steps_left(resumed) == ["cuda-test"]
 
 
 def test_step_lines_say_the_step_name_once_and_name_the_counts_as_nodes() -> None:
@@ -101,7 +104,7 @@ def test_a_partial_run_says_what_is_left_and_its_command_continues_the_same_run(
     assert argv[:4] == ["runbook", "run", "--from", "image"] and argv[-1] == "--apply"
     assert main([*argv[1:], "--no-progress"]) == 0  # the printed command, as the operator pastes it
     rest = records.load_record(records.resolve(tmp_path / "records", None))
-    assert [s["name"] for s in rest["steps"]] == ["image", "verify", "kubernetes", "cuda-test"]
+    assert [s["name"] for s in rest["steps"]] == ["preflight", "image", "verify", "kubernetes", "cuda-test"]
     assert rest["outcome"] == "changed" and rest["verification"]["cuda-test"]["status"] == "ok"
     assert rest["params"]["rollout_concurrency"] == 3  # the same parameters, the same records folder
     assert "not run yet" not in capsys.readouterr().out  # the runbook is done
@@ -125,7 +128,7 @@ def test_a_failed_node_s_fix_is_a_command_the_operator_can_paste(
     assert argv[2:] == ["-p", PARAMS, *sets, *place, "--steps", "image", "--apply"]
     assert main([*argv[1:], "--no-progress"]) == 1  # the fault is still on: it fails again, on that node only
     again = records.load_record(records.resolve(tmp_path / "records", None))
-    assert [s["name"] for s in again["steps"]] == ["image"]  # a new record in the same folder
+    assert [s["name"] for s in again["steps"]] == ["preflight", "image"]  # a new record in the same folder
     out = capsys.readouterr().out
     failures = re.findall(r"^image: (\S+) \(\S+\) failed: ", out, re.M)
     assert failures == ["gpu-worker-3"] and "nodes: 1 failed, 2 unchanged" in out, out

@@ -117,6 +117,33 @@ def test_resume_without_apply_only_plans_even_after_an_applied_run(
     assert "--apply" in capsys.readouterr().err  # says how to apply
 
 
+def test_an_applying_run_of_some_steps_runs_preflight_first_and_a_plan_or_a_rollback_does_not() -> None:
+    def names(steps: list[str] | None, from_step: str | None = None, *, apply: bool) -> list[str]:
+        return [s.name for s in runner.with_preflight(runner.select_steps(steps, from_step), apply=apply)]
+
+    assert names(["config-patch"], apply=True) == ["preflight", "config-patch"]
+    assert names(None, "verify", apply=True) == ["preflight", "verify", "kubernetes", "cuda-test"]
+    assert names(["preflight", "image"], apply=True) == ["preflight", "image"]  # not twice
+    assert names(["config-patch"], apply=False) == ["config-patch"]  # a plan changes nothing
+    assert names(["verify"], apply=True) == ["verify"]  # nothing it runs changes the cluster
+    assert names(["rollback"], apply=True) == ["rollback"]  # its plan asks for its own writes
+
+
+@pytest.mark.slow
+def test_an_applying_run_without_preflight_stops_at_its_failure_before_any_change(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--steps config-patch --apply`` patched the nodes with none of preflight's checks, and said nothing of
+    it (operator walkthrough, stop 44): here the last worker does not answer, which preflight fails before any
+    change (a full run stops there too), where the config patch went ahead on the other nodes."""
+    sets = ["--set", "simulation.scenario=unreachable-node"]
+    assert _run(tmp_path, "-p", PARAMS, *sets, "--steps", "config-patch", "--apply") == 1
+    record = _latest(tmp_path)
+    assert [s["name"] for s in record["steps"]] == ["preflight"], record["steps"]
+    assert record["changes"] == []
+    assert "stopped at preflight" in capsys.readouterr().out
+
+
 # ---------------------------------------------------------------------------------------------------------
 # F2: a version probe that fails in an unexpected way is recorded, generically, and never crashes the run
 
@@ -170,7 +197,8 @@ def test_a_token_the_kubernetes_client_quotes_in_an_error_is_not_printed_by_runb
 ) -> None:
     """The record was scrubbed of the kubeconfig's token, but ``runbook run``'s report was built from the
     steps' results before the seal: a token with a newline reached the terminal twice, in the step's line
-    and in ``stopped at cuda-test: Invalid header value b'Bearer …\\n'`` (found on 6 Dec 2026)."""
+    and in ``stopped at cuda-test: Invalid header value b'Bearer …\\n'`` (found on 6 Dec 2026); the run now
+    stops at the preflight it runs first, with the same report."""
     talosctl = tmp_path / "talosctl"
     talosctl.write_text("#!/bin/sh\necho 'error: connection refused' >&2\nexit 1\n")
     talosctl.chmod(0o755)
@@ -183,7 +211,7 @@ def test_a_token_the_kubernetes_client_quotes_in_an_error_is_not_printed_by_runb
         code = main([*args, "--records", str(tmp_path / "records")])
     out, err = capsys.readouterr()
     assert code == 1, out + err
-    assert "stopped at cuda-test" in out
+    assert "stopped at preflight" in out  # an --apply run of cuda-test runs preflight first (with_preflight)
     assert TOKEN[13:] not in out + err
     assert f"kubeconfig {tmp_path / 'kubeconfig'}: the user's token (token or tokenFile) contains" in out
     assert not [

@@ -65,7 +65,7 @@ class Invocation:
 
 
 def steps_left(outcome: RunOutcome) -> list[str]:
-    """The runbook's steps after the first one this run ran that it did not run, when it changed the cluster and
+    """The runbook's steps after the first one this run ran (preflight aside) that it did not run, when it changed the cluster and
     every step it ran ended ok or changed.
 
     Gaps count (review of 6 Dec 2026: after ``--steps preflight,config-patch,verify --apply`` the continue command
@@ -78,7 +78,9 @@ def steps_left(outcome: RunOutcome) -> list[str]:
     if not any(s.status == "changed" for s in outcome.steps):
         return []
     ran = {s.name for s in outcome.steps}
-    first = STEP_NAMES.index(outcome.steps[0].name)
+    # from the first step after preflight: an --apply run adds preflight to any selection (runner.with_preflight)
+    anchor = next((s.name for s in outcome.steps if s.name != "preflight"), outcome.steps[0].name)
+    first = STEP_NAMES.index(anchor)
     return [name for name in STEP_NAMES[first + 1 :] if name not in ran]
 
 

@@ -89,6 +89,24 @@ def select_steps(steps: Sequence[str] | None, from_step: str | None) -> list[Ste
     return [s for s in STEPS if s.name in wanted and STEP_NAMES.index(s.name) >= start]
 
 
+def with_preflight(selected: list[StepSpec], *, apply: bool) -> list[StepSpec]:
+    """``selected`` with preflight first when the run applies a change and does not run it already.
+
+    Why: ``--steps config-patch --apply`` and the resume a report suggests (``--from verify … --apply``) ran
+    their changes with none of preflight's checks (a node on another Talos release getting the wrong
+    installer, a GPU-less node getting the GPU one, Kubernetes writes the user may not make, a helm release
+    stuck ``pending``), silently (found by an operator walkthrough). Preflight is read-only and checks only
+    what the selected steps need (``RUNBOOK_RUN_STEPS``). A plan-only run changes nothing and is left as asked,
+    and so is a rollback, which asks for its own writes in its plan."""
+    names = [s.name for s in selected]
+    first = STEPS[0]
+    if not apply or first.name in names or names == [ROLLBACK.name]:
+        return selected
+    if not any(s.changes_cluster for s in selected):
+        return selected
+    return [first, *selected]
+
+
 @contextlib.contextmanager
 def _environment(values: Mapping[str, str]) -> Iterator[None]:
     """Kernels inherit this process's environment; set what they need for one run, then restore it."""
@@ -1061,7 +1079,7 @@ def run(
     if apply is not None:
         merged["apply"] = apply
     params = load_params(params_file, list(overrides), merged)
-    selected = select_steps(steps, from_step)
+    selected = with_preflight(select_steps(steps, from_step), apply=params.apply)
     started = (records.now_iso(), time.monotonic())
     hook = cluster if (cluster is not None and params.target == "simulated") else _no_cluster
     background = _Background()
