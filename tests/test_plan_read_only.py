@@ -82,3 +82,16 @@ def test_a_read_only_user_plans_the_talos_1_13_hand_over_and_the_upgrade_behind_
         ), hand_over.message
         assert 'cannot delete resource "runtimeclasses"' in hand_over.message
         assert ctx.kube.runtime_class("nvidia") is not None
+
+        # the kubernetes step's plan of the same hand-over (nodes moved without the runbook): the old
+        # RuntimeClass is not said to be fine, since applying deletes it (operator walkthrough, stop 45)
+        layer = kubernetes_layer(_same_cluster_on(params, "v1.13.2", tmp_path, apply=False))
+        said = {c.name: c.message for c in layer.checks}
+        assert said["namespace gpu-operator allows privileged pods"] == "would be created", said
+        assert said["RuntimeClass nvidia"] == (
+            "the device plugin's is deleted first; the GPU Operator chart creates its own"
+        ), said
+        assert "delete RuntimeClass nvidia (the GPU Operator creates its own)" in layer.data["changes"]
+        refused = kubernetes_layer(runner)
+        handed = next(c for c in refused.checks if c.name == "RuntimeClass nvidia handed to the GPU Operator")
+        assert REFUSED in handed.message and handed.ok, handed

@@ -66,10 +66,15 @@ def kubernetes_layer(
         current = _existing_release(ctx, releases, version)
         # the namespace before the hand-over: a site that refuses it (RBAC, an admission policy) must not
         # find its device plugin already removed and no GPU Operator to replace it
+        replaced = (
+            False  # the device plugin's RuntimeClass, deleted (or planned so) for the GPU Operator's own
+        )
         if plan.kubernetes_layer == "gpu-operator":
             _privileged_namespace(ctx, result, changed, dry_run=dry_run)
-            _retire_device_plugin(ctx, releases, result, changed, dry_run=dry_run, timeout_s=timeout_s)
-        _runtime_class(ctx, result, changed, dry_run=dry_run)
+            replaced = _retire_device_plugin(
+                ctx, releases, result, changed, dry_run=dry_run, timeout_s=timeout_s
+            )
+        _runtime_class(ctx, result, changed, dry_run=dry_run, replaced=replaced)
         if not result.ok:
             result.notes.append("stopped before the Helm release: fix the RuntimeClass first")
             return result.finish()
@@ -243,7 +248,16 @@ def _on_delete_note(rollout: plugin_rollout.Rollout) -> str:
     )
 
 
-def _runtime_class(ctx: Context, result: StepResult, changed: list[str], *, dry_run: bool) -> None:
+def _runtime_class(
+    ctx: Context, result: StepResult, changed: list[str], *, dry_run: bool, replaced: bool = False
+) -> None:
+    """RuntimeClass ``nvidia`` created, or checked when it exists. ``replaced``: the step deletes (a plan: would
+    delete) the device plugin's class for the GPU Operator's; a plan then still reads the old one, and said
+    "exists with handler 'nvidia'" of the class that applying deletes (found by an operator walkthrough)."""
+    if replaced:
+        said = "the device plugin's is deleted first; the GPU Operator chart creates its own"
+        result.checks.append(Check("RuntimeClass nvidia", True, said))
+        return
     existing = ctx.kube.runtime_class(RUNTIME_CLASS)
     if existing is not None:
         handler = existing.get("handler")
@@ -286,7 +300,7 @@ def _privileged_namespace(ctx: Context, result: StepResult, changed: list[str], 
         refused = dryrun.refused_in_plan(result, exc, dry_run=dry_run)
     if state != "ok":
         changed.append(f"namespace {namespace} {state} (enforce=privileged)")
-    said = state if not refused else f"would be {state}{refused}"
+    said = f"would be {state}{refused}" if dry_run and state != "ok" else state  # a plan did not create it
     result.checks.append(
         Check(f"namespace {namespace} allows privileged pods", True, said, fix=dryrun.fix(refused))
     )
@@ -300,8 +314,9 @@ def _retire_device_plugin(
     *,
     dry_run: bool,
     timeout_s: float,
-) -> None:
-    """Before the GPU Operator: remove the device-plugin releases and a RuntimeClass ``nvidia`` not the chart's.
+) -> bool:
+    """Before the GPU Operator: remove the device-plugin releases and a RuntimeClass ``nvidia`` not the chart's;
+    True when that RuntimeClass is among them.
 
     Why, and the sources: ``gpu_operator_handover`` (the image step does the same before a node reaches
     Talos 1.13; this catches what is left, e.g. nodes upgraded without the runbook). A plan only lists what
@@ -324,6 +339,7 @@ def _retire_device_plugin(
                 fix=dryrun.fix(refused),
             )
         )
+    return found.runtime_class
 
 
 def _did(what: str, dry_run: bool) -> str:
