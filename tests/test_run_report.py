@@ -132,3 +132,22 @@ def test_a_failed_node_s_fix_is_a_command_the_operator_can_paste(
     out = capsys.readouterr().out
     failures = re.findall(r"^image: (\S+) \(\S+\) failed: ", out, re.M)
     assert failures == ["gpu-worker-3"] and "nodes: 1 failed, 2 unchanged" in out, out
+
+
+@pytest.mark.slow
+def test_a_plan_and_the_run_that_applies_it_name_the_same_installer(tmp_path: Path) -> None:
+    """Each run starts the simulator again; its factory took a new free port each time, so the installer in the
+    plan's record (``<factory host:port>/installer/<schematic>:<version>``) was not the one the applying run
+    upgraded to (operator walkthrough, stop 45). The real factory has one address."""
+    place = ["--records", str(tmp_path / "records"), "--state", str(tmp_path / "sim"), "--no-progress"]
+    steps = ["--steps", "config-patch,image"]
+    assert main(["run", "-p", PARAMS, *place, *steps]) == 0
+    planned = records.load_record(records.resolve(tmp_path / "records", None))
+    assert main(["run", "-p", PARAMS, *place, *steps, "--apply"]) == 0
+    applied = records.load_record(records.resolve(tmp_path / "records", None))
+
+    def installers(record: dict[str, object]) -> dict[str, str]:
+        [image] = [s for s in record["steps"] if s["name"] == "image"]  # type: ignore[attr-defined]
+        return image["result"]["data"]["installer_images"]  # type: ignore[no-any-return]
+
+    assert installers(planned) == installers(applied) and len(installers(planned)) == 3, installers(planned)

@@ -74,6 +74,22 @@ def set_faults(state_dir: Path | str, **faults: Any) -> None:
     atomic_write(path, json.dumps(data, indent=1))
 
 
+#: The port this state directory's factory last listened on. Why kept: the real Image Factory has one address
+#: (factory.talos.dev), and the installer a node is upgraded to names it; a simulated factory on a new free port
+#: at every start made a plan and the run that applied it (a later ``runbook run --apply`` starting the simulator
+#: again) name different installers (found by an operator walkthrough). A port taken meanwhile is replaced.
+PORT_FILE = "factory.port"
+
+
+def _port_in(path: Path) -> int:
+    """The port remembered in ``path``, or 0 (any free port) when there is none."""
+    try:
+        port = int(path.read_text().strip())
+    except (OSError, ValueError):
+        return 0
+    return port if 1024 <= port <= 65535 else 0
+
+
 class FactoryServer(ThreadingHTTPServer):
     """One factory instance over one state directory; counts fault budgets per switched-on fault."""
 
@@ -86,7 +102,13 @@ class FactoryServer(ThreadingHTTPServer):
         self._spent: dict[str, int] = {}
         self.requests: list[tuple[str, str]] = []
         """(method, path) of every request received, for tests that count retries."""
-        super().__init__(("127.0.0.1", 0), _Handler)
+        remembered = self.state_dir / PORT_FILE
+        try:
+            super().__init__(("127.0.0.1", _port_in(remembered)), _Handler)
+        except OSError:  # taken meanwhile (another cluster's factory): any free port, remembered from now on
+            super().__init__(("127.0.0.1", 0), _Handler)
+        with contextlib.suppress(OSError):
+            remembered.write_text(str(self.server_address[1]))
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that gave up (timeout) leaves a broken pipe: normal here, not worth a traceback."""

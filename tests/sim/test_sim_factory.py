@@ -202,3 +202,19 @@ def test_store_survives_schematics_go_yaml_cannot_read_back(tmp_path: Path) -> N
     schematic_id = store.put(body)
     assert store.get(schematic_id) == {"customization": {"extraKernelArgs": [" lead\nline"]}}
     assert store.get_yaml(schematic_id) == parse_schematic(body).canonical_yaml()
+
+
+def test_a_restarted_factory_keeps_its_address_unless_another_took_it(tmp_path: Path) -> None:
+    """The installer a plan names contains the factory's address (the real one has one: factory.talos.dev); a
+    simulated factory on a new port at each start made a plan and the run that applied it name different
+    installers (operator walkthrough). A port taken meanwhile is replaced, not an error."""
+    import socket
+
+    with factory.running(tmp_path) as first:
+        url = first.url
+    with factory.running(tmp_path) as again:
+        assert again.url == url
+    with socket.create_server(("127.0.0.1", int(url.rsplit(":", 1)[1]))), factory.running(tmp_path) as moved:
+        assert moved.url != url and requests.get(f"{moved.url}/versions", timeout=5).ok
+    with factory.running(tmp_path) as last:
+        assert last.url == moved.url  # the new port is the one remembered now
