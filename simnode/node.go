@@ -42,6 +42,7 @@ type simNode struct {
 	boot      bootInfo
 	services  []ServiceSpec     // what ServiceList answers
 	files     map[string]string // derived files (the driver's version file), before the nodes file's "files"
+	kmsg      []kmsgLine        // the NVIDIA driver's kernel log lines of this boot (dmesg.go)
 	varWiped  bool              // an upgrade re-created EPHEMERAL: the nodes file's files under /var are gone (legacy18.go)
 
 	// pulls are the images in the node's containerd store (ImageService.Pull, lifecycle113.go).
@@ -113,14 +114,16 @@ func (n *simNode) refresh(ctx context.Context) (derived, error) {
 		return derived{}, err
 	}
 
-	img = withConfigExtensions(img, b.exts)
-	d := deriveState(n.spec.withFaults(img), n.spec.moduleConfig(n.activeConfig()), n.spec.Services, time.Now())
+	img = n.spec.withFaults(withConfigExtensions(img, b.exts))
+	d := deriveState(img, n.spec.moduleConfig(n.activeConfig()), n.spec.Services, time.Now())
 	if err = writeDerived(ctx, n.state, d, img.TalosVersion); err != nil {
 		return d, err
 	}
 
+	kmsg := kernelMessages(n.spec, img, configModules(n.activeConfig()), d)
+
 	n.mu.Lock()
-	n.services, n.files = d.services, d.files
+	n.services, n.files, n.kmsg = d.services, d.files, kmsg
 	n.mu.Unlock()
 
 	return d, nil
