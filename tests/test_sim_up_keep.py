@@ -38,7 +38,9 @@ def test_keep_starts_the_cluster_a_run_left_and_refuses_to_make_another(
     state = tmp_path / "sim"
     place = ["--records", str(tmp_path / "records"), "--state", str(state)]
     assert main(["run", "-p", PARAMS, *place, "--steps", "config-patch", "--apply", "--no-progress"]) == 0
+    capsys.readouterr()
     assert main(["sim", "up", "--keep", "--state", str(state)]) == 0
+    assert "(v1.12.7, created as scenario fresh, as runs left it)" in capsys.readouterr().out
     try:
         config = _tool(state, "talosctl", "-n", "10.5.0.11", "get", "machineconfig", "-o", "yaml")
         assert "nvidia_uvm" in config  # the run's modules patch: not a new cluster

@@ -181,7 +181,7 @@ def _up_kept(args: argparse.Namespace, state_dir: Path) -> int:
             # a run that started it would stop it when it ends: it is this command's now, as `sim up` leaves it
             files.started.unlink(missing_ok=True)
             sys.stdout.write(f"already running: the simulated cluster at {state_dir} was left as it is\n")
-            _print_up(state_dir, spec, nodes, _published(state_dir), "")
+            _print_up(state_dir, spec, nodes, _published(state_dir), "", kept=True)
             return 0
         _refuse_bad_modes(spec, daemon=True)
         realkube.stop(state_dir)
@@ -190,7 +190,7 @@ def _up_kept(args: argparse.Namespace, state_dir: Path) -> int:
         except (RuntimeError, ValueError) as exc:
             raise PermanentError(str(exc)) from None
         talos = _start_talos(state_dir, spec, nodes, keep=True)
-    _print_up(state_dir, spec, nodes, endpoints, f" ({talos})")
+    _print_up(state_dir, spec, nodes, endpoints, f" ({talos})", kept=True)
     return 0
 
 
@@ -269,12 +269,23 @@ def _refuse_bad_modes(spec: cluster.ClusterSpec, *, daemon: bool) -> None:
 
 
 def _print_up(
-    state_dir: Path, spec: cluster.ClusterSpec, nodes: list[Any], endpoints: dict[str, Any], talos: str
+    state_dir: Path,
+    spec: cluster.ClusterSpec,
+    nodes: list[Any],
+    endpoints: dict[str, Any],
+    talos: str,
+    *,
+    kept: bool = False,
 ) -> None:
-    """What ``sim up`` started, and the one line that points a shell's talosctl/kubectl at it."""
+    """What ``sim up`` started, and the one line that points a shell's talosctl/kubectl at it. ``kept``: a cluster
+    ``--keep`` started as runs left it, which its scenario no longer describes (an operator walkthrough read
+    "scenario fresh" of nodes a run had patched)."""
     paths = sim_paths(state_dir)
     out = sys.stdout
-    out.write(f"simulated cluster: {len(nodes)} nodes ({nodes[0].talos_version}, scenario {spec.scenario})\n")
+    scenario = (
+        f"created as scenario {spec.scenario}, as runs left it" if kept else f"scenario {spec.scenario}"
+    )
+    out.write(f"simulated cluster: {len(nodes)} nodes ({nodes[0].talos_version}, {scenario})\n")
     out.write(f"state:       {state_dir}\n")
     out.write(f"talosctl:    {paths.bin_dir / 'talosctl'}{talos}\n")
     out.write(f"talosconfig: {paths.talosconfig}\n")
