@@ -420,6 +420,13 @@ def test_runbook_rollback_plans_then_applies_from_a_record_into_its_own_record(
     planned = capsys.readouterr().out  # a plan says it in its plan lines, once, not as something done
     assert "rolled back:" not in planned and "not undone by the rollback" not in planned, planned
     assert planned.count("nvidia.com/gpu.present-") == 1, planned
+    # what Approve runs, as the forward plan shows its own (operator walkthrough): the Kubernetes layer first,
+    # then per group of nodes the installer they go back to and the removal patch
+    would = planned.index("  would: helm uninstall nvidia-device-plugin -n kube-system (first: ")
+    nodes = planned.index("  gpu-worker-1, gpu-worker-2, gpu-worker-3: back to Talos v1.12.7, schematic ")
+    assert would < nodes, planned
+    assert "-n <node> upgrade --image 127.0.0.1:" in planned and f"{VANILLA_SCHEMATIC}:v1.12.7" in planned
+    assert "        - name: nvidia\n          $patch: delete\n" in planned, planned
     assert main(["rollback", "-p", PARAMS, "--from", applied.name, "--apply", *env]) == 0
     out = capsys.readouterr().out  # what it did and what it left, not only the counts (operator walkthrough)
     assert "rolled back:\n  helm uninstall nvidia-device-plugin -n kube-system\n" in out, out

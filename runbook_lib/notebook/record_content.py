@@ -9,6 +9,7 @@ internals for it.  Everything here is pure: it shapes data, the callers write an
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,21 +112,22 @@ PLAN_LINES_MAX = 40
 
 def plan_lines(result: dict[str, Any] | None) -> list[str]:
     """What a planned step would change, for the terminal: each group of nodes with its machine-config diff
-    (talosctl's dry run), else each distinct planned node line with its nodes; then the step's notes.
+    (talosctl's dry run), else each distinct planned node line with its nodes and what they would run, after the
+    cluster-wide changes (``data.changes``); then the step's notes.
 
     Why: a plan-only ``runbook run`` printed ``config-patch planned (3 planned)`` and nothing of the diff, which
     lived only in the executed notebook (found by an operator walkthrough): headless, the change could not be
     reviewed before ``--apply``. Identical nodes are said once, so 1,000 nodes print as one group."""
     if not result:
         return []
-    lines: list[str] = []
+    grouped: list[str] = []
     for group in (result.get("data") or {}).get("groups") or []:
         if isinstance(group, dict) and group.get("dry_run"):
-            lines.append(f"  {_names(group.get('nodes') or [])}: machine config diff (talosctl's dry run):")
-            lines += ["    " + line for line in _config_diff(str(group["dry_run"]))]
-    if not lines:
-        lines += node_lines(result, "planned")
-    lines += [f"  would: {change}" for change in _planned_changes(result)]
+            grouped.append(f"  {_names(group.get('nodes') or [])}: machine config diff (talosctl's dry run):")
+            grouped += ["    " + line for line in _config_diff(str(group["dry_run"]))]
+    # the cluster-wide changes first: a rollback removes its Kubernetes layer before any node
+    lines = [f"  would: {change}" for change in _planned_changes(result)]
+    lines += grouped or node_lines(result, "planned", diffs=True)
     lines += [f"  note: {n}" for n in result.get("notes") or [] if not str(n).startswith("plan only")]
     if len(lines) > PLAN_LINES_MAX:
         lines = [*lines[:PLAN_LINES_MAX], "  … (the whole plan is in the record)"]
@@ -155,14 +157,27 @@ def _planned_changes(result: dict[str, Any]) -> list[str]:
     return out
 
 
-def node_lines(result: dict[str, Any] | None, status: str) -> list[str]:
+def node_lines(result: dict[str, Any] | None, status: str, *, diffs: bool = False) -> list[str]:
     """Each distinct message of the step's nodes in ``status``, with the nodes that have it (1,000 alike: one
-    line)."""
-    by_message: dict[str, list[str]] = {}
+    line). ``diffs``: each with what the nodes' ``diff`` says they would run (the image step's upgrade command,
+    the rollback's removal patches and installer), the node's address written ``<node>`` so alike nodes stay one
+    group. Why: a rollback plan said only "back to Talos v1.12.7, schematic …; remove the runbook's config patch",
+    not the patches and the installer that Approve runs, which the forward plan shows (operator walkthrough)."""
+    groups: dict[tuple[str, str], list[str]] = {}
     for node in (result or {}).get("nodes") or []:
         if node.get("status") == status and node.get("message"):
-            by_message.setdefault(str(node["message"]), []).append(str(node.get("node")))
-    return [f"  {_names(names)}: {message}" for message, names in by_message.items()]
+            diff = _any_node(str(node.get("diff") or ""), str(node.get("address") or "")) if diffs else ""
+            groups.setdefault((str(node["message"]), diff), []).append(str(node.get("node")))
+    lines: list[str] = []
+    for (message, diff), names in groups.items():
+        lines.append(f"  {_names(names)}: {message}")
+        lines += ["    " + line for line in diff.splitlines()]
+    return lines
+
+
+def _any_node(diff: str, address: str) -> str:
+    """``diff`` with the node's address as ``<node>``; only whole words, so 10.5.0.1 leaves 10.5.0.11 alone."""
+    return re.sub(rf"(?<![\w.]){re.escape(address)}(?![\w.])", "<node>", diff) if address else diff
 
 
 def _names(names: list[Any]) -> str:

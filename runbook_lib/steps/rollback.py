@@ -401,7 +401,10 @@ def _kubernetes_plan(
     result.data["kubernetes"] = found.commands()
     if found.commands():
         result.data["planned"] = True
-        result.notes.append("first, the Kubernetes layer the runbook created: " + "; ".join(found.commands()))
+        # as the forward plan lists its Kubernetes changes (record_content._planned_changes): each a "would" line
+        result.data["changes"] = [
+            f"{c} (first: the Kubernetes layer the runbook created)" for c in found.commands()
+        ]
     return found if found.commands() else None
 
 
