@@ -219,6 +219,21 @@ def test_list_and_show(chain: tuple[Path, list[Path]], capsys: pytest.CaptureFix
     assert main(["records", "show", "nope", "--dir", str(root)]) == 2
 
 
+def test_list_tells_apart_two_clusters_of_the_same_name_by_their_nodes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A staging copy of production's parameter file keeps its ``cluster`` name: the list named both runs
+    ``sim-gpu`` alike, and rollback refuses the record whose nodes sit at other addresses (walkthrough)."""
+    root = tmp_path / "records"
+    for run_id, first in (("00000001", "10.5.0.11"), ("00000002", "10.9.0.11")):
+        path = records.create_record_dir(root, "sim-gpu", run_id=run_id)
+        nodes = [{"name": f"gpu-{i}", "address": first[:-1] + str(i)} for i in (1, 2)]
+        records.seal(path, {"cluster": "sim-gpu", "outcome": "ok", "params": {"nodes": nodes}, "steps": []})
+    assert main(["records", "list", "--dir", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "[2 node(s) from 10.5.0.11]" in out and "[2 node(s) from 10.9.0.11]" in out, out
+
+
 def test_records_commands_take_the_records_folder_as_runbook_run_names_it(
     chain: tuple[Path, list[Path]], capsys: pytest.CaptureFixture[str]
 ) -> None:

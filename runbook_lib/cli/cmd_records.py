@@ -79,7 +79,10 @@ def _list(args: argparse.Namespace) -> int:
             continue
         mode = "apply" if row.apply else "plan"
         steps = " ".join(f"{name}:{status}" for name, status in row.steps)
-        sys.stdout.write(f"{row.name}  {row.outcome:<10} {mode:<5} {row.changes:>3} changes  {steps}\n")
+        nodes = f"  [{row.nodes}]" if row.nodes else ""
+        sys.stdout.write(
+            f"{row.name}  {row.outcome:<10} {mode:<5} {row.changes:>3} changes  {steps}{nodes}\n"
+        )
     head = records.read_chain(_root(args.dir), quick=True).head
     if head is not None and (head / records.MANIFEST).is_file():
         sys.stdout.write(_head_line(head))

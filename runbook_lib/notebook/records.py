@@ -34,7 +34,7 @@ import os
 import re
 import socket
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -532,6 +532,23 @@ class RecordSummary:
     steps: list[tuple[str, str]] = field(default_factory=list)
     changes: int = 0
     problem: str = ""
+    nodes: str = ""
+    """Which machines the run addressed (:func:`nodes_seen`): two clusters with the same ``cluster`` name tell
+    apart by it."""
+
+
+def nodes_seen(data: Mapping[str, Any]) -> str:
+    """``<count> node(s) from <first address>`` of the record's parameters, "" when it lists none.
+
+    Why: ``records list`` showed only the cluster's name, and a folder holding runs of two clusters named alike
+    (a staging copy of production's parameter file) listed them as one; rollback refuses a record whose nodes
+    sit at other addresses, so the operator needs to see which record is which (operator walkthrough)."""
+    params = data.get("params")
+    nodes = params.get("nodes") if isinstance(params, Mapping) else None
+    addresses = [str(n.get("address")) for n in nodes or [] if isinstance(n, Mapping) and n.get("address")]
+    if not addresses:
+        return ""
+    return f"{len(addresses)} node(s) from {addresses[0]}"
 
 
 def load_record(path: Path) -> dict[str, Any]:
@@ -573,6 +590,7 @@ def summarize(path: Path) -> RecordSummary:
     summary.apply = data.get("apply") if isinstance(data.get("apply"), bool) else None
     summary.steps = [(str(s.get("name")), str(s.get("status"))) for s in listed(data, "steps")]
     summary.changes = len(listed(data, "changes"))
+    summary.nodes = nodes_seen(data)
     return summary
 
 
