@@ -417,14 +417,16 @@ def stop(state_dir: Path, timeout: float = 90.0) -> bool:
 def start_servers(state_dir: Path) -> dict[str, Any]:
     """The simulator daemon (Image Factory, tool server) and the real control plane (``choose``: the nodes'
     release or the nearest built one); the endpoints. What `runbook sim up` and `runbook run` start; a failed
-    start stops what started, and nothing starts when no control plane is built (ValueError)."""
+    start, or one interrupted (Ctrl-C: before, the daemon and a half-started control plane stayed up), stops
+    what started, and nothing starts when no control plane is built (ValueError)."""
     from runbook_lib.sim import cluster  # noqa: PLC0415 - cluster's own imports would be circular
 
     tools = choose(str(load_cluster(state_dir)["kubernetes_version"]))
     endpoints = cluster.start_daemon(state_dir)
     try:
         info = start(state_dir, tools)
-    except RuntimeError:
+    except BaseException:  # a failed start, or a Ctrl-C while it waits: neither half outlives the call
+        stop(state_dir)
         cluster.stop_daemon(state_dir)
         raise
     return endpoints | {k: info[k] for k in ("kube", "charts", "charts_mirror")}

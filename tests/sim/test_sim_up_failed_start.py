@@ -43,3 +43,35 @@ def test_a_failed_talosctl_start_stops_the_control_plane_before_sim_up_returns(
         assert processes_of(state) == []
     finally:
         runbook("sim", "down", "--state", str(state), mode="real")
+
+
+def test_a_ctrl_c_while_the_control_plane_starts_leaves_nothing_running(
+    tools: realkube.Tools, tmp_path: Path
+) -> None:
+    """Ctrl-C in ``sim up`` once the control plane's supervisor runs, before simnode: before, the daemon and the
+    half-started control plane stayed up (stop 45's note: "a half cluster")."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    state = tmp_path / "sim"
+    argv = [sys.executable, "-m", "runbook_lib", "sim", "up", "--state", str(state), "--nodes", "1"]
+    env = os.environ | {realkube.MODE_ENV: "real"}
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while realkube.supervisor_pid(state) is None and proc.poll() is None:
+            assert time.monotonic() < deadline, "the control plane never started"
+            time.sleep(0.05)
+        assert proc.poll() is None, "sim up ended before the control plane started: " + proc.communicate()[1]
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=120)
+        assert proc.returncode != 0, err
+        assert realkube.supervisor_pid(state) is None
+        assert processes_of(state) == [], processes_of(state)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        runbook("sim", "down", "--state", str(state), mode="real")
