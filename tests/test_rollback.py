@@ -870,3 +870,30 @@ def test_the_records_a_refusal_suggests_are_the_cluster_s_changing_runs_and_a_br
     (made[-1] / "record.json").write_text("{not json")  # damaged after its seal
     found = rollback_records._unnamed(root, "sim-gpu", {made[0].resolve()}, made[0].name)
     assert found == {"gpu-1": [made[1].name]}, found
+
+
+def test_the_folder_s_other_records_are_read_only_at_the_first_refusal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rollback that refuses no node read every newer record of the folder all the same, for a hint it never
+    printed (stop 45's note: a 1,000-node record is large); now they are read at the first refusal, once."""
+    import yaml
+
+    from runbook_lib.notebook import rollback_records
+
+    root = tmp_path / "records"
+    named = records.create_record_dir(root, "sim-gpu", now=datetime(2026, 12, 6, 12, 0, tzinfo=UTC))
+    records.seal(named, {"cluster": "sim-gpu", "outcome": "changed", "steps": []})
+    for minute in (1, 2):
+        later = records.create_record_dir(root, "sim-gpu", now=datetime(2026, 12, 6, 12, minute, tzinfo=UTC))
+        records.seal(later, {"cluster": "sim-gpu", "outcome": "changed", "steps": []})
+    read: list[str] = []
+    real_load = records.load_record
+    monkeypatch.setattr(records, "load_record", lambda path: read.append(path.name) or real_load(path))
+    data = yaml.safe_load(Path(PARAMS).read_text()) | {"rollback": {"records": [named.name]}}
+    evidence = rollback_records.load_evidence(validate(data, source="test"), root, suggest=True)
+    assert read.count(named.name) == 1 and len(read) == 1, read  # the named record only
+    assert evidence.unnamed("gpu-worker-1") == [] and len(read) == 3, (
+        read
+    )  # the first refusal reads the others
+    assert evidence.unnamed("gpu-worker-2") == [] and len(read) == 3, read  # once

@@ -24,7 +24,7 @@ used rather than JSON6902 ``remove``: Talos refuses JSON6902 patches on multi-do
 from __future__ import annotations
 
 import shlex
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -87,13 +87,21 @@ class Evidence:
     not_undone: list[str] = field(default_factory=list)
     """What those runs changed that the rollback does not undo (the device plugin removed before Talos 1.13,
     namespace and node labels): the plan lists it, for a person to put back if needed."""
-    unnamed: dict[str, list[str]] = field(default_factory=dict)
-    """By node name, the records of the same cluster in the records folder that changed the node and were not
-    named: what a refusal asks to name too (found by an operator walkthrough: a run split into two records by
-    ``--steps`` and ``--from`` was refused with the config-patch record alone, and the hint named neither)."""
+    suggest: Callable[[], dict[str, list[str]]] | None = None
+    """Reads, by node name, the records of the same cluster in the records folder that changed the node and were
+    not named: what a refusal asks to name too (found by an operator walkthrough: a run split into two records by
+    ``--steps`` and ``--from`` was refused with the config-patch record alone, and the hint named neither). Called
+    at the first refusal only (:meth:`unnamed`): a rollback refusing nothing reads no other record."""
+    _unnamed: dict[str, list[str]] | None = field(default=None, repr=False)
     labelled: list[tuple[str, list[dict[str, Any]]]] = field(default_factory=list)
     """Per record, the node labels its Kubernetes step set with each one's value before (``data.labelled``): the
     rollback step says how to put back those of the nodes that go back, or of all when the layer goes too."""
+
+    def unnamed(self, node: str) -> list[str]:
+        """The records :attr:`suggest` reads for ``node`` (none without it), read once."""
+        if self._unnamed is None:
+            self._unnamed = self.suggest() if self.suggest is not None else {}
+        return self._unnamed.get(node, [])
 
     def releases(self) -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = []

@@ -10,6 +10,7 @@ problem names the parameter and the record, and nothing runs (exit 2 from the CL
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -62,8 +63,9 @@ def checked_record(path: Path, cluster: str) -> dict[str, Any]:
 def load_evidence(params: Params, root: Path | None = None, *, suggest: bool = False) -> Evidence:
     """The evidence of the records ``rollback.records`` names (paths or names in ``root``), oldest first.
 
-    ``suggest``: also read the folder's other records for ``Evidence.unnamed``, which only the step's refusals use;
-    the CLI's check before the run does not (it read every newer record a second time)."""
+    ``suggest``: the folder's other records may be read for ``Evidence.unnamed``, which only the step's refusals
+    use, and then only at the first (a rollback refusing no node reads none); the CLI's check before the run
+    reads none (it read every newer record a second time)."""
     refs = list(params.rollback.records)
     if not refs:
         raise PermanentError(f"{PARAMETER} is empty: name the change record(s) to roll back", hint=HINT)
@@ -83,7 +85,7 @@ def load_evidence(params: Params, root: Path | None = None, *, suggest: bool = F
         return evidence
     # the folder the named records are in: a notebook's kernel may have another default root than the CLI's
     first = min(loaded, key=lambda p: p.name)
-    evidence.unnamed = _unnamed(first.parent, params.cluster, set(loaded), first.name)
+    evidence.suggest = functools.partial(_unnamed, first.parent, params.cluster, set(loaded), first.name)
     return evidence
 
 

@@ -234,14 +234,14 @@ def _plan_nodes(
         problem = found.missing or [errors.get(node.address) or state.error or ""]
         if found.missing or node.address in errors or state.error or node.address not in configs:
             why = "; ".join(p for p in problem if p) or "the machine config could not be read"
-            _refuse(res, node, why, evidence.unnamed.get(node.name, []))
+            _refuse(res, node, why, evidence.unnamed(node.name))
             continue
         try:
             plan = _node_plan(
                 ctx, node, found, config=configs[node.address], state=state, fact=facts.get(node.address)
             )
         except RunbookError as exc:
-            _refuse(res, node, exc.message, evidence.unnamed.get(node.name, []))
+            _refuse(res, node, exc.message, evidence.unnamed(node.name))
             continue
         if plan is None:
             res.status = "unchanged"
