@@ -82,7 +82,8 @@ class CompatibilityError(PermanentError):
 
 
 class Forbidden(PermanentError):
-    """The API server's authorizer refused the request for this identity (HTTP 403).
+    """The API server's authorizer refused the request for this identity (HTTP 403 with the authorizer's words;
+    an admission plugin's 403 is a plain ``PermanentError``).
 
     Its own class because a plan meets it differently from other failures: a dry-run write the identity may
     not make is not checked by the server's dry run, but it tells the plan what an apply run with the same

@@ -50,13 +50,14 @@ def test_a_read_only_user_plans_the_whole_kubernetes_layer_and_sees_which_writes
         assert "would label 2 node(s); " + REFUSED in labels.message and 'cannot patch resource "nodes"' in (
             labels.message
         )
-        assert any("2 planned write(s) are refused" in n for n in plan.notes), plan.notes
+        assert any("3 planned write(s) are refused" in n for n in plan.notes), plan.notes  # a label per node
         assert [e.summary for e in runner.journal.changes()] == []
         assert ctx.kube.runtime_class("nvidia") is None
 
         applied = kubernetes_layer(runner, apply=True)
         assert not applied.ok, "an apply run with the same user must still stop at the refused write"
         assert 'cannot create resource "runtimeclasses"' in applied.checks[-1].message
+        assert "grant it to the kubeconfig's user" in applied.checks[-1].fix
         assert ctx.kube.runtime_class("nvidia") is None
 
         admin = kubernetes_layer(ctx, apply=False)

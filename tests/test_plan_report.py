@@ -78,3 +78,26 @@ def test_steps_without_a_diff_show_their_planned_lines_grouped_and_the_report_ca
     report = outcome.report()
     assert "config-patch would change (applied only with --apply):" in report
     assert "    +            - name: nvidia" in report
+
+
+def test_nodes_whose_plans_differ_only_in_their_own_name_and_address_are_one_group():
+    """A rollback's removal that reboots its node says ``kubectl drain <name> first`` beside ``-n <address>``;
+    grouping on the address alone printed one group per node, 1,000 nodes cut after 40 lines (review)."""
+
+    def node(i: int) -> dict[str, str]:
+        name, address = f"gpu-{i}", f"10.5.0.{i}"
+        return {
+            "node": name,
+            "address": address,
+            "status": "planned",
+            "message": "back to Talos v1.12.7",
+            "diff": f"# it reboots the node: kubectl drain {name} first\ntalosctl -n {address} upgrade --image i",
+        }
+
+    lines = plan_lines({"nodes": [node(i) for i in (1, 10, 11)], "data": {"changes": ["helm uninstall x"]}})
+    assert lines == [
+        "  would: helm uninstall x",
+        "  gpu-1, gpu-10, gpu-11: back to Talos v1.12.7",
+        "    # it reboots the node: kubectl drain <node> first",
+        "    talosctl -n <node> upgrade --image i",
+    ], lines

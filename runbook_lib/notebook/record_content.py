@@ -166,7 +166,9 @@ def node_lines(result: dict[str, Any] | None, status: str, *, diffs: bool = Fals
     groups: dict[tuple[str, str], list[str]] = {}
     for node in (result or {}).get("nodes") or []:
         if node.get("status") == status and node.get("message"):
-            diff = _any_node(str(node.get("diff") or ""), str(node.get("address") or "")) if diffs else ""
+            diff = (
+                _any_node(str(node.get("diff") or ""), node.get("address"), node.get("node")) if diffs else ""
+            )
             groups.setdefault((str(node["message"]), diff), []).append(str(node.get("node")))
     lines: list[str] = []
     for (message, diff), names in groups.items():
@@ -175,9 +177,12 @@ def node_lines(result: dict[str, Any] | None, status: str, *, diffs: bool = Fals
     return lines
 
 
-def _any_node(diff: str, address: str) -> str:
-    """``diff`` with the node's address as ``<node>``; only whole words, so 10.5.0.1 leaves 10.5.0.11 alone."""
-    return re.sub(rf"(?<![\w.]){re.escape(address)}(?![\w.])", "<node>", diff) if address else diff
+def _any_node(diff: str, *names: object) -> str:
+    """``diff`` with the node's address and name as ``<node>`` (a removal that reboots says ``kubectl drain
+    <name> first``: review); whole words only, so 10.5.0.1 leaves 10.5.0.11 and gpu-1 leaves gpu-10 alone."""
+    for name in (str(n) for n in names if n):
+        diff = re.sub(rf"(?<![\w.-]){re.escape(name)}(?![\w-]|\.\w)", "<node>", diff)
+    return diff
 
 
 def _names(names: list[Any]) -> str:

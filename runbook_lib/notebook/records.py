@@ -533,8 +533,8 @@ class RecordSummary:
     changes: int = 0
     problem: str = ""
     nodes: str = ""
-    """Which machines the run addressed (:func:`nodes_seen`): two clusters with the same ``cluster`` name tell
-    apart by it."""
+    """The parameter file's nodes (:func:`nodes_seen`; a ``--nodes`` subset is not reflected): two clusters with
+    the same ``cluster`` name tell apart by it."""
 
 
 def nodes_seen(data: Mapping[str, Any]) -> str:

@@ -89,22 +89,25 @@ def select_steps(steps: Sequence[str] | None, from_step: str | None) -> list[Ste
     return [s for s in STEPS if s.name in wanted and STEP_NAMES.index(s.name) >= start]
 
 
-def with_preflight(selected: list[StepSpec], *, apply: bool) -> list[StepSpec]:
-    """``selected`` with preflight first when the run applies a change and does not run it already.
+#: The steps that change the Talos nodes: a run of either gets preflight's node checks first (with_preflight).
+NODE_CHANGING = frozenset({"config-patch", "image"})
 
-    Why: ``--steps config-patch --apply`` and the resume a report suggests (``--from verify … --apply``) ran
-    their changes with none of preflight's checks (a node on another Talos release getting the wrong
-    installer, a GPU-less node getting the GPU one, Kubernetes writes the user may not make, a helm release
-    stuck ``pending``), silently (found by an operator walkthrough). Preflight is read-only and checks only
-    what the selected steps need (``RUNBOOK_RUN_STEPS``). A plan-only run changes nothing and is left as asked,
-    and so is a rollback, which asks for its own writes in its plan."""
-    names = [s.name for s in selected]
-    first = STEPS[0]
-    if not apply or first.name in names or names == [ROLLBACK.name]:
+
+def with_preflight(selected: list[StepSpec], *, apply: bool) -> list[StepSpec]:
+    """``selected`` with preflight first when the run applies a change to the Talos nodes and does not run it.
+
+    Why: ``--steps config-patch --apply`` (and a resume ``--from image --apply``) changed the nodes with none of
+    preflight's checks, silently (found by an operator walkthrough): a node on another Talos release getting the
+    wrong installer, a GPU-less node getting the GPU one, a node that does not answer, Kubernetes writes the user
+    may not make, a helm release left pending. Preflight is read-only and asks only for the permissions the
+    selected steps need (``RUNBOOK_RUN_STEPS``); its node checks run in any case, which is why a run of only the
+    Kubernetes layer or the CUDA test is left as asked: it may come from a machine with only a kubeconfig, and
+    the Kubernetes step judges a down node alone (review, 6 Dec 2026). A plan-only run changes nothing and is
+    left as asked, and so is a rollback."""
+    names = {s.name for s in selected}
+    if not apply or STEPS[0].name in names or not names & NODE_CHANGING:
         return selected
-    if not any(s.changes_cluster for s in selected):
-        return selected
-    return [first, *selected]
+    return [STEPS[0], *selected]
 
 
 @contextlib.contextmanager

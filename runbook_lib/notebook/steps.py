@@ -62,9 +62,9 @@ class StepSpec:
     plans_alone: bool = False
     """Its plan reads only what it changes itself (a node's installed image), which an earlier step does not
     change: a plan-only run still plans it after an earlier step planned changes. Verify and the CUDA test check
-    what the applied changes leave, so they wait; so does the Kubernetes layer, whose dry run needs the writes'
-    permissions (the API server checks a dry run as the write: a read-only identity's plan would fail there,
-    review of 6 Dec 2026) and writes helm's repository list."""
+    what the applied changes leave, so they wait; so does the Kubernetes layer, whose dry run is authorized as
+    the writes (a read-only identity's plan names each refused one: steps/dryrun.py) and which writes helm's
+    repository list."""
 
     @property
     def uses_kubernetes(self) -> bool:

@@ -363,7 +363,8 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def make_server(state_dir: Path) -> FactoryServer:
-    """The daemon's entry point: a factory bound to a free loopback port, not yet serving."""
+    """The daemon's entry point: a factory bound to the state directory's loopback port (``PORT_FILE``; a free
+    one the first time or when it is taken), not yet serving."""
     return FactoryServer(Path(state_dir))
 
 

@@ -21,12 +21,12 @@ GRANT = (
 )
 
 
-def refused_in_plan(result: StepResult, exc: Forbidden, *, dry_run: bool) -> str:
-    """The refusal as a plan says it (``; applying would be refused …``), counted in ``data.refused``;
-    raised again when not ``dry_run``."""
+def refused_in_plan(result: StepResult, exc: Forbidden, *, dry_run: bool, writes: int = 1) -> str:
+    """The refusal as a plan says it (``; applying would be refused …``), its ``writes`` (one label per node)
+    counted in ``data.refused``; raised again when not ``dry_run``."""
     if not dry_run:
         raise exc
-    result.data["refused"] = int(result.data.get("refused", 0)) + 1
+    result.data["refused"] = int(result.data.get("refused", 0)) + writes
     return f"; applying would be refused, so the API server's dry run did not check it: {exc.message}"
 
 

@@ -295,9 +295,9 @@ def _privileged_namespace(ctx: Context, result: StepResult, changed: list[str], 
     try:
         state, refused = ctx.kube.ensure_namespace(namespace, PRIVILEGED, dry_run=dry_run), ""
     except Forbidden as exc:
+        refused = dryrun.refused_in_plan(result, exc, dry_run=dry_run)  # raised again when applying
         # ensure_namespace writes only when a change is due: created when it is not there, else labelled
         state = "created" if ctx.kube.namespace(namespace) is None else "labelled"
-        refused = dryrun.refused_in_plan(result, exc, dry_run=dry_run)
     if state != "ok":
         changed.append(f"namespace {namespace} {state} (enforce=privileged)")
     said = f"would be {state}{refused}" if dry_run and state != "ok" else state  # a plan did not create it
@@ -371,7 +371,7 @@ def _label_nodes(
     try:
         ctx.kube.each(label, todo)
     except Forbidden as exc:
-        said = dryrun.refused_in_plan(result, exc, dry_run=dry_run)
+        said = dryrun.refused_in_plan(result, exc, dry_run=dry_run, writes=len(todo))
         done.update(todo)  # planned all the same: what applying would label
         result.checks.append(
             Check(

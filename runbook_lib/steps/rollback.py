@@ -401,10 +401,9 @@ def _kubernetes_plan(
     result.data["kubernetes"] = found.commands()
     if found.commands():
         result.data["planned"] = True
-        # as the forward plan lists its Kubernetes changes (record_content._planned_changes): each a "would" line
-        result.data["changes"] = [
-            f"{c} (first: the Kubernetes layer the runbook created)" for c in found.commands()
-        ]
+        if not result.applied:  # as the forward plan lists its Kubernetes changes: each a "would:" line
+            first = "(first: the Kubernetes layer the runbook created)"
+            result.data["changes"] = [f"{c} {first}" for c in found.commands()]
     return found if found.commands() else None
 
 

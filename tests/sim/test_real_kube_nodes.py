@@ -181,15 +181,13 @@ def test_a_kubernetes_fault_stops_the_run_at_the_kubernetes_step_on_the_faulty_n
     also, then = (PENDING, terminating) if fault == "image_pull_error" else (None, None)
     real = kube_fault_run(tmp_path, fault, then, also)
     failing = sorted({"gpu-worker-3", *(also or {})})
-    # preflight first: an --apply run of changing steps runs it (runner.with_preflight); the fault is Kubernetes'
-    stopped = {"preflight": "ok", "kubernetes": "failed"}
     expected: tuple[dict[str, str], list[tuple[str, str, list[str]]]] = (
-        stopped,
+        {"kubernetes": "failed"},
         [(node, "", []) for node in failing],
     )
     if also:
         real = assert_pending_quotes_the_scheduler(real, expected)
-    assert real[0] == stopped, real
+    assert real[0] == {"kubernetes": "failed"}, real
     [(node, _message, checks)] = real[1]
     assert node == "gpu-worker-3", real
     assert any(FAULT_SAYS[fault] in check for check in checks), checks
