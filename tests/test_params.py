@@ -278,7 +278,10 @@ def test_missing_config_paths_of_a_real_cluster_are_refused_at_load(tmp_path, ke
     (problem,) = problems(tmp_path, data)
     assert problem.startswith(f"{tmp_path}/cluster.yaml: {key}:") and str(missing) in problem
     assert "no such file" in problem
-    data["target"] = "simulated"  # the simulator brings its own configs
+    # on the simulator a named config is used instead of its own (walkthrough: it was ignored), so it is checked
+    data["target"] = "simulated"
+    assert len(problems(tmp_path, data)) == 1
+    del data[key]  # unset: the simulator's own
     assert load_params(write(tmp_path, data)).target == "simulated"
 
 
@@ -407,3 +410,22 @@ def test_a_gpu_operator_older_than_the_talos_docs_support_is_refused_naming_the_
 def test_a_supported_gpu_operator_version_or_a_range_is_accepted(tmp_path, version):
     params = load_params(write(tmp_path, {**GOOD, "gpu_operator": {"chart_version": version}}))
     assert params.gpu_operator.chart_version == version
+
+
+def test_on_the_simulator_a_named_kubeconfig_is_the_one_the_tools_use(tmp_path):
+    """Walkthrough, 6 Dec 2026: ``--set kubeconfig=<a read-only service account's>`` on ``target: simulated`` was
+    ignored without a word (helm ran with the simulator's admin kubeconfig) while the record's parameters named
+    it, so the record misstated who made the plan."""
+    from runbook_lib.steps.context import resolve_endpoints
+
+    state = tmp_path / "sim"
+    state.mkdir()
+    (state / "endpoints.json").write_text('{"factory": "http://127.0.0.1:1"}')
+    mine = tmp_path / "reader.kubeconfig"
+    mine.write_text("x")
+    data = {**GOOD, "target": "simulated"}
+    assert resolve_endpoints(load_params(write(tmp_path, data)), state).kubeconfig == str(
+        state / "kubeconfig"
+    )
+    named = load_params(write(tmp_path, {**data, "kubeconfig": str(mine)}))
+    assert resolve_endpoints(named, state).kubeconfig == str(mine)

@@ -337,7 +337,9 @@ class Params(_Strict):
     talosconfig: str | None = None
     """Path to the talosconfig (never its contents); default: talosctl's own default / the simulator's."""
     kubeconfig: str | None = None
-    """Path to the kubeconfig (never its contents); default: ``$KUBECONFIG`` / the simulator's."""
+    """Path to the kubeconfig (never its contents); default: ``$KUBECONFIG`` / the simulator's. On
+    ``target: simulated`` a path given here (or ``talosconfig``) is used instead of the simulator's, e.g. a
+    read-only service account's kubeconfig made against the simulated API server."""
     tools: Tools = Tools()
     """Paths of ``talosctl`` and ``helm``."""
     timeouts: Timeouts = Timeouts()
@@ -727,10 +729,8 @@ def _overridden_file_problems(file_data: dict[str, Any], src: _Sources) -> list[
 
 
 def _config_path_problems(params: Params, src: _Sources) -> list[ParameterProblem]:
-    """A real cluster's talosconfig/kubeconfig must exist before any tool runs (talosctl only says the
-    client "did not answer", after a record was started)."""
-    if params.target != "cluster":
-        return []
+    """A talosconfig/kubeconfig the parameters name must exist before any tool runs (talosctl only says the
+    client "did not answer", after a record was started); on the simulator too, where a named one is used."""
     problems: list[ParameterProblem] = []
     for key in ("talosconfig", "kubeconfig"):
         value = getattr(params, key)

@@ -52,7 +52,8 @@ def sim_state_dir() -> Path:
 
 
 def resolve_endpoints(params: Params, state_dir: Path | None = None) -> Endpoints:
-    """Real cluster: the parameters.  Simulated: the files the running simulator published."""
+    """Real cluster: the parameters.  Simulated: the files the running simulator published, except a
+    kubeconfig or talosconfig the parameters name."""
     if params.target == "cluster":
         return Endpoints(
             talosctl=params.tools.talosctl,
@@ -72,11 +73,14 @@ def resolve_endpoints(params: Params, state_dir: Path | None = None) -> Endpoint
             hint="start one with `runbook sim up -p <params file>` (or use `runbook run`, which starts it)",
         )
     published = json.loads(endpoints_file.read_text())
+    # A kubeconfig or talosconfig the parameters name wins over the simulator's (an identity made on the simulated
+    # cluster, such as a read-only service account): before, it was ignored without a word while the record's
+    # parameters named it, so the record misstated who made the plan (operator walkthrough, 6 Dec 2026).
     return Endpoints(
         talosctl=str(state / "bin" / "talosctl"),
         helm=str(state / "bin" / "helm"),
-        talosconfig=str(state / "talosconfig"),
-        kubeconfig=str(state / "kubeconfig"),
+        talosconfig=_expand(params.talosconfig) or str(state / "talosconfig"),
+        kubeconfig=_expand(params.kubeconfig) or str(state / "kubeconfig"),
         image_factory_url=str(published.get("factory") or params.image_factory_url),
         chart_repo_url=str(published["charts"]) if published.get("charts") else None,
         kubectl=str(state / "bin" / "kubectl"),
