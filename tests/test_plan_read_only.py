@@ -96,3 +96,45 @@ def test_a_read_only_user_plans_the_talos_1_13_hand_over_and_the_upgrade_behind_
         refused = kubernetes_layer(runner)
         handed = next(c for c in refused.checks if c.name == "RuntimeClass nvidia handed to the GPU Operator")
         assert REFUSED in handed.message and handed.ok, handed
+
+
+def test_runbook_run_prints_each_write_a_read_only_user_would_be_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What the operator reads: the refusals passed (a plan goes on), so the terminal showed only a count in a
+    note, and ``--set kubeconfig=`` was ignored on the simulator (walkthrough, 6 Dec 2026). Here a plan-only
+    ``runbook run`` with a read-only service account's kubeconfig names each refused write with its fix."""
+    from runbook_lib.cli import main
+    from runbook_lib.model.params import load_params
+    from runbook_lib.steps.context import connect
+    from tests.rbac import restricted_kubeconfig
+    from tests.realplane import use_real_plane
+
+    use_real_plane(monkeypatch)
+    params = str(Path(__file__).resolve().parents[1] / "params" / "simulated.yaml")
+    state, scenario = tmp_path / "sim", ["--set", "simulation.scenario=gpu-ready"]
+    assert main(["sim", "up", "-p", params, "--state", str(state), "--scenario", "gpu-ready"]) == 0
+    try:
+        reader = restricted_kubeconfig(
+            connect(load_params(params), state_dir=state), tmp_path / "reader.yaml"
+        )
+        capsys.readouterr()
+        argv = [
+            "run",
+            "-p",
+            params,
+            *scenario,
+            "--set",
+            f"kubeconfig={reader}",
+            "--steps",
+            "preflight,kubernetes",
+        ]
+        assert main([*argv, "--state", str(state), "--records", str(tmp_path / "r"), "--no-progress"]) == 0
+        out = capsys.readouterr().out
+    finally:
+        main(["sim", "down", "--state", str(state)])
+    assert "\napplying would be refused to this kubeconfig's user (the plan went on):\n" in out, out
+    assert "  preflight: Kubernetes permissions: plan only; applying would be refused: " in out
+    assert "create secrets in kube-system" in out  # helm's release record, which no dry run checks
+    assert "  kubernetes: RuntimeClass nvidia: would be created; applying would be refused" in out
+    assert "    fix: grant the write to the user who applies" in out

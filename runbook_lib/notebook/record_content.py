@@ -79,6 +79,9 @@ class RunOutcome:
             planned = plan_lines(step.result) if step.status == "planned" else []
             if planned:
                 lines += [f"\n{step.name} would change (applied only with --apply):", *planned]
+        refused = [line for step in self.steps for line in refusal_lines(step.name, step.result)]
+        if refused:
+            lines += ["\napplying would be refused to this kubeconfig's user (the plan went on):", *refused]
         if self.failed_step:
             failed = next(s for s in self.steps if s.name == self.failed_step)
             if failed.error:
@@ -92,6 +95,20 @@ class RunOutcome:
         # The anchor: kept outside the records folder (a CI log), it proves the newest record too.
         lines.append(f"anchor: runbook records verify --expect {self.manifest_sha256}")
         return self.scrub("\n".join(lines) + "\n")
+
+
+def refusal_lines(step: str, result: dict[str, Any] | None) -> list[str]:
+    """The checks of a plan that passed only because it is a plan: writes the kubeconfig's user may not make
+    (preflight's and rollback's permission checks, a dry-run write the API server refused: steps/dryrun.py),
+    each with its fix. Why: they passed, so the terminal showed none of them, only a count in a note; a reviewer
+    or a CI job planning with a read-only identity saw a green plan (operator walkthrough, 6 Dec 2026)."""
+    lines: list[str] = []
+    for check in (result or {}).get("checks") or []:
+        message = str(check.get("message", ""))
+        if check.get("ok") and "applying would be refused" in message:
+            lines.append(f"  {step}: {check.get('name')}: {message}")
+            lines += [f"    fix: {check['fix']}"] if check.get("fix") else []
+    return lines
 
 
 def step_line_summary(summary: str, name: str, status: str) -> str:
