@@ -60,6 +60,25 @@ def test_every_fix_in_the_library_uses_the_one_placeholder_the_cli_replaces() ->
     assert not found, found
 
 
+def test_a_preflight_fix_in_a_run_that_did_not_name_preflight_re_runs_that_run() -> None:
+    """``--steps config-patch --apply`` runs preflight first (runner.with_preflight); an unreachable node's fix
+    said ``re-run: runbook run … --steps preflight``, a plan-only preflight that passes and leads nowhere
+    (walkthrough, 6 Dec 2026). It now names the run's own command; a fix naming other steps is left as it is."""
+    fix = "then re-run: runbook run -p <parameters> --steps preflight; or take the node out of `nodes:`"
+    own = Invocation("p.yaml", ("a=1",), "r", None, apply=True, selection=("--steps", "config-patch"))
+    assert own.with_params(fix) == (
+        "then re-run: runbook run -p p.yaml --set a=1 --steps config-patch --records r --apply; or take the node "
+        "out of `nodes:`"
+    )
+    other = "re-run: runbook run -p <parameters> --steps preflight,verify"
+    assert (
+        own.with_params(other)
+        == "re-run: runbook run -p p.yaml --set a=1 --records r --steps preflight,verify"
+    )
+    asked = Invocation("p.yaml", (), None, None, apply=True)  # the run named preflight (or ran them all)
+    assert asked.with_params(fix).startswith("then re-run: runbook run -p p.yaml --steps preflight;")
+
+
 def test_steps_left_after_a_partial_run_and_none_after_a_failure_a_plan_or_the_last_step() -> None:
     done = _outcome(("config-patch", "changed", ""), ("image", "changed", ""))
     assert steps_left(done) == ["verify", "kubernetes", "cuda-test"]

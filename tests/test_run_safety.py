@@ -144,7 +144,14 @@ def test_an_applying_run_without_preflight_stops_at_its_failure_before_any_chang
     record = _latest(tmp_path)
     assert [s["name"] for s in record["steps"]] == ["preflight"], record["steps"]
     assert record["changes"] == []
-    assert "stopped at preflight" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "stopped at preflight" in out
+    # its fix re-runs this command, not a plan-only preflight (walkthrough)
+    assert (
+        f"re-run: runbook run -p {PARAMS} --set simulation.scenario=unreachable-node --steps config-patch"
+        in out
+    )
+    assert "--steps preflight" not in out, out
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -359,6 +359,13 @@ def _latest_run(root: Path) -> dict[str, Any]:
     )
 
 
+def _own_selection(steps: list[str] | None, from_step: str | None) -> tuple[str, ...]:
+    """``--steps A,B`` / ``--from STEP`` as given, when they leave preflight out (run_report.Invocation.selection)."""
+    if (steps and "preflight" in steps) or from_step == "preflight":
+        return ()
+    return (*(["--steps", ",".join(steps)] if steps else []), *(["--from", from_step] if from_step else []))
+
+
 def _run(args: argparse.Namespace) -> int:
     with sigterm_unwinds():
         return _run_steps(args)
@@ -380,7 +387,12 @@ def _run_steps(args: argparse.Namespace) -> int:
     elif params_file is None:
         params_file = "params/simulated.yaml"
     invocation = run_report.Invocation(
-        params_file, args.overrides or (), args.records, args.state, apply=bool(args.apply)
+        params_file,
+        args.overrides or (),
+        args.records,
+        args.state,
+        apply=bool(args.apply),
+        selection=_own_selection(steps, args.from_step),
     )
     outcome = runner.run(
         params_file,

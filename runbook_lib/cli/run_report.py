@@ -9,6 +9,7 @@ image --apply`` nothing said that verify, kubernetes and cuda-test were still to
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,6 +31,10 @@ class Invocation:
     records: str | None = None
     state: str | None = None
     apply: bool = False
+    selection: tuple[str, ...] = ()
+    """The run's own ``--steps A,B`` or ``--from STEP`` when it did not name preflight: an ``--apply`` run of
+    node-changing steps runs preflight first all the same (``runner.with_preflight``), and a preflight fix's
+    ``--steps preflight`` re-run then means this command (walkthrough: it named a plan-only preflight)."""
 
     def params_args(self) -> list[str]:
         """``-p FILE --set K=V …`` as given; empty when the run resumed a record's parameters (no file)."""
@@ -49,6 +54,17 @@ class Invocation:
         args = self.params_args()
         if not args:
             return text
+        if self.selection:
+            own = [
+                "runbook",
+                "run",
+                *args,
+                *self.selection,
+                *self.place_args(),
+                *(["--apply"] if self.apply else []),
+            ]
+            preflight = rf"runbook run {re.escape(PARAMS_PLACEHOLDER)} --steps preflight(?![\w,-])"
+            text = re.sub(preflight, lambda _m: shlex.join(own), text)
         # `runbook run` takes --records and --state too; `runbook schematic show` only -p and --set
         run = f"runbook run {PARAMS_PLACEHOLDER}"
         text = text.replace(run, shlex.join(["runbook", "run", *args, *self.place_args()]))
