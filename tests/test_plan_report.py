@@ -101,3 +101,27 @@ def test_nodes_whose_plans_differ_only_in_their_own_name_and_address_are_one_gro
         "    # it reboots the node: kubectl drain <node> first",
         "    talosctl -n <node> upgrade --image i",
     ], lines
+
+
+def test_a_failed_node_s_quoted_tool_output_gives_way_to_its_cause_and_fix():
+    """A hung boot's node line quoted ten lines of talosctl's output, which filled the report's budget: the
+    likely cause and the fix were cut (walkthrough). The output is said to be in the record, once per node."""
+    from runbook_lib.notebook.record_content import compact_failure
+
+    quoted = [f"\t* sequence error {i}" for i in range(10)]
+    lines = [
+        "image: failed (1 failed, 2 changed)",
+        "  gpu-3 (10.5.0.13): talosctl upgrade failed: the new boot waits for service x",
+        "sequence: boot action: NOOP error: [code: sequence failed",
+        *quoted,
+        "    driver-binding: the nvidia driver never bound (likely cause: the GPU is not supported)",
+        "    fix: choose another track:",
+        "talosctl -n 10.5.0.13 upgrade --image i",
+        "  hint: see the failing nodes above",
+    ]
+    assert compact_failure(lines) == [
+        lines[0],
+        lines[1],
+        "    (the tool's output: in the record)",
+        *lines[-4:],
+    ]

@@ -85,16 +85,46 @@ class RunOutcome:
         if self.failed_step:
             failed = next(s for s in self.steps if s.name == self.failed_step)
             if failed.error:
-                text = str(failed.error.get("evalue", "")).splitlines() or [""]
+                text = compact_failure(str(failed.error.get("evalue", "")).splitlines() or [""])
                 text[0] = step_line_summary(text[0], failed.name, "failed")
-                cut = "\n  … (the full diagnosis is in the record)" if len(text) > 12 else ""
-                lines.append(f"\nstopped at {self.failed_step}: " + "\n".join(text[:12]) + cut)
+                cut = "\n  … (the full diagnosis is in the record)" if len(text) > STOPPED_LINES_MAX else ""
+                lines.append(f"\nstopped at {self.failed_step}: " + "\n".join(text[:STOPPED_LINES_MAX]) + cut)
         if self.note:
             lines.append(self.note)
         lines.append(f"record: {self.record}")
         # The anchor: kept outside the records folder (a CI log), it proves the newest record too.
         lines.append(f"anchor: runbook records verify --expect {self.manifest_sha256}")
         return self.scrub("\n".join(lines) + "\n")
+
+
+#: Lines of a failed step's diagnosis ``runbook run``'s report shows at most; the whole of it is in the record.
+STOPPED_LINES_MAX = 16
+
+
+def compact_failure(lines: list[str]) -> list[str]:
+    """A failed step's diagnosis for the terminal: each failed node's own line, without the tool output quoted
+    after it (a talosctl upgrade's sequence errors), then its checks with their causes and fixes.
+
+    Why: a hung boot's node line quoted ten lines of talosctl's output, which filled the report's budget, so the
+    likely cause and the fix (the checks below it) were cut (operator walkthrough, 6 Dec 2026). What is left out
+    is said, once per node, and kept in the record."""
+    out: list[str] = []
+    quoting = False
+    for line in lines:
+        if line.startswith("  ") and not line.startswith("   "):  # a node's line (or the step's hint)
+            quoting = True
+            out.append(line)
+        elif line.startswith("    "):  # the node's checks: what they say follows, fix commands included
+            quoting = False
+            out.append(line)
+        elif not quoting:
+            out.append(line)
+        elif not out[-1].endswith(_QUOTED):
+            out.append(f"    {_QUOTED}")
+    return out
+
+
+_QUOTED = "(the tool's output: in the record)"
 
 
 def refusal_lines(step: str, result: dict[str, Any] | None) -> list[str]:
