@@ -43,7 +43,7 @@ from runbook_lib.clients.fanout import concurrently
 from runbook_lib.clients.talosctl import upgrade_flags
 from runbook_lib.errors import PermanentError, RunbookError
 from runbook_lib.model.boot_assets import installer_image
-from runbook_lib.model.machineconfig import Doc
+from runbook_lib.model.machineconfig import Doc, contains
 from runbook_lib.model.params import Node
 from runbook_lib.model.profiles import render_documents
 from runbook_lib.model.redact import redact
@@ -56,6 +56,7 @@ from runbook_lib.model.rollback import (
     runs_nvidia_image,
 )
 from runbook_lib.model.rollout import Schedule
+from runbook_lib.model.text import shortened
 from runbook_lib.model.upgrade_risks import preserve_needed
 from runbook_lib.model.versions import TalosVersion
 
@@ -63,7 +64,7 @@ from . import drains, gpu_operator_handover, image_risks, permissions
 from .context import Context, wait_seconds
 from .drains import drain, lift, stays_cordoned
 from .image import MAX_PARALLEL_UPGRADES, NodeState, read_states
-from .patch import log_batch, pause_before, read_configs, rollout_schedule
+from .patch import log_batch, pause_before, read_configs, rollout_schedule, wanted_documents
 from .reboots import NOT_REBOOTED, boot_ids, wait_for_reboots
 from .results import Check, NodeResult, StepResult
 
@@ -249,7 +250,30 @@ def _plan_nodes(
             continue
         res.message = _summary(plan)  # its diff once the dry run says which removal reboots it (_dry_run)
         todo.append(plan)
+    _patch_not_named(ctx, result, [n for n in changed if n.address in configs], evidence, configs)
     return todo, results
+
+
+def _patch_not_named(
+    ctx: Context, result: StepResult, nodes: list[Node], evidence: Evidence, configs: dict[str, list[Doc]]
+) -> None:
+    """A note naming the nodes whose config carries the runbook's modules patch that no named record applied.
+
+    Why: a run split by ``--steps config-patch --apply`` and the ``--from image --apply`` its report suggests
+    leaves two records; a rollback from the second alone took the image back and left the patch without a
+    word, while the operator believed the nodes back where the runbook found them (operator walkthrough, 6 Dec
+    2026). The patch may also have been there before the runbook: the note says both, and changes nothing."""
+    kept = [
+        n.name
+        for n in nodes
+        if not evidence.nodes[n.name].patches and contains(configs[n.address], wanted_documents(ctx, n))
+    ]
+    if kept:
+        result.notes.append(
+            f"{shortened(kept)}: the machine config carries the runbook's modules patch, which no named record "
+            "applied, so this rollback leaves it; if a run of the runbook applied it (`--steps config-patch`), "
+            "name that record too (--from <record>; `runbook records list` shows them)"
+        )
 
 
 def _moved(node: Node, found: NodeEvidence) -> str:
