@@ -47,7 +47,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "-p", "--params", metavar="PARAMS", help="parameter file (default: params/simulated.yaml)"
     )
     run.add_argument(
-        "--steps", metavar="A,B", help=f"only these steps, in runbook order ({', '.join(STEP_NAMES)})"
+        "--steps",
+        metavar="A,B",
+        help=f"only these steps, in runbook order ({', '.join(STEP_NAMES)}); with --apply, a run of config-patch "
+        "or image runs preflight first",
     )
     run.add_argument(
         "--from",
