@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -278,10 +279,9 @@ def test_missing_config_paths_of_a_real_cluster_are_refused_at_load(tmp_path, ke
     (problem,) = problems(tmp_path, data)
     assert problem.startswith(f"{tmp_path}/cluster.yaml: {key}:") and str(missing) in problem
     assert "no such file" in problem
-    # on the simulator a named config is used instead of its own (walkthrough: it was ignored), so it is checked
-    data["target"] = "simulated"
-    assert len(problems(tmp_path, data)) == 1
-    del data[key]  # unset: the simulator's own
+    data["target"] = (
+        "simulated"  # checked when the run connects: one made on the simulator cannot exist before
+    )
     assert load_params(write(tmp_path, data)).target == "simulated"
 
 
@@ -416,16 +416,31 @@ def test_on_the_simulator_a_named_kubeconfig_is_the_one_the_tools_use(tmp_path):
     """Walkthrough, 6 Dec 2026: ``--set kubeconfig=<a read-only service account's>`` on ``target: simulated`` was
     ignored without a word (helm ran with the simulator's admin kubeconfig) while the record's parameters named
     it, so the record misstated who made the plan."""
+    from runbook_lib.errors import PermanentError
     from runbook_lib.steps.context import resolve_endpoints
+
+    def kubeconfig(path, server):
+        path.write_text(
+            f"clusters: [{{name: c, cluster: {{server: '{server}'}}}}]\n"
+            "contexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x\n"
+            "users: [{name: u, user: {token: t}}]\n"
+        )
+        return path
 
     state = tmp_path / "sim"
     state.mkdir()
     (state / "endpoints.json").write_text('{"factory": "http://127.0.0.1:1"}')
-    mine = tmp_path / "reader.kubeconfig"
-    mine.write_text("x")
+    kubeconfig(state / "kubeconfig", "https://127.0.0.1:40001")
+    mine = kubeconfig(tmp_path / "reader.kubeconfig", "https://127.0.0.1:40001")
     data = {**GOOD, "target": "simulated"}
-    assert resolve_endpoints(load_params(write(tmp_path, data)), state).kubeconfig == str(
-        state / "kubeconfig"
-    )
+    own = resolve_endpoints(load_params(write(tmp_path, data)), state).kubeconfig
+    assert own == str(state / "kubeconfig")
     named = load_params(write(tmp_path, {**data, "kubeconfig": str(mine)}))
     assert resolve_endpoints(named, state).kubeconfig == str(mine)
+    # a real cluster's kubeconfig is refused (review: --set target=simulated on production's parameter file)
+    real = kubeconfig(tmp_path / "prod.kubeconfig", "https://prod.example:6443")
+    prod = load_params(write(tmp_path, {**data, "kubeconfig": str(real)}))
+    with pytest.raises(
+        PermanentError, match=re.escape("points at https://prod.example:6443, not at https://127.0.0.1:40001")
+    ):
+        resolve_endpoints(prod, state)

@@ -133,7 +133,9 @@ def test_runbook_run_prints_each_write_a_read_only_user_would_be_refused(
         out = capsys.readouterr().out
     finally:
         main(["sim", "down", "--state", str(state)])
-    assert "\napplying would be refused to this kubeconfig's user (the plan went on):\n" in out, out
+    assert (
+        "\napplying would be refused to this kubeconfig's user (a plan names them and goes on):\n" in out
+    ), out
     assert "  preflight: Kubernetes permissions: plan only; applying would be refused: " in out
     assert "create secrets in kube-system" in out  # helm's release record, which no dry run checks
     assert "  kubernetes: RuntimeClass nvidia: would be created; applying would be refused" in out

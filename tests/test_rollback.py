@@ -842,7 +842,9 @@ def test_a_refused_node_s_fix_names_the_records_in_the_folder_that_changed_it_to
     # nowhere (walkthrough, 6 Dec 2026), now a note names the nodes and what to add
     assert main(["rollback", "-p", PARAMS, "--from", upgraded.name, *env]) == 0
     out = capsys.readouterr().out
-    assert f"note: gpu-worker-1, gpu-worker-2, gpu-worker-3: {carried}, so this rollback leaves it" in out, out
+    assert f"note: gpu-worker-1, gpu-worker-2, gpu-worker-3: {carried}, so this rollback leaves it" in out, (
+        out
+    )
 
 
 def test_the_records_a_refusal_suggests_are_the_cluster_s_changing_runs_and_a_broken_one_stops_nothing(

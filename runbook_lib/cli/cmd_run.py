@@ -364,8 +364,8 @@ def _latest_run(root: Path) -> dict[str, Any]:
 
 def _own_selection(steps: list[str] | None, from_step: str | None) -> tuple[str, ...]:
     """``--steps A,B`` / ``--from STEP`` as given, when they leave preflight out (run_report.Invocation.selection)."""
-    if (steps and "preflight" in steps) or from_step == "preflight":
-        return ()
+    if not (steps or from_step) or "preflight" in [s.name for s in runner.select_steps(steps, from_step)]:
+        return ()  # preflight is among the steps selected: its own fix is this run's
     return (*(["--steps", ",".join(steps)] if steps else []), *(["--from", from_step] if from_step else []))
 
 

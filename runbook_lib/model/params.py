@@ -338,8 +338,8 @@ class Params(_Strict):
     """Path to the talosconfig (never its contents); default: talosctl's own default / the simulator's."""
     kubeconfig: str | None = None
     """Path to the kubeconfig (never its contents); default: ``$KUBECONFIG`` / the simulator's. On
-    ``target: simulated`` a path given here (or ``talosconfig``) is used instead of the simulator's, e.g. a
-    read-only service account's kubeconfig made against the simulated API server."""
+    ``target: simulated`` a path given here is used instead of the simulator's when it points at the simulated
+    API server (e.g. a read-only service account's); one that points elsewhere is refused."""
     tools: Tools = Tools()
     """Paths of ``talosctl`` and ``helm``."""
     timeouts: Timeouts = Timeouts()
@@ -729,8 +729,11 @@ def _overridden_file_problems(file_data: dict[str, Any], src: _Sources) -> list[
 
 
 def _config_path_problems(params: Params, src: _Sources) -> list[ParameterProblem]:
-    """A talosconfig/kubeconfig the parameters name must exist before any tool runs (talosctl only says the
-    client "did not answer", after a record was started); on the simulator too, where a named one is used."""
+    """A real cluster's talosconfig/kubeconfig must exist before any tool runs (talosctl only says the
+    client "did not answer", after a record was started). On the simulator a named kubeconfig is checked when
+    the run connects (steps/context.py), since one made against the simulated API server cannot exist before it."""
+    if params.target != "cluster":
+        return []
     problems: list[ParameterProblem] = []
     for key in ("talosconfig", "kubeconfig"):
         value = getattr(params, key)

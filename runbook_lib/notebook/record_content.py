@@ -81,7 +81,10 @@ class RunOutcome:
                 lines += [f"\n{step.name} would change (applied only with --apply):", *planned]
         refused = [line for step in self.steps for line in refusal_lines(step.name, step.result)]
         if refused:
-            lines += ["\napplying would be refused to this kubeconfig's user (the plan went on):", *refused]
+            lines += [
+                "\napplying would be refused to this kubeconfig's user (a plan names them and goes on):",
+                *refused,
+            ]
         if self.failed_step:
             failed = next(s for s in self.steps if s.name == self.failed_step)
             if failed.error:
@@ -102,28 +105,35 @@ STOPPED_LINES_MAX = 16
 
 
 def compact_failure(lines: list[str]) -> list[str]:
-    """A failed step's diagnosis for the terminal: each failed node's own line, without the tool output quoted
-    after it (a talosctl upgrade's sequence errors), then its checks with their causes and fixes.
+    """A failed step's diagnosis for the terminal: unchanged when it fits; else each block (a node's line or a
+    step check's, ``  <name>: …``) keeps its first continuation lines and its checks with their causes and
+    fixes, and the rest of what it quotes (a talosctl upgrade's sequence errors) is said to be in the record.
 
     Why: a hung boot's node line quoted ten lines of talosctl's output, which filled the report's budget, so the
-    likely cause and the fix (the checks below it) were cut (operator walkthrough, 6 Dec 2026). What is left out
-    is said, once per node, and kept in the record."""
+    likely cause and the fix (the checks below it) were cut (operator walkthrough, 6 Dec 2026). The first
+    continuation lines stay: a message's cause may be on its second line (helm's ``Error: …``, a validation
+    error's ``* …``: review)."""
+    if len(lines) <= STOPPED_LINES_MAX:
+        return lines
     out: list[str] = []
-    quoting = False
+    left: int | None = None  # continuation lines still shown of the current block; None: every line is shown
     for line in lines:
-        if line.startswith("  ") and not line.startswith("   "):  # a node's line (or the step's hint)
-            quoting = True
+        if line.startswith("  ") and not line.startswith("   "):  # a node's or a check's line (or the hint)
+            left = QUOTED_KEPT
             out.append(line)
         elif line.startswith("    "):  # the node's checks: what they say follows, fix commands included
-            quoting = False
+            left = None
             out.append(line)
-        elif not quoting:
+        elif left is None or left > 0:
+            left = None if left is None else left - 1
             out.append(line)
         elif not out[-1].endswith(_QUOTED):
             out.append(f"    {_QUOTED}")
     return out
 
 
+#: Continuation lines of a node's or a check's line kept in the terminal when a diagnosis is compacted.
+QUOTED_KEPT = 3
 _QUOTED = "(the tool's output: in the record)"
 
 

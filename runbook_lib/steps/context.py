@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import yaml
+
 from runbook_lib.clients.helm import Helm
 from runbook_lib.clients.kubectl import Kubectl
 from runbook_lib.clients.proc import Journal, Runner
@@ -73,18 +75,49 @@ def resolve_endpoints(params: Params, state_dir: Path | None = None) -> Endpoint
             hint="start one with `runbook sim up -p <params file>` (or use `runbook run`, which starts it)",
         )
     published = json.loads(endpoints_file.read_text())
-    # A kubeconfig or talosconfig the parameters name wins over the simulator's (an identity made on the simulated
-    # cluster, such as a read-only service account): before, it was ignored without a word while the record's
-    # parameters named it, so the record misstated who made the plan (operator walkthrough, 6 Dec 2026).
     return Endpoints(
         talosctl=str(state / "bin" / "talosctl"),
         helm=str(state / "bin" / "helm"),
-        talosconfig=_expand(params.talosconfig) or str(state / "talosconfig"),
-        kubeconfig=_expand(params.kubeconfig) or str(state / "kubeconfig"),
+        talosconfig=str(state / "talosconfig"),
+        kubeconfig=_simulated_kubeconfig(params.kubeconfig, state),
         image_factory_url=str(published.get("factory") or params.image_factory_url),
         chart_repo_url=str(published["charts"]) if published.get("charts") else None,
         kubectl=str(state / "bin" / "kubectl"),
     )
+
+
+def _simulated_kubeconfig(named: str | None, state: Path) -> str:
+    """The simulator's kubeconfig, or the one the parameters name when it points at the simulated API server.
+
+    Why: a named kubeconfig was ignored without a word while the record's parameters named it, so the record
+    misstated who made the plan (an operator planning as a read-only service account made on the simulator;
+    walkthrough, 6 Dec 2026). Honouring any named file would let ``--set target=simulated`` on a real
+    cluster's parameter file (``~/.kube/config``) run helm against that cluster (review): one whose current
+    server is not the simulator's is refused, naming both."""
+    own = state / "kubeconfig"
+    if not named:
+        return str(own)
+    path = Path(os.path.expanduser(named))
+    theirs, ours = _server_of(path), _server_of(own)
+    if theirs is None or theirs != ours:
+        raise PermanentError(
+            f"kubeconfig {named}: on target: simulated only a kubeconfig of the simulated cluster is used, and this "
+            f"one {'cannot be read' if theirs is None else 'points at ' + theirs}, not at {ours or 'the simulator'}",
+            hint="leave kubeconfig unset (the simulator's), or make one against the simulated API server "
+            f"(its server is in {own})",
+        )
+    return str(path)
+
+
+def _server_of(path: Path) -> str | None:
+    """The current context's cluster server in a kubeconfig, or None when it cannot be read."""
+    try:
+        config = yaml.safe_load(path.read_text())
+        context = next(c for c in config["contexts"] if c["name"] == config["current-context"])["context"]
+        cluster = next(c for c in config["clusters"] if c["name"] == context["cluster"])["cluster"]
+        return str(cluster["server"])
+    except (OSError, yaml.YAMLError, KeyError, TypeError, StopIteration):
+        return None
 
 
 def _single_path(value: str | None) -> str | None:

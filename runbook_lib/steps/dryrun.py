@@ -43,5 +43,5 @@ def note(result: StepResult) -> str | None:
     return (
         f"{count} planned write(s) are refused to this kubeconfig's user: the plan shows them, but an apply "
         "run with the same kubeconfig would stop at the first; helm's own writes (its release record, a Secret) "
-        "are not in its dry run, and preflight names them"
+        "are not in its dry run: `runbook run --steps preflight` names them"
     )

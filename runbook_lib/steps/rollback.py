@@ -250,7 +250,10 @@ def _plan_nodes(
             continue
         res.message = _summary(plan)  # its diff once the dry run says which removal reboots it (_dry_run)
         todo.append(plan)
-    _patch_not_named(ctx, result, [n for n in changed if n.address in configs], evidence, configs)
+    # not the refused nodes: a refused node's config may be another machine's
+    refused = {r.node for r in results.values() if r.status == "failed"}
+    kept = [n for n in changed if n.name not in refused and n.address in configs]
+    _patch_not_named(ctx, result, kept, evidence, configs)
     return todo, results
 
 
@@ -263,16 +266,21 @@ def _patch_not_named(
     leaves two records; a rollback from the second alone took the image back and left the patch without a
     word, while the operator believed the nodes back where the runbook found them (operator walkthrough, 6 Dec
     2026). The patch may also have been there before the runbook: the note says both, and changes nothing."""
-    kept = [
-        n.name
-        for n in nodes
-        if not evidence.nodes[n.name].patches and contains(configs[n.address], wanted_documents(ctx, n))
-    ]
+
+    def carried(
+        node: Node,
+    ) -> bool:  # the modules (not the default runtime) on the node, and by no named patch
+        modules = wanted_documents(ctx, node, default_runtime=False)
+        added = evidence.nodes[node.name].added_documents()
+        return contains(configs[node.address], modules) and not (added and contains(added, modules))
+
+    kept = [n.name for n in nodes if carried(n)]
     if kept:
         result.notes.append(
             f"{shortened(kept)}: the machine config carries the runbook's modules patch, which no named record "
             "applied, so this rollback leaves it; if a run of the runbook applied it (`--steps config-patch`), "
-            "name that record too (--from <record>; `runbook records list` shows them)"
+            "name that record too (--from <record>; `runbook records list` shows them); if it was there before "
+            "the runbook, nothing is to do"
         )
 
 
