@@ -56,10 +56,20 @@ def test_a_ctrl_c_while_the_control_plane_starts_leaves_nothing_running(
     import sys
     import time
 
+    from tests.test_interrupts import _default_sigint
+
     state = tmp_path / "sim"
     argv = [sys.executable, "-m", "runbook_lib", "sim", "up", "--state", str(state), "--nodes", "1"]
     env = os.environ | {realkube.MODE_ENV: "real"}
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        argv,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        # CI runs in the background, where SIGINT is ignored and a child inherits that (tests/test_interrupts.py)
+        preexec_fn=_default_sigint,  # noqa: PLW1509 - the child must see SIGINT
+    )
     try:
         deadline = time.monotonic() + 120
         while realkube.supervisor_pid(state) is None and proc.poll() is None:
