@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runbook_lib.steps.dryrun import REFUSED
+
 #: The runbook's checkout: its git commit goes into every record (``records.git_info``).
 REPO = Path(__file__).resolve().parents[2]
 
@@ -82,7 +84,7 @@ class RunOutcome:
         refused = [line for step in self.steps for line in refusal_lines(step.name, step.result)]
         if refused:
             lines += [
-                "\napplying would be refused to this kubeconfig's user (a plan names them and goes on):",
+                f"\n{REFUSED} to this kubeconfig's user (a plan names them and goes on):",
                 *refused,
             ]
         if self.failed_step:
@@ -145,7 +147,7 @@ def refusal_lines(step: str, result: dict[str, Any] | None) -> list[str]:
     lines: list[str] = []
     for check in (result or {}).get("checks") or []:
         message = str(check.get("message", ""))
-        if check.get("ok") and "applying would be refused" in message:
+        if check.get("ok") and REFUSED in message:
             lines.append(f"  {step}: {check.get('name')}: {message}")
             lines += [f"    fix: {check['fix']}"] if check.get("fix") else []
     return lines

@@ -55,7 +55,7 @@ def sim_state_dir() -> Path:
 
 def resolve_endpoints(params: Params, state_dir: Path | None = None) -> Endpoints:
     """Real cluster: the parameters.  Simulated: the files the running simulator published, except a
-    kubeconfig or talosconfig the parameters name."""
+    kubeconfig the parameters name that points at the simulated API server (:func:`_simulated_kubeconfig`)."""
     if params.target == "cluster":
         return Endpoints(
             talosctl=params.tools.talosctl,

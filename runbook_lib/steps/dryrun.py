@@ -15,6 +15,10 @@ from runbook_lib.errors import Forbidden
 
 from .results import StepResult
 
+#: How a plan words a write the kubeconfig's user may not make, here and in preflight's and rollback's permission
+#: check (permissions.verdict); the run's report finds those checks by it (notebook/record_content.refusal_lines).
+REFUSED = "applying would be refused"
+
 GRANT = (
     "grant the write to the user who applies (a Role or ClusterRole bound to it), or apply with a kubeconfig "
     "that has it; the apply run's preflight names every write it needs"
@@ -27,7 +31,7 @@ def refused_in_plan(result: StepResult, exc: Forbidden, *, dry_run: bool, writes
     if not dry_run:
         raise exc
     result.data["refused"] = int(result.data.get("refused", 0)) + writes
-    return f"; applying would be refused, so the API server's dry run did not check it: {exc.message}"
+    return f"; {REFUSED}, so the API server's dry run did not check it: {exc.message}"
 
 
 def fix(refused: str) -> str:

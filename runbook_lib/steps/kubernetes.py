@@ -66,9 +66,8 @@ def kubernetes_layer(
         current = _existing_release(ctx, releases, version)
         # the namespace before the hand-over: a site that refuses it (RBAC, an admission policy) must not
         # find its device plugin already removed and no GPU Operator to replace it
-        replaced = (
-            False  # the device plugin's RuntimeClass, deleted (or planned so) for the GPU Operator's own
-        )
+        # the device plugin's RuntimeClass, deleted (or planned so) for the GPU Operator's own
+        replaced = False
         if plan.kubernetes_layer == "gpu-operator":
             _privileged_namespace(ctx, result, changed, dry_run=dry_run)
             replaced = _retire_device_plugin(

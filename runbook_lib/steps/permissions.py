@@ -28,7 +28,7 @@ from runbook_lib.clients.helm import Release
 from runbook_lib.errors import RunbookError
 from runbook_lib.model.versions import is_chart_version
 
-from . import gpu_operator_handover
+from . import dryrun, gpu_operator_handover
 from .context import Context
 from .cudatest import TEST_NAMESPACE
 from .kubernetes import GPU_PRESENT_LABEL, PRIVILEGED, RUNTIME_CLASS, already_deployed
@@ -315,7 +315,7 @@ def verdict(ctx: Context, wanted: list[Need], *, advisory: bool, unasked_ok: boo
         "check with: " + "; ".join(dict.fromkeys(n.command() for n, _ in refused))
     )
     if advisory:
-        return Check(CHECK, True, f"plan only; applying would be refused: {told}", fix=fix)
+        return Check(CHECK, True, f"plan only; {dryrun.REFUSED}: {told}", fix=fix)
     return Check(
         CHECK,
         False,
