@@ -10,6 +10,7 @@ This module sits outside the layers so every layer may raise these; it imports n
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -79,6 +80,22 @@ class ParametersInvalid(PermanentError):
 
 class CompatibilityError(PermanentError):
     """Pieces that cannot work together (driver versions, tracks, Talos versions)."""
+
+
+#: What to do about a write the authorizer refuses, as every refusal says it (a failed write's hint, a plan's
+#: refused write, preflight's and rollback's permission check): one wording, so a user meets one instruction.
+GRANT_HINT = (
+    "grant it to the kubeconfig's user (a Role or ClusterRole bound to it), or use a kubeconfig that has it"
+)
+#: A failed request's hint when the authorizer refused it.
+FORBIDDEN_HINT = f"{GRANT_HINT}; `runbook run --steps preflight` names every write a run needs"
+
+#: The authorizer's refusal as the API server words it (k8s.io/apiserver@v0.35.0
+#: pkg/endpoints/handlers/responsewriters/errors.go:60-80 ``forbiddenMessage``: ``User "…" cannot <verb> resource
+#: "…" in API group …``, or ``… cannot <verb> path "…"``), in a 403's body or as helm and kubectl print it
+#: (client-go's StatusError is the body's message). Only that 403 is ``Forbidden``: admission answers 403
+#: too (a webhook's denial, a namespace being terminated), and those a dry run did check (review, 6 Dec 2026).
+AUTHORIZER_REFUSAL = re.compile(r'User "[^"]*" cannot \S+ (?:resource|path) "')
 
 
 class Forbidden(PermanentError):

@@ -56,14 +56,48 @@ def restricted_kubeconfig(ctx: Any, out: Path) -> Path:
     return _kubeconfig(ctx, out)
 
 
-def _kubeconfig(ctx: Any, out: Path) -> Path:
+VIEWER = "gpu-viewer"
+
+
+def viewer_kubeconfig(ctx: Any, out: Path) -> Path:
+    """A kubeconfig for a service account bound to the built-in ``view`` ClusterRole, plus reading Nodes and
+    RuntimeClasses (cluster-scoped, which ``view`` leaves out): the read-only identity a site hands a reviewer.
+    ``view`` grants no Secrets (kubernetes@v1.35.0 plugin/pkg/auth/authorizer/rbac/bootstrappolicy/policy.go),
+    so helm, which keeps its releases in Secrets, can read none. The roles are the real API server's own."""
+    rbac = client.RbacAuthorizationV1Api(ctx.kube.api)
+    ctx.kube.core.create_namespaced_service_account("default", {"metadata": {"name": VIEWER}})
+    rbac.create_cluster_role(
+        {
+            "metadata": {"name": VIEWER},
+            "rules": [
+                {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
+                {
+                    "apiGroups": ["node.k8s.io"],
+                    "resources": ["runtimeclasses"],
+                    "verbs": ["get", "list", "watch"],
+                },
+            ],
+        }
+    )
+    for role in ("view", VIEWER):
+        rbac.create_cluster_role_binding(
+            {
+                "metadata": {"name": f"{VIEWER}-{role}"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+                "subjects": [{"kind": "ServiceAccount", "name": VIEWER, "namespace": "default"}],
+            }
+        )
+    return _kubeconfig(ctx, out, VIEWER)
+
+
+def _kubeconfig(ctx: Any, out: Path, user: str = USER) -> Path:
     token = ctx.kube.core.create_namespaced_service_account_token(
-        USER, "default", {"spec": {"expirationSeconds": 3600}}
+        user, "default", {"spec": {"expirationSeconds": 3600}}
     ).status.token
     config = yaml.safe_load(Path(ctx.endpoints.kubeconfig).read_text())
-    config["users"] = [{"name": USER, "user": {"token": token}}]
+    config["users"] = [{"name": user, "user": {"token": token}}]
     for entry in config["contexts"]:
-        entry["context"]["user"] = USER
+        entry["context"]["user"] = user
     out.write_text(yaml.safe_dump(config))
     return out
 

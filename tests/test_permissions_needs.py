@@ -248,3 +248,14 @@ def test_a_release_of_the_planned_name_in_another_namespace_is_not_taken_for_the
     reads = permissions.LayerReads()
     permissions.needs(ctx, ["image", "kubernetes"], reads)
     assert reads.release == (None,) and reads.runtime_class is False, reads
+
+
+def test_a_node_or_runtime_class_is_asked_without_a_namespace() -> None:
+    """Nodes and RuntimeClasses have no namespace (``namespaced: false`` in the API server's discovery): the
+    message named them "in every namespace" and the command asked ``-A``, which reads as a namespaced grant."""
+    ctx = _ctx("v1.13.0", kube=_Cluster(runtime_class=None, namespace=None), default_runtime_patch=True)
+    by_what = {n.what(): n for n in permissions.needs(ctx, None)}
+    patch = by_what["patch nodes"]
+    assert patch.where() == "" and patch.command() == "kubectl auth can-i patch nodes"
+    assert by_what["list pods"].command() == "kubectl auth can-i list pods -A"
+    assert by_what["create namespaces"].command() == "kubectl auth can-i create namespaces"

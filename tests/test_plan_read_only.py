@@ -12,7 +12,9 @@ control plane with a real service account's token (tests/rbac.py): the 403s are 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,7 +47,7 @@ def test_a_read_only_user_plans_the_whole_kubernetes_layer_and_sees_which_writes
         runtime_class = said["RuntimeClass nvidia"]
         assert runtime_class.message.startswith("would be created; " + REFUSED), runtime_class.message
         assert 'cannot create resource "runtimeclasses"' in runtime_class.message
-        assert "grant the write" in runtime_class.fix
+        assert "grant it to the kubeconfig's user (a Role or ClusterRole bound to it)" in runtime_class.fix
         labels = said["label nvidia.com/gpu.present=true"]
         assert "would label 2 node(s); " + REFUSED in labels.message and 'cannot patch resource "nodes"' in (
             labels.message
@@ -98,45 +100,113 @@ def test_a_read_only_user_plans_the_talos_1_13_hand_over_and_the_upgrade_behind_
         assert REFUSED in handed.message and handed.ok, handed
 
 
+def _plan_as(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    make_kubeconfig: Callable[[Any, Path], Path],
+    steps: list[str],
+) -> tuple[int, str]:
+    """A plan-only ``runbook run`` of ``steps`` on a gpu-ready simulated cluster, with the kubeconfig
+    ``make_kubeconfig`` makes there: its exit code and what it printed."""
+    from runbook_lib.cli import main
+    from runbook_lib.model.params import load_params
+    from runbook_lib.steps.context import connect
+    from tests.realplane import use_real_plane
+
+    use_real_plane(monkeypatch)
+    params = str(Path(__file__).resolve().parents[1] / "params" / "simulated.yaml")
+    state = tmp_path / "sim"
+    assert main(["sim", "up", "-p", params, "--state", str(state), "--scenario", "gpu-ready"]) == 0
+    try:
+        kubeconfig = make_kubeconfig(connect(load_params(params), state_dir=state), tmp_path / "user.yaml")
+        capsys.readouterr()
+        argv = [
+            "run",
+            "-p",
+            params,
+            "--set",
+            "simulation.scenario=gpu-ready",
+            "--set",
+            f"kubeconfig={kubeconfig}",
+        ]
+        argv += ["--steps", ",".join(steps)] if steps else []
+        code = main([*argv, "--state", str(state), "--records", str(tmp_path / "r"), "--no-progress"])
+        return code, capsys.readouterr().out
+    finally:
+        main(["sim", "down", "--state", str(state)])
+
+
 def test_runbook_run_prints_each_write_a_read_only_user_would_be_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """What the operator reads: the refusals passed (a plan goes on), so the terminal showed only a count in a
     note, and ``--set kubeconfig=`` was ignored on the simulator (walkthrough, 6 Dec 2026). Here a plan-only
     ``runbook run`` with a read-only service account's kubeconfig names each refused write with its fix."""
-    from runbook_lib.cli import main
-    from runbook_lib.model.params import load_params
-    from runbook_lib.steps.context import connect
     from tests.rbac import restricted_kubeconfig
-    from tests.realplane import use_real_plane
 
-    use_real_plane(monkeypatch)
-    params = str(Path(__file__).resolve().parents[1] / "params" / "simulated.yaml")
-    state, scenario = tmp_path / "sim", ["--set", "simulation.scenario=gpu-ready"]
-    assert main(["sim", "up", "-p", params, "--state", str(state), "--scenario", "gpu-ready"]) == 0
-    try:
-        reader = restricted_kubeconfig(
-            connect(load_params(params), state_dir=state), tmp_path / "reader.yaml"
-        )
-        capsys.readouterr()
-        argv = [
-            "run",
-            "-p",
-            params,
-            *scenario,
-            "--set",
-            f"kubeconfig={reader}",
-            "--steps",
-            "preflight,kubernetes",
-        ]
-        assert main([*argv, "--state", str(state), "--records", str(tmp_path / "r"), "--no-progress"]) == 0
-        out = capsys.readouterr().out
-    finally:
-        main(["sim", "down", "--state", str(state)])
+    code, out = _plan_as(tmp_path, monkeypatch, capsys, restricted_kubeconfig, ["preflight", "kubernetes"])
+    assert code == 0, out
     assert (
         "\napplying would be refused to this kubeconfig's user (a plan names them and goes on):\n" in out
     ), out
     assert "  preflight: Kubernetes permissions: plan only; applying would be refused: " in out
     assert "create secrets in kube-system" in out  # helm's release record, which no dry run checks
     assert "  kubernetes: RuntimeClass nvidia: would be created; applying would be refused" in out
-    assert "    fix: grant the write to the user who applies" in out
+    assert (
+        "    fix: grant it to the kubeconfig's user (a Role or ClusterRole bound to it), or use a kubeconfig"
+        in out
+    )
+
+
+def test_a_viewer_who_may_not_read_secrets_plans_the_whole_runbook(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The built-in ``view`` ClusterRole grants no Secrets, and helm keeps its releases in Secrets: a plan with
+    such a kubeconfig failed the Kubernetes step at ``helm list -A`` (helm printed the authorizer's ``secrets is
+    forbidden: User "…" cannot list resource "secrets"``). It now plans every step, says what it could not read,
+    and names the refusal the apply run would meet."""
+    from tests.rbac import viewer_kubeconfig
+
+    code, out = _plan_as(tmp_path, monkeypatch, capsys, viewer_kubeconfig, [])
+    assert code == 0, out
+    assert "  kubernetes: helm releases: not read: helm keeps its releases in Secrets" in out, out
+    assert 'cannot list resource "secrets"' in out
+    assert "kubernetes: helm release nvidia-device-plugin: would run: helm upgrade --install" not in out, (
+        "only refusals are in the report's refusal section"
+    )
+
+
+def test_a_viewer_plans_the_talos_1_13_hand_over_without_reading_helm_s_releases(tmp_path: Path) -> None:
+    """The image step's plan to 1.13 removes the device plugin first; a user who may not read helm's Secrets
+    failed the plan there ("the Talos 1.13 upgrade notes require the device plugin gone first"). The plan goes on,
+    says the releases were not read, still plans the RuntimeClass's deletion, and notes the refusals."""
+    from tests.rbac import viewer_kubeconfig
+    from tests.simcluster import sim_cluster
+
+    with sim_cluster(tmp_path, scenario="gpu-ready", apply=True) as (params, ctx):
+        assert kubernetes_layer(ctx, timeout_s=60).ok  # Talos 1.12: the device plugin and RuntimeClass nvidia
+        planner = _same_cluster_on(params, "v1.13.2", tmp_path, apply=False)
+        viewer = str(viewer_kubeconfig(ctx, tmp_path / "viewer.yaml"))
+        runner = _on_kubeconfig(planner, viewer)
+        plan = image_upgrade(runner)
+        assert plan.ok, plan.to_dict()
+        assert [n.status for n in plan.nodes] == ["planned"] * len(plan.nodes)
+        hand_over = [c for c in plan.checks if c.name.startswith("device plugin removed before")]
+        assert [c.ok for c in hand_over] == [True, True], hand_over
+        assert hand_over[0].message.startswith("the device-plugin releases were not read: "), hand_over[0]
+        assert 'cannot list resource "secrets"' in hand_over[0].message
+        assert hand_over[1].message.startswith("would run: kubectl delete runtimeclass nvidia; " + REFUSED)
+        assert any("2 planned write(s) are refused" in n for n in plan.notes), plan.notes
+        assert [e.summary for e in runner.journal.changes()] == []
+
+
+def _on_kubeconfig(ctx, kubeconfig: str):  # type: ignore[no-untyped-def]
+    """``ctx`` with the Kubernetes client and helm on ``kubeconfig``."""
+    import dataclasses
+
+    from runbook_lib.clients.helm import Helm
+
+    endpoints = dataclasses.replace(ctx.endpoints, kubeconfig=kubeconfig)
+    helm = Helm(endpoints.helm, kubeconfig=kubeconfig, runner=ctx.helm.runner)
+    return dataclasses.replace(ctx, endpoints=endpoints, _kube=None, helm=helm)

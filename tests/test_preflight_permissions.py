@@ -42,13 +42,34 @@ def test_preflight_names_each_write_the_kubeconfigs_user_may_not_make_before_any
             assert refused in check.message, check.message
         assert "create runtimeclasses.node.k8s.io" in check.message
         assert "in default" not in check.message, "the pods it may create were named as refused"
-        assert "kubectl auth can-i create pods --subresource=eviction -A" in check.fix
+        kubeconfig = runner.endpoints.kubeconfig
+        assert f"auth can-i create pods --subresource=eviction -A --kubeconfig {kubeconfig}" in check.fix
+        assert "patch nodes (the run" in check.message and "nodes in every namespace" not in check.message, (
+            "a Node has no namespace"
+        )
+        _each_check_command_answers_no(check.fix)
         every = ["preflight", "config-patch", "image", "verify", "kubernetes", "cuda-test"]
         planned = next(c for c in preflight(runner, steps=every).checks if c.name == permissions.CHECK)
         assert planned.ok and "applying would be refused: " in planned.message, "a plan-only run failed"
         assert "create pods/eviction in every namespace" in planned.message
         assert "daemonsets" not in check.message, "get daemonsets is allowed by the read-everything role"
         assert [e.summary for e in runner.journal.changes()] == []
+
+
+def _each_check_command_answers_no(fix: str) -> None:
+    """Each ``check with:`` command, run as printed (the real kubectl), asks as the run's user and answers
+    ``no``: without ``--kubeconfig`` it asked as whoever the user's own kubeconfig names, or nobody."""
+    import shlex
+    import subprocess
+    import tempfile
+
+    commands = fix.split("check with: ", 1)[1].split("; ")
+    assert len(commands) >= 3, commands
+    home = {"HOME": tempfile.mkdtemp()}  # no ~/.kube/config nor $KUBECONFIG to fall back on
+    for command in commands:
+        argv = shlex.split(command)
+        done = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=60, env=home)
+        assert (done.returncode, done.stdout.strip()) == (1, "no"), (command, done.stdout, done.stderr)
 
 
 def test_a_health_check_run_asks_no_write_permission_of_a_read_only_user(tmp_path):

@@ -20,7 +20,7 @@ import urllib3
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
-from runbook_lib.errors import Forbidden, PermanentError, RetryableError
+from runbook_lib.errors import AUTHORIZER_REFUSAL, FORBIDDEN_HINT, Forbidden, PermanentError, RetryableError
 
 from .fanout import concurrently
 from .proc import Journal
@@ -54,13 +54,6 @@ def _model(cls: Any, data: Obj) -> Any:
     return obj
 
 
-#: The authorizer's refusal as the API server words it (k8s.io/apiserver@v0.35.0
-#: pkg/endpoints/handlers/responsewriters/errors.go:60-80 ``forbiddenMessage``: ``User "…" cannot <verb> resource
-#: "…" in API group …``, or ``… cannot <verb> path "…"``). Only that 403 is ``Forbidden``: admission answers 403
-#: too (a webhook's denial, a namespace being terminated), and those a dry run did check (review, 6 Dec 2026).
-_AUTHORIZER_REFUSAL = re.compile(r'User "[^"]*" cannot \S+ (?:resource|path) "')
-
-
 def _api_error(exc: ApiException, what: str) -> PermanentError | RetryableError:
     reason = ""
     try:
@@ -71,12 +64,8 @@ def _api_error(exc: ApiException, what: str) -> PermanentError | RetryableError:
     message = f"{what}: HTTP {exc.status} {exc.reason}: {reason}".rstrip(": ")
     if exc.status in (429, 500, 502, 503, 504) or exc.status == 0:
         return RetryableError(message, status=exc.status or None)
-    if exc.status == 403 and _AUTHORIZER_REFUSAL.search(reason):
-        return Forbidden(
-            message,
-            hint="grant it to the kubeconfig's user (a Role or ClusterRole bound to it), or use a kubeconfig that "
-            "has it; `runbook run --steps preflight` names every write a run needs",
-        )
+    if exc.status == 403 and AUTHORIZER_REFUSAL.search(reason):
+        return Forbidden(message, hint=FORBIDDEN_HINT)
     return PermanentError(message)
 
 

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from runbook_lib.errors import PermanentError, RetryableError
+from runbook_lib.errors import AUTHORIZER_REFUSAL, FORBIDDEN_HINT, Forbidden, PermanentError, RetryableError
 from runbook_lib.model.redact import redact
 
 #: Output kept in the journal per stream; of larger output its first and last halves (the caller gets it all).
@@ -52,6 +52,8 @@ class CommandResult:
         message = f"{what} failed (exit {self.exit_code}): {' '.join(self.argv)}\n{self.stderr.strip()}"
         if is_transient(self.stderr):
             raise RetryableError(message, hint="the node or server may be rebooting; retry in a moment")
+        if AUTHORIZER_REFUSAL.search(self.stderr):  # helm's or kubectl's request refused by RBAC
+            raise Forbidden(message, hint=FORBIDDEN_HINT)
         raise PermanentError(message)
 
 

@@ -11,7 +11,7 @@ so. An apply run raises the refusal as before.
 
 from __future__ import annotations
 
-from runbook_lib.errors import Forbidden
+from runbook_lib.errors import GRANT_HINT, Forbidden
 
 from .results import StepResult
 
@@ -19,10 +19,7 @@ from .results import StepResult
 #: check (permissions.verdict); the run's report finds those checks by it (notebook/record_content.refusal_lines).
 REFUSED = "applying would be refused"
 
-GRANT = (
-    "grant the write to the user who applies (a Role or ClusterRole bound to it), or apply with a kubeconfig "
-    "that has it; the apply run's preflight names every write it needs"
-)
+GRANT = f"{GRANT_HINT} to apply; the apply run's preflight names every write it needs"
 
 
 def refused_in_plan(result: StepResult, exc: Forbidden, *, dry_run: bool, writes: int = 1) -> str:

@@ -121,8 +121,14 @@ def before_upgrade(
         return True
     title = "device plugin removed before the Talos 1.13 upgrade"
     manual = "helm list -A; helm uninstall -n <namespace> <release>; kubectl delete runtimeclass nvidia"
+    unread: Forbidden | None = None
     try:
-        found = leftovers(ctx)
+        try:
+            found = leftovers(ctx)
+        except Forbidden as exc:  # helm list -A: the user may not read helm's release Secrets
+            if not dry_run:
+                raise
+            found, unread = leftovers(ctx, listed=[]), exc
         result.data["before_upgrade"] = found.commands()
         refused = remove(
             ctx, result, found, dry_run=dry_run, timeout_s=float(ctx.params.timeouts.kubernetes_seconds)
@@ -137,6 +143,8 @@ def before_upgrade(
             )
         )
         return False
+    if unread is not None:
+        _unread_releases(result, title, unread)
     if found.commands():
         verb = "would run" if dry_run else "ran"
         result.notes.append(
@@ -147,3 +155,20 @@ def before_upgrade(
         said = f"{verb}: " + "; ".join(found.commands()) + refused
         result.checks.append(Check(title, True, said, fix=dryrun.fix(refused)))
     return True
+
+
+def _unread_releases(result: StepResult, title: str, exc: Forbidden) -> None:
+    """A plan whose kubeconfig's user may not list helm's release Secrets: which device-plugin releases the
+    apply run would uninstall first is not known (the ``view`` ClusterRole grants no Secrets, kubernetes@v1.35.0
+    plugin/pkg/auth/authorizer/rbac/bootstrappolicy/policy.go); the plan says so and goes on."""
+    result.data["refused"] = int(result.data.get("refused", 0)) + 1
+    result.checks.append(
+        Check(
+            title,
+            True,
+            "the device-plugin releases were not read: helm keeps them in Secrets, which this kubeconfig's user "
+            "may not list, so the plan cannot name the helm uninstall the apply run makes first; "
+            f"{dryrun.REFUSED}: {exc.message}",
+            fix=dryrun.GRANT,
+        )
+    )

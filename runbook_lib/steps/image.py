@@ -38,7 +38,7 @@ from runbook_lib.model.schematic import Schematic
 from runbook_lib.model.upgrade_risks import dropped_extensions, preserve_needed
 from runbook_lib.model.versions import TalosVersion
 
-from . import cordoned, fixes, gpu_operator_handover, image_diagnosis, image_risks
+from . import cordoned, dryrun, fixes, gpu_operator_handover, image_diagnosis, image_risks
 from .context import Context, wait_seconds
 from .events import Events
 from .image_risks import NodeFacts
@@ -298,6 +298,9 @@ def _dry_run(
     """Mark the nodes to do as planned and show what follows the upgrade: a dry run changes nothing, but
     it must show every later change the applied run would make."""
     gpu_operator_handover.before_upgrade(ctx, result, from_versions, dry_run=True)
+    refused = dryrun.note(result)
+    if refused:
+        result.notes.append(refused)
     for plan in todo:
         results[plan.node.address].status = "planned"
     if ctx.params.default_runtime_patch:

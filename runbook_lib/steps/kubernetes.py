@@ -61,16 +61,16 @@ def kubernetes_layer(
     try:
         _chart_repository(ctx)  # before any change: a repository helm cannot read stops the step here
         version = _planned_version(ctx)  # before any change: a range resolved as helm will, or none met
-        releases = ctx.helm.releases_everywhere()  # one helm list -A for both uses below
+        releases = _read_releases(ctx, result, dry_run=dry_run)  # one helm list -A for both uses below
         # before any change: another release of the chart, or a newer one
-        current = _existing_release(ctx, releases, version)
+        current = None if releases is None else _existing_release(ctx, releases, version)
         # the namespace before the hand-over: a site that refuses it (RBAC, an admission policy) must not
         # find its device plugin already removed and no GPU Operator to replace it
         # the device plugin's RuntimeClass, deleted (or planned so) for the GPU Operator's own
         replaced = False
         if plan.kubernetes_layer == "gpu-operator":
             _privileged_namespace(ctx, result, changed, dry_run=dry_run)
-            replaced = _retire_device_plugin(
+            replaced = releases is not None and _retire_device_plugin(
                 ctx, releases, result, changed, dry_run=dry_run, timeout_s=timeout_s
             )
         _runtime_class(ctx, result, changed, dry_run=dry_run, replaced=replaced)
@@ -82,7 +82,10 @@ def kubernetes_layer(
         gpu_nodes = ctx.nodes(only)
         if plan.kubernetes_layer == "device-plugin" and ctx.params.device_plugin.label_nodes:
             _label_nodes(ctx, gpu_nodes, result, changed, dry_run=dry_run)
-        _helm_release(ctx, current, version, result, changed, dry_run=dry_run, timeout_s=timeout_s)
+        if releases is None:
+            _unread_release(ctx, version, result, changed)
+        else:
+            _helm_release(ctx, current, version, result, changed, dry_run=dry_run, timeout_s=timeout_s)
     except RunbookError as exc:
         result.checks.append(Check("kubernetes layer", False, exc.message, fix=exc.hint or ""))
         result.data["changes"] = changed  # what was changed before the error, for the record
@@ -484,6 +487,60 @@ def _resolved(ctx: Context) -> str:
     return found
 
 
+def _read_releases(ctx: Context, result: StepResult, *, dry_run: bool) -> list[Release] | None:
+    """``helm list -A``; None in a plan whose kubeconfig's user may not read helm's release records.
+
+    Why: helm keeps each release in Secrets of its namespace (helm@v4.1.4 pkg/storage/driver/secrets.go), and
+    the built-in ``view`` ClusterRole, the read-only identity a site hands a reviewer or a CI job that plans,
+    grants no Secrets (kubernetes@v1.35.0 plugin/pkg/auth/authorizer/rbac/bootstrappolicy/policy.go, ``view``
+    has no ``secrets``): the whole Kubernetes plan failed at ``helm list``. The plan now goes on without the
+    releases and says what it could not tell. An apply run raises the refusal: helm could not install either."""
+    try:
+        return ctx.helm.releases_everywhere()
+    except Forbidden as exc:
+        if not dry_run:
+            raise
+        result.data["refused"] = int(result.data.get("refused", 0)) + 1
+        release = ctx.plan.helm
+        result.checks.append(
+            Check(
+                "helm releases",
+                True,
+                "not read: helm keeps its releases in Secrets, which this kubeconfig's user may not list, so the "
+                f"plan cannot tell whether {release.release} in {release.namespace} is installed (nor whether "
+                "another release of the chart is, which the step refuses before any change); "
+                f"{dryrun.REFUSED}: {exc.message}",
+                fix=dryrun.GRANT,
+            )
+        )
+        return None
+
+
+def _unread_release(ctx: Context, version: str, result: StepResult, changed: list[str]) -> None:
+    """The release as a plan that could not read it shows it: the command it would run, not dry-run (helm's
+    dry run reads the same Secrets and is refused the same way)."""
+    what = _helm_command(ctx, version)
+    result.checks.append(
+        Check(
+            f"helm release {ctx.plan.helm.release}",
+            True,
+            f"would run: {what} (an install, or an upgrade keeping the release's other values: helm's releases "
+            "could not be read; not dry-run by helm, which reads them first)",
+            fix=dryrun.GRANT,
+        )
+    )
+    changed.append(what)
+
+
+def _helm_command(ctx: Context, version: str) -> str:
+    """``helm upgrade --install`` as a plan names it, with the values it sets."""
+    release = ctx.plan.helm
+    what = (
+        f"helm upgrade --install {release.release} {release.chart} --version {version} -n {release.namespace}"
+    )
+    return what + "".join(f" --set {key}={value}" for key, value in release.values.items())
+
+
 def _existing_release(ctx: Context, releases: list[Release], version: str) -> Release | None:
     """The planned release as installed (``None`` if it is not), after refusing what would go wrong; ``releases``
     is ``helm list -A``'s answer, ``version`` the chart version to install (a range resolved).
@@ -596,10 +653,7 @@ def _helm_release(
         dry_run=dry_run,
         reuse_values=current is not None,
     )
-    what = (
-        f"helm upgrade --install {release.release} {release.chart} --version {version} -n {release.namespace}"
-    )
-    what += "".join(f" --set {key}={value}" for key, value in release.values.items())  # the plan names them
+    what = _helm_command(ctx, version)  # the plan names the values
     if current is not None:
         what += " (keeping the release's other values)"
     if dry_run and not run.ok and "ensure CRDs are installed first" in run.stderr:

@@ -25,7 +25,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from runbook_lib.clients.helm import Release
-from runbook_lib.errors import RunbookError
+from runbook_lib.clients.proc import KubeconfigTool
+from runbook_lib.errors import GRANT_HINT, RunbookError
 from runbook_lib.model.versions import is_chart_version
 
 from . import dryrun, gpu_operator_handover
@@ -37,9 +38,15 @@ from .results import Check
 CHECK = "Kubernetes permissions"
 
 
+#: The cluster-scoped resources the runbook's own writes name (kubernetes@v1.35.0 discovery: ``namespaced:
+#: false``); a release's objects take their scope from discovery (:func:`_objects`).
+CLUSTER_SCOPED = frozenset({"nodes", "namespaces", "runtimeclasses"})
+
+
 @dataclass(frozen=True)
 class Need:
-    """One request the run makes: ``namespace`` "" means in every namespace (a drain evicts whatever runs)."""
+    """One request the run makes: ``namespace`` "" means in every namespace (a drain evicts whatever runs),
+    unless ``cluster`` (the resource has no namespace: a Node, a RuntimeClass)."""
 
     verb: str
     resource: str
@@ -47,19 +54,35 @@ class Need:
     group: str = ""
     subresource: str = ""
     namespace: str = ""
+    cluster: bool = False
 
     def what(self) -> str:
         full = self.resource + (f"/{self.subresource}" if self.subresource else "")
         full += f".{self.group}" if self.group else ""
         return f"{self.verb} {full}"
 
-    def command(self) -> str:
-        """``kubectl auth can-i`` asking the same: a subresource goes in ``--subresource``, since
-        ``<resource>/<x>`` names an object there (k8s.io/kubectl@v0.35.0 pkg/cmd/auth/cani.go:176-183)."""
+    def where(self) -> str:
+        """Where it is asked, as a message says it ("" for a cluster-scoped resource)."""
+        if self.cluster:
+            return ""
+        return f" in {self.namespace}" if self.namespace else " in every namespace"
+
+    def command(self, kubectl: KubeconfigTool | None = None) -> str:
+        """``kubectl auth can-i`` asking the same, with the ``kubectl`` and kubeconfig the run uses (the
+        question is the kubeconfig's user's: without ``--kubeconfig`` a user pasting it asks as whoever their
+        own kubeconfig names). A subresource goes in ``--subresource``, since ``<resource>/<x>`` names an
+        object there (k8s.io/kubectl@v0.35.0 pkg/cmd/auth/cani.go:176-183); ``-A`` only for a namespaced
+        resource asked in every namespace."""
         resource = self.resource + (f".{self.group}" if self.group else "")
         sub = [f"--subresource={self.subresource}"] if self.subresource else []
-        where = ["-n", self.namespace] if self.namespace else ["-A"]
-        return shlex.join(["kubectl", "auth", "can-i", self.verb, resource, *sub, *where])
+        where = ["-n", self.namespace] if self.namespace else [] if self.cluster else ["-A"]
+        args = ["auth", "can-i", self.verb, resource, *sub, *where]
+        return shlex.join(kubectl.argv(args) if kubectl else ["kubectl", *args])
+
+
+def _need(verb: str, resource: str, why: str, **kw: str) -> Need:
+    """A :class:`Need` whose scope follows :data:`CLUSTER_SCOPED`."""
+    return Need(verb, resource, why, cluster=resource in CLUSTER_SCOPED, **kw)
 
 
 @dataclass
@@ -111,7 +134,7 @@ def for_rollback(
     out = removal(ctx, kube_layer, why) if kube_layer else []
     out += _drains("drains the nodes a removal patch reboots") if drains else []
     if cordons:
-        out.append(Need("patch", "nodes", "lifts the cordon a run left"))
+        out.append(_need("patch", "nodes", "lifts the cordon a run left"))
     return list(dict.fromkeys(out))
 
 
@@ -123,8 +146,8 @@ def _drains(why: str = "drains the nodes a patch reboots") -> list[Need]:
     and gets each evicted pod until it is gone (drain.go:253-255, :415-430); the runbook marks and uncordons the
     Node with patches too. In every namespace: a drain evicts whatever runs on the node."""
     return [
-        Need("get", "nodes", why),
-        Need("patch", "nodes", why),
+        _need("get", "nodes", why),
+        _need("patch", "nodes", why),
         Need("list", "pods", why),
         Need("get", "pods", why),
         Need("get", "daemonsets", why, group="apps"),
@@ -168,17 +191,17 @@ def removal(ctx: Context, found: gpu_operator_handover.Leftovers, why: str) -> l
         out += [Need(verb, "secrets", uninstall, namespace=namespace) for verb in ("list", "get", "delete")]
         for group, resource, where in _objects(ctx, name, namespace):
             out += [
-                Need(v, resource, uninstall, group=group, namespace=where)
+                Need(v, resource, uninstall, group=group, namespace=where or "", cluster=where is None)
                 for v in ("delete", "list", "watch")
             ]
     if found.runtime_class:
-        out.append(Need("delete", "runtimeclasses", why, group="node.k8s.io"))
+        out.append(_need("delete", "runtimeclasses", why, group="node.k8s.io"))
     return out
 
 
-def _objects(ctx: Context, release: str, namespace: str) -> list[tuple[str, str, str]]:
-    """(group, resource, namespace or "") of each kind of object the release made."""
-    out: dict[tuple[str, str, str], None] = {}
+def _objects(ctx: Context, release: str, namespace: str) -> list[tuple[str, str, str | None]]:
+    """(group, resource, namespace or None for a cluster-scoped kind) of each kind of object the release made."""
+    out: dict[tuple[str, str, str | None], None] = {}
     discovered: dict[str, dict[str, tuple[str, bool]]] = {}
     for api_version, kind, where in ctx.helm.manifest(release, namespace):
         if api_version not in discovered:
@@ -189,7 +212,7 @@ def _objects(ctx: Context, release: str, namespace: str) -> list[tuple[str, str,
         ):  # not served (a CRD gone): helm cannot build it either, and fails on that, not on RBAC
             continue
         resource, namespaced = served
-        out[(api_version.rpartition("/")[0], resource, (where or namespace) if namespaced else "")] = None
+        out[(api_version.rpartition("/")[0], resource, (where or namespace) if namespaced else None)] = None
     return list(out)
 
 
@@ -220,11 +243,11 @@ def _kubernetes_layer(ctx: Context, reads: LayerReads) -> list[Need]:
     if plan.kubernetes_layer == "device-plugin":
         reads.runtime_class = ctx.kube.runtime_class(RUNTIME_CLASS) is not None
         if not reads.runtime_class:
-            out.append(Need("create", "runtimeclasses", why, group="node.k8s.io"))
+            out.append(_need("create", "runtimeclasses", why, group="node.k8s.io"))
     if release.privileged_namespace or plan.kubernetes_layer == "gpu-operator":
         out += _namespace(ctx, release.namespace, why)
     if plan.kubernetes_layer == "device-plugin" and ctx.params.device_plugin.label_nodes and _unlabelled(ctx):
-        out.append(Need("patch", "nodes", why + " (labels the GPU nodes)"))
+        out.append(_need("patch", "nodes", why + " (labels the GPU nodes)"))
     return out
 
 
@@ -260,9 +283,9 @@ def _namespace(ctx: Context, name: str, why: str) -> list[Need]:
     current = ctx.kube.namespace(name)
     labels = ((current or {}).get("metadata") or {}).get("labels") or {}
     if current is None:
-        return [Need("create", "namespaces", why)]
+        return [_need("create", "namespaces", why)]
     if any(labels.get(k) != v for k, v in PRIVILEGED.items()):
-        return [Need("patch", "namespaces", why)]
+        return [_need("patch", "namespaces", why)]
     return []
 
 
@@ -306,14 +329,10 @@ def verdict(ctx: Context, wanted: list[Need], *, advisory: bool, unasked_ok: boo
     if not refused:
         return Check(CHECK, True, f"the kubeconfig's user may make the {len(wanted)} kinds of write")
     told = "; ".join(
-        f"{n.what()} {'in ' + n.namespace if n.namespace else 'in every namespace'} (the run {n.why})"
-        + (f": {reason}" if reason else "")
+        f"{n.what()}{n.where()} (the run {n.why})" + (f": {reason}" if reason else "")
         for n, reason in refused
     )
-    fix = (
-        "grant them (a Role or ClusterRole bound to this user), or run with a kubeconfig that has them; "
-        "check with: " + "; ".join(dict.fromkeys(n.command() for n, _ in refused))
-    )
+    fix = f"{GRANT_HINT}; check with: " + "; ".join(dict.fromkeys(n.command(ctx.kubectl) for n, _ in refused))
     if advisory:
         return Check(CHECK, True, f"plan only; {dryrun.REFUSED}: {told}", fix=fix)
     return Check(
