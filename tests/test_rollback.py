@@ -268,6 +268,16 @@ def test_after_a_half_finished_rollout_only_the_changed_nodes_go_back(sim: Path)
     assert [plan.node(n).status for n in WORKERS] == ["planned", "planned", "planned", "unchanged"]
     assert plan.data["batches"] == [WORKERS[:1], WORKERS[1:3]]
     assert ctx.journal.changes() == []
+    # each node's plan is numbered as it runs, with the command of each part (it began at "# 2." or "# 3."
+    # when an earlier part was not needed, and a patch showed no command)
+    upgraded, patched = plan.node("talos-worker-1").diff or "", plan.node("talos-worker-2").diff or ""
+    assert upgraded.startswith("# 1. back to the image the runbook found\n") and " upgrade " in upgraded
+    assert "\n# 2. remove the modules patch (after the image)\n" in upgraded
+    assert patched.startswith("# 1. remove the modules patch (after the image)\n"), patched
+    command = (
+        f"-n {ADDRESS['talos-worker-2']} patch machineconfig --patch @removal.yaml  # removal.yaml holds:\n"
+    )
+    assert command in patched and "# 2." not in patched
     result = rollback(ctx, evidence=evidence_from_records([record]), settle_timeout=30.0, poll_interval=0.1)
     assert [result.node(n).status for n in WORKERS] == ["changed", "changed", "changed", "unchanged"]
     calls = _calls(ctx)
@@ -809,7 +819,7 @@ def test_a_rollback_the_api_server_would_refuse_halfway_changes_nothing(
     assert (
         not refused.ok
         and not result.ok
-        and "kubectl auth can-i create pods --subresource=eviction" in refused.fix
+        and "auth can-i create pods --subresource=eviction -A --kubeconfig " in refused.fix
     )
     assert _calls(ctx) == [] and result.node("talos-worker-1").status == "skipped"
     machine = next(d for d in _config(ctx, "talos-worker-1") if "machine" in d)["machine"]

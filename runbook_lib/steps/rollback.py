@@ -98,23 +98,25 @@ class NodeRollback:
         return ctx.talosctl.argv(["upgrade", *flags, "--wait=true"], [self.node.address])
 
     def describe(self, ctx: Context) -> str:
-        """The plan for the node, in the order it runs (what Approve approves)."""
+        """The plan for the node, in the order it runs (what Approve approves), numbered as it will run and
+        each with the command that makes it, so an operator can follow it, or do it by hand."""
         parts = []
         if self.patches["before-image"]:
             parts.append(
-                "# 1. remove from the config before the old image boots\n"
-                + _drained_first(self, "before-image")
-                + self.patches["before-image"]
+                ("remove from the config before the old image boots", self._patch(ctx, "before-image"))
             )
         if self.image:
-            parts.append("# 2. back to the image the runbook found\n" + shlex.join(self.upgrade_argv(ctx)))
+            parts.append(("back to the image the runbook found", shlex.join(self.upgrade_argv(ctx))))
         if self.patches["after-image"]:
-            parts.append(
-                "# 3. remove the modules patch (after the image)\n"
-                + _drained_first(self, "after-image")
-                + self.patches["after-image"]
-            )
-        return "\n".join(parts)
+            parts.append(("remove the modules patch (after the image)", self._patch(ctx, "after-image")))
+        return "\n".join(f"# {i}. {title}\n{body}" for i, (title, body) in enumerate(parts, 1))
+
+    def _patch(self, ctx: Context, phase: Phase) -> str:
+        """A removal patch: the drain before it when it reboots the node, the command, the patch itself."""
+        argv = ctx.talosctl.argv(["patch", "machineconfig", "--patch", "@removal.yaml"], [self.node.address])
+        return (
+            _drained_first(self, phase) + shlex.join(argv) + "  # removal.yaml holds:\n" + self.patches[phase]
+        )
 
 
 def rollback(
