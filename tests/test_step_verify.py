@@ -382,3 +382,31 @@ def test_a_node_left_on_1_10_under_a_1_11_plan_has_its_loaded_modules_read_as_1_
         assert failed[0].message.startswith("the node runs Talos v1.10.7, the plan v1.11.5")
         modules = next(c for c in node.checks if c.name == "modules")
         assert modules.ok, modules
+
+
+@pytest.mark.slow
+def test_a_node_a_run_left_cordoned_fails_verify_and_an_administrators_cordon_is_noted(
+    gpu_ready_on_the_real_plane,
+):
+    """A run interrupted between its drain and its uncordon leaves the Node cordoned and marked as the runbook's
+    (``drains.CORDON_MARK``). Verify passed such a node (every Talos check is green), while no pod could be
+    scheduled there and the CUDA test's stayed Pending. An administrator's cordon (no mark) is noted, not failed."""
+    from runbook_lib.steps.drains import CORDON_MARK
+
+    params, ctx = gpu_ready_on_the_real_plane
+    left = {"metadata": {"annotations": {CORDON_MARK: "true"}}, "spec": {"unschedulable": True}}
+    ctx.kube.core.patch_node("talos-worker-1", left)
+    ctx.kube.core.patch_node("talos-worker-2", {"spec": {"unschedulable": True}})
+    try:
+        result = verify(ctx)
+    finally:
+        undo = {"metadata": {"annotations": {CORDON_MARK: None}}, "spec": {"unschedulable": None}}
+        for name in ("talos-worker-1", "talos-worker-2"):
+            ctx.kube.core.patch_node(name, undo)
+    assert not result.ok and [n.status for n in result.nodes] == ["failed", "ok"]
+    cordon = failed(result, 0)["node schedulable"]
+    assert "cordoned by a runbook run that could not lift its cordon" in cordon.message
+    assert "kubectl uncordon talos-worker-1" in cordon.fix
+    assert any(
+        n.startswith("cordoned, not by the runbook (left as they are): talos-worker-2:") for n in result.notes
+    )

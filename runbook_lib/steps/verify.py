@@ -54,7 +54,7 @@ from runbook_lib.model.pci import PciDevice, nvidia_gpus
 from runbook_lib.model.text import shortened
 from runbook_lib.model.versions import TalosVersion
 
-from . import fixes
+from . import drains, fixes
 from .context import Context
 from .gpu_presence import read_pci
 from .patch import read_configs
@@ -89,6 +89,8 @@ class _Collected:
     """PCI devices per node (Talos >= 1.8; empty before), for the inventory's GPU models."""
     kube: dict[str, KubeGpu] | None
     """GPU facts of the Kubernetes Node objects by node name; ``None`` when the API did not answer."""
+    cordons: dict[str, bool]
+    """The cordoned Nodes by name: True when a runbook run cordoned it (``drains.CORDON_MARK``)."""
 
 
 def _collect(ctx: Context, addresses: list[str]) -> _Collected:
@@ -98,7 +100,7 @@ def _collect(ctx: Context, addresses: list[str]) -> _Collected:
         extensions_call = pool.submit(ctx.talosctl.get, "extensions", addresses)
         version_call = pool.submit(ctx.talosctl.version, addresses)
         pci_call = pool.submit(read_pci, ctx, addresses)
-        kube_call = pool.submit(_kube_gpus, ctx)
+        kube_call = pool.submit(_kube_nodes, ctx)
         services_call = pool.submit(ctx.talosctl.services, addresses)
         drivers_call = pool.submit(ctx.talosctl.read, DRIVER_VERSION_FILE, addresses)
         cdi = CDI_GEN in ctx.params.profile().services
@@ -107,6 +109,7 @@ def _collect(ctx: Context, addresses: list[str]) -> _Collected:
         services, service_errors = pool.result(services_call)
         talos = pool.result(version_call)[1]
         _reread_pre_111_modules(ctx, talos, module_state, module_errors)
+        kube, cordons = pool.result(kube_call)
         return _Collected(
             pool.result(extensions_call),
             services,
@@ -117,7 +120,8 @@ def _collect(ctx: Context, addresses: list[str]) -> _Collected:
             pool.result(logs_call) if logs_call else None,
             talos,
             pool.result(pci_call),
-            pool.result(kube_call),
+            kube,
+            cordons,
         )
 
 
@@ -184,19 +188,51 @@ def _read_modules(
     return state, errors
 
 
-def _kube_gpus(ctx: Context) -> dict[str, KubeGpu] | None:
-    """The Kubernetes view of every node's GPUs, or ``None`` when the API cannot be read.
+def _kube_nodes(ctx: Context) -> tuple[dict[str, KubeGpu] | None, dict[str, bool]]:
+    """The Kubernetes view of every node's GPUs (``None`` when the API cannot be read) and of its cordon.
 
     Why optional: verification is about the Talos nodes and must not fail because the Kubernetes API is
     not reachable from here; the inventory then says the allocatable count is unknown.
     """
+    gpus: dict[str, KubeGpu] = {}
+    cordons: dict[str, bool] = {}
     try:
-        return {
-            str(n["metadata"]["name"]): kube_gpu(n)
-            for n in ctx.kube.iter_nodes(timeout_s=KUBE_READ_TIMEOUT_S)
-        }
+        for n in ctx.kube.iter_nodes(timeout_s=KUBE_READ_TIMEOUT_S):
+            name = str(n["metadata"]["name"])
+            gpus[name] = kube_gpu(n)
+            if (n.get("spec") or {}).get("unschedulable"):
+                cordons[name] = (n["metadata"].get("annotations") or {}).get(drains.CORDON_MARK) == "true"
     except (RunbookError, ValueError):  # ValueError: an answer that is not the API's JSON
+        return None, {}
+    return gpus, cordons
+
+
+def _cordon_check(node: Node, cordons: dict[str, bool]) -> Check | None:
+    """A failed check for a Node a runbook run cordoned and could not uncordon (interrupted between its drain
+    and its uncordon): the node passed every other check, looked done, and took no pod, so the CUDA test's pod
+    for it stayed Pending. An administrator's cordon is not the runbook's to judge: :func:`_cordon_note`."""
+    if not cordons.get(node.name):
         return None
+    return Check(
+        "node schedulable",
+        False,
+        f"Node {node.name} is cordoned by a runbook run that could not lift its cordon ({drains.CORDON_MARK}), "
+        "so no pod is scheduled there",
+        cause="the run was interrupted, or failed, between the drain before a reboot and the uncordon after it",
+        fix="runbook run --steps config-patch --apply  # lifts it once the Node is Ready; or: kubectl uncordon "
+        + node.name,
+    )
+
+
+def _cordon_note(result: StepResult, nodes: list[Node], cordons: dict[str, bool]) -> None:
+    """A note naming the GPU nodes cordoned by someone else: not a failure (a cordon can be on purpose), but
+    no new pod, the CUDA test's included, is scheduled there."""
+    others = [n.name for n in nodes if cordons.get(n.name) is False]
+    if others:
+        result.notes.append(
+            f"cordoned, not by the runbook (left as they are): {', '.join(others)}: no new pod, the CUDA test's "
+            "included, is scheduled there until someone uncordons them"
+        )
 
 
 def verify(
@@ -240,6 +276,9 @@ def verify(
             planned_schematic=planned,
         )
         res.checks = [*_other_minor(ctx, node, running), *checks_from_findings(findings)]
+        cordon = _cordon_check(node, seen.cordons)
+        if cordon is not None:
+            res.checks.append(cordon)
         cdi = _cdi_spec(seen, ext_versions, evidence, ctx.node_context(node.address))
         if cdi is not None:
             res.checks.append(cdi)
@@ -267,6 +306,7 @@ def verify(
     if unconfigured:
         _configured_but_not_loaded(ctx, unconfigured)
     _other_patch_note(ctx, result, nodes, releases)
+    _cordon_note(result, nodes, seen.cordons)
     _add_inventory(result, inventories, seen.kube)
     return result.finish()
 
