@@ -19,7 +19,6 @@ from runbook_lib.cli import cmd_run, main
 from runbook_lib.sim import cluster as sim_cluster
 from tests.realplane import use_real_plane
 
-pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 PARAMS = str(REPO / "params" / "simulated.yaml")
 
@@ -31,6 +30,7 @@ def _tool(state: Path, name: str, *args: str) -> str:
     return subprocess.run(argv, capture_output=True, text=True, check=True, timeout=120).stdout
 
 
+@pytest.mark.slow
 def test_keep_starts_the_cluster_a_run_left_and_refuses_to_make_another(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -75,6 +75,7 @@ def test_keep_starts_the_cluster_a_run_left_and_refuses_to_make_another(
     assert f"no simulated cluster at {tmp_path / 'none'} to keep" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_fault_simnode_reads_at_its_start_is_refused_while_it_runs_with_the_commands_that_switch_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -104,3 +105,22 @@ def test_a_fault_simnode_reads_at_its_start_is_refused_while_it_runs_with_the_co
         assert not any(n.get("fail_install") for n in nodes), nodes  # what simnode reads: cleared
     finally:
         main(["sim", "down", "--state", str(state)])
+
+
+def test_a_plain_sim_up_says_which_cluster_it_replaces(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A plain ``sim up`` on a state directory that holds a cluster creates a new one: what runs had changed on
+    the old one went without a word (operator walkthrough, 6 Dec 2026); it now names what it replaced and
+    ``--keep``. The first ``sim up`` into an empty directory says nothing of the kind."""
+    state = tmp_path / "sim"
+    up = ["sim", "up", "--no-daemon", "--state", str(state), "--nodes", "1", "--talos-version", "v1.12.7"]
+    assert main([*up, "--scenario", "fresh"]) == 0
+    assert "replaced" not in capsys.readouterr().out
+    assert main([*up, "--scenario", "gpu-ready"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(
+        f"replaced the simulated cluster at {state} (Talos v1.12.7, created as scenario fresh): what runs had "
+        "changed on it is gone; `runbook sim up --keep` starts a cluster as runs left it\n"
+    ), out
+    assert "scenario gpu-ready" in out

@@ -129,12 +129,15 @@ def _up(args: argparse.Namespace) -> int:
         cluster.check_spec(spec)  # likewise: a bad spec leaves the running cluster running
     except ValueError as exc:
         raise PermanentError(str(exc)) from None
+    previous = _replaced(state_dir)
     realkube.stop(state_dir)
     cluster.stop_daemon(state_dir)
     try:
         nodes = cluster.create(state_dir, spec)
     except ValueError as exc:
         raise PermanentError(str(exc)) from None
+    if previous:
+        sys.stdout.write(previous)
     endpoints: dict[str, Any] = {}
     if not args.no_daemon:
         try:
@@ -192,6 +195,21 @@ def _up_kept(args: argparse.Namespace, state_dir: Path) -> int:
         talos = _start_talos(state_dir, spec, nodes, keep=True)
     _print_up(state_dir, spec, nodes, endpoints, f" ({talos})", kept=True)
     return 0
+
+
+def _replaced(state_dir: Path) -> str:
+    """The line saying which cluster a plain ``sim up`` replaces ("" when the directory held none). Why: what
+    runs had changed on it (patched and upgraded nodes, a release, records' evidence for a rollback) went without
+    a word, while ``--keep`` would have started it as it was."""
+    try:
+        was = cluster.spec_from_state(state_dir)
+    except (FileNotFoundError, ValueError, KeyError):
+        return ""
+    return (
+        f"replaced the simulated cluster at {state_dir} (Talos {was.talos_version}, created as scenario "
+        f"{was.scenario}): what runs had changed on it is gone; `runbook sim up --keep` starts a cluster as "
+        "runs left it\n"
+    )
 
 
 def _create_flags(args: argparse.Namespace) -> list[tuple[str, object]]:
