@@ -170,3 +170,18 @@ def test_a_plan_and_the_run_that_applies_it_name_the_same_installer(tmp_path: Pa
         return image["result"]["data"]["installer_images"]  # type: ignore[no-any-return]
 
     assert installers(planned) == installers(applied) and len(installers(planned)) == 3, installers(planned)
+
+
+def test_an_apply_run_of_checks_only_is_not_said_to_have_found_the_planned_state() -> None:
+    """``runbook run --steps cuda-test --apply`` changes nothing and looks at no planned state: its record said
+    "every step found it already in the planned state" (operator walkthrough, 6 Dec 2026)."""
+    from runbook_lib.notebook.record_content import run_note
+
+    checks = run_note(
+        apply=True, failed_step=None, changed=False, stop_note="", steps=["preflight", "cuda-test"]
+    )
+    assert checks == "nothing changed on the cluster: the run's steps (preflight, cuda-test) only check it"
+    whole = run_note(
+        apply=True, failed_step=None, changed=False, stop_note="", steps=["preflight", "kubernetes"]
+    )
+    assert whole.endswith("every step found it already in the planned state")

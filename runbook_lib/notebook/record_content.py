@@ -385,9 +385,19 @@ def outcome_word(
     return "changed" if changed else "unchanged"
 
 
-def run_note(*, apply: bool, failed_step: str | None, changed: bool, stop_note: str) -> str:
-    """The sentence that says why a run changed nothing, or where a plan-only run stopped."""
+#: The steps that change the cluster when applied; the others only look at it (cuda-test's pods are removed).
+CHANGING_STEPS = ("config-patch", "image", "kubernetes")
+
+
+def run_note(
+    *, apply: bool, failed_step: str | None, changed: bool, stop_note: str, steps: list[str] | None = None
+) -> str:
+    """The sentence that says why a run changed nothing, or where a plan-only run stopped. ``steps``: the run's
+    (None: every step). Why: an ``--apply`` run of checks only (``--steps cuda-test``) was said to have found
+    the cluster "already in the planned state", which it never looked at."""
     if apply and not failed_step and not changed:
+        if steps is not None and not set(steps) & set(CHANGING_STEPS):
+            return f"nothing changed on the cluster: the run's steps ({', '.join(steps)}) only check it"
         return "nothing changed on the cluster: every step found it already in the planned state"
     if not apply and not changed:
         return stop_note or "plan only: nothing was changed on the cluster"

@@ -971,7 +971,11 @@ def _record_data(
         ),
         "failed_step": failed,
         "note": record_content.run_note(
-            apply=apply, failed_step=failed, changed=bool(changes), stop_note=ran.stop_note
+            apply=apply,
+            failed_step=failed,
+            changed=bool(changes),
+            stop_note=ran.stop_note,
+            steps=[s.name for s in loop.selected],
         ),
         "params": loop.params.public_dict(),
         "plan": compact_plan(build_plan(loop.params).to_dict()),
