@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from runbook_lib.model.inventory import SOURCES, Gpu, NodeInventory, group_inventory
-from runbook_lib.notebook.render import failure_text, render_html, render_markdown
+from runbook_lib.notebook.render import failure_hint, failure_text, render_html, render_markdown
 from runbook_lib.steps.results import Check, NodeResult, StepResult
 
 PATCH = "machine:\n  kernel:\n    modules:\n      - name: nvidia\n"
@@ -190,3 +190,17 @@ def test_a_check_whose_message_is_only_part_of_another_is_still_printed_whole() 
     text = failure_text(result)
     assert "    nvidia-smi: pod ended Failed\n" in text and "    gpu: Failed" in text, text
     assert "    vectoradd: (as in the node's line)" in text, text
+
+
+def test_a_failure_with_no_failing_node_points_at_the_step_s_check_not_at_nodes() -> None:
+    """A step stopped by a cluster-level check (helm list refused, no node touched) ended with "hint: see the
+    failing nodes above", above which no node was (operator walkthrough, 6 Dec 2026)."""
+
+    cluster = StepResult(step="kubernetes", applied=False)
+    cluster.checks.append(Check("kubernetes layer", False, "helm list -A failed"))
+    assert failure_hint(cluster) == "see the step's failed check above for the cause and the fix"
+    nodes = StepResult(step="verify", applied=False)
+    nodes.nodes.append(
+        NodeResult(node="gpu-1", address="10.0.0.1", status="failed", message="failed: modules")
+    )
+    assert failure_hint(nodes) == "see the failing nodes above for the cause and the fix"

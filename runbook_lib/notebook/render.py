@@ -273,6 +273,14 @@ def _quoted(node: NodeResult, check: Check) -> bool:
     return bool(said) and (line == said or said in line.split("; ") or line.endswith(f": {said}"))
 
 
+def failure_hint(result: StepResult) -> str:
+    """Where the stopped step's cause is: its failing nodes, or its own checks when no node failed (a refused
+    ``helm list``, an unreachable API). Why: "see the failing nodes above" followed a failure with no node."""
+    if result.failing():
+        return "see the failing nodes above for the cause and the fix"
+    return "see the step's failed check above for the cause and the fix"
+
+
 def failure_text(result: StepResult, *, limit: int = 5) -> str:
     """A plain-text diagnosis for the exception that stops a headless run (it lands in the error cell)."""
     lines = [result.summary()]

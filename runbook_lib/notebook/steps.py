@@ -32,7 +32,7 @@ from runbook_lib.steps.events import Events
 from runbook_lib.steps.results import StepResult
 
 from .live_events import events_file, file_sink
-from .render import failure_text, render_html, show_html
+from .render import failure_hint, failure_text, render_html, show_html
 
 if TYPE_CHECKING:  # imported when a step changes the cluster: see run_step
     from .gates import ApprovalGate, Progress, Recorder
@@ -301,7 +301,7 @@ def run_step(
             show_html(render_html(result, title=item.title))
     _write_result(_payload(item, params, journal, result, plan if plan is not result else None))
     if not result.ok:
-        raise StepFailed(failure_text(result), hint="see the failing nodes above for the cause and the fix")
+        raise StepFailed(failure_text(result), hint=failure_hint(result))
     return result
 
 
