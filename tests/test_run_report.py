@@ -185,3 +185,19 @@ def test_an_apply_run_of_checks_only_is_not_said_to_have_found_the_planned_state
         apply=True, failed_step=None, changed=False, stop_note="", steps=["preflight", "kubernetes"]
     )
     assert whole.endswith("every step found it already in the planned state")
+
+
+def test_a_failed_apply_run_of_the_runbook_names_how_to_go_on_from_the_failed_step_once_fixed() -> None:
+    """The image step's fix re-runs the image step alone; verify, the Kubernetes layer and the CUDA test were
+    left for the operator to remember (operator walkthrough, 6 Dec 2026). A ``--steps`` run ran only those, and
+    a plan is re-run as it is: neither gets the line."""
+    steps = [("preflight", "ok", "preflight: ok"), ("config-patch", "changed", "x"), ("image", "failed", "y")]
+    outcome = _outcome(*steps, failed="image")
+    whole = report(outcome, Invocation("p.yaml", (), "/r", None, apply=True))
+    assert (
+        "once image is fixed, continue with: runbook run --from image -p p.yaml --records /r --apply  # image "
+        "again (it redoes only what is not done), then verify, kubernetes, cuda-test\n"
+    ) in whole, whole
+    picked = report(outcome, Invocation("p.yaml", (), "/r", None, apply=True, picked=True))
+    planned = report(outcome, Invocation("p.yaml", (), "/r", None, apply=False))
+    assert "continue with" not in picked and "continue with" not in planned

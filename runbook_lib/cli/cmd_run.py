@@ -396,6 +396,7 @@ def _run_steps(args: argparse.Namespace) -> int:
         args.state,
         apply=bool(args.apply),
         selection=_own_selection(steps, args.from_step),
+        picked=bool(args.steps),
     )
     outcome = runner.run(
         params_file,

@@ -35,6 +35,8 @@ class Invocation:
     """The run's own ``--steps A,B`` or ``--from STEP`` when it did not name preflight: an ``--apply`` run of
     node-changing steps runs preflight first all the same (``runner.with_preflight``), and a preflight fix's
     ``--steps preflight`` re-run then means this command (walkthrough: it named a plan-only preflight)."""
+    picked: bool = False
+    """The run was given ``--steps``: it ran those only, and what follows a failure is not this run's to say."""
 
     def params_args(self) -> list[str]:
         """``-p FILE --set K=V …`` as given; empty when the run resumed a record's parameters (no file)."""
@@ -100,9 +102,24 @@ def steps_left(outcome: RunOutcome) -> list[str]:
     return [name for name in STEP_NAMES[first + 1 :] if name not in ran]
 
 
+def resume_after_failure(outcome: RunOutcome, invocation: Invocation) -> str:
+    """After an ``--apply`` run of the runbook (or ``--from``) stopped at a step that changes nodes or the
+    cluster, the command that goes on from that step once it is fixed. Why: the failed step's fix re-runs that
+    step alone (``--steps image --apply``), and the steps after it (verify, the Kubernetes layer, the CUDA test)
+    were left for the operator to remember (operator walkthrough, 6 Dec 2026). "" otherwise."""
+    failed = outcome.failed_step
+    if not (invocation.apply and failed and not invocation.picked) or failed not in STEP_NAMES[1:-1]:
+        return ""
+    after = STEP_NAMES[STEP_NAMES.index(failed) + 1 :]
+    return (
+        f"once {failed} is fixed, continue with: {invocation.continue_from(failed)}  "
+        f"# {failed} again (it redoes only what is not done), then {', '.join(after)}\n"
+    )
+
+
 def report(outcome: RunOutcome, invocation: Invocation) -> str:
     """The runner's report with this run's parameters in its fixes and, after a partial run, what is left."""
-    text = invocation.with_params(outcome.report())
+    text = invocation.with_params(outcome.report()) + resume_after_failure(outcome, invocation)
     left = steps_left(outcome)
     if not left:
         return text
