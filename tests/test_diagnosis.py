@@ -627,3 +627,27 @@ def test_on_a_node_without_extensions_every_upgrade_fix_says_the_modules_patch_c
         assert "patch mc" in f.fix.split("upgrade --image")[0] or f.fix.startswith(
             "first the modules patch"
         ), f
+
+
+def test_a_log_finding_quotes_the_line_it_matched_and_names_its_reading_as_a_pointer() -> None:
+    """``runbook diagnose --log`` said "seen: the GPU is not supported by this driver release", an inference
+    worded as what the log showed (operator walkthrough). It now quotes the line and says what it points to. The
+    toolkit's prestart hook line as a pod's event shows it (captured in NVIDIA/nvidia-docker#1393) matched no
+    row before."""
+    log = (
+        "Warning  Failed  kubelet  Error: failed to create containerd task: failed to create shim task: OCI "
+        "runtime create failed: runc create failed: unable to start container process: error during container "
+        "init: error running prestart hook #0: exit status 1, stdout: , stderr: Auto-detected mode as legacy\n"
+        "nvidia-container-cli: initialization error: nvml error: driver not loaded: unknown\n"
+    )
+    (found,) = d.diagnose_text(log, ctx(), check="log")
+    assert found.failure == "driver-not-loaded"
+    assert found.message.startswith(
+        '"nvidia-container-cli: initialization error: nvml error: driver not loaded: unknown" points to: '
+        "the NVIDIA driver is not loaded (nvidia-smi or the toolkit cannot reach it) (likely cause: "
+    ), found.message
+    probe = "[ 4.1] nvidia: probe of 0000:01:00.0 failed with error -1\n"
+    (unsupported,) = d.diagnose_text("boot\n" + probe, ctx())
+    assert unsupported.message.startswith(
+        '"[ 4.1] nvidia: probe of 0000:01:00.0 failed with error -1" points to'
+    )

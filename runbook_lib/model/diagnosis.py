@@ -12,6 +12,7 @@ known and stay ``<placeholders>`` when not, so a fix is always a command the use
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -48,7 +49,23 @@ class KnownFailure:
     """The fix needs a schematic with other extensions, so the node's current one must not fill ``{schematic}``."""
 
     def matches(self, text: str) -> bool:
-        return any(re.search(pattern, text, re.IGNORECASE) for pattern in self.symptoms)
+        return self.matched_line(text) is not None
+
+    def matched_line(self, text: str) -> str | None:
+        """The line of ``text`` where a symptom starts (stripped, at most :data:`QUOTE_MAX` characters), or None
+        when none appears: what a finding quotes as what was seen."""
+        for pattern in self.symptoms:
+            found = re.search(pattern, text, re.IGNORECASE)
+            if found:
+                start = text.rfind("\n", 0, found.start()) + 1
+                end = text.find("\n", found.start())
+                line = text[start : end if end >= 0 else len(text)].strip()
+                return line if len(line) <= QUOTE_MAX else line[: QUOTE_MAX - 1] + "…"
+        return None
+
+
+#: How much of a matched line a finding quotes.
+QUOTE_MAX = 160
 
 
 FAILURES: tuple[KnownFailure, ...] = (
@@ -217,14 +234,23 @@ FAILURES: tuple[KnownFailure, ...] = (
     ),
     KnownFailure(
         key="driver-not-loaded",
-        title="nvidia-smi cannot reach the driver",
-        symptoms=(r"couldn't communicate with the NVIDIA driver", r"NVIDIA-SMI has failed"),
+        title="the NVIDIA driver is not loaded (nvidia-smi or the toolkit cannot reach it)",
+        symptoms=(
+            r"couldn't communicate with the NVIDIA driver",
+            r"NVIDIA-SMI has failed",
+            # the toolkit's prestart hook, in a pod's events (captured in NVIDIA/nvidia-docker#1393,
+            # NVIDIA/nvidia-container-toolkit#1269): no driver for NVML to talk to
+            r"nvidia-container-cli: initialization error: nvml error: driver not loaded",
+        ),
         cause="the nvidia kernel module is not loaded: either the extensions are not installed or the modules "
         "are not listed in the machine config",
         fix="collect the extensions and the loaded modules and run `runbook diagnose` on them",
         command="talosctl -n {node} get extensions > extensions.txt && talosctl -n {node} read /proc/modules "
         "> modules.txt && runbook diagnose --extensions extensions.txt --proc-modules modules.txt",
-        sources=("https://github.com/siderolabs/talos/issues/7043",),
+        sources=(
+            "https://github.com/siderolabs/talos/issues/7043",
+            "https://github.com/NVIDIA/nvidia-docker/issues/1393",
+        ),
     ),
     KnownFailure(
         key="gpu-unsupported",
@@ -1081,7 +1107,16 @@ def check_cdi_spec(log: str, kmod: str, ctx: NodeContext, *, arch: str | None) -
 def diagnose_text(text: str, ctx: NodeContext | None = None, *, check: str = "symptoms") -> list[Finding]:
     """Failed findings for every table row whose symptom appears in free text (logs, pod events)."""
     ctx = ctx or NodeContext()
-    return [_finding(check, False, f"seen: {entry.title}", ctx, entry.key) for entry in match_failures(text)]
+    return [
+        _finding(
+            check,
+            False,
+            f"{json.dumps(entry.matched_line(text), ensure_ascii=False)} points to: {entry.title}",
+            ctx,
+            entry.key,
+        )
+        for entry in match_failures(text)
+    ]
 
 
 def check_gpu_present(devices: Sequence[PciDevice], ctx: NodeContext | None = None) -> Finding:

@@ -77,7 +77,10 @@ def test_a_loaded_driver_logs_its_version_and_a_failed_probe_logs_why(
     capsys.readouterr()
     main(["diagnose", "--log", str(log), "--talos-version", TALOS])
     report = capsys.readouterr().out
-    assert "FAIL  log: seen: the GPU is not supported by this dr" in report  # the failure table's probe entry
+    assert (
+        'FAIL  log: "NVRM: The NVIDIA probe routine failed for 1 device(s)." points to: the GPU is not supported'
+        in report
+    ), report  # the failure table's probe entry, with the line it matched
     assert "siderolabs/extensions/issues/227" in report, report
 
     tail = [str(talosctl), "--talosconfig", str(config), "-n", ADDRESSES[0], "dmesg", "--tail"]
