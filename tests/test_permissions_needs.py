@@ -250,7 +250,7 @@ def test_a_release_of_the_planned_name_in_another_namespace_is_not_taken_for_the
     assert reads.release == (None,) and reads.runtime_class is False, reads
 
 
-def test_a_node_or_runtime_class_is_asked_without_a_namespace() -> None:
+def test_a_node_or_namespace_is_asked_without_a_namespace() -> None:
     """Nodes and RuntimeClasses have no namespace (``namespaced: false`` in the API server's discovery): the
     message named them "in every namespace" and the command asked ``-A``, which reads as a namespaced grant."""
     ctx = _ctx("v1.13.0", kube=_Cluster(runtime_class=None, namespace=None), default_runtime_patch=True)
@@ -259,3 +259,10 @@ def test_a_node_or_runtime_class_is_asked_without_a_namespace() -> None:
     assert patch.where() == "" and patch.command() == "kubectl auth can-i patch nodes"
     assert by_what["list pods"].command() == "kubectl auth can-i list pods -A"
     assert by_what["create namespaces"].command() == "kubectl auth can-i create namespaces"
+
+
+def test_a_runtime_class_on_the_device_plugin_layer_is_asked_without_a_namespace() -> None:
+    ctx = _ctx("v1.12.7", kube=_Cluster(runtime_class=None, namespace=None))
+    [create] = [n for n in permissions.needs(ctx, ["kubernetes"]) if n.resource == "runtimeclasses"]
+    assert create.command() == "kubectl auth can-i create runtimeclasses.node.k8s.io"
+    assert create.where() == ""

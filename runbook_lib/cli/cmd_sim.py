@@ -203,7 +203,13 @@ def _replaced(state_dir: Path) -> str:
     a word, while ``--keep`` would have started it as it was."""
     try:
         was = cluster.spec_from_state(state_dir)
-    except (FileNotFoundError, ValueError, KeyError):
+    except (
+        OSError,
+        ValueError,
+        KeyError,
+        TypeError,
+        AttributeError,
+    ):  # a damaged state is replaced all the same
         return ""
     return (
         f"replaced the simulated cluster at {state_dir} (Talos {was.talos_version}, created as scenario "

@@ -36,13 +36,27 @@ def fix(refused: str) -> str:
     return GRANT if refused else ""
 
 
+def count_unread(result: StepResult) -> None:
+    """Count a read the plan was refused (helm's release Secrets), which :func:`note` says apart from writes."""
+    result.data["unread"] = int(result.data.get("unread", 0)) + 1
+
+
 def note(result: StepResult) -> str | None:
-    """The plan's note when writes were refused, else None."""
-    count = int(result.data.get("refused", 0))
-    if not count:
+    """The plan's note when writes, or reads it needed, were refused, else None."""
+    count, unread = int(result.data.get("refused", 0)), int(result.data.get("unread", 0))
+    if not count and not unread:
         return None
-    return (
-        f"{count} planned write(s) are refused to this kubeconfig's user: the plan shows them, but an apply "
-        "run with the same kubeconfig would stop at the first; helm's own writes (its release record, a Secret) "
-        "are not in its dry run: `runbook run --steps preflight` names them"
+    said = []
+    if count:
+        said.append(
+            f"{count} planned write(s) are refused to this kubeconfig's user: the plan shows them, but an apply "
+            "run with the same kubeconfig would stop at the first"
+        )
+    if unread:
+        said.append(
+            f"{unread} read(s) the plan needed were refused (helm's releases): it shows what it could without them"
+        )
+    return "; ".join(said) + (
+        "; helm's own writes (its release record, a Secret) are not in its dry run: `runbook run --steps "
+        "preflight` names them"
     )

@@ -124,11 +124,12 @@ def before_upgrade(
     unread: Forbidden | None = None
     try:
         try:
-            found = leftovers(ctx)
+            listed = ctx.helm.releases_everywhere()
         except Forbidden as exc:  # helm list -A: the user may not read helm's release Secrets
             if not dry_run:
                 raise
-            found, unread = leftovers(ctx, listed=[]), exc
+            listed, unread = [], exc
+        found = leftovers(ctx, listed)
         result.data["before_upgrade"] = found.commands()
         refused = remove(
             ctx, result, found, dry_run=dry_run, timeout_s=float(ctx.params.timeouts.kubernetes_seconds)
@@ -161,7 +162,7 @@ def _unread_releases(result: StepResult, title: str, exc: Forbidden) -> None:
     """A plan whose kubeconfig's user may not list helm's release Secrets: which device-plugin releases the
     apply run would uninstall first is not known (the ``view`` ClusterRole grants no Secrets, kubernetes@v1.35.0
     plugin/pkg/auth/authorizer/rbac/bootstrappolicy/policy.go); the plan says so and goes on."""
-    result.data["refused"] = int(result.data.get("refused", 0)) + 1
+    dryrun.count_unread(result)
     result.checks.append(
         Check(
             title,

@@ -70,8 +70,9 @@ def kubernetes_layer(
         replaced = False
         if plan.kubernetes_layer == "gpu-operator":
             _privileged_namespace(ctx, result, changed, dry_run=dry_run)
-            replaced = releases is not None and _retire_device_plugin(
-                ctx, releases, result, changed, dry_run=dry_run, timeout_s=timeout_s
+            # releases unread (a plan only): the RuntimeClass half of the hand-over is still planned (review)
+            replaced = _retire_device_plugin(
+                ctx, releases or [], result, changed, dry_run=dry_run, timeout_s=timeout_s
             )
         _runtime_class(ctx, result, changed, dry_run=dry_run, replaced=replaced)
         if not result.ok:
@@ -500,16 +501,19 @@ def _read_releases(ctx: Context, result: StepResult, *, dry_run: bool) -> list[R
     except Forbidden as exc:
         if not dry_run:
             raise
-        result.data["refused"] = int(result.data.get("refused", 0)) + 1
+        dryrun.count_unread(result)
         release = ctx.plan.helm
+        operator = ctx.plan.kubernetes_layer == "gpu-operator"
         result.checks.append(
             Check(
                 "helm releases",
                 True,
                 "not read: helm keeps its releases in Secrets, which this kubeconfig's user may not list, so the "
-                f"plan cannot tell whether {release.release} in {release.namespace} is installed (nor whether "
-                "another release of the chart is, which the step refuses before any change); "
-                f"{dryrun.REFUSED}: {exc.message}",
+                f"plan cannot tell whether {release.release} in {release.namespace} is installed, nor see what an "
+                "apply run refuses before any change (another release of the chart, one on a newer chart, one "
+                "a stopped helm left pending or uninstalling)"
+                + (", nor which device-plugin releases it uninstalls first" if operator else "")
+                + f"; {dryrun.REFUSED}: {exc.message}",
                 fix=dryrun.GRANT,
             )
         )
@@ -526,7 +530,6 @@ def _unread_release(ctx: Context, version: str, result: StepResult, changed: lis
             True,
             f"would run: {what} (an install, or an upgrade keeping the release's other values: helm's releases "
             "could not be read; not dry-run by helm, which reads them first)",
-            fix=dryrun.GRANT,
         )
     )
     changed.append(what)

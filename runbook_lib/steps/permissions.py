@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from runbook_lib.clients.helm import Release
 from runbook_lib.clients.proc import KubeconfigTool
-from runbook_lib.errors import GRANT_HINT, RunbookError
+from runbook_lib.errors import GRANT_HINT, Forbidden, RunbookError
 from runbook_lib.model.versions import is_chart_version
 
 from . import dryrun, gpu_operator_handover
@@ -303,7 +303,8 @@ def check(ctx: Context, steps: Collection[str] | None = None, reads: LayerReads 
         wanted = needs(ctx, steps, reads)
     except RunbookError as exc:
         ok = steps is not None and not ctx.apply
-        return Check(CHECK, ok, f"could not read what the run will change: {exc.message}", fix=exc.hint or "")
+        fix = GRANT_HINT if isinstance(exc, Forbidden) else exc.hint or ""  # not "run preflight": this is it
+        return Check(CHECK, ok, f"could not read what the run will change: {exc.message}", fix=fix)
     return verdict(ctx, wanted, advisory=steps is not None and not ctx.apply)
 
 

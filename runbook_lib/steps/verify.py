@@ -207,31 +207,36 @@ def _kube_nodes(ctx: Context) -> tuple[dict[str, KubeGpu] | None, dict[str, bool
     return gpus, cordons
 
 
-def _cordon_check(node: Node, cordons: dict[str, bool]) -> Check | None:
-    """A failed check for a Node a runbook run cordoned and could not uncordon (interrupted between its drain
-    and its uncordon): the node passed every other check, looked done, and took no pod, so the CUDA test's pod
-    for it stayed Pending. An administrator's cordon is not the runbook's to judge: :func:`_cordon_note`."""
+def _cordon_check(ctx: Context, node: Node, cordons: dict[str, bool]) -> Check | None:
+    """A failed check for a Node cordoned with the runbook's mark: a run (or a rollback) cordoned it for a drain
+    and could not lift it (interrupted between the drain and the uncordon). The node passed every other check,
+    looked done, and took no pod, so the CUDA test's pod for it stayed Pending. A cordon without the mark is
+    not the runbook's to judge: :func:`_cordon_note`."""
     if not cordons.get(node.name):
         return None
+    fix = f"kubectl uncordon {node.name}"
+    if ctx.params.default_runtime_patch:  # only where config-patch drains does it look for such cordons
+        fix += "; or: runbook run -p <parameters> --steps config-patch --apply  # lifts it once the Node is Ready"
     return Check(
         "node schedulable",
         False,
-        f"Node {node.name} is cordoned by a runbook run that could not lift its cordon ({drains.CORDON_MARK}), "
-        "so no pod is scheduled there",
-        cause="the run was interrupted, or failed, between the drain before a reboot and the uncordon after it",
-        fix="runbook run --steps config-patch --apply  # lifts it once the Node is Ready; or: kubectl uncordon "
-        + node.name,
+        f"Node {node.name} is cordoned and carries the runbook's mark ({drains.CORDON_MARK}), so no pod is "
+        "scheduled there",
+        cause="a run or a rollback drained it before a reboot and was interrupted, or failed, before the uncordon",
+        fix=fix,
     )
 
 
 def _cordon_note(result: StepResult, nodes: list[Node], cordons: dict[str, bool]) -> None:
-    """A note naming the GPU nodes cordoned by someone else: not a failure (a cordon can be on purpose), but
-    no new pod, the CUDA test's included, is scheduled there."""
+    """A note naming the GPU nodes cordoned without the runbook's mark: not a failure (a cordon can be on
+    purpose), but no new pod, the CUDA test's included, is scheduled there. Not said to be an administrator's:
+    talosctl 1.13+'s own drain in an interrupted upgrade leaves one without the mark too (steps/cordoned.py)."""
     others = [n.name for n in nodes if cordons.get(n.name) is False]
     if others:
         result.notes.append(
-            f"cordoned, not by the runbook (left as they are): {', '.join(others)}: no new pod, the CUDA test's "
-            "included, is scheduled there until someone uncordons them"
+            f"cordoned without the runbook's mark (an administrator's, or one an interrupted talosctl upgrade "
+            f"left): {', '.join(others)}: no new pod, the CUDA test's included, is scheduled there until someone "
+            "uncordons them (kubectl uncordon <node>, if it is not meant)"
         )
 
 
@@ -276,7 +281,7 @@ def verify(
             planned_schematic=planned,
         )
         res.checks = [*_other_minor(ctx, node, running), *checks_from_findings(findings)]
-        cordon = _cordon_check(node, seen.cordons)
+        cordon = _cordon_check(ctx, node, seen.cordons)
         if cordon is not None:
             res.checks.append(cordon)
         cdi = _cdi_spec(seen, ext_versions, evidence, ctx.node_context(node.address))
