@@ -124,3 +124,9 @@ def test_a_plain_sim_up_says_which_cluster_it_replaces(
         "changed on it is gone; `runbook sim up --keep` starts a cluster as runs left it\n"
     ), out
     assert "scenario gpu-ready" in out
+    # `sim status` said "scenario: fresh" of nodes runs had patched (walkthrough): the scenario is how it began
+    assert main(["sim", "status", "--state", str(state)]) == 0
+    assert (
+        "\nscenario:    created as gpu-ready (the nodes below are as runs left them)\n"
+        in capsys.readouterr().out
+    )

@@ -370,7 +370,7 @@ def _status(args: argparse.Namespace) -> int:
         out.write(f"{key + ':':<12} {url}\n")
     out.write(f"talosctl:    {info['talosctl']}\n")
     out.write(f"kubernetes:  {realkube.describe(state_dir)}\n")
-    out.write(f"scenario:    {info['scenario']}\n")
+    out.write(f"scenario:    created as {info['scenario']} (the nodes below are as runs left them)\n")
     out.write(
         f"{'ADDRESS':<12} {'NAME':<18} {'ROLE':<13} {'TALOS':<10} {'SCHEMATIC':<13} {'DRIVER':<11} FAULTS\n"
     )
