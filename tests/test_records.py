@@ -415,7 +415,7 @@ def test_malformed_record_is_named_never_a_crash(
     args = ["records", command, "--dir", str(root)] + ([paths[1].name] if command == "show" else [])
     code = main(args)
     captured = capsys.readouterr()
-    text = captured.out + captured.err
+    text = (captured.out + captured.err).replace(str(tmp_path), "<tmp>")  # the test's name says "malformed"
     if command == "list":  # list reads only record.json: a bad one is named (exit 2), the others listed
         assert paths[0].name in text and paths[1].name in text
         assert ("malformed" in text) == (what in ("list", "binary")), text
@@ -596,7 +596,25 @@ def test_run_report_prints_the_full_anchor_and_how_to_check_it(tmp_path: Path) -
 
     digest = "ab" * 32
     report = RunOutcome(tmp_path / "rec", "unchanged", [], digest, 0).report()
-    assert f"runbook records verify --expect {digest}" in report
+    assert f"anchor: runbook records verify --records {tmp_path} --expect {digest}" in report
+
+
+def test_an_anchor_is_not_found_in_a_missing_or_empty_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``records verify --expect`` answered "ok: 0 record(s) … 1 anchor(s) found" of a folder that does not
+    exist, and of the ./records the printed anchor line pointed at when the run wrote elsewhere: deleting the
+    whole folder passed the check (operator walkthrough, 6 Dec 2026)."""
+    anchor = "0" * 64
+    missing = tmp_path / "gone"
+    assert main(["records", "verify", "--records", str(missing), "--expect", anchor]) == 1
+    out = capsys.readouterr().out
+    assert f"no records folder at {missing}" in out and f"anchor {anchor}: no record's SHA256SUMS" in out
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["records", "verify", "--records", str(empty), "--expect", anchor]) == 1
+    assert f"anchor {anchor}: no record's" in capsys.readouterr().out
+    assert main(["records", "verify", "--records", str(missing)]) == 1, "a missing folder is not intact"
 
 
 #: A static kubeconfig token written as a block scalar (``token: |``), so its value ends in a newline (F2).

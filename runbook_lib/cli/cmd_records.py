@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -229,7 +230,8 @@ def _head_line(head: Path) -> str:
     digest = records.sha256_file(head / records.MANIFEST)
     return (
         f"head: {head.name}  SHA256SUMS {digest}\n"
-        f"anchor (keep it outside this folder): runbook records verify --expect {digest}\n"
+        f"anchor (keep it outside this folder): runbook records verify --records "
+        f"{shlex.quote(str(head.parent))} --expect {digest}\n"
     )
 
 

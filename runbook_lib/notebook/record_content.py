@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,7 +99,10 @@ class RunOutcome:
             lines.append(self.note)
         lines.append(f"record: {self.record}")
         # The anchor: kept outside the records folder (a CI log), it proves the newest record too.
-        lines.append(f"anchor: runbook records verify --expect {self.manifest_sha256}")
+        folder = shlex.quote(
+            str(self.record.parent)
+        )  # the folder it is checked in: not whatever ./records is
+        lines.append(f"anchor: runbook records verify --records {folder} --expect {self.manifest_sha256}")
         return self.scrub("\n".join(lines) + "\n")
 
 

@@ -837,9 +837,17 @@ def check_anchors(root: Path, expect: Iterable[str], chain: Chain) -> list[str]:
 
 
 def check(root: Path, expect: Iterable[str] = ()) -> Chain:
-    """The chain with every problem in the folder: inside each sealed record, between records, anchors."""
+    """The chain with every problem in the folder: inside each sealed record, between records, anchors.
+
+    A folder that does not exist is a problem, and so is an anchor in a folder with no record: before, both
+    answered "ok: 0 record(s) … anchor(s) found", so deleting the whole folder, or checking the wrong one (the
+    anchor line ``runbook run`` printed named no folder), passed the check the anchor exists for (operator
+    walkthrough, 6 Dec 2026)."""
     if not root.is_dir():
-        return Chain()
+        missing = (
+            f"no records folder at {root}: nothing to verify (give the folder the runs wrote: --records DIR)"
+        )
+        return Chain(problems=[missing, *check_anchors(root, expect, Chain())])
     with _reading(root):
         chain = read_chain(root)
         anchors = check_anchors(root, expect, chain)
