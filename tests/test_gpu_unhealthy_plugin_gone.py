@@ -119,3 +119,24 @@ def test_the_fixs_log_filter_finds_both_ways_the_plugin_marks_a_gpu_unhealthy() 
         ["sh", "-c", pipeline], input=PLUGIN_LOG, capture_output=True, text=True, check=False
     )
     assert found.stdout == PLUGIN_LOG, (pipeline, found.stdout)
+
+
+class _NoDaemonSet(_Reads):
+    def daemonsets(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        return []
+
+
+def test_a_missing_daemonset_is_named_so_not_blamed_on_the_nodes_labels() -> None:
+    """helm's upgrade failed before the DaemonSet existed (RBAC refused the patch): the diagnosis summed the
+    desired pods of no DaemonSet, said "has 0 desired pods" and gave ``kubectl label node`` for a node already
+    labelled (operator walkthrough, 6 Dec 2026)."""
+    node = _node()
+    node["status"]["capacity"].pop("nvidia.com/gpu")  # no plugin ever registered GPUs there
+    node["status"]["allocatable"].pop("nvidia.com/gpu")
+    check = _no_gpu_diagnosis(_ctx(), node, _NoDaemonSet([]))  # type: ignore[arg-type]
+    assert (
+        check.message == "there is no device-plugin DaemonSet nvidia-device-plugin in namespace kube-system"
+    )
+    assert (
+        check.fix.startswith("helm status nvidia-device-plugin -n kube-system") and "label" not in check.fix
+    )

@@ -159,6 +159,13 @@ def test_a_first_install_helm_fails_is_still_recorded_as_created_for_rollback(tm
         assert ctx.helm.release(RELEASE, NAMESPACE).status == "failed"
         assert {"kind": "helm-release", "name": RELEASE, "namespace": NAMESPACE} in result.data["created"]
         assert any("failed, and left the release" in c for c in result.data["changes"]), result.data
+        # helm failed, so no device plugin will come: the step does not wait for one, and does not blame the
+        # nodes' labels for a DaemonSet helm never made (operator walkthrough, 6 Dec 2026: 300 s, then
+        # `kubectl label node …` on nodes already labelled)
+        assert any(
+            n.startswith("not waited for the device plugin nor the GPUs: helm failed") for n in result.notes
+        )
+        assert result.nodes == [] and "kubectl label" not in str(result.to_dict())
 
 
 def test_a_dead_gpu_node_does_not_make_the_step_wait_its_whole_timeout(tmp_path):

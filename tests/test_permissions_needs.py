@@ -114,6 +114,13 @@ def test_an_install_asks_for_helms_release_record_and_what_is_missing() -> None:
     }
 
 
+_RELEASE_OBJECTS = (
+    "daemonsets.apps kube-system",
+    "serviceaccounts kube-system",
+    "clusterroles.rbac.authorization.k8s.io *",
+)
+
+
 def test_what_is_already_there_is_not_asked_for_but_an_upgrade_may_prune_helms_history() -> None:
     kube = _Cluster(runtime_class={"handler": "nvidia"}, namespace=None)
     kube.unlabelled = ["cpu-9"]  # not a GPU node of the parameters
@@ -126,6 +133,10 @@ def test_what_is_already_there_is_not_asked_for_but_an_upgrade_may_prune_helms_h
         "create secrets kube-system",
         "update secrets kube-system",
         "delete secrets kube-system",
+        # the upgrade gets and patches each of the release's objects (helm pkg/kube/client.go update): a user
+        # granted only the above passed preflight and the upgrade failed at `cannot patch resource
+        # "daemonsets"` after the nodes were changed (operator walkthrough, 6 Dec 2026)
+        *(f"{verb} {what}" for verb in ("get", "patch") for what in _RELEASE_OBJECTS),
     }
     # deployed with the runbook's values at the planned 0.18.0 (v1.12's default): the step runs no helm
     ctx.helm.given = {"priorityClassName": "system-node-critical", "runtimeClassName": "nvidia"}

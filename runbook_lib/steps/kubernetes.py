@@ -100,12 +100,25 @@ def kubernetes_layer(
         refused = dryrun.note(result)
         if refused:
             result.notes.append(refused)
+    if do_apply and not _helm_ran_ok(ctx, result):
+        result.notes.append(
+            "not waited for the device plugin nor the GPUs: helm failed (above), so there is nothing to wait for; "
+            "fix that and run this step again"
+        )
+        return result.finish()
     try:
         _wait_after_changes(ctx, result, only, timeout_s=timeout_s, do_apply=do_apply)
     except RunbookError as exc:
         # Changes were made: an error here must not lose the result that lists them (rollback reads it).
         result.checks.append(Check("kubernetes layer", False, exc.message, fix=exc.hint or ""))
     return result.finish()
+
+
+def _helm_ran_ok(ctx: Context, result: StepResult) -> bool:
+    """False when the step's helm failed. Why: the step then waited its whole timeout for a device plugin helm
+    had not deployed, and blamed each node (its labels) for the missing DaemonSet (operator walkthrough, 6 Dec
+    2026: a DaemonSet patch the chart's upgrade needed was refused by RBAC)."""
+    return all(c.ok for c in result.checks if c.name == f"helm release {ctx.plan.helm.release}")
 
 
 def _wait_after_changes(
@@ -904,6 +917,14 @@ def _no_gpu_diagnosis(ctx: Context, node: dict[str, Any], reads: ClusterReads | 
         if d["metadata"].get("name") == daemonset  # the chart's GFD and MPS DaemonSets carry the same label
     ]
     desired = sum(int((d.get("status") or {}).get("desiredNumberScheduled", 0)) for d in daemonsets)
+    if ctx.plan.kubernetes_layer == "device-plugin" and not daemonsets:
+        return Check(
+            "device plugin scheduled",
+            False,
+            f"there is no device-plugin DaemonSet {daemonset} in namespace {namespace}",
+            cause="helm did not create it (an install or upgrade that failed), or it was deleted",
+            fix=f"helm status {release.release} -n {release.namespace}  # then run the kubernetes step again",
+        )
     if ctx.plan.kubernetes_layer == "device-plugin" and desired == 0:
         return Check(
             "device plugin scheduled",

@@ -240,6 +240,7 @@ def _kubernetes_layer(ctx: Context, reads: LayerReads) -> list[Need]:
     if not _unchanged(ctx, reads):
         out += [Need(verb, "secrets", record, namespace=release.namespace) for verb in ("create", "update")]
         out += [Need("delete", "secrets", record, namespace=release.namespace)] if exists else []
+        out += _upgraded_objects(ctx, reads)
     if plan.kubernetes_layer == "device-plugin":
         reads.runtime_class = ctx.kube.runtime_class(RUNTIME_CLASS) is not None
         if not reads.runtime_class:
@@ -249,6 +250,26 @@ def _kubernetes_layer(ctx: Context, reads: LayerReads) -> list[Need]:
     if plan.kubernetes_layer == "device-plugin" and ctx.params.device_plugin.label_nodes and _unlabelled(ctx):
         out.append(_need("patch", "nodes", why + " (labels the GPU nodes)"))
     return out
+
+
+def _upgraded_objects(ctx: Context, reads: LayerReads) -> list[Need]:
+    """An upgrade's writes to the release's own objects: helm gets each object of the new manifest, creates the
+    missing ones, patches the others (server-side apply by default, else a client-side patch) and deletes those
+    the new manifest drops (helm pkg/kube/client.go ``(*Client).update``, read at helm/helm main 002ac78; the
+    v4.1.4 tag was not read). Asked here: get and patch of each kind the installed release holds (``helm get
+    manifest``), e.g. its DaemonSet. Why: a user granted exactly what preflight listed passed it, and the upgrade
+    failed at ``cannot patch resource "daemonsets"`` after the nodes were changed (operator walkthrough, 6 Dec
+    2026). Not asked: the kinds only the new chart version adds (create), nor the deletes. Only for a release
+    that was read (a helm that may not read it names that refusal instead)."""
+    current = (reads.release or (None,))[0]
+    if current is None:
+        return []
+    why = f"upgrades the Kubernetes layer (the objects of release {current.name})"
+    return [
+        Need(verb, resource, why, group=group, namespace=where or "", cluster=where is None)
+        for group, resource, where in _objects(ctx, current.name, current.namespace)
+        for verb in ("get", "patch")
+    ]
 
 
 def _release_exists(ctx: Context, reads: LayerReads) -> bool:
