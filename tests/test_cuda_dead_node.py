@@ -78,3 +78,36 @@ def test_a_dead_node_is_named_when_a_ready_nodes_hung_pods_run_the_wait_to_its_t
         assert any(
             f"test pods bound to {dead.name} (not Ready) may stay Terminating" in n for n in result.notes
         ), result.notes
+
+
+def test_a_cordoned_node_s_pods_are_not_created_and_its_line_says_uncordon(tmp_path):
+    """kube-scheduler places no pod on a cordoned node: its test pods stayed Pending for the whole timeout, then
+    were blamed on what holds the node's GPUs or room, with the same fix twice (operator walkthrough, 6 Dec 2026).
+    Now they are not created and the node fails at once, naming the cordon and how to lift it (here both GPU
+    nodes are cordoned, one with the runbook's mark, whose fix takes the mark off too)."""
+    from runbook_lib.steps.drains import CORDON_MARK
+
+    with real_cluster(tmp_path, scenario="gpu-ready", apply=True, cuda_test={"timeout_seconds": 400}) as (
+        params,
+        ctx,
+    ):
+        assert kubernetes_layer(ctx, timeout_s=120).ok
+        cordoned, marked = (n.name for n in params.nodes)
+        ctx.kube.core.patch_node(cordoned, {"spec": {"unschedulable": True}})
+        left = {"metadata": {"annotations": {CORDON_MARK: "true"}}, "spec": {"unschedulable": True}}
+        ctx.kube.core.patch_node(marked, left)
+        result = cuda_test(ctx)
+
+        said = result.node(cordoned)
+        assert said.status == "failed" and said.message == (
+            f"not run: Node {cordoned} is cordoned by someone, so no pod is scheduled there"
+        ), said.to_dict()
+        assert {c.fix for c in said.checks} == {
+            f"kubectl uncordon {cordoned}  # then run the cuda-test step again"
+        }
+        runbooks = result.node(marked)
+        assert "cordoned with the runbook's mark" in runbooks.message
+        assert f"kubectl annotate node {marked} {CORDON_MARK}-" in runbooks.checks[0].fix
+        assert not any("Pending" in c.message for n in result.nodes for c in n.checks), (
+            "no pod was waited for"
+        )

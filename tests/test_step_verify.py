@@ -406,8 +406,8 @@ def test_a_node_a_run_left_cordoned_fails_verify_and_an_administrators_cordon_is
     assert not result.ok and [n.status for n in result.nodes] == ["failed", "ok"]
     cordon = failed(result, 0)["node schedulable"]
     assert "is cordoned and carries the runbook's mark (talos-gpu-runbooks/cordoned)" in cordon.message
-    assert cordon.fix == "kubectl uncordon talos-worker-1", (
-        "config-patch lifts it only with default_runtime_patch"
-    )
+    assert cordon.fix == (
+        "kubectl uncordon talos-worker-1 && kubectl annotate node talos-worker-1 talos-gpu-runbooks/cordoned-"
+    ), "the mark goes with the cordon; config-patch lifts it only with default_runtime_patch"
     noted = "cordoned without the runbook's mark (an administrator's, or one an interrupted talosctl upgrade left)"
     assert any(n.startswith(noted + ": talos-worker-2:") for n in result.notes), result.notes

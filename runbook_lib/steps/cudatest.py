@@ -27,7 +27,7 @@ from runbook_lib.model.diagnosis import match_failures
 from runbook_lib.model.params import Node
 from runbook_lib.model.parsers import OutputParseError, extensions_from_resources, parse_nvidia_smi
 
-from . import kube_diagnosis
+from . import drains, kube_diagnosis
 from .context import Context
 from .results import Check, NodeResult, StepResult
 
@@ -124,7 +124,10 @@ def cuda_test(
     run_id = run_id or secrets.token_hex(3)
     result.data["run_id"] = run_id
     drivers, unread = extension_drivers(ctx, nodes) if node_drivers is None else (node_drivers, {})
-    pods = build_pods(ctx, nodes, run_id)
+    cordoned = _cordoned(ctx, nodes)
+    every = build_pods(ctx, nodes, run_id)
+    held_back = [p for p in every if p.node.name in cordoned]
+    pods = [p for p in every if p.node.name not in cordoned]
     attempted: list[TestPod] = []
     try:
         refused = _create_pods(ctx, pods, attempted)
@@ -150,13 +153,44 @@ def cuda_test(
             ),
             pods,
         )
-        result.nodes += _node_results(nodes, pods, checks)
+        checks += [_on_cordoned(p, cordoned[p.node.name]) for p in held_back]
+        result.nodes += _node_results(nodes, [*pods, *held_back], checks)
         held = sorted(n for n, why in down.items() if why.held)
         if held:
             result.notes.append(_left_on_down_nodes(run_id, held))
     finally:
         _delete_pods(ctx, attempted, run_id, result)
     return result.finish()
+
+
+def _cordoned(ctx: Context, nodes: list[Node]) -> dict[str, bool]:
+    """The GPU nodes whose Node is cordoned (True: with the runbook's mark, ``drains.CORDON_MARK``); {} when the
+    Nodes cannot be read (the pods then find out). Why: kube-scheduler places no pod on a cordoned node, so
+    its test pods stayed Pending for the whole timeout, then were blamed on what holds the node's GPUs or room
+    (operator walkthrough, 6 Dec 2026)."""
+    names = {n.name for n in nodes}
+    try:
+        found = ctx.kube.nodes()
+    except RunbookError:
+        return {}
+    return {
+        str(n["metadata"]["name"]): (n["metadata"].get("annotations") or {}).get(drains.CORDON_MARK) == "true"
+        for n in found
+        if n["metadata"]["name"] in names and (n.get("spec") or {}).get("unschedulable")
+    }
+
+
+def _on_cordoned(pod: TestPod, marked: bool) -> Check:
+    """A test pod not created: its node is cordoned."""
+    whose = (
+        "with the runbook's mark (a run or rollback interrupted after its drain)" if marked else "by someone"
+    )
+    return Check(
+        TITLES[pod.kind],
+        False,
+        f"not run: Node {pod.node.name} is cordoned {whose}, so no pod is scheduled there",
+        fix=drains.uncordon_command(pod.node.name, marked=marked) + "  # then run the cuda-test step again",
+    )
 
 
 def _left_on_down_nodes(run_id: str, down: list[str]) -> str:

@@ -206,6 +206,15 @@ def uncordon(ctx: Context, names: list[str]) -> dict[str, str]:
     return left
 
 
+def uncordon_command(name: str, *, marked: bool) -> str:
+    """The command that lifts a cordon by hand; with the runbook's mark, the mark goes too. Why: a plain
+    ``kubectl uncordon`` left the mark, so an administrator's later cordon of that node passed for the
+    runbook's, and a rollback lifted it (operator walkthrough, 6 Dec 2026)."""
+    if not marked:
+        return f"kubectl uncordon {name}"
+    return f"kubectl uncordon {name} && kubectl annotate node {name} {CORDON_MARK}-"
+
+
 def administrators(node: dict[str, Any]) -> bool:
     """The Node is cordoned, and not by the runbook (no :data:`CORDON_MARK`): the runbook leaves that cordon."""
     marked = (node["metadata"].get("annotations") or {}).get(CORDON_MARK) == "true"

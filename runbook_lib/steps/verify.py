@@ -214,7 +214,7 @@ def _cordon_check(ctx: Context, node: Node, cordons: dict[str, bool]) -> Check |
     not the runbook's to judge: :func:`_cordon_note`."""
     if not cordons.get(node.name):
         return None
-    fix = f"kubectl uncordon {node.name}"
+    fix = drains.uncordon_command(node.name, marked=True)
     if ctx.params.default_runtime_patch:  # only where config-patch drains does it look for such cordons
         fix += "; or: runbook run -p <parameters> --steps config-patch --apply  # lifts it once the Node is Ready"
     return Check(
