@@ -778,7 +778,7 @@ def test_a_cordon_an_interrupted_run_left_is_lifted_by_the_rollback(sim_with_api
     ctx.kube.core.patch_node("talos-worker-2", body)  # as a drain the interruption cut short leaves it
     ctx.kube.core.patch_node("talos-worker-3", {"spec": {"unschedulable": True}})  # an administrator's
     plan = rollback(_ctx(sim, apply=False), evidence=evidence_from_records([record]))
-    assert any("talos-worker-2 still carry the cordon a run could not lift" in n for n in plan.notes), (
+    assert any("talos-worker-2 still carries the cordon a run could not lift" in n for n in plan.notes), (
         plan.notes
     )
     assert (ctx.kube.node("talos-worker-2") or {})["spec"].get("unschedulable"), "a plan changed nothing"
@@ -810,7 +810,7 @@ def test_a_rollback_the_api_server_would_refuse_halfway_changes_nothing(
     [asked] = [c for c in plan.checks if c.name == "Kubernetes permissions"]
     assert asked.ok and "applying would be refused: " in asked.message
     assert (
-        "create pods/eviction in every namespace (the run drains the nodes a removal patch reboots)"
+        "create pods/eviction in every namespace, as the run drains the nodes a removal patch reboots"
         in asked.message
     )
     ctx = as_restricted_user(_ctx(sim, default_runtime_patch=True), tmp_path)

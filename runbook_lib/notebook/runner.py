@@ -899,8 +899,9 @@ def _run_step(loop: _StepLoop, index: int, item: StepSpec, first: Future[_Kernel
 def _plan_note(planned: StepSpec, skipped: Sequence[StepSpec]) -> str:
     """Why a plan-only run left steps out (module docstring): they check changes it only planned."""
     return (
-        f"plan only: {planned.name} planned changes, so {', '.join(s.name for s in skipped)}, which need them "
-        "applied, were not run; run with --apply to apply them"
+        f"plan only: {planned.name} planned changes, so {', '.join(s.name for s in skipped)}, which "
+        f"{'needs' if len(skipped) == 1 else 'need'} them applied, {'was' if len(skipped) == 1 else 'were'} not "
+        "run; run with --apply to apply them"
     )
 
 

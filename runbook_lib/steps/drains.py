@@ -277,8 +277,8 @@ def lift_left(ctx: Context, result: StepResult, left: list[str], *, wait_s: floa
 def left_note(left: list[str]) -> str:
     """What a plan says of the cordons a run left."""
     return (
-        f"{', '.join(left)} still carry the cordon a run could not lift (annotation {CORDON_MARK}): apply lifts "
-        "it once each Node is Ready"
+        f"{', '.join(left)} still {'carries' if len(left) == 1 else 'carry'} the cordon a run could not lift "
+        f"(annotation {CORDON_MARK}): apply lifts it once each Node is Ready"
     )
 
 

@@ -349,9 +349,9 @@ def verdict(ctx: Context, wanted: list[Need], *, advisory: bool, unasked_ok: boo
     if not wanted:
         return Check(CHECK, True, "no Kubernetes write to make")
     if not refused:
-        return Check(CHECK, True, f"the kubeconfig's user may make the {len(wanted)} kinds of write")
+        return Check(CHECK, True, f"the kubeconfig's user may make the {len(wanted)} kind(s) of write")
     told = "; ".join(
-        f"{n.what()}{n.where()} (the run {n.why})" + (f": {reason}" if reason else "")
+        f"{n.what()}{n.where()}, as the run {n.why}" + (f": {reason}" if reason else "")
         for n, reason in refused
     )
     fix = f"{GRANT_HINT}; check with: " + "; ".join(dict.fromkeys(n.command(ctx.kubectl) for n, _ in refused))
