@@ -44,9 +44,9 @@ def test_preflight_names_each_write_the_kubeconfigs_user_may_not_make_before_any
         assert "in default" not in check.message, "the pods it may create were named as refused"
         kubeconfig = runner.endpoints.kubeconfig
         assert f"auth can-i create pods --subresource=eviction -A --kubeconfig {kubeconfig}" in check.fix
-        assert "patch nodes, as the run" in check.message and "nodes in every namespace" not in check.message, (
-            "a Node has no namespace"
-        )
+        assert (
+            "patch nodes, as the run" in check.message and "nodes in every namespace" not in check.message
+        ), "a Node has no namespace"
         _each_check_command_answers_no(check.fix)
         every = ["preflight", "config-patch", "image", "verify", "kubernetes", "cuda-test"]
         planned = next(c for c in preflight(runner, steps=every).checks if c.name == permissions.CHECK)

@@ -635,6 +635,26 @@ def test_labels_the_kubernetes_step_added_are_left_with_the_kubectl_commands_tha
     assert evidence_from_records([("run-1", record)]).not_undone == [f"run-1: {c}" for c in changes]
 
 
+def test_an_upgrade_of_a_release_the_run_did_not_create_is_listed_as_not_undone_with_helm_rollback() -> None:
+    """A run that upgraded a release an earlier run (or someone) installed created nothing: its rollback removed
+    nothing and said nothing of the upgrade, counted as undone (operator walkthrough, 6 Dec 2026). A release the
+    run created is removed, so its install is not listed."""
+    upgrade = (
+        "helm upgrade --install nvidia-device-plugin nvdp/nvidia-device-plugin --version 0.18.0 -n kube-system "
+        "--set runtimeClassName=nvidia (keeping the release's other values)"
+    )
+    kube = {"name": "kubernetes", "status": "changed"}
+    kube["result"] = {"applied": True, "data": {"changes": [upgrade], "created": []}}
+    record = {"params": {"nodes": []}, "steps": [kube]}
+    assert evidence_from_records([("run-2", record)]).not_undone == [
+        f"run-2: {upgrade}: an upgrade of a release the run did not create; to go back: helm history "
+        "nvidia-device-plugin -n kube-system, then helm rollback nvidia-device-plugin <revision> -n kube-system"
+    ]
+    created = {"kind": "helm-release", "name": "nvidia-device-plugin", "namespace": "kube-system"}
+    kube["result"]["data"]["created"] = [created]
+    assert evidence_from_records([("run-1", record)]).not_undone == []
+
+
 def test_what_a_resultless_kubernetes_step_removed_is_listed_as_not_undone_not_as_to_remove() -> None:
     """The step retires the device plugin for the GPU Operator (``helm uninstall``, ``delete RuntimeClass``):
     a journal holding only those leaves nothing to remove, and the plan must not ask a person to remove it."""

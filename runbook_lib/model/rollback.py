@@ -223,11 +223,35 @@ def _add_not_undone(out: Evidence, name: str, steps: dict[str, dict[str, Any]]) 
     if kube.get("applied"):
         data = kube.get("data") or {}
         labelled = list(_mappings(data.get("labelled")))
-        changes = [str(c) for c in data.get("changes") or [] if not str(c).startswith(UNDONE)]
+        created = any(c.get("kind") == "helm-release" for c in _mappings(data.get("created")))
+        changes = [_upgrade_back(str(c)) for c in data.get("changes") or [] if _kept(str(c), created)]
         if labelled:  # said as the commands that put the labels back (records since 6 Dec 2026 keep them)
             changes = [c for c in changes if not c.startswith("label node ")]
             out.labelled.append((name, labelled))
         out.not_undone += [f"{name}: {c}" for c in changes]
+
+
+def _kept(change: str, created: bool) -> bool:
+    """Whether the rollback leaves this change of the kubernetes step. A ``helm upgrade --install`` of a release
+    the run did not create (``data.created`` has none) is an upgrade the rollback does not undo: it removes only
+    what a run created. Before, it was counted as undone and the rollback of such a run said nothing of it
+    (operator walkthrough, 6 Dec 2026)."""
+    if change.startswith(UNDONE[0]):
+        return not created
+    return not change.startswith(UNDONE)
+
+
+def _upgrade_back(change: str) -> str:
+    """A release upgrade as the rollback leaves it: with the helm commands that go back by hand."""
+    if not change.startswith(UNDONE[0]):
+        return change
+    words = change.split()
+    release = words[3] if len(words) > 3 else "<release>"
+    namespace = words[words.index("-n") + 1] if "-n" in words[:-1] else "<namespace>"
+    return (
+        f"{change}: an upgrade of a release the run did not create; to go back: helm history {release} -n "
+        f"{namespace}, then helm rollback {release} <revision> -n {namespace}"
+    )
 
 
 def label_undo(labelled: Iterable[Mapping[str, Any]]) -> list[str]:
