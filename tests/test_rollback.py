@@ -936,3 +936,37 @@ def test_the_folder_s_other_records_are_read_only_at_the_first_refusal(
         read
     )  # the first refusal reads the others
     assert evidence.unnamed("gpu-worker-2") == [] and len(read) == 3, read  # once
+
+
+def test_a_node_an_interrupted_image_step_upgraded_goes_back_to_what_the_run_s_preflight_found() -> None:
+    """SIGTERM during the image step seals the record with the upgrade in its journal but no image-step result:
+    the node was refused ("the record lacks its image before") though the run's own preflight had read its
+    release and schematic (operator walkthrough, 6 Dec 2026). The preflight's reading now stands in; a record
+    whose preflight did not keep the schematic still refuses the node."""
+    argv = [
+        "talosctl",
+        "-n",
+        "10.5.0.11",
+        "upgrade",
+        "--image",
+        "factory.talos.dev/x/y:v1.12.7",
+        "--wait=true",
+    ]
+    change = {"step": "image", "argv": argv, "exit_code": 0}
+    preflight = {"name": "preflight", "status": "ok"}
+    seen = {"talos_version": "v1.12.7", "schematic_id": "376567988ad3"}
+    # as a sealed record keeps it (record_content.group_nodes; a SIGTERM-sealed walkthrough record's shape)
+    preflight["result"] = {"node_groups": [{"nodes": ["gpu-worker-1"], "status": "ok", "data": seen}]}
+    record = {
+        "params": {"nodes": [{"name": "gpu-worker-1", "address": "10.5.0.11"}]},
+        "steps": [preflight, {"name": "image", "status": "interrupted"}],
+        "changes": [change],
+    }
+    node = evidence_from_records([("run-1", record)]).nodes["gpu-worker-1"]
+    assert node.missing == [] and node.image is not None
+    assert (node.image.version, node.image.schematic_id) == ("v1.12.7", "376567988ad3")
+    del seen["schematic_id"]  # a preflight from before 6 Dec 2026
+    old = evidence_from_records([("run-1", record)]).nodes["gpu-worker-1"]
+    assert old.image is None and old.missing == [
+        "run-1: the node was upgraded but the record lacks its image before"
+    ]

@@ -198,12 +198,15 @@ def _add_images(
 ) -> None:
     by_address = {n.address: n for n in evidence.values()}
     outcomes = node_results(steps.get("image") or {})
+    found = node_results(steps.get("preflight") or {})
     for _change, addresses in _calls(record, ("upgrade",)):
         for address in addresses:
             node = by_address.get(address)
             if node is None or node.image is not None:
                 continue  # the earliest record that upgraded a node says where the runbook found it
-            before = (outcomes.get(node.name, {}).get("data") or {}).get("before") or {}
+            before = (outcomes.get(node.name, {}).get("data") or {}).get("before") or _preflight_saw(
+                found.get(node.name, {})
+            )
             if not before.get("version"):
                 node.missing.append(f"{name}: the node was upgraded but the record lacks its image before")
                 continue
@@ -252,6 +255,18 @@ def _upgrade_back(change: str) -> str:
         f"{change}: an upgrade of a release the run did not create; to go back: helm history {release} -n "
         f"{namespace}, then helm rollback {release} <revision> -n {namespace}"
     )
+
+
+def _preflight_saw(outcome: Mapping[str, Any]) -> dict[str, Any]:
+    """The image the same run's preflight found the node on (``talos_version``, ``schematic_id``), as the image
+    step's ``before``: the step's own result is missing when the run was interrupted during it (SIGTERM seals
+    the record with the upgrades it made in its journal, not the step's result), and the node was refused
+    ("the record lacks its image before") though the run had read it (operator walkthrough, 6 Dec 2026).
+    Records from before 6 Dec 2026 have no ``schematic_id`` there: {} then, as before."""
+    data = outcome.get("data") or {}
+    if not data.get("talos_version") or "schematic_id" not in data:
+        return {}
+    return {"version": data["talos_version"], "schematic_id": data["schematic_id"]}
 
 
 def label_undo(labelled: Iterable[Mapping[str, Any]]) -> list[str]:

@@ -207,6 +207,9 @@ def _check_node(ctx: Context, res: NodeResult, node: Node, reads: _NodeReads) ->
     plan = ctx.plan
     planned_schematic = next((p.schematic_id for p in plan.nodes if p.name == node.name), plan.schematic_id)
     res.data["nvidia_extensions"] = nvidia
+    # the image the run found the node on, as the image step's ``before`` says it: rollback's fallback when an
+    # interrupted run's image step left no result (model/rollback.py ``_add_images``)
+    res.data["schematic_id"] = schematic_id(exts)
     if node.address in reads.pci:
         res.checks.append(gpu_check(ctx, node, reads.pci[node.address], has_gpu_image=bool(nvidia)))
     res.data["image_done"] = bool(planned_schematic) and schematic_id(exts) == planned_schematic
