@@ -802,6 +802,11 @@ def test_a_cordon_an_interrupted_run_left_is_lifted_by_the_rollback(sim_with_api
         plan.notes
     )
     assert (ctx.kube.node("talos-worker-2") or {})["spec"].get("unschedulable"), "a plan changed nothing"
+    lift = (
+        f"kubectl uncordon talos-worker-2 && kubectl annotate node talos-worker-2 {CORDON_MARK}-  (the cordon a "
+        "run left)"
+    )
+    assert lift in plan.data["changes"], "a change Approve approves, not a note only (walkthrough)"
     result = rollback(ctx, evidence=evidence_from_records([record]), settle_timeout=30.0, poll_interval=0.1)
     assert result.ok, result.notes
     worker2 = ctx.kube.node("talos-worker-2") or {}
@@ -809,6 +814,7 @@ def test_a_cordon_an_interrupted_run_left_is_lifted_by_the_rollback(sim_with_api
         "annotations", {}
     )
     assert "lifted the cordon a run could not lift on talos-worker-2" in result.notes
+    assert result.data["uncordoned"] == [lift], "what the terminal's 'rolled back:' lists, as the record does"
     assert (ctx.kube.node("talos-worker-3") or {})["spec"].get("unschedulable"), (
         "the administrator's cordon went"
     )

@@ -111,7 +111,7 @@ def _done_lines(outcome: RunOutcome) -> str:
         return ""
     data = step.result.get("data") or {}
     # a rollback that passed removed what its plan listed: a failed removal fails the step
-    kubernetes = [f"  {what}" for what in data.get("kubernetes") or []]
+    kubernetes = [f"  {what}" for what in [*(data.get("kubernetes") or []), *(data.get("uncordoned") or [])]]
     lines = ["rolled back:", *kubernetes, *node_lines(step.result, "changed")]
     lines = lines if len(lines) > 1 else []
     left = data.get("not_undone") or []

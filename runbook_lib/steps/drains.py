@@ -252,18 +252,20 @@ def cordons_left(ctx: Context, result: StepResult, names: list[str]) -> list[str
 LEFT_READY_S = 60.0
 
 
-def lift_left(ctx: Context, result: StepResult, left: list[str], *, wait_s: float = LEFT_READY_S) -> None:
+def lift_left(
+    ctx: Context, result: StepResult, left: list[str], *, wait_s: float = LEFT_READY_S
+) -> list[str]:
     """Lift the cordons :func:`cordons_left` found on the nodes whose Node is Ready within ``wait_s`` (at most
-    ``node_ready_seconds``); notes say which were lifted and why any stays. An error (kubectl missing, the API
-    gone) is a note: the step's own result must survive it."""
+    ``node_ready_seconds``); notes say which were lifted and why any stays; returns the nodes lifted. An error
+    (kubectl missing, the API gone) is a note: the step's own result must survive it."""
     if not left:
-        return
+        return []
     try:
         wait = min(wait_s, float(ctx.params.timeouts.node_ready_seconds))
         kept = uncordon_when_ready(ctx, left, wait)
     except RunbookError as exc:
         result.notes.append(f"the cordon a run left on {', '.join(left)} stays: {exc.message}")
-        return
+        return []
     lifted = [n for n in left if n not in kept]
     if lifted:
         result.notes.append(f"lifted the cordon a run could not lift on {', '.join(lifted)}")
@@ -272,6 +274,7 @@ def lift_left(ctx: Context, result: StepResult, left: list[str], *, wait_s: floa
         "step again"
         for n, why in kept.items()
     ]
+    return lifted
 
 
 def left_note(left: list[str]) -> str:

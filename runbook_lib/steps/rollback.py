@@ -156,6 +156,8 @@ def rollback(
     if not do_apply or refused or not result.ok:
         if left and not do_apply:
             result.notes.append(drains.left_note(left))
+            # a change like the others, so Approve approves it (it was a note only: operator walkthrough)
+            result.data.setdefault("changes", []).extend(_uncordons(left))
         for plan in todo:
             res = results[plan.node.address]
             if res.status != "failed":
@@ -174,8 +176,16 @@ def rollback(
         return result.finish()
     log = result.data.setdefault("rollout", [])
     _roll_out(ctx, schedule, todo, results, progress, timeout=timeout, interval=poll_interval, log=log)
-    drains.lift_left(ctx, result, left, wait_s=0.0)  # the rollout waited for its nodes: one not Ready is down
+    lifted = drains.lift_left(ctx, result, left, wait_s=0.0)  # the rollout waited: one not Ready is down
+    result.data["uncordoned"] = _uncordons(
+        lifted
+    )  # the terminal's "rolled back:" lists it, as the record does
     return result.finish()
+
+
+def _uncordons(names: list[str]) -> list[str]:
+    """The lifts of cordons a run left, as the commands that make them."""
+    return [f"{drains.uncordon_command(n, marked=True)}  (the cordon a run left)" for n in names]
 
 
 # -- planning ------------------------------------------------------------------------------------------------
