@@ -201,3 +201,24 @@ def test_a_failed_apply_run_of_the_runbook_names_how_to_go_on_from_the_failed_st
     picked = report(outcome, Invocation("p.yaml", (), "/r", None, apply=True, picked=True))
     planned = report(outcome, Invocation("p.yaml", (), "/r", None, apply=False))
     assert "continue with" not in picked and "continue with" not in planned
+
+
+def test_an_interrupted_apply_run_says_how_to_go_on_or_undo_it(tmp_path: Path) -> None:
+    """SIGTERM or Ctrl-C during an --apply run said only where the record is (operator walkthrough, 6 Dec 2026);
+    an interrupted upgrade is when a rollback is wanted. From the sealed record: the step it was in, and the
+    rollback of that record."""
+    from runbook_lib.cli.run_report import after_interrupt
+
+    record = tmp_path / "records" / "20261206T200000Z-sim-gpu-abcdef12"
+    record.mkdir(parents=True)
+    steps = [{"name": "preflight", "status": "ok"}, {"name": "image", "status": "interrupted"}]
+    records.seal(record, {"steps": steps}, secrets=[])
+    invocation = Invocation("p.yaml", (), str(tmp_path / "records"), None, apply=True)
+    said = after_interrupt(tmp_path / "records", invocation)
+    place = f"--records {tmp_path / 'records'}"
+    assert said == (
+        f"once it is safe to go on: runbook run --from image -p p.yaml {place} --apply\n"
+        f"to undo what it changed instead (plan first, then --apply): runbook rollback -p p.yaml {place} "
+        f"--from {record.name}\n"
+    )
+    assert after_interrupt(tmp_path / "none", invocation) == "", "no record to read: nothing said"

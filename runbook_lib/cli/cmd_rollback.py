@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from types import TracebackType
 
 from runbook_lib.model.params import load_params
 from runbook_lib.notebook import runner
@@ -56,15 +55,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.set_defaults(handler=_rollback)
 
 
-def _quiet_interrupt(
-    kind: type[BaseException], value: BaseException, traceback: TracebackType | None
-) -> None:
-    """Ctrl-C ends the process as an unhandled Ctrl-C does (by SIGINT: a shell shows 130), but without a
-    Python traceback: the run has sealed its record and said where (``runner.run``)."""
-    if not issubclass(kind, KeyboardInterrupt):
-        sys.__excepthook__(kind, value, traceback)
-
-
 def _rollback(args: argparse.Namespace) -> int:
     with cmd_run.sigterm_unwinds():
         return _roll_back(args)
@@ -94,7 +84,9 @@ def _roll_back(args: argparse.Namespace) -> int:
             on_event=live.print_event,
         )
     except KeyboardInterrupt:
-        sys.excepthook = _quiet_interrupt  # this process ends by it: no traceback under the sealed record
+        sys.excepthook = (
+            cmd_run.quiet_interrupt
+        )  # this process ends by it: no traceback under the sealed record
         raise
     sys.stdout.write(_done_lines(outcome) + outcome.report())
     return 0 if outcome.ok else 1

@@ -19,6 +19,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 from runbook_lib.cli import live, run_report
@@ -369,6 +370,13 @@ def _own_selection(steps: list[str] | None, from_step: str | None) -> tuple[str,
     return (*(["--steps", ",".join(steps)] if steps else []), *(["--from", from_step] if from_step else []))
 
 
+def quiet_interrupt(kind: type[BaseException], value: BaseException, traceback: TracebackType | None) -> None:
+    """Ctrl-C ends the process as an unhandled Ctrl-C does (by SIGINT: a shell shows 130), but without a
+    Python traceback: the run has sealed its record and said where (``runner.run``)."""
+    if not issubclass(kind, KeyboardInterrupt):
+        sys.__excepthook__(kind, value, traceback)
+
+
 def _run(args: argparse.Namespace) -> int:
     with sigterm_unwinds():
         return _run_steps(args)
@@ -398,18 +406,25 @@ def _run_steps(args: argparse.Namespace) -> int:
         selection=_own_selection(steps, args.from_step),
         picked=bool(args.steps),
     )
-    outcome = runner.run(
-        params_file,
-        steps=steps,
-        from_step=args.from_step,
-        apply=True if args.apply else None,
-        overrides=args.overrides,
-        values=resume_values,
-        records_root=root,
-        cluster=lambda params: _simulated_cluster(params, state_dir),
-        cluster_key=str(state_dir),
-        progress=not args.no_progress,
-        on_event=lambda event: live.print_event(event, invocation.with_params),
-    )
+    try:
+        outcome = runner.run(
+            params_file,
+            steps=steps,
+            from_step=args.from_step,
+            apply=True if args.apply else None,
+            overrides=args.overrides,
+            values=resume_values,
+            records_root=root,
+            cluster=lambda params: _simulated_cluster(params, state_dir),
+            cluster_key=str(state_dir),
+            progress=not args.no_progress,
+            on_event=lambda event: live.print_event(event, invocation.with_params),
+        )
+    except (KeyboardInterrupt, SystemExit) as exc:
+        if args.apply:
+            sys.stderr.write(run_report.after_interrupt(root, invocation))
+        if isinstance(exc, KeyboardInterrupt):
+            sys.excepthook = quiet_interrupt  # this process ends by it: no traceback under what was said
+        raise
     sys.stdout.write(run_report.report(outcome, invocation))
     return 0 if outcome.ok else 1

@@ -9,12 +9,16 @@ image --apply`` nothing said that verify, kubernetes and cuda-test were still to
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
+from runbook_lib.errors import RunbookError
 from runbook_lib.model.text import PARAMS_PLACEHOLDER
+from runbook_lib.notebook import records
 from runbook_lib.notebook.record_content import RunOutcome
 from runbook_lib.notebook.steps import STEP_NAMES
 
@@ -115,6 +119,25 @@ def resume_after_failure(outcome: RunOutcome, invocation: Invocation) -> str:
         f"once {failed} is fixed, continue with: {invocation.continue_from(failed)}  "
         f"# {failed} again (it redoes only what is not done), then {', '.join(after)}\n"
     )
+
+
+def after_interrupt(root: Path, invocation: Invocation) -> str:
+    """What an interrupted ``--apply`` run can do next, from its sealed record: go on from the step it was in,
+    or undo what it changed. Why: the interrupt said only where the record is (operator walkthrough, 6 Dec
+    2026), and an interrupted upgrade is when a rollback is wanted. "" when the record cannot be read."""
+    try:
+        record = records.resolve(root, None)
+        steps = json.loads((record / records.RECORD_JSON).read_text(encoding="utf-8")).get("steps") or []
+    except (OSError, ValueError, RunbookError):
+        return ""
+    cut = next(
+        (s.get("name") for s in steps if isinstance(s, dict) and s.get("status") == "interrupted"), None
+    )
+    params = invocation.params_args() or ["-p", "<parameters>"]  # a resumed run's: give the file there
+    rollback = ["runbook", "rollback", *params, *invocation.place_args(), "--from", record.name]
+    lines = [f"once it is safe to go on: {invocation.continue_from(cut)}"] if cut in STEP_NAMES else []
+    lines.append(f"to undo what it changed instead (plan first, then --apply): {shlex.join(rollback)}")
+    return "".join(f"{line}\n" for line in lines)
 
 
 def report(outcome: RunOutcome, invocation: Invocation) -> str:
