@@ -651,8 +651,12 @@ def test_an_upgrade_of_a_release_the_run_did_not_create_is_listed_as_not_undone_
         "nvidia-device-plugin -n kube-system, then helm rollback nvidia-device-plugin <revision> -n kube-system"
     ]
     created = {"kind": "helm-release", "name": "nvidia-device-plugin", "namespace": "kube-system"}
-    kube["result"]["data"]["created"] = [created]
-    assert evidence_from_records([("run-1", record)]).not_undone == []
+    installed = {"name": "kubernetes", "status": "changed"}
+    installed["result"] = {"applied": True, "data": {"changes": [upgrade], "created": [created]}}
+    first = {"params": {"nodes": []}, "steps": [installed]}
+    assert evidence_from_records([("run-1", first)]).not_undone == []
+    # run-1 installed it, run-2 upgraded it: rolled back together, the release goes, so no helm rollback (review)
+    assert evidence_from_records([("run-1", first), ("run-2", record)]).not_undone == []
 
 
 def test_what_a_resultless_kubernetes_step_removed_is_listed_as_not_undone_not_as_to_remove() -> None:
@@ -815,6 +819,12 @@ def test_a_cordon_an_interrupted_run_left_is_lifted_by_the_rollback(sim_with_api
     )
     assert "lifted the cordon a run could not lift on talos-worker-2" in result.notes
     assert result.data["uncordoned"] == [lift], "what the terminal's 'rolled back:' lists, as the record does"
+    # the cordon alone left to undo (a run cut after a drain, before its patch): still a plan, and a change
+    ctx.kube.core.patch_node("talos-worker-2", body)
+    alone = rollback(_ctx(sim, apply=False), evidence=evidence_from_records([record]))
+    assert alone.status == "planned" and alone.data["changes"] == [lift], alone.to_dict()
+    lifted = rollback(ctx, evidence=evidence_from_records([record]), settle_timeout=30.0, poll_interval=0.1)
+    assert lifted.status == "changed" and lifted.data["uncordoned"] == [lift], lifted.to_dict()
     assert (ctx.kube.node("talos-worker-3") or {})["spec"].get("unschedulable"), (
         "the administrator's cordon went"
     )
@@ -971,7 +981,11 @@ def test_a_node_an_interrupted_image_step_upgraded_goes_back_to_what_the_run_s_p
     node = evidence_from_records([("run-1", record)]).nodes["gpu-worker-1"]
     assert node.missing == [] and node.image is not None
     assert (node.image.version, node.image.schematic_id) == ("v1.12.7", "376567988ad3")
-    del seen["schematic_id"]  # a preflight from before 6 Dec 2026
+    preflight["result"]["node_groups"][0]["status"] = "failed"  # e.g. its extensions could not be read
+    refused = evidence_from_records([("run-1", record)]).nodes["gpu-worker-1"]
+    assert refused.image is None, "a node preflight did not pass is not trusted to say its image"
+    preflight["result"]["node_groups"][0]["status"] = "ok"
+    del seen["schematic_id"]  # a preflight from before 6 Dec 2026, or one that could not read the extensions
     old = evidence_from_records([("run-1", record)]).nodes["gpu-worker-1"]
     assert old.image is None and old.missing == [
         "run-1: the node was upgraded but the record lacks its image before"

@@ -213,12 +213,20 @@ def test_an_interrupted_apply_run_says_how_to_go_on_or_undo_it(tmp_path: Path) -
     record.mkdir(parents=True)
     steps = [{"name": "preflight", "status": "ok"}, {"name": "image", "status": "interrupted"}]
     records.seal(record, {"steps": steps}, secrets=[])
+    from datetime import UTC, datetime
+
     invocation = Invocation("p.yaml", (), str(tmp_path / "records"), None, apply=True)
-    said = after_interrupt(tmp_path / "records", invocation)
+    started = datetime(2026, 12, 6, 20, 0, 0, 400000, tzinfo=UTC)  # the record's second: it is this run's
+    said = after_interrupt(tmp_path / "records", invocation, started)
     place = f"--records {tmp_path / 'records'}"
     assert said == (
         f"once it is safe to go on: runbook run --from image -p p.yaml {place} --apply\n"
         f"to undo what it changed instead (plan first, then --apply): runbook rollback -p p.yaml {place} "
         f"--from {record.name}\n"
     )
-    assert after_interrupt(tmp_path / "none", invocation) == "", "no record to read: nothing said"
+    assert after_interrupt(tmp_path / "none", invocation, started) == "", "no record to read: nothing said"
+    later = datetime(2026, 12, 6, 20, 0, 1, tzinfo=UTC)
+    assert after_interrupt(tmp_path / "records", invocation, later) == "", "an earlier run's record (review)"
+    picked = Invocation("p.yaml", (), str(tmp_path / "records"), None, apply=True, picked=True)
+    only_undo = after_interrupt(tmp_path / "records", picked, started)
+    assert "go on" not in only_undo and "runbook rollback" in only_undo, "--from would run unselected steps"

@@ -18,6 +18,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -406,6 +407,7 @@ def _run_steps(args: argparse.Namespace) -> int:
         selection=_own_selection(steps, args.from_step),
         picked=bool(args.steps),
     )
+    started = datetime.now(UTC)
     try:
         outcome = runner.run(
             params_file,
@@ -422,7 +424,7 @@ def _run_steps(args: argparse.Namespace) -> int:
         )
     except (KeyboardInterrupt, SystemExit) as exc:
         if args.apply:
-            sys.stderr.write(run_report.after_interrupt(root, invocation))
+            sys.stderr.write(run_report.after_interrupt(root, invocation, started))
         if isinstance(exc, KeyboardInterrupt):
             sys.excepthook = quiet_interrupt  # this process ends by it: no traceback under what was said
         raise

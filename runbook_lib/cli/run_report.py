@@ -14,6 +14,7 @@ import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from runbook_lib.errors import RunbookError
@@ -121,21 +122,27 @@ def resume_after_failure(outcome: RunOutcome, invocation: Invocation) -> str:
     )
 
 
-def after_interrupt(root: Path, invocation: Invocation) -> str:
+def after_interrupt(root: Path, invocation: Invocation, started: datetime) -> str:
     """What an interrupted ``--apply`` run can do next, from its sealed record: go on from the step it was in,
     or undo what it changed. Why: the interrupt said only where the record is (operator walkthrough, 6 Dec
-    2026), and an interrupted upgrade is when a rollback is wanted. "" when the record cannot be read."""
+    2026), and an interrupted upgrade is when a rollback is wanted. "" when the record cannot be read, or the
+    newest record began before this run (``started``): interrupted before it opened one, it changed nothing.
+    No go-on line after ``--steps``: ``--from`` would run steps the operator did not select (review)."""
     try:
         record = records.resolve(root, None)
+        begun = datetime.strptime(record.name[:16], "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
         steps = json.loads((record / records.RECORD_JSON).read_text(encoding="utf-8")).get("steps") or []
     except (OSError, ValueError, RunbookError):
+        return ""
+    if begun < started.replace(microsecond=0):
         return ""
     cut = next(
         (s.get("name") for s in steps if isinstance(s, dict) and s.get("status") == "interrupted"), None
     )
     params = invocation.params_args() or ["-p", "<parameters>"]  # a resumed run's: give the file there
     rollback = ["runbook", "rollback", *params, *invocation.place_args(), "--from", record.name]
-    lines = [f"once it is safe to go on: {invocation.continue_from(cut)}"] if cut in STEP_NAMES else []
+    go_on = cut in STEP_NAMES and not invocation.picked
+    lines = [f"once it is safe to go on: {invocation.continue_from(str(cut))}"] if go_on else []
     lines.append(f"to undo what it changed instead (plan first, then --apply): {shlex.join(rollback)}")
     return "".join(f"{line}\n" for line in lines)
 

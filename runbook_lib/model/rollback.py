@@ -226,7 +226,9 @@ def _add_not_undone(out: Evidence, name: str, steps: dict[str, dict[str, Any]]) 
     if kube.get("applied"):
         data = kube.get("data") or {}
         labelled = list(_mappings(data.get("labelled")))
-        created = any(c.get("kind") == "helm-release" for c in _mappings(data.get("created")))
+        # created by this run or by an earlier record of the same rollback, which removes it (review)
+        created = {(str(c.get("name")), str(c.get("namespace"))) for c in _mappings(data.get("created"))}
+        created |= {r for k in out.kubernetes for r in k.releases}
         changes = [_upgrade_back(str(c)) for c in data.get("changes") or [] if _kept(str(c), created)]
         if labelled:  # said as the commands that put the labels back (records since 6 Dec 2026 keep them)
             changes = [c for c in changes if not c.startswith("label node ")]
@@ -234,23 +236,29 @@ def _add_not_undone(out: Evidence, name: str, steps: dict[str, dict[str, Any]]) 
         out.not_undone += [f"{name}: {c}" for c in changes]
 
 
-def _kept(change: str, created: bool) -> bool:
+def _kept(change: str, created: set[tuple[str, str]]) -> bool:
     """Whether the rollback leaves this change of the kubernetes step. A ``helm upgrade --install`` of a release
-    the run did not create (``data.created`` has none) is an upgrade the rollback does not undo: it removes only
-    what a run created. Before, it was counted as undone and the rollback of such a run said nothing of it
+    no record of the rollback created (``data.created``) is an upgrade the rollback does not undo: it removes
+    only what a run created. Before, it was counted as undone and the rollback of such a run said nothing of it
     (operator walkthrough, 6 Dec 2026)."""
     if change.startswith(UNDONE[0]):
-        return not created
+        return _release_of(change) not in created
     return not change.startswith(UNDONE)
+
+
+def _release_of(change: str) -> tuple[str, str]:
+    """(release, namespace) of a ``helm upgrade --install <release> <chart> … -n <namespace>`` change."""
+    words = change.split()
+    release = words[3] if len(words) > 3 else "<release>"
+    namespace = words[words.index("-n") + 1] if "-n" in words[:-1] else "<namespace>"
+    return release, namespace
 
 
 def _upgrade_back(change: str) -> str:
     """A release upgrade as the rollback leaves it: with the helm commands that go back by hand."""
     if not change.startswith(UNDONE[0]):
         return change
-    words = change.split()
-    release = words[3] if len(words) > 3 else "<release>"
-    namespace = words[words.index("-n") + 1] if "-n" in words[:-1] else "<namespace>"
+    release, namespace = _release_of(change)
     return (
         f"{change}: an upgrade of a release the run did not create; to go back: helm history {release} -n "
         f"{namespace}, then helm rollback {release} <revision> -n {namespace}"
@@ -264,7 +272,7 @@ def _preflight_saw(outcome: Mapping[str, Any]) -> dict[str, Any]:
     ("the record lacks its image before") though the run had read it (operator walkthrough, 6 Dec 2026).
     Records from before 6 Dec 2026 have no ``schematic_id`` there: {} then, as before."""
     data = outcome.get("data") or {}
-    if not data.get("talos_version") or "schematic_id" not in data:
+    if outcome.get("status") != "ok" or not data.get("talos_version") or "schematic_id" not in data:
         return {}
     return {"version": data["talos_version"], "schematic_id": data["schematic_id"]}
 

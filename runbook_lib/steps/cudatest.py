@@ -126,8 +126,9 @@ def cuda_test(
     drivers, unread = extension_drivers(ctx, nodes) if node_drivers is None else (node_drivers, {})
     cordoned = _cordoned(ctx, nodes)
     every = build_pods(ctx, nodes, run_id)
-    held_back = [p for p in every if p.node.name in cordoned]
-    pods = [p for p in every if p.node.name not in cordoned]
+    # only the pods kube-scheduler places (nodeSelector): those bound by nodeName run on a cordoned node too
+    held_back = [p for p in every if p.node.name in cordoned and "nodeName" not in p.manifest["spec"]]
+    pods = [p for p in every if p not in held_back]
     attempted: list[TestPod] = []
     try:
         refused = _create_pods(ctx, pods, attempted)
@@ -188,7 +189,8 @@ def _on_cordoned(pod: TestPod, marked: bool) -> Check:
     return Check(
         TITLES[pod.kind],
         False,
-        f"not run: Node {pod.node.name} is cordoned {whose}, so no pod is scheduled there",
+        f"not run: Node {pod.node.name} is cordoned {whose}, so kube-scheduler places no pod there (this pod "
+        "asks for a GPU through it)",
         fix=drains.uncordon_command(pod.node.name, marked=marked) + "  # then run the cuda-test step again",
     )
 

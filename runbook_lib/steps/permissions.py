@@ -265,9 +265,13 @@ def _upgraded_objects(ctx: Context, reads: LayerReads) -> list[Need]:
     if current is None:
         return []
     why = f"upgrades the Kubernetes layer (the objects of release {current.name})"
+    try:
+        kinds = _objects(ctx, current.name, current.namespace)
+    except RunbookError:  # not asked, as before (a discovery 503): the others' refusals still show (review)
+        return []
     return [
         Need(verb, resource, why, group=group, namespace=where or "", cluster=where is None)
-        for group, resource, where in _objects(ctx, current.name, current.namespace)
+        for group, resource, where in kinds
         for verb in ("get", "patch")
     ]
 

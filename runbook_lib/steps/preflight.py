@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from runbook_lib.clients.factory import FactoryClient, FactoryRefused, known_versions_hint
@@ -45,6 +45,8 @@ class _NodeReads:
     pci: dict[str, list[PciDevice]]
     configs: dict[str, list[dict[str, Any]]]
     config_errors: dict[str, str]
+    extension_errors: dict[str, str] = field(default_factory=dict)
+    """Nodes whose extensions could not be read: their schematic is not known (no ``schematic_id`` recorded)."""
 
 
 def preflight(
@@ -189,7 +191,7 @@ def _read_nodes(
     ext_by_node = extensions.by_node()
     pci = read_pci(ctx, [a for a in addresses if a in servers])
     configs, config_errors = read_configs(ctx, nodes)
-    return _NodeReads(servers, errors, ext_by_node, pci, configs, config_errors)
+    return _NodeReads(servers, errors, ext_by_node, pci, configs, config_errors, dict(extensions.errors))
 
 
 def _check_node(ctx: Context, res: NodeResult, node: Node, reads: _NodeReads) -> None:
@@ -209,7 +211,8 @@ def _check_node(ctx: Context, res: NodeResult, node: Node, reads: _NodeReads) ->
     res.data["nvidia_extensions"] = nvidia
     # the image the run found the node on, as the image step's ``before`` says it: rollback's fallback when an
     # interrupted run's image step left no result (model/rollback.py ``_add_images``)
-    res.data["schematic_id"] = schematic_id(exts)
+    if node.address not in reads.extension_errors:  # unread is not "no schematic" (a stock installer)
+        res.data["schematic_id"] = schematic_id(exts)
     if node.address in reads.pci:
         res.checks.append(gpu_check(ctx, node, reads.pci[node.address], has_gpu_image=bool(nvidia)))
     res.data["image_done"] = bool(planned_schematic) and schematic_id(exts) == planned_schematic

@@ -158,6 +158,7 @@ def rollback(
             result.notes.append(drains.left_note(left))
             # a change like the others, so Approve approves it (it was a note only: operator walkthrough)
             result.data.setdefault("changes", []).extend(_uncordons(left))
+            result.data["planned"] = True  # alone (a run cut after a drain, before its patch) it is the plan
         for plan in todo:
             res = results[plan.node.address]
             if res.status != "failed":
@@ -177,9 +178,10 @@ def rollback(
     log = result.data.setdefault("rollout", [])
     _roll_out(ctx, schedule, todo, results, progress, timeout=timeout, interval=poll_interval, log=log)
     lifted = drains.lift_left(ctx, result, left, wait_s=0.0)  # the rollout waited: one not Ready is down
-    result.data["uncordoned"] = _uncordons(
-        lifted
-    )  # the terminal's "rolled back:" lists it, as the record does
+    # the terminal's "rolled back:" lists the lifts, as the record does
+    result.data["uncordoned"] = _uncordons(lifted)
+    if lifted:
+        result.data["changed"] = True
     return result.finish()
 
 
