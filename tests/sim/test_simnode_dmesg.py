@@ -77,10 +77,13 @@ def test_a_loaded_driver_logs_its_version_and_a_failed_probe_logs_why(
     capsys.readouterr()
     main(["diagnose", "--log", str(log), "--talos-version", TALOS])
     report = capsys.readouterr().out
+    # the failure table's probe entry, quoting the whole dmesg line it matched (talosctl's node, facility,
+    # priority and time before the driver's words)
+    assert f'FAIL  log: "{ADDRESSES[-1]}: kern: ' in report, report
     assert (
-        'FAIL  log: "NVRM: The NVIDIA probe routine failed for 1 device(s)." points to: the GPU is not supported'
+        ': NVRM: The NVIDIA probe routine failed for 1 device(s)." points to: the GPU is not supported'
         in report
-    ), report  # the failure table's probe entry, with the line it matched
+    ), report
     assert "siderolabs/extensions/issues/227" in report, report
 
     tail = [str(talosctl), "--talosconfig", str(config), "-n", ADDRESSES[0], "dmesg", "--tail"]
