@@ -149,7 +149,10 @@ class Notebook:
     def assert_no_error_outputs(self) -> None:
         errors = self.error_outputs()
         assert not errors, "cells produced error output:\n" + "\n---\n".join(e[:2000] for e in errors)
-        prompts = self.panel.locator(".jp-CodeCell .jp-InputPrompt").all_inner_texts()
+        # textContent, as _RUN_ALL_DONE reads them: innerText is "" for a cell JupyterLab's windowed notebook
+        # does not render (scrolled out of view), which a long plan output does to the parameters cell (seen
+        # 6 Dec 2026 with jupyterlab 4.6.6: "cells not run: ['', '[2]:']" after every cell had run)
+        prompts = self.panel.locator(".jp-CodeCell .jp-InputPrompt").all_text_contents()
         assert all(re.fullmatch(r"\[\d+\]:", p.strip()) for p in prompts), f"cells not run: {prompts}"
 
     def step_output(self, step: str, title: str | None = None) -> Locator:

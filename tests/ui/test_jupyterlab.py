@@ -273,7 +273,9 @@ def test_run_all_is_pressed_again_once_when_the_first_press_started_nothing(
         nb.run_all()
     nb.assert_no_error_outputs()
     assert len(presses) == 2
-    prompts = nb.panel.locator(".jp-CodeCell .jp-InputPrompt").all_inner_texts()
+    prompts = nb.panel.locator(
+        ".jp-CodeCell .jp-InputPrompt"
+    ).all_text_contents()  # as notebook_page reads them
     assert prompts == ["[1]:", "[2]:"], f"the cells ran more than once or not at all: {prompts}"
 
 
