@@ -174,11 +174,8 @@ def _cordoned(ctx: Context, nodes: list[Node]) -> dict[str, bool]:
         found = ctx.kube.nodes()
     except RunbookError:
         return {}
-    return {
-        str(n["metadata"]["name"]): (n["metadata"].get("annotations") or {}).get(drains.CORDON_MARK) == "true"
-        for n in found
-        if n["metadata"]["name"] in names and (n.get("spec") or {}).get("unschedulable")
-    }
+    cordons = {str(n["metadata"]["name"]): drains.cordon_of(n) for n in found}
+    return {name: marked for name, marked in cordons.items() if name in names and marked is not None}
 
 
 def _on_cordoned(pod: TestPod, marked: bool) -> Check:

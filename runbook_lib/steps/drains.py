@@ -215,22 +215,22 @@ def uncordon_command(name: str, *, marked: bool) -> str:
     return f"kubectl uncordon {name} && kubectl annotate node {name} {CORDON_MARK}-"
 
 
+def cordon_of(node: dict[str, Any]) -> bool | None:
+    """None when the Node is not cordoned; else whether the cordon carries the runbook's :data:`CORDON_MARK`."""
+    if not (node.get("spec") or {}).get("unschedulable"):
+        return None
+    return (node["metadata"].get("annotations") or {}).get(CORDON_MARK) == "true"
+
+
 def administrators(node: dict[str, Any]) -> bool:
     """The Node is cordoned, and not by the runbook (no :data:`CORDON_MARK`): the runbook leaves that cordon."""
-    marked = (node["metadata"].get("annotations") or {}).get(CORDON_MARK) == "true"
-    return bool((node.get("spec") or {}).get("unschedulable")) and not marked
+    return cordon_of(node) is False
 
 
 def left_by_a_run(ctx: Context, names: list[str]) -> list[str]:
     """The nodes among ``names`` still cordoned by a run that could not lift its cordon (:data:`CORDON_MARK`)."""
     nodes = ctx.kube.each(ctx.kube.node, names)
-    return [
-        n
-        for n, obj in zip(names, nodes, strict=True)
-        if obj is not None
-        and (obj["metadata"].get("annotations") or {}).get(CORDON_MARK) == "true"
-        and (obj.get("spec") or {}).get("unschedulable")
-    ]
+    return [n for n, obj in zip(names, nodes, strict=True) if obj is not None and cordon_of(obj)]
 
 
 def cordons_left(ctx: Context, result: StepResult, names: list[str]) -> list[str]:

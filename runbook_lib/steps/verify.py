@@ -200,8 +200,9 @@ def _kube_nodes(ctx: Context) -> tuple[dict[str, KubeGpu] | None, dict[str, bool
         for n in ctx.kube.iter_nodes(timeout_s=KUBE_READ_TIMEOUT_S):
             name = str(n["metadata"]["name"])
             gpus[name] = kube_gpu(n)
-            if (n.get("spec") or {}).get("unschedulable"):
-                cordons[name] = (n["metadata"].get("annotations") or {}).get(drains.CORDON_MARK) == "true"
+            marked = drains.cordon_of(n)
+            if marked is not None:
+                cordons[name] = marked
     except (RunbookError, ValueError):  # ValueError: an answer that is not the API's JSON
         return None, {}
     return gpus, cordons
