@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from runbook_lib.errors import GRANT_HINT, Forbidden
 
-from .results import StepResult
+from .results import Check, StepResult
 
 #: How a plan words a write the kubeconfig's user may not make, here and in preflight's and rollback's permission
 #: check (permissions.verdict); the run's report finds those checks by it (notebook/record_content.refusal_lines).
@@ -36,9 +36,19 @@ def fix(refused: str) -> str:
     return GRANT if refused else ""
 
 
-def count_unread(result: StepResult) -> None:
-    """Count a read the plan was refused (helm's release Secrets), which :func:`note` says apart from writes."""
+def releases_unread(
+    result: StepResult, name: str, exc: Forbidden, *, lead: str, subject: str, cannot: str
+) -> None:
+    """A plan's passed check ``name`` for helm's releases it may not read (``helm list -A`` refused), counted
+    in ``data.unread``, which :func:`note` says apart from writes: ``<lead>: helm keeps <subject> in Secrets …
+    so the plan cannot <cannot>; applying would be refused: …``. One wording for the Kubernetes step's plan and
+    the 1.13 hand-over's."""
     result.data["unread"] = int(result.data.get("unread", 0)) + 1
+    said = (
+        f"{lead}: helm keeps {subject} in Secrets, which this kubeconfig's user may not list, so the plan cannot "
+        f"{cannot}; {REFUSED}: {exc.message}"
+    )
+    result.checks.append(Check(name, True, said, fix=GRANT))
 
 
 def note(result: StepResult) -> str | None:

@@ -162,14 +162,6 @@ def _unread_releases(result: StepResult, title: str, exc: Forbidden) -> None:
     """A plan whose kubeconfig's user may not list helm's release Secrets: which device-plugin releases the
     apply run would uninstall first is not known (the ``view`` ClusterRole grants no Secrets, kubernetes@v1.35.0
     plugin/pkg/auth/authorizer/rbac/bootstrappolicy/policy.go); the plan says so and goes on."""
-    dryrun.count_unread(result)
-    result.checks.append(
-        Check(
-            title,
-            True,
-            "the device-plugin releases were not read: helm keeps them in Secrets, which this kubeconfig's user "
-            "may not list, so the plan cannot name the helm uninstall the apply run makes first; "
-            f"{dryrun.REFUSED}: {exc.message}",
-            fix=dryrun.GRANT,
-        )
-    )
+    cannot = "name the helm uninstall the apply run makes first"
+    lead = "the device-plugin releases were not read"
+    dryrun.releases_unread(result, title, exc, lead=lead, subject="them", cannot=cannot)

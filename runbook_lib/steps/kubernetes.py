@@ -514,21 +514,16 @@ def _read_releases(ctx: Context, result: StepResult, *, dry_run: bool) -> list[R
     except Forbidden as exc:
         if not dry_run:
             raise
-        dryrun.count_unread(result)
         release = ctx.plan.helm
         operator = ctx.plan.kubernetes_layer == "gpu-operator"
-        result.checks.append(
-            Check(
-                "helm releases",
-                True,
-                "not read: helm keeps its releases in Secrets, which this kubeconfig's user may not list, so the "
-                f"plan cannot tell whether {release.release} in {release.namespace} is installed, nor see what an "
-                "apply run refuses before any change (another release of the chart, one on a newer chart, one "
-                "a stopped helm left pending or uninstalling)"
-                + (", nor which device-plugin releases it uninstalls first" if operator else "")
-                + f"; {dryrun.REFUSED}: {exc.message}",
-                fix=dryrun.GRANT,
-            )
+        cannot = (
+            f"tell whether {release.release} in {release.namespace} is installed, nor see what an apply run "
+            "refuses before any change (another release of the chart, one on a newer chart, one a stopped helm "
+            "left pending or uninstalling)"
+            + (", nor which device-plugin releases it uninstalls first" if operator else "")
+        )
+        dryrun.releases_unread(
+            result, "helm releases", exc, lead="not read", subject="its releases", cannot=cannot
         )
         return None
 
