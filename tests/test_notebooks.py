@@ -179,6 +179,7 @@ def test_healthy_cluster_end_to_end_then_a_second_run_changes_nothing(
     assert [s["name"] for s in resumed["steps"]] == ["verify", "kubernetes", "cuda-test"]
     assert resumed["params"] == {**second["params"], "apply": False}  # never the approval (F3)
     assert resumed["changes"] == []
+    assert resumed["continues"] == first["record"], "the newest run that changed the cluster, past `second`"
     assert main(["records", "verify", "--dir", str(sim_env["records"])]) == 0
     printed = capsys.readouterr()
     # the real control plane's kubeconfig (simkube's bearer token): F2 of the attack of 2026-12-01 put a

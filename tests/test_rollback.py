@@ -527,6 +527,32 @@ def test_a_run_and_its_resume_roll_back_together_to_where_the_first_found_the_no
     assert all(node_state(sim, n).schematic_id == VANILLA_SCHEMATIC for n in WORKERS)
 
 
+@pytest.mark.slow
+def test_a_rollback_from_a_resume_alone_names_the_run_it_carries_on_for_the_nodes_that_run_changed(
+    sim: Path, tmp_path: Path
+) -> None:
+    """The resume's record alone said of worker-1, which the interrupted run upgraded, "no record shows the
+    runbook changed this node" (operator walkthrough, 6 Dec 2026); it now names the run it carries on."""
+    from runbook_lib.notebook import rollback_records
+
+    root = tmp_path / "records"
+    names = []
+    for minute, (_name, data) in enumerate(
+        [_patch_and_upgrade(sim, WORKERS[:1]), _patch_and_upgrade(sim, WORKERS[1:2])]
+    ):
+        path = records.create_record_dir(root, "sim-gpu", now=datetime(2026, 12, 6, 20, minute, tzinfo=UTC))
+        records.seal(path, {**data, **({"continues": names[-1]} if names else {})})
+        names.append(path.name)
+    ctx = _ctx(sim, rollback={"records": [names[1]]}, apply=False)
+    evidence = rollback_records.load_evidence(ctx.params, root)
+    result = rollback(ctx, evidence=evidence)
+    assert [result.node(n).status for n in WORKERS[:3]] == ["unchanged", "planned", "unchanged"]
+    assert names[0] in result.node(WORKERS[0]).message and "not named" in result.node(WORKERS[0]).message
+    assert result.node(WORKERS[2]).message == "no record shows the runbook changed this node: left as it is"
+    assert f"{WORKERS[0]}: changed by {names[0]}" in " ".join(result.notes), result.notes
+    assert f"add --from {names[0]}" in " ".join(result.notes), result.notes
+
+
 def test_the_notebook_call_without_records_names_the_parameter(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from runbook_lib.errors import RunbookError
 from runbook_lib.model.text import PARAMS_PLACEHOLDER
-from runbook_lib.notebook import records
+from runbook_lib.notebook import continues, records
 from runbook_lib.notebook.record_content import RunOutcome
 from runbook_lib.notebook.steps import STEP_NAMES
 
@@ -131,7 +131,8 @@ def after_interrupt(root: Path, invocation: Invocation, started: datetime) -> st
     try:
         record = records.resolve(root, None)
         begun = datetime.strptime(record.name[:16], "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
-        steps = json.loads((record / records.RECORD_JSON).read_text(encoding="utf-8")).get("steps") or []
+        data = json.loads((record / records.RECORD_JSON).read_text(encoding="utf-8"))
+        steps = data.get("steps") or []
     except (OSError, ValueError, RunbookError):
         return ""
     if begun < started.replace(microsecond=0):
@@ -140,7 +141,10 @@ def after_interrupt(root: Path, invocation: Invocation, started: datetime) -> st
         (s.get("name") for s in steps if isinstance(s, dict) and s.get("status") == "interrupted"), None
     )
     params = invocation.params_args() or ["-p", "<parameters>"]  # a resumed run's: give the file there
-    rollback = ["runbook", "rollback", *params, *invocation.place_args(), "--from", record.name]
+    # a resumed run's rollback names the runs it carries on too: they changed nodes this record does not show
+    earlier = [name for name, _data in continues.chain(record.parent, data)] if isinstance(data, dict) else []
+    named = [arg for name in [*reversed(earlier), record.name] for arg in ("--from", name)]
+    rollback = ["runbook", "rollback", *params, *invocation.place_args(), *named]
     go_on = cut in STEP_NAMES and not invocation.picked
     lines = [f"once it is safe to go on: {invocation.continue_from(str(cut))}"] if go_on else []
     lines.append(f"to undo what it changed instead (plan first, then --apply): {shlex.join(rollback)}")

@@ -93,6 +93,10 @@ class Evidence:
     ``--steps`` and ``--from`` was refused with the config-patch record alone, and the hint named neither). Called
     at the first refusal only (:meth:`unnamed`): a rollback refusing nothing reads no other record."""
     _unnamed: dict[str, list[str]] | None = field(default=None, repr=False)
+    continued: dict[str, list[str]] = field(default_factory=dict)
+    """By node name, the records the named ones carry on (``continues``: a ``--from`` run's earlier run) that
+    are not named and changed the node: not evidence the rollback acts on, a hint its plan gives (found by an
+    operator walkthrough: a rollback from a resumed run's record said nothing of what the interrupted run did)."""
     labelled: list[tuple[str, list[dict[str, Any]]]] = field(default_factory=list)
     """Per record, the node labels its Kubernetes step set with each one's value before (``data.labelled``): the
     rollback step says how to put back those of the nodes that go back, or of all when the layer goes too."""

@@ -18,7 +18,7 @@ from runbook_lib.errors import PermanentError
 from runbook_lib.model.params import Params
 from runbook_lib.model.rollback import Evidence, evidence_from_records
 
-from . import records
+from . import continues, records
 
 PARAMETER = "rollback.records"
 HINT = "runbook rollback -p PARAMS --from RECORD (`runbook records list` shows the names)"
@@ -81,12 +81,27 @@ def load_evidence(params: Params, root: Path | None = None, *, suggest: bool = F
     evidence = evidence_from_records(
         [(name, data) for _s, name, data in sorted(loaded.values(), key=lambda t: t[:2])]
     )
+    evidence.continued = _continued(loaded)
     if not suggest:
         return evidence
     # the folder the named records are in: a notebook's kernel may have another default root than the CLI's
     first = min(loaded, key=lambda p: p.name)
     evidence.suggest = functools.partial(_unnamed, first.parent, params.cluster, set(loaded), first.name)
     return evidence
+
+
+def _continued(loaded: dict[Path, tuple[str, str, dict[str, Any]]]) -> dict[str, list[str]]:
+    """By node, the unnamed runs the named records carry on (``continues.chain``) that changed it."""
+    named = {name for _s, name, _d in loaded.values()}
+    out: dict[str, list[str]] = {}
+    for path, (_started, _name, data) in sorted(loaded.items()):
+        for name, earlier in continues.chain(path.parent, data):
+            if name in named:
+                continue
+            for node in evidence_from_records([(name, earlier)]).nodes:
+                if name not in out.setdefault(node, []):
+                    out[node].append(name)
+    return out
 
 
 def _unnamed(root: Path, cluster: str, named: set[Path], since: str) -> dict[str, list[str]]:

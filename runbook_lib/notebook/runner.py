@@ -54,7 +54,7 @@ from runbook_lib.model.params import Params, load_params
 from runbook_lib.model.plan import build_plan
 from runbook_lib.steps.context import Context, connect, resolve_endpoints, sim_state_dir
 
-from . import interrupts, live_events, lock, offline_html, record_content, records
+from . import continues, interrupts, live_events, lock, offline_html, record_content, records
 from .record_content import REPO, RunOutcome, StepOutcome, compact_plan
 from .steps import (
     RESULT_FILE_ENV,
@@ -820,6 +820,8 @@ class _StepLoop:
     run_id: str
     on_event: live_events.Deliver | None
     html: bool
+    continues: str | None = None
+    """The run a ``--from`` run carries on (``continues.continued_run``), recorded for rollback."""
 
     @property
     def results(self) -> Path:
@@ -967,6 +969,7 @@ def _record_data(
         "overrides": list(overrides),
         "apply": apply,
         "steps_requested": [s.name for s in loop.selected],
+        **({continues.FIELD: loop.continues} if loop.continues else {}),
         "outcome": record_content.outcome_word(
             interrupted=interrupted, failed_step=failed, outcomes=ran.outcomes, changed=bool(changes)
         ),
@@ -1002,12 +1005,15 @@ def _prepare(
     signals: interrupts.SignalGuard,
     on_event: live_events.Deliver | None,
     html: bool,
+    continuing: bool,
 ) -> tuple[_StepLoop, Future[_Kernel], list[str]]:
     """Everything before the first step, held open on ``stack``: the apply locks, the kernel (started and
     warmed while the cluster comes up and this process imports papermill), the cluster and its environment,
     and the record folder; returns the step loop's shared state, the kernel's start and the run's secrets."""
     if params.apply:
         lock_for_apply(stack, params, root, cluster_key)
+    # read under the apply lock: a run sealing meanwhile is the one this run carries on
+    carried = continues.continued_run(root, params.cluster) if continuing else None
     # One kernel for the run (module docstring); the record is named now for it (the first step's result file
     # is in the kernel's environment), and the cluster's environment reaches the kernel before each step.
     run_id, named_at = records.new_run_id(), datetime.now(UTC)
@@ -1036,6 +1042,7 @@ def _prepare(
         run_id=run_id,
         on_event=scrubbed(on_event, secrets),
         html=html,
+        continues=carried,
     )
     return loop, first, secrets
 
@@ -1111,6 +1118,7 @@ def run(
             signals=signals,
             on_event=on_event,
             html=html,
+            continuing=bool(from_step) and from_step != STEP_NAMES[0],
         )
         import_before_threads()  # while the kernel starts (papermill: see _execute)
         helm_version = background.early(lambda: early_helm_version(params))

@@ -237,7 +237,7 @@ def _plan_nodes(
         found = evidence.nodes.get(node.name)
         if found is None:
             res.status = "unchanged"
-            res.message = "no record shows the runbook changed this node: left as it is"
+            res.message = _not_in_named(evidence.continued.get(node.name, []))
             continue
         res.data["records"] = sorted(
             {r for r, _d in found.patches} | ({found.image.record} if found.image else set())
@@ -268,7 +268,28 @@ def _plan_nodes(
     refused = {r.node for r in results.values() if r.status == "failed"}
     kept = [n for n in changed if n.name not in refused and n.address in configs]
     _patch_not_named(ctx, result, kept, evidence, configs)
+    _continued_note(result, evidence, nodes)
     return todo, results
+
+
+def _not_in_named(earlier: list[str]) -> str:
+    """An unchanged node's line: no named record changed it, and which unnamed run they carry on did."""
+    if not earlier:
+        return "no record shows the runbook changed this node: left as it is"
+    names = ", ".join(earlier)
+    return f"left as it is: no named record changed it, but {names} did, a run they carry on (not named)"
+
+
+def _continued_note(result: StepResult, evidence: Evidence, nodes: list[Node]) -> None:
+    """One note for the nodes :func:`_not_in_named` leaves: a plan that lists many nodes hides one line."""
+    left = [n.name for n in nodes if n.name not in evidence.nodes and evidence.continued.get(n.name)]
+    if left:
+        earlier = sorted({r for n in left for r in evidence.continued[n]})
+        result.notes.append(
+            f"{shortened(left)}: changed by {', '.join(earlier)}, which the named record(s) carry on and which "
+            "is not named: left as they are; to undo them too, add "
+            + " ".join(f"--from {r}" for r in earlier)
+        )
 
 
 def _patch_not_named(

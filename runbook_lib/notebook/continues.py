@@ -1,0 +1,67 @@
+"""Which earlier run a ``runbook run --from STEP`` carries on (``record.json``'s ``continues``), and the chain
+of such links a rollback and an interrupted run's report follow back.
+
+Why: an ``--apply`` run interrupted in its image step and resumed with ``--from image --apply`` leaves two
+records, each with part of the work. A rollback named with the second alone planned the nodes it changed and
+said of the nodes the first had upgraded "no record shows the runbook changed this node", which was not true
+(operator walkthrough, 6 Dec 2026). The resumed run now records the run it carries on, so what reads it can
+say which record holds the rest.
+
+Which run that is: the newest record of the same cluster that changed it (its journal lists changes), passing
+over plans and checks-only runs, which change nothing. A rollback record ends the search: after it, nothing of
+the earlier runs is left to carry on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from runbook_lib.errors import PermanentError
+
+from . import records
+
+FIELD = "continues"
+
+
+def _is_rollback(data: dict[str, Any]) -> bool:
+    return any(step.get("name") == "rollback" for step in records.listed(data, "steps"))
+
+
+def continued_run(root: Path, cluster: str) -> str | None:
+    """The name of the run a ``--from`` run of ``cluster`` carries on, None when there is none (see module)."""
+    for path in reversed(records.sealed_records(root)):
+        if records.is_unsealed(path):
+            continue
+        try:
+            data = records.load_record(path)
+        except PermanentError:
+            continue  # a record that cannot be read is not one to carry on; `records verify` names it
+        if data.get("cluster") != cluster:
+            continue
+        if _is_rollback(data):
+            return None
+        if records.listed(data, "changes"):
+            return path.name
+    return None
+
+
+def chain(folder: Path, data: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The runs ``data`` carries on, newest first, each as (name, record.json), read from ``folder``.
+
+    Stops at a link that cannot be followed (a record moved or deleted, unreadable, of another cluster, or a
+    loop): what follows a link is a hint for a person, never evidence a rollback acts on unnamed."""
+    seen: set[str] = set()
+    cluster = data.get("cluster")
+    name = data.get(FIELD)
+    while isinstance(name, str) and name and name not in seen and "/" not in name:
+        seen.add(name)
+        try:
+            earlier = records.load_record(folder / name)
+        except PermanentError:
+            return
+        if earlier.get("cluster") != cluster:
+            return
+        yield name, earlier
+        name = earlier.get(FIELD)

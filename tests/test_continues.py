@@ -1,0 +1,99 @@
+"""Which run a ``runbook run --from STEP`` carries on (``record.json``'s ``continues``), and what reads it.
+
+Found by an operator walkthrough (6 Dec 2026): an --apply run interrupted in its image step, resumed with
+``--from image --apply``, left two records; a rollback named with the second said of the nodes the first had
+upgraded "no record shows the runbook changed this node", and the interrupted resume's rollback line named
+only its own record.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from runbook_lib.cli.run_report import Invocation, after_interrupt
+from runbook_lib.model.params import validate
+from runbook_lib.notebook import continues, records, rollback_records
+
+PARAMS = Path(__file__).resolve().parents[1] / "params" / "simulated.yaml"
+UPGRADE = ["talosctl", "-n", "10.5.0.11", "upgrade", "--image", "factory.talos.dev/x/y:v1.12.7"]
+
+
+def _seal(root: Path, minute: int, data: dict[str, Any], cluster: str = "sim-gpu") -> Path:
+    path = records.create_record_dir(root, cluster, now=datetime(2026, 12, 6, 20, minute, tzinfo=UTC))
+    records.seal(path, {"cluster": cluster, "steps": [], **data})
+    return path
+
+
+def _upgraded_gpu_worker_1() -> dict[str, Any]:
+    """An --apply run interrupted in its image step after upgrading gpu-worker-1 (shape of a sealed record:
+    the preflight's reading stands in for the image step's lost result)."""
+    seen = {"talos_version": "v1.12.7", "schematic_id": "376567988ad3"}
+    preflight = {"nodes": ["gpu-worker-1"], "status": "ok", "data": seen}
+    return {
+        "params": {"nodes": [{"name": "gpu-worker-1", "address": "10.5.0.11"}]},
+        "outcome": "interrupted",
+        "steps": [
+            {"name": "preflight", "status": "ok", "result": {"node_groups": [preflight]}},
+            {"name": "image", "status": "interrupted"},
+        ],
+        "changes": [{"step": "image", "argv": UPGRADE, "exit_code": 0}],
+    }
+
+
+def test_a_from_run_carries_on_the_newest_run_of_its_cluster_that_changed_it(tmp_path: Path) -> None:
+    root = tmp_path / "records"
+    assert continues.continued_run(root, "sim-gpu") is None, "no folder yet: nothing to carry on"
+    run = _seal(root, 0, {"outcome": "interrupted", "changes": [{"step": "image"}]})
+    _seal(root, 1, {"outcome": "planned", "changes": []})  # a plan between them changed nothing
+    _seal(root, 2, {"outcome": "changed", "changes": [{"step": "image"}]}, cluster="other")
+    broken = _seal(root, 3, {"outcome": "changed", "changes": [{"step": "image"}]})
+    (broken / records.RECORD_JSON).write_text("{not json")  # damaged: not one to carry on, and no crash
+    assert continues.continued_run(root, "sim-gpu") == run.name
+    _seal(root, 4, {"outcome": "changed", "steps": [{"name": "rollback"}], "changes": [{"step": "rollback"}]})
+    assert continues.continued_run(root, "sim-gpu") is None, "a rollback undid what came before it"
+
+
+def test_the_chain_stops_at_a_link_it_cannot_follow(tmp_path: Path) -> None:
+    root = tmp_path / "records"
+    first = _seal(root, 0, {"changes": [{"step": "image"}]})
+    second = _seal(root, 1, {"continues": first.name})
+    third = {"cluster": "sim-gpu", "continues": second.name}
+    assert [name for name, _d in continues.chain(root, third)] == [second.name, first.name]
+    assert list(continues.chain(root, {"cluster": "other", "continues": second.name})) == []
+    assert list(continues.chain(root, {"cluster": "sim-gpu", "continues": "gone"})) == []
+    assert list(continues.chain(root, {"cluster": "sim-gpu", "continues": "../x"})) == []
+    loop = _seal(root, 2, {"continues": "LOOP"})
+    data = records.load_record(loop) | {"continues": loop.name}
+    (loop / records.RECORD_JSON).write_text(json.dumps(data))
+    assert [n for n, _d in continues.chain(root, {"cluster": "sim-gpu", "continues": loop.name})] == [
+        loop.name
+    ]
+
+
+def test_a_rollback_named_with_the_resume_alone_knows_what_the_run_it_carries_on_changed(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "records"
+    interrupted = _seal(root, 0, _upgraded_gpu_worker_1())
+    resumed = _seal(root, 1, {"outcome": "changed", "continues": interrupted.name, "changes": []})
+    data = yaml.safe_load(PARAMS.read_text()) | {"rollback": {"records": [resumed.name]}}
+    evidence = rollback_records.load_evidence(validate(data, source="test"), root)
+    assert evidence.nodes == {} and evidence.continued == {"gpu-worker-1": [interrupted.name]}
+    data["rollback"]["records"] = [interrupted.name, resumed.name]
+    both = rollback_records.load_evidence(validate(data, source="test"), root)
+    assert both.continued == {} and "gpu-worker-1" in both.nodes, "named: evidence, no longer a hint"
+
+
+def test_an_interrupted_resume_s_rollback_line_names_the_run_it_carries_on(tmp_path: Path) -> None:
+    root = tmp_path / "records"
+    interrupted = _seal(root, 0, _upgraded_gpu_worker_1())
+    steps = [{"name": "preflight", "status": "ok"}, {"name": "image", "status": "interrupted"}]
+    resumed = _seal(root, 1, {"steps": steps, "continues": interrupted.name})
+    invocation = Invocation("p.yaml", (), str(root), None, apply=True)
+    said = after_interrupt(root, invocation, datetime(2026, 12, 6, 20, 1, tzinfo=UTC))
+    assert f"--records {root} --from {interrupted.name} --from {resumed.name}\n" in said, said
