@@ -230,3 +230,24 @@ def test_an_interrupted_apply_run_says_how_to_go_on_or_undo_it(tmp_path: Path) -
     picked = Invocation("p.yaml", (), str(tmp_path / "records"), None, apply=True, picked=True)
     only_undo = after_interrupt(tmp_path / "records", picked, started)
     assert "go on" not in only_undo and "runbook rollback" in only_undo, "--from would run unselected steps"
+
+
+def test_the_notes_of_steps_that_ran_are_printed_under_their_step() -> None:
+    """verify's note of a GPU node cordoned without the runbook's mark lived only in the executed notebook: the
+    run printed `verify ok` (operator walkthrough, 6 Dec 2026). The rollout schedule, which the batch lines
+    repeat, and a planned step's notes (in its plan lines) are not said again."""
+    cordon = (
+        "cordoned without the runbook's mark (an administrator's, or one an interrupted talosctl upgrade left): "
+        "gpu-2: no new pod, the CUDA test's included, is scheduled there until someone uncordons them"
+    )
+    outcome = _outcome(("image", "changed", "nodes: 3 changed"), ("verify", "ok", "nodes: 3 ok"))
+    outcome.steps[0].result = {"notes": ["rollout: 3 node(s) in 3 batch(es) of 1, 1, 1 (x); stops"]}
+    outcome.steps[1].result = {"notes": [cordon]}
+    text = outcome.report()
+    assert f"\nnotes:\n  verify: {cordon}\nrecord: /r/rec" in text, text
+    assert "rollout: 3 node(s)" not in text
+    outcome.steps[1].status = "planned"
+    assert "notes:" not in outcome.report()
+    outcome.steps[0].result = {"notes": [f"note {i}" for i in range(20)]}
+    many = outcome.report()
+    assert "  image: note 11\n  … (8 more in the record)\n" in many and "note 12" not in many, many

@@ -76,6 +76,11 @@ def split(items: Sequence[T], sizes: Sequence[int]) -> list[list[T]]:
     return batches
 
 
+#: How the schedule's line begins: a step's note in its plan, which a run that went on to roll out repeats in
+#: its batch lines (``record_content.step_notes`` leaves it out).
+NOTE_PREFIX = "rollout: "
+
+
 @dataclass(frozen=True)
 class Schedule:
     """One run's rollout plan: batch sizes, failure budget and pause, and how to say it in a plan."""
@@ -103,7 +108,7 @@ class Schedule:
     def describe(self) -> str:
         """One line for the plan: the batch sizes, how they grow, the budget and the pause."""
         if not self.sizes:
-            return "rollout: no node to change"
+            return f"{NOTE_PREFIX}no node to change"
         count = len(self.sizes)
         growth = (
             f"canary {self.canary}, then doubling up to rollout_concurrency {self.concurrency}"
@@ -119,7 +124,7 @@ class Schedule:
             f"; {self.pause_seconds:g} s pause between batches" if self.pause_seconds and count > 1 else ""
         )
         return (
-            f"rollout: {self.total} node(s) in {count} batch(es) of {', '.join(map(str, self.sizes))} "
+            f"{NOTE_PREFIX}{self.total} node(s) in {count} batch(es) of {', '.join(map(str, self.sizes))} "
             f"({growth}); {budget}{pause}"
         )
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runbook_lib.model import rollout
 from runbook_lib.steps.dryrun import REFUSED
 
 #: The runbook's checkout: its git commit goes into every record (``records.git_info``).
@@ -82,6 +83,7 @@ class RunOutcome:
             planned = plan_lines(step.result) if step.status == "planned" else []
             if planned:
                 lines += [f"\n{step.name} would change (applied only with --apply):", *planned]
+        lines += step_notes(self.steps)
         refused = [line for step in self.steps for line in refusal_lines(step.name, step.result)]
         if refused:
             lines += [
@@ -104,6 +106,29 @@ class RunOutcome:
         )  # the folder it is checked in: not whatever ./records is
         lines.append(f"anchor: runbook records verify --records {folder} --expect {self.manifest_sha256}")
         return self.scrub("\n".join(lines) + "\n")
+
+
+#: Notes of the steps that ran (not planned) ``runbook run``'s report shows at most; all are in the record.
+NOTES_MAX = 12
+
+
+def step_notes(steps: list[StepOutcome]) -> list[str]:
+    """The notes of the steps that ran, each under its step's name, for the terminal ([] without any).
+
+    Why: a step that passes may still have something to say a person must act on (verify: a GPU node someone
+    else cordoned; the config-patch step: a default runtime deferred to the image step; cuda-test: test pods it
+    could not delete), and ``runbook run`` printed only the step lines, so headless those lived only in the
+    executed notebooks (operator walkthrough, 6 Dec 2026). A planned step's notes are in its plan lines."""
+    notes = [
+        f"  {step.name}: {note}"
+        for step in steps
+        if step.status != "planned" and step.result
+        for note in step.result.get("notes") or []
+        if not str(note).startswith(("plan only", rollout.NOTE_PREFIX))  # the batch lines said it
+    ]
+    if len(notes) > NOTES_MAX:
+        notes = [*notes[:NOTES_MAX], f"  … ({len(notes) - NOTES_MAX} more in the record)"]
+    return ["\nnotes:", *notes] if notes else []
 
 
 #: Lines of a failed step's diagnosis ``runbook run``'s report shows at most; the whole of it is in the record.

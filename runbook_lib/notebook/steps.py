@@ -26,7 +26,7 @@ from runbook_lib.clients.proc import Journal
 from runbook_lib.errors import ParameterProblem, ParametersInvalid, PermanentError
 from runbook_lib.model.params import Params, load_params
 from runbook_lib.model.plan import build_plan
-from runbook_lib.model.rollout import schedule
+from runbook_lib.model.rollout import NOTE_PREFIX, schedule
 from runbook_lib.steps.context import Context, connect
 from runbook_lib.steps.events import Events
 from runbook_lib.steps.results import StepResult
@@ -369,7 +369,7 @@ def _rollout_line(params: Params, nodes: int) -> str:
     ).describe()
     percent = isinstance(rollout.max_failures, str)
     budget = f" (rollout.max_failures {rollout.max_failures})" if percent else ""
-    return text.removeprefix("rollout: ") + budget
+    return text.removeprefix(NOTE_PREFIX) + budget
 
 
 def overview(params_file: str | None, *, overrides: Sequence[str] = (), show: bool = True) -> str:
