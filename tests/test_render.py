@@ -103,6 +103,24 @@ def test_failure_text_carries_the_diagnosis_for_the_error_cell() -> None:
     assert "3 more failing nodes" in text
 
 
+def test_alike_failures_are_said_once_with_their_nodes_and_count() -> None:
+    """250 nodes a rollback refused for the same reason printed five alike blocks and "245 more failing nodes",
+    which hid whether the rest failed alike (stop 47's note); a node that failed otherwise still gets its own."""
+    result = StepResult(step="rollback", applied=False)
+    for i in range(251):
+        node = NodeResult(node=f"gpu-{i:04d}", address=f"10.0.{i // 250}.{i % 250}", status="failed")
+        node.message = "refused: the machine config could not be read" if i else "refused: moved"
+        node.checks.append(
+            Check("rollback evidence", False, node.message, fix="name the record that changed it")
+        )
+        result.nodes.append(node)
+    text = failure_text(result, limit=5)
+    assert "  gpu-0000 (10.0.0.0): refused: moved\n" in text, text
+    alike = "  gpu-0001, gpu-0002, gpu-0003, gpu-0004, gpu-0005, gpu-0006, gpu-0007, gpu-0008 and 242 more (250 nodes): "
+    assert f"{alike}refused: the machine config could not be read\n" in text, text
+    assert text.count("fix: name the record") == 2 and "more failing nodes" not in text, text
+
+
 def verified_fleet(size: int = 1000) -> StepResult:
     """A verify result as the step stores it: 1,000 identical nodes but one with an older Talos and one down."""
     same = NodeInventory(

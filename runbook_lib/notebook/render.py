@@ -286,13 +286,28 @@ def failure_text(result: StepResult, *, limit: int = 5) -> str:
     lines = [result.summary()]
     for check in (c for c in result.checks if not c.ok):
         lines.append(f"  {check.name}: {check.message}" + (f"\n    fix: {check.fix}" if check.fix else ""))
-    failing = result.failing()
-    for node in failing[:limit]:
-        lines.append(f"  {node.node} ({node.address}): {node.message}")
+    groups = _alike_failures(result.failing())
+    for group in groups[:limit]:
+        node = group[0]
+        who = f"{node.node} ({node.address})" if len(group) == 1 else f"{shortened([n.node for n in group])}"
+        lines.append(f"  {who}{f' ({len(group)} nodes)' if len(group) > 1 else ''}: {node.message}")
         for check in node.failed_checks:
             lines.append(f"    {check.name}: {QUOTED if _quoted(node, check) else check.message}")
             if check.fix:
                 lines.append(f"    fix: {check.fix}")
-    if len(failing) > limit:
-        lines.append(f"  … {len(failing) - limit} more failing nodes (see the rendered table and the record)")
+    more = sum(len(g) for g in groups[limit:])
+    if more:
+        lines.append(f"  … {more} more failing nodes (see the rendered table and the record)")
     return "\n".join(lines)
+
+
+def _alike_failures(failing: list[NodeResult]) -> list[list[NodeResult]]:
+    """The failing nodes in groups that say the same (line, checks and fixes), in order of first failure.
+
+    Why: 250 nodes refused for the same reason (a rollback's records, a talosconfig that reaches none) printed
+    five alike blocks and "245 more failing nodes", which hid whether the rest failed alike or otherwise."""
+    groups: dict[tuple[Any, ...], list[NodeResult]] = {}
+    for node in failing:
+        said = tuple((c.name, c.message, c.fix, c.cause) for c in node.failed_checks)
+        groups.setdefault((node.message, said), []).append(node)
+    return list(groups.values())

@@ -395,7 +395,8 @@ def _summary(plan: NodeRollback) -> str:
 
 
 def _refuse(res: NodeResult, node: Node, why: str, unnamed: list[str]) -> None:
-    """The node is refused; the fix names the records in the folder that changed it and were not named."""
+    """The node is refused; the fix names the records in the folder that changed it and were not named. It does
+    not name the node: alike refusals of many nodes are said once (``render.failure_text``)."""
     res.status = "failed"
     res.message = f"refused: {why}"
     also = (
@@ -409,7 +410,7 @@ def _refuse(res: NodeResult, node: Node, why: str, unnamed: list[str]) -> None:
             "rollback evidence",
             False,
             res.message,
-            fix=f"{also}, or leave the node out (nodes: every GPU node but {node.name}) and put it back by hand",
+            fix=f"{also}, or leave it out of the parameters' nodes and put it back by hand",
         )
     )
 
