@@ -459,6 +459,29 @@ def test_a_run_for_other_parameters_leaves_a_simulator_sim_up_started_alone(
     assert not (tmp_path / "records").exists()
 
 
+def test_the_hint_for_a_simulator_made_for_other_nodes_gives_the_set_that_names_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hint named the scenario and the release only: refused for other GPU nodes (`runbook sim up --nodes 2`,
+    then a run of params/simulated.yaml), the operator had no command to follow (walkthrough, 6 Dec 2026)."""
+    state = (tmp_path / "sim").resolve()
+    params = validate(yaml.safe_load(Path(PARAMS).read_text()), source=PARAMS)
+    spec = sim_cluster.spec_from_params(params)
+    two = (("talos-worker-1", "10.5.0.3"), ("talos-worker-2", "10.5.0.4"))
+    sim_cluster.create(state, sim_cluster.ClusterSpec(**{**spec.__dict__, "workers": 2, "worker_nodes": two}))
+    monkeypatch.setattr(sim_cluster, "daemon_pid", lambda _state: os.getpid())
+    assert _run(tmp_path, "-p", PARAMS, "--steps", "preflight") == 2
+    err = capsys.readouterr().err
+    given = (
+        "--set 'nodes=[{name: talos-worker-1, address: 10.5.0.3}, {name: talos-worker-2, address: 10.5.0.4}]'"
+    )
+    assert f"({given})" in err, err
+    monkeypatch.setattr(sim_cluster, "daemon_pid", lambda _state: None)  # the run may start it: as made for
+    assert (
+        _run(tmp_path, "-p", PARAMS, "--steps", "preflight", "--set", given.split(" ", 1)[1].strip("'")) == 0
+    )
+
+
 def test_a_plan_for_other_parameters_does_not_replace_the_simulated_cluster(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

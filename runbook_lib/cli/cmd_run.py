@@ -121,7 +121,28 @@ def _its_sets(state_dir: Path, params: Params) -> str:
         sets.append(f"--set simulation.scenario={info.get('scenario')}")
     if info.get("talos_version") != sim_state.normalize_talos_version(params.talos_version):
         sets.append(f"--set talos_version={info.get('talos_version')}")
+    workers = [n for n in info.get("nodes", []) if n.get("role") == "worker"]
+    if [(n.get("name"), n.get("address")) for n in workers] != [(n.name, n.address) for n in params.nodes]:
+        sets.append(_nodes_set(workers))
     return f" ({' '.join(sets)})" if sets else ""
+
+
+#: GPU nodes a hint spells out as ``--set nodes=[…]`` at most; more are a parameter file's, not a command line's.
+NODES_IN_A_SET = 8
+
+
+def _nodes_set(workers: list[dict[str, Any]]) -> str:
+    """The cluster's GPU nodes as the ``--set nodes=[…]`` that makes a run's nodes theirs (a YAML flow list:
+    ``params.parse_set``), or where to read them when there are many. Why: the hint named only the scenario and
+    the release, and a run refused for other GPU nodes had no command to follow (operator walkthrough)."""
+    if len(workers) > NODES_IN_A_SET:
+        first = workers[0]
+        return (
+            f"nodes: its {len(workers)} GPU nodes, from {first.get('name')} at {first.get('address')}, as "
+            "`runbook sim status` lists them"
+        )
+    flow = ", ".join(f"{{name: {n.get('name')}, address: {n.get('address')}}}" for n in workers)
+    return shlex.join(["--set", f"nodes=[{flow}]"])
 
 
 def _refuse_to_replace_for_a_plan(state_dir: Path, differs: list[str] | None, params: Params) -> None:
