@@ -7,12 +7,19 @@ reboot wait (the runbook stops one at ``talosctl.upgrade_deadline``) never uncor
 uncordon is registered. The node then boots the planned image, so a second run found it "already on" the plan and
 said nothing while no pod could be scheduled there; cuda-test's pods stayed Pending. The step does not uncordon it:
 a cordon can also be an administrator's, so it names the node and the command instead.
+
+Why only a cordon with the runbook's mark fails the node, and any other is a note: a maintenance cordon an
+administrator set on a node already on the plan failed the image step, so a plan exited 1 (a CI plan gate
+failed) and an ``--apply`` run stopped before verify, while verify itself only notes such a cordon (operator
+walkthrough, 6 Dec 2026). An interrupted talosctl 1.13+ upgrade's cordon carries no mark either: the note says
+both, ``runbook run`` prints it, and cuda-test holds back its pod for a cordoned node.
 """
 
 from __future__ import annotations
 
 from runbook_lib.errors import RunbookError
 
+from . import drains
 from .context import Context
 from .results import Check, NodeResult, StepResult
 
@@ -23,8 +30,9 @@ CHECK = "node schedulable"
 
 
 def flag_cordoned(ctx: Context, result: StepResult, unchanged: list[NodeResult]) -> None:
-    """Fail each of ``unchanged`` (nodes already on the plan) whose Kubernetes Node is cordoned; a note, not a
-    failure, when the Nodes cannot be read (the image itself is not in question)."""
+    """Fail each of ``unchanged`` (nodes already on the plan) whose Kubernetes Node carries a cordon with the
+    runbook's mark; a note for a cordon without it (module docstring), and when the Nodes cannot be read (the
+    image itself is not in question)."""
     if not unchanged:
         return
     try:
@@ -32,9 +40,12 @@ def flag_cordoned(ctx: Context, result: StepResult, unchanged: list[NodeResult])
     except RunbookError as exc:
         result.notes.append(f"cordons not checked: the Kubernetes Nodes could not be listed: {exc.message}")
         return
-    cordoned = {n["metadata"]["name"] for n in nodes if (n.get("spec") or {}).get("unschedulable")}
+    cordons = {n["metadata"]["name"]: drains.cordon_of(n) for n in nodes}
+    unmarked = [res.node for res in unchanged if cordons.get(res.node) is False]
+    if unmarked:
+        result.notes.append(drains.unmarked_note(unmarked))
     for res in unchanged:
-        if res.node not in cordoned:
+        if not cordons.get(res.node):
             continue
         res.status = "failed"
         res.data["cordoned"] = True  # not a reason to hold back the other nodes' upgrades (only_cordoned)
@@ -43,11 +54,10 @@ def flag_cordoned(ctx: Context, result: StepResult, unchanged: list[NodeResult])
             Check(
                 CHECK,
                 False,
-                f"Node {res.node} is cordoned (spec.unschedulable: true)",
-                cause="talosctl upgrade (Talos 1.13 on) cordons a node before its reboot and uncordons it only "
-                "when it returns: an upgrade that was interrupted, or whose drain failed, leaves the cordon; "
-                "or someone cordoned the node on purpose",
-                fix=f"kubectl uncordon {res.node}  # once nothing else needs it cordoned; then re-run this step",
+                f"Node {res.node} is cordoned and carries the runbook's mark ({drains.CORDON_MARK})",
+                cause="a run or a rollback drained it before a reboot and was interrupted, or failed, before the "
+                "uncordon",
+                fix=f"{drains.uncordon_command(res.node, marked=True)}  # then re-run this step",
             )
         )
 

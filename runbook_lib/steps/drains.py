@@ -215,6 +215,17 @@ def uncordon_command(name: str, *, marked: bool) -> str:
     return f"kubectl uncordon {name} && kubectl annotate node {name} {CORDON_MARK}-"
 
 
+def unmarked_note(names: list[str]) -> str:
+    """The note for GPU nodes cordoned without the runbook's mark: not a failure (a cordon can be on purpose), but
+    no new pod, the CUDA test's included, is scheduled there. Not said to be an administrator's: talosctl 1.13+'s
+    own drain in an interrupted upgrade leaves one without the mark too (steps/cordoned.py)."""
+    return (
+        f"cordoned without the runbook's mark (an administrator's, or one an interrupted talosctl upgrade "
+        f"left): {', '.join(names)}: no new pod, the CUDA test's included, is scheduled there until someone "
+        "uncordons them (kubectl uncordon <node>, if it is not meant)"
+    )
+
+
 def cordon_of(node: dict[str, Any]) -> bool | None:
     """None when the Node is not cordoned; else whether the cordon carries the runbook's :data:`CORDON_MARK`."""
     if not (node.get("spec") or {}).get("unschedulable"):

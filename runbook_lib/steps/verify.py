@@ -229,16 +229,10 @@ def _cordon_check(ctx: Context, node: Node, cordons: dict[str, bool]) -> Check |
 
 
 def _cordon_note(result: StepResult, nodes: list[Node], cordons: dict[str, bool]) -> None:
-    """A note naming the GPU nodes cordoned without the runbook's mark: not a failure (a cordon can be on
-    purpose), but no new pod, the CUDA test's included, is scheduled there. Not said to be an administrator's:
-    talosctl 1.13+'s own drain in an interrupted upgrade leaves one without the mark too (steps/cordoned.py)."""
+    """The note naming the GPU nodes cordoned without the runbook's mark (``drains.unmarked_note``)."""
     others = [n.name for n in nodes if cordons.get(n.name) is False]
     if others:
-        result.notes.append(
-            f"cordoned without the runbook's mark (an administrator's, or one an interrupted talosctl upgrade "
-            f"left): {', '.join(others)}: no new pod, the CUDA test's included, is scheduled there until someone "
-            "uncordons them (kubectl uncordon <node>, if it is not meant)"
-        )
+        result.notes.append(drains.unmarked_note(others))
 
 
 def verify(
