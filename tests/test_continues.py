@@ -1,4 +1,4 @@
-"""Which run a ``runbook run --from STEP`` carries on (``record.json``'s ``continues``), and what reads it.
+"""Which earlier run of its cluster a run follows (``record.json``'s ``continues``), and what reads it.
 
 Found by an operator walkthrough (6 Dec 2026): an --apply run interrupted in its image step, resumed with
 ``--from image --apply``, left two records; a rollback named with the second said of the nodes the first had
@@ -45,7 +45,7 @@ def _upgraded_gpu_worker_1() -> dict[str, Any]:
     }
 
 
-def test_a_from_run_carries_on_the_newest_run_of_its_cluster_that_changed_it(tmp_path: Path) -> None:
+def test_a_run_follows_the_newest_run_of_its_cluster_that_changed_it(tmp_path: Path) -> None:
     root = tmp_path / "records"
     assert continues.continued_run(root, "sim-gpu") is None, "no folder yet: nothing to carry on"
     run = _seal(root, 0, {"outcome": "interrupted", "changes": [{"step": "image"}]})
@@ -75,7 +75,7 @@ def test_the_chain_stops_at_a_link_it_cannot_follow(tmp_path: Path) -> None:
     ]
 
 
-def test_a_rollback_named_with_the_resume_alone_knows_what_the_run_it_carries_on_changed(
+def test_a_rollback_named_with_the_resume_alone_knows_what_the_run_it_follows_changed(
     tmp_path: Path,
 ) -> None:
     root = tmp_path / "records"
@@ -89,11 +89,14 @@ def test_a_rollback_named_with_the_resume_alone_knows_what_the_run_it_carries_on
     assert both.continued == {} and "gpu-worker-1" in both.nodes, "named: evidence, no longer a hint"
 
 
-def test_an_interrupted_resume_s_rollback_line_names_the_run_it_carries_on(tmp_path: Path) -> None:
+def test_an_interrupted_resume_s_rollback_line_names_the_runs_it_follows(tmp_path: Path) -> None:
     root = tmp_path / "records"
     interrupted = _seal(root, 0, _upgraded_gpu_worker_1())
     steps = [{"name": "preflight", "status": "ok"}, {"name": "image", "status": "interrupted"}]
     resumed = _seal(root, 1, {"steps": steps, "continues": interrupted.name})
-    invocation = Invocation("p.yaml", (), str(root), None, apply=True)
+    invocation = Invocation("p.yaml", (), str(root), None, apply=True, selection=("--from", "image"))
     said = after_interrupt(root, invocation, datetime(2026, 12, 6, 20, 1, tzinfo=UTC))
     assert f"--records {root} --from {interrupted.name} --from {resumed.name}\n" in said, said
+    whole = Invocation("p.yaml", (), str(root), None, apply=True)  # a whole run's rollback undoes that run
+    said = after_interrupt(root, whole, datetime(2026, 12, 6, 20, 1, tzinfo=UTC))
+    assert f"--records {root} --from {resumed.name}\n" in said, said

@@ -170,6 +170,7 @@ def test_healthy_cluster_end_to_end_then_a_second_run_changes_nothing(
     assert run(sim_env, "-p", PARAMS, "--apply") == 0
     second = latest(sim_env)
     assert second["previous"]["record"] == first["record"]
+    assert second["continues"] == first["record"], "the run this one follows on the cluster (rollback's hint)"
     steps = {s["name"]: s for s in second["steps"]}
     assert steps["image"]["status"] == "ok" and steps["config-patch"]["status"] == "ok"
     assert second["changes"] == [] and second["outcome"] == "unchanged"

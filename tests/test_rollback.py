@@ -447,6 +447,7 @@ def test_runbook_rollback_plans_then_applies_from_a_record_into_its_own_record(
         in out
     )
     assert "kubectl label node gpu-worker-1 gpu-worker-2 gpu-worker-3 nvidia.com/gpu.present-\n" in out, out
+    assert out.count("nvidia.com/gpu.present-") == 1, "the notes do not repeat the list (walkthrough)"
     done = records.load_record(records.resolve(tmp_path / "records", None))
     assert done["outcome"] == "changed" and done["steps_requested"] == ["rollback"]
     argvs = [" ".join(c.get("argv", [])) for c in done["changes"]]
@@ -528,29 +529,51 @@ def test_a_run_and_its_resume_roll_back_together_to_where_the_first_found_the_no
 
 
 @pytest.mark.slow
-def test_a_rollback_from_a_resume_alone_names_the_run_it_carries_on_for_the_nodes_that_run_changed(
+def test_a_rollback_from_a_resume_alone_names_the_run_it_follows_and_keeps_the_layer_its_nodes_need(
     sim: Path, tmp_path: Path
 ) -> None:
-    """The resume's record alone said of worker-1, which the interrupted run upgraded, "no record shows the
-    runbook changed this node" (operator walkthrough, 6 Dec 2026); it now names the run it carries on."""
+    """A run patched workers 1-3 and upgraded worker-1; the run after it (a resume, or the fix its report
+    printed) upgraded worker-2 and installed the device plugin. Rolled back from the second record alone, the
+    plan said of worker-1 "no record shows the runbook changed this node", named worker-3's patch as perhaps
+    the site's own, and removed the device plugin worker-1 still needed on its NVIDIA image (operator
+    walkthrough, 6 Dec 2026). It now names the first run for every node it changed, and keeps the layer."""
     from runbook_lib.notebook import rollback_records
 
+    patch_ctx, image_ctx, resume_ctx = _ctx(sim), _ctx(sim), _ctx(sim)
+    patched = config_patch(patch_ctx, only=WORKERS[:3])
+    upgraded = image_upgrade(image_ctx, only=WORKERS[:1], settle_timeout=30.0, poll_interval=0.1)
+    resumed = image_upgrade(resume_ctx, only=WORKERS[1:2], settle_timeout=30.0, poll_interval=0.1)
+    layer = StepResult(
+        step="kubernetes", applied=True
+    )  # what the resume's Kubernetes step records it created
+    layer.data["created"] = [
+        {"kind": "helm-release", "name": "nvidia-device-plugin", "namespace": "kube-system"}
+    ]
+    runs = [
+        _record("run-1", ("config-patch", patch_ctx, patched), ("image", image_ctx, upgraded))[1],
+        _record("run-2", ("image", resume_ctx, resumed), ("kubernetes", resume_ctx, layer))[1],
+    ]
     root = tmp_path / "records"
-    names = []
-    for minute, (_name, data) in enumerate(
-        [_patch_and_upgrade(sim, WORKERS[:1]), _patch_and_upgrade(sim, WORKERS[1:2])]
-    ):
+    names: list[str] = []
+    for minute, data in enumerate(runs):
         path = records.create_record_dir(root, "sim-gpu", now=datetime(2026, 12, 6, 20, minute, tzinfo=UTC))
         records.seal(path, {**data, **({"continues": names[-1]} if names else {})})
         names.append(path.name)
     ctx = _ctx(sim, rollback={"records": [names[1]]}, apply=False)
-    evidence = rollback_records.load_evidence(ctx.params, root)
-    result = rollback(ctx, evidence=evidence)
-    assert [result.node(n).status for n in WORKERS[:3]] == ["unchanged", "planned", "unchanged"]
-    assert names[0] in result.node(WORKERS[0]).message and "not named" in result.node(WORKERS[0]).message
-    assert result.node(WORKERS[2]).message == "no record shows the runbook changed this node: left as it is"
-    assert f"{WORKERS[0]}: changed by {names[0]}" in " ".join(result.notes), result.notes
-    assert f"add --from {names[0]}" in " ".join(result.notes), result.notes
+    result = rollback(ctx, evidence=rollback_records.load_evidence(ctx.params, root))
+    assert [result.node(n).status for n in WORKERS] == ["unchanged", "planned", "unchanged", "unchanged"]
+    assert result.node(WORKERS[0]).message == (
+        f"left as it is: no named record changed it, but {names[0]} did, an earlier run of this cluster (not named)"
+    )
+    assert result.node(WORKERS[3]).message == "no record shows the runbook changed this node: left as it is"
+    notes = "\n".join(result.notes)
+    assert (
+        f"{', '.join(WORKERS[:3])}: also changed by {names[0]}, an earlier run of this cluster that is not named: "
+        f"what it did to them stays; to undo it too, add --from {names[0]}"
+    ) in notes, notes
+    assert "which no named record applied" not in notes, "the patch's run is known: not 'perhaps the site's'"
+    assert f"the Kubernetes layer is kept: {WORKERS[0]}, changed by an earlier run" in notes, notes
+    assert not result.data.get("kubernetes") and not [c for c in result.checks if not c.ok], result.checks
 
 
 def test_the_notebook_call_without_records_names_the_parameter(

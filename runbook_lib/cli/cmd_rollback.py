@@ -13,15 +13,17 @@ is the one ``runbook run`` applies from (a CI file may well say ``apply: true``)
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 
 from runbook_lib.model.params import load_params
+from runbook_lib.model.rollback import NOT_UNDONE_NOTE
 from runbook_lib.notebook import runner
 from runbook_lib.notebook.record_content import RunOutcome, node_lines
 from runbook_lib.notebook.rollback_records import load_evidence, record_path
 from runbook_lib.notebook.steps import ROLLBACK
 
-from . import cmd_run, live
+from . import cmd_run, live, run_report
 
 _NOT_APPROVED = (
     "runbook rollback: apply: true in the parameters (file or --set) does not approve a rollback: "
@@ -83,13 +85,30 @@ def _roll_back(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
             on_event=live.print_event,
         )
-    except KeyboardInterrupt:
-        sys.excepthook = (
-            cmd_run.quiet_interrupt
-        )  # this process ends by it: no traceback under the sealed record
+    except (KeyboardInterrupt, SystemExit) as exc:
+        if args.apply:
+            sys.stderr.write(_go_on(args, params_file))
+        if isinstance(exc, KeyboardInterrupt):
+            sys.excepthook = cmd_run.quiet_interrupt  # this process ends by it: no traceback under the record
         raise
-    sys.stdout.write(_done_lines(outcome) + outcome.report())
+    done = _done_lines(outcome)
+    # the list of what is not undone is in the done lines: its notes are not printed again (walkthrough)
+    sys.stdout.write(done + outcome.report(omit_notes=(NOT_UNDONE_NOTE,) if done else ()))
     return 0 if outcome.ok else 1
+
+
+def _go_on(args: argparse.Namespace, params_file: str) -> str:
+    """After Ctrl-C or SIGTERM of an ``--apply`` rollback, the command that goes on: the same one, which plans
+    from where the nodes are now and does only what is left. Why: the interrupt said only where the record is,
+    and an operator did not know whether running the rollback again was safe (operator walkthrough, 6 Dec 2026).
+    """
+    invocation = run_report.Invocation(params_file, args.overrides or (), args.records, args.state)
+    named = [arg for ref in args.from_records for arg in ("--from", ref)]
+    argv = ["runbook", "rollback", *invocation.params_args(), *invocation.place_args(), *named]
+    return (
+        f"to go on once it is safe: {shlex.join(argv)}  # plan first: it plans from where the nodes are now; "
+        "then the same with --apply does only what is left\n"
+    )
 
 
 def _done_lines(outcome: RunOutcome) -> str:

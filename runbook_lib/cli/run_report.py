@@ -141,8 +141,10 @@ def after_interrupt(root: Path, invocation: Invocation, started: datetime) -> st
         (s.get("name") for s in steps if isinstance(s, dict) and s.get("status") == "interrupted"), None
     )
     params = invocation.params_args() or ["-p", "<parameters>"]  # a resumed run's: give the file there
-    # a resumed run's rollback names the runs it carries on too: they changed nodes this record does not show
-    earlier = [name for name, _data in continues.chain(record.parent, data)] if isinstance(data, dict) else []
+    # a run of some steps (a resume, a fix) is part of the change the runs it follows made: its rollback names
+    # them too, as they changed nodes this record does not show; a whole run's rollback undoes that run
+    chained = invocation.selection and isinstance(data, dict)
+    earlier = [name for name, _data in continues.chain(record.parent, data)] if chained else []
     named = [arg for name in [*reversed(earlier), record.name] for arg in ("--from", name)]
     rollback = ["runbook", "rollback", *params, *invocation.place_args(), *named]
     go_on = cut in STEP_NAMES and not invocation.picked

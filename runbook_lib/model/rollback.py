@@ -94,9 +94,10 @@ class Evidence:
     at the first refusal only (:meth:`unnamed`): a rollback refusing nothing reads no other record."""
     _unnamed: dict[str, list[str]] | None = field(default=None, repr=False)
     continued: dict[str, list[str]] = field(default_factory=dict)
-    """By node name, the records the named ones carry on (``continues``: a ``--from`` run's earlier run) that
-    are not named and changed the node: not evidence the rollback acts on, a hint its plan gives (found by an
-    operator walkthrough: a rollback from a resumed run's record said nothing of what the interrupted run did)."""
+    """By node name, the earlier runs the named records follow (``continues``: the cluster's run before each)
+    that are not named and changed the node: not evidence the rollback acts on, but its plan names them, and the
+    Kubernetes layer stays while a node they upgraded keeps the NVIDIA image (operator walkthrough: a rollback
+    from a resumed run's record said nothing of what the interrupted run did, and removed the layer)."""
     labelled: list[tuple[str, list[dict[str, Any]]]] = field(default_factory=list)
     """Per record, the node labels its Kubernetes step set with each one's value before (``data.labelled``): the
     rollback step says how to put back those of the nodes that go back, or of all when the layer goes too."""
@@ -217,6 +218,9 @@ def _add_images(
             schematic = before.get("schematic_id")
             node.image = FoundImage(name, str(before["version"]), str(schematic) if schematic else None)
 
+
+#: How the rollback's notes begin that name what it does not undo (``cmd_rollback`` prints them as a list).
+NOT_UNDONE_NOTE = "not undone, put back by hand if needed: "
 
 #: How the kubernetes step words the changes the rollback undoes (``steps.kubernetes``); the others are kept.
 UNDONE = ("helm upgrade --install ", "RuntimeClass nvidia (handler nvidia)")

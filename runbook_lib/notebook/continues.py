@@ -1,15 +1,16 @@
-"""Which earlier run a ``runbook run --from STEP`` carries on (``record.json``'s ``continues``), and the chain
-of such links a rollback and an interrupted run's report follow back.
+"""Which earlier run of the cluster a run follows (``record.json``'s ``continues``), and the chain of such
+links a rollback and an interrupted run's report follow back.
 
 Why: an ``--apply`` run interrupted in its image step and resumed with ``--from image --apply`` leaves two
-records, each with part of the work. A rollback named with the second alone planned the nodes it changed and
-said of the nodes the first had upgraded "no record shows the runbook changed this node", which was not true
-(operator walkthrough, 6 Dec 2026). The resumed run now records the run it carries on, so what reads it can
-say which record holds the rest.
+records, each with part of the work, and so does a failed run followed by the fix its report prints
+(``--steps image --apply``) and then ``--from image``. A rollback named with the last record alone planned the
+nodes it changed and said of the nodes the first had upgraded "no record shows the runbook changed this node",
+and removed the Kubernetes layer those nodes still needed (operator walkthrough, 6 Dec 2026). Every run (not a
+rollback) now records the run it follows, so what reads it can say which record holds the rest.
 
 Which run that is: the newest record of the same cluster that changed it (its journal lists changes), passing
 over plans and checks-only runs, which change nothing. A rollback record ends the search: after it, nothing of
-the earlier runs is left to carry on.
+the earlier runs is left to follow.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def _is_rollback(data: dict[str, Any]) -> bool:
 
 
 def continued_run(root: Path, cluster: str) -> str | None:
-    """The name of the run a ``--from`` run of ``cluster`` carries on, None when there is none (see module)."""
+    """The name of the run a new run of ``cluster`` follows, None when there is none (see the module)."""
     for path in reversed(records.sealed_records(root)):
         if records.is_unsealed(path):
             continue
@@ -48,7 +49,7 @@ def continued_run(root: Path, cluster: str) -> str | None:
 
 
 def chain(folder: Path, data: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
-    """The runs ``data`` carries on, newest first, each as (name, record.json), read from ``folder``.
+    """The runs ``data`` follows, newest first, each as (name, record.json), read from ``folder``.
 
     Stops at a link that cannot be followed (a record moved or deleted, unreadable, of another cluster, or a
     loop): what follows a link is a hint for a person, never evidence a rollback acts on unnamed."""

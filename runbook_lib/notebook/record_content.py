@@ -74,7 +74,8 @@ class RunOutcome:
     def ok(self) -> bool:
         return self.failed_step is None
 
-    def report(self) -> str:
+    def report(self, omit_notes: tuple[str, ...] = ()) -> str:
+        """The terminal's report; ``omit_notes``: how notes begin that the caller printed another way."""
         lines = [
             f"{s.name:<13} {s.status:<10} {s.duration_s:6.1f} s  {step_line_summary(s.summary, s.name, s.status)}".rstrip()
             for s in self.steps
@@ -83,7 +84,7 @@ class RunOutcome:
             planned = plan_lines(step.result) if step.status == "planned" else []
             if planned:
                 lines += [f"\n{step.name} would change (applied only with --apply):", *planned]
-        lines += step_notes(self.steps)
+        lines += step_notes(self.steps, omit_notes)
         refused = [line for step in self.steps for line in refusal_lines(step.name, step.result)]
         if refused:
             lines += [
@@ -112,7 +113,7 @@ class RunOutcome:
 NOTES_MAX = 12
 
 
-def step_notes(steps: list[StepOutcome]) -> list[str]:
+def step_notes(steps: list[StepOutcome], omit: tuple[str, ...] = ()) -> list[str]:
     """The notes of the steps that ran, each under its step's name, for the terminal ([] without any).
 
     Why: a step that passes may still have something to say a person must act on (verify: a GPU node someone
@@ -124,7 +125,7 @@ def step_notes(steps: list[StepOutcome]) -> list[str]:
         for step in steps
         if step.status != "planned" and step.result
         for note in step.result.get("notes") or []
-        if not str(note).startswith(("plan only", rollout.NOTE_PREFIX))  # the batch lines said it
+        if not str(note).startswith(("plan only", rollout.NOTE_PREFIX, *omit))  # the batch lines said it
     ]
     if len(notes) > NOTES_MAX:
         notes = [*notes[:NOTES_MAX], f"  … ({len(notes) - NOTES_MAX} more in the record)"]

@@ -91,7 +91,7 @@ def load_evidence(params: Params, root: Path | None = None, *, suggest: bool = F
 
 
 def _continued(loaded: dict[Path, tuple[str, str, dict[str, Any]]]) -> dict[str, list[str]]:
-    """By node, the unnamed runs the named records carry on (``continues.chain``) that changed it."""
+    """By node, the unnamed earlier runs the named records follow (``continues.chain``) that changed it."""
     named = {name for _s, name, _d in loaded.values()}
     out: dict[str, list[str]] = {}
     for path, (_started, _name, data) in sorted(loaded.items()):

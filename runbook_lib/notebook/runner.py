@@ -821,7 +821,7 @@ class _StepLoop:
     on_event: live_events.Deliver | None
     html: bool
     continues: str | None = None
-    """The run a ``--from`` run carries on (``continues.continued_run``), recorded for rollback."""
+    """The run this one follows on the cluster (``continues.continued_run``), recorded for rollback."""
 
     @property
     def results(self) -> Path:
@@ -1012,7 +1012,7 @@ def _prepare(
     and the record folder; returns the step loop's shared state, the kernel's start and the run's secrets."""
     if params.apply:
         lock_for_apply(stack, params, root, cluster_key)
-    # read under the apply lock: a run sealing meanwhile is the one this run carries on
+    # read under the apply lock: a run sealing meanwhile is the one this run follows
     carried = continues.continued_run(root, params.cluster) if continuing else None
     # One kernel for the run (module docstring); the record is named now for it (the first step's result file
     # is in the kernel's environment), and the cluster's environment reaches the kernel before each step.
@@ -1118,7 +1118,7 @@ def run(
             signals=signals,
             on_event=on_event,
             html=html,
-            continuing=bool(from_step) and from_step != STEP_NAMES[0],
+            continuing=[s.name for s in selected] != ["rollback"],
         )
         import_before_threads()  # while the kernel starts (papermill: see _execute)
         helm_version = background.early(lambda: early_helm_version(params))

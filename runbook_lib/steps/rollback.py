@@ -48,6 +48,7 @@ from runbook_lib.model.params import Node
 from runbook_lib.model.profiles import render_documents
 from runbook_lib.model.redact import redact
 from runbook_lib.model.rollback import (
+    NOT_UNDONE_NOTE,
     Evidence,
     NodeEvidence,
     Phase,
@@ -143,7 +144,8 @@ def rollback(
     todo, results = _plan_nodes(ctx, result, nodes, evidence)
     # every GPU node, however it was asked for (``nodes`` may list them all): then the Kubernetes layer goes
     whole_cluster = {n.address for n in nodes} == {n.address for n in ctx.params.nodes}
-    kube = _kubernetes_plan(ctx, result, evidence, whole_cluster=whole_cluster)
+    keeping = _keeping_nvidia(ctx, nodes, todo, evidence) if whole_cluster and evidence.kubernetes else []
+    kube = _kubernetes_plan(ctx, result, evidence, whole_cluster=whole_cluster, keeping=keeping)
     _not_undone(result, evidence, {t.node.name for t in todo}, layer_goes=kube is not None)
     _dry_run(ctx, todo, results)
     schedule = rollout_schedule(ctx, result, [t.node.name for t in todo])
@@ -273,21 +275,23 @@ def _plan_nodes(
 
 
 def _not_in_named(earlier: list[str]) -> str:
-    """An unchanged node's line: no named record changed it, and which unnamed run they carry on did."""
+    """An unchanged node's line: no named record changed it, and which earlier unnamed run did."""
     if not earlier:
         return "no record shows the runbook changed this node: left as it is"
     names = ", ".join(earlier)
-    return f"left as it is: no named record changed it, but {names} did, a run they carry on (not named)"
+    return f"left as it is: no named record changed it, but {names} did, an earlier run of this cluster (not named)"
 
 
 def _continued_note(result: StepResult, evidence: Evidence, nodes: list[Node]) -> None:
-    """One note for the nodes :func:`_not_in_named` leaves: a plan that lists many nodes hides one line."""
-    left = [n.name for n in nodes if n.name not in evidence.nodes and evidence.continued.get(n.name)]
-    if left:
-        earlier = sorted({r for n in left for r in evidence.continued[n]})
+    """One note for every node an earlier, unnamed run changed, also those the named records changed too: a plan
+    that lists many nodes hides one line, and a note naming only the nodes no named record changed read as if
+    that run had changed no other (operator walkthrough: it had patched all three, the resume upgraded two)."""
+    changed = [n.name for n in nodes if evidence.continued.get(n.name)]
+    if changed:
+        earlier = sorted({r for n in changed for r in evidence.continued[n]})
         result.notes.append(
-            f"{shortened(left)}: changed by {', '.join(earlier)}, which the named record(s) carry on and which "
-            "is not named: left as they are; to undo them too, add "
+            f"{shortened(changed)}: also changed by {', '.join(earlier)}, an earlier run of this cluster that is "
+            "not named: what it did to them stays; to undo it too, add "
             + " ".join(f"--from {r}" for r in earlier)
         )
 
@@ -309,7 +313,8 @@ def _patch_not_named(
         added = evidence.nodes[node.name].added_documents()
         return contains(configs[node.address], modules) and not (added and contains(added, modules))
 
-    kept = [n.name for n in nodes if carried(n)]
+    # a node an earlier, unnamed run changed: its note names that run (_continued_note)
+    kept = [n.name for n in nodes if carried(n) and not evidence.continued.get(n.name)]
     if kept:
         result.notes.append(
             f"{shortened(kept)}: the machine config carries the runbook's modules patch, which no named record "
@@ -430,17 +435,43 @@ def _not_undone(result: StepResult, evidence: Evidence, back: set[str], *, layer
     left = [*labels, *evidence.not_undone]
     if left:
         result.data["not_undone"] = left
-        result.notes += [f"not undone, put back by hand if needed: {item}" for item in left]
+        result.notes += [f"{NOT_UNDONE_NOTE}{item}" for item in left]
+
+
+def _keeping_nvidia(
+    ctx: Context, nodes: list[Node], todo: list[NodeRollback], evidence: Evidence
+) -> list[str]:
+    """The GPU nodes an earlier, unnamed run changed (``Evidence.continued``) that stay on the NVIDIA image after
+    this rollback, or whose extensions cannot be read: they still need the device plugin.
+
+    Why: the layer went whenever every GPU node was in the rollback's scope, also when a node another run had
+    upgraded stayed on the NVIDIA image, which then lost its device plugin and RuntimeClass (operator
+    walkthrough, 6 Dec 2026: a run, its fix run and a resume, rolled back from the resume's record alone). A
+    node on the NVIDIA image that no run changed was found so: without the layer is where it was found."""
+    going = {plan.node.address for plan in todo if plan.image}
+    staying = [n for n in nodes if n.address not in going and evidence.continued.get(n.name)]
+    states = read_states(ctx, [n.address for n in staying])
+    return [
+        n.name for n in staying if states[n.address].error or runs_nvidia_image(states[n.address].extensions)
+    ]
 
 
 def _kubernetes_plan(
-    ctx: Context, result: StepResult, evidence: Evidence, *, whole_cluster: bool
+    ctx: Context, result: StepResult, evidence: Evidence, *, whole_cluster: bool, keeping: list[str]
 ) -> gpu_operator_handover.Leftovers | None:
-    """The releases and RuntimeClass the records say the runbook created and that still exist."""
+    """The releases and RuntimeClass the records say the runbook created and that still exist; none while a
+    GPU node keeps the NVIDIA image (``keeping``)."""
     if not evidence.kubernetes and not evidence.kubernetes_missing:
         return None
     if not whole_cluster:
         result.notes.append("the Kubernetes layer is kept: only some GPU nodes go back")
+        return None
+    if keeping:
+        result.notes.append(
+            f"the Kubernetes layer is kept: {shortened(keeping)}, changed by an earlier run that is not named, "
+            "keep the NVIDIA image after this rollback (or their extensions could not be read) and need the "
+            "device plugin; name that run's record too (see the note on it)"
+        )
         return None
     if evidence.kubernetes_missing:
         result.checks.append(
