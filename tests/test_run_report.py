@@ -251,3 +251,39 @@ def test_the_notes_of_steps_that_ran_are_printed_under_their_step() -> None:
     outcome.steps[0].result = {"notes": [f"note {i}" for i in range(20)]}
     many = outcome.report()
     assert "  image: note 11\n  … (8 more in the record)\n" in many and "note 12" not in many, many
+
+
+def test_an_interrupted_run_names_the_node_calls_the_interrupt_cut_short(tmp_path: Path) -> None:
+    """ "once it is safe to go on" followed an interrupt while the node whose upgrade was stopped showed only in
+    `records show` (operator walkthrough, 6 Dec 2026): the calls cut short are named by node, with the preflight
+    that shows where those nodes are. Shaped as a SIGTERM-sealed record keeps them (interrupts.read_journal)."""
+    from datetime import UTC, datetime
+
+    from runbook_lib.cli.run_report import after_interrupt
+    from runbook_lib.notebook import interrupts
+
+    record = tmp_path / "records" / "20261206T200000Z-sim-gpu-abcdef12"
+    record.mkdir(parents=True)
+    upgrade = ["/usr/bin/talosctl", "-n", "10.5.0.12", "upgrade", "--image", "x:v1.12.7", "--wait=true"]
+    changes = [
+        {"step": "image", "argv": [*upgrade[:2], "10.5.0.11", *upgrade[3:]], "exit_code": 0},
+        {"step": "image", "argv": upgrade, "exit_code": 1, "interrupt": interrupts.AFTER},
+        {
+            "step": "image",
+            "argv": [*upgrade[:2], "10.5.0.13", *upgrade[3:]],
+            "interrupt": interrupts.IN_FLIGHT,
+        },
+    ]
+    nodes = [{"name": f"gpu-worker-{i}", "address": f"10.5.0.1{i}"} for i in (1, 2)]
+    steps = [{"name": "preflight", "status": "ok"}, {"name": "image", "status": "interrupted"}]
+    records.seal(record, {"steps": steps, "changes": changes, "params": {"nodes": nodes}}, secrets=[])
+    invocation = Invocation("p.yaml", (), str(tmp_path / "records"), None, apply=True)
+    said = after_interrupt(tmp_path / "records", invocation, datetime(2026, 12, 6, 20, 0, tzinfo=UTC))
+    place = f"--records {tmp_path / 'records'}"
+    assert said.startswith(
+        "cut short by the interrupt (see where these nodes are before going on: runbook run -p p.yaml --steps "
+        f"preflight {place}):\n"
+        "  gpu-worker-2: talosctl upgrade, exit 1 after the interrupt\n"
+        "  10.5.0.13: talosctl upgrade, in flight: it may have reached the node\n"
+        "once it is safe to go on: "
+    ), said

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from runbook_lib.errors import RunbookError
 from runbook_lib.model.text import PARAMS_PLACEHOLDER
@@ -148,9 +149,48 @@ def after_interrupt(root: Path, invocation: Invocation, started: datetime) -> st
     named = [arg for name in [*reversed(earlier), record.name] for arg in ("--from", name)]
     rollback = ["runbook", "rollback", *params, *invocation.place_args(), *named]
     go_on = cut in STEP_NAMES and not invocation.picked
-    lines = [f"once it is safe to go on: {invocation.continue_from(str(cut))}"] if go_on else []
+    lines = _cut_short(data, invocation) if isinstance(data, dict) else []
+    lines += [f"once it is safe to go on: {invocation.continue_from(str(cut))}"] if go_on else []
     lines.append(f"to undo what it changed instead (plan first, then --apply): {shlex.join(rollback)}")
     return "".join(f"{line}\n" for line in lines)
+
+
+#: Node calls :func:`_cut_short` names at most; the record's changes list them all.
+CUT_SHORT_MAX = 8
+
+
+def _cut_short(data: dict[str, Any], invocation: Invocation) -> list[str]:
+    """The node calls the interrupt cut short (in flight then, or finished after it), by node, and how to see
+    where those nodes are before going on. Why: the interrupt said "once it is safe to go on" while the node
+    whose upgrade was stopped showed only in ``records show`` (operator walkthrough, 6 Dec 2026)."""
+    params = data["params"] if isinstance(data.get("params"), dict) else {}
+    names = {str(n.get("address")): str(n.get("name")) for n in records.listed(params, "nodes")}
+    lines = []
+    for change in records.listed(data, "changes"):
+        argv = [str(a) for a in change.get("argv") or []]
+        if not change.get("interrupt") or "-n" not in argv[:-1]:
+            continue
+        nodes = ", ".join(names.get(a, a) for a in argv[argv.index("-n") + 1].split(","))
+        what = next((w for w in ("upgrade", "patch", "drain") if w in argv), " ".join(argv[1:2]))
+        code = change.get("exit_code")
+        how = (
+            "in flight: it may have reached the node" if code is None else f"exit {code} after the interrupt"
+        )
+        lines.append(f"  {nodes}: {Path(argv[0]).name} {what}, {how}")
+    if not lines:
+        return []
+    given = invocation.params_args() or ["-p", "<parameters>"]  # a resumed run's: give the file there
+    check = shlex.join(["runbook", "run", *given, "--steps", "preflight", *invocation.place_args()])
+    more = (
+        [f"  … {len(lines) - CUT_SHORT_MAX} more in the record's changes"]
+        if len(lines) > CUT_SHORT_MAX
+        else []
+    )
+    return [
+        f"cut short by the interrupt (see where these nodes are before going on: {check}):",
+        *lines[:CUT_SHORT_MAX],
+        *more,
+    ]
 
 
 def report(outcome: RunOutcome, invocation: Invocation) -> str:
