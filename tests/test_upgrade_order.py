@@ -122,6 +122,16 @@ def test_image_step_refuses_nodes_whose_config_does_not_load_the_modules(
         assert not result.ok and result.counts() == {"failed": 2}
         assert all("run the config-patch step first" in n.message for n in result.nodes)
         assert not [e for e in ctx.journal.entries if "upgrade" in e.argv]
+        # its plan says so (walkthrough: `--from image` planned a clean upgrade its --apply refused), unless
+        # the same run plans the config patch first
+        plan = image_upgrade(ctx, apply=False, steps=["preflight", "image", "verify"])
+        assert plan.ok and plan.counts() == {"planned": 2}, plan.to_dict()
+        assert any(
+            n.startswith("applying this step now would be refused: the machine config of ")
+            for n in plan.notes
+        )
+        whole = image_upgrade(ctx, apply=False, steps=["preflight", "config-patch", "image"])
+        assert not any("would be refused" in n for n in whole.notes), whole.notes
 
 
 def test_image_plan_shows_the_default_runtime_it_will_set_on_nodes_already_upgraded(

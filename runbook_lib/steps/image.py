@@ -19,7 +19,7 @@ from __future__ import annotations
 import shlex
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -35,6 +35,7 @@ from runbook_lib.model.parsers import TalosResource
 from runbook_lib.model.plan import node_extensions, node_schematic
 from runbook_lib.model.rollout import Schedule
 from runbook_lib.model.schematic import Schematic
+from runbook_lib.model.text import shortened
 from runbook_lib.model.upgrade_risks import dropped_extensions, preserve_needed
 from runbook_lib.model.versions import TalosVersion
 
@@ -195,10 +196,12 @@ def image_upgrade(
     upgrade_timeout: float | None = None,
     settle_timeout: float | None = None,
     poll_interval: float = 2.0,
+    steps: Collection[str] | None = None,
 ) -> StepResult:
     """Plan (dry-run) or roll out the GPU installer to the nodes; returns per-node results, never prints.
 
-    Timeouts default to the ``timeouts`` parameters.
+    Timeouts default to the ``timeouts`` parameters. ``steps``: the run's (``runbook run``; None in a notebook),
+    which says whether the config-patch step comes before this one in the same run.
     """
     timing = _Timing(
         upgrade_timeout=wait_seconds(upgrade_timeout, ctx.params.timeouts.upgrade_seconds, "upgrade_timeout"),
@@ -214,6 +217,8 @@ def image_upgrade(
     plans, schematics = _plan_images(ctx, result, nodes, facts)
     if do_apply and _refuse_before_config_patch(ctx, result, nodes, configs[0]):
         return _finish(result)
+    if not do_apply and not (steps is not None and "config-patch" in steps):
+        _note_refusal_ahead(ctx, result, nodes, configs[0])
 
     todo, results, states = _sort_nodes(ctx, result, nodes, plans, facts)
     cordoned.flag_cordoned(ctx, result, [r for r in result.nodes if r.status == "unchanged"])
@@ -267,6 +272,22 @@ def _refuse_before_config_patch(
         )
         result.nodes.append(res)
     return True
+
+
+def _note_refusal_ahead(
+    ctx: Context, result: StepResult, nodes: list[Node], configs: dict[str, list[dict[str, Any]]]
+) -> None:
+    """In a plan with no config-patch step before this one in the same run: a note that applying would be
+    refused now, for the nodes whose config lacks the modules patch. Why: ``runbook run --from image`` after a
+    rollback planned a clean upgrade, and its ``--apply`` then refused every node (operator walkthrough, 6 Dec
+    2026); a plan that is not a failure, since the config patch may be approved before this step is."""
+    missing = _config_patch_missing(ctx, nodes, configs)
+    if missing:
+        result.notes.append(
+            f"applying this step now would be refused: the machine config of {shortened([n.name for n in missing])} "
+            "does not carry the NVIDIA modules patch yet: apply the config-patch step first "
+            "(runbook run -p <parameters> --steps config-patch --apply)"
+        )
 
 
 def _plan_commands(
