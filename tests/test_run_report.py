@@ -145,6 +145,9 @@ def test_a_failed_node_s_fix_is_a_command_the_operator_can_paste(
     assert command, fix
     argv = shlex.split(command.group(1))
     assert argv[2:] == ["-p", PARAMS, *sets, *place, "--steps", "image", "--apply"]
+    # the run's own talosctl and talosconfig: a bare `talosctl -n` asks the shell's default context (walkthrough)
+    state = (tmp_path / "sim").resolve()
+    assert f"(`{state}/bin/talosctl --talosconfig {state}/talosconfig -n 10.5.0.13 dmesg`)" in fix, fix
     assert main([*argv[1:], "--no-progress"]) == 1  # the fault is still on: it fails again, on that node only
     again = records.load_record(records.resolve(tmp_path / "records", None))
     assert [s["name"] for s in again["steps"]] == ["preflight", "image"]  # a new record in the same folder
@@ -287,3 +290,28 @@ def test_an_interrupted_run_names_the_node_calls_the_interrupt_cut_short(tmp_pat
         "  10.5.0.13: talosctl upgrade, in flight: it may have reached the node\n"
         "once it is safe to go on: "
     ), said
+
+
+def test_a_fix_s_talosctl_is_the_run_s_own_binary_and_talosconfig() -> None:
+    """A fix said `talosctl -n 10.5.0.12 dmesg` while the run used another talosconfig: pasted, it asked the
+    shell's default context, perhaps another cluster with the same addresses (operator walkthrough, 6 Dec 2026)."""
+    from runbook_lib.steps.fixes import talosctl_as_run
+    from runbook_lib.steps.results import Check, NodeResult, StepResult, rewrite_fixes
+
+    result = StepResult(step="image", applied=True)
+    node = NodeResult("gpu-1", "10.0.0.1", status="failed", message="see `talosctl -n 10.0.0.1 dmesg`")
+    node.checks.append(Check("upgrade", False, "failed", fix="read (`talosctl -n 10.0.0.1 dmesg`); then x"))
+    result.nodes.append(node)
+    result.checks.append(Check("tools", False, "x", fix="/opt/talosctl -n 1.2.3.4 version; mytalosctl -n a"))
+    rewrite_fixes(result, talosctl_as_run("/opt/bin/talosctl", "/etc/talos dev/config"))
+    assert (
+        node.checks[0].fix
+        == "read (`/opt/bin/talosctl --talosconfig '/etc/talos dev/config' -n 10.0.0.1 dmesg`); then x"
+    )
+    assert node.message == "see `talosctl -n 10.0.0.1 dmesg`", "what the step saw is quoted as it ran"
+    assert result.checks[0].fix == "/opt/talosctl -n 1.2.3.4 version; mytalosctl -n a", (
+        "not inside other words"
+    )
+    plain = talosctl_as_run("talosctl", None)
+    assert plain("talosctl -n a dmesg") == "talosctl -n a dmesg"
+    assert talosctl_as_run("talosctl", "/c")("talosctl -n a dmesg") == "talosctl --talosconfig /c -n a dmesg"

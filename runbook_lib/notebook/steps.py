@@ -29,7 +29,8 @@ from runbook_lib.model.plan import build_plan
 from runbook_lib.model.rollout import NOTE_PREFIX, schedule
 from runbook_lib.steps.context import Context, connect
 from runbook_lib.steps.events import Events
-from runbook_lib.steps.results import StepResult
+from runbook_lib.steps.fixes import talosctl_as_run
+from runbook_lib.steps.results import StepResult, rewrite_fixes
 
 from .live_events import events_file, file_sink
 from .render import failure_hint, failure_text, render_html, show_html
@@ -146,7 +147,10 @@ def run_steps() -> list[str] | None:
 def _call(fn: Callable[..., StepResult], ctx: Context, **kwargs: Any) -> StepResult:
     """Pass only the keywords the step takes (not every step has a rollout or an apply switch)."""
     accepted = inspect.signature(fn).parameters
-    return fn(ctx, **{k: v for k, v in kwargs.items() if k in accepted})
+    result = fn(ctx, **{k: v for k, v in kwargs.items() if k in accepted})
+    # the fixes' talosctl commands as this run calls it (steps.fixes.talosctl_as_run)
+    rewrite_fixes(result, talosctl_as_run(ctx.endpoints.talosctl, ctx.endpoints.talosconfig))
+    return result
 
 
 # ---------------------------------------------------------------------------------------------------------

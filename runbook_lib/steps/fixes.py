@@ -8,6 +8,10 @@ nodes that still need it.
 
 from __future__ import annotations
 
+import re
+import shlex
+from collections.abc import Callable
+
 
 def unreachable(address: str, step: str) -> str:
     """A node that does not answer: nothing on this side fixes it, so say what has to come back."""
@@ -24,3 +28,23 @@ def upgrade_failed(address: str) -> str:
         f"read why in the node's kernel log (`talosctl -n {address} dmesg`), fix that, then re-run the image step: "
         "runbook run -p <parameters> --steps image --apply (it retries only the nodes not yet on the plan)"
     )
+
+
+#: ``talosctl -n`` where it begins a command in a fix (not inside a path or another word).
+_TALOSCTL_N = re.compile(r"(?<![\w/.-])talosctl -n ")
+
+
+def talosctl_as_run(binary: str, talosconfig: str | None) -> Callable[[str], str]:
+    """What makes a fix's ``talosctl -n …`` the run's own: its talosctl binary and ``--talosconfig``.
+
+    Why: a fix said ``talosctl -n 10.5.0.12 dmesg`` while the run used another talosconfig than the shell's
+    default (the parameters' ``talosconfig``, or the simulator's): pasted, it asked the default context's cluster,
+    which may be another one with the same addresses, and an ``upgrade`` or ``patch`` fix would change it; on
+    the simulated cluster it failed (operator walkthrough, 6 Dec 2026; stop 47 did the same for kubectl).
+    Unchanged text when the run uses the plain ``talosctl`` with the default config."""
+    words = [binary] if binary != "talosctl" else ["talosctl"]
+    words += ["--talosconfig", talosconfig] if talosconfig else []
+    if words == ["talosctl"]:
+        return lambda text: text
+    prefix = shlex.join(words) + " -n "
+    return lambda text: _TALOSCTL_N.sub(lambda _m: prefix, text) if text else text

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -133,6 +133,13 @@ class StepResult:
             "notes": self.notes,
             "data": self.data,
         }
+
+
+def rewrite_fixes(result: StepResult, change: Callable[[str], str]) -> None:
+    """Apply ``change`` to every check's fix, the step's and its nodes': the commands a person runs (messages and
+    causes quote what the step ran, as it ran it)."""
+    for check in [*result.checks, *(c for n in result.nodes for c in n.checks)]:
+        check.fix = change(check.fix)
 
 
 def checks_from_findings(findings: Iterable[Any]) -> list[Check]:
