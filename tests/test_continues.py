@@ -100,3 +100,18 @@ def test_an_interrupted_resume_s_rollback_line_names_the_runs_it_follows(tmp_pat
     whole = Invocation("p.yaml", (), str(root), None, apply=True)  # a whole run's rollback undoes that run
     said = after_interrupt(root, whole, datetime(2026, 12, 6, 20, 1, tzinfo=UTC))
     assert f"--records {root} --from {resumed.name}\n" in said, said
+
+
+def test_records_show_names_the_run_a_record_follows(tmp_path: Path, capsys: Any) -> None:
+    """`continues` was only in record.json: `records show` did not say it (operator walkthrough, 6 Dec 2026)."""
+    from runbook_lib.cli import main
+
+    root = tmp_path / "records"
+    first = _seal(root, 0, {"changes": [{"step": "image"}]})
+    second = _seal(root, 1, {"continues": first.name})
+    assert main(["records", "show", second.name, "--dir", str(root)]) == 0
+    assert (
+        f"\nfollows:  {first.name} (the cluster's earlier run that changed it)\n" in capsys.readouterr().out
+    )
+    assert main(["records", "show", first.name, "--dir", str(root)]) == 0
+    assert "follows:" not in capsys.readouterr().out

@@ -116,6 +116,10 @@ def _show(args: argparse.Namespace) -> int:
     dirty = " (dirty tree)" if git.get("dirty") else ""
     out.write(f"runbook:  {git.get('commit') or 'unknown commit'}{dirty}\n")
     out.write(f"mode:     {'apply' if data.get('apply') else 'plan only'}; outcome {data.get('outcome')}\n")
+    if data.get(
+        "continues"
+    ):  # the run before it on the cluster: a rollback of this one names it (continues.py)
+        out.write(f"follows:  {data['continues']} (the cluster's earlier run that changed it)\n")
     if data.get("aborted"):
         late = _mapping(data, "sealed_after_abort")
         files = ", ".join(str(f.get("path")) for f in records.listed(data, "files"))
