@@ -273,7 +273,7 @@ def test_after_a_half_finished_rollout_only_the_changed_nodes_go_back(sim: Path)
     upgraded, patched = plan.node("talos-worker-1").diff or "", plan.node("talos-worker-2").diff or ""
     assert upgraded.startswith("# 1. back to the image the runbook found\n") and " upgrade " in upgraded
     assert "\n# 2. remove the modules patch (after the image)\n" in upgraded
-    assert patched.startswith("# 1. remove the modules patch (after the image)\n"), patched
+    assert patched.startswith("# 1. remove the modules patch\n"), "no image to wait for (walkthrough)"
     command = (
         f"-n {ADDRESS['talos-worker-2']} patch machineconfig --patch @removal.yaml  # removal.yaml holds:\n"
     )

@@ -109,7 +109,8 @@ class NodeRollback:
         if self.image:
             parts.append(("back to the image the runbook found", shlex.join(self.upgrade_argv(ctx))))
         if self.patches["after-image"]:
-            parts.append(("remove the modules patch (after the image)", self._patch(ctx, "after-image")))
+            after = " (after the image)" if self.image else ""  # no image to wait for (walkthrough)
+            parts.append((f"remove the modules patch{after}", self._patch(ctx, "after-image")))
         return "\n".join(f"# {i}. {title}\n{body}" for i, (title, body) in enumerate(parts, 1))
 
     def _patch(self, ctx: Context, phase: Phase) -> str:
