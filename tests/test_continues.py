@@ -115,3 +115,21 @@ def test_records_show_names_the_run_a_record_follows(tmp_path: Path, capsys: Any
     )
     assert main(["records", "show", first.name, "--dir", str(root)]) == 0
     assert "follows:" not in capsys.readouterr().out
+
+
+def test_the_run_followed_is_found_reading_few_records(tmp_path: Path, monkeypatch: Any) -> None:
+    """An hourly CI plan gate leaves hundreds of plan records (a 1,000-node record.json is about 1 MB): the
+    newest record of the cluster that says which run it follows answers, and other clusters' are passed over
+    by their names, unread."""
+    root = tmp_path / "records"
+    run = _seal(root, 0, {"changes": [{"step": "image"}]})
+    for minute in range(1, 6):
+        _seal(root, minute, {"outcome": "planned", "changes": [], "continues": run.name})
+    _seal(root, 6, {"changes": [{"step": "image"}]}, cluster="other")
+    read: list[str] = []
+    real = records.load_record
+    monkeypatch.setattr(records, "load_record", lambda path: read.append(path.name) or real(path))
+    assert continues.continued_run(root, "sim-gpu") == run.name
+    assert len(read) == 1 and "-sim-gpu-" in read[0], read
+    _seal(root, 7, {"outcome": "planned", "changes": [], "continues": None})  # it followed none
+    assert continues.continued_run(root, "sim-gpu") is None

@@ -969,7 +969,8 @@ def _record_data(
         "overrides": list(overrides),
         "apply": apply,
         "steps_requested": [s.name for s in loop.selected],
-        **({continues.FIELD: loop.continues} if loop.continues else {}),
+        # every run but a rollback says which run it follows, null for none (continues.continued_run reads it)
+        **({continues.FIELD: loop.continues} if loop.selected != [ROLLBACK] else {}),
         "outcome": record_content.outcome_word(
             interrupted=interrupted, failed_step=failed, outcomes=ran.outcomes, changed=bool(changes)
         ),
