@@ -56,6 +56,24 @@ def test_a_run_follows_the_newest_run_of_its_cluster_that_changed_it(tmp_path: P
     assert continues.continued_run(root, "sim-gpu") == run.name
     _seal(root, 4, {"outcome": "changed", "steps": [{"name": "rollback"}], "changes": [{"step": "rollback"}]})
     assert continues.continued_run(root, "sim-gpu") is None, "a rollback undid what came before it"
+    _seal(root, 5, {"outcome": "failed", "changes": [{"step": "image"}], "steps_requested": ["image"]})
+    part = _seal(
+        root, 6, {"outcome": "changed", "changes": [{}], "steps_requested": ["config-patch", "image"]}
+    )
+    assert continues.continued_run(root, "sim-gpu") == part.name, "passed, but not through cuda-test"
+    whole = {"outcome": "changed", "changes": [{}], "steps_requested": ["verify", "kubernetes", "cuda-test"]}
+    _seal(root, 7, whole)
+    assert continues.continued_run(root, "sim-gpu") is None, (
+        "a finished change: weeks later, nothing to follow"
+    )
+    approved = _seal(root, 8, {"outcome": "changed", "changes": [{}], "steps_requested": ["image"]})
+    assert continues.continued_run(root, "sim-gpu") == approved.name
+    # a JupyterLab approval's record is named <time>-<cluster>-interactive-<id>: its rollback ends the chain
+    notebook = records.create_record_dir(
+        root, "sim-gpu-interactive", now=datetime(2026, 12, 6, 20, 9, tzinfo=UTC)
+    )
+    records.seal(notebook, {"cluster": "sim-gpu", "steps": [{"name": "rollback"}], "changes": [{}]})
+    assert continues.continued_run(root, "sim-gpu") is None, "the review: notebook records were passed over"
 
 
 def test_the_chain_stops_at_a_link_it_cannot_follow(tmp_path: Path) -> None:
@@ -97,9 +115,9 @@ def test_an_interrupted_resume_s_rollback_line_names_the_runs_it_follows(tmp_pat
     invocation = Invocation("p.yaml", (), str(root), None, apply=True, selection=("--from", "image"))
     said = after_interrupt(root, invocation, datetime(2026, 12, 6, 20, 1, tzinfo=UTC))
     assert f"--records {root} --from {interrupted.name} --from {resumed.name}\n" in said, said
-    whole = Invocation("p.yaml", (), str(root), None, apply=True)  # a whole run's rollback undoes that run
+    whole = Invocation("p.yaml", (), str(root), None, apply=True)  # a whole run after a failed one: the same
     said = after_interrupt(root, whole, datetime(2026, 12, 6, 20, 1, tzinfo=UTC))
-    assert f"--records {root} --from {resumed.name}\n" in said, said
+    assert f"--from {interrupted.name} --from {resumed.name}\n" in said, said
 
 
 def test_records_show_names_the_run_a_record_follows(tmp_path: Path, capsys: Any) -> None:

@@ -170,7 +170,9 @@ def test_healthy_cluster_end_to_end_then_a_second_run_changes_nothing(
     assert run(sim_env, "-p", PARAMS, "--apply") == 0
     second = latest(sim_env)
     assert second["previous"]["record"] == first["record"]
-    assert second["continues"] == first["record"], "the run this one follows on the cluster (rollback's hint)"
+    assert first["continues"] is None and second["continues"] is None, (
+        "the first finished its change (cuda-test)"
+    )
     steps = {s["name"]: s for s in second["steps"]}
     assert steps["image"]["status"] == "ok" and steps["config-patch"]["status"] == "ok"
     assert second["changes"] == [] and second["outcome"] == "unchanged"
@@ -180,7 +182,7 @@ def test_healthy_cluster_end_to_end_then_a_second_run_changes_nothing(
     assert [s["name"] for s in resumed["steps"]] == ["verify", "kubernetes", "cuda-test"]
     assert resumed["params"] == {**second["params"], "apply": False}  # never the approval (F3)
     assert resumed["changes"] == []
-    assert resumed["continues"] == first["record"], "the newest run that changed the cluster, past `second`"
+    assert resumed["continues"] is None, "read from `second`, which says it follows none"
     assert main(["records", "verify", "--dir", str(sim_env["records"])]) == 0
     printed = capsys.readouterr()
     # the real control plane's kubeconfig (simkube's bearer token): F2 of the attack of 2026-12-01 put a
@@ -216,6 +218,15 @@ def test_default_run_only_plans_and_changes_nothing(
         in out
     )
     assert image in out, out
+    # the same run plans the config patch first: no "would be refused" (review: the gated step lacked the steps)
+    assert "would be refused" not in out, out
+    assert (
+        run(sim_env, "-p", PARAMS, "--steps", "image") == 0
+    )  # alone, its plan says the apply would be refused
+    assert (
+        "note: applying this step now would be refused: the machine config of gpu-worker-1"
+        in capsys.readouterr().out
+    )
     assert run(sim_env, "-p", PARAMS, "--steps", "kubernetes") == 0  # its own plan: what it would create
     out = capsys.readouterr().out
     chart = "helm upgrade --install nvidia-device-plugin nvdp/nvidia-device-plugin --version 0.18.0 -n kube-system"

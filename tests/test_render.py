@@ -98,9 +98,13 @@ def test_markdown_has_the_same_essentials() -> None:
 def test_failure_text_carries_the_diagnosis_for_the_error_cell() -> None:
     text = failure_text(fleet(100, 8), limit=5)
     assert text.startswith("config-patch: failed")
-    assert "gpu-0092 (10.0.0.92): cannot read the machine config" in text
-    assert "fix: talosctl -n 10.0.0.92 version" in text
-    assert "3 more failing nodes" in text
+    # eight nodes alike but for their own address in the fix: one block (review: the fleet case printed five)
+    names = "gpu-0092, gpu-0093, gpu-0094, gpu-0095, gpu-0096, gpu-0097, gpu-0098, gpu-0099"
+    assert f"  {names} (8 nodes): cannot read the machine config\n" in text, text
+    assert "fix: talosctl -n <node> version" in text and "more failing nodes" not in text, text
+    single = failure_text(fleet(100, 1), limit=5)
+    assert "gpu-0099 (10.0.0.99): cannot read the machine config" in single
+    assert "fix: talosctl -n 10.0.0.99 version" in single, "one node: its own address"
 
 
 def test_alike_failures_are_said_once_with_their_nodes_and_count() -> None:

@@ -249,6 +249,9 @@ def test_the_notes_of_steps_that_ran_are_printed_under_their_step() -> None:
     text = outcome.report()
     assert f"\nnotes:\n  verify: {cordon}\nrecord: /r/rec" in text, text
     assert "rollout: 3 node(s)" not in text
+    outcome.steps[0].result = {"notes": [cordon]}  # the image step notes the same cordon (review)
+    assert outcome.report().count(cordon) == 1
+    outcome.steps[0].result = {}
     outcome.steps[1].status = "planned"
     assert "notes:" not in outcome.report()
     outcome.steps[0].result = {"notes": [f"note {i}" for i in range(20)]}
@@ -275,6 +278,11 @@ def test_an_interrupted_run_names_the_node_calls_the_interrupt_cut_short(tmp_pat
             "step": "image",
             "argv": [*upgrade[:2], "10.5.0.13", *upgrade[3:]],
             "interrupt": interrupts.IN_FLIGHT,
+        },
+        {
+            "step": "kubernetes",
+            "argv": ["/x/helm", "upgrade", "-n", "kube-system"],
+            "interrupt": interrupts.AFTER,
         },
     ]
     nodes = [{"name": f"gpu-worker-{i}", "address": f"10.5.0.1{i}"} for i in (1, 2)]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from pathlib import Path
 
 from runbook_lib.model.params import load_params
 from runbook_lib.model.rollback import NOT_UNDONE_NOTE
@@ -87,7 +88,7 @@ def _roll_back(args: argparse.Namespace) -> int:
         )
     except (KeyboardInterrupt, SystemExit) as exc:
         if args.apply:
-            sys.stderr.write(_go_on(args, params_file))
+            sys.stderr.write(_go_on(args, params_file, [Path(p) for p in values["rollback.records"]], root))
         if isinstance(exc, KeyboardInterrupt):
             sys.excepthook = cmd_run.quiet_interrupt  # this process ends by it: no traceback under the record
         raise
@@ -97,14 +98,17 @@ def _roll_back(args: argparse.Namespace) -> int:
     return 0 if outcome.ok else 1
 
 
-def _go_on(args: argparse.Namespace, params_file: str) -> str:
+def _go_on(args: argparse.Namespace, params_file: str, named: list[Path], root: Path) -> str:
     """After Ctrl-C or SIGTERM of an ``--apply`` rollback, the command that goes on: the same one, which plans
     from where the nodes are now and does only what is left. Why: the interrupt said only where the record is,
     and an operator did not know whether running the rollback again was safe (operator walkthrough, 6 Dec 2026).
+    The records by their full names (``named``, as resolved): a prefix given may match this rollback's own
+    record too (review).
     """
     invocation = run_report.Invocation(params_file, args.overrides or (), args.records, args.state)
-    named = [arg for ref in args.from_records for arg in ("--from", ref)]
-    argv = ["runbook", "rollback", *invocation.params_args(), *invocation.place_args(), *named]
+    refs = [p.name if p.parent == root.resolve() else str(p) for p in named]
+    argv = ["runbook", "rollback", *invocation.params_args(), *invocation.place_args()]
+    argv += [arg for ref in refs for arg in ("--from", ref)]
     return (
         f"to go on once it is safe: {shlex.join(argv)}  # plan first: it plans from where the nodes are now; "
         "then the same with --apply does only what is left\n"

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from runbook_lib.errors import RunbookError
-from runbook_lib.model.text import PARAMS_PLACEHOLDER
+from runbook_lib.model.text import PARAMS_PLACEHOLDER, shortened
 from runbook_lib.notebook import continues, records
 from runbook_lib.notebook.record_content import RunOutcome
 from runbook_lib.notebook.steps import STEP_NAMES
@@ -142,10 +142,9 @@ def after_interrupt(root: Path, invocation: Invocation, started: datetime) -> st
         (s.get("name") for s in steps if isinstance(s, dict) and s.get("status") == "interrupted"), None
     )
     params = invocation.params_args() or ["-p", "<parameters>"]  # a resumed run's: give the file there
-    # a run of some steps (a resume, a fix) is part of the change the runs it follows made: its rollback names
-    # them too, as they changed nodes this record does not show; a whole run's rollback undoes that run
-    chained = invocation.selection and isinstance(data, dict)
-    earlier = [name for name, _data in continues.chain(record.parent, data)] if chained else []
+    # the runs it follows left the same change unfinished (continues.py): its rollback names them too, as they
+    # changed nodes this record does not show
+    earlier = [name for name, _data in continues.chain(record.parent, data)] if isinstance(data, dict) else []
     named = [arg for name in [*reversed(earlier), record.name] for arg in ("--from", name)]
     rollback = ["runbook", "rollback", *params, *invocation.place_args(), *named]
     go_on = cut in STEP_NAMES and not invocation.picked
@@ -168,10 +167,12 @@ def _cut_short(data: dict[str, Any], invocation: Invocation) -> list[str]:
     lines = []
     for change in records.listed(data, "changes"):
         argv = [str(a) for a in change.get("argv") or []]
-        if not change.get("interrupt") or "-n" not in argv[:-1]:
+        # talosctl's only: helm's `-n` is a namespace (review); a batch's call names many nodes
+        talosctl = bool(argv) and Path(argv[0]).name.startswith("talosctl")
+        if not change.get("interrupt") or not talosctl or "-n" not in argv[:-1]:
             continue
-        nodes = ", ".join(names.get(a, a) for a in argv[argv.index("-n") + 1].split(","))
-        what = next((w for w in ("upgrade", "patch", "drain") if w in argv), " ".join(argv[1:2]))
+        nodes = shortened([names.get(a, a) for a in argv[argv.index("-n") + 1].split(",")])
+        what = next((w for w in ("upgrade", "patch") if w in argv), "call")
         code = change.get("exit_code")
         how = (
             "in flight: it may have reached the node" if code is None else f"exit {code} after the interrupt"

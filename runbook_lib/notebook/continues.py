@@ -9,8 +9,11 @@ and removed the Kubernetes layer those nodes still needed (operator walkthrough,
 rollback) now records the run it follows, so what reads it can say which record holds the rest.
 
 Which run that is: the newest record of the same cluster that changed it (its journal lists changes), passing
-over plans and checks-only runs, which change nothing. A rollback record ends the search: after it, nothing of
-the earlier runs is left to follow.
+over plans and checks-only runs, which change nothing, and only while that run left the change unfinished: it
+failed, was interrupted, or passed without reaching the runbook's last step (``--steps config-patch,image``).
+A run that went through to the CUDA test finished a change, and a rollback undid one: after either, a run
+follows none, so a ``--from verify`` weeks after a finished run does not chain a rollback to it (review: the
+printed rollback then took every node back to before that run). A chain is at most :data:`CHAIN_MAX` long.
 """
 
 from __future__ import annotations
@@ -22,8 +25,13 @@ from typing import Any
 from runbook_lib.errors import PermanentError
 
 from . import records
+from .steps import STEP_NAMES
 
 FIELD = "continues"
+#: The runbook's last step: a run that passed through it finished its change.
+LAST_STEP = STEP_NAMES[-1]
+#: Links a chain follows at most.
+CHAIN_MAX = 20
 
 
 def _is_rollback(data: dict[str, Any]) -> bool:
@@ -37,7 +45,9 @@ def continued_run(root: Path, cluster: str) -> str | None:
     that changed nothing but says which run it follows answers for the runs before it (an hourly CI plan gate
     leaves hundreds of plans, and a 1,000-node record.json is about 1 MB)."""
     for path in reversed(records.sealed_records(root)):
-        if _cluster_in_name(path.name) != cluster or records.is_unsealed(path):
+        if _cluster_in_name(path.name) not in (cluster, f"{cluster}-interactive") or records.is_unsealed(
+            path
+        ):
             continue
         try:
             data = records.load_record(path)
@@ -48,15 +58,22 @@ def continued_run(root: Path, cluster: str) -> str | None:
         if _is_rollback(data):
             return None
         if records.listed(data, "changes"):
-            return path.name
+            return None if _finished(data) else path.name
         if FIELD in data:  # written since this field exists: what it follows is what this run follows
             earlier = data[FIELD]
             return earlier if isinstance(earlier, str) and earlier else None
     return None
 
 
+def _finished(data: dict[str, Any]) -> bool:
+    """A run that passed through the runbook's last step: the change it belongs to is complete."""
+    steps = data.get("steps_requested")
+    return data.get("outcome") in ("changed", "unchanged") and isinstance(steps, list) and LAST_STEP in steps
+
+
 def _cluster_in_name(name: str) -> str:
-    """The cluster a record's name gives (``records.record_name``: ``<UTC time>-<cluster>-<run id>``)."""
+    """The cluster a record's name gives (``records.record_name``: ``<UTC time>-<cluster>-<run id>``; a
+    JupyterLab approval's cluster part ends in ``-interactive``)."""
     return name.split("-", 1)[-1].rsplit("-", 1)[0]
 
 
@@ -68,7 +85,7 @@ def chain(folder: Path, data: dict[str, Any]) -> Iterator[tuple[str, dict[str, A
     seen: set[str] = set()
     cluster = data.get("cluster")
     name = data.get(FIELD)
-    while isinstance(name, str) and name and name not in seen and "/" not in name:
+    while isinstance(name, str) and name and name not in seen and "/" not in name and len(seen) < CHAIN_MAX:
         seen.add(name)
         try:
             earlier = records.load_record(folder / name)

@@ -127,6 +127,10 @@ def step_notes(steps: list[StepOutcome], omit: tuple[str, ...] = ()) -> list[str
         for note in step.result.get("notes") or []
         if not str(note).startswith(("plan only", rollout.NOTE_PREFIX, *omit))  # the batch lines said it
     ]
+    said: dict[str, str] = {}  # the image step and verify both note an unmarked cordon: once (review)
+    for line in notes:
+        said.setdefault(line.split(": ", 1)[1], line)
+    notes = list(said.values())
     if len(notes) > NOTES_MAX:
         notes = [*notes[:NOTES_MAX], f"  … ({len(notes) - NOTES_MAX} more in the record)"]
     return ["\nnotes:", *notes] if notes else []

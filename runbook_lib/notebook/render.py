@@ -8,6 +8,7 @@ it.  Everything that came from a cluster is escaped: tool output is data, never 
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from html import escape
 from typing import Any
@@ -289,16 +290,26 @@ def failure_text(result: StepResult, *, limit: int = 5) -> str:
     groups = _alike_failures(result.failing())
     for group in groups[:limit]:
         node = group[0]
+        # a group's lines say <node> where each node's said its own name or address
+        say = (lambda text: text) if len(group) == 1 else (lambda text, n=node: _generic(text, n))
         who = f"{node.node} ({node.address})" if len(group) == 1 else f"{shortened([n.node for n in group])}"
-        lines.append(f"  {who}{f' ({len(group)} nodes)' if len(group) > 1 else ''}: {node.message}")
+        lines.append(f"  {who}{f' ({len(group)} nodes)' if len(group) > 1 else ''}: {say(node.message)}")
         for check in node.failed_checks:
-            lines.append(f"    {check.name}: {QUOTED if _quoted(node, check) else check.message}")
+            lines.append(f"    {check.name}: {QUOTED if _quoted(node, check) else say(check.message)}")
             if check.fix:
-                lines.append(f"    fix: {check.fix}")
+                lines.append(f"    fix: {say(check.fix)}")
     more = sum(len(g) for g in groups[limit:])
     if more:
         lines.append(f"  … {more} more failing nodes (see the rendered table and the record)")
     return "\n".join(lines)
+
+
+def _generic(text: str, node: NodeResult) -> str:
+    """``text`` with the node's address and name as ``<node>`` (whole words only: 10.0.0.1 is not 10.0.0.10's)."""
+    for own in (node.address, node.node):
+        if own:
+            text = re.sub(rf"(?<![\w.-]){re.escape(own)}(?![\w.-]|\.\d)", "<node>", text)
+    return text
 
 
 def _alike_failures(failing: list[NodeResult]) -> list[list[NodeResult]]:
@@ -308,6 +319,10 @@ def _alike_failures(failing: list[NodeResult]) -> list[list[NodeResult]]:
     five alike blocks and "245 more failing nodes", which hid whether the rest failed alike or otherwise."""
     groups: dict[tuple[Any, ...], list[NodeResult]] = {}
     for node in failing:
-        said = tuple((c.name, c.message, c.fix, c.cause) for c in node.failed_checks)
-        groups.setdefault((node.message, said), []).append(node)
+        # alike but for the node's own name and address, which its fix often names (fixes.unreachable: review)
+        said = tuple(
+            (c.name, _generic(c.message, node), _generic(c.fix, node), _generic(c.cause, node))
+            for c in node.failed_checks
+        )
+        groups.setdefault((_generic(node.message, node), said), []).append(node)
     return list(groups.values())

@@ -96,9 +96,13 @@ def _continued(loaded: dict[Path, tuple[str, str, dict[str, Any]]]) -> dict[str,
     out: dict[str, list[str]] = {}
     for path, (_started, _name, data) in sorted(loaded.items()):
         for name, earlier in continues.chain(path.parent, data):
-            if name in named:
-                continue
-            for node in evidence_from_records([(name, earlier)]).nodes:
+            if name in named or records.verify_record(path.parent / name):
+                continue  # an edited record is no hint either (review)
+            try:
+                changed = evidence_from_records([(name, earlier)]).nodes
+            except (AttributeError, TypeError, ValueError):
+                continue  # malformed, yet sealed so: only a hint, the rollback goes on without it
+            for node in changed:
                 if name not in out.setdefault(node, []):
                     out[node].append(name)
     return out

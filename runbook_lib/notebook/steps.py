@@ -333,11 +333,11 @@ def _run_gated(
     gate: ApprovalGate | None = None
 
     def plan_fn(chosen: list[str] | None) -> StepResult:
-        return _call(fn, ctx, only=chosen, apply=False)
+        return _call(fn, ctx, only=chosen, apply=False, steps=run_steps())
 
     def apply_fn(chosen: list[str] | None, progress: Progress) -> StepResult:
         run_id = os.environ.get(RUN_ID_ENV) or None
-        return _call(fn, ctx, only=chosen, apply=True, progress=progress, run_id=run_id)
+        return _call(fn, ctx, only=chosen, apply=True, progress=progress, run_id=run_id, steps=run_steps())
 
     def on_applied(applied: StepResult) -> None:
         _write_result(_payload(item, params, journal, applied, gate.shown if gate else None))
