@@ -204,6 +204,20 @@ def test_a_failed_apply_run_of_the_runbook_names_how_to_go_on_from_the_failed_st
     picked = report(outcome, Invocation("p.yaml", (), "/r", None, apply=True, picked=True))
     planned = report(outcome, Invocation("p.yaml", (), "/r", None, apply=False))
     assert "continue with" not in picked and "continue with" not in planned
+    # refused for a config without the modules patch (`--from image` after a rollback): the go-on starts at the
+    # patch, not at the image step it would only fail again (operator walkthrough, 6 Dec 2026)
+    from runbook_lib.model.text import MODULES_PATCH_MISSING
+
+    refused = {
+        "status": "failed",
+        "message": f"{MODULES_PATCH_MISSING} (upgrading now would hang the boot …)",
+    }
+    outcome.steps[-1].result = {"nodes": [refused, {**refused, "node": "gpu-2"}]}
+    said = report(outcome, Invocation("p.yaml", (), "/r", None, apply=True))
+    assert (
+        "the image step needs the modules patch first; continue with: runbook run --from config-patch -p p.yaml "
+        "--records /r --apply  # config-patch, then image, verify, kubernetes, cuda-test\n"
+    ) in said, said
 
 
 def test_an_interrupted_apply_run_says_how_to_go_on_or_undo_it(tmp_path: Path) -> None:

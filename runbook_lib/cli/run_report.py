@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from runbook_lib.errors import RunbookError
-from runbook_lib.model.text import PARAMS_PLACEHOLDER, shortened
+from runbook_lib.model.text import MODULES_PATCH_MISSING, PARAMS_PLACEHOLDER, shortened
 from runbook_lib.notebook import continues, records
 from runbook_lib.notebook.record_content import RunOutcome
 from runbook_lib.notebook.steps import STEP_NAMES
@@ -116,11 +116,24 @@ def resume_after_failure(outcome: RunOutcome, invocation: Invocation) -> str:
     failed = outcome.failed_step
     if not (invocation.apply and failed and not invocation.picked) or failed not in STEP_NAMES[1:-1]:
         return ""
+    if failed == "image" and _patch_missing(outcome):  # the go-on starts at the patch (walkthrough)
+        return (
+            f"the image step needs the modules patch first; continue with: {invocation.continue_from('config-patch')}"
+            "  # config-patch, then image, verify, kubernetes, cuda-test\n"
+        )
     after = STEP_NAMES[STEP_NAMES.index(failed) + 1 :]
     return (
         f"once {failed} is fixed, continue with: {invocation.continue_from(failed)}  "
         f"# {failed} again (it redoes only what is not done), then {', '.join(after)}\n"
     )
+
+
+def _patch_missing(outcome: RunOutcome) -> bool:
+    """Whether the image step failed its nodes for a config without the modules patch (``steps.image``)."""
+    step = next((s for s in outcome.steps if s.name == "image"), None)
+    nodes = [n for n in ((step.result if step else None) or {}).get("nodes") or [] if isinstance(n, dict)]
+    failed = [str(n.get("message") or "") for n in nodes if n.get("status") == "failed"]
+    return bool(failed) and all(m.startswith(MODULES_PATCH_MISSING) for m in failed)
 
 
 def after_interrupt(root: Path, invocation: Invocation, started: datetime) -> str:

@@ -12,6 +12,10 @@ def shortened(names: Sequence[str], limit: int = 8) -> str:
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
+#: How the image step's refusal of a node whose config lacks the modules patch begins (``steps.image``): what
+#: follows is the config-patch step, and the go-on line starts there (``cli.run_report.resume_after_failure``).
+MODULES_PATCH_MISSING = "the machine config does not carry the NVIDIA modules patch yet"
+
 #: How a fix names the parameters to re-run with.  A step runs in a kernel that does not know the file or the
 #: ``--set`` overrides it was started with; ``runbook run`` puts its own ``-p FILE --set …`` in their place when it
 #: prints (an operator walkthrough copied ``-p <parameters>`` into a shell).  Records keep this placeholder.

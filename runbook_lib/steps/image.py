@@ -35,7 +35,7 @@ from runbook_lib.model.parsers import TalosResource
 from runbook_lib.model.plan import node_extensions, node_schematic
 from runbook_lib.model.rollout import Schedule
 from runbook_lib.model.schematic import Schematic
-from runbook_lib.model.text import shortened
+from runbook_lib.model.text import MODULES_PATCH_MISSING, shortened
 from runbook_lib.model.upgrade_risks import dropped_extensions, preserve_needed
 from runbook_lib.model.versions import TalosVersion
 
@@ -264,7 +264,7 @@ def _refuse_before_config_patch(
             node=node.name, address=node.address, status="failed" if node in missing else "skipped"
         )
         res.message = (
-            "the machine config does not carry the NVIDIA modules patch yet (upgrading now would hang "
+            f"{MODULES_PATCH_MISSING} (upgrading now would hang "
             "the boot and roll back): run the config-patch step first "
             "(runbook run -p <parameters> --steps config-patch --apply), then this step"
             if node in missing
