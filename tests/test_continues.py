@@ -9,6 +9,7 @@ only its own record.
 from __future__ import annotations
 
 import json
+import os
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -23,9 +24,19 @@ PARAMS = Path(__file__).resolve().parents[1] / "params" / "simulated.yaml"
 UPGRADE = ["talosctl", "-n", "10.5.0.11", "upgrade", "--image", "factory.talos.dev/x/y:v1.12.7"]
 
 
-def _seal(root: Path, minute: int, data: dict[str, Any], cluster: str = "sim-gpu") -> Path:
-    path = records.create_record_dir(root, cluster, now=datetime(2026, 12, 6, 20, minute, tzinfo=UTC))
+def _seal(
+    root: Path, minute: int, data: dict[str, Any], cluster: str = "sim-gpu", sealed_at: int | None = None
+) -> Path:
+    """A sealed record begun at 20:<minute> on 6 Dec 2026 and sealed 30 s later (or at 20:<sealed_at>)."""
+    begun = datetime(2026, 12, 6, 20, minute, tzinfo=UTC)
+    path = records.create_record_dir(root, cluster, now=begun)
     records.seal(path, {"cluster": cluster, "steps": [], **data})
+    sealed = (
+        begun.timestamp() + 30
+        if sealed_at is None
+        else datetime(2026, 12, 6, 20, sealed_at, tzinfo=UTC).timestamp()
+    )
+    os.utime(path / records.RECORD_JSON, (sealed, sealed))
     return path
 
 
@@ -151,3 +162,14 @@ def test_the_run_followed_is_found_reading_few_records(tmp_path: Path, monkeypat
     assert len(read) == 1 and "-sim-gpu-" in read[0], read
     _seal(root, 7, {"outcome": "planned", "changes": [], "continues": None})  # it followed none
     assert continues.continued_run(root, "sim-gpu") is None
+
+
+def test_a_run_an_overlapping_plan_could_not_see_is_still_followed(tmp_path: Path) -> None:
+    """A plan takes no lock: one that began while an --apply run was running recorded the run before that one,
+    and the next run trusted it (review). A run sealed since the plan began is read."""
+    root = tmp_path / "records"
+    _seal(root, 0, {"changes": [{"step": "image"}], "outcome": "failed"})
+    overlapped = _seal(root, 10, {"changes": [{"step": "image"}], "outcome": "failed"}, sealed_at=40)
+    first = sorted(p.name for p in root.iterdir())[0]
+    _seal(root, 15, {"outcome": "planned", "changes": [], "continues": first})
+    assert continues.continued_run(root, "sim-gpu") == overlapped.name

@@ -19,6 +19,7 @@ printed rollback then took every node back to before that run). A chain is at mo
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -43,26 +44,68 @@ def continued_run(root: Path, cluster: str) -> str | None:
 
     Reads few records however many the folder holds: another cluster's are passed over by name, and a record
     that changed nothing but says which run it follows answers for the runs before it (an hourly CI plan gate
-    leaves hundreds of plans, and a 1,000-node record.json is about 1 MB)."""
-    for path in reversed(records.sealed_records(root)):
-        if _cluster_in_name(path.name) not in (cluster, f"{cluster}-interactive") or records.is_unsealed(
-            path
-        ):
+    leaves hundreds of plans, and a 1,000-node record.json is about 1 MB), except for a run sealed since that
+    record began: a plan takes no lock, and an ``--apply`` run it overlapped was not sealed when it looked."""
+    ours = [
+        p
+        for p in records.sealed_records(root)
+        if _cluster_in_name(p.name) in (cluster, f"{cluster}-interactive")
+    ]
+    for path in reversed(ours):
+        data = _read(path, cluster)
+        if data is None:
             continue
-        try:
-            data = records.load_record(path)
-        except PermanentError:
-            continue  # a record that cannot be read is not one to follow; `records verify` names it
-        if data.get("cluster") != cluster:
-            continue
-        if _is_rollback(data):
-            return None
-        if records.listed(data, "changes"):
-            return None if _finished(data) else path.name
+        decided, answer = _verdict(path, data)
+        if decided:
+            return answer
         if FIELD in data:  # written since this field exists: what it follows is what this run follows
-            earlier = data[FIELD]
-            return earlier if isinstance(earlier, str) and earlier else None
+            earlier = data[FIELD] if isinstance(data[FIELD], str) and data[FIELD] else None
+            decided, answer = _sealed_meanwhile(ours, path, earlier, cluster)
+            return answer if decided else earlier
     return None
+
+
+def _read(path: Path, cluster: str) -> dict[str, Any] | None:
+    """A sealed record of ``cluster``, None for anything else (a record that cannot be read is not one to follow;
+    `records verify` names it)."""
+    if records.is_unsealed(path):
+        return None
+    try:
+        data = records.load_record(path)
+    except PermanentError:
+        return None
+    return data if data.get("cluster") == cluster else None
+
+
+def _verdict(path: Path, data: dict[str, Any]) -> tuple[bool, str | None]:
+    """(whether this record decides what a new run follows, and what): a rollback ends the chain, a run that
+    changed the cluster is followed unless it finished its change; a run that changed nothing decides nothing."""
+    if _is_rollback(data):
+        return True, None
+    if records.listed(data, "changes"):
+        return True, None if _finished(data) else path.name
+    return False, None
+
+
+def _sealed_meanwhile(
+    ours: list[Path], plan: Path, earlier: str | None, cluster: str
+) -> tuple[bool, str | None]:
+    """:func:`_verdict` of the newest record that decides one, started between ``earlier`` and ``plan`` and
+    sealed after ``plan`` began (its ``record.json`` is newer than the second in ``plan``'s name)."""
+    try:
+        begun = datetime.strptime(plan.name[:16], "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        return False, None
+    for path in reversed([p for p in ours if (earlier or "") < p.name < plan.name]):
+        try:
+            sealed_after = (path / records.RECORD_JSON).stat().st_mtime >= begun
+        except OSError:
+            continue
+        data = _read(path, cluster) if sealed_after else None
+        verdict = _verdict(path, data) if data is not None else (False, None)
+        if verdict[0]:
+            return verdict
+    return False, None
 
 
 def _finished(data: dict[str, Any]) -> bool:
