@@ -572,7 +572,13 @@ def test_a_rollback_from_a_resume_alone_names_the_run_it_follows_and_keeps_the_l
         f"what it did to them stays; to undo it too, add --from {names[0]}"
     ) in notes, notes
     assert "which no named record applied" not in notes, "the patch's run is known: not 'perhaps the site's'"
-    assert f"the Kubernetes layer is kept: {WORKERS[0]}, changed by an earlier run" in notes, notes
+    assert (
+        f"{WORKERS[1]}: the machine config keeps the runbook's modules patch, which {names[0]} "
+        "applied (not named), also on the nodes this rollback takes back"
+    ) in notes, notes
+    assert (
+        f"the Kubernetes layer is kept: {WORKERS[0]} (changed by an earlier run that is not named)" in notes
+    )
     assert not result.data.get("kubernetes") and not [c for c in result.checks if not c.ok], result.checks
 
 
@@ -935,11 +941,15 @@ def test_a_refused_node_s_fix_names_the_records_in_the_folder_that_changed_it_to
     assert carried not in capsys.readouterr().out
     # the other way round: from the later record alone the image goes back and the patch stays; that was said
     # nowhere (walkthrough, 6 Dec 2026), now a note names the nodes and what to add
+    # nowhere (walkthrough, 6 Dec 2026), now a note names the nodes and the record to add: the image run follows
+    # the config-patch run (`continues`), so the note knows which run applied the patch
     assert main(["rollback", "-p", PARAMS, "--from", upgraded.name, *env]) == 0
     out = capsys.readouterr().out
-    assert f"note: gpu-worker-1, gpu-worker-2, gpu-worker-3: {carried}, so this rollback leaves it" in out, (
-        out
-    )
+    assert (
+        "note: gpu-worker-1, gpu-worker-2, gpu-worker-3: the machine config keeps the runbook's modules patch, "
+        f"which {patched.name} applied (not named), also on the nodes this rollback takes back to the image they "
+        f"were found on; to remove it too, add --from {patched.name}"
+    ) in out, out
 
 
 def test_the_records_a_refusal_suggests_are_the_cluster_s_changing_runs_and_a_broken_one_stops_nothing(

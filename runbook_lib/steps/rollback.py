@@ -314,8 +314,16 @@ def _patch_not_named(
         added = evidence.nodes[node.name].added_documents()
         return contains(configs[node.address], modules) and not (added and contains(added, modules))
 
-    # a node an earlier, unnamed run changed: its note names that run (_continued_note)
-    kept = [n.name for n in nodes if carried(n) and not evidence.continued.get(n.name)]
+    carrying = [n for n in nodes if carried(n)]
+    by_earlier = [n.name for n in carrying if evidence.continued.get(n.name)]
+    if by_earlier:  # the run that applied it is known: said so, not "perhaps the site's" (walkthrough)
+        earlier = sorted({r for n in by_earlier for r in evidence.continued[n]})
+        result.notes.append(
+            f"{shortened(by_earlier)}: the machine config keeps the runbook's modules patch, which "
+            f"{', '.join(earlier)} applied (not named), also on the nodes this rollback takes back to the image "
+            f"they were found on; to remove it too, add {' '.join(f'--from {r}' for r in earlier)}"
+        )
+    kept = [n.name for n in carrying if not evidence.continued.get(n.name)]
     if kept:
         result.notes.append(
             f"{shortened(kept)}: the machine config carries the runbook's modules patch, which no named record "
@@ -469,8 +477,8 @@ def _kubernetes_plan(
         return None
     if keeping:
         result.notes.append(
-            f"the Kubernetes layer is kept: {shortened(keeping)}, changed by an earlier run that is not named, "
-            "keep the NVIDIA image after this rollback (or their extensions could not be read) and need the "
+            f"the Kubernetes layer is kept: {shortened(keeping)} (changed by an earlier run that is not named) "
+            "stay on the NVIDIA image after this rollback, or their extensions could not be read, and need the "
             "device plugin; name that run's record too (see the note on it)"
         )
         return None
