@@ -446,7 +446,9 @@ def test_runbook_rollback_plans_then_applies_from_a_record_into_its_own_record(
         f"{left}{applied.name}: label nvidia.com/gpu.present added to 3 node(s) that had none; to remove "
         in out
     )
-    assert "kubectl label node gpu-worker-1 gpu-worker-2 gpu-worker-3 nvidia.com/gpu.present-\n" in out, out
+    sim = (tmp_path / "sim").resolve()  # the run's kubectl and kubeconfig: pasted, it asks this cluster
+    label = "label node gpu-worker-1 gpu-worker-2 gpu-worker-3 nvidia.com/gpu.present-\n"
+    assert f"{sim}/bin/kubectl --kubeconfig {sim}/kubeconfig {label}" in out, out
     assert out.count("nvidia.com/gpu.present-") == 1, "the notes do not repeat the list (walkthrough)"
     done = records.load_record(records.resolve(tmp_path / "records", None))
     assert done["outcome"] == "changed" and done["steps_requested"] == ["rollback"]

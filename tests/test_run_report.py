@@ -337,3 +337,28 @@ def test_a_fix_s_talosctl_is_the_run_s_own_binary_and_talosconfig() -> None:
     plain = talosctl_as_run("talosctl", None)
     assert plain("talosctl -n a dmesg") == "talosctl -n a dmesg"
     assert talosctl_as_run("talosctl", "/c")("talosctl -n a dmesg") == "talosctl --talosconfig /c -n a dmesg"
+
+
+def test_a_printed_kubectl_command_is_the_run_s_own_kubectl_and_kubeconfig() -> None:
+    """The rollback's `kubectl label node … nvidia.com/gpu.present-`, pasted, asked the shell's default context
+    ("connection to the server localhost:8080 was refused" on the simulator; perhaps another cluster on a real
+    site): operator walkthrough, 7 Dec 2026. Fixes, notes and the not-undone list get the run's kubectl."""
+    from runbook_lib.steps.fixes import kubectl_as_run
+    from runbook_lib.steps.results import Check, StepResult, rewrite_fixes
+
+    result = StepResult(step="rollback", applied=True)
+    result.checks.append(
+        Check("pods", False, "kubectl logs failed", fix="kubectl -n ns logs p; kubectl uncordon n")
+    )
+    result.notes.append("run-1: to remove it: kubectl label node a b nvidia.com/gpu.present-")
+    result.data["not_undone"] = ["run-1: to remove it: kubectl label node a b nvidia.com/gpu.present-"]
+    done = "/s/kubectl auth can-i get pods --kubeconfig /s/k; kubectl --kubeconfig /x get nodes"
+    result.checks.append(Check("can-i", False, "x", fix=done))
+    rewrite_fixes(result, kubectl_as_run("/s/kubectl", "/s/kube config"))
+    own = "/s/kubectl --kubeconfig '/s/kube config'"
+    assert result.checks[0].fix == f"{own} -n ns logs p; {own} uncordon n"
+    assert result.checks[0].message == "kubectl logs failed", "what the step saw is quoted as it ran"
+    assert result.notes == [f"run-1: to remove it: {own} label node a b nvidia.com/gpu.present-"]
+    assert result.data["not_undone"] == result.notes
+    assert result.checks[1].fix == done, "a command that has its kubeconfig, or a path, is left alone"
+    assert kubectl_as_run("kubectl", None)("kubectl get nodes") == "kubectl get nodes"

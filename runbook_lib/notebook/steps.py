@@ -29,7 +29,7 @@ from runbook_lib.model.plan import build_plan
 from runbook_lib.model.rollout import NOTE_PREFIX, schedule
 from runbook_lib.steps.context import Context, connect
 from runbook_lib.steps.events import Events
-from runbook_lib.steps.fixes import talosctl_as_run
+from runbook_lib.steps.fixes import kubectl_as_run, talosctl_as_run
 from runbook_lib.steps.results import StepResult, rewrite_fixes
 
 from .live_events import events_file, file_sink
@@ -148,8 +148,10 @@ def _call(fn: Callable[..., StepResult], ctx: Context, **kwargs: Any) -> StepRes
     """Pass only the keywords the step takes (not every step has a rollout or an apply switch)."""
     accepted = inspect.signature(fn).parameters
     result = fn(ctx, **{k: v for k, v in kwargs.items() if k in accepted})
-    # the fixes' talosctl commands as this run calls it (steps.fixes.talosctl_as_run)
-    rewrite_fixes(result, talosctl_as_run(ctx.endpoints.talosctl, ctx.endpoints.talosconfig))
+    # the printed talosctl and kubectl commands as this run calls them (steps.fixes.talosctl_as_run)
+    talosctl = talosctl_as_run(ctx.endpoints.talosctl, ctx.endpoints.talosconfig)
+    kubectl = kubectl_as_run(ctx.endpoints.kubectl, ctx.endpoints.kubeconfig)
+    rewrite_fixes(result, lambda text: kubectl(talosctl(text)))
     return result
 
 

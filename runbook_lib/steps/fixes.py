@@ -34,6 +34,23 @@ def upgrade_failed(address: str) -> str:
 _TALOSCTL_N = re.compile(r"(?<![\w/.-])talosctl -n ")
 
 
+#: ``kubectl <subcommand>`` where it begins a command (not inside a path, and not one already given a kubeconfig).
+_KUBECTL = re.compile(r"(?<![\w/.-])kubectl (?!--kubeconfig)(?=[a-z-])")
+
+
+def kubectl_as_run(binary: str, kubeconfig: str | None) -> Callable[[str], str]:
+    """What makes a printed ``kubectl …`` the run's own: its kubectl binary and ``--kubeconfig`` (a global flag,
+    before the subcommand). Why: the rollback's ``kubectl label node … nvidia.com/gpu.present-`` and the
+    uncordon fixes, pasted, asked the shell's default context, perhaps another cluster, and on the simulator
+    failed with "connection to the server localhost:8080 was refused" (operator walkthrough, 7 Dec 2026).
+    Unchanged text when the run uses the plain ``kubectl`` with the default kubeconfig."""
+    words = [binary, *(["--kubeconfig", kubeconfig] if kubeconfig else [])]
+    if words == ["kubectl"]:
+        return lambda text: text
+    prefix = shlex.join(words) + " "
+    return lambda text: _KUBECTL.sub(lambda _m: prefix, text) if text else text
+
+
 def talosctl_as_run(binary: str, talosconfig: str | None) -> Callable[[str], str]:
     """What makes a fix's ``talosctl -n …`` the run's own: its talosctl binary and ``--talosconfig``.
 

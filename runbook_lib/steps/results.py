@@ -136,10 +136,13 @@ class StepResult:
 
 
 def rewrite_fixes(result: StepResult, change: Callable[[str], str]) -> None:
-    """Apply ``change`` to every check's fix, the step's and its nodes': the commands a person runs (messages and
-    causes quote what the step ran, as it ran it)."""
+    """Apply ``change`` to what a person runs: every check's fix, the step's and its nodes', the notes, and the
+    rollback's list of what it does not undo (messages and causes quote what the step ran, as it ran it)."""
     for check in [*result.checks, *(c for n in result.nodes for c in n.checks)]:
         check.fix = change(check.fix)
+    result.notes = [change(note) for note in result.notes]
+    if isinstance(result.data.get("not_undone"), list):
+        result.data["not_undone"] = [change(str(item)) for item in result.data["not_undone"]]
 
 
 def checks_from_findings(findings: Iterable[Any]) -> list[Check]:
