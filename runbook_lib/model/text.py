@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 
@@ -20,3 +21,12 @@ MODULES_PATCH_MISSING = "the machine config does not carry the NVIDIA modules pa
 #: ``--set`` overrides it was started with; ``runbook run`` puts its own ``-p FILE --set …`` in their place when it
 #: prints (an operator walkthrough copied ``-p <parameters>`` into a shell).  Records keep this placeholder.
 PARAMS_PLACEHOLDER = "-p <parameters>"
+
+
+def any_node(text: str, *names: object) -> str:
+    """``text`` with a node's address and name as ``<node>``, so alike nodes' lines (a plan's diffs, a stopped
+    step's failures) compare and print as one (a removal that reboots says ``kubectl drain <name> first``:
+    review); whole words only, so 10.5.0.1 leaves 10.5.0.11 and gpu-1 leaves gpu-10 alone."""
+    for name in (str(n) for n in names if n):
+        text = re.sub(rf"(?<![\w.-]){re.escape(name)}(?![\w-]|\.\w)", "<node>", text)
+    return text

@@ -9,7 +9,6 @@ internals for it.  Everything here is pure: it shapes data, the callers write an
 from __future__ import annotations
 
 import json
-import re
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from runbook_lib.model import rollout
+from runbook_lib.model.text import any_node
 from runbook_lib.steps.dryrun import REFUSED
 
 #: The runbook's checkout: its git commit goes into every record (``records.git_info``).
@@ -260,7 +260,7 @@ def node_lines(result: dict[str, Any] | None, status: str, *, diffs: bool = Fals
     for node in (result or {}).get("nodes") or []:
         if node.get("status") == status and node.get("message"):
             diff = (
-                _any_node(str(node.get("diff") or ""), node.get("address"), node.get("node")) if diffs else ""
+                any_node(str(node.get("diff") or ""), node.get("address"), node.get("node")) if diffs else ""
             )
             groups.setdefault((str(node["message"]), diff), []).append(str(node.get("node")))
     lines: list[str] = []
@@ -268,14 +268,6 @@ def node_lines(result: dict[str, Any] | None, status: str, *, diffs: bool = Fals
         lines.append(f"  {_names(names)}: {message}")
         lines += ["    " + line for line in diff.splitlines()]
     return lines
-
-
-def _any_node(diff: str, *names: object) -> str:
-    """``diff`` with the node's address and name as ``<node>`` (a removal that reboots says ``kubectl drain
-    <name> first``: review); whole words only, so 10.5.0.1 leaves 10.5.0.11 and gpu-1 leaves gpu-10 alone."""
-    for name in (str(n) for n in names if n):
-        diff = re.sub(rf"(?<![\w.-]){re.escape(name)}(?![\w-]|\.\w)", "<node>", diff)
-    return diff
 
 
 def _names(names: list[Any]) -> str:

@@ -8,12 +8,11 @@ it.  Everything that came from a cluster is escaped: tool output is data, never 
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from html import escape
 from typing import Any
 
-from runbook_lib.model.text import shortened
+from runbook_lib.model.text import any_node, shortened
 from runbook_lib.steps.results import Check, NodeResult, StepResult
 
 #: Rows of the full node table, and failing nodes shown in detail, before "N more in the record".
@@ -291,7 +290,11 @@ def failure_text(result: StepResult, *, limit: int = 5) -> str:
     for group in groups[:limit]:
         node = group[0]
         # a group's lines say <node> where each node's said its own name or address
-        say = (lambda text: text) if len(group) == 1 else (lambda text, n=node: _generic(text, n))
+        say = (
+            (lambda text: text)
+            if len(group) == 1
+            else (lambda text, n=node: any_node(text, n.address, n.node))
+        )
         who = f"{node.node} ({node.address})" if len(group) == 1 else f"{shortened([n.node for n in group])}"
         lines.append(f"  {who}{f' ({len(group)} nodes)' if len(group) > 1 else ''}: {say(node.message)}")
         for check in node.failed_checks:
@@ -304,14 +307,6 @@ def failure_text(result: StepResult, *, limit: int = 5) -> str:
     return "\n".join(lines)
 
 
-def _generic(text: str, node: NodeResult) -> str:
-    """``text`` with the node's address and name as ``<node>`` (whole words only: 10.0.0.1 is not 10.0.0.10's)."""
-    for own in (node.address, node.node):
-        if own:
-            text = re.sub(rf"(?<![\w.-]){re.escape(own)}(?![\w.-]|\.\d)", "<node>", text)
-    return text
-
-
 def _alike_failures(failing: list[NodeResult]) -> list[list[NodeResult]]:
     """The failing nodes in groups that say the same (line, checks and fixes), in order of first failure.
 
@@ -321,8 +316,8 @@ def _alike_failures(failing: list[NodeResult]) -> list[list[NodeResult]]:
     for node in failing:
         # alike but for the node's own name and address, which its fix often names (fixes.unreachable: review)
         said = tuple(
-            (c.name, _generic(c.message, node), _generic(c.fix, node), _generic(c.cause, node))
+            (c.name, *(any_node(t, node.address, node.node) for t in (c.message, c.fix, c.cause)))
             for c in node.failed_checks
         )
-        groups.setdefault((_generic(node.message, node), said), []).append(node)
+        groups.setdefault((any_node(node.message, node.address, node.node), said), []).append(node)
     return list(groups.values())
