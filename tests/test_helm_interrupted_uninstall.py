@@ -112,5 +112,6 @@ def test_rollback_finishes_a_removal_a_killed_helm_left_uninstalling(tmp_path):
         result = rollback(back, evidence=evidence_from_records([record]), poll_interval=0.1)
 
         assert result.ok, [c for c in result.checks if not c.ok]
-        assert f"helm uninstall {RELEASE} -n {NAMESPACE}" in result.data["kubernetes"], result.data
+        wait = f"--wait --timeout {params.timeouts.kubernetes_seconds}s"
+        assert f"helm uninstall {RELEASE} -n {NAMESPACE} {wait}" in result.data["kubernetes"], result.data
         assert _listed(ctx) == []

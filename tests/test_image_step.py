@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -99,6 +100,21 @@ def test_dry_run_returns_exact_commands_and_changes_nothing(sim: tuple[Path, fac
     assert not ctx.journal.changes()
     assert all(c.ok for c in result.checks)  # the factory resolved the extensions even in a dry run
     assert [m for m, _ in server.requests if m == "POST"] == []  # ...but nothing was registered
+
+
+def test_the_plan_shows_each_node_s_upgrade_as_it_then_runs(sim: tuple[Path, factory.FactoryServer]) -> None:
+    """Approve applies what was shown: the plan's command for a node is the argv its apply ran, flag for flag.
+    The plan had printed ``--wait=true`` without the ``--timeout=<timeouts.upgrade_seconds>s`` the run adds
+    (stop 48 walkthrough), so a pasted command waited talosctl's own 30 minutes (``talosctl upgrade --help``:
+    "--timeout duration ... (default 30m0s)")."""
+    state, _server = sim
+    planned = image_upgrade(_ctx(state, apply=False, timeouts={"upgrade_seconds": 1234}))
+    ctx = _ctx(state, apply=True, timeouts={"upgrade_seconds": 1234})
+    applied = image_upgrade(ctx, settle_timeout=5.0, poll_interval=0.1)
+    assert applied.ok, applied.to_dict()
+    ran = sorted(list(e.argv) for e in ctx.journal.changes() if "upgrade" in e.argv)
+    assert sorted(shlex.split(c) for c in planned.data["commands"]) == ran
+    assert all("--timeout=1234s" in argv for argv in ran), ran
 
 
 def test_apply_moves_nodes_to_the_gpu_schematic_then_skips_them(
@@ -478,7 +494,8 @@ def test_upgrade_to_1_13_removes_the_device_plugin_and_its_runtime_class_first(t
         assert kubernetes_layer(ctx, timeout_s=60).ok  # Talos 1.12: device plugin and RuntimeClass nvidia
         plan = image_upgrade(_same_cluster_on(params, "v1.13.2", tmp_path, apply=False))
         assert plan.data["before_upgrade"] == [
-            "helm uninstall nvidia-device-plugin -n kube-system",
+            # as it runs: pasted without --wait it returned before the plugin's pods were gone
+            "helm uninstall nvidia-device-plugin -n kube-system --wait --timeout 300s",
             "kubectl delete runtimeclass nvidia",
         ]
         assert ctx.helm.release("nvidia-device-plugin", "kube-system") is not None  # a plan changes nothing

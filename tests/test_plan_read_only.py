@@ -80,7 +80,7 @@ def test_a_read_only_user_plans_the_talos_1_13_hand_over_and_the_upgrade_behind_
         assert [n.status for n in plan.nodes] == ["planned"] * len(plan.nodes)
         hand_over = next(c for c in plan.checks if c.name.startswith("device plugin removed before"))
         assert hand_over.message.startswith(
-            "would run: helm uninstall nvidia-device-plugin -n kube-system; kubectl delete runtimeclass nvidia; "
+            "would run: helm uninstall nvidia-device-plugin -n kube-system --wait --timeout 300s; kubectl delete runtimeclass nvidia; "
             + REFUSED
         ), hand_over.message
         assert 'cannot delete resource "runtimeclasses"' in hand_over.message

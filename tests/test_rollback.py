@@ -12,6 +12,7 @@ v1alpha1_server.go ``Rollback``).
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -282,6 +283,9 @@ def test_after_a_half_finished_rollout_only_the_changed_nodes_go_back(sim: Path)
     assert [result.node(n).status for n in WORKERS] == ["changed", "changed", "changed", "unchanged"]
     calls = _calls(ctx)
     assert [a for what, a in calls if what == "upgrade"] == [ADDRESS["talos-worker-1"]]
+    # the plan showed the upgrade as it ran, its --timeout too (it had printed --wait=true alone)
+    ran = next(e.argv for e in ctx.journal.changes() if "upgrade" in e.argv)
+    assert f"\n{shlex.join(ran)}\n" in upgraded, (ran, upgraded)
     assert sorted(a for what, a in calls if what == "patch") == sorted(ADDRESS[n] for n in WORKERS[:3])
     assert all(node_state(sim, n).schematic_id == VANILLA_SCHEMATIC for n in WORKERS)
     assert all("nvidia" not in _modules(ctx, n) for n in WORKERS)
@@ -432,14 +436,18 @@ def test_runbook_rollback_plans_then_applies_from_a_record_into_its_own_record(
     assert planned.count("nvidia.com/gpu.present-") == 1, planned
     # what Approve runs, as the forward plan shows its own (operator walkthrough): the Kubernetes layer first,
     # then per group of nodes the installer they go back to and the removal patch
-    would = planned.index("  would: helm uninstall nvidia-device-plugin -n kube-system (first: ")
+    would = planned.index(
+        "  would: helm uninstall nvidia-device-plugin -n kube-system --wait --timeout 300s (first: "
+    )
     nodes = planned.index("  gpu-worker-1, gpu-worker-2, gpu-worker-3: back to Talos v1.12.7, schematic ")
     assert would < nodes, planned
     assert "-n <node> upgrade --image 127.0.0.1:" in planned and f"{VANILLA_SCHEMATIC}:v1.12.7" in planned
     assert "        - name: nvidia\n          $patch: delete\n" in planned, planned
     assert main(["rollback", "-p", PARAMS, "--from", applied.name, "--apply", *env]) == 0
     out = capsys.readouterr().out  # what it did and what it left, not only the counts (operator walkthrough)
-    assert "rolled back:\n  helm uninstall nvidia-device-plugin -n kube-system\n" in out, out
+    assert (
+        "rolled back:\n  helm uninstall nvidia-device-plugin -n kube-system --wait --timeout 300s\n" in out
+    ), out
     assert "  gpu-worker-1, gpu-worker-2, gpu-worker-3: back to Talos v1.12.7, schematic " in out, out
     left = "not undone by the rollback, put back by hand if needed:\n  "
     assert (
@@ -614,7 +622,9 @@ def test_only_the_kubernetes_objects_the_runbook_created_are_removed(
         back = connect(params, state_dir=tmp_path)
         result = rollback(back, evidence=evidence_from_records([record]), poll_interval=0.1)
         assert result.ok and {n.status for n in result.nodes} == {"unchanged"}
-        assert result.data["kubernetes"] == ["helm uninstall nvidia-device-plugin -n kube-system"]
+        assert result.data["kubernetes"] == [
+            "helm uninstall nvidia-device-plugin -n kube-system --wait --timeout 300s"
+        ]
         # what it does not undo is named in the plan, for a person to decide, as the command that undoes it
         assert any(
             "label nvidia.com/gpu.present added to 2 node(s) that had none; to remove it: kubectl label node "
@@ -623,6 +633,12 @@ def test_only_the_kubernetes_objects_the_runbook_created_are_removed(
         ), result.data["not_undone"]
         assert back.helm.release("nvidia-device-plugin", "kube-system") is None
         assert back.kube.runtime_class("nvidia") is not None
+        # the rollback again (the go-on of one interrupted after the layer went): the layer is gone, so the label
+        # comes off every node, not only those still to go back (none here: the walkthrough's re-run named fewer)
+        again = rollback(connect(params, state_dir=tmp_path), evidence=evidence_from_records([record]))
+        assert again.ok and again.data["kubernetes"] == [], again.data
+        label = "to remove it: kubectl label node talos-worker-1 talos-worker-2 nvidia.com/gpu.present-"
+        assert any(n.endswith(label) for n in again.data["not_undone"]), again.data["not_undone"]
 
 
 @pytest.mark.slow

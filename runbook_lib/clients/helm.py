@@ -49,6 +49,11 @@ class Release:
         return rest != self.chart and rest.lstrip("v")[:1].isdigit()
 
 
+def uninstall_args(name: str, namespace: str, timeout_s: int) -> list[str]:
+    """``helm uninstall`` as the runbook runs it, and as a plan prints it (so a pasted line waits the same)."""
+    return ["uninstall", name, "-n", namespace, "--wait", "--timeout", f"{timeout_s}s"]
+
+
 def _json_list(result: CommandResult, command: str) -> list[dict[str, Any]]:
     """The JSON list a helm ``-o json`` command printed; anything else is an error naming the command."""
     try:
@@ -156,8 +161,9 @@ class Helm(KubeconfigTool):
 
     def uninstall(self, name: str, namespace: str, *, timeout_s: int = 300) -> CommandResult:
         """Remove a release and wait until its objects are gone (``--wait``, helm >= 3.7)."""
-        args = ["uninstall", name, "-n", namespace, "--wait", "--timeout", f"{timeout_s}s"]
-        return self.run(args, timeout=timeout_s + 60, changes_cluster=True)
+        return self.run(
+            uninstall_args(name, namespace, timeout_s), timeout=timeout_s + 60, changes_cluster=True
+        )
 
     def release(self, name: str, namespace: str) -> Release | None:
         return next((r for r in self.releases(namespace) if r.name == name), None)

@@ -712,11 +712,7 @@ class Talosctl:
             raise PermanentError(
                 "refusing to run talosctl upgrade without --image: it would drop the NVIDIA extensions"
             )
-        flags = upgrade_flags(image, preserve=preserve, legacy=legacy)
-        args = ["upgrade", *flags, f"--wait={'true' if wait else 'false'}"]
-        if wait:
-            # talosctl's own timeout first, so its error text (not a killed process) tells what hung
-            args.append(f"--timeout={int(timeout)}s")
+        args = upgrade_args(image, preserve=preserve, legacy=legacy, wait=wait, timeout=timeout)
         deadline = upgrade_deadline(timeout, drains=drains) if wait else timeout + KILL_MARGIN
         return self.run(args, nodes, timeout=deadline, changes_cluster=True, on_stderr_line=on_stderr_line)
 
@@ -740,6 +736,21 @@ def upgrade_flags(image: str, *, preserve: bool, legacy: bool = False) -> list[s
     for such clients (``steps.image_risks``).
     """
     return ["--image", image, *(["--preserve"] if preserve else []), *(["--legacy"] if legacy else [])]
+
+
+def upgrade_args(image: str, *, preserve: bool, legacy: bool, wait: bool, timeout: float) -> list[str]:
+    """The whole ``talosctl upgrade`` argument list (without ``-n``), as it runs and as a plan prints it.
+
+    With ``--wait``, talosctl's own ``--timeout`` (default 30m, talos@v1.12.0
+    cmd/talosctl/cmd/talos/upgrade.go) is set to the run's, so its error text, not a killed process, tells what
+    hung; a plan that left it out showed a command that, pasted, waited another timeout than the run's.
+    """
+    args = [
+        "upgrade",
+        *upgrade_flags(image, preserve=preserve, legacy=legacy),
+        f"--wait={'true' if wait else 'false'}",
+    ]
+    return [*args, f"--timeout={int(timeout)}s"] if wait else args
 
 
 def _get_args(resource: str, namespace: str | None) -> list[str]:

@@ -13,10 +13,11 @@ first: it would install the operator onto nodes that are still on 1.12).
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from runbook_lib.clients.helm import Release
+from runbook_lib.clients.helm import Release, uninstall_args
 from runbook_lib.errors import Forbidden, PermanentError, RunbookError
 from runbook_lib.model.versions import TalosVersion
 
@@ -45,9 +46,11 @@ class Leftovers:
         """RuntimeClass ``nvidia`` exists, the operator's or not (what preflight reports as progress)."""
         return self.runtime_class or self.operators_runtime_class
 
-    def commands(self) -> list[str]:
-        """The commands of the docs' procedure, as a user would type them."""
-        out = [f"helm uninstall {name} -n {namespace}" for name, namespace in self.releases]
+    def commands(self, timeout_s: float) -> list[str]:
+        """The commands of the docs' procedure, as the runbook runs them: ``helm uninstall`` with the ``--wait``
+        and ``--timeout`` (``timeout_s``, the ``timeouts.kubernetes_seconds`` parameter) it is given (a plan had
+        shown the bare command, which pasted returns before the device plugin's pods are gone)."""
+        out = [shlex.join(["helm", *uninstall_args(n, ns, int(timeout_s))]) for n, ns in self.releases]
         if self.runtime_class:
             out.append(f"kubectl delete runtimeclass {RUNTIME_CLASS}")
         return out
@@ -121,6 +124,7 @@ def before_upgrade(
         return True
     title = "device plugin removed before the Talos 1.13 upgrade"
     manual = "helm list -A; helm uninstall -n <namespace> <release>; kubectl delete runtimeclass nvidia"
+    wait = float(ctx.params.timeouts.kubernetes_seconds)
     unread: Forbidden | None = None
     try:
         try:
@@ -130,10 +134,8 @@ def before_upgrade(
                 raise
             listed, unread = [], exc
         found = leftovers(ctx, listed)
-        result.data["before_upgrade"] = found.commands()
-        refused = remove(
-            ctx, result, found, dry_run=dry_run, timeout_s=float(ctx.params.timeouts.kubernetes_seconds)
-        )
+        result.data["before_upgrade"] = found.commands(wait)
+        refused = remove(ctx, result, found, dry_run=dry_run, timeout_s=wait)
     except RunbookError as exc:
         result.checks.append(
             Check(
@@ -146,14 +148,14 @@ def before_upgrade(
         return False
     if unread is not None:
         _unread_releases(result, title, unread)
-    if found.commands():
+    if found.commands(wait):
         verb = "would run" if dry_run else "ran"
         result.notes.append(
             "Talos 1.13 upgrade notes: uninstall the nvidia-device-plugin Helm release and delete the nvidia "
             f"RuntimeClass before upgrading (the GPU Operator brings both); {verb} first: "
-            + "; ".join(found.commands())
+            + "; ".join(found.commands(wait))
         )
-        said = f"{verb}: " + "; ".join(found.commands()) + refused
+        said = f"{verb}: " + "; ".join(found.commands(wait)) + refused
         result.checks.append(Check(title, True, said, fix=dryrun.fix(refused)))
     return True
 

@@ -26,7 +26,7 @@ from typing import Any
 from runbook_lib.clients.factory import FactoryClient
 from runbook_lib.clients.fanout import Pool
 from runbook_lib.clients.proc import CommandResult
-from runbook_lib.clients.talosctl import upgrade_flags
+from runbook_lib.clients.talosctl import upgrade_args
 from runbook_lib.errors import PermanentError, RunbookError
 from runbook_lib.model.boot_assets import boot_asset_urls, installer_image
 from runbook_lib.model.machineconfig import contains
@@ -134,9 +134,17 @@ def planned_image(ctx: Context, node: Node, platform: str = "metal") -> NodeImag
 
 
 def upgrade_command(ctx: Context, plan: NodeImage) -> list[str]:
-    """The exact argv the step runs for a node (always with ``--image``)."""
-    flags = upgrade_flags(plan.image, preserve=plan.preserve, legacy=plan.legacy)
-    return ctx.talosctl.argv(["upgrade", *flags, "--wait=true"], [plan.node.address])
+    """The argv the step runs for a node (always with ``--image``), with the ``--timeout`` of the
+    ``timeouts.upgrade_seconds`` parameter: what ``runbook run`` and the notebooks run with (a library caller
+    passing ``upgrade_timeout=`` runs with its own instead)."""
+    args = upgrade_args(
+        plan.image,
+        preserve=plan.preserve,
+        legacy=plan.legacy,
+        wait=True,
+        timeout=ctx.params.timeouts.upgrade_seconds,
+    )
+    return ctx.talosctl.argv(args, [plan.node.address])
 
 
 def read_states(ctx: Context, addresses: Sequence[str]) -> dict[str, NodeState]:

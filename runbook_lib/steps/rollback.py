@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runbook_lib.clients.fanout import concurrently
-from runbook_lib.clients.talosctl import upgrade_flags
+from runbook_lib.clients.talosctl import upgrade_args
 from runbook_lib.errors import PermanentError, RunbookError
 from runbook_lib.model.boot_assets import installer_image
 from runbook_lib.model.machineconfig import Doc, contains
@@ -95,8 +95,14 @@ class NodeRollback:
     """The phases whose removal patch the dry run said reboots the node: it is drained before (``drains``)."""
 
     def upgrade_argv(self, ctx: Context) -> list[str]:
-        flags = upgrade_flags(self.image or "", preserve=self.preserve, legacy=self.legacy)
-        return ctx.talosctl.argv(["upgrade", *flags, "--wait=true"], [self.node.address])
+        args = upgrade_args(
+            self.image or "",
+            preserve=self.preserve,
+            legacy=self.legacy,
+            wait=True,
+            timeout=ctx.params.timeouts.upgrade_seconds,
+        )
+        return ctx.talosctl.argv(args, [self.node.address])
 
     def describe(self, ctx: Context) -> str:
         """The plan for the node, in the order it runs (what Approve approves), numbered as it will run and
@@ -147,7 +153,8 @@ def rollback(
     whole_cluster = {n.address for n in nodes} == {n.address for n in ctx.params.nodes}
     keeping = _keeping_nvidia(ctx, nodes, todo, evidence) if whole_cluster and evidence.kubernetes else []
     kube = _kubernetes_plan(ctx, result, evidence, whole_cluster=whole_cluster, keeping=keeping)
-    _not_undone(result, evidence, {t.node.name for t in todo}, layer_goes=kube is not None)
+    layer_goes = kube is not None or result.data.get("kubernetes") == []  # []: read, and gone already
+    _not_undone(result, evidence, {t.node.name for t in todo}, layer_goes=layer_goes)
     _dry_run(ctx, todo, results)
     schedule = rollout_schedule(ctx, result, [t.node.name for t in todo])
     # a cordon a run left is the runbook's change too; a node whose removal reboots it is drained and
@@ -469,7 +476,8 @@ def _kubernetes_plan(
     ctx: Context, result: StepResult, evidence: Evidence, *, whole_cluster: bool, keeping: list[str]
 ) -> gpu_operator_handover.Leftovers | None:
     """The releases and RuntimeClass the records say the runbook created and that still exist; none while a
-    GPU node keeps the NVIDIA image (``keeping``)."""
+    GPU node keeps the NVIDIA image (``keeping``). ``result.data["kubernetes"]`` is the commands, set only when
+    the layer goes: ``[]`` when it was read and is gone already (a rollback interrupted after removing it)."""
     if not evidence.kubernetes and not evidence.kubernetes_missing:
         return None
     if not whole_cluster:
@@ -506,13 +514,14 @@ def _kubernetes_plan(
         )
         return None
     found = gpu_operator_handover.Leftovers(releases, runtime_class)
-    result.data["kubernetes"] = found.commands()
-    if found.commands():
+    commands = found.commands(ctx.params.timeouts.kubernetes_seconds)
+    result.data["kubernetes"] = commands
+    if commands:
         result.data["planned"] = True
         if not result.applied:  # as the forward plan lists its Kubernetes changes: each a "would:" line
             first = "(first: the Kubernetes layer the runbook created)"
-            result.data["changes"] = [f"{c} {first}" for c in found.commands()]
-    return found if found.commands() else None
+            result.data["changes"] = [f"{c} {first}" for c in commands]
+    return found if commands else None
 
 
 def _dry_run(ctx: Context, todo: list[NodeRollback], results: dict[str, NodeResult]) -> None:
@@ -545,7 +554,8 @@ def _remove_kubernetes(ctx: Context, result: StepResult, found: gpu_operator_han
         result.checks.append(Check("Kubernetes layer removed", False, exc.message, fix=exc.hint or ""))
         return False
     result.data["changed"] = True
-    result.checks.append(Check("Kubernetes layer removed", True, "ran: " + "; ".join(found.commands())))
+    ran = found.commands(ctx.params.timeouts.kubernetes_seconds)
+    result.checks.append(Check("Kubernetes layer removed", True, "ran: " + "; ".join(ran)))
     return True
 
 
