@@ -470,6 +470,25 @@ def test_the_journal_of_an_interrupted_step_lists_the_change_in_flight(tmp_path:
     assert text.startswith("SIGINT during config-patch: 1 change(s) reached the cluster; 1 more in flight")
 
 
+def test_an_interrupted_step_s_failed_change_is_not_counted_as_reached(tmp_path: Path) -> None:
+    """A change whose command exited non-zero was counted among those that reached the cluster (operator
+    walkthrough, 6 Dec 2026): a refused patch changed nothing. It is counted apart, with why it may still have
+    (an upgrade cut short by the interrupt exits 1 while the node goes on)."""
+    sink = tmp_path / "image.journal.jsonl"
+    runner = Runner(Journal(sink=sink))
+    runner.run([sys.executable, "-c", "print('upgraded')"], changes_cluster=True)
+    runner.run([sys.executable, "-c", "import sys; sys.exit('error: interrupted')"], changes_cluster=True)
+    entries = interrupts.read_journal(sink, time.time())
+    text = interrupts.summary("image", "SIGINT", entries, cell_ended=True)
+    assert text.startswith(
+        "SIGINT during image: 1 change(s) reached the cluster; 1 change(s) failed (exit "
+    ), text
+    only_failed = interrupts.summary("image", "SIGINT", entries[1:], cell_ended=True)
+    assert only_failed.startswith("SIGINT during image: 1 change(s) failed (exit non-zero: one cut short"), (
+        text
+    )
+
+
 @pytest.mark.slow
 def test_interrupted_kubernetes_step_records_the_runtime_class_labels_and_helm_release(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -261,11 +261,21 @@ def remove_test_pods(params: Params, run_id: str) -> list[dict[str, Any]]:
 
 
 def summary(step: str, signal_name: str, journal: list[dict[str, Any]], cell_ended: bool) -> str:
-    """One line for the record: what the interrupted step had changed, and what may have."""
+    """One line for the record: what the interrupted step had changed, and what may have.
+
+    A change whose command exited non-zero is counted apart: it was counted as having reached the cluster
+    (operator walkthrough, 6 Dec 2026), yet a refused patch changed nothing, and only one cut short by the
+    interrupt (a talosctl upgrade exits 1 then, the node going on) may have reached it."""
     done = [e for e in journal if e.get("changes_cluster") and e.get("interrupt") != IN_FLIGHT]
+    failed = [e for e in done if e.get("exit_code") not in (0, None)]
     maybe = [e for e in journal if e.get("interrupt") == IN_FLIGHT]
+    reached = len(done) - len(failed)
     text = f"{signal_name} during {step}: "
-    text += f"{len(done)} change(s) reached the cluster" if done else "no change reached the cluster"
+    if reached or not failed:
+        text += f"{reached} change(s) reached the cluster" if reached else "no change reached the cluster"
+        text += "; " if failed else ""
+    if failed:
+        text += f"{len(failed)} change(s) failed (exit non-zero: one cut short by the interrupt may have reached it)"
     if maybe:
         text += f"; {len(maybe)} more in flight then may have reached it"
     if done or maybe:
