@@ -226,3 +226,33 @@ def test_a_failure_with_no_failing_node_points_at_the_step_s_check_not_at_nodes(
         NodeResult(node="gpu-1", address="10.0.0.1", status="failed", message="failed: modules")
     )
     assert failure_hint(nodes) == "see the failing nodes above for the cause and the fix"
+
+
+def test_talosctl_s_quoted_lines_stay_inside_the_node_s_block() -> None:
+    """Operator walkthrough (6 Dec 2026): in ``stopped at image:`` talosctl's quoted lines (``error: sequence
+    error: …``, as talos@v1.12.0's tracker prints a node's failure) were printed flush left inside the indented
+    node block, where they read as the report's own lines. They are indented under the node's line, and the
+    terminal's compaction still counts them as that line's quote."""
+    from runbook_lib.notebook.record_content import compact_failure
+
+    result = StepResult(step="image", applied=True)
+    node = NodeResult(node="gpu-worker-3", address="10.5.0.13", status="failed")
+    node.message = f"talosctl upgrade failed: {UPGRADE_ERROR}\n" + "\n".join(f"line {i}" for i in range(30))
+    node.checks.append(Check("boot", False, "not back", fix="talosctl -n 10.5.0.13 dmesg\nthen re-run"))
+    result.nodes.append(node)
+    lines = failure_text(result).splitlines()
+    block = lines[lines.index(next(x for x in lines if x.startswith("  gpu-worker-3 (10.5.0.13): "))) :]
+    assert all(x.startswith("  ") for x in block), block
+    assert any(x.startswith("      error: sequence error: sequence failed: error running") for x in block), (
+        block
+    )
+    assert "    fix: talosctl -n 10.5.0.13 dmesg" in block and "      then re-run" in block, block
+    compacted = compact_failure(lines)
+    assert compacted[-3:] == [
+        "    boot: not back",
+        "    fix: talosctl -n 10.5.0.13 dmesg",
+        "      then re-run",
+    ]
+    assert "    (the tool's output: in the record)" in compacted and "      line 29" not in compacted, (
+        compacted
+    )

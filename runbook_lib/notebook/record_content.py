@@ -17,6 +17,7 @@ from typing import Any
 
 from runbook_lib.model import rollout
 from runbook_lib.model.text import any_node
+from runbook_lib.notebook.render import CONTINUATION
 from runbook_lib.steps.dryrun import REFUSED
 
 #: The runbook's checkout: its git commit goes into every record (``records.git_info``).
@@ -154,10 +155,12 @@ def compact_failure(lines: list[str]) -> list[str]:
     out: list[str] = []
     left: int | None = None  # continuation lines still shown of the current block; None: every line is shown
     for line in lines:
-        if line.startswith("  ") and not line.startswith("   "):  # a node's or a check's line (or the hint)
+        # a continuation line is indented by render.CONTINUATION (flush left in records before 7 Dec 2026)
+        continued = not line.startswith("  ") or line.startswith(CONTINUATION)
+        if not continued and not line.startswith("   "):  # a node's or a check's line (or the hint)
             left = QUOTED_KEPT
             out.append(line)
-        elif line.startswith("    "):  # the node's checks: what they say follows, fix commands included
+        elif not continued:  # the node's checks: what they say follows, fix commands included
             left = None
             out.append(line)
         elif left is None or left > 0:

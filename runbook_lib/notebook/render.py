@@ -285,7 +285,8 @@ def failure_text(result: StepResult, *, limit: int = 5) -> str:
     """A plain-text diagnosis for the exception that stops a headless run (it lands in the error cell)."""
     lines = [result.summary()]
     for check in (c for c in result.checks if not c.ok):
-        lines.append(f"  {check.name}: {check.message}" + (f"\n    fix: {check.fix}" if check.fix else ""))
+        fix = f"\n    fix: {_under(check.fix)}" if check.fix else ""
+        lines.append(f"  {check.name}: {_under(check.message)}{fix}")
     groups = _alike_failures(result.failing())
     for group in groups[:limit]:
         node = group[0]
@@ -296,15 +297,30 @@ def failure_text(result: StepResult, *, limit: int = 5) -> str:
             else (lambda text, n=node: any_node(text, n.address, n.node))
         )
         who = f"{node.node} ({node.address})" if len(group) == 1 else f"{shortened([n.node for n in group])}"
-        lines.append(f"  {who}{f' ({len(group)} nodes)' if len(group) > 1 else ''}: {say(node.message)}")
+        lines.append(
+            f"  {who}{f' ({len(group)} nodes)' if len(group) > 1 else ''}: {_under(say(node.message))}"
+        )
         for check in node.failed_checks:
-            lines.append(f"    {check.name}: {QUOTED if _quoted(node, check) else say(check.message)}")
+            lines.append(
+                f"    {check.name}: {QUOTED if _quoted(node, check) else _under(say(check.message))}"
+            )
             if check.fix:
-                lines.append(f"    fix: {say(check.fix)}")
+                lines.append(f"    fix: {_under(say(check.fix))}")
     more = sum(len(g) for g in groups[limit:])
     if more:
         lines.append(f"  … {more} more failing nodes (see the rendered table and the record)")
     return "\n".join(lines)
+
+
+#: Where a message's continuation lines start: under the text of its ``  <node>:`` or ``    <check>:`` line.
+CONTINUATION = " " * 6
+
+
+def _under(text: str) -> str:
+    """``text`` with its continuation lines indented (``CONTINUATION``). Why: talosctl's quoted lines
+    (``error: sequence error: …``) were printed flush left inside an indented node block, where they read as
+    the report's own lines (operator walkthrough, 6 Dec 2026); a pasted fix command keeps working indented."""
+    return text.replace("\n", "\n" + CONTINUATION)
 
 
 def _alike_failures(failing: list[NodeResult]) -> list[list[NodeResult]]:
