@@ -700,8 +700,10 @@ def test_labels_the_kubernetes_step_added_are_left_with_the_kubectl_commands_tha
     some = StepResult(step="rollback", applied=False)
     rollback_step._not_undone(some, evidence, {"gpu-1"}, layer_goes=False)
     assert some.data["not_undone"] == [
-        "run-1: label nvidia.com/gpu.present added to 1 node(s) that had none; to remove it: kubectl label node "
-        "gpu-1 nvidia.com/gpu.present- (only the nodes that go back: the others keep it while the plugin runs)",
+        # the count is the run's (2 labelled where it had none), the command names the node that goes back
+        "run-1: label nvidia.com/gpu.present added to 2 node(s) that had none; to remove it on the 1 that go back: "
+        "kubectl label node gpu-1 nvidia.com/gpu.present- (only the nodes that go back: the others keep it while "
+        "the plugin runs)",
         "run-1: create namespace gpu-operator",
     ]
     del kube["result"]["data"]["labelled"]  # a record from before 6 Dec 2026: the changes as they were said

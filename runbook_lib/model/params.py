@@ -243,11 +243,13 @@ class Timeouts(_Strict):
     """How long the runbook waits for the cluster before it calls a node or a rollout failed."""
 
     upgrade_seconds: Seconds = Field(default=1800, ge=10)
-    """One node's `talosctl upgrade --wait` (talosctl's own default is 30 minutes)."""
+    """One node's `talosctl upgrade --wait --timeout=<this>s` (talosctl's own default is 30 minutes); the plan
+    prints the command with it, as it runs."""
     node_ready_seconds: Seconds = Field(default=300, ge=5)
     """A node answering again, on the planned schematic, after its upgrade."""
     kubernetes_seconds: Seconds = Field(default=300, ge=5)
-    """The Helm release becoming ready and every GPU node advertising `nvidia.com/gpu`."""
+    """The Helm release becoming ready and every GPU node advertising `nvidia.com/gpu`; also each `helm uninstall
+    --wait --timeout <this>s` of the device plugin (the Talos 1.13 hand-over, rollback), printed so in plans."""
     drain_seconds: Seconds = Field(default=300, ge=5)
     """One node's `kubectl drain` before a patch that reboots it (talosctl's own drain timeout is 5 minutes)."""
 

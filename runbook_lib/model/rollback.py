@@ -24,7 +24,7 @@ used rather than JSON6902 ``remove``: Talos refuses JSON6902 patches on multi-do
 from __future__ import annotations
 
 import shlex
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -285,10 +285,13 @@ def _preflight_saw(outcome: Mapping[str, Any]) -> dict[str, Any]:
     return {"version": data["talos_version"], "schematic_id": data["schematic_id"]}
 
 
-def label_undo(labelled: Iterable[Mapping[str, Any]]) -> list[str]:
+def label_undo(labelled: Iterable[Mapping[str, Any]], only: Collection[str] | None = None) -> list[str]:
     """What the Kubernetes step's node labels were, as the ``kubectl label`` commands that put them back: one per
-    label and earlier value, naming all its nodes (``kubectl label node A B C key-`` removes the label from
-    each; ``key=old --overwrite`` sets it back)."""
+    label and earlier value, naming its nodes (``kubectl label node A B C key-`` removes the label from each;
+    ``key=old --overwrite`` sets it back). ``only``: the nodes the commands name (those a rollback takes back);
+    the count stays the run's, which a partial rollback's line had given as the nodes going back ("added to 2
+    node(s)" of a run that labelled 3: operator walkthrough, 7 Dec 2026). A group none of ``only`` is in is left
+    out."""
     groups: dict[tuple[str, str | None], list[str]] = {}
     for item in labelled:
         before = item.get("before")
@@ -296,15 +299,19 @@ def label_undo(labelled: Iterable[Mapping[str, Any]]) -> list[str]:
         groups.setdefault(key, []).append(str(item.get("node")))
     lines = []
     for (label, before), nodes in groups.items():
+        named = nodes if only is None else [n for n in nodes if n in only]
+        if not named:
+            continue
+        which = "" if named == nodes else f" on the {len(named)} that go back"
         if before is None:
             lines.append(
-                f"label {label} added to {len(nodes)} node(s) that had none; to remove it: "
-                + shlex.join(["kubectl", "label", "node", *nodes, f"{label}-"])
+                f"label {label} added to {len(nodes)} node(s) that had none; to remove it{which}: "
+                + shlex.join(["kubectl", "label", "node", *named, f"{label}-"])
             )
         else:
             lines.append(
-                f"label {label} changed from {before!r} on {len(nodes)} node(s); to put it back: "
-                + shlex.join(["kubectl", "label", "node", *nodes, f"{label}={before}", "--overwrite"])
+                f"label {label} changed from {before!r} on {len(nodes)} node(s); to put it back{which}: "
+                + shlex.join(["kubectl", "label", "node", *named, f"{label}={before}", "--overwrite"])
             )
     return lines
 
