@@ -318,14 +318,14 @@ def test_a_fix_s_talosctl_is_the_run_s_own_binary_and_talosconfig() -> None:
     """A fix said `talosctl -n 10.5.0.12 dmesg` while the run used another talosconfig: pasted, it asked the
     shell's default context, perhaps another cluster with the same addresses (operator walkthrough, 6 Dec 2026)."""
     from runbook_lib.steps.fixes import talosctl_as_run
-    from runbook_lib.steps.results import Check, NodeResult, StepResult, rewrite_fixes
+    from runbook_lib.steps.results import Check, NodeResult, StepResult, rewrite_runnable
 
     result = StepResult(step="image", applied=True)
     node = NodeResult("gpu-1", "10.0.0.1", status="failed", message="see `talosctl -n 10.0.0.1 dmesg`")
     node.checks.append(Check("upgrade", False, "failed", fix="read (`talosctl -n 10.0.0.1 dmesg`); then x"))
     result.nodes.append(node)
     result.checks.append(Check("tools", False, "x", fix="/opt/talosctl -n 1.2.3.4 version; mytalosctl -n a"))
-    rewrite_fixes(result, talosctl_as_run("/opt/bin/talosctl", "/etc/talos dev/config"))
+    rewrite_runnable(result, talosctl_as_run("/opt/bin/talosctl", "/etc/talos dev/config"))
     assert (
         node.checks[0].fix
         == "read (`/opt/bin/talosctl --talosconfig '/etc/talos dev/config' -n 10.0.0.1 dmesg`); then x"
@@ -344,7 +344,7 @@ def test_a_printed_kubectl_command_is_the_run_s_own_kubectl_and_kubeconfig() -> 
     ("connection to the server localhost:8080 was refused" on the simulator; perhaps another cluster on a real
     site): operator walkthrough, 7 Dec 2026. Fixes, notes and the not-undone list get the run's kubectl."""
     from runbook_lib.steps.fixes import kubectl_as_run
-    from runbook_lib.steps.results import Check, StepResult, rewrite_fixes
+    from runbook_lib.steps.results import Check, StepResult, rewrite_runnable
 
     result = StepResult(step="rollback", applied=True)
     result.checks.append(
@@ -354,7 +354,7 @@ def test_a_printed_kubectl_command_is_the_run_s_own_kubectl_and_kubeconfig() -> 
     result.data["not_undone"] = ["run-1: to remove it: kubectl label node a b nvidia.com/gpu.present-"]
     done = "/s/kubectl auth can-i get pods --kubeconfig /s/k; kubectl --kubeconfig /x get nodes"
     result.checks.append(Check("can-i", False, "x", fix=done))
-    rewrite_fixes(result, kubectl_as_run("/s/kubectl", "/s/kube config"))
+    rewrite_runnable(result, kubectl_as_run("/s/kubectl", "/s/kube config"))
     own = "/s/kubectl --kubeconfig '/s/kube config'"
     assert result.checks[0].fix == f"{own} -n ns logs p; {own} uncordon n"
     assert result.checks[0].message == "kubectl logs failed", "what the step saw is quoted as it ran"

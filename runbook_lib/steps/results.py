@@ -135,7 +135,7 @@ class StepResult:
         }
 
 
-def rewrite_fixes(result: StepResult, change: Callable[[str], str]) -> None:
+def rewrite_runnable(result: StepResult, change: Callable[[str], str]) -> None:
     """Apply ``change`` to what a person runs: every check's fix, the step's and its nodes', the notes, and the
     rollback's list of what it does not undo (messages and causes quote what the step ran, as it ran it)."""
     for check in [*result.checks, *(c for n in result.nodes for c in n.checks)]:

@@ -45,6 +45,7 @@ from runbook_lib.errors import PermanentError, RunbookError
 from runbook_lib.model.boot_assets import installer_image
 from runbook_lib.model.machineconfig import Doc, contains
 from runbook_lib.model.params import Node
+from runbook_lib.model.parsers import extension_versions, extensions_from_resources
 from runbook_lib.model.profiles import render_documents
 from runbook_lib.model.redact import redact
 from runbook_lib.model.rollback import (
@@ -465,9 +466,16 @@ def _keeping_nvidia(
     node on the NVIDIA image that no run changed was found so: without the layer is where it was found."""
     going = {plan.node.address for plan in todo if plan.image}
     staying = [n for n in nodes if n.address not in going and evidence.continued.get(n.name)]
-    states = read_states(ctx, [n.address for n in staying])
+    if not staying:
+        return []
+    # the extensions alone (one fan-out call): the release a node runs does not decide it
+    fan = ctx.talosctl.get("extensions", [n.address for n in staying])
+    found = fan.by_node()
     return [
-        n.name for n in staying if states[n.address].error or runs_nvidia_image(states[n.address].extensions)
+        n.name
+        for n in staying
+        if n.address in fan.errors
+        or runs_nvidia_image(extension_versions(extensions_from_resources(found.get(n.address, []))))
     ]
 
 
