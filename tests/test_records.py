@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from runbook_lib.cli import main
+from runbook_lib.errors import PermanentError
 from runbook_lib.notebook import records
 
 TOKEN = "kube-token-7f3a9c1e5b2d4f6a8c0e"
@@ -419,10 +420,12 @@ def test_malformed_record_is_named_never_a_crash(
     if command == "list":  # list reads only record.json: a bad one is named (exit 2), the others listed
         assert paths[0].name in text and paths[1].name in text
         assert ("malformed" in text) == (what in ("list", "binary")), text
-        assert code == (2 if what in ("list", "binary") else 0)
+        # a broken link is named too (it was listed without a word: attack re-run, 7 Dec 2026); a manifest that
+        # is not UTF-8 is `records verify`'s, which reads every file
+        assert code == (0 if what == "bytes" else 2), text
         return
-    if command == "show" and what not in ("list", "binary"):  # show reads record.json only
-        assert code == 0 and paths[1].name in text
+    if command == "show" and what not in ("list", "binary"):  # shown, then named as not intact (exit 2)
+        assert code == 2 and f"error: {paths[1].name} is not intact: " in text, text
         return
     assert code == (1 if command == "verify" else 2), text
     assert paths[1].name in text and "Traceback" not in text
@@ -701,6 +704,48 @@ def test_run_from_a_malformed_latest_record_is_refused_naming_it(tmp_path: Path,
     assert "Traceback" not in proc.stderr
     if b"params" not in content:  # valid JSON without parameters: `_run` says so (without the name)
         assert paths[1].name in proc.stderr, proc.stderr
+
+
+def test_run_from_a_latest_record_edited_after_sealing_is_refused_and_show_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Attack re-run (7 Dec 2026): a record.json edited after sealing (a node's address, rollout_concurrency),
+    valid JSON with its link intact, was resumed from by ``run --from`` and shown by ``records show`` without a
+    word, where ``records verify`` and rollback name it. ``--from`` now refuses it before anything runs (it
+    would plan, or with --apply change, what the edit says), and ``show`` names it (exit 2)."""
+    from runbook_lib.cli.cmd_run import _resume_values
+
+    root, paths = _sealed_chain(tmp_path)
+    record = paths[1] / records.RECORD_JSON
+    data = json.loads(record.read_text())
+    data["params"] = {"cluster": "sim-gpu", "rollout_concurrency": 3}
+    record.write_text(json.dumps(data))
+    with pytest.raises(
+        PermanentError, match=r"record .* is not intact \(.*edited file record.json\)"
+    ) as raised:
+        _resume_values(root, apply=False)
+    assert paths[1].name in raised.value.message and "records verify" in (raised.value.hint or "")
+    assert main(["records", "show", paths[1].name, "--dir", str(root)]) == 2
+    assert (
+        f"error: {paths[1].name} is not intact: {paths[1].name}: edited file record.json"
+        in capsys.readouterr().err
+    )
+    assert main(["records", "show", paths[0].name, "--dir", str(root)]) == 0  # an intact one still shows
+
+
+def test_seal_aborted_seals_a_directory_whose_name_holds_no_time(tmp_path: Path) -> None:
+    """Attack re-run (7 Dec 2026): ``records seal-aborted 20261207T999999Z-…`` crashed with a strptime
+    ValueError right after ``records verify`` had suggested that command; it is sealed, its start unknown."""
+    root = tmp_path / "records"
+    path = records.create_record_dir(root, "sim-gpu", run_id="0000000a")
+    odd = path.with_name("20261207T999999Z-sim-gpu-0000000a")
+    path.rename(odd)
+    (odd / "01-preflight.ipynb").write_text("{}")
+    assert odd in records.check(root).aborted
+    records.seal_aborted(odd)
+    sealed = records.load_record(odd)
+    assert sealed["outcome"] == "aborted" and sealed["started"] is None and sealed["cluster"] == "sim-gpu"
+    assert records.verify(root) == []
 
 
 def test_verify_waits_for_a_seal_in_progress_instead_of_reporting_it(chain: tuple[Path, list[Path]]) -> None:

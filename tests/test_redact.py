@@ -116,3 +116,24 @@ def test_a_go_cmp_diff_indented_with_non_breaking_spaces_is_masked() -> None:
     for secret in ("abcdef.0123456789abcdef", "c2VjcmV0LXZhbHVlLTEyMzQ1", "bmV3LXNlY3JldC12YWx1ZQ=="):
         assert secret not in out, out
     assert out.count(MASK) == 3 and out.count("\n") == diff.count("\n")
+
+
+def test_key_equals_value_forms_are_masked_and_ordinary_assignments_kept() -> None:
+    """Attack re-run (7 Dec 2026): an exec credential plugin whose debug line said ``token=<the API token>`` on
+    stderr put the live token into a sealed record (helm's journalled stderr): that token is in no file the
+    record's scrubber reads. ``key=value`` forms of secret keys are masked: a log line, a ``--token=`` flag and a
+    URL's ``access_token=``; helm's ``--set`` values and kernel arguments are not secrets and stay."""
+    token = "9f7b8d2af343e224ff3d9be863872ba3472a00ff113d1ec9"
+    lines = [
+        f"debug: exec plugin: token={token}",
+        f"kubectl get nodes --token={token}",
+        f"GET https://api.example/v1?access_token={token}&x=1",
+        f"client_secret={token}, password='{token}'",
+    ]
+    out = redact("\n".join(lines))
+    assert token not in out, out
+    assert out.count(MASK) == 5 and "&x=1" in out, out
+    kept = (
+        "helm upgrade --set runtimeClassName=nvidia --set gfd.enabled=true talos.platform=metal console=ttyS0"
+    )
+    assert redact(kept) == kept

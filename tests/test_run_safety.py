@@ -23,6 +23,7 @@ import yaml
 from runbook_lib.cli import cmd_run, main
 from runbook_lib.clients.kube import Kube
 from runbook_lib.clients.talosctl import Talosctl
+from runbook_lib.errors import PermanentError
 from runbook_lib.model.params import Params, validate
 from runbook_lib.notebook import lock, records, runner
 from runbook_lib.sim import cluster as sim_cluster
@@ -130,6 +131,18 @@ def test_an_applying_run_of_some_steps_runs_preflight_first_and_a_plan_or_a_roll
     assert names(None, "verify", apply=True) == ["verify", "kubernetes", "cuda-test"]
     assert names(["cuda-test"], apply=True) == ["cuda-test"]
     assert names(["rollback"], apply=True) == ["rollback"]  # its plan asks for its own writes
+
+
+def test_from_and_steps_that_select_no_step_are_an_error_naming_both(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Attack re-run (7 Dec 2026): ``runbook run --from verify --steps preflight`` ended in an IndexError
+    traceback (exit 1); it is a usage error (exit 2) before anything starts, naming both options."""
+    with pytest.raises(PermanentError, match=r"--from verify and --steps preflight select no step"):
+        runner.select_steps(["preflight"], "verify")
+    assert main(["run", "-p", PARAMS, "--from", "verify", "--steps", "preflight"]) == 2
+    err = capsys.readouterr().err
+    assert "select no step" in err and "Traceback" not in err, err
 
 
 @pytest.mark.slow

@@ -84,14 +84,17 @@ def _list(args: argparse.Namespace) -> int:
         sys.stdout.write(
             f"{row.name}  {row.outcome:<10} {mode:<5} {row.changes:>3} changes  {steps}{nodes}\n"
         )
-    head = records.read_chain(_root(args.dir), quick=True).head
-    if head is not None and (head / records.MANIFEST).is_file():
-        sys.stdout.write(_head_line(head))
+    chain = records.read_chain(_root(args.dir), quick=True)
+    if chain.head is not None and (chain.head / records.MANIFEST).is_file():
+        sys.stdout.write(_head_line(chain.head))
     malformed = [row.name for row in rows if row.problem]
     if malformed:  # every record is listed, but a script must notice
         sys.stderr.write(f"error: malformed record(s): {', '.join(malformed)} (`runbook records verify`)\n")
-        return 2
-    return 0
+    # the links only (each record.json's head): a broken one was listed without a word (attack re-run,
+    # 7 Dec 2026); the files' hashes are `records verify`'s, which reads every file
+    for problem in chain.problems:
+        sys.stderr.write(f"error: {problem} (`runbook records verify`)\n")
+    return 2 if malformed or chain.problems else 0
 
 
 def _mapping(data: dict[str, Any], key: str) -> dict[str, Any]:
@@ -101,11 +104,24 @@ def _mapping(data: dict[str, Any], key: str) -> dict[str, Any]:
 
 
 def _show(args: argparse.Namespace) -> int:
+    """The record, then (exit 2) what makes it not intact: a record.json edited after sealing was shown without
+    a word (attack re-run, 7 Dec 2026); ``records verify`` checks the whole folder."""
     path = records.resolve(_root(args.dir), args.name)
     data = records.load_record(path)
     if args.json:
         sys.stdout.write(json.dumps(data, indent=2) + "\n")
-        return 0
+    else:
+        _show_text(path, data)
+    problems = records.verify_record(path) or records.chain_problems(path)
+    if problems:
+        sys.stderr.write(
+            f"error: {path.name} is not intact: {'; '.join(problems)} (`runbook records verify`)\n"
+        )
+        return 2
+    return 0
+
+
+def _show_text(path: Path, data: dict[str, Any]) -> None:
     out = sys.stdout
     who = _mapping(data, "who")
     git = _mapping(data, "runbook")
@@ -132,7 +148,6 @@ def _show(args: argparse.Namespace) -> int:
     _show_changes(records.listed(data, "changes"))
     if data.get("note"):
         out.write(f"note: {data['note']}\n")
-    return 0
 
 
 def _show_steps(steps: list[dict[str, Any]]) -> None:

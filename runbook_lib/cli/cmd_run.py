@@ -354,6 +354,19 @@ def _resume_values(root: Path, *, apply: bool) -> dict[str, Any]:
     return {**values, "apply": False}
 
 
+def _intact(path: Path, data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` when its record is intact. Why: ``--from`` resumed from a record.json edited after sealing (a
+    node's address, ``rollout_concurrency``) without a word, where rollback refuses such a record as evidence
+    (attack re-run, 7 Dec 2026)."""
+    problems = records.verify_record(path) or records.chain_problems(path)
+    if problems:
+        raise PermanentError(
+            f"the latest run's record {path.name} is not intact ({problems[0]}): its parameters are not resumed",
+            hint="`runbook records verify` names every problem; give -p PARAMS",
+        )
+    return data
+
+
 def _latest_run(root: Path) -> dict[str, Any]:
     """The newest record of a run, passing over newer rollback records (named on stderr).
 
@@ -376,7 +389,7 @@ def _latest_run(root: Path) -> dict[str, Any]:
         if not any(step.get("name") == "rollback" for step in records.listed(data, "steps")):
             if passed:
                 sys.stderr.write(f"passing over the rollback record(s) {', '.join(passed)}\n")
-            return data
+            return _intact(path, data)
         passed.append(path.name)
     raise PermanentError(
         f"the records of cluster {cluster!r} in {root} are all of rollbacks: none holds a run's parameters to "

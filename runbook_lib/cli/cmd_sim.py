@@ -25,7 +25,15 @@ from runbook_lib.sim.state import default_state_dir, load_nodes, sim_paths
 
 
 def _state(args: argparse.Namespace) -> Path:
-    return Path(args.state).resolve() if args.state else default_state_dir()
+    """``--state``, else the default. An empty ``--state ''`` (a script's unset variable) is refused: it fell
+    back to ``$RUNBOOK_SIM_STATE`` and ``sim down --purge`` removed that state (attack re-run, 7 Dec 2026)."""
+    if args.state is None:
+        return default_state_dir()
+    if not args.state.strip():
+        raise PermanentError(
+            "--state is empty", hint="give the simulator's state directory, or leave out --state"
+        )
+    return Path(args.state).resolve()
 
 
 def _add_state(parser: argparse.ArgumentParser) -> None:
@@ -326,9 +334,11 @@ def _print_up(
     for n in nodes:
         gpus = f"{len(n.gpus)}x {n.gpus[0].model}" if n.gpus else "no GPU"
         out.write(f"  {n.address:<12} {n.name:<18} {n.role:<13} {gpus}\n")
-    kubeconfig = f" KUBECONFIG={paths.kubeconfig}" if paths.kubeconfig.exists() else ""
+    # quoted: a state path with `$(…)` in it ran, pasted (attack re-run, 7 Dec 2026); $PATH stays expanded
+    kubeconfig = f" KUBECONFIG={shlex.quote(str(paths.kubeconfig))}" if paths.kubeconfig.exists() else ""
     out.write(
-        f"\nUse it from a shell:\n  export PATH={paths.bin_dir}:$PATH TALOSCONFIG={paths.talosconfig}{kubeconfig}\n"
+        f"\nUse it from a shell:\n  export PATH={shlex.quote(str(paths.bin_dir))}:$PATH "
+        f"TALOSCONFIG={shlex.quote(str(paths.talosconfig))}{kubeconfig}\n"
     )
 
 
@@ -395,12 +405,29 @@ def _down(args: argparse.Namespace) -> int:
             f"{sim_paths(state_dir).pid} names process {foreign}, which is not this simulator's daemon "
             "(stale pid file): left alone\n"
         )
-    stopped = _stop_all(state_dir)
+    files = cmd_run.SimLeases.of(state_dir.resolve())  # as a run keys it (cmd_run._state_dir)
+    with lock.held(files.lifecycle):  # no run takes a lease meanwhile
+        _refuse_while_used(state_dir, files)
+        stopped = _stop_all(state_dir)
     sys.stdout.write("simulator stopped\n" if stopped else "simulator was not running\n")
     if args.purge and state_dir.exists():
         shutil.rmtree(state_dir)
         sys.stdout.write(f"removed {state_dir}\n")
     return 0
+
+
+def _refuse_while_used(state_dir: Path, files: cmd_run.SimLeases) -> None:
+    """Refuse to stop a simulator a ``runbook run`` is using. Why: ``sim down`` under an ``--apply`` run in its
+    image step left that run in ``talosctl upgrade`` until its 30-minute timeout, and its record then said an
+    upgrade the node never had "finished after the interrupt" (attack re-run, 7 Dec 2026)."""
+    holders = lock.live_leases(files.leases)
+    if holders:
+        raise PermanentError(
+            f"the simulated cluster at {state_dir} is in use by {len(holders)} run(s) ({'; '.join(holders)}): "
+            "not stopped",
+            hint="let the run end (the last run out stops a simulator a run started), or interrupt it (Ctrl-C, "
+            "which seals its record), then run sim down again",
+        )
 
 
 def _scenarios(_args: argparse.Namespace) -> int:

@@ -3,7 +3,7 @@
 Why here and not "be careful": a machine-config diff's context lines, ``talosctl get machineconfig``
 output and a kubeconfig all carry keys and tokens, and change records are shared widely.  Every text that
 leaves a client passes through :func:`redact`, which blanks the values of secret-bearing keys in YAML
-(``key: value``, also with diff prefixes ``+``/``-``) and JSON (``"key": "value"``) forms.
+(``key: value``, also with diff prefixes ``+``/``-``), JSON (``"key": "value"``) and ``key=value`` forms.
 """
 
 from __future__ import annotations
@@ -50,6 +50,10 @@ _ESCAPED = re.compile(
     rf"(?P<lead>\\n[ \t]*(?:- )?(?P<key>{_KEYS}):[ \t]+)(?P<value>[^\s\\\"|>][^\\\"]*)", re.IGNORECASE
 )
 _BEARER = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]{8,}")
+#: ``token=…``, ``--token=…``, ``?access_token=…``: how a credential plugin's debug line, a flag or a URL says it.
+#: Why: an exec credential plugin logging ``token=<the API token>`` on stderr put it into a sealed record, its
+#: token being in no file the record's scrubber reads (attack re-run, 7 Dec 2026).
+_ASSIGN = re.compile(rf"(?<![A-Za-z0-9_])(?P<lead>(?:{_KEYS})=[\"']?)(?P<value>[^\s&\"',;]+)", re.IGNORECASE)
 
 
 def redact(text: str) -> str:
@@ -64,6 +68,7 @@ def redact(text: str) -> str:
     text = _JSON.sub(lambda m: m.group("lead") + f'"{MASK}"' if m.group("value") else m.group(0), text)
     text = _NESTED_JSON.sub(lambda m: m.group("lead") + MASK + m.group("end"), text)
     text = _ESCAPED.sub(lambda m: m.group("lead") + MASK, text)
+    text = _ASSIGN.sub(lambda m: m.group("lead") + MASK, text)
     return _BEARER.sub(lambda m: m.group(1) + MASK, text)
 
 

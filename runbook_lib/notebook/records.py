@@ -409,6 +409,16 @@ ABORTED_NOTE = (
 )
 
 
+def _started(stamp: str) -> str | None:
+    """The start time a record's name carries; None when it is no time (``…T999999Z``: the name was made by hand
+    or damaged). Why not an error: the directory is still sealed as evidence; ``seal-aborted`` crashed on it
+    with a ValueError after ``records verify`` had suggested it (attack re-run, 7 Dec 2026)."""
+    try:
+        return datetime.strptime(stamp, "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC).isoformat()
+    except ValueError:
+        return None
+
+
 def seal_aborted(
     path: Path, *, secrets: Iterable[str] = (), read_journal: JournalReader | None = None
 ) -> str:
@@ -427,7 +437,7 @@ def seal_aborted(
     record: dict[str, Any] = {
         "run_id": run_id,
         "cluster": cluster,
-        "started": datetime.strptime(stamp, "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC).isoformat(),
+        "started": _started(stamp),
         "outcome": "aborted",
         "aborted": True,
         "note": ABORTED_NOTE,

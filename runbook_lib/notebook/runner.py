@@ -86,7 +86,13 @@ def select_steps(steps: Sequence[str] | None, from_step: str | None) -> list[Ste
     if unknown:
         raise PermanentError(f"unknown step(s) {', '.join(unknown)}", hint=f"steps: {', '.join(STEP_NAMES)}")
     start = STEP_NAMES.index(from_step) if from_step else 0
-    return [s for s in STEPS if s.name in wanted and STEP_NAMES.index(s.name) >= start]
+    chosen = [s for s in STEPS if s.name in wanted and STEP_NAMES.index(s.name) >= start]
+    if not chosen:  # ``--from verify --steps preflight`` raised an IndexError (attack re-run, 7 Dec 2026)
+        raise PermanentError(
+            f"--from {from_step} and --steps {','.join(wanted)} select no step: --from skips the steps before it",
+            hint=f"name steps at or after {from_step}, or leave out --steps (runbook order: {', '.join(STEP_NAMES)})",
+        )
+    return chosen
 
 
 #: The steps that change the Talos nodes: a run of either gets preflight's node checks first (with_preflight).

@@ -38,12 +38,15 @@ def write(path: Path) -> None:
 
 
 def read(path: Path) -> tuple[int, str | None] | None:
-    """(pid, start time) from a pid file; start time None for a file written before it was recorded."""
+    """(pid, start time) from a pid file; start time None for a file written before it was recorded. None for
+    what is no process's id: ``0`` and ``-1`` made ``sim down`` crash in ``os.pidfd_open`` (attack re-run, 7 Dec
+    2026); to ``kill`` they mean the process group and every process."""
     try:
         parts = path.read_text().split()
-        return int(parts[0]), (parts[1] if len(parts) > 1 else None)
+        pid = int(parts[0])
     except (OSError, ValueError, IndexError):
         return None
+    return (pid, parts[1] if len(parts) > 1 else None) if pid > 0 else None
 
 
 def _state_arg(argv: list[str], cwd: str) -> str | None:

@@ -318,6 +318,68 @@ def test_sim_down_never_signals_a_process_it_did_not_start(tmp_path: Path) -> No
     assert str(victim.pid) in down.stderr  # says which pid it left alone
 
 
+@pytest.mark.parametrize("pid", ["0", "-1"])
+def test_sim_down_leaves_a_pid_file_naming_no_process_alone(tmp_path: Path, pid: str) -> None:
+    """Attack re-run (7 Dec 2026): a daemon.pid of 0 or -1 (to kill(2): the process group, every process) made
+    ``sim down`` crash in ``os.pidfd_open``; it is a stale pid file, left alone as any other."""
+    cluster.create(tmp_path, cluster.ClusterSpec(workers=1))
+    sim_paths(tmp_path).pid.write_text(f"{pid}\n")
+    down = runbook("sim", "down", "--state", str(tmp_path))
+    assert down.returncode == 0 and down.stdout == "simulator was not running\n", down.stderr
+    assert "Traceback" not in down.stderr
+
+
+def test_an_empty_state_option_is_refused_not_read_as_the_default(tmp_path: Path) -> None:
+    """Attack re-run (7 Dec 2026): a script's ``--state "$DIR"`` with DIR unset fell back to
+    ``$RUNBOOK_SIM_STATE``, and ``sim down --purge`` removed that state."""
+    state = tmp_path / "state"
+    cluster.create(state, cluster.ClusterSpec(workers=1))
+    env = {**os.environ, "RUNBOOK_SIM_STATE": str(state)}
+    down = subprocess.run(
+        [sys.executable, "-m", "runbook_lib", "sim", "down", "--purge", "--state", ""],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=env,
+    )
+    assert down.returncode == 2 and "--state is empty" in down.stderr, down.stderr
+    assert sim_paths(state).talosconfig.exists()
+
+
+def test_the_shell_line_quotes_the_state_paths(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Attack re-run (7 Dec 2026): ``sim up``'s "Use it from a shell: export PATH=…" printed the state path
+    unquoted, so a path holding ``$(touch …)`` ran it when pasted."""
+    from runbook_lib.cli.cmd_sim import _print_up
+
+    state = tmp_path / "s$(touch INJ)"
+    spec = cluster.ClusterSpec(workers=1)
+    cluster.create(state, spec)
+    _print_up(state, spec, load_nodes(state), {}, "v1.12.7")
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.strip().startswith("export PATH="))
+    subprocess.run(["bash", "-c", line.strip()], cwd=tmp_path, check=True, timeout=30)
+    assert not (tmp_path / "INJ").exists(), line
+
+
+def test_sim_down_refuses_while_a_run_uses_the_simulator(tmp_path: Path) -> None:
+    """Attack re-run (7 Dec 2026): ``sim down`` under an ``--apply`` run stopped the simulator (rc 0); the run
+    then hung in ``talosctl upgrade`` until its timeout. A run holds a lease on the simulator it uses
+    (``cmd_run._simulated_cluster``): ``sim down`` and ``--purge`` refuse while one is held, naming it."""
+    from runbook_lib.cli.cmd_run import SimLeases
+    from runbook_lib.notebook import lock
+
+    state = tmp_path / "state"
+    cluster.create(state, cluster.ClusterSpec(workers=1))
+    with lock.lease(SimLeases.of(state.resolve()).leases):  # as a run holds it while it runs
+        for extra in ([], ["--purge"]):
+            down = runbook("sim", "down", "--state", str(state), *extra)
+            assert down.returncode == 2, down.stdout + down.stderr
+            assert "is in use by 1 run(s)" in down.stderr and "not stopped" in down.stderr, down.stderr
+    assert sim_paths(state).talosconfig.exists()
+    assert runbook("sim", "down", "--state", str(state)).returncode == 0  # the run has ended
+
+
 def test_purge_deletes_only_a_simulator_state_directory(tmp_path: Path) -> None:
     """Attack report F7: ``sim down --purge --state <dir>`` deleted any directory, e.g. a mistyped one."""
     decoy = tmp_path / "decoy"
