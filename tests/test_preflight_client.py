@@ -110,3 +110,35 @@ def test_preflight_refuses_a_release_the_image_factory_does_not_build(
         "-rc.1"
     ):  # not in GET /versions (only the newest line's alpha and beta are), still built
         assert "serves the extensions of Talos v1.14.0-rc.1" in check.message, check.message
+
+
+def test_a_talosconfig_talosctl_cannot_read_is_named_not_called_unreachable_nodes(tmp_path: Path) -> None:
+    """Attack re-run (7 Dec 2026): a talosconfig that is not YAML made preflight say of every node "unreachable:
+    … bring the node back (power, network …)". The real talosctl's error (run here) names the talosconfig; so
+    does preflight now, with the parameter as the fix."""
+    import subprocess
+
+    from runbook_lib.model.params import Node
+    from runbook_lib.sim import realtalos
+    from runbook_lib.steps.preflight import _unreachable
+    from runbook_lib.steps.results import NodeResult
+
+    binary = realtalos.cached_talosctl("v1.12.0")
+    if binary is None:
+        pytest.skip("the real talosctl v1.12.0 is not built (make setup)")
+    bad = tmp_path / "talosconfig"
+    bad.write_text("context: a: b\n")
+    run = subprocess.run(
+        [str(binary), "--talosconfig", str(bad), "-n", "10.5.0.11", "version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    error = run.stderr.strip().splitlines()[-1]
+    assert error.startswith(f'failed to open config file "{bad}": yaml: '), run.stderr
+    res = NodeResult(node="gpu-1", address="10.5.0.11")
+    _unreachable(res, Node(name="gpu-1", address="10.5.0.11"), {"10.5.0.11": error})
+    assert res.status == "failed" and res.message.startswith("talosctl cannot read its talosconfig: "), res
+    (check,) = res.checks
+    assert "`talosconfig` parameter" in check.fix and "power" not in check.fix, check

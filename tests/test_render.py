@@ -238,21 +238,21 @@ def test_talosctl_s_quoted_lines_stay_inside_the_node_s_block() -> None:
     result = StepResult(step="image", applied=True)
     node = NodeResult(node="gpu-worker-3", address="10.5.0.13", status="failed")
     node.message = f"talosctl upgrade failed: {UPGRADE_ERROR}\n" + "\n".join(f"line {i}" for i in range(30))
-    node.checks.append(Check("boot", False, "not back", fix="talosctl -n 10.5.0.13 dmesg\nthen re-run"))
+    # a fix stays as written: its heredoc ends only at a flush-left EOF (review of 7 Dec 2026)
+    heredoc = "cat > p.yaml <<EOF\nmachine: {}\nEOF\ntalosctl -n 10.5.0.13 patch mc --patch @p.yaml"
+    node.checks.append(Check("boot", False, "not back", fix=heredoc))
     result.nodes.append(node)
     lines = failure_text(result).splitlines()
     block = lines[lines.index(next(x for x in lines if x.startswith("  gpu-worker-3 (10.5.0.13): "))) :]
-    assert all(x.startswith("  ") for x in block), block
+    message = block[: block.index("    boot: not back")]
+    assert all(x.startswith("  ") for x in message), message
     assert any(x.startswith("      error: sequence error: sequence failed: error running") for x in block), (
         block
     )
-    assert "    fix: talosctl -n 10.5.0.13 dmesg" in block and "      then re-run" in block, block
+    fix = ["    fix: cat > p.yaml <<EOF", "machine: {}", "EOF", heredoc.splitlines()[-1]]
+    assert block[-4:] == fix, block
     compacted = compact_failure(lines)
-    assert compacted[-3:] == [
-        "    boot: not back",
-        "    fix: talosctl -n 10.5.0.13 dmesg",
-        "      then re-run",
-    ]
+    assert compacted[-5:] == ["    boot: not back", *fix], compacted
     assert "    (the tool's output: in the record)" in compacted and "      line 29" not in compacted, (
         compacted
     )

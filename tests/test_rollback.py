@@ -710,6 +710,22 @@ def test_labels_the_kubernetes_step_added_are_left_with_the_kubectl_commands_tha
     assert evidence_from_records([("run-1", record)]).not_undone == [f"run-1: {c}" for c in changes]
 
 
+def test_the_label_comes_off_every_node_only_when_the_layer_the_runbook_created_is_gone() -> None:
+    """A rollback run again after one that removed the layer (its go-on after an interrupt) reads the layer as
+    gone (``data["kubernetes"] == []``): the label comes off every labelled node. Not when the run upgraded a
+    site's release (it created none): that plugin stays and serves the nodes that stay (review of 7 Dec 2026)."""
+    labelled = [{"node": f"gpu-{i}", "label": "nvidia.com/gpu.present", "before": None} for i in (1, 2)]
+    kube: dict[str, Any] = {"name": "kubernetes", "status": "changed"}
+    release = {"kind": "helm-release", "name": "nvidia-device-plugin", "namespace": "kube-system"}
+    gone = StepResult(step="rollback", applied=False)
+    gone.data["kubernetes"] = []
+    for created, expected in (([release], True), ([], False)):
+        kube["result"] = {"applied": True, "data": {"changes": [], "labelled": labelled, "created": created}}
+        evidence = evidence_from_records([("run-1", {"params": {"nodes": []}, "steps": [kube]})])
+        assert rollback_step.layer_goes(None, gone, evidence) is expected, created
+        assert rollback_step.layer_goes(None, StepResult(step="rollback", applied=False), evidence) is False
+
+
 def test_an_upgrade_of_a_release_the_run_did_not_create_is_listed_as_not_undone_with_helm_rollback() -> None:
     """A run that upgraded a release an earlier run (or someone) installed created nothing: its rollback removed
     nothing and said nothing of the upgrade, counted as undone (operator walkthrough, 6 Dec 2026). A release the

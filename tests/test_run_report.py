@@ -323,6 +323,8 @@ def test_a_fix_s_talosctl_is_the_run_s_own_binary_and_talosconfig() -> None:
     result = StepResult(step="image", applied=True)
     node = NodeResult("gpu-1", "10.0.0.1", status="failed", message="see `talosctl -n 10.0.0.1 dmesg`")
     node.checks.append(Check("upgrade", False, "failed", fix="read (`talosctl -n 10.0.0.1 dmesg`); then x"))
+    # a cause that gives a command (the unsupported GPU's: attack re-run, 7 Dec 2026)
+    node.checks.append(Check("driver", False, "no GPU", cause="see talosctl -n 10.0.0.1 dmesg | grep NVRM"))
     result.nodes.append(node)
     result.checks.append(Check("tools", False, "x", fix="/opt/talosctl -n 1.2.3.4 version; mytalosctl -n a"))
     rewrite_runnable(result, talosctl_as_run("/opt/bin/talosctl", "/etc/talos dev/config"))
@@ -330,6 +332,7 @@ def test_a_fix_s_talosctl_is_the_run_s_own_binary_and_talosconfig() -> None:
         node.checks[0].fix
         == "read (`/opt/bin/talosctl --talosconfig '/etc/talos dev/config' -n 10.0.0.1 dmesg`); then x"
     )
+    assert node.checks[1].cause.startswith("see /opt/bin/talosctl --talosconfig '/etc/talos dev/config' -n ")
     assert node.message == "see `talosctl -n 10.0.0.1 dmesg`", "what the step saw is quoted as it ran"
     assert result.checks[0].fix == "/opt/talosctl -n 1.2.3.4 version; mytalosctl -n a", (
         "not inside other words"

@@ -13,10 +13,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from runbook_lib.cli import cmd_run
 from runbook_lib.notebook import interrupts, lock, records, runner
 from runbook_lib.notebook.record_content import step_line_summary
 from runbook_lib.notebook.steps import journal_file
-from runbook_lib.sim import state as sim_state
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -84,7 +84,8 @@ def _list(args: argparse.Namespace) -> int:
         sys.stdout.write(
             f"{row.name}  {row.outcome:<10} {mode:<5} {row.changes:>3} changes  {steps}{nodes}\n"
         )
-    chain = records.read_chain(_root(args.dir), quick=True)
+    with records.reading(_root(args.dir)):  # a seal in progress is waited for, not named as a broken link
+        chain = records.read_chain(_root(args.dir), quick=True)
     if chain.head is not None and (chain.head / records.MANIFEST).is_file():
         sys.stdout.write(_head_line(chain.head))
     malformed = [row.name for row in rows if row.problem]
@@ -264,7 +265,7 @@ def _seal_aborted(args: argparse.Namespace) -> int:
         kubeconfig if isinstance(kubeconfig, str) else None,
     )
     if params.get("target", "simulated") == "simulated":
-        state = Path(args.state) if args.state else sim_state.default_state_dir()
+        state = cmd_run._state_dir(args.state)
         paths += [str(state / "talosconfig"), str(state / "kubeconfig")]
     # A run applying into this folder holds this lock: the directory may be its own, not an aborted one.
     with lock.exclusive(root / lock.RECORDS_LOCK, f"the records folder {root}"):

@@ -183,7 +183,16 @@ class SimLeases:
 
 
 def _state_dir(state: str | Path | None) -> Path:
-    return Path(state).resolve() if state else sim_state.default_state_dir().resolve()
+    """``--state``, else the default (``$RUNBOOK_SIM_STATE`` or ``<repo>/.sim/default``). An empty one (a script's
+    unset ``--state "$DIR"``) is refused: it was read as the default, so ``sim down --purge --state ''`` removed
+    that state (attack re-run, 7 Dec 2026) and a run used, or made, the default simulator (review)."""
+    if state is None:
+        return sim_state.default_state_dir().resolve()
+    if not str(state).strip():
+        raise PermanentError(
+            "--state is empty", hint="give the simulator's state directory, or leave out --state"
+        )
+    return Path(state).resolve()
 
 
 @contextlib.contextmanager

@@ -21,19 +21,12 @@ from runbook_lib.model.params import load_params
 from runbook_lib.model.versions import TalosVersion
 from runbook_lib.notebook import lock
 from runbook_lib.sim import cluster, faults, realkube, scenarios, toolserver
-from runbook_lib.sim.state import default_state_dir, load_nodes, sim_paths
+from runbook_lib.sim.state import load_nodes, sim_paths
 
 
 def _state(args: argparse.Namespace) -> Path:
-    """``--state``, else the default. An empty ``--state ''`` (a script's unset variable) is refused: it fell
-    back to ``$RUNBOOK_SIM_STATE`` and ``sim down --purge`` removed that state (attack re-run, 7 Dec 2026)."""
-    if args.state is None:
-        return default_state_dir()
-    if not args.state.strip():
-        raise PermanentError(
-            "--state is empty", hint="give the simulator's state directory, or leave out --state"
-        )
-    return Path(args.state).resolve()
+    """``--state`` as ``runbook run`` reads it (``cmd_run._state_dir``: an empty one is refused)."""
+    return cmd_run._state_dir(args.state)
 
 
 def _add_state(parser: argparse.ArgumentParser) -> None:
@@ -406,13 +399,13 @@ def _down(args: argparse.Namespace) -> int:
             "(stale pid file): left alone\n"
         )
     files = cmd_run.SimLeases.of(state_dir.resolve())  # as a run keys it (cmd_run._state_dir)
-    with lock.held(files.lifecycle):  # no run takes a lease meanwhile
+    with lock.held(files.lifecycle):  # no run takes a lease, nor brings it up, until it is stopped or removed
         _refuse_while_used(state_dir, files)
         stopped = _stop_all(state_dir)
-    sys.stdout.write("simulator stopped\n" if stopped else "simulator was not running\n")
-    if args.purge and state_dir.exists():
-        shutil.rmtree(state_dir)
-        sys.stdout.write(f"removed {state_dir}\n")
+        sys.stdout.write("simulator stopped\n" if stopped else "simulator was not running\n")
+        if args.purge and state_dir.exists():
+            shutil.rmtree(state_dir)
+            sys.stdout.write(f"removed {state_dir}\n")
     return 0
 
 

@@ -243,8 +243,9 @@ class Timeouts(_Strict):
     """How long the runbook waits for the cluster before it calls a node or a rollout failed."""
 
     upgrade_seconds: Seconds = Field(default=1800, ge=10)
-    """One node's `talosctl upgrade --wait --timeout=<this>s` (talosctl's own default is 30 minutes); the plan
-    prints the command with it, as it runs."""
+    """A `talosctl upgrade --wait --timeout=<this>s` (talosctl's own default is 30 minutes): one process for a
+    node, or for the nodes of a batch upgraded together (then it spans them all); the plan prints each node's
+    command with it."""
     node_ready_seconds: Seconds = Field(default=300, ge=5)
     """A node answering again, on the planned schematic, after its upgrade."""
     kubernetes_seconds: Seconds = Field(default=300, ge=5)

@@ -264,7 +264,8 @@ def summary(step: str, signal_name: str, journal: list[dict[str, Any]], cell_end
     """One line for the record: what the interrupted step had changed, and what may have.
 
     A change whose command exited non-zero is counted apart: it was counted as having reached the cluster
-    (operator walkthrough, 6 Dec 2026), yet a refused patch changed nothing, and only one cut short by the
+    (operator walkthrough, 6 Dec 2026), yet a refused patch changed nothing; one over several nodes (a grouped
+    upgrade, a patch of a batch) exits 1 when any node failed, the others changed, and one cut short by the
     interrupt (a talosctl upgrade exits 1 then, the node going on) may have reached it."""
     done = [e for e in journal if e.get("changes_cluster") and e.get("interrupt") != IN_FLIGHT]
     failed = [e for e in done if e.get("exit_code") not in (0, None)]
@@ -275,7 +276,10 @@ def summary(step: str, signal_name: str, journal: list[dict[str, Any]], cell_end
         text += f"{reached} change(s) reached the cluster" if reached else "no change reached the cluster"
         text += "; " if failed else ""
     if failed:
-        text += f"{len(failed)} change(s) failed (exit non-zero: one cut short by the interrupt may have reached it)"
+        text += (
+            f"{len(failed)} change(s) exited non-zero (one over several nodes may have changed some of them, one "
+            "cut short by the interrupt may have reached its node: see the node results)"
+        )
     if maybe:
         text += f"; {len(maybe)} more in flight then may have reached it"
     if done or maybe:

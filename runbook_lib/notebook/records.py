@@ -350,7 +350,7 @@ def _chain_lock(root: Path) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _reading(root: Path) -> Iterator[None]:
+def reading(root: Path) -> Iterator[None]:
     """Readers wait for a seal in progress, so a half-written record is never reported as tampered.
 
     A folder that cannot be locked (read-only: a downloaded CI artifact, a mount) is read as it is.
@@ -858,7 +858,7 @@ def check(root: Path, expect: Iterable[str] = ()) -> Chain:
             f"no records folder at {root}: nothing to verify (give the folder the runs wrote: --records DIR)"
         )
         return Chain(problems=[missing, *check_anchors(root, expect, Chain())])
-    with _reading(root):
+    with reading(root):
         chain = read_chain(root)
         anchors = check_anchors(root, expect, chain)
         inside = [
@@ -876,7 +876,7 @@ def chain_problems(path: Path) -> list[str]:
     (:func:`verify_record`); only the chain shows it was never sealed there.  The links are read quickly
     (the head of each record.json), so this costs little in a folder of fleet runs.
     """
-    with _reading(path.parent):
+    with reading(path.parent):
         chain = read_chain(path.parent, quick=True)
     return [problem for problem in chain.problems if path.name in problem]
 

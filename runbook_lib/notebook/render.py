@@ -285,7 +285,7 @@ def failure_text(result: StepResult, *, limit: int = 5) -> str:
     """A plain-text diagnosis for the exception that stops a headless run (it lands in the error cell)."""
     lines = [result.summary()]
     for check in (c for c in result.checks if not c.ok):
-        fix = f"\n    fix: {_under(check.fix)}" if check.fix else ""
+        fix = f"\n    fix: {check.fix}" if check.fix else ""
         lines.append(f"  {check.name}: {_under(check.message)}{fix}")
     groups = _alike_failures(result.failing())
     for group in groups[:limit]:
@@ -305,7 +305,7 @@ def failure_text(result: StepResult, *, limit: int = 5) -> str:
                 f"    {check.name}: {QUOTED if _quoted(node, check) else _under(say(check.message))}"
             )
             if check.fix:
-                lines.append(f"    fix: {_under(say(check.fix))}")
+                lines.append(f"    fix: {say(check.fix)}")
     more = sum(len(g) for g in groups[limit:])
     if more:
         lines.append(f"  … {more} more failing nodes (see the rendered table and the record)")
@@ -319,7 +319,9 @@ CONTINUATION = " " * 6
 def _under(text: str) -> str:
     """``text`` with its continuation lines indented (``CONTINUATION``). Why: talosctl's quoted lines
     (``error: sequence error: …``) were printed flush left inside an indented node block, where they read as
-    the report's own lines (operator walkthrough, 6 Dec 2026); a pasted fix command keeps working indented."""
+    the report's own lines (operator walkthrough, 6 Dec 2026). For messages only: a fix stays as written, since
+    its heredoc (``cat > gpu-worker-patch.yaml <<EOF`` … ``EOF``) ends only at a flush-left ``EOF`` and a
+    patch's ``---`` separates documents only there (review of 7 Dec 2026)."""
     return text.replace("\n", "\n" + CONTINUATION)
 
 

@@ -226,10 +226,25 @@ def _check_node(ctx: Context, res: NodeResult, node: Node, reads: _NodeReads) ->
     )
 
 
+#: What talosctl prints, before contacting any node, when it cannot read its talosconfig (the real talosctl
+#: v1.12.0, given a file that is not YAML: ``failed to open config file "<path>": yaml: mapping values are not
+#: allowed in this context``).
+CONFIG_UNREADABLE = "failed to open config file"
+
+
 def _unreachable(res: NodeResult, node: Node, errors: dict[str, str]) -> None:
-    """Fail a node that did not answer: nothing else about it can be known, and a step would fail on it."""
+    """Fail a node that did not answer: nothing else about it can be known, and a step would fail on it.
+
+    A talosconfig talosctl cannot read is named so, with the parameter to fix: it was "unreachable: bring the
+    node back (power, network …)" on every node (attack re-run, 7 Dec 2026)."""
     res.status = "failed"
-    res.message = f"unreachable: {errors.get(node.address, 'no answer to talosctl version')}"
+    error = errors.get(node.address, "no answer to talosctl version")
+    if CONFIG_UNREADABLE in error:
+        res.message = f"talosctl cannot read its talosconfig: {error}"
+        fix = "point the `talosconfig` parameter at a valid talosconfig (`talosctl config info` reads it)"
+        res.checks.append(Check("talosconfig readable", False, res.message, fix=fix, cause="talosconfig"))
+        return
+    res.message = f"unreachable: {error}"
     res.checks.append(
         Check(
             "reachable",

@@ -136,10 +136,12 @@ class StepResult:
 
 
 def rewrite_runnable(result: StepResult, change: Callable[[str], str]) -> None:
-    """Apply ``change`` to what a person runs: every check's fix, the step's and its nodes', the notes, and the
-    rollback's list of what it does not undo (messages and causes quote what the step ran, as it ran it)."""
+    """Apply ``change`` to what a person runs: every check's fix and cause, the step's and its nodes', the notes,
+    and the rollback's list of what it does not undo (messages quote what the step ran, as it ran it). A cause
+    too: the unsupported GPU's says ``talosctl -n <node> dmesg | grep NVRM`` (attack re-run, 7 Dec 2026)."""
     for check in [*result.checks, *(c for n in result.nodes for c in n.checks)]:
         check.fix = change(check.fix)
+        check.cause = change(check.cause)
     result.notes = [change(note) for note in result.notes]
     if isinstance(result.data.get("not_undone"), list):
         result.data["not_undone"] = [change(str(item)) for item in result.data["not_undone"]]

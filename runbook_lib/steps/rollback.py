@@ -154,8 +154,7 @@ def rollback(
     whole_cluster = {n.address for n in nodes} == {n.address for n in ctx.params.nodes}
     keeping = _keeping_nvidia(ctx, nodes, todo, evidence) if whole_cluster and evidence.kubernetes else []
     kube = _kubernetes_plan(ctx, result, evidence, whole_cluster=whole_cluster, keeping=keeping)
-    layer_goes = kube is not None or result.data.get("kubernetes") == []  # []: read, and gone already
-    _not_undone(result, evidence, {t.node.name for t in todo}, layer_goes=layer_goes)
+    _not_undone(result, evidence, {t.node.name for t in todo}, layer_goes=layer_goes(kube, result, evidence))
     _dry_run(ctx, todo, results)
     schedule = rollout_schedule(ctx, result, [t.node.name for t in todo])
     # a cordon a run left is the runbook's change too; a node whose removal reboots it is drained and
@@ -435,6 +434,17 @@ def _refuse(res: NodeResult, node: Node, why: str, unnamed: list[str]) -> None:
             fix=f"{also}, or leave it out of the parameters' nodes and put it back by hand",
         )
     )
+
+
+def layer_goes(kube: gpu_operator_handover.Leftovers | None, result: StepResult, evidence: Evidence) -> bool:
+    """Whether the device plugin the records' runs created is gone after this rollback: it removes it (``kube``),
+    or it was read and is gone already (``data["kubernetes"] == []``: a rollback interrupted after removing it,
+    run again). Only a layer the runbook created counts: a run that upgraded a site's release created none, and
+    that plugin still serves the nodes that stay (review of 7 Dec 2026)."""
+    if kube is not None:
+        return True
+    created = bool(evidence.releases() or evidence.runtime_class())
+    return result.data.get("kubernetes") == [] and created
 
 
 def _not_undone(result: StepResult, evidence: Evidence, back: set[str], *, layer_goes: bool) -> None:
