@@ -9,6 +9,7 @@ Attack report 2026-12-01 F13: on driver-mismatch, unsupported-gpu and mixed-flee
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -90,6 +91,11 @@ def test_the_image_step_names_why_the_upgrade_hung(tmp_path: Path, scenario: str
     assert cause in " ".join(c.message + " " + c.cause for c in checks)
     assert fix in upgrade.fix
     assert_fixes_change_something(checks)
+    if (
+        scenario == "unsupported-gpu"
+    ):  # the command it names is the run's talosctl (attack re-run, 7 Dec 2026)
+        dmesg = shlex.join(ctx.talosctl.argv(["dmesg"], ["10.5.0.5"])) + " | grep NVRM"
+        assert any(dmesg in c.message for c in checks), [c.message for c in checks]
 
 
 def test_preflight_names_a_listed_node_without_an_nvidia_gpu(tmp_path: Path) -> None:

@@ -33,6 +33,7 @@ from runbook_lib.notebook.runner import select_steps
 from runbook_lib.notebook.steps import GATES, RESULT_FILE_ENV, ROLLBACK, run_step
 from runbook_lib.sim import patching, realtalos
 from runbook_lib.sim.state import VANILLA_SCHEMATIC, load_node
+from runbook_lib.steps import gpu_operator_handover
 from runbook_lib.steps import rollback as rollback_step
 from runbook_lib.steps.context import SIM_STATE_ENV, Context, connect
 from runbook_lib.steps.image import image_upgrade
@@ -719,11 +720,18 @@ def test_the_label_comes_off_every_node_only_when_the_layer_the_runbook_created_
     release = {"kind": "helm-release", "name": "nvidia-device-plugin", "namespace": "kube-system"}
     gone = StepResult(step="rollback", applied=False)
     gone.data["kubernetes"] = []
-    for created, expected in (([release], True), ([], False)):
+    runtime_class = {"kind": "RuntimeClass", "name": "nvidia"}
+    for created, expected in (([release], True), ([], False), ([runtime_class], False)):
         kube["result"] = {"applied": True, "data": {"changes": [], "labelled": labelled, "created": created}}
         evidence = evidence_from_records([("run-1", {"params": {"nodes": []}, "steps": [kube]})])
         assert rollback_step.layer_goes(None, gone, evidence) is expected, created
         assert rollback_step.layer_goes(None, StepResult(step="rollback", applied=False), evidence) is False
+        # a RuntimeClass the run created goes, a site's release it upgraded stays: the plugin stays (review)
+        removing = gpu_operator_handover.Leftovers((), True)
+        assert (
+            rollback_step.layer_goes(removing, StepResult(step="rollback", applied=False), evidence)
+            is expected
+        )
 
 
 def test_an_upgrade_of_a_release_the_run_did_not_create_is_listed_as_not_undone_with_helm_rollback() -> None:

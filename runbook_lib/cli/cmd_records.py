@@ -64,7 +64,11 @@ def _root(value: str | None) -> Path:
 
 
 def _list(args: argparse.Namespace) -> int:
-    rows = records.list_records(_root(args.dir))
+    with records.reading(
+        _root(args.dir)
+    ):  # a seal in progress is waited for, not named as malformed or broken
+        rows = records.list_records(_root(args.dir))
+        chain = records.read_chain(_root(args.dir), quick=True)
     if not rows:
         sys.stdout.write(f"no records in {_root(args.dir)}\n")
         return 0
@@ -84,8 +88,6 @@ def _list(args: argparse.Namespace) -> int:
         sys.stdout.write(
             f"{row.name}  {row.outcome:<10} {mode:<5} {row.changes:>3} changes  {steps}{nodes}\n"
         )
-    with records.reading(_root(args.dir)):  # a seal in progress is waited for, not named as a broken link
-        chain = records.read_chain(_root(args.dir), quick=True)
     if chain.head is not None and (chain.head / records.MANIFEST).is_file():
         sys.stdout.write(_head_line(chain.head))
     malformed = [row.name for row in rows if row.problem]

@@ -20,6 +20,7 @@ the causes apart, read only from the failed nodes (a healthy rollout pays nothin
 from __future__ import annotations
 
 import re
+import shlex
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -361,12 +362,14 @@ def _cause(
             nctx,
         )
     gpus = "; ".join(g.describe() for g in nvidia_gpus(devices))
+    # the run's own talosctl and talosconfig: pasted, a plain `talosctl -n` asked the shell's default context
+    # (attack re-run, 7 Dec 2026; the fixes get them from notebook/steps, this message does not)
+    dmesg = shlex.join(ctx.talosctl.argv(["dmesg"], [node.address])) + " | grep NVRM"
     return finding(
         "gpu-unsupported",
         "driver-binding",
         f"the node has {gpus} and its machine config loads the NVIDIA modules, yet the nvidia driver never "
-        f"bound to it in the new boot (`talosctl -n {node.address} dmesg | grep NVRM` shows why while the "
-        "node boots the new image)",
+        f"bound to it in the new boot (`{dmesg}` shows why while the node boots the new image)",
         nctx,
     )
 

@@ -241,8 +241,9 @@ def _unreachable(res: NodeResult, node: Node, errors: dict[str, str]) -> None:
     error = errors.get(node.address, "no answer to talosctl version")
     if CONFIG_UNREADABLE in error:
         res.message = f"talosctl cannot read its talosconfig: {error}"
-        fix = "point the `talosconfig` parameter at a valid talosconfig (`talosctl config info` reads it)"
-        res.checks.append(Check("talosconfig readable", False, res.message, fix=fix, cause="talosconfig"))
+        fix = "point the `talosconfig` parameter at a valid talosconfig (`talosctl --talosconfig <file> config info`)"
+        cause = "the talosconfig is not one talosctl can read"
+        res.checks.append(Check("talosconfig readable", False, res.message, fix=fix, cause=cause))
         return
     res.message = f"unreachable: {error}"
     res.checks.append(

@@ -441,10 +441,9 @@ def layer_goes(kube: gpu_operator_handover.Leftovers | None, result: StepResult,
     or it was read and is gone already (``data["kubernetes"] == []``: a rollback interrupted after removing it,
     run again). Only a layer the runbook created counts: a run that upgraded a site's release created none, and
     that plugin still serves the nodes that stay (review of 7 Dec 2026)."""
-    if kube is not None:
-        return True
-    created = bool(evidence.releases() or evidence.runtime_class())
-    return result.data.get("kubernetes") == [] and created
+    # the release is the device plugin: a RuntimeClass the run created, removed alone, leaves a site's plugin
+    # (review of 7 Dec 2026)
+    return (kube is not None or result.data.get("kubernetes") == []) and bool(evidence.releases())
 
 
 def _not_undone(result: StepResult, evidence: Evidence, back: set[str], *, layer_goes: bool) -> None:
