@@ -115,7 +115,7 @@ def _show(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(data, indent=2) + "\n")
     else:
         _show_text(path, data)
-    problems = records.verify_record(path) or records.chain_problems(path)
+    problems = records.intact_problems(path)
     if problems:
         sys.stderr.write(
             f"error: {path.name} is not intact: {'; '.join(problems)} (`runbook records verify`)\n"

@@ -367,7 +367,7 @@ def _intact(path: Path, data: dict[str, Any]) -> dict[str, Any]:
     """``data`` when its record is intact. Why: ``--from`` resumed from a record.json edited after sealing (a
     node's address, ``rollout_concurrency``) without a word, where rollback refuses such a record as evidence
     (attack re-run, 7 Dec 2026)."""
-    problems = records.verify_record(path) or records.chain_problems(path)
+    problems = records.intact_problems(path)
     if problems:
         raise PermanentError(
             f"the latest run's record {path.name} is not intact ({problems[0]}): its parameters are not resumed",

@@ -881,6 +881,13 @@ def chain_problems(path: Path) -> list[str]:
     return [problem for problem in chain.problems if path.name in problem]
 
 
+def intact_problems(path: Path) -> list[str]:
+    """What makes one sealed record not intact: its own files first (:func:`verify_record`), else its place in
+    the chain (:func:`chain_problems`). The one test rollback's evidence, ``run --from`` and ``records show``
+    apply before trusting a record."""
+    return verify_record(path) or chain_problems(path)
+
+
 def verify(root: Path) -> list[str]:
     """Every problem in the records directory; an empty list means intact (aborted runs are not problems)."""
     return check(root).problems

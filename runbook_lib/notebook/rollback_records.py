@@ -39,7 +39,7 @@ def record_path(ref: str, root: Path) -> Path:
 
 def checked_record(path: Path, cluster: str) -> dict[str, Any]:
     """``record.json`` of a sealed, intact record of ``cluster``; anything else is an error naming it."""
-    problems = records.verify_record(path) or records.chain_problems(path)
+    problems = records.intact_problems(path)
     if problems:
         raise PermanentError(
             f"{PARAMETER}: {path.name} is not intact ({problems[0]}): it cannot serve as evidence",

@@ -134,7 +134,7 @@ def before_upgrade(
                 raise
             listed, unread = [], exc
         found = leftovers(ctx, listed)
-        result.data["before_upgrade"] = found.commands(wait)
+        commands = result.data["before_upgrade"] = found.commands(wait)
         refused = remove(ctx, result, found, dry_run=dry_run, timeout_s=wait)
     except RunbookError as exc:
         result.checks.append(
@@ -148,14 +148,14 @@ def before_upgrade(
         return False
     if unread is not None:
         _unread_releases(result, title, unread)
-    if found.commands(wait):
+    if commands:
         verb = "would run" if dry_run else "ran"
         result.notes.append(
             "Talos 1.13 upgrade notes: uninstall the nvidia-device-plugin Helm release and delete the nvidia "
             f"RuntimeClass before upgrading (the GPU Operator brings both); {verb} first: "
-            + "; ".join(found.commands(wait))
+            + "; ".join(commands)
         )
-        said = f"{verb}: " + "; ".join(found.commands(wait)) + refused
+        said = f"{verb}: " + "; ".join(commands) + refused
         result.checks.append(Check(title, True, said, fix=dryrun.fix(refused)))
     return True
 

@@ -138,7 +138,8 @@ class StepResult:
 def rewrite_runnable(result: StepResult, change: Callable[[str], str]) -> None:
     """Apply ``change`` to what a person runs: every check's fix and cause, the step's and its nodes', the notes,
     and the rollback's list of what it does not undo (messages quote what the step ran, as it ran it). A cause
-    too: the unsupported GPU's says ``talosctl -n <node> dmesg | grep NVRM`` (attack re-run, 7 Dec 2026)."""
+    too, since a cause may name a command to read it with; no cause in the runbook does today (the unsupported
+    GPU's ``dmesg | grep NVRM`` is in its message, built with the run's talosctl: image_diagnosis)."""
     for check in [*result.checks, *(c for n in result.nodes for c in n.checks)]:
         check.fix = change(check.fix)
         check.cause = change(check.cause)
