@@ -175,6 +175,24 @@ def test_params_check_refuses_a_duplicated_apply_key(tmp_path, capsys):
     assert f"{path}: apply: duplicate key on lines {first} and {second}" in err
 
 
+def test_an_approval_given_only_by_a_yaml_merge_key_is_refused_and_nothing_runs(tmp_path, capsys):
+    """Attack re-run (stop 49): ``<<: {apply: true}`` applied, though ``grep '^apply:'`` finds no approval."""
+    path = tmp_path / "p.yaml"
+    path.write_text(Path(SIM).read_text().replace("apply: false", "<<: {apply: true}"))
+    records = tmp_path / "records"
+    assert main(["params", "check", str(path)]) == 2
+    assert f"{path}: apply: comes from a YAML merge key (<<)" in capsys.readouterr().err
+    assert main(["run", "-p", str(path), "--records", str(records)]) == 2
+    assert "merge key" in capsys.readouterr().err
+    assert not records.exists() or not any(records.iterdir())
+
+
+def test_a_merge_key_that_sets_other_parameters_is_still_read(tmp_path, capsys):
+    path = tmp_path / "p.yaml"
+    path.write_text(Path(SIM).read_text() + "<<: {rollout_concurrency: 3}\n")
+    assert main(["params", "check", str(path)]) == 0, capsys.readouterr().err
+
+
 def test_run_with_apply_refuses_an_invalid_apply_in_the_file_and_records_nothing(tmp_path, capsys):
     path = tmp_path / "p.yaml"
     path.write_text(Path(SIM).read_text().replace("apply: false", 'apply: "yes please"'))
@@ -197,3 +215,29 @@ def test_params_check_refuses_a_latin1_file_without_a_traceback(tmp_path, capsys
     assert main(["params", "check", str(path)]) == 2
     err = capsys.readouterr().err
     assert f"{path}: (file): not UTF-8" in err and "Traceback" not in err
+
+
+def _fleet_file(tmp_path: Path, count: int) -> Path:
+    head, rest = Path(SIM).read_text().split("nodes:\n")
+    lines = "".join(
+        f"  - {{name: gpu-{i:05d}, address: 10.{i // 65536}.{i // 256 % 256}.{i % 256}}}\n"
+        for i in range(count)
+    )
+    path = tmp_path / "fleet.yaml"
+    path.write_text(head + "nodes:\n" + lines + "driver_flavor" + rest.split("driver_flavor", 1)[1])
+    return path
+
+
+def test_a_fleet_too_big_for_its_records_params_yaml_is_refused_by_check_and_run_alike(tmp_path, capsys):
+    """Attack re-run N7 (stop 49): a 20,000-node file (858 KB) passed `params check`, then preflight refused the
+    record's own params.yaml (every default written out: ~145 bytes a node) as over the 1 MiB limit."""
+    path = _fleet_file(tmp_path, 8000)
+    assert path.stat().st_size < 1024 * 1024  # the input alone is within the limit
+    assert main(["params", "check", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: nodes: 8000 nodes are 1.1 MiB as a record's params.yaml" in err
+    assert "split the fleet into runs of at most about 7" in err
+    records = tmp_path / "records"
+    assert main(["run", "-p", str(path), "--records", str(records), "--state", str(tmp_path / "sim")]) == 2
+    assert "8000 nodes are 1.1 MiB" in capsys.readouterr().err
+    assert not records.exists() and not (tmp_path / "sim").exists()

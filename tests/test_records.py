@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import json
+import os
 import re
 import shutil
 import urllib.parse
@@ -883,3 +884,36 @@ def test_seal_aborted_lists_the_changes_the_step_in_flight_journalled(
     assert "interrupt" not in data["changes"][0] and "in flight" in data["changes"][1]["interrupt"]
     step = data["steps"][-1]
     assert step["name"] == "config-patch" and step["status"] == "aborted" and "2 change" in step["summary"]
+
+
+def test_records_are_not_writable_by_others_whatever_the_umask(tmp_path: Path) -> None:
+    """Attack re-run (stop 49): under umask 000 a record was written 0666/0777, so any local user could edit or
+    delete it. Readable by others stays (records are shared)."""
+    old = os.umask(0)
+    try:
+        root = tmp_path / "records"
+        path = write_record(root, run_id="0000000b")
+        aborted = _unsealed(root, "0000000c")
+        records.seal_aborted(aborted)
+    finally:
+        os.umask(old)
+    for entry in [root, *root.rglob("*")]:
+        if entry.name == ".lock":
+            continue  # the seal lock: not part of any record
+        mode = entry.stat().st_mode & 0o777
+        assert mode & 0o022 == 0, f"{entry.relative_to(tmp_path)} is {oct(mode)}"
+        assert mode & 0o004, f"{entry.relative_to(tmp_path)} is not readable by others"
+    assert records.verify(root) == [] and path.is_dir()
+
+
+def test_an_aborted_records_show_says_who_is_not_recorded(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Attack re-run (stop 49): `records show` of a record sealed by seal-aborted said `by: ?@?`."""
+    root = tmp_path / "records"
+    aborted = _unsealed(root, "0000000d")
+    assert main(["records", "seal-aborted", aborted.name, "--dir", str(root)]) == 0
+    capsys.readouterr()
+    assert main(["records", "show", aborted.name, "--dir", str(root)]) == 0
+    shown = capsys.readouterr().out
+    assert "by:       not recorded at " in shown and "?@?" not in shown, shown

@@ -145,6 +145,32 @@ def test_from_and_steps_that_select_no_step_are_an_error_naming_both(
     assert "select no step" in err and "Traceback" not in err, err
 
 
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (
+            ["run", "--steps", "preflight", "--steps", "image"],
+            "--steps given twice: give it once (several steps",
+        ),
+        (["run", "-p", PARAMS, "-p", "params/example-cluster.yaml"], "-p/--params given twice"),
+        (["rollback", "--from", "a", "--records", "r1", "--records", "r2"], "--records given twice"),
+    ],
+)
+def test_a_single_value_option_given_twice_is_a_usage_error(
+    argv: list[str], named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Attack re-run (stop 49): ``--steps preflight --steps image`` ran the image step alone (the last won)."""
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    assert named in capsys.readouterr().err
+
+
+def test_repeatable_options_still_repeat(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["params", "check", PARAMS, "--set", "rollout_concurrency=2", "--set", "rollout.canary=1"]
+    assert main(argv) == 0, capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_an_applying_run_without_preflight_stops_at_its_failure_before_any_change(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -531,6 +557,13 @@ def test_resume_passes_over_a_newer_rollback_record_to_the_last_runs_parameters(
     err = capsys.readouterr().err
     assert f"resuming with the parameters of {run}" in err and "passing over the rollback record" in err, err
     assert _latest(tmp_path)["params"]["rollout_concurrency"] == 3
+
+    # attack re-run (stop 49): a --set given with --from and no -p was silently outweighed by the record's value
+    assert (
+        _run(tmp_path, "--from", "preflight", "--steps", "preflight", "--set", "rollout_concurrency=4") == 0
+    )
+    assert _latest(tmp_path)["params"]["rollout_concurrency"] == 4
+    assert _latest(tmp_path)["overrides"] == ["rollout_concurrency=4"]
 
 
 @pytest.mark.slow

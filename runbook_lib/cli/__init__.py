@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from runbook_lib.errors import PermanentError, RetryableError, RunbookError
 
@@ -28,8 +29,40 @@ GROUPS: list[Register] = [
 ]
 
 
+class _StoreOnce(argparse._StoreAction):
+    """A single-value option given twice is a usage error, not the last one silently winning.
+
+    Why: ``runbook run --steps preflight --steps image`` ran the image step alone, and ``-p a.yaml -p b.yaml``
+    read only ``b.yaml`` (attack re-run, stop 49). Repeatable options (``--set``) use ``append`` instead.
+    """
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        given: set[str] = namespace.__dict__.setdefault("_given_once", set())
+        if self.dest in given:
+            names = "/".join(self.option_strings) or self.dest
+            several = " (several steps: --steps a,b)" if self.dest == "steps" else ""
+            parser.error(f"{names} given twice: give it once{several}")
+        given.add(self.dest)
+        super().__call__(parser, namespace, values, option_string)
+
+
+class _Parser(argparse.ArgumentParser):
+    """``argparse`` with :class:`_StoreOnce` as every plain option's action (sub-commands inherit the class)."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.register("action", None, _StoreOnce)
+        self.register("action", "store", _StoreOnce)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser: argparse.ArgumentParser = _Parser(
         prog="runbook",
         description="Talos Linux + NVIDIA GPU runbooks: plan, simulate, apply, verify, record.",
     )

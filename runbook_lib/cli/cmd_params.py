@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from runbook_lib.errors import PermanentError
-from runbook_lib.model.params import load_params, parameters_markdown
+from runbook_lib.model.params import load_params, parameters_markdown, record_yaml
 from runbook_lib.model.plan import build_plan
 
 
@@ -68,7 +68,8 @@ def _dump(data: Any, fmt: str) -> str:
 
 def _check(args: argparse.Namespace) -> int:
     params = load_params(args.file, args.overrides)
-    sys.stdout.write("ok\n" + _dump(params.public_dict(), "yaml"))
+    text = record_yaml(params, "", source=args.file)  # what `runbook run` will refuse, refused here too (N7)
+    sys.stdout.write("ok\n" + text)
     return 0
 
 

@@ -131,7 +131,9 @@ def _show_text(path: Path, data: dict[str, Any]) -> None:
     out.write(f"record:   {path.name}\n")
     out.write(f"path:     {path}\n")
     out.write(f"cluster:  {data.get('cluster')} ({data.get('target')})\n")
-    out.write(f"by:       {who.get('user', '?')}@{who.get('host', '?')} at {data.get('started')}\n")
+    # an aborted run's record holds no `who` (its seal never ran): `?@?` read as a corrupt field (attack re-run)
+    by = f"{who.get('user', '?')}@{who.get('host', '?')}" if who else "not recorded"
+    out.write(f"by:       {by} at {data.get('started')}\n")
     dirty = " (dirty tree)" if git.get("dirty") else ""
     out.write(f"runbook:  {git.get('commit') or 'unknown commit'}{dirty}\n")
     out.write(f"mode:     {'apply' if data.get('apply') else 'plan only'}; outcome {data.get('outcome')}\n")

@@ -16,7 +16,7 @@ import shlex
 import signal
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,7 +26,7 @@ from typing import Any
 from runbook_lib.cli import live, run_report
 from runbook_lib.cli.cmd_params import add_set_arg
 from runbook_lib.errors import PermanentError
-from runbook_lib.model.params import Params
+from runbook_lib.model.params import Params, parse_set
 from runbook_lib.notebook import lock, records, runner
 from runbook_lib.notebook.steps import STEP_NAMES
 from runbook_lib.sim import cluster as sim_cluster
@@ -358,9 +358,19 @@ def _resume_values(root: Path, *, apply: bool) -> dict[str, Any]:
     values = latest.get("params")
     if not isinstance(values, dict):
         raise PermanentError("the latest record holds no parameters to resume with", hint="give -p PARAMS")
-    mode = "and --apply" if apply else "plan only (add --apply to change the cluster)"
+    mode = "approved to change the cluster" if apply else "plan only (add --apply to change the cluster)"
     sys.stderr.write(f"resuming with the parameters of {latest.get('record')}, {mode}\n")
     return {**values, "apply": False}
+
+
+def _set_approves(overrides: Sequence[str]) -> bool:
+    """Whether a ``--set apply=true`` approves this run (the last ``--set`` of a key wins, as it is applied)."""
+    approved = False
+    for item in overrides:
+        key, value = parse_set(item)
+        if key == "apply":
+            approved = value is True
+    return approved
 
 
 def _intact(path: Path, data: dict[str, Any]) -> dict[str, Any]:
@@ -438,7 +448,7 @@ def _run_steps(args: argparse.Namespace) -> int:
     root = _checked_records_root(args.records)
     state_dir = _state_dir(args.state)
     if args.from_step and params_file is None:
-        resume_values = _resume_values(root, apply=args.apply)
+        resume_values = _resume_values(root, apply=args.apply or _set_approves(args.overrides or ()))
     elif params_file is None:
         params_file = "params/simulated.yaml"
     invocation = run_report.Invocation(
@@ -458,7 +468,7 @@ def _run_steps(args: argparse.Namespace) -> int:
             from_step=args.from_step,
             apply=True if args.apply else None,
             overrides=args.overrides,
-            values=resume_values,
+            base=resume_values,
             records_root=root,
             cluster=lambda params: _simulated_cluster(params, state_dir),
             cluster_key=str(state_dir),

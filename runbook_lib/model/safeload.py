@@ -75,10 +75,17 @@ class _StrictLoader(yaml.SafeLoader):
         self._total = 0
         self.duplicates: list[Duplicate] = []
         self._first_duplicate: Any = None
+        self.top_keys: frozenset[str] = frozenset()
 
     def compose_document(self) -> Node | None:
         self._depth, self._weight = {}, {}
         node: Node | None = super().compose_document()
+        if isinstance(node, MappingNode):
+            self.top_keys = frozenset(
+                str(key.value)
+                for key, _ in node.value
+                if isinstance(key, ScalarNode) and key.tag != _MERGE_TAG
+            )
         return node
 
     def _mark(self) -> Any:
@@ -167,6 +174,22 @@ def load(text: str) -> Any:
         data = loader.get_single_data()
         loader.raise_duplicates()
         return data
+    finally:
+        loader.dispose()
+
+
+def load_with_keys(text: str) -> tuple[Any, frozenset[str]]:
+    """:func:`load`, and the keys the document's top-level mapping writes itself, not through a merge key
+    (``<<: *defaults``).
+
+    Why: a value that only a merge key gives is easy to miss in review (``grep '^apply:'`` finds nothing), so
+    a caller can insist that a key which approves a change is written where a reviewer reads it.
+    """
+    loader = _StrictLoader(text)
+    try:
+        data = loader.get_single_data()
+        loader.raise_duplicates()
+        return data, loader.top_keys
     finally:
         loader.dispose()
 

@@ -33,11 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from runbook_lib.clients.proc import Journal
 from runbook_lib.errors import PermanentError, RunbookError
-from runbook_lib.model.params import Params
+from runbook_lib.model.params import Params, record_yaml
 from runbook_lib.model.plan import build_plan
 from runbook_lib.steps.context import resolve_endpoints
 from runbook_lib.steps.results import StepResult
@@ -145,10 +143,9 @@ class InteractiveRecorder:
             ) from None
         self._mark, self._approved = len(self.journal.entries), approved
         self._started, self._clock = records.now_iso(), time.monotonic()
+        heading = "# The validated parameters of this approval (paths only, never file contents).\n"
         (self.record / "params.yaml").write_text(
-            "# The validated parameters of this approval (paths only, never file contents).\n"
-            + yaml.safe_dump(self.params.public_dict(), sort_keys=False),
-            encoding="utf-8",
+            record_yaml(self.params, heading, source="parameters"), encoding="utf-8"
         )
         (self.record / "results").mkdir()
         self.journal.sink_to(self._journal_file(self.record))  # from here on, as it happens

@@ -98,10 +98,41 @@ def create_record_dir(
 ) -> Path:
     """A new, empty record directory named at ``now`` (default: now); the name is unique even for runs started
     in the same second."""
-    root.mkdir(parents=True, exist_ok=True)
+    make_root(root)
     path = root / record_name(cluster, run_id or new_run_id(), now)
     path.mkdir()
+    _close_for_others(path)
     return path
+
+
+def make_root(root: Path) -> None:
+    """Create the records folder if it is missing, closed to others' writes (:func:`_close_for_others`); an
+    existing one is left as its owner set it."""
+    if not root.exists():
+        root.mkdir(parents=True, exist_ok=True)
+        _close_for_others(root)
+
+
+def _close_for_others(path: Path) -> None:
+    """Take away group and other write from ``path``, whatever the umask.
+
+    Why: a record is evidence that others read, not edit.  Under umask 000 records were written 0666/0777, and
+    any local user could edit or delete one (attack re-run, stop 49); the manifest would tell, but only
+    after the fact.  Readable by others stays: records are shared.
+    """
+    mode = path.stat().st_mode & 0o7777
+    if mode & 0o022:
+        with contextlib.suppress(PermissionError):  # another user's file (a shared folder's): theirs to mind
+            path.chmod(mode & ~0o022)
+
+
+def close_tree_for_others(path: Path) -> None:
+    """:func:`_close_for_others` on a record directory and everything in it (files the run's kernels wrote
+    under the caller's umask), at its seal."""
+    _close_for_others(path)
+    for entry in path.rglob("*"):
+        if not entry.is_symlink():
+            _close_for_others(entry)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -391,7 +422,9 @@ def seal(path: Path, record: dict[str, Any], *, secrets: Iterable[str] = ()) -> 
         )
         frontpage.write(path, record)  # before the scrub and the manifest: scrubbed and sealed like the rest
         scrub_tree(path, values)
-        return write_manifest(path)
+        digest = write_manifest(path)
+        close_tree_for_others(path)
+        return digest
 
 
 def _manifest_hash(path: Path) -> str:

@@ -41,7 +41,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-import yaml
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
@@ -50,7 +49,7 @@ from traitlets import Type
 
 from runbook_lib.clients.proc import Journal
 from runbook_lib.errors import PermanentError, RunbookError
-from runbook_lib.model.params import Params, load_params
+from runbook_lib.model.params import Params, load_params, record_yaml
 from runbook_lib.model.plan import build_plan
 from runbook_lib.steps.context import Context, connect, resolve_endpoints, sim_state_dir
 
@@ -807,7 +806,7 @@ def lock_for_apply(stack: contextlib.ExitStack, params: Params, root: Path, clus
     cluster differently are not kept apart.
     """
     stack.enter_context(cluster_lock(params, cluster_key))
-    root.mkdir(parents=True, exist_ok=True)  # only now: a refused run leaves no records folder behind
+    records.make_root(root)  # only now: a refused run leaves no records folder behind
     stack.enter_context(lock.exclusive(root / lock.RECORDS_LOCK, f"the records folder {root}"))
 
 
@@ -843,8 +842,12 @@ class _StepsRun:
     stop_note: str = ""
 
 
+#: The first line of a run's ``params.yaml``.
+PARAMS_HEADING = "# The validated parameters of this run (paths only, never file contents).\n"
+
+
 def _open_record(
-    root: Path, params: Params, run_id: str, named_at: datetime, *, html: bool
+    root: Path, params: Params, run_id: str, named_at: datetime, *, html: bool, params_text: str
 ) -> tuple[Path, Path]:
     """Create the run's record folder with its validated ``params.yaml``; returns both paths.
 
@@ -853,11 +856,7 @@ def _open_record(
     record = records.create_record_dir(root, params.cluster, run_id=run_id, now=named_at)
     (record / "results").mkdir()
     params_path = record / "params.yaml"
-    params_path.write_text(
-        "# The validated parameters of this run (paths only, never file contents).\n"
-        + yaml.safe_dump(params.public_dict(), sort_keys=False),
-        encoding="utf-8",
-    )
+    params_path.write_text(params_text, encoding="utf-8")
     if html:
         (record / "html").mkdir()
     return record, params_path
@@ -1013,6 +1012,7 @@ def _prepare(
     on_event: live_events.Deliver | None,
     html: bool,
     continuing: bool,
+    params_text: str,
 ) -> tuple[_StepLoop, Future[_Kernel], list[str]]:
     """Everything before the first step, held open on ``stack``: the apply locks, the kernel (started and
     warmed while the cluster comes up and this process imports papermill), the cluster and its environment,
@@ -1032,7 +1032,7 @@ def _prepare(
     )
     env = stack.enter_context(hook(params))
     stack.enter_context(_environment(dict(env)))
-    record, params_path = _open_record(root, params, run_id, named_at, html=html)
+    record, params_path = _open_record(root, params, run_id, named_at, html=html, params_text=params_text)
     # the run id labels the CUDA test pods; the steps tell preflight what to check
     steps_env = {RUN_ID_ENV: run_id, RUN_STEPS_ENV: ",".join(s.name for s in selected)}
     stack.enter_context(_environment(steps_env))
@@ -1081,6 +1081,7 @@ def run(
     overrides: Sequence[str] = (),
     *,
     values: Mapping[str, Any] | None = None,
+    base: Mapping[str, Any] | None = None,
     records_root: Path | None = None,
     cluster: ClusterHook | None = None,
     progress: bool = True,
@@ -1091,7 +1092,8 @@ def run(
 ) -> RunOutcome:
     """Run the selected step notebooks into a new record; stop at the first failing step.
 
-    ``values`` (validated parameters of an earlier record) replace the parameter file for ``--from``.
+    ``base`` (validated parameters of an earlier record) replaces the parameter file for ``--from``; the
+    ``overrides`` win over it, and ``values`` (e.g. a rollback's records) over both.
     ``cluster`` brings a cluster up for the run (the CLI passes the simulator for ``target: simulated``)
     and yields environment variables the kernels need.  ``cluster_key`` names the simulated cluster for
     the apply lock (see :func:`lock_for_apply`; the CLI passes its state directory).  ``on_event`` gets each
@@ -1100,7 +1102,9 @@ def run(
     merged = dict(values or {})
     if apply is not None:
         merged["apply"] = apply
-    params = load_params(params_file, list(overrides), merged)
+    params = load_params(params_file, list(overrides), merged, base=base)
+    # refused now if too big to read back, before the cluster, the locks or the record (params.record_yaml)
+    params_text = record_yaml(params, PARAMS_HEADING, source=str(params_file or "parameters"))
     selected = with_preflight(select_steps(steps, from_step), apply=params.apply)
     started = (records.now_iso(), time.monotonic())
     hook = cluster if (cluster is not None and params.target == "simulated") else _no_cluster
@@ -1126,6 +1130,7 @@ def run(
             on_event=on_event,
             html=html,
             continuing=[s.name for s in selected] != ["rollback"],
+            params_text=params_text,
         )
         import_before_threads()  # while the kernel starts (papermill: see _execute)
         helm_version = background.early(lambda: early_helm_version(params))
