@@ -142,3 +142,15 @@ def test_a_talosconfig_talosctl_cannot_read_is_named_not_called_unreachable_node
     assert res.status == "failed" and res.message.startswith("talosctl cannot read its talosconfig: "), res
     (check,) = res.checks
     assert "`talosconfig` parameter" in check.fix and "power" not in check.fix, check
+
+    # the record's versions say so too, not "talos_unreachable: <every node>" (review of 7470dc3)
+    from types import SimpleNamespace
+
+    from runbook_lib.notebook.runner import _talos_versions
+
+    talosctl = SimpleNamespace(version=lambda addresses: (None, {}, dict.fromkeys(addresses, error)))
+    versions = _talos_versions(SimpleNamespace(talosctl=talosctl), ["10.5.0.11", "10.5.0.12"])  # type: ignore[arg-type]
+    assert "talos_unreachable" not in versions, versions
+    assert versions["talosctl_error"].startswith(
+        "talosctl cannot read its talosconfig: failed to open config"
+    )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from runbook_lib.model.inventory import SOURCES, Gpu, NodeInventory, group_inventory
-from runbook_lib.notebook.render import failure_hint, failure_text, render_html, render_markdown
+from runbook_lib.notebook.render import CONTINUATION, failure_hint, failure_text, render_html, render_markdown
 from runbook_lib.steps.results import Check, NodeResult, StepResult
 
 PATCH = "machine:\n  kernel:\n    modules:\n      - name: nvidia\n"
@@ -256,3 +256,37 @@ def test_talosctl_s_quoted_lines_stay_inside_the_node_s_block() -> None:
     assert "    (the tool's output: in the record)" in compacted and "      line 29" not in compacted, (
         compacted
     )
+
+
+def test_a_stopped_steps_report_is_never_cut_inside_a_fixs_here_document() -> None:
+    """Review of 7470dc3: the report keeps 16 lines of a failed step's diagnosis; cut between a fix's
+    ``<<'EOF'`` and its ``EOF``, the pasted fix waits for input and what is typed next becomes the patch."""
+    from runbook_lib.notebook.record_content import STOPPED_LINES_MAX, cut_failure
+
+    head = [f"  gpu-{i} (10.0.0.{i}): failed" for i in range(STOPPED_LINES_MAX - 3)]
+    fix = ["    fix: talosctl -n 10.0.0.9 patch mc --patch @- <<'EOF'", "machine:", "  kernel: {}", "EOF"]
+    shown = cut_failure([*head, *fix, "  gpu-9 (10.0.0.9): failed"])
+    assert shown == head, shown  # the fix goes whole: the record holds it
+    closed = [*head[:-2], *fix, "more"]
+    assert cut_failure(closed) == closed[:STOPPED_LINES_MAX], "a fix that ends within the limit stays"
+    plain = [f"line {i}" for i in range(40)]
+    assert cut_failure(plain) == plain[:STOPPED_LINES_MAX]
+
+
+def test_compaction_keeps_a_fixs_here_document_whole() -> None:
+    """Review of 7470dc3: a two-space line in a fix's patch (``  kernel: {}``) read as a new block to the
+    compaction, which kept 3 of its lines and replaced the rest with "(the tool's output: in the record)"."""
+    from runbook_lib.notebook.record_content import STOPPED_LINES_MAX, compact_failure
+
+    quoted = [f"{CONTINUATION}line {i}" for i in range(STOPPED_LINES_MAX)]
+    modules = [f"        - name: {m}" for m in ("nvidia", "nvidia_uvm", "nvidia_drm", "nvidia_modeset")]
+    patch = ["machine:", "  kernel:", "      modules:", *modules, "EOF"]
+    lines = [
+        "  gpu-1 (10.0.0.1): failed",
+        *quoted,
+        "    modules: missing",
+        "    fix: talosctl patch <<'EOF'",
+        *patch,
+    ]
+    compacted = compact_failure(lines)
+    assert compacted[-len(patch) - 1 :] == ["    fix: talosctl patch <<'EOF'", *patch], compacted

@@ -269,7 +269,7 @@ def _seal_aborted(args: argparse.Namespace) -> int:
         kubeconfig if isinstance(kubeconfig, str) else None,
     )
     if params.get("target", "simulated") == "simulated":
-        state = cmd_run._state_dir(args.state)
+        state = cmd_run.resolve_state(args.state)
         paths += [str(state / "talosconfig"), str(state / "kubeconfig")]
     # A run applying into this folder holds this lock: the directory may be its own, not an aborted one.
     with lock.exclusive(root / lock.RECORDS_LOCK, f"the records folder {root}"):

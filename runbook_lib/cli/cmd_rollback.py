@@ -72,7 +72,7 @@ def _roll_back(args: argparse.Namespace) -> int:
     load_evidence(params, root)
     if params.apply and not args.apply:
         sys.stderr.write(_NOT_APPROVED)
-    state_dir = cmd_run._state_dir(args.state)
+    state_dir = cmd_run.resolve_state(args.state)
     try:
         outcome = runner.run(
             params_file,

@@ -182,7 +182,7 @@ class SimLeases:
         )
 
 
-def _state_dir(state: str | Path | None) -> Path:
+def resolve_state(state: str | Path | None) -> Path:
     """``--state``, else the default (``$RUNBOOK_SIM_STATE`` or ``<repo>/.sim/default``). An empty one (a script's
     unset ``--state "$DIR"``) is refused: it was read as the default, so ``sim down --purge --state ''`` removed
     that state (attack re-run, 7 Dec 2026) and a run used, or made, the default simulator (review)."""
@@ -203,7 +203,7 @@ def _simulated_cluster(params: Params, state: str | Path | None) -> Iterator[dic
     Why leases: a run that ended stopped the simulator under a concurrent run, which then failed with a
     misleading "Image Factory did not answer" (F8 of the 1 Dec attack).
     """
-    state_dir = _state_dir(state)
+    state_dir = resolve_state(state)
     scenario = params.simulation.scenario
     if scenario not in scenarios.SCENARIOS:
         raise PermanentError(
@@ -446,7 +446,7 @@ def _run_steps(args: argparse.Namespace) -> int:
     params_file: str | None = args.params
     resume_values: dict[str, Any] | None = None
     root = _checked_records_root(args.records)
-    state_dir = _state_dir(args.state)
+    state_dir = resolve_state(args.state)
     if args.from_step and params_file is None:
         resume_values = _resume_values(root, apply=args.apply or _set_approves(args.overrides or ()))
     elif params_file is None:

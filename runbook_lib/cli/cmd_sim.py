@@ -25,8 +25,8 @@ from runbook_lib.sim.state import load_nodes, sim_paths
 
 
 def _state(args: argparse.Namespace) -> Path:
-    """``--state`` as ``runbook run`` reads it (``cmd_run._state_dir``: an empty one is refused)."""
-    return cmd_run._state_dir(args.state)
+    """``--state`` as ``runbook run`` reads it (``cmd_run.resolve_state``: an empty one is refused)."""
+    return cmd_run.resolve_state(args.state)
 
 
 def _add_state(parser: argparse.ArgumentParser) -> None:
@@ -179,7 +179,7 @@ def _up_kept(args: argparse.Namespace, state_dir: Path) -> int:
                 hint="leave out -p to start it as it is, or create one for the file without --keep",
             )
     nodes = load_nodes(state_dir)
-    files = cmd_run.SimLeases.of(state_dir.resolve())  # as a run keys it (cmd_run._state_dir)
+    files = cmd_run.SimLeases.of(state_dir.resolve())  # as a run keys it (cmd_run.resolve_state)
     with lock.held(files.lifecycle):  # not while a run brings this cluster up or stops it
         if cluster.daemon_pid(state_dir) is not None:
             # a run that started it would stop it when it ends: it is this command's now, as `sim up` leaves it
@@ -398,7 +398,7 @@ def _down(args: argparse.Namespace) -> int:
             f"{sim_paths(state_dir).pid} names process {foreign}, which is not this simulator's daemon "
             "(stale pid file): left alone\n"
         )
-    files = cmd_run.SimLeases.of(state_dir.resolve())  # as a run keys it (cmd_run._state_dir)
+    files = cmd_run.SimLeases.of(state_dir.resolve())  # as a run keys it (cmd_run.resolve_state)
     with lock.held(files.lifecycle):  # no run takes a lease, nor brings it up, until it is stopped or removed
         _refuse_while_used(state_dir, files)
         stopped = _stop_all(state_dir)

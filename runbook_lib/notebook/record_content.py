@@ -9,6 +9,7 @@ internals for it.  Everything here is pure: it shapes data, the callers write an
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -97,8 +98,9 @@ class RunOutcome:
             if failed.error:
                 text = compact_failure(str(failed.error.get("evalue", "")).splitlines() or [""])
                 text[0] = step_line_summary(text[0], failed.name, "failed")
-                cut = "\n  … (the full diagnosis is in the record)" if len(text) > STOPPED_LINES_MAX else ""
-                lines.append(f"\nstopped at {self.failed_step}: " + "\n".join(text[:STOPPED_LINES_MAX]) + cut)
+                shown = cut_failure(text)
+                cut = "\n  … (the full diagnosis is in the record)" if len(shown) < len(text) else ""
+                lines.append(f"\nstopped at {self.failed_step}: " + "\n".join(shown) + cut)
         if self.note:
             lines.append(self.note)
         lines.append(f"record: {self.record}")
@@ -139,6 +141,27 @@ def step_notes(steps: list[StepOutcome], omit: tuple[str, ...] = ()) -> list[str
 
 #: Lines of a failed step's diagnosis ``runbook run``'s report shows at most; the whole of it is in the record.
 STOPPED_LINES_MAX = 16
+#: A shell here-document's opening (``<<EOF``, ``<<-'EOF'``): its word, which a line of its own ends.
+_HEREDOC = re.compile(r"<<-?\s*(['\"]?)([A-Za-z_][A-Za-z0-9_]*)\1")
+
+
+def cut_failure(lines: list[str]) -> list[str]:
+    """At most :data:`STOPPED_LINES_MAX` of a diagnosis's lines, never ending inside a fix's here-document.
+
+    Why: a fix such as ``talosctl … patch mc --patch @- <<'EOF'`` cut before its ``EOF`` line waits for input
+    when pasted, and what was typed next becomes the patch (review of 7470dc3). Such a fix goes whole, its
+    command line included, and the record holds it."""
+    kept = lines[:STOPPED_LINES_MAX]
+    opened: int | None = None
+    word = ""
+    for index, line in enumerate(kept):
+        if opened is None:
+            found = _HEREDOC.search(line)
+            if found:
+                opened, word = index, found.group(2)
+        elif line.strip() == word:
+            opened = None
+    return kept if opened is None else kept[:opened]
 
 
 def compact_failure(lines: list[str]) -> list[str]:
@@ -154,7 +177,14 @@ def compact_failure(lines: list[str]) -> list[str]:
         return lines
     out: list[str] = []
     left: int | None = None  # continuation lines still shown of the current block; None: every line is shown
+    word = ""  # the here-document a fix is in: its lines (a patch's "  kernel: {}") are the fix's, kept whole
     for line in lines:
+        if word:
+            word = "" if line.strip() == word else word
+            out.append(line)
+            continue
+        found = _HEREDOC.search(line)
+        word = found.group(2) if found else ""
         # a continuation line is indented by render.CONTINUATION (flush left in records before 7 Dec 2026)
         continued = not line.startswith("  ") or line.startswith(CONTINUATION)
         if not continued and not line.startswith("   "):  # a node's or a check's line (or the hint)

@@ -52,6 +52,7 @@ from runbook_lib.errors import PermanentError, RunbookError
 from runbook_lib.model.params import Params, load_params, record_yaml
 from runbook_lib.model.plan import build_plan
 from runbook_lib.steps.context import Context, connect, resolve_endpoints, sim_state_dir
+from runbook_lib.steps.preflight import CONFIG_UNREADABLE
 
 from . import continues, interrupts, live_events, lock, offline_html, record_content, records
 from .record_content import REPO, RunOutcome, StepOutcome, compact_plan
@@ -633,7 +634,10 @@ def _talos_versions(ctx: Context, addresses: list[str]) -> dict[str, Any]:
         for version in servers.values():
             counts[version] = counts.get(version, 0) + 1
         out["talos_nodes"] = counts
-        if errors:
+        unreadable = sorted(e for e in errors.values() if CONFIG_UNREADABLE in e)
+        if unreadable:  # talosctl stopped before any node: they were not "unreachable" (review of 7470dc3)
+            out["talosctl_error"] = f"talosctl cannot read its talosconfig: {unreadable[0]}"
+        elif errors:
             out["talos_unreachable"] = sorted(errors)
     except Exception as exc:  # a version read never stops the run (see collect_versions)
         out["talosctl_error"] = probe_failure(exc)
