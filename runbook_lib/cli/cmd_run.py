@@ -461,6 +461,12 @@ def _run_steps(args: argparse.Namespace) -> int:
         picked=bool(args.steps),
     )
     started = datetime.now(UTC)
+    simulated: list[Params] = []  # the run's parameters when it used the simulator (the cluster hook ran)
+
+    def cluster(params: Params) -> contextlib.AbstractContextManager[dict[str, str]]:
+        simulated.append(params)
+        return _simulated_cluster(params, state_dir)
+
     try:
         outcome = runner.run(
             params_file,
@@ -470,7 +476,7 @@ def _run_steps(args: argparse.Namespace) -> int:
             overrides=args.overrides,
             base=resume_values,
             records_root=root,
-            cluster=lambda params: _simulated_cluster(params, state_dir),
+            cluster=cluster,
             cluster_key=str(state_dir),
             progress=not args.no_progress,
             on_event=lambda event: live.print_event(event, invocation.with_params),
@@ -481,5 +487,6 @@ def _run_steps(args: argparse.Namespace) -> int:
         if isinstance(exc, KeyboardInterrupt):
             sys.excepthook = quiet_interrupt  # this process ends by it: no traceback under what was said
         raise
-    sys.stdout.write(run_report.report(outcome, invocation))
+    stopped = bool(simulated) and sim_cluster.daemon_pid(state_dir) is None
+    sys.stdout.write(run_report.report(outcome, invocation, simulator_stopped_after=stopped))
     return 0 if outcome.ok else 1

@@ -207,9 +207,36 @@ def _cut_short(data: dict[str, Any], invocation: Invocation) -> list[str]:
     ]
 
 
-def report(outcome: RunOutcome, invocation: Invocation) -> str:
-    """The runner's report with this run's parameters in its fixes and, after a partial run, what is left."""
+#: A fix that needs the cluster's servers up: a talosctl, kubectl or helm command line.
+_TOOL_FIX = re.compile(r"\b(?:talosctl|kubectl|helm) ")
+
+
+def simulator_stopped(text: str, invocation: Invocation) -> str:
+    """After a simulated run whose report gives tool commands as fixes, and which stopped the simulator it
+    started: how to start it again as the run left it. "" when no fix needs it.
+
+    Why: the unsupported GPU's ``talosctl … dmesg | grep NVRM``, pasted after ``runbook run``, failed to connect:
+    the run had stopped the simulator on its way out (operator walkthrough, stop 48)."""
+    if not _TOOL_FIX.search(text):
+        return ""
+    state = ["--state", invocation.state] if invocation.state else []
+    up, down = (
+        shlex.join(["runbook", "sim", "up", "--keep", *state]),
+        shlex.join(["runbook", "sim", "down", *state]),
+    )
+    return (
+        f"the simulated cluster this run started is stopped: to run a talosctl, kubectl or helm command above, "
+        f"start it as the run left it first, `{up}` (it prints the PATH line those commands need; "
+        f"`{down}` after)\n"
+    )
+
+
+def report(outcome: RunOutcome, invocation: Invocation, *, simulator_stopped_after: bool = False) -> str:
+    """The runner's report with this run's parameters in its fixes and, after a partial run, what is left;
+    ``simulator_stopped_after``: the run stopped the simulator it started (:func:`simulator_stopped`)."""
     text = invocation.with_params(outcome.report()) + resume_after_failure(outcome, invocation)
+    if simulator_stopped_after and not outcome.ok:
+        text += simulator_stopped(text, invocation)
     left = steps_left(outcome)
     if not left:
         return text
