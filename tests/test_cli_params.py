@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from runbook_lib.cli import main
@@ -175,13 +176,20 @@ def test_params_check_refuses_a_duplicated_apply_key(tmp_path, capsys):
     assert f"{path}: apply: duplicate key on lines {first} and {second}" in err
 
 
-def test_an_approval_given_only_by_a_yaml_merge_key_is_refused_and_nothing_runs(tmp_path, capsys):
+@pytest.mark.parametrize(
+    "written",
+    [
+        "<<: {apply: true}",
+        "cluster2: &k apply\n*k : true",  # review of 70aa799: the key as an alias of a value written elsewhere
+    ],
+)
+def test_an_approval_given_only_by_a_yaml_merge_key_is_refused_and_nothing_runs(tmp_path, capsys, written):
     """Attack re-run (stop 49): ``<<: {apply: true}`` applied, though ``grep '^apply:'`` finds no approval."""
     path = tmp_path / "p.yaml"
-    path.write_text(Path(SIM).read_text().replace("apply: false", "<<: {apply: true}"))
+    path.write_text(Path(SIM).read_text().replace("apply: false", written))
     records = tmp_path / "records"
     assert main(["params", "check", str(path)]) == 2
-    assert f"{path}: apply: comes from a YAML merge key (<<)" in capsys.readouterr().err
+    assert f"{path}: apply: not written as a top-level 'apply:' line" in capsys.readouterr().err
     assert main(["run", "-p", str(path), "--records", str(records)]) == 2
     assert "merge key" in capsys.readouterr().err
     assert not records.exists() or not any(records.iterdir())
@@ -241,3 +249,17 @@ def test_a_fleet_too_big_for_its_records_params_yaml_is_refused_by_check_and_run
     assert main(["run", "-p", str(path), "--records", str(records), "--state", str(tmp_path / "sim")]) == 2
     assert "8000 nodes are 1.1 MiB" in capsys.readouterr().err
     assert not records.exists() and not (tmp_path / "sim").exists()
+
+
+@pytest.mark.parametrize("value", ["1", "y", "'true'"])
+def test_an_approval_is_true_or_false_nothing_that_reads_like_it(capsys, value):
+    """Review of 70aa799: ``--set apply=1`` applied (pydantic read 1, "y", "t" as true) while the resume message,
+    which takes only ``true``, said "plan only"; an approval is written out."""
+    assert main(["params", "check", SIM, "--set", f"apply={value}"]) == 2
+    assert f"--set apply={value}: apply: Input should be a valid boolean" in capsys.readouterr().err
+
+
+def test_params_check_prints_text_as_written(capsys):
+    """Review of 70aa799: `params check` printed ``/opt/jos\\xE9/talosctl`` for ``/opt/josé/talosctl``."""
+    assert main(["params", "check", SIM, "--set", "tools.talosctl=/opt/josé/talosctl"]) == 0
+    assert "talosctl: /opt/josé/talosctl" in capsys.readouterr().out

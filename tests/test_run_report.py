@@ -229,10 +229,11 @@ def test_an_interrupted_apply_run_says_how_to_go_on_or_undo_it(tmp_path: Path) -
     record = tmp_path / "records" / "20261206T200000Z-sim-gpu-abcdef12"
     record.mkdir(parents=True)
     steps = [{"name": "preflight", "status": "ok"}, {"name": "image", "status": "interrupted"}]
-    records.seal(record, {"steps": steps}, secrets=[])
+    records.seal(record, {"apply": True, "steps": steps}, secrets=[])
     from datetime import UTC, datetime
 
-    invocation = Invocation("p.yaml", (), str(tmp_path / "records"), None, apply=True)
+    # approved by the file or a --set, not --apply: the go-on still repeats the approval (review of 70aa799)
+    invocation = Invocation("p.yaml", (), str(tmp_path / "records"), None, apply=False)
     started = datetime(2026, 12, 6, 20, 0, 0, 400000, tzinfo=UTC)  # the record's second: it is this run's
     said = after_interrupt(tmp_path / "records", invocation, started)
     place = f"--records {tmp_path / 'records'}"
@@ -247,6 +248,10 @@ def test_an_interrupted_apply_run_says_how_to_go_on_or_undo_it(tmp_path: Path) -
     picked = Invocation("p.yaml", (), str(tmp_path / "records"), None, apply=True, picked=True)
     only_undo = after_interrupt(tmp_path / "records", picked, started)
     assert "go on" not in only_undo and "runbook rollback" in only_undo, "--from would run unselected steps"
+    plan = tmp_path / "plan" / record.name
+    plan.mkdir(parents=True)
+    records.seal(plan, {"apply": False, "steps": steps}, secrets=[])
+    assert after_interrupt(plan.parent, invocation, started) == "", "a plan changed nothing"
 
 
 def test_the_notes_of_steps_that_ran_are_printed_under_their_step() -> None:
@@ -301,7 +306,9 @@ def test_an_interrupted_run_names_the_node_calls_the_interrupt_cut_short(tmp_pat
     ]
     nodes = [{"name": f"gpu-worker-{i}", "address": f"10.5.0.1{i}"} for i in (1, 2)]
     steps = [{"name": "preflight", "status": "ok"}, {"name": "image", "status": "interrupted"}]
-    records.seal(record, {"steps": steps, "changes": changes, "params": {"nodes": nodes}}, secrets=[])
+    records.seal(
+        record, {"apply": True, "steps": steps, "changes": changes, "params": {"nodes": nodes}}, secrets=[]
+    )
     invocation = Invocation("p.yaml", (), str(tmp_path / "records"), None, apply=True)
     said = after_interrupt(tmp_path / "records", invocation, datetime(2026, 12, 6, 20, 0, tzinfo=UTC))
     place = f"--records {tmp_path / 'records'}"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import dataclasses
 import difflib
 import gc
 import shlex
@@ -482,11 +483,14 @@ def _run_steps(args: argparse.Namespace) -> int:
             on_event=lambda event: live.print_event(event, invocation.with_params),
         )
     except (KeyboardInterrupt, SystemExit) as exc:
-        if args.apply:
-            sys.stderr.write(run_report.after_interrupt(root, invocation, started))
+        sys.stderr.write(
+            run_report.after_interrupt(root, invocation, started)
+        )  # "" unless the record applied
         if isinstance(exc, KeyboardInterrupt):
             sys.excepthook = quiet_interrupt  # this process ends by it: no traceback under what was said
         raise
     stopped = bool(simulated) and sim_cluster.daemon_pid(state_dir) is None
+    # approved by the file or a --set, not --apply: the go-on commands repeat the approval all the same (review)
+    invocation = dataclasses.replace(invocation, apply=outcome.apply)
     sys.stdout.write(run_report.report(outcome, invocation, simulator_stopped_after=stopped))
     return 0 if outcome.ok else 1

@@ -13,7 +13,7 @@ import json
 import re
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -149,8 +149,9 @@ def after_interrupt(root: Path, invocation: Invocation, started: datetime) -> st
         steps = data.get("steps") or []
     except (OSError, ValueError, RunbookError):
         return ""
-    if begun < started.replace(microsecond=0):
-        return ""
+    if begun < started.replace(microsecond=0) or not isinstance(data, dict) or data.get("apply") is not True:
+        return ""  # a plan changed nothing; the approval may have come from the file or a --set (review)
+    invocation = replace(invocation, apply=True)
     cut = next(
         (s.get("name") for s in steps if isinstance(s, dict) and s.get("status") == "interrupted"), None
     )

@@ -36,8 +36,8 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _HOSTNAME = re.compile(
     r"^(?=.{1,253}$)[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?)*$"
 )
-#: libyaml's emitter where PyYAML has it: the same text as ``yaml.safe_dump`` for parameters, ~4× faster (a
-#: 1,000-node record's ``params.yaml`` in 0.05 s, not 0.18 s)
+#: libyaml's emitter where PyYAML has it, ~4× faster than PyYAML's own (a 1,000-node record's ``params.yaml`` in
+#: 0.05 s, not 0.18 s).  The same data, not always the same text: it folds some long lines elsewhere (review)
 _SAFE_DUMPER: type[yaml.SafeDumper] = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 MAX_FILE_BYTES = 1024 * 1024
 """Largest parameter file read: a 1,000-node file is about 60 KB, so 1 MiB is a typo or an attack."""
@@ -332,8 +332,9 @@ class Params(_Strict):
     """Extra kernel arguments for the GPU nodes' image."""
     secureboot: bool = False
     """Use SecureBoot installer and boot assets."""
-    apply: bool = False
-    """Change the cluster. ``false`` (default) plans and dry-runs only."""
+    apply: bool = Field(default=False, strict=True)
+    """Change the cluster: ``true`` or ``false`` (default: plans and dry-runs only); ``1``, ``"y"`` and the like
+    are refused, an approval is written out."""
     rollout_concurrency: int = Field(default=1, ge=1, le=1000, strict=True)
     """How many nodes change at once (the largest batch); `rollout` sets the canary, failure budget and pause."""
     rollout: Rollout = Rollout()
@@ -447,17 +448,28 @@ def record_yaml(params: Params, heading: str, *, source: str) -> str:
     ``params check`` accepted was refused inside preflight, after the record had started (attack re-run N7):
     written out with every default, a node takes about 145 bytes, twice a hand-written file's line.
     """
-    text = heading + yaml.dump(params.public_dict(), Dumper=_SAFE_DUMPER, sort_keys=False)
+    data = params.public_dict()
+    text = heading + _dump_yaml(data)
     size = len(text.encode("utf-8"))
     if size <= MAX_FILE_BYTES:
         return text
-    per_node = max(1, size // max(1, len(params.nodes)))
+    limit = f"{MAX_FILE_BYTES // (1024 * 1024)} MiB"
+    what = f"as a record's params.yaml, which the run's steps read back as a parameter file (at most {limit})"
+    node_bytes = len(_dump_yaml(data["nodes"]).encode("utf-8"))
+    room = (MAX_FILE_BYTES - (size - node_bytes)) * len(params.nodes) // max(1, node_bytes)
+    if room < 1:  # the rest of the parameters alone are too big: no split helps
+        problem = f"the parameters are {size / (1024 * 1024):.1f} MiB {what}: shorten the longest values"
+        raise ParametersInvalid([ParameterProblem(source, "(file)", problem)])
     problem = (
-        f"{len(params.nodes)} nodes are {size / (1024 * 1024):.1f} MiB as a record's params.yaml, which the run's "
-        f"steps read back as a parameter file (at most {MAX_FILE_BYTES // (1024 * 1024)} MiB): "
-        f"split the fleet into runs of at most about {MAX_FILE_BYTES // per_node // 100 * 100} nodes"
+        f"{len(params.nodes)} nodes are {size / (1024 * 1024):.1f} MiB {what}: split the fleet into runs of "
+        f"at most about {room} nodes"
     )
     raise ParametersInvalid([ParameterProblem(source, "nodes", problem)])
+
+
+def _dump_yaml(data: Any) -> str:
+    """YAML as a record writes it: keys in the schema's order, text as written (no ``\\xE9`` escapes)."""
+    return yaml.dump(data, Dumper=_SAFE_DUMPER, sort_keys=False, allow_unicode=True)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -743,8 +755,8 @@ def read_params_file(path: str | Path) -> dict[str, Any]:
 
 
 _MERGED_APPROVAL = (
-    "comes from a YAML merge key (<<): the approval must be written as its own top-level line, "
-    "'apply: true' or 'apply: false', where a reviewer reads it (or given with --apply)"
+    "not written as a top-level 'apply:' line (a YAML merge key '<<' or an alias gives it): the approval must be "
+    "its own line, 'apply: true' or 'apply: false', where a reviewer reads it (or given with --apply)"
 )
 
 
@@ -820,6 +832,8 @@ def load_params(
     problems = hidden + _config_path_problems(params, src)
     if problems:
         raise ParametersInvalid(problems)
+    # every caller (params check, run, rollback, a JupyterLab notebook) refuses what a record could not hold
+    record_yaml(params, "", source=src.default)
     return params
 
 

@@ -76,6 +76,7 @@ class _StrictLoader(yaml.SafeLoader):
         self.duplicates: list[Duplicate] = []
         self._first_duplicate: Any = None
         self.top_keys: frozenset[str] = frozenset()
+        self._alias_keys: set[int] = set()  # key nodes written as an alias (``*k : true``): not literal keys
 
     def compose_document(self) -> Node | None:
         self._depth, self._weight = {}, {}
@@ -84,7 +85,7 @@ class _StrictLoader(yaml.SafeLoader):
             self.top_keys = frozenset(
                 str(key.value)
                 for key, _ in node.value
-                if isinstance(key, ScalarNode) and key.tag != _MERGE_TAG
+                if isinstance(key, ScalarNode) and key.tag != _MERGE_TAG and id(key) not in self._alias_keys
             )
         return node
 
@@ -98,6 +99,8 @@ class _StrictLoader(yaml.SafeLoader):
             target: Node | None = super().compose_node(parent, index)
             if target is None or id(target) not in self._weight:
                 raise YamlRefused(problem="an alias refers to a node that contains it", problem_mark=mark)
+            if index is None and isinstance(parent, MappingNode):  # a mapping's key (PyYAML composes it so)
+                self._alias_keys.add(id(target))
             self._count(self._weight[id(target)], self._depth[id(target)], mark)
             return target
         label = index.value if isinstance(index, ScalarNode) else index
@@ -179,8 +182,8 @@ def load(text: str) -> Any:
 
 
 def load_with_keys(text: str) -> tuple[Any, frozenset[str]]:
-    """:func:`load`, and the keys the document's top-level mapping writes itself, not through a merge key
-    (``<<: *defaults``).
+    """:func:`load`, and the keys the document's top-level mapping writes itself: not through a merge key
+    (``<<: *defaults``), nor as an alias of a value written elsewhere (``cluster: &k apply`` then ``*k : true``).
 
     Why: a value that only a merge key gives is easy to miss in review (``grep '^apply:'`` finds nothing), so
     a caller can insist that a key which approves a change is written where a reviewer reads it.

@@ -71,6 +71,8 @@ class RunOutcome:
     failed_step: str | None = None
     note: str = ""
     scrub: Callable[[str], str] = field(default=lambda text: text, repr=False)
+    apply: bool = False
+    """The run was approved (``--apply``, ``--set apply=true`` or ``apply: true`` in its file)."""
 
     @property
     def ok(self) -> bool:

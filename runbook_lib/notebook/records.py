@@ -114,21 +114,22 @@ def make_root(root: Path) -> None:
 
 
 def _close_for_others(path: Path) -> None:
-    """Take away group and other write from ``path``, whatever the umask.
+    """Take away other users' write from ``path``, whatever the umask.
 
     Why: a record is evidence that others read, not edit.  Under umask 000 records were written 0666/0777, and
     any local user could edit or delete one (attack re-run, stop 49); the manifest would tell, but only
-    after the fact.  Readable by others stays: records are shared.
+    after the fact.  Readable by others stays: records are shared.  Group write stays as the umask gives it: a
+    team's setgid records folder lets a member seal another's aborted run (review of 70aa799).
     """
     mode = path.stat().st_mode & 0o7777
-    if mode & 0o022:
+    if mode & 0o002:
         with contextlib.suppress(PermissionError):  # another user's file (a shared folder's): theirs to mind
-            path.chmod(mode & ~0o022)
+            path.chmod(mode & ~0o002)
 
 
 def close_tree_for_others(path: Path) -> None:
     """:func:`_close_for_others` on a record directory and everything in it (files the run's kernels wrote
-    under the caller's umask), at its seal."""
+    under the caller's umask), at its seal; the directory itself was closed when it was made."""
     _close_for_others(path)
     for entry in path.rglob("*"):
         if not entry.is_symlink():

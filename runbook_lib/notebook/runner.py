@@ -1159,5 +1159,13 @@ def run(
     changes = len(data["changes"])
     scrub = functools.partial(records.redact, secrets=secrets)
     return RunOutcome(
-        loop.record, data["outcome"], ran.outcomes, digest, changes, ran.failed_step, data["note"], scrub
+        loop.record,
+        data["outcome"],
+        ran.outcomes,
+        digest,
+        changes,
+        ran.failed_step,
+        data["note"],
+        scrub,
+        apply=loop.params.apply,
     )
