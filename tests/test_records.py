@@ -898,9 +898,10 @@ def test_records_are_not_writable_by_others_whatever_the_umask(tmp_path: Path) -
         records.seal_aborted(aborted)
     finally:
         os.umask(old)
+    assert (root / ".lock").stat().st_mode & 0o007 == 0, "any user who opens the seal lock can hold it"
     for entry in [root, *root.rglob("*")]:
         if entry.name == ".lock":
-            continue  # the seal lock: not part of any record
+            continue  # the seal lock, checked above: not part of any record
         mode = entry.stat().st_mode & 0o777
         assert mode & 0o002 == 0, f"{entry.relative_to(tmp_path)} is {oct(mode)}"
         assert mode & 0o004, f"{entry.relative_to(tmp_path)} is not readable by others"

@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import yaml
 
@@ -373,12 +373,23 @@ def is_unsealed(path: Path) -> bool:
 def _chain_lock(root: Path) -> Iterator[None]:
     """Two runs sealing at once must not both chain to the same predecessor."""
     root.mkdir(parents=True, exist_ok=True)
-    with (root / ".lock").open("a") as handle:
+    with _lock_file(root) as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _lock_file(root: Path) -> IO[str]:
+    """The records folder's seal lock, created 0660 whatever the umask.
+
+    Why not world-openable: ``flock`` needs only an open descriptor, so any local user who could open it could
+    hold it and stall every seal (umask 000 made it 0666; review of 70aa799). Group members share a team's
+    folder; a reader who cannot open it reads without the lock (:func:`reading`).
+    """
+    fd = os.open(root / ".lock", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o660)
+    return os.fdopen(fd, "a")
 
 
 @contextlib.contextmanager
@@ -388,7 +399,7 @@ def reading(root: Path) -> Iterator[None]:
     A folder that cannot be locked (read-only: a downloaded CI artifact, a mount) is read as it is.
     """
     try:
-        handle = (root / ".lock").open("a")
+        handle = _lock_file(root)
     except OSError:
         yield
         return
