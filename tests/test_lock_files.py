@@ -72,3 +72,17 @@ def b_waits_on(path: Path) -> bool:
         if "->" in fields and fields[fields.index("->") + 5].endswith(f":{inode}"):
             return True
     return False
+
+
+def test_a_locks_folder_that_cannot_be_made_is_named_not_a_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`runbook sim down` with XDG_CACHE_HOME pointing nowhere ended in a FileNotFoundError traceback (review)."""
+    from runbook_lib.cli import main
+
+    monkeypatch.delenv("RUNBOOK_LOCKS", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", "/proc/no-such-folder")
+    assert main(["sim", "down", "--state", str(tmp_path / "sim")]) == 2
+    err = capsys.readouterr().err
+    assert "the locks folder /proc/no-such-folder/talos-gpu-runbooks/locks cannot be made" in err, err
+    assert "set RUNBOOK_LOCKS" in err

@@ -47,14 +47,24 @@ class Busy(PermanentError):
 
 
 def locks_dir() -> Path:
-    """The owner-only directory of the per-cluster locks and simulator leases (created when missing)."""
+    """The owner-only directory of the per-cluster locks and simulator leases (created when missing).
+
+    One that cannot be made is a :class:`PermanentError` naming it and ``$RUNBOOK_LOCKS``: it was a
+    ``FileNotFoundError`` traceback (``XDG_CACHE_HOME`` pointing nowhere, a read-only home in a container)."""
     configured = os.environ.get(LOCKS_ENV)
     if configured:
         path = Path(configured)
     else:
         cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
         path = Path(cache) / "talos-gpu-runbooks" / "locks"
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PermanentError(
+            f"the locks folder {path} cannot be made ({exc.strerror or exc}): nothing was done",
+            hint=f"set {LOCKS_ENV} to a folder this user can write (it holds the per-cluster locks; keep it on "
+            "this machine, one per machine, so every run sees the others' locks)",
+        ) from None
     return path
 
 
