@@ -181,6 +181,7 @@ def test_params_check_refuses_a_duplicated_apply_key(tmp_path, capsys):
     [
         "<<: {apply: true}",
         "cluster2: &k apply\n*k : true",  # review of 70aa799: the key as an alias of a value written elsewhere
+        "cluster2: &t true\napply: *t",  # review of 49e691e: the approval's value written elsewhere
     ],
 )
 def test_an_approval_given_only_by_a_yaml_merge_key_is_refused_and_nothing_runs(tmp_path, capsys, written):
@@ -243,23 +244,40 @@ def test_a_fleet_too_big_for_its_records_params_yaml_is_refused_by_check_and_run
     assert path.stat().st_size < 1024 * 1024  # the input alone is within the limit
     assert main(["params", "check", str(path)]) == 2
     err = capsys.readouterr().err
-    assert f"{path}: nodes: 8000 nodes are 1.1 MiB as a record's params.yaml" in err
-    assert "split the fleet into runs of at most about 7" in err
+    assert f"{path}: nodes: 8000 nodes are 1,1" in err and "KiB as a record's params.yaml" in err
+    assert "(at most 1,024 KiB): split the fleet into runs of at most about 7" in err
     records = tmp_path / "records"
     assert main(["run", "-p", str(path), "--records", str(records), "--state", str(tmp_path / "sim")]) == 2
-    assert "8000 nodes are 1.1 MiB" in capsys.readouterr().err
+    assert "8000 nodes are 1,1" in capsys.readouterr().err
     assert not records.exists() and not (tmp_path / "sim").exists()
 
 
-@pytest.mark.parametrize("value", ["1", "y", "'true'"])
+@pytest.mark.parametrize("value", ["1", "y", "t", "1.0"])
 def test_an_approval_is_true_or_false_nothing_that_reads_like_it(capsys, value):
     """Review of 70aa799: ``--set apply=1`` applied (pydantic read 1, "y", "t" as true) while the resume message,
     which takes only ``true``, said "plan only"; an approval is written out."""
     assert main(["params", "check", SIM, "--set", f"apply={value}"]) == 2
-    assert f"--set apply={value}: apply: Input should be a valid boolean" in capsys.readouterr().err
+    assert f"--set apply={value}: apply: must be true or false (got " in capsys.readouterr().err
 
 
 def test_params_check_prints_text_as_written(capsys):
     """Review of 70aa799: `params check` printed ``/opt/jos\\xE9/talosctl`` for ``/opt/josé/talosctl``."""
     assert main(["params", "check", SIM, "--set", "tools.talosctl=/opt/josé/talosctl"]) == 0
     assert "talosctl: /opt/josé/talosctl" in capsys.readouterr().out
+
+
+def test_the_size_rule_counts_the_heading_a_record_writes(monkeypatch):
+    """Review of 49e691e: the check dumped the parameters without the record's heading line, so a file within
+    ~80 bytes of the limit passed `params check` and failed `runbook run` (or a JupyterLab approval, after its
+    record was made)."""
+    from runbook_lib.errors import ParametersInvalid
+    from runbook_lib.model import params as model
+
+    loaded = model.load_params(SIM)
+    bare = len(model.record_yaml(loaded, "", source=SIM).encode())
+    monkeypatch.setattr(model, "MAX_FILE_BYTES", bare + 10)  # room for the values, not for a heading
+    with pytest.raises(ParametersInvalid, match=r"as a record's params\.yaml"):
+        model.load_params(SIM)
+    for heading in model.RECORD_HEADINGS:
+        with pytest.raises(ParametersInvalid):
+            model.record_yaml(loaded, heading, source=SIM)

@@ -122,7 +122,8 @@ def test_an_interrupted_resume_s_rollback_line_names_the_runs_it_follows(tmp_pat
     root = tmp_path / "records"
     interrupted = _seal(root, 0, _upgraded_gpu_worker_1())
     steps = [{"name": "preflight", "status": "ok"}, {"name": "image", "status": "interrupted"}]
-    resumed = _seal(root, 1, {"apply": True, "steps": steps, "continues": interrupted.name})
+    own = {"apply": True, "params_file": "p.yaml", "overrides": []}
+    resumed = _seal(root, 1, {**own, "steps": steps, "continues": interrupted.name})
     invocation = Invocation("p.yaml", (), str(root), None, apply=True, selection=("--from", "image"))
     said = after_interrupt(root, invocation, datetime(2026, 12, 6, 20, 1, tzinfo=UTC))
     assert f"--records {root} --from {interrupted.name} --from {resumed.name}\n" in said, said

@@ -154,3 +154,9 @@ def test_a_talosconfig_talosctl_cannot_read_is_named_not_called_unreachable_node
     assert versions["talosctl_error"].startswith(
         "talosctl cannot read its talosconfig: failed to open config"
     )
+    mixed = {"10.5.0.11": error, "10.5.0.12": "rpc error: code = Unavailable desc = connection refused"}
+    talosctl = SimpleNamespace(version=lambda addresses: (None, {}, mixed))
+    versions = _talos_versions(SimpleNamespace(talosctl=talosctl), list(mixed))  # type: ignore[arg-type]
+    assert versions["talos_unreachable"] == ["10.5.0.12"], (
+        "a node that did not answer is still named (review)"
+    )

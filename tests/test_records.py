@@ -905,6 +905,7 @@ def test_records_are_not_writable_by_others_whatever_the_umask(tmp_path: Path) -
         mode = entry.stat().st_mode & 0o777
         assert mode & 0o002 == 0, f"{entry.relative_to(tmp_path)} is {oct(mode)}"
         assert mode & 0o004, f"{entry.relative_to(tmp_path)} is not readable by others"
+        assert mode & 0o020, f"{entry.relative_to(tmp_path)} lost the group write its umask gave (review)"
     assert records.verify(root) == [] and path.is_dir()
 
 

@@ -271,6 +271,13 @@ def test_a_stopped_steps_report_is_never_cut_inside_a_fixs_here_document() -> No
     assert cut_failure(closed) == closed[:STOPPED_LINES_MAX], "a fix that ends within the limit stays"
     plain = [f"line {i}" for i in range(40)]
     assert cut_failure(plain) == plain[:STOPPED_LINES_MAX]
+    # review of c62d224: a diagnosis that fits is never cut, and only a fix's lines open a here-document
+    short = ["summary", "  node: near <<EOF in the patch", "    reachable: no", "    fix: talosctl dmesg"]
+    assert cut_failure(short) == short
+    quoted = [f"      {i} << shift; grep x <<< y" for i in range(STOPPED_LINES_MAX + 4)]
+    assert cut_failure(quoted) == quoted[:STOPPED_LINES_MAX]
+    escaped = [*head, "    fix: cat > p.yaml <<\\EOF", "machine:", "  kernel: {}", "EOF", "more"]
+    assert cut_failure(escaped) == head
 
 
 def test_compaction_keeps_a_fixs_here_document_whole() -> None:

@@ -229,7 +229,8 @@ def test_an_interrupted_apply_run_says_how_to_go_on_or_undo_it(tmp_path: Path) -
     record = tmp_path / "records" / "20261206T200000Z-sim-gpu-abcdef12"
     record.mkdir(parents=True)
     steps = [{"name": "preflight", "status": "ok"}, {"name": "image", "status": "interrupted"}]
-    records.seal(record, {"apply": True, "steps": steps}, secrets=[])
+    own = {"params_file": "p.yaml", "overrides": []}
+    records.seal(record, {"apply": True, "steps": steps, **own}, secrets=[])
     from datetime import UTC, datetime
 
     # approved by the file or a --set, not --apply: the go-on still repeats the approval (review of 70aa799)
@@ -250,8 +251,12 @@ def test_an_interrupted_apply_run_says_how_to_go_on_or_undo_it(tmp_path: Path) -
     assert "go on" not in only_undo and "runbook rollback" in only_undo, "--from would run unselected steps"
     plan = tmp_path / "plan" / record.name
     plan.mkdir(parents=True)
-    records.seal(plan, {"apply": False, "steps": steps}, secrets=[])
+    records.seal(plan, {"apply": False, "steps": steps, **own}, secrets=[])
     assert after_interrupt(plan.parent, invocation, started) == "", "a plan changed nothing"
+    other = Invocation("other.yaml", (), str(tmp_path / "records"), None)
+    assert after_interrupt(tmp_path / "records", other, started) == "", (
+        "another run's record (review of 49e691e)"
+    )
 
 
 def test_the_notes_of_steps_that_ran_are_printed_under_their_step() -> None:
@@ -307,7 +312,16 @@ def test_an_interrupted_run_names_the_node_calls_the_interrupt_cut_short(tmp_pat
     nodes = [{"name": f"gpu-worker-{i}", "address": f"10.5.0.1{i}"} for i in (1, 2)]
     steps = [{"name": "preflight", "status": "ok"}, {"name": "image", "status": "interrupted"}]
     records.seal(
-        record, {"apply": True, "steps": steps, "changes": changes, "params": {"nodes": nodes}}, secrets=[]
+        record,
+        {
+            "apply": True,
+            "params_file": "p.yaml",
+            "overrides": [],
+            "steps": steps,
+            "changes": changes,
+            "params": {"nodes": nodes},
+        },
+        secrets=[],
     )
     invocation = Invocation("p.yaml", (), str(tmp_path / "records"), None, apply=True)
     said = after_interrupt(tmp_path / "records", invocation, datetime(2026, 12, 6, 20, 0, tzinfo=UTC))
@@ -372,3 +386,23 @@ def test_a_printed_kubectl_command_is_the_run_s_own_kubectl_and_kubeconfig() -> 
     assert result.data["not_undone"] == result.notes
     assert result.checks[1].fix == done, "a command that has its kubeconfig, or a path, is left alone"
     assert kubectl_as_run("kubectl", None)("kubectl get nodes") == "kubectl get nodes"
+
+
+def test_a_failed_run_that_stopped_the_simulator_says_how_to_start_it_for_its_fixes() -> None:
+    """Operator walkthrough (stop 48): a pasted ``talosctl … dmesg`` fix failed to connect, as the run had stopped
+    the simulator it started. Said only when a fix is a tool command, the run failed and the simulator is down."""
+    failed = _outcome(("preflight", "failed", "1 node failed"), failed="preflight")
+    failed.steps[-1].error = {
+        "ename": "StepFailed",
+        "evalue": "1 node failed\n    fix: `talosctl -n 10.5.0.13 dmesg`",
+    }
+    where = Invocation("p.yaml", (), None, "/tmp/my state")
+    said = report(failed, where, simulator_stopped_after=True)
+    assert "start it as the run left it first, `runbook sim up --keep --state '/tmp/my state'`" in said, said
+    assert "simulated cluster" not in report(failed, where), "the simulator is still up: nothing to say"
+    passed = _outcome(("preflight", "ok", "3 nodes ok"))
+    assert "simulated cluster" not in report(passed, where, simulator_stopped_after=True)
+    no_tool = _outcome(("preflight", "failed", "1 node failed"), failed="preflight")
+    assert "simulated cluster" not in report(no_tool, where, simulator_stopped_after=True), (
+        "fix: x is no command"
+    )

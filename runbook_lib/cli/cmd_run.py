@@ -27,7 +27,7 @@ from typing import Any
 from runbook_lib.cli import live, run_report
 from runbook_lib.cli.cmd_params import add_set_arg
 from runbook_lib.errors import PermanentError
-from runbook_lib.model.params import Params, parse_set
+from runbook_lib.model.params import Params, approval, parse_set
 from runbook_lib.notebook import lock, records, runner
 from runbook_lib.notebook.steps import STEP_NAMES
 from runbook_lib.sim import cluster as sim_cluster
@@ -370,7 +370,8 @@ def _set_approves(overrides: Sequence[str]) -> bool:
     for item in overrides:
         key, value = parse_set(item)
         if key == "apply":
-            approved = value is True
+            with contextlib.suppress(ValueError):  # not an approval: the parameters' check says why
+                approved = approval(value)
     return approved
 
 

@@ -149,7 +149,11 @@ def after_interrupt(root: Path, invocation: Invocation, started: datetime) -> st
         steps = data.get("steps") or []
     except (OSError, ValueError, RunbookError):
         return ""
-    if begun < started.replace(microsecond=0) or not isinstance(data, dict) or data.get("apply") is not True:
+    if (
+        begun < started.replace(microsecond=0)
+        or not _is_this_run(data, invocation)
+        or data.get("apply") is not True
+    ):
         return ""  # a plan changed nothing; the approval may have come from the file or a --set (review)
     invocation = replace(invocation, apply=True)
     cut = next(
@@ -166,6 +170,16 @@ def after_interrupt(root: Path, invocation: Invocation, started: datetime) -> st
     lines += [f"once it is safe to go on: {invocation.continue_from(str(cut))}"] if go_on else []
     lines.append(f"to undo what it changed instead (plan first, then --apply): {shlex.join(rollback)}")
     return "".join(f"{line}\n" for line in lines)
+
+
+def _is_this_run(data: Any, invocation: Invocation) -> bool:
+    """Whether a record is the interrupted run's own: begun after it started (the caller's check) and made from
+    its parameter file and overrides. Why: a plan interrupted before it opened its record read the newest record,
+    another run's ``--apply``, and gave that run's go-on and rollback commands (review of 49e691e)."""
+    if not isinstance(data, dict):
+        return False
+    source = invocation.params_file or "(parameters of an earlier record)"
+    return data.get("params_file") == source and data.get("overrides") == list(invocation.overrides)
 
 
 #: Node calls :func:`_cut_short` names at most; the record's changes list them all.

@@ -332,9 +332,9 @@ class Params(_Strict):
     """Extra kernel arguments for the GPU nodes' image."""
     secureboot: bool = False
     """Use SecureBoot installer and boot assets."""
-    apply: bool = Field(default=False, strict=True)
-    """Change the cluster: ``true`` or ``false`` (default: plans and dry-runs only); ``1``, ``"y"`` and the like
-    are refused, an approval is written out."""
+    apply: bool = False
+    """Change the cluster: ``true`` or ``false`` (default: plans and dry-runs only), as YAML reads them (``yes``
+    and ``on`` too); ``1``, ``y`` or ``t`` are refused: an approval is written out."""
     rollout_concurrency: int = Field(default=1, ge=1, le=1000, strict=True)
     """How many nodes change at once (the largest batch); `rollout` sets the canary, failure budget and pause."""
     rollout: Rollout = Rollout()
@@ -392,6 +392,11 @@ class Params(_Strict):
             raise ValueError("must be an http(s) URL such as https://factory.talos.dev")
         return value.rstrip("/")
 
+    @field_validator("apply", mode="before")
+    @classmethod
+    def _approval(cls, value: Any) -> bool:
+        return approval(value)
+
     @field_validator("talosconfig", "kubeconfig")
     @classmethod
     def _path_not_contents(cls, value: str | None) -> str | None:
@@ -440,6 +445,23 @@ class Params(_Strict):
         return self.model_dump(mode="json")
 
 
+def approval(value: Any) -> bool:
+    """``apply``'s value: a boolean, or the text ``true``/``false`` in any case (papermill's ``-p apply true``
+    passes text). Why not pydantic's own reading: it takes ``1``, ``"y"`` and ``"t"`` as true, and
+    ``runbook run --from`` said "plan only" of a ``--set apply=1`` that then applied (review of 70aa799)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise ValueError("must be true or false")
+
+
+#: The first line of a record's ``params.yaml``: a run's, and a JupyterLab approval's.
+RUN_HEADING = "# The validated parameters of this run (paths only, never file contents).\n"
+APPROVAL_HEADING = "# The validated parameters of this approval (paths only, never file contents).\n"
+RECORD_HEADINGS = (RUN_HEADING, APPROVAL_HEADING)
+
+
 def record_yaml(params: Params, heading: str, *, source: str) -> str:
     """``params`` as a record's ``params.yaml``: ``heading`` (a YAML comment line) and every validated value.
 
@@ -453,15 +475,15 @@ def record_yaml(params: Params, heading: str, *, source: str) -> str:
     size = len(text.encode("utf-8"))
     if size <= MAX_FILE_BYTES:
         return text
-    limit = f"{MAX_FILE_BYTES // (1024 * 1024)} MiB"
+    limit = f"{MAX_FILE_BYTES // 1024:,} KiB"  # KiB: "1.0 MiB, at most 1 MiB" read as no excess (review)
     what = f"as a record's params.yaml, which the run's steps read back as a parameter file (at most {limit})"
     node_bytes = len(_dump_yaml(data["nodes"]).encode("utf-8"))
     room = (MAX_FILE_BYTES - (size - node_bytes)) * len(params.nodes) // max(1, node_bytes)
     if room < 1:  # the rest of the parameters alone are too big: no split helps
-        problem = f"the parameters are {size / (1024 * 1024):.1f} MiB {what}: shorten the longest values"
+        problem = f"the parameters are {-(-size // 1024):,} KiB {what}: shorten the longest values"
         raise ParametersInvalid([ParameterProblem(source, "(file)", problem)])
     problem = (
-        f"{len(params.nodes)} nodes are {size / (1024 * 1024):.1f} MiB {what}: split the fleet into runs of "
+        f"{len(params.nodes)} nodes are {-(-size // 1024):,} KiB {what}: split the fleet into runs of "
         f"at most about {room} nodes"
     )
     raise ParametersInvalid([ParameterProblem(source, "nodes", problem)])
@@ -832,8 +854,9 @@ def load_params(
     problems = hidden + _config_path_problems(params, src)
     if problems:
         raise ParametersInvalid(problems)
-    # every caller (params check, run, rollback, a JupyterLab notebook) refuses what a record could not hold
-    record_yaml(params, "", source=src.default)
+    # every caller (params check, run, rollback, a JupyterLab notebook) refuses what a record could not hold,
+    # with the longest heading a record writes (review of 49e691e: an 80-byte gap passed check, failed run)
+    record_yaml(params, max(RECORD_HEADINGS, key=len), source=src.default)
     return params
 
 

@@ -76,7 +76,8 @@ class _StrictLoader(yaml.SafeLoader):
         self.duplicates: list[Duplicate] = []
         self._first_duplicate: Any = None
         self.top_keys: frozenset[str] = frozenset()
-        self._alias_keys: set[int] = set()  # key nodes written as an alias (``*k : true``): not literal keys
+        # (mapping, pair index) of each key or value written as an alias (``*k : true``, ``apply: *t``)
+        self._aliased: set[tuple[int, int]] = set()
 
     def compose_document(self) -> Node | None:
         self._depth, self._weight = {}, {}
@@ -84,8 +85,10 @@ class _StrictLoader(yaml.SafeLoader):
         if isinstance(node, MappingNode):
             self.top_keys = frozenset(
                 str(key.value)
-                for key, _ in node.value
-                if isinstance(key, ScalarNode) and key.tag != _MERGE_TAG and id(key) not in self._alias_keys
+                for index, (key, _) in enumerate(node.value)
+                if isinstance(key, ScalarNode)
+                and key.tag != _MERGE_TAG
+                and (id(node), index) not in self._aliased
             )
         return node
 
@@ -99,8 +102,8 @@ class _StrictLoader(yaml.SafeLoader):
             target: Node | None = super().compose_node(parent, index)
             if target is None or id(target) not in self._weight:
                 raise YamlRefused(problem="an alias refers to a node that contains it", problem_mark=mark)
-            if index is None and isinstance(parent, MappingNode):  # a mapping's key (PyYAML composes it so)
-                self._alias_keys.add(id(target))
+            if isinstance(parent, MappingNode):  # the pair being composed: PyYAML appends it after its value
+                self._aliased.add((id(parent), len(parent.value)))
             self._count(self._weight[id(target)], self._depth[id(target)], mark)
             return target
         label = index.value if isinstance(index, ScalarNode) else index
@@ -182,8 +185,8 @@ def load(text: str) -> Any:
 
 
 def load_with_keys(text: str) -> tuple[Any, frozenset[str]]:
-    """:func:`load`, and the keys the document's top-level mapping writes itself: not through a merge key
-    (``<<: *defaults``), nor as an alias of a value written elsewhere (``cluster: &k apply`` then ``*k : true``).
+    """:func:`load`, and the keys the document's top-level mapping writes out in place: key and value, not
+    through a merge key (``<<: *defaults``) nor an alias (``cluster: &k apply`` then ``*k : true``; ``apply: *t``).
 
     Why: a value that only a merge key gives is easy to miss in review (``grep '^apply:'`` finds nothing), so
     a caller can insist that a key which approves a change is written where a reviewer reads it.

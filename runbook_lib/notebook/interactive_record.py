@@ -35,7 +35,7 @@ from typing import Any
 
 from runbook_lib.clients.proc import Journal
 from runbook_lib.errors import PermanentError, RunbookError
-from runbook_lib.model.params import Params, record_yaml
+from runbook_lib.model.params import APPROVAL_HEADING, Params, record_yaml
 from runbook_lib.model.plan import build_plan
 from runbook_lib.steps.context import resolve_endpoints
 from runbook_lib.steps.results import StepResult
@@ -143,9 +143,8 @@ class InteractiveRecorder:
             ) from None
         self._mark, self._approved = len(self.journal.entries), approved
         self._started, self._clock = records.now_iso(), time.monotonic()
-        heading = "# The validated parameters of this approval (paths only, never file contents).\n"
         (self.record / "params.yaml").write_text(
-            record_yaml(self.params, heading, source="parameters"), encoding="utf-8"
+            record_yaml(self.params, APPROVAL_HEADING, source="parameters"), encoding="utf-8"
         )
         (self.record / "results").mkdir()
         self.journal.sink_to(self._journal_file(self.record))  # from here on, as it happens

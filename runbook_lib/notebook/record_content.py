@@ -144,7 +144,17 @@ def step_notes(steps: list[StepOutcome], omit: tuple[str, ...] = ()) -> list[str
 #: Lines of a failed step's diagnosis ``runbook run``'s report shows at most; the whole of it is in the record.
 STOPPED_LINES_MAX = 16
 #: A shell here-document's opening (``<<EOF``, ``<<-'EOF'``): its word, which a line of its own ends.
-_HEREDOC = re.compile(r"<<-?\s*(['\"]?)([A-Za-z_][A-Za-z0-9_]*)\1")
+_HEREDOC = re.compile(r"(?<!<)<<(?!<)-?\s*(['\"]?)\\?([A-Za-z_][A-Za-z0-9_]*)\1")
+
+
+def _heredoc_word(line: str) -> str:
+    """The word that ends the here-document a fix's line opens (``<<'EOF'``), or "". Only a fix's lines count:
+    its first (``    fix: …``) and the ones it continues with flush left; tool output quoted under a node
+    (``1 << shift``, ``<<<``) is not a command (review of c62d224)."""
+    if not (line.startswith("    fix: ") or (line and not line[0].isspace())):
+        return ""
+    found = _HEREDOC.search(line)
+    return found.group(2) if found else ""
 
 
 def cut_failure(lines: list[str]) -> list[str]:
@@ -153,17 +163,18 @@ def cut_failure(lines: list[str]) -> list[str]:
     Why: a fix such as ``talosctl … patch mc --patch @- <<'EOF'`` cut before its ``EOF`` line waits for input
     when pasted, and what was typed next becomes the patch (review of 7470dc3). Such a fix goes whole, its
     command line included, and the record holds it."""
+    if len(lines) <= STOPPED_LINES_MAX:
+        return lines
     kept = lines[:STOPPED_LINES_MAX]
     opened: int | None = None
     word = ""
     for index, line in enumerate(kept):
         if opened is None:
-            found = _HEREDOC.search(line)
-            if found:
-                opened, word = index, found.group(2)
+            word = _heredoc_word(line)
+            opened = index if word else None
         elif line.strip() == word:
             opened = None
-    return kept if opened is None else kept[:opened]
+    return kept if opened is None else kept[: max(opened, 1)]
 
 
 def compact_failure(lines: list[str]) -> list[str]:
@@ -185,8 +196,6 @@ def compact_failure(lines: list[str]) -> list[str]:
             word = "" if line.strip() == word else word
             out.append(line)
             continue
-        found = _HEREDOC.search(line)
-        word = found.group(2) if found else ""
         # a continuation line is indented by render.CONTINUATION (flush left in records before 7 Dec 2026)
         continued = not line.startswith("  ") or line.startswith(CONTINUATION)
         if not continued and not line.startswith("   "):  # a node's or a check's line (or the hint)
@@ -200,6 +209,8 @@ def compact_failure(lines: list[str]) -> list[str]:
             out.append(line)
         elif not out[-1].endswith(_QUOTED):
             out.append(f"    {_QUOTED}")
+        if out[-1] is line:  # shown: a here-document it opens is shown whole (one left out stays out)
+            word = _heredoc_word(line)
     return out
 
 

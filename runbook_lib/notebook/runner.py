@@ -49,7 +49,7 @@ from traitlets import Type
 
 from runbook_lib.clients.proc import Journal
 from runbook_lib.errors import PermanentError, RunbookError
-from runbook_lib.model.params import Params, load_params, record_yaml
+from runbook_lib.model.params import RUN_HEADING, Params, load_params, record_yaml
 from runbook_lib.model.plan import build_plan
 from runbook_lib.steps.context import Context, connect, resolve_endpoints, sim_state_dir
 from runbook_lib.steps.preflight import CONFIG_UNREADABLE
@@ -637,8 +637,9 @@ def _talos_versions(ctx: Context, addresses: list[str]) -> dict[str, Any]:
         unreadable = sorted(e for e in errors.values() if CONFIG_UNREADABLE in e)
         if unreadable:  # talosctl stopped before any node: they were not "unreachable" (review of 7470dc3)
             out["talosctl_error"] = f"talosctl cannot read its talosconfig: {unreadable[0]}"
-        elif errors:
-            out["talos_unreachable"] = sorted(errors)
+        unreachable = sorted(a for a, e in errors.items() if CONFIG_UNREADABLE not in e)
+        if unreachable:
+            out["talos_unreachable"] = unreachable
     except Exception as exc:  # a version read never stops the run (see collect_versions)
         out["talosctl_error"] = probe_failure(exc)
     return out
@@ -844,10 +845,6 @@ class _StepsRun:
     outcomes: list[StepOutcome] = field(default_factory=list)
     failed_step: str | None = None
     stop_note: str = ""
-
-
-#: The first line of a run's ``params.yaml``.
-PARAMS_HEADING = "# The validated parameters of this run (paths only, never file contents).\n"
 
 
 def _open_record(
@@ -1108,7 +1105,7 @@ def run(
         merged["apply"] = apply
     params = load_params(params_file, list(overrides), merged, base=base)
     # refused now if too big to read back, before the cluster, the locks or the record (params.record_yaml)
-    params_text = record_yaml(params, PARAMS_HEADING, source=str(params_file or "parameters"))
+    params_text = record_yaml(params, RUN_HEADING, source=str(params_file or "parameters"))
     selected = with_preflight(select_steps(steps, from_step), apply=params.apply)
     started = (records.now_iso(), time.monotonic())
     hook = cluster if (cluster is not None and params.target == "simulated") else _no_cluster
