@@ -88,7 +88,10 @@ GRANT_HINT = (
     "grant it to the kubeconfig's user (a Role or ClusterRole bound to it), or use a kubeconfig that has it"
 )
 #: A failed request's hint when the authorizer refused it.
-FORBIDDEN_HINT = f"{GRANT_HINT}; `runbook run --steps preflight` names every write a run needs"
+#: ``-p <parameters>`` is ``model.text.PARAMS_PLACEHOLDER``, which ``runbook run``'s report fills in
+FORBIDDEN_HINT = (
+    f"{GRANT_HINT}; `runbook run -p <parameters> --steps preflight` names every write a run needs"
+)
 
 #: The authorizer's refusal as the API server words it (k8s.io/apiserver@v0.35.0
 #: pkg/endpoints/handlers/responsewriters/errors.go:60-80 ``forbiddenMessage``: ``User "…" cannot <verb> resource

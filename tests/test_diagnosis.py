@@ -146,7 +146,16 @@ def test_missing_modules_without_extensions_means_the_modules_patch_then_the_fac
     patch = "talosctl -n 10.5.0.3 patch mc --patch @gpu-worker-patch.yaml"
     assert patch in finding.fix and upgrade in finding.fix, finding.fix
     assert finding.fix.index(patch) < finding.fix.index(upgrade), "the patch comes first"
-    assert "runbook run --steps config-patch,image --apply" in finding.fix
+    # README audit (stop 50): pasted bare, it changed the default simulator's cluster; runbook run's report puts
+    # the run's own parameters and places where the placeholder is
+    from runbook_lib.cli.run_report import Invocation
+
+    assert "runbook run -p <parameters> --steps config-patch,image --apply" in finding.fix
+    mine = Invocation("site.yaml", ("rollout_concurrency=4",), "/srv/records", "/srv/sim").with_params(
+        finding.fix
+    )
+    run = "runbook run -p site.yaml --set rollout_concurrency=4 --records /srv/records --state /srv/sim"
+    assert f"{run} --steps config-patch,image --apply" in mine, mine
 
 
 def test_a_fix_names_the_sites_own_image_factory():

@@ -459,6 +459,9 @@ def test_runbook_rollback_plans_then_applies_from_a_record_into_its_own_record(
     label = "label node gpu-worker-1 gpu-worker-2 gpu-worker-3 nvidia.com/gpu.present-\n"
     assert f"{sim}/bin/kubectl --kubeconfig {sim}/kubeconfig {label}" in out, out
     assert out.count("nvidia.com/gpu.present-") == 1, "the notes do not repeat the list (walkthrough)"
+    # README audit (stop 50): pasted, that kubectl met the simulator the rollback had stopped
+    assert f"`runbook sim up --keep --state {tmp_path / 'sim'}`" in out, out
+    assert out.splitlines()[-1].startswith("anchor: "), out
     done = records.load_record(records.resolve(tmp_path / "records", None))
     assert done["outcome"] == "changed" and done["steps_requested"] == ["rollback"]
     argvs = [" ".join(c.get("argv", [])) for c in done["changes"]]

@@ -406,3 +406,18 @@ def test_a_failed_run_that_stopped_the_simulator_says_how_to_start_it_for_its_fi
     assert "simulated cluster" not in report(no_tool, where, simulator_stopped_after=True), (
         "fix: x is no command"
     )
+
+
+def test_the_anchor_stays_the_last_line_and_a_passed_runs_commands_get_the_simulator_line() -> None:
+    """README audit (stop 50): the go-on lines came after ``anchor: …`` (a CI step's ``tail -1`` read the wrong
+    line), and a passed rollback's ``kubectl label node … nvidia.com/gpu.present-`` met a stopped simulator."""
+    rolled = _outcome(("verify", "ok", "3 nodes ok"))
+    undone = "kubectl --kubeconfig /s/kubeconfig label node gpu-1 nvidia.com/gpu.present-"
+    rolled.steps[0].result = {"notes": [f"not undone: {undone}"]}
+    said = report(rolled, Invocation("p.yaml", (), None, "/s"), simulator_stopped_after=True)
+    assert "`runbook sim up --keep --state /s`" in said, said
+    assert said.splitlines()[-1].startswith("anchor: "), said
+    partial = _outcome(("preflight", "ok", "ok"), ("config-patch", "changed", "3 nodes patched"))
+    said = report(partial, Invocation("p.yaml", (), None, None, apply=True))
+    assert "not run yet: image" in said and said.splitlines()[-1].startswith("anchor: "), said
+    assert said.splitlines()[-2].startswith("record: "), said

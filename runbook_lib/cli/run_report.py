@@ -222,16 +222,23 @@ def _cut_short(data: dict[str, Any], invocation: Invocation) -> list[str]:
     ]
 
 
-#: A fix that needs the cluster's servers up: a talosctl, kubectl or helm command line.
-_TOOL_FIX = re.compile(r"\b(?:talosctl|kubectl|helm) ")
+#: A command that needs the cluster's servers up: talosctl, kubectl or helm (a path's too) with a flag or one of
+#: the subcommands the runbook's fixes and notes print; not prose such as "helm release".
+_TOOL_FIX = re.compile(
+    r"(?:^|[\s`(])(?:\S*/)?(?:talosctl|kubectl|helm) "
+    r"(?:-|label |get |uninstall |upgrade |delete |cordon |uncordon |patch |dmesg|logs |describe |rollout )",
+    re.MULTILINE,
+)
 
 
 def simulator_stopped(text: str, invocation: Invocation) -> str:
-    """After a simulated run whose report gives tool commands as fixes, and which stopped the simulator it
-    started: how to start it again as the run left it. "" when no fix needs it.
+    """After a simulated run whose report gives tool commands (fixes, notes, a rollback's not-undone label
+    commands), and which stopped the simulator it started: how to start it again as the run left it. "" when
+    no command needs it.
 
     Why: the unsupported GPU's ``talosctl … dmesg | grep NVRM``, pasted after ``runbook run``, failed to connect:
-    the run had stopped the simulator on its way out (operator walkthrough, stop 48)."""
+    the run had stopped the simulator on its way out (operator walkthrough, stop 48); so did a passed rollback's
+    ``kubectl label node … nvidia.com/gpu.present-`` (README audit, stop 50)."""
     if not _TOOL_FIX.search(text):
         return ""
     state = ["--state", invocation.state] if invocation.state else []
@@ -248,11 +255,23 @@ def simulator_stopped(text: str, invocation: Invocation) -> str:
 
 def report(outcome: RunOutcome, invocation: Invocation, *, simulator_stopped_after: bool = False) -> str:
     """The runner's report with this run's parameters in its fixes and, after a partial run, what is left;
-    ``simulator_stopped_after``: the run stopped the simulator it started (:func:`simulator_stopped`)."""
-    text = invocation.with_params(outcome.report()) + resume_after_failure(outcome, invocation)
-    if simulator_stopped_after and not outcome.ok:
-        text += simulator_stopped(text, invocation)
+    ``simulator_stopped_after``: the run stopped the simulator it started (:func:`simulator_stopped`).
+
+    What this adds goes before the record's two lines, so ``anchor: …`` stays the last line (a CI step's
+    ``tail -1``, README "Change records"; it came after the go-on lines: README audit, stop 50)."""
+    text = invocation.with_params(outcome.report())
+    added = resume_after_failure(outcome, invocation)
+    if simulator_stopped_after:
+        added += simulator_stopped(text, invocation)
     left = steps_left(outcome)
-    if not left:
-        return text
-    return text + f"not run yet: {', '.join(left)}; continue with: {invocation.continue_from(left[0])}\n"
+    if left:
+        added += f"not run yet: {', '.join(left)}; continue with: {invocation.continue_from(left[0])}\n"
+    return before_record(text, added)
+
+
+def before_record(text: str, added: str) -> str:
+    """``added`` put into a report above its ``record:`` and ``anchor:`` lines, which stay last."""
+    head, cut, tail = text.rpartition("\nrecord: ")
+    if not cut:
+        return text + added
+    return f"{head}\n{added}record: {tail}"

@@ -23,6 +23,7 @@ from runbook_lib.errors import PermanentError
 from .boot_assets import factory_host, schematics_url
 from .parsers import NVIDIA_MODULES, DriverInfo, NvidiaSmi, ServiceStatus
 from .pci import PciDevice, nvidia_gpus
+from .text import PARAMS_PLACEHOLDER
 from .versions import TalosVersion, parse_kmod_tag, parse_toolkit_tag
 
 ExtensionKind = Literal["kmod-open", "kmod-proprietary", "toolkit", "fabricmanager", "gdrdrv"]
@@ -189,7 +190,9 @@ FAILURES: tuple[KnownFailure, ...] = (
         "extension blacklists them, so a node that boots it without them never starts ext-nvidia-persistenced "
         "and the upgrade rolls back after about an hour), then upgrade the node with the Image Factory installer "
         "of a schematic holding the kernel-module and container-toolkit extensions, for the node's exact Talos "
-        "version (`runbook run --steps config-patch,image --apply` does both, in that order)",
+        # the placeholder: `runbook run` puts the run's own -p/--set/--records/--state there; pasted bare, the
+        # command changed the default simulator's cluster and wrote to ./records (README audit, stop 50)
+        f"version (`runbook run {PARAMS_PLACEHOLDER} --steps config-patch,image --apply` does both, in that order)",
         command="{patch_command}\n# then, with the patch applied:\n"
         "talosctl -n {node} upgrade --image {factory}/{installer}/{schematic}:{talos}",
         sources=(

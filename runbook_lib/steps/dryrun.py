@@ -12,6 +12,7 @@ so. An apply run raises the refusal as before.
 from __future__ import annotations
 
 from runbook_lib.errors import GRANT_HINT, Forbidden
+from runbook_lib.model.text import PARAMS_PLACEHOLDER
 
 from .results import Check, StepResult
 
@@ -67,6 +68,6 @@ def note(result: StepResult) -> str | None:
             f"{unread} read(s) the plan needed were refused (helm's releases): it shows what it could without them"
         )
     return "; ".join(said) + (
-        "; helm's own writes (its release record, a Secret) are not in its dry run: `runbook run --steps "
-        "preflight` names them"
+        "; helm's own writes (its release record, a Secret) are not in its dry run: "
+        f"`runbook run {PARAMS_PLACEHOLDER} --steps preflight` names them"
     )
