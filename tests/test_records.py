@@ -475,9 +475,13 @@ def test_aborted_run_is_reported_as_aborted_never_as_tampering(
     assert main(["records", "verify", "--dir", str(root)]) == 0
     out = capsys.readouterr().out
     assert f"aborted run, not sealed: {aborted.name}" in out
-    assert f"runbook records seal-aborted {aborted.name}" in out
+    # with the folder as given: pasted, it looked in ./records and said "no records" (README audit, stop 50)
+    assert f"runbook records seal-aborted {aborted.name} --records {root}\n" in out
     assert main(["records", "list", "--dir", str(root)]) == 0
-    assert f"{aborted.name}  aborted" in capsys.readouterr().out
+    listed = capsys.readouterr().out
+    assert (
+        f"{aborted.name}  aborted" in listed and f"seal-aborted {aborted.name} --records {root}\n" in listed
+    )
 
 
 def test_seal_aborted_records_what_the_aborted_run_left(

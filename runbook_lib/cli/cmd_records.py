@@ -79,7 +79,7 @@ def _list(args: argparse.Namespace) -> int:
         if records.is_unsealed(row.path):
             sys.stdout.write(
                 f"{row.name}  aborted?   not sealed (killed or crashed, or still running): "
-                f"runbook records seal-aborted {row.name}\n"
+                f"{_seal_aborted_command(row.name, args.dir)}\n"
             )
             continue
         mode = "apply" if row.apply else "plan"
@@ -229,6 +229,14 @@ def _with_patch_name(change: dict[str, Any], patches: dict[str, str]) -> list[st
     return [*map(str, argv[:at]), f"@{name}", *map(str, argv[at + 1 :])]
 
 
+def _seal_aborted_command(name: str, folder: str | None) -> str:
+    """``runbook records seal-aborted NAME`` with the folder as given: pasted without it, the command looked in
+    ./records and said "no records" (README audit, stop 50)."""
+    return shlex.join(
+        ["runbook", "records", "seal-aborted", name, *(["--records", folder] if folder else [])]
+    )
+
+
 def _verify(args: argparse.Namespace) -> int:
     root = _root(args.dir)
     chain = records.check(root, args.expect)
@@ -236,7 +244,7 @@ def _verify(args: argparse.Namespace) -> int:
     for path in chain.aborted:
         out.write(
             f"aborted run, not sealed: {path.name} (killed or crashed, or still running); once it is not "
-            f"running: runbook records seal-aborted {path.name}\n"
+            f"running: {_seal_aborted_command(path.name, args.dir)}\n"
         )
     if chain.problems:
         out.write(f"{len(chain.problems)} problem(s) in {root}:\n")
