@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from runbook_lib.errors import ParametersInvalid
-from runbook_lib.model.params import load_params
+from runbook_lib.model.params import load_params, validate
 
 ROOT = Path(__file__).resolve().parents[1]
 GOOD = {
@@ -444,3 +444,13 @@ def test_on_the_simulator_a_named_kubeconfig_is_the_one_the_tools_use(tmp_path):
         PermanentError, match=re.escape("points at https://prod.example:6443, not at https://127.0.0.1:40001")
     ):
         resolve_endpoints(prod, state)
+
+
+def test_every_impossible_combination_is_reported_at_once() -> None:
+    """README audit (stop 50): a track on Talos 1.7 was reported, and the GPU Operator on 1.7 only once the track
+    was fixed, though the README promises every problem at once."""
+    data = yaml.safe_load(Path("params/simulated.yaml").read_text())
+    data |= {"talos_version": "v1.7.0", "track": "lts", "kubernetes_layer": "gpu-operator"}
+    with pytest.raises(ParametersInvalid) as raised:
+        validate(data, source="p.yaml")
+    assert [p.path for p in raised.value.problems] == ["track", "kubernetes_layer"], raised.value.problems
