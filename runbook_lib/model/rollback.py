@@ -290,8 +290,9 @@ def label_undo(labelled: Iterable[Mapping[str, Any]], only: Collection[str] | No
     label and earlier value, naming its nodes (``kubectl label node A B C key-`` removes the label from each;
     ``key=old --overwrite`` sets it back). ``only``: the nodes the commands name (those a rollback takes back);
     the count stays the run's, which a partial rollback's line had given as the nodes going back ("added to 2
-    node(s)" of a run that labelled 3: operator walkthrough, 7 Dec 2026). A group none of ``only`` is in is left
-    out."""
+    node(s)" of a run that labelled 3: operator walkthrough, 7 Dec 2026). A group none of ``only`` is in is said
+    to be kept, with the command that undoes it anyway: it was left out, and a rollback of a run that only labelled
+    nodes said nothing of the label (README audit, stop 50)."""
     groups: dict[tuple[str, str | None], list[str]] = {}
     for item in labelled:
         before = item.get("before")
@@ -300,19 +301,29 @@ def label_undo(labelled: Iterable[Mapping[str, Any]], only: Collection[str] | No
     lines = []
     for (label, before), nodes in groups.items():
         named = nodes if only is None else [n for n in nodes if n in only]
-        if not named:
+        what = (
+            f"label {label} added to {len(nodes)} node(s) that had none"
+            if before is None
+            else f"label {label} changed from {before!r} on {len(nodes)} node(s)"
+        )
+        verb, value = (
+            ("remove it", [f"{label}-"])
+            if before is None
+            else ("put it back", [f"{label}={before}", "--overwrite"])
+        )
+        if not named:  # none goes back: the device plugin stays and schedules only where the label is set
+            command = shlex.join(["kubectl", "label", "node", *nodes, *value])
+            lines.append(
+                f"{what}; kept, as none of them goes back and the device plugin stays ({verb} anyway: {command})"
+            )
             continue
         which = "" if named == nodes else f" on the {len(named)} that go back"
-        if before is None:
-            lines.append(
-                f"label {label} added to {len(nodes)} node(s) that had none; to remove it{which}: "
-                + shlex.join(["kubectl", "label", "node", *named, f"{label}-"])
-            )
-        else:
-            lines.append(
-                f"label {label} changed from {before!r} on {len(nodes)} node(s); to put it back{which}: "
-                + shlex.join(["kubectl", "label", "node", *named, f"{label}={before}", "--overwrite"])
-            )
+        why = (
+            "" if only is None else " (only the nodes that go back: the others keep it while the plugin runs)"
+        )
+        lines.append(
+            f"{what}; to {verb}{which}: " + shlex.join(["kubectl", "label", "node", *named, *value]) + why
+        )
     return lines
 
 

@@ -453,10 +453,7 @@ def _not_undone(result: StepResult, evidence: Evidence, back: set[str], *, layer
     device plugin off them, since the chart schedules only where it is set)."""
     labels = []
     for record, items in evidence.labelled:
-        where = (
-            "" if layer_goes else " (only the nodes that go back: the others keep it while the plugin runs)"
-        )
-        labels += [f"{record}: {line}{where}" for line in label_undo(items, None if layer_goes else back)]
+        labels += [f"{record}: {line}" for line in label_undo(items, None if layer_goes else back)]
     left = [*labels, *evidence.not_undone]
     if left:
         result.data["not_undone"] = left
