@@ -471,3 +471,12 @@ def test_wrong_typed_module_and_service_resources_are_refused(capsys, tmp_path, 
     code, out, err = run(capsys, flag, path)
     assert code == 2 and out == "", out
     assert f"{flag} {path}:" in err
+
+
+def test_a_kernel_log_alone_names_its_node(capsys):
+    """README audit (stop 50): ``--log`` alone titled the report "Node (address not in the outputs)", though
+    talosctl prints ``NODE: `` before every dmesg line (talos@v1.12.0 cmd/talosctl/cmd/talos/dmesg.go:33-35)."""
+    from runbook_lib.cli import main
+
+    main(["diagnose", "--log", str(DATA / "dmesg_nvrm_unsupported_gpu.txt")])
+    assert capsys.readouterr().out.startswith("Node 10.5.0.3\n")

@@ -924,3 +924,18 @@ def test_an_aborted_records_show_says_who_is_not_recorded(
     assert main(["records", "show", aborted.name, "--dir", str(root)]) == 0
     shown = capsys.readouterr().out
     assert "by:       not recorded at " in shown and "?@?" not in shown, shown
+
+
+def test_an_aborted_steps_summary_speaks_of_in_flight_calls_only_when_there_are_some(tmp_path: Path) -> None:
+    """README audit (stop 50): every aborted step with changes said "one marked in flight may or may not have
+    reached the cluster", though its journal marked none."""
+    from runbook_lib.notebook.interrupts import IN_FLIGHT
+
+    done = {"argv": ["talosctl", "patch"], "changes_cluster": True, "exit_code": 0}
+    flying = {"argv": ["talosctl", "upgrade"], "changes_cluster": True, "interrupt": IN_FLIGHT}
+    step, _ = records._in_flight_step("image", tmp_path / "image.json", lambda _p: [done])
+    assert step["summary"] == "running when the run ended: 1 change(s) from its journal", step
+    step, _ = records._in_flight_step("image", tmp_path / "image.json", lambda _p: [done, flying])
+    assert step["summary"].endswith(
+        "2 change(s) from its journal (1 in flight: it may or may not have reached the cluster)"
+    )

@@ -491,7 +491,7 @@ def test_runbook_rollback_refuses_a_missing_or_edited_record_before_anything_run
     applied = records.resolve(tmp_path / "records", None)
     capsys.readouterr()
     assert main(["rollback", "-p", PARAMS, "--from", "no-such-record", *env]) == 2
-    assert "rollback.records: no record match 'no-such-record'" in capsys.readouterr().err
+    assert "rollback.records: no record matches 'no-such-record'" in capsys.readouterr().err
     record_json = applied / "record.json"
     record_json.write_text(record_json.read_text().replace('"nvidia"', '"nvidia-x"'))
     assert main(["rollback", "-p", PARAMS, "--from", applied.name, *env]) == 2

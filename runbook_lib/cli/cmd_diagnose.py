@@ -16,7 +16,9 @@ it is what a failed ``talosctl ... > file`` leaves, and "nothing loaded" read fr
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
+import re
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -184,7 +186,23 @@ def _pick_node(texts: Mapping[str, tuple[str, str]], wanted: str | None) -> str 
             seen.setdefault(node, []).append(flag)
     if wanted is not None:
         return wanted
-    return next(iter(seen), None)
+    return next(iter(seen), None) or (_log_node(texts["log"][1]) if "log" in texts else None)
+
+
+def _log_node(text: str) -> str | None:
+    """The node a ``talosctl -n NODE dmesg`` log names on every line, or None: talosctl prints ``NODE: `` before
+    each chunk, one node or many (talos@v1.12.0 cmd/talosctl/cmd/talos/dmesg.go:33-35, ``fmt.Printf("%s: %s",
+    node, data.Bytes)``). Why: ``--log`` alone titled the
+    report "Node (address not in the outputs)" although each line named it (README audit, stop 50)."""
+    prefixes = {line.split(": ", 1)[0] for line in text.splitlines() if line.strip()}
+    if len(prefixes) != 1:
+        return None
+    (prefix,) = prefixes
+    try:
+        ipaddress.ip_address(prefix)
+    except ValueError:
+        return prefix if re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?", prefix) else None
+    return prefix
 
 
 def collect(args: argparse.Namespace) -> tuple[_Collected, str | None]:

@@ -548,13 +548,15 @@ def _in_flight_step(
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
             entries = [e for e in read_journal(result_file) if isinstance(e, dict)]
     count = sum(1 for entry in entries if entry.get("changes_cluster"))
+    # an entry the journal reader made for a call that started and never returned (interrupts.IN_FLIGHT; not
+    # imported: it brings jupyter_client into every `runbook records` command). A summary said "one marked in
+    # flight may or may not have reached the cluster" of journals with none (README audit, stop 50)
+    flying = sum(1 for entry in entries if str(entry.get("interrupt", "")).startswith("in flight"))
     if not entries:
         summary = "running when the run ended: its changes are unknown"
     elif count:
-        summary = (
-            f"running when the run ended: {count} change(s) from its journal (one marked in flight may or "
-            "may not have reached the cluster)"
-        )
+        maybe = f" ({flying} in flight: it may or may not have reached the cluster)" if flying else ""
+        summary = f"running when the run ended: {count} change(s) from its journal{maybe}"
     else:
         summary = f"running when the run ended: its journal holds {len(entries)} read(s), no change"
     return {"name": name, "status": "aborted", "summary": summary}, entries
@@ -671,10 +673,8 @@ def resolve(root: Path, name: str | None) -> Path:
     assert name is not None
     matches = [p for p in records if p.name == name or p.name.startswith(name) or p.name.endswith(name)]
     if len(matches) != 1:
-        what = "no record" if not matches else f"{len(matches)} records"
-        raise PermanentError(
-            f"{what} match {name!r} in {root}", hint="`runbook records list` shows the names"
-        )
+        what = "no record matches" if not matches else f"{len(matches)} records match"
+        raise PermanentError(f"{what} {name!r} in {root}", hint="`runbook records list` shows the names")
     return matches[0]
 
 

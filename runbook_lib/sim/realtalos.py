@@ -227,7 +227,9 @@ def choose(
         simnode = simnode or _build("build-simnode.sh")
     if talosctl is None or simnode is None:
         missing = f"no talosctl {client} built" if talosctl is None else "simnode not built for these sources"
-        return Choice(False, f"Python talosctl: {missing} (make tools, or {MODE_ENV}=real builds it)")
+        # `make tools` builds only its TALOS_VERSIONS (v1.12.0 by default): name the tag this cluster needs
+        build = f"make tools TALOS_VERSIONS={client}" if talosctl is None else "make tools"
+        return Choice(False, f"Python talosctl: {missing} ({build}, or {MODE_ENV}=real builds it)")
     return Choice(True, f"real talosctl {talosctl.parent.name} against simnode", str(talosctl), str(simnode))
 
 
