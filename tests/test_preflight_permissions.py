@@ -165,3 +165,23 @@ def test_on_the_gpu_operator_layer_preflight_lists_the_releases_once(tmp_path):
         lists = [e.argv[1:3] for e in ran if e.kind == "command" and e.argv[1:2] == ("list",)]
         assert lists == [("list", "-A")], "the releases were listed twice: " + repr(lists)
         assert result.data["done"]["runtimeclass"] is False and result.data["done"]["helm_release"] is None
+
+
+def test_preflight_names_the_nodes_still_to_do_when_the_rollout_is_uneven() -> None:
+    """README audit (stop 50): after an interrupt, the go-on line says to see where the nodes are with a
+    preflight, which printed only "3 ok"; which node was left was only in its result file."""
+    from runbook_lib.steps.preflight import _uneven_progress
+    from runbook_lib.steps.results import NodeResult
+
+    def node(name: str, config: bool, image: bool) -> NodeResult:
+        res = NodeResult(node=name, address="10.0.0.1")
+        res.data.update(config_done=config, image_done=image)
+        return res
+
+    uneven = [node("gpu-1", True, True), node("gpu-2", True, False), node("gpu-3", False, False)]
+    assert _uneven_progress(uneven) == [
+        "config-patch still to do on 1 of 3 node(s): gpu-3",
+        "image still to do on 2 of 3 node(s): gpu-2, gpu-3",
+    ]
+    assert _uneven_progress([node("gpu-1", False, False), node("gpu-2", False, False)]) == [], "a fresh fleet"
+    assert _uneven_progress([node("gpu-1", True, True)]) == [], "all done"

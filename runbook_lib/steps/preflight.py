@@ -26,6 +26,7 @@ from runbook_lib.model.parsers import (
     schematic_id,
 )
 from runbook_lib.model.pci import PciDevice
+from runbook_lib.model.text import shortened
 from runbook_lib.model.versions import TalosVersion
 
 from . import fixes, kubernetes, permissions
@@ -276,11 +277,26 @@ def _count_done(ctx: Context, result: StepResult, nodes: list[Node], config_erro
         "image": f"{sum(bool(n.data['image_done']) for n in reachable)}/{len(nodes)}",
         "config": f"{sum(bool(n.data['config_done']) for n in reachable)}/{len(nodes)}",
     }
+    result.notes += _uneven_progress(reachable)
     if config_errors:
         result.notes.append(f"machine config unreadable on {len(config_errors)} node(s)")
     unchecked = not_checked_note(ctx)
     if unchecked:
         result.notes.append(unchecked)
+
+
+def _uneven_progress(reachable: list[NodeResult]) -> list[str]:
+    """Which nodes still need the config patch or the image, when some have it and some do not (an interrupted
+    or failed rollout). Why: the go-on line after an interrupt says to see where the nodes are with a preflight,
+    which printed only "3 ok": which node was left was in its result file (README audit, stop 50). Said only when
+    the nodes differ: all to do or all done is what the step lines already say."""
+    notes = []
+    for what in ("config", "image"):
+        left = [n.node for n in reachable if not n.data[f"{what}_done"]]
+        if left and len(left) < len(reachable):
+            step = "config-patch" if what == "config" else "image"
+            notes.append(f"{step} still to do on {len(left)} of {len(reachable)} node(s): {shortened(left)}")
+    return notes
 
 
 def _cluster_progress(
