@@ -480,3 +480,25 @@ def test_a_kernel_log_alone_names_its_node(capsys):
 
     main(["diagnose", "--log", str(DATA / "dmesg_nvrm_unsupported_gpu.txt")])
     assert capsys.readouterr().out.startswith("Node 10.5.0.3\n")
+
+
+@pytest.mark.parametrize(
+    "log",
+    [
+        "[  12.3] NVRM: The NVIDIA GPU 0000:01:00.0 is not supported\n",  # a host's dmesg | grep NVRM
+        "NVRM: loading NVIDIA UNIX Open Kernel Module\nNVRM: GPU at 0000:01:00.0 has fallen off the bus\n",
+        "Error: failed to create containerd task: no runtime for nvidia\n",  # a pod's event
+    ],
+)
+def test_a_log_word_is_never_taken_for_a_node(tmp_path, capsys, log):
+    """Review of 585e9f9: the first word of every line (``NVRM``, ``Error``) became the node, and the fix said
+    ``talosctl -n NVRM upgrade …``."""
+    from runbook_lib.cli import main
+
+    path = tmp_path / "log.txt"
+    path.write_text(log)
+    main(["diagnose", "--log", str(path)])
+    out = capsys.readouterr().out
+    assert (
+        out.startswith("Node (address not in the outputs)") and "-n NVRM" not in out and "-n Error" not in out
+    )

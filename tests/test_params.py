@@ -449,7 +449,7 @@ def test_on_the_simulator_a_named_kubeconfig_is_the_one_the_tools_use(tmp_path):
 def test_every_impossible_combination_is_reported_at_once() -> None:
     """README audit (stop 50): a track on Talos 1.7 was reported, and the GPU Operator on 1.7 only once the track
     was fixed, though the README promises every problem at once."""
-    data = yaml.safe_load(Path("params/simulated.yaml").read_text())
+    data = yaml.safe_load((Path(__file__).resolve().parents[1] / "params" / "simulated.yaml").read_text())
     data |= {"talos_version": "v1.7.0", "track": "lts", "kubernetes_layer": "gpu-operator"}
     with pytest.raises(ParametersInvalid) as raised:
         validate(data, source="p.yaml")

@@ -709,9 +709,10 @@ def test_labels_the_kubernetes_step_added_are_left_with_the_kubectl_commands_tha
         "kubectl label node gpu-1 nvidia.com/gpu.present- (only the nodes that go back: the others keep it while "
         "the plugin runs)",
         # none of its nodes goes back: said to be kept, with the command that undoes it anyway (README audit)
-        "run-1: label nvidia.com/gpu.present changed from 'false' on 1 node(s); kept, as none of them goes back and "
-        "the device plugin stays (put it back anyway: kubectl label node gpu-2 nvidia.com/gpu.present=false "
-        "--overwrite)",
+        # no claim that a plugin stays (a run whose helm install failed had none: review of 184e8cb)
+        "run-1: label nvidia.com/gpu.present changed from 'false' on 1 node(s); kept, as none of them goes back (a "
+        "device plugin schedules only where it is set: put it back only where the GPUs are no longer used: "
+        "kubectl label node gpu-2 nvidia.com/gpu.present=false --overwrite)",
         "run-1: create namespace gpu-operator",
     ]
     del kube["result"]["data"]["labelled"]  # a record from before 6 Dec 2026: the changes as they were said

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from runbook_lib.cli import main
-from runbook_lib.cli.run_report import Invocation, report, steps_left
+from runbook_lib.cli.run_report import Invocation, report, simulator_stopped, steps_left
 from runbook_lib.model.text import PARAMS_PLACEHOLDER
 from runbook_lib.notebook import records
 from runbook_lib.notebook.record_content import RunOutcome, StepOutcome
@@ -421,3 +421,24 @@ def test_the_anchor_stays_the_last_line_and_a_passed_runs_commands_get_the_simul
     said = report(partial, Invocation("p.yaml", (), None, None, apply=True))
     assert "not run yet: image" in said and said.splitlines()[-1].startswith("anchor: "), said
     assert said.splitlines()[-2].startswith("record: "), said
+
+
+def test_a_hint_that_preflight_names_the_writes_is_not_turned_into_this_runs_command() -> None:
+    """Review of eed6b00: ``runbook run -p <parameters> --steps preflight` names every write`` became the run's own
+    ``--steps kubernetes --apply`` (the selection rewrite of preflight fixes), which pasted re-applied."""
+    from runbook_lib.errors import FORBIDDEN_HINT
+
+    own = Invocation("p.yaml", (), None, None, apply=True, selection=("--steps", "kubernetes"), picked=True)
+    said = own.with_params(f"refused: {FORBIDDEN_HINT}")
+    assert "`runbook run -p p.yaml --steps preflight` names every write a run needs" in said, said
+    fix = own.with_params("re-run: runbook run -p <parameters> --steps preflight")
+    assert "re-run: runbook run -p p.yaml --steps kubernetes --apply" in fix, (
+        "a preflight fix still means this run"
+    )
+
+
+def test_a_plans_would_lines_are_no_command_for_the_simulator_line() -> None:
+    """Review of eed6b00: a plan's ``would: helm upgrade --install …`` made the report say to start the simulator
+    to run "a command above"."""
+    text = "kubernetes would change:\n  would: helm upgrade --install nvidia-device-plugin -n kube-system\n"
+    assert simulator_stopped(text, Invocation("p.yaml", (), None, "/s")) == ""

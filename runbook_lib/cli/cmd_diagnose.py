@@ -16,7 +16,6 @@ it is what a failed ``talosctl ... > file`` leaves, and "nothing loaded" read fr
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import json
 import re
 import sys
@@ -189,20 +188,21 @@ def _pick_node(texts: Mapping[str, tuple[str, str]], wanted: str | None) -> str 
     return next(iter(seen), None) or (_log_node(texts["log"][1]) if "log" in texts else None)
 
 
+#: A line of ``talosctl dmesg``: the node, then Talos's facility, level and time (the checked-in capture
+#: tests/data/outputs/dmesg_nvrm_unsupported_gpu.txt)
+_TALOS_DMESG = re.compile(r"^(\S+): [a-z0-9]+: +[a-z]+: \[")
+
+
 def _log_node(text: str) -> str | None:
     """The node a ``talosctl -n NODE dmesg`` log names on every line, or None: talosctl prints ``NODE: `` before
     each chunk, one node or many (talos@v1.12.0 cmd/talosctl/cmd/talos/dmesg.go:33-35, ``fmt.Printf("%s: %s",
     node, data.Bytes)``). Why: ``--log`` alone titled the
     report "Node (address not in the outputs)" although each line named it (README audit, stop 50)."""
-    prefixes = {line.split(": ", 1)[0] for line in text.splitlines() if line.strip()}
-    if len(prefixes) != 1:
-        return None
-    (prefix,) = prefixes
-    try:
-        ipaddress.ip_address(prefix)
-    except ValueError:
-        return prefix if re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?", prefix) else None
-    return prefix
+    found = [_TALOS_DMESG.match(line) for line in text.splitlines() if line.strip()]
+    prefixes = {m.group(1) for m in found if m}
+    # every line in talosctl's form (``NODE: kern:    info: [time]: …``): a host's ``dmesg | grep NVRM`` or a pod's
+    # ``Error: …`` has a first word too, which read as a node name (review of 585e9f9)
+    return prefixes.pop() if len(prefixes) == 1 and all(found) else None
 
 
 def collect(args: argparse.Namespace) -> tuple[_Collected, str | None]:

@@ -71,7 +71,10 @@ class Invocation:
                 *self.place_args(),
                 *(["--apply"] if self.apply else []),
             ]
-            preflight = rf"runbook run {re.escape(PARAMS_PLACEHOLDER)} --steps preflight(?![\w,-])"
+            # a preflight fix re-runs this command; a hint that preflight *names* something (every write a run
+            # needs) means preflight itself: as this run's own --steps kubernetes it pointed back at the command
+            # that printed it, and with --apply re-applied (review of eed6b00)
+            preflight = rf"runbook run {re.escape(PARAMS_PLACEHOLDER)} --steps preflight(?![\w,-])(?!` names)"
             text = re.sub(preflight, lambda _m: shlex.join(own), text)
         # `runbook run` takes --records and --state too; `runbook schematic show` only -p and --set
         run = f"runbook run {PARAMS_PLACEHOLDER}"
@@ -239,7 +242,9 @@ def simulator_stopped(text: str, invocation: Invocation) -> str:
     Why: the unsupported GPU's ``talosctl … dmesg | grep NVRM``, pasted after ``runbook run``, failed to connect:
     the run had stopped the simulator on its way out (operator walkthrough, stop 48); so did a passed rollback's
     ``kubectl label node … nvidia.com/gpu.present-`` (README audit, stop 50)."""
-    if not _TOOL_FIX.search(text):
+    # a plan's `would: helm upgrade …` lines show a change, not a command to run (review of eed6b00)
+    commands = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("would:"))
+    if not _TOOL_FIX.search(commands):
         return ""
     state = ["--state", invocation.state] if invocation.state else []
     up, down = (

@@ -314,7 +314,8 @@ def label_undo(labelled: Iterable[Mapping[str, Any]], only: Collection[str] | No
         if not named:  # none goes back: the device plugin stays and schedules only where the label is set
             command = shlex.join(["kubectl", "label", "node", *nodes, *value])
             lines.append(
-                f"{what}; kept, as none of them goes back and the device plugin stays ({verb} anyway: {command})"
+                f"{what}; kept, as none of them goes back (a device plugin schedules only where it is set: "
+                f"{verb} only where the GPUs are no longer used: {command})"
             )
             continue
         which = "" if named == nodes else f" on the {len(named)} that go back"
