@@ -90,7 +90,9 @@ def test_talos_1_3_to_1_11_nodes_run_the_real_talosctl_of_their_release_when_bui
     1.12/1.13 (1.7 and 1.8: until simnode answered as those releases; 1.5 until talosctl v1.5.5 was built, from
     its zip's go.mod; 1.3 and 1.4 until simnode installed machine.install.extensions)."""
     assert realtalos.choose(nodes, None, "fresh").reason == (
-        f"Python talosctl: no talosctl {client} built (make tools, or RUNBOOK_SIM_TALOSCTL=real builds it)"
+        # the tag to build: `make tools` alone builds v1.12.0 only (README audit, stop 50)
+        f"Python talosctl: no talosctl {client} built (make tools TALOS_VERSIONS={client}, or "
+        "RUNBOOK_SIM_TALOSCTL=real builds it)"
     )
     path = tools / "talosctl" / client / "talosctl"
     path.parent.mkdir(parents=True)
@@ -104,7 +106,8 @@ def test_without_a_built_talosctl_of_the_release_the_python_one_runs(tools: Path
     (tools / "talosctl" / "v1.12.0" / "talosctl").unlink()
     choice = realtalos.choose("v1.12.7", None, "fresh")
     assert choice.reason == (
-        "Python talosctl: no talosctl v1.12.0 built (make tools, or RUNBOOK_SIM_TALOSCTL=real builds it)"
+        "Python talosctl: no talosctl v1.12.0 built (make tools TALOS_VERSIONS=v1.12.0, or RUNBOOK_SIM_TALOSCTL=real "
+        "builds it)"
     )
 
 
