@@ -13,18 +13,16 @@ is the one ``runbook run`` applies from (a CI file may well say ``apply: true``)
 from __future__ import annotations
 
 import argparse
-import contextlib
 import shlex
 import sys
 from pathlib import Path
 
-from runbook_lib.model.params import Params, load_params
+from runbook_lib.model.params import load_params
 from runbook_lib.model.rollback import NOT_UNDONE_NOTE
 from runbook_lib.notebook import runner
 from runbook_lib.notebook.record_content import RunOutcome, node_lines
 from runbook_lib.notebook.rollback_records import load_evidence, record_path
 from runbook_lib.notebook.steps import ROLLBACK
-from runbook_lib.sim import cluster as sim_cluster
 
 from . import cmd_run, live, run_report
 
@@ -75,12 +73,7 @@ def _roll_back(args: argparse.Namespace) -> int:
     if params.apply and not args.apply:
         sys.stderr.write(_NOT_APPROVED)
     state_dir = cmd_run.resolve_state(args.state)
-    simulated: list[bool] = []  # the rollback used the simulator (its cluster hook ran)
-
-    def cluster(params: Params) -> contextlib.AbstractContextManager[dict[str, str]]:
-        simulated.append(True)
-        return cmd_run._simulated_cluster(params, state_dir)
-
+    cluster = cmd_run.SimulatorHook(state_dir)
     try:
         outcome = runner.run(
             params_file,
@@ -103,7 +96,7 @@ def _roll_back(args: argparse.Namespace) -> int:
     done = _done_lines(outcome)
     # the list of what is not undone is in the done lines: its notes are not printed again (walkthrough)
     text = done + outcome.report(omit_notes=(NOT_UNDONE_NOTE,) if done else ())
-    if simulated and sim_cluster.daemon_pid(state_dir) is None:  # its kubectl lines need it up (README audit)
+    if cluster.stopped_after():  # its kubectl lines need it up (README audit)
         where = run_report.Invocation(params_file, args.overrides or (), args.records, args.state)
         text = run_report.before_record(text, run_report.simulator_stopped(text, where))
     sys.stdout.write(text)

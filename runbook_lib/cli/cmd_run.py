@@ -270,6 +270,23 @@ def _bring_up(params: Params, state_dir: Path, scenario: str, files: SimLeases, 
     files.started.write_text(str(info.get("pid")), encoding="utf-8")
 
 
+@dataclass
+class SimulatorHook:
+    """The cluster hook of ``runbook run`` and ``runbook rollback`` (:func:`_simulated_cluster`), which remembers
+    whether the run used the simulator, to say after it how to start it again (``run_report.simulator_stopped``)."""
+
+    state_dir: Path
+    used: bool = False
+
+    def __call__(self, params: Params) -> contextlib.AbstractContextManager[dict[str, str]]:
+        self.used = True
+        return _simulated_cluster(params, self.state_dir)
+
+    def stopped_after(self) -> bool:
+        """The run used the simulator, and it is down now (the run stopped the one it started)."""
+        return self.used and sim_cluster.daemon_pid(self.state_dir) is None
+
+
 def _stop_if_a_run_started_it(state_dir: Path, files: SimLeases) -> None:
     """Stop the daemon when a run started it (its pid is in the mark); one started by ``runbook sim up``
     is left running, as found."""
@@ -463,12 +480,7 @@ def _run_steps(args: argparse.Namespace) -> int:
         picked=bool(args.steps),
     )
     started = datetime.now(UTC)
-    simulated: list[Params] = []  # the run's parameters when it used the simulator (the cluster hook ran)
-
-    def cluster(params: Params) -> contextlib.AbstractContextManager[dict[str, str]]:
-        simulated.append(params)
-        return _simulated_cluster(params, state_dir)
-
+    cluster = SimulatorHook(state_dir)
     try:
         outcome = runner.run(
             params_file,
@@ -490,7 +502,7 @@ def _run_steps(args: argparse.Namespace) -> int:
         if isinstance(exc, KeyboardInterrupt):
             sys.excepthook = quiet_interrupt  # this process ends by it: no traceback under what was said
         raise
-    stopped = bool(simulated) and sim_cluster.daemon_pid(state_dir) is None
+    stopped = cluster.stopped_after()
     # approved by the file or a --set, not --apply: the go-on commands repeat the approval all the same (review)
     invocation = dataclasses.replace(invocation, apply=outcome.apply)
     sys.stdout.write(run_report.report(outcome, invocation, simulator_stopped_after=stopped))

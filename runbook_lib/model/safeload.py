@@ -175,13 +175,7 @@ def _children(node: Node) -> list[Node]:
 
 def load(text: str) -> Any:
     """One YAML document, with the refusals of the module docstring."""
-    loader = _StrictLoader(text)
-    try:
-        data = loader.get_single_data()
-        loader.raise_duplicates()
-        return data
-    finally:
-        loader.dispose()
+    return load_with_keys(text)[0]
 
 
 def load_with_keys(text: str) -> tuple[Any, frozenset[str]]:
