@@ -125,10 +125,10 @@ def test_an_interrupted_resume_s_rollback_line_names_the_runs_it_follows(tmp_pat
     own = {"apply": True, "params_file": "p.yaml", "overrides": []}
     resumed = _seal(root, 1, {**own, "steps": steps, "continues": interrupted.name})
     invocation = Invocation("p.yaml", (), str(root), None, apply=True, selection=("--from", "image"))
-    said = after_interrupt(root, invocation, datetime(2026, 12, 6, 20, 1, tzinfo=UTC))
+    said = after_interrupt(resumed, invocation)
     assert f"--records {root} --from {interrupted.name} --from {resumed.name}\n" in said, said
     whole = Invocation("p.yaml", (), str(root), None, apply=True)  # a whole run after a failed one: the same
-    said = after_interrupt(root, whole, datetime(2026, 12, 6, 20, 1, tzinfo=UTC))
+    said = after_interrupt(resumed, whole)
     assert f"--from {interrupted.name} --from {resumed.name}\n" in said, said
 
 

@@ -231,32 +231,32 @@ def test_an_interrupted_apply_run_says_how_to_go_on_or_undo_it(tmp_path: Path) -
     steps = [{"name": "preflight", "status": "ok"}, {"name": "image", "status": "interrupted"}]
     own = {"params_file": "p.yaml", "overrides": []}
     records.seal(record, {"apply": True, "steps": steps, **own}, secrets=[])
-    from datetime import UTC, datetime
+    # a concurrent run of the same parameters made a newer record: the run's own record is the one it opened
+    # (runner.run(on_record=)), not the folder's newest (review of 8d27fe4's stop)
+    newer = tmp_path / "records" / "20261206T200001Z-sim-gpu-99999999"
+    newer.mkdir()
+    records.seal(newer, {"apply": True, "steps": steps[:1], **own}, secrets=[])
 
     # approved by the file or a --set, not --apply: the go-on still repeats the approval (review of 70aa799)
     invocation = Invocation("p.yaml", (), str(tmp_path / "records"), None, apply=False)
-    started = datetime(2026, 12, 6, 20, 0, 0, 400000, tzinfo=UTC)  # the record's second: it is this run's
-    said = after_interrupt(tmp_path / "records", invocation, started)
+    said = after_interrupt(record, invocation)
     place = f"--records {tmp_path / 'records'}"
     assert said == (
         f"once it is safe to go on: runbook run --from image -p p.yaml {place} --apply\n"
         f"to undo what it changed instead (plan first, then --apply): runbook rollback -p p.yaml {place} "
         f"--from {record.name}\n"
     )
-    assert after_interrupt(tmp_path / "none", invocation, started) == "", "no record to read: nothing said"
-    later = datetime(2026, 12, 6, 20, 0, 1, tzinfo=UTC)
-    assert after_interrupt(tmp_path / "records", invocation, later) == "", "an earlier run's record (review)"
+    assert after_interrupt(None, invocation) == "", (
+        "interrupted before it opened a record: it changed nothing"
+    )
+    assert after_interrupt(tmp_path / "none", invocation) == "", "no record to read: nothing said"
     picked = Invocation("p.yaml", (), str(tmp_path / "records"), None, apply=True, picked=True)
-    only_undo = after_interrupt(tmp_path / "records", picked, started)
+    only_undo = after_interrupt(record, picked)
     assert "go on" not in only_undo and "runbook rollback" in only_undo, "--from would run unselected steps"
     plan = tmp_path / "plan" / record.name
     plan.mkdir(parents=True)
     records.seal(plan, {"apply": False, "steps": steps, **own}, secrets=[])
-    assert after_interrupt(plan.parent, invocation, started) == "", "a plan changed nothing"
-    other = Invocation("other.yaml", (), str(tmp_path / "records"), None)
-    assert after_interrupt(tmp_path / "records", other, started) == "", (
-        "another run's record (review of 49e691e)"
-    )
+    assert after_interrupt(plan, invocation) == "", "a plan changed nothing"
 
 
 def test_the_notes_of_steps_that_ran_are_printed_under_their_step() -> None:
@@ -287,8 +287,6 @@ def test_an_interrupted_run_names_the_node_calls_the_interrupt_cut_short(tmp_pat
     """ "once it is safe to go on" followed an interrupt while the node whose upgrade was stopped showed only in
     `records show` (operator walkthrough, 6 Dec 2026): the calls cut short are named by node, with the preflight
     that shows where those nodes are. Shaped as a SIGTERM-sealed record keeps them (interrupts.read_journal)."""
-    from datetime import UTC, datetime
-
     from runbook_lib.cli.run_report import after_interrupt
     from runbook_lib.notebook import interrupts
 
@@ -324,7 +322,7 @@ def test_an_interrupted_run_names_the_node_calls_the_interrupt_cut_short(tmp_pat
         secrets=[],
     )
     invocation = Invocation("p.yaml", (), str(tmp_path / "records"), None, apply=True)
-    said = after_interrupt(tmp_path / "records", invocation, datetime(2026, 12, 6, 20, 0, tzinfo=UTC))
+    said = after_interrupt(record, invocation)
     place = f"--records {tmp_path / 'records'}"
     assert said.startswith(
         "cut short by the interrupt (see where these nodes are before going on: runbook run -p p.yaml --steps "

@@ -194,7 +194,7 @@ def test_an_applying_run_without_preflight_stops_at_its_failure_before_any_chang
     # the run stopped the simulator it started: its talosctl fix needs it up again (walkthrough, stop 48)
     state = str(tmp_path / "sim")
     up = f"runbook sim up --keep --state {state}"
-    assert "the simulated cluster this run started is stopped" in out and f"`{up}`" in out, out
+    assert "the simulated cluster this run used is stopped" in out and f"`{up}`" in out, out
     assert main(up.split()[1:]) == 0
     main(["sim", "down", "--state", state])
 

@@ -19,7 +19,6 @@ import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -479,8 +478,8 @@ def _run_steps(args: argparse.Namespace) -> int:
         selection=_own_selection(steps, args.from_step),
         picked=bool(args.steps),
     )
-    started = datetime.now(UTC)
     cluster = SimulatorHook(state_dir)
+    opened: list[Path] = []  # the run's record, once it exists (run_report.after_interrupt)
     try:
         outcome = runner.run(
             params_file,
@@ -494,11 +493,11 @@ def _run_steps(args: argparse.Namespace) -> int:
             cluster_key=str(state_dir),
             progress=not args.no_progress,
             on_event=lambda event: live.print_event(event, invocation.with_params),
+            on_record=opened.append,
         )
     except (KeyboardInterrupt, SystemExit) as exc:
-        sys.stderr.write(
-            run_report.after_interrupt(root, invocation, started)
-        )  # "" unless the record applied
+        record = opened[0] if opened else None
+        sys.stderr.write(run_report.after_interrupt(record, invocation))  # "" unless the record applied
         if isinstance(exc, KeyboardInterrupt):
             sys.excepthook = quiet_interrupt  # this process ends by it: no traceback under what was said
         raise

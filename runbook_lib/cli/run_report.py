@@ -14,11 +14,9 @@ import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from runbook_lib.errors import RunbookError
 from runbook_lib.model.text import MODULES_PATCH_MISSING, PARAMS_PLACEHOLDER, shortened
 from runbook_lib.notebook import continues, records
 from runbook_lib.notebook.record_content import RunOutcome
@@ -139,50 +137,38 @@ def _patch_missing(outcome: RunOutcome) -> bool:
     return bool(failed) and all(m.startswith(MODULES_PATCH_MISSING) for m in failed)
 
 
-def after_interrupt(root: Path, invocation: Invocation, started: datetime) -> str:
+def after_interrupt(record: Path | None, invocation: Invocation) -> str:
     """What an interrupted ``--apply`` run can do next, from its sealed record: go on from the step it was in,
     or undo what it changed. Why: the interrupt said only where the record is (operator walkthrough, 6 Dec
-    2026), and an interrupted upgrade is when a rollback is wanted. "" when the record cannot be read, or the
-    newest record began before this run (``started``): interrupted before it opened one, it changed nothing.
+    2026), and an interrupted upgrade is when a rollback is wanted. "" when the run was interrupted before it
+    opened its record (``None``: it changed nothing), the record cannot be read, or the run only planned.
+
+    ``record`` is the run's own, as the runner opened it (``runner.run(on_record=)``): the newest record of the
+    folder was another run's when a plan was interrupted before opening one (review of 49e691e), and could be
+    a concurrent run's of the same parameters (review of 8d27fe4's stop).
     No go-on line after ``--steps``: ``--from`` would run steps the operator did not select (review)."""
-    try:
-        record = records.resolve(root, None)
-        begun = datetime.strptime(record.name[:16], "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
-        data = json.loads((record / records.RECORD_JSON).read_text(encoding="utf-8"))
-        steps = data.get("steps") or []
-    except (OSError, ValueError, RunbookError):
+    if record is None:
         return ""
-    if (
-        begun < started.replace(microsecond=0)
-        or not _is_this_run(data, invocation)
-        or data.get("apply") is not True
-    ):
+    try:
+        data = json.loads((record / records.RECORD_JSON).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return ""
+    if not isinstance(data, dict) or data.get("apply") is not True:
         return ""  # a plan changed nothing; the approval may have come from the file or a --set (review)
     invocation = replace(invocation, apply=True)
-    cut = next(
-        (s.get("name") for s in steps if isinstance(s, dict) and s.get("status") == "interrupted"), None
-    )
+    steps = records.listed(data, "steps")
+    cut = next((s.get("name") for s in steps if s.get("status") == "interrupted"), None)
     params = invocation.params_args() or ["-p", "<parameters>"]  # a resumed run's: give the file there
     # the runs it follows left the same change unfinished (continues.py): its rollback names them too, as they
     # changed nodes this record does not show
-    earlier = [name for name, _data in continues.chain(record.parent, data)] if isinstance(data, dict) else []
+    earlier = [name for name, _data in continues.chain(record.parent, data)]
     named = [arg for name in [*reversed(earlier), record.name] for arg in ("--from", name)]
     rollback = ["runbook", "rollback", *params, *invocation.place_args(), *named]
     go_on = cut in STEP_NAMES and not invocation.picked
-    lines = _cut_short(data, invocation) if isinstance(data, dict) else []
+    lines = _cut_short(data, invocation)
     lines += [f"once it is safe to go on: {invocation.continue_from(str(cut))}"] if go_on else []
     lines.append(f"to undo what it changed instead (plan first, then --apply): {shlex.join(rollback)}")
     return "".join(f"{line}\n" for line in lines)
-
-
-def _is_this_run(data: Any, invocation: Invocation) -> bool:
-    """Whether a record is the interrupted run's own: begun after it started (the caller's check) and made from
-    its parameter file and overrides. Why: a plan interrupted before it opened its record read the newest record,
-    another run's ``--apply``, and gave that run's go-on and rollback commands (review of 49e691e)."""
-    if not isinstance(data, dict):
-        return False
-    source = invocation.params_file or "(parameters of an earlier record)"
-    return data.get("params_file") == source and data.get("overrides") == list(invocation.overrides)
 
 
 #: Node calls :func:`_cut_short` names at most; the record's changes list them all.
@@ -236,8 +222,9 @@ _TOOL_FIX = re.compile(
 
 def simulator_stopped(text: str, invocation: Invocation) -> str:
     """After a simulated run whose report gives tool commands (fixes, notes, a rollback's not-undone label
-    commands), and which stopped the simulator it started: how to start it again as the run left it. "" when
-    no command needs it.
+    commands), after which the simulator it used is down: how to start it again as the run left it. "" when
+    no command needs it. "Used", not "started": the last run to leave a simulator that several runs shared
+    stops it, whichever of them started it (review of 8d27fe4's stop).
 
     Why: the unsupported GPU's ``talosctl … dmesg | grep NVRM``, pasted after ``runbook run``, failed to connect:
     the run had stopped the simulator on its way out (operator walkthrough, stop 48); so did a passed rollback's
@@ -252,7 +239,7 @@ def simulator_stopped(text: str, invocation: Invocation) -> str:
         shlex.join(["runbook", "sim", "down", *state]),
     )
     return (
-        f"the simulated cluster this run started is stopped: to run a talosctl, kubectl or helm command above, "
+        f"the simulated cluster this run used is stopped: to run a talosctl, kubectl or helm command above, "
         f"start it as the run left it first, `{up}` (it prints the PATH line those commands need; "
         f"`{down}` after)\n"
     )

@@ -1014,6 +1014,7 @@ def _prepare(
     html: bool,
     continuing: bool,
     params_text: str,
+    on_record: Callable[[Path], None] | None,
 ) -> tuple[_StepLoop, Future[_Kernel], list[str]]:
     """Everything before the first step, held open on ``stack``: the apply locks, the kernel (started and
     warmed while the cluster comes up and this process imports papermill), the cluster and its environment,
@@ -1034,6 +1035,8 @@ def _prepare(
     env = stack.enter_context(hook(params))
     stack.enter_context(_environment(dict(env)))
     record, params_path = _open_record(root, params, run_id, named_at, html=html, params_text=params_text)
+    if on_record is not None:
+        on_record(record)
     # the run id labels the CUDA test pods; the steps tell preflight what to check
     steps_env = {RUN_ID_ENV: run_id, RUN_STEPS_ENV: ",".join(s.name for s in selected)}
     stack.enter_context(_environment(steps_env))
@@ -1090,6 +1093,7 @@ def run(
     html: bool = True,
     cluster_key: str | None = None,
     on_event: live_events.Deliver | None = None,
+    on_record: Callable[[Path], None] | None = None,
 ) -> RunOutcome:
     """Run the selected step notebooks into a new record; stop at the first failing step.
 
@@ -1099,6 +1103,9 @@ def run(
     and yields environment variables the kernels need.  ``cluster_key`` names the simulated cluster for
     the apply lock (see :func:`lock_for_apply`; the CLI passes its state directory).  ``on_event`` gets each
     rollout event (a node failed, a batch ended) while its step runs, with the run's secrets scrubbed.
+    ``on_record`` gets the record's folder once it exists: after Ctrl-C or SIGTERM, which re-raise once the record
+    is sealed, it is how the caller knows which record is this run's (not the newest in the folder, which a
+    concurrent run of the same parameters may have made: review of 8d27fe4's stop).
     """
     merged = dict(values or {})
     if apply is not None:
@@ -1132,6 +1139,7 @@ def run(
             html=html,
             continuing=[s.name for s in selected] != ["rollback"],
             params_text=params_text,
+            on_record=on_record,
         )
         import_before_threads()  # while the kernel starts (papermill: see _execute)
         helm_version = background.early(lambda: early_helm_version(params))
