@@ -576,11 +576,25 @@ def test_cdi_baseline_follows_the_talos_release_and_architecture():
     assert d.check_cdi_spec(eleven, "nonfree-kmod-nvidia-production", ctx("v1.13.0"), arch="arm64").ok
 
 
+@pytest.mark.parametrize("talos", ["v1.14.0", "v1.14.1"])
+def test_cdi_spec_is_checked_on_released_talos_1_14(talos: str) -> None:
+    """The check was skipped on every released 1.14 (the table stopped at v1.14.0-rc.1): an incomplete CDI spec
+    went unseen there. talos@v1.14.0 and @v1.14.1 internal/integration/api/extensions_nvidia.go:91-104 keep
+    rc.1's baseline (amd64 lts 11, production 13) (Talos profiles review, 7 Dec 2026)."""
+    eleven = cdi_log([*CI_MISSING, "a: not found", "b: not found"])
+    finding = d.check_cdi_spec(eleven, "nvidia-open-gpu-kernel-modules-lts", ctx(talos), arch="amd64")
+    assert finding is not None and finding.ok, finding
+    twelve = cdi_log([*CI_MISSING, "a: not found", "b: not found", "libcuda.so: not found"])
+    finding = d.check_cdi_spec(twelve, "nonfree-kmod-nvidia-lts", ctx(talos), arch="amd64")
+    assert finding is not None and not finding.ok and "libcuda.so" in finding.message, finding
+
+
 def test_cdi_check_is_skipped_where_ci_has_no_baseline():
-    """No baseline is published for Talos 1.14.0 final (not in the source snapshot), nor before 1.13."""
+    """No baseline is known for a Talos tag not in the sources checked (v1.14.2 was not served by the Go module
+    proxy on 7 Dec 2026), nor before 1.13, where there is no ext-nvidia-cdi-gen."""
     assert (
         d.check_cdi_spec(
-            cdi_log(CI_MISSING), "nvidia-open-gpu-kernel-modules-lts", ctx("v1.14.0"), arch="amd64"
+            cdi_log(CI_MISSING), "nvidia-open-gpu-kernel-modules-lts", ctx("v1.14.2"), arch="amd64"
         )
         is None
     )

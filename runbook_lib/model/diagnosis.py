@@ -1060,13 +1060,14 @@ def _cdi_gen(service: ServiceStatus | None, ctx: NodeContext) -> Finding:
 #: kernel-module extension: files the CDI generator looks for that the extensions do not ship (Vulkan, X11,
 #: IMEX, the fabric manager socket …), "manually verified" (siderolabs/talos
 #: internal/integration/api/extensions_nvidia.go ``missingCDIFilesData``).  The table changed once: v1.13.0-v1.13.3
-#: (and v1.14.0-alpha.0/1) vs v1.13.4-v1.13.9 and v1.14.0-alpha.2-rc.1; no later tag is in the sources checked.
+#: (and v1.14.0-alpha.0/1) vs v1.13.4-v1.13.9, v1.14.0-alpha.2-rc.1, v1.14.0 and v1.14.1 (talos@v1.14.0 and
+#: @v1.14.1 from the Go module proxy, extensions_nvidia.go:91-104); no later tag was served there on 7 Dec 2026.
 _CDI_BASELINE_A = {"amd64": {"production": 13, "lts": 9}, "arm64": {"production": 11, "lts": 9}}
 _CDI_BASELINE_B = {"amd64": {"production": 13, "lts": 11}, "arm64": {"production": 11, "lts": 11}}
 _CDI_BASELINES = {
     **{f"v1.13.{patch}": _CDI_BASELINE_A for patch in range(4)},
     **{f"v1.13.{patch}": _CDI_BASELINE_B for patch in range(4, 10)},
-    "v1.14.0-rc.1": _CDI_BASELINE_B,
+    **{tag: _CDI_BASELINE_B for tag in ("v1.14.0-rc.1", "v1.14.0", "v1.14.1")},
 }
 _COULD_NOT_LOCATE = re.compile(r'msg="Could not locate ([^:"]+)')
 
