@@ -400,3 +400,39 @@ def test_a_failed_approval_shows_its_error_as_text(params: Params, tmp_path: Pat
     gate.plan()
     gate.button.click()
     assert "desc = &lt;nil&gt;" in gate.status.value and "<nil>" not in gate.status.value
+
+
+@pytest.mark.slow
+def test_a_notebook_that_names_its_nodes_by_address_shows_its_gate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The notebooks' parameters cell says ``nodes`` takes names or addresses; an address reached the gate's node
+    picker, whose options are names, and the cell failed with ``TraitError: Invalid selection: value not found``
+    before any plan was shown (notebook audit, 7 Dec 2026). The picker shows the node's name; Approve applies
+    there only."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from runbook_lib.cli.cmd_run import _simulated_cluster
+    from runbook_lib.notebook import steps
+    from runbook_lib.steps.context import SIM_STATE_ENV
+
+    monkeypatch.setenv(records.RECORDS_ENV, str(tmp_path / "records"))
+    monkeypatch.delenv(steps.RESULT_FILE_ENV, raising=False)
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
+    shell = InteractiveShell.instance()
+    try:
+        with _simulated_cluster(load_params(PARAMS), str(tmp_path / "sim")) as env:
+            monkeypatch.setenv(SIM_STATE_ENV, env[SIM_STATE_ENV])
+            cell = (
+                "from runbook_lib.notebook.steps import run_step\n"
+                f"run_step('config-patch', params_file={str(PARAMS)!r}, nodes=['10.5.0.12'], show=False)"
+            )
+            ran = shell.run_cell(cell, store_history=True)
+            assert ran.success, ran.error_in_exec
+            gate = steps.GATES["config-patch"]
+            assert gate.picker.value == ("gpu-worker-2",)
+            gate.button.click()
+            assert gate.applied is not None and gate.applied.counts() == {"changed": 1}
+            assert [n.node for n in gate.applied.nodes] == ["gpu-worker-2"]
+    finally:
+        InteractiveShell.clear_instance()

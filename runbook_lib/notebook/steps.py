@@ -294,8 +294,9 @@ def run_step(
     ctx = connect(params, journal=journal)
     if os.environ.get(RESULT_FILE_ENV):  # runbook run follows the rollout's events (live_events.py)
         ctx.events = Events(file_sink(events_file(Path(os.environ[RESULT_FILE_ENV])), item.name))
-    only = list(nodes) if nodes else None
-    ctx.nodes(only)  # unknown node names fail here, before anything runs
+    # unknown nodes fail here, before anything runs; addresses become the names the gate's picker shows (an
+    # address failed there with "Invalid selection": notebook audit, 7 Dec 2026)
+    only = [node.name for node in ctx.nodes(list(nodes))] if nodes else None
     plan: StepResult | None = None
     if item.changes_cluster:
         result, plan = _run_gated(
