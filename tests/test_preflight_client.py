@@ -112,6 +112,31 @@ def test_preflight_refuses_a_release_the_image_factory_does_not_build(
         assert "serves the extensions of Talos v1.14.0-rc.1" in check.message, check.message
 
 
+@pytest.mark.parametrize(
+    ("extra", "ok"), [("siderolabs/iscsi-tools", True), ("siderolabs/iscsi-tool", False)]
+)
+def test_preflight_refuses_extensions_the_factory_does_not_offer_for_the_release(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: str, ok: bool
+) -> None:
+    """The preflight notebook said it checked that the extensions exist in the Image Factory; only the image step
+    did, after the config-patch step had patched the nodes, so a misspelt extra extension stopped `runbook run
+    --apply` half way (notebook audit, 7 Dec 2026). Preflight resolves every schematic's extensions as the image
+    step does (one GET /version/<v>/extensions/official), and names the one that does not exist."""
+    python_talosctl(monkeypatch, "the factory check does not depend on the talosctl")
+    with sim_cluster(tmp_path / "sim", workers=1, extra_extensions=[extra]) as (_params, ctx):
+        result = preflight(ctx)
+    [check] = [c for c in result.checks if c.name == "image factory extensions"]
+    assert check.ok is ok and result.ok is ok, check
+    if ok:
+        assert "siderolabs/iscsi-tools" in check.message and "nvidia-container-toolkit" in check.message, (
+            check
+        )
+    else:
+        assert "siderolabs/iscsi-tool does not exist for Talos v1.12.7" in check.message, check.message
+        assert "did you mean siderolabs/iscsi-tools" in check.message
+        assert "extra_extensions" in check.fix
+
+
 def test_a_talosconfig_talosctl_cannot_read_is_named_not_called_unreachable_nodes(tmp_path: Path) -> None:
     """Attack re-run (7 Dec 2026): a talosconfig that is not YAML made preflight say of every node "unreachable:
     … bring the node back (power, network …)". The real talosctl's error (run here) names the talosconfig; so

@@ -15,7 +15,12 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-from runbook_lib.clients.factory import FactoryClient, FactoryRefused, known_versions_hint
+from runbook_lib.clients.factory import (
+    FactoryClient,
+    FactoryRefused,
+    known_versions_hint,
+    resolve_against,
+)
 from runbook_lib.errors import RunbookError
 from runbook_lib.model.machineconfig import contains
 from runbook_lib.model.params import Node
@@ -26,6 +31,7 @@ from runbook_lib.model.parsers import (
     schematic_id,
 )
 from runbook_lib.model.pci import PciDevice
+from runbook_lib.model.schematic import ExtensionInfo
 from runbook_lib.model.text import shortened
 from runbook_lib.model.versions import TalosVersion
 
@@ -61,7 +67,7 @@ def preflight(
 
     client, servers, errors = ctx.talosctl.version(addresses)
     layer = permissions.LayerReads()
-    result.data["versions"] = _tool_versions(ctx, result, client, steps, layer)
+    result.data["versions"] = _tool_versions(ctx, result, client, steps, layer, nodes=nodes)
     reads = _read_nodes(ctx, nodes, addresses, servers, errors)
     for node in nodes:
         res = NodeResult(node=node.name, address=node.address)
@@ -78,6 +84,8 @@ def _tool_versions(
     client: str | None,
     steps: Collection[str] | None,
     layer: permissions.LayerReads,
+    *,
+    nodes: list[Node],
 ) -> dict[str, str]:
     """Check talosctl, helm and the Kubernetes API and return their versions: a missing or unusable tool
     fails preflight, before any step changes a node, and the report shows which versions ran."""
@@ -94,7 +102,7 @@ def _tool_versions(
     if ctx.params.default_runtime_patch and permissions.runs_step(steps, "config-patch"):
         _kubectl_check(ctx, result, versions)
     if permissions.runs_step(steps, "image") and ctx.params.talos.at_least(1, 5):
-        result.checks.append(_factory_check(ctx))
+        result.checks += _factory_checks(ctx, nodes)
     try:
         versions["kubernetes"] = ctx.kube.server_version()
         result.checks.append(Check("kubernetes API", True, f"Kubernetes {versions['kubernetes']}"))
@@ -106,7 +114,18 @@ def _tool_versions(
     return versions
 
 
-def _factory_check(ctx: Context) -> Check:
+def _factory_checks(ctx: Context, nodes: list[Node]) -> list[Check]:
+    """The Image Factory builds the plan's release (:func:`_factory_check`), and offers, for that release, every
+    extension the image step will put in these nodes' schematics (:func:`_extensions_check`)."""
+    # a gate, not the step that needs the factory: one retry, a short read
+    client = FactoryClient(ctx.endpoints.image_factory_url, retries=1, read_timeout=15)
+    check, available = _factory_check(ctx, client)
+    if not check.ok or check.message.startswith("not checked"):
+        return [check]
+    return [check, _extensions_check(ctx, client, available, nodes)]
+
+
+def _factory_check(ctx: Context, client: FactoryClient) -> tuple[Check, list[ExtensionInfo] | None]:
     """The Image Factory builds the plan's release: ``GET /versions``, "a list of Talos Linux versions available
     for image generation" (siderolabs/image-factory README, ``GET /versions``, at 03bd46f).
 
@@ -118,25 +137,25 @@ def _factory_check(ctx: Context) -> Check:
     The list leaves out what the factory still builds: pre-releases other than the newest line's alpha and beta,
     and releases newer than its cached list (siderolabs/image-factory internal/artifacts/versions.go
     ``fetchTalosVersions`` at 9d6ab0e). So a release missing from it fails only when the factory also has no
-    extensions for it (``GET /version/<v>/extensions/official`` answers 404, as the image step would meet)."""
-    # a gate, not the step that needs the factory: one retry, a short read
-    client = FactoryClient(ctx.endpoints.image_factory_url, retries=1, read_timeout=15)
+    extensions for it (``GET /version/<v>/extensions/official`` answers 404, as the image step would meet).
+    Returns that list of extensions when it was read."""
     wanted = ctx.params.talos
     try:
         known = client.versions()
     except RunbookError as exc:
-        return Check("image factory", True, f"not checked: {exc.message}")
+        return Check("image factory", True, f"not checked: {exc.message}"), None
     if wanted in {TalosVersion.parse_or_none(v) for v in known}:
-        return Check("image factory", True, f"{client.base_url} builds Talos {wanted}")
+        return Check("image factory", True, f"{client.base_url} builds Talos {wanted}"), None
     try:
-        client.official_extensions(str(wanted))
-        return Check("image factory", True, f"{client.base_url} serves the extensions of Talos {wanted}")
+        available = client.official_extensions(str(wanted))
+        serves = f"{client.base_url} serves the extensions of Talos {wanted}"
+        return Check("image factory", True, serves), available
     except FactoryRefused as exc:
         if exc.status != 404:
-            return Check("image factory", True, f"not checked: {exc.message}")
+            return Check("image factory", True, f"not checked: {exc.message}"), None
     except RunbookError as exc:
-        return Check("image factory", True, f"not checked: {exc.message}")
-    return Check(
+        return Check("image factory", True, f"not checked: {exc.message}"), None
+    failed = Check(
         "image factory",
         False,
         f"the Image Factory {client.base_url} does not build Talos {wanted}: "
@@ -144,6 +163,44 @@ def _factory_check(ctx: Context) -> Check:
         fix="set talos_version to a release the factory lists (GET /versions), or image_factory_url to the "
         "factory that builds it",
     )
+    return failed, None
+
+
+def _extensions_check(
+    ctx: Context, client: FactoryClient, available: list[ExtensionInfo] | None, nodes: list[Node]
+) -> Check:
+    """Every extension list the image step will ask for these nodes (``track``, ``driver_flavor``,
+    ``extra_extensions`` and each node's overrides) exists for the release and works together, checked as the
+    image step resolves it (``factory.resolve_against``: the names, one driver for kernel modules, toolkit and
+    fabric manager).
+
+    Why here: the image step resolved them only after the config-patch step had patched the nodes, so a track
+    the release does not build (or a misspelt extra extension) stopped a ``runbook run --apply`` half way
+    (notebook audit, 7 Dec 2026: the preflight notebook said it checked this). A factory that does not answer
+    is a note, as for the release."""
+    talos = str(ctx.params.talos)
+    chosen = {node.name for node in nodes}
+    lists = {tuple(plan.extensions) for plan in ctx.plan.nodes if plan.name in chosen and plan.extensions}
+    try:
+        available = available if available is not None else client.official_extensions(talos)
+    except RunbookError as exc:
+        return Check("image factory extensions", True, f"not checked: {exc.message}")
+    problems: list[str] = []
+    for extensions in sorted(lists):
+        try:
+            resolve_against(available, extensions, talos, source=client.base_url)
+        except RunbookError as exc:
+            problems.append(exc.message)
+    if problems:
+        return Check(
+            "image factory extensions",
+            False,
+            "; ".join(dict.fromkeys(problems)),
+            fix="choose a track or driver_flavor the release builds, and correct extra_extensions and the "
+            "nodes' overrides (`runbook schematic show -p <parameters>` shows each schematic's extensions)",
+        )
+    names = sorted({name for extensions in lists for name in extensions})
+    return Check("image factory extensions", True, f"Talos {talos} offers {', '.join(names)}")
 
 
 def _kubectl_check(ctx: Context, result: StepResult, versions: dict[str, str]) -> None:
@@ -259,14 +316,23 @@ def _unreachable(res: NodeResult, node: Node, errors: dict[str, str]) -> None:
 
 
 def _version_check(running: str, wanted_talos: TalosVersion) -> Check:
-    """A node on another release than the plan would get the wrong installer and kernel-module tag."""
+    """A node on another release than the plan would get the wrong installer and kernel-module tag.
+
+    The fix says how to upgrade it without losing what it runs: the stock installer drops every extension
+    (facts §2.1), and a node going to 1.13 needs the device plugin gone first (the Talos 1.13 upgrade notes,
+    ``gpu_operator_handover``) (notebook audit, 7 Dec 2026: "upgrade them first" said neither)."""
     same = _same_release(running, wanted_talos)
-    return Check(
-        "Talos version",
-        same,
-        f"runs {running}" + ("" if same else f", the plan is for {wanted_talos}"),
-        fix="" if same else f"upgrade the node to {wanted_talos} first, or set talos_version: {running}",
+    if same:
+        return Check("Talos version", True, f"runs {running}")
+    fix = (
+        f"set talos_version: {running}, or upgrade the node to {wanted_talos} first with its own Image Factory "
+        f"installer at that tag (`talosctl upgrade --image <its installer>:{wanted_talos}`; the stock installer "
+        "drops its extensions)"
     )
+    crossing = TalosVersion.parse_or_none(running)
+    if wanted_talos.at_least(1, 13) and crossing is not None and not crossing.at_least(1, 13):
+        fix += ", after uninstalling the device plugin's Helm release and deleting RuntimeClass nvidia (Talos 1.13 upgrade notes)"
+    return Check("Talos version", False, f"runs {running}, the plan is for {wanted_talos}", fix=fix)
 
 
 def _count_done(ctx: Context, result: StepResult, nodes: list[Node], config_errors: dict[str, str]) -> None:
