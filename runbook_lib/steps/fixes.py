@@ -10,7 +10,40 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+
+from runbook_lib.errors import RunbookError
+from runbook_lib.model.boot_assets import installer_kind
+from runbook_lib.model.versions import TalosVersion
+
+from .results import NodeResult, StepResult
+
+#: The installer the fix commands of the failure table name (``NodeContext.fill``) where the platform is unknown.
+METAL_INSTALLER = "/metal-installer/"
+
+
+def names_metal_installer(res: NodeResult) -> bool:
+    """Whether a failed check of this node gives an upgrade command with the metal installer."""
+    return any(METAL_INSTALLER in check.fix for check in res.checks if not check.ok)
+
+
+def own_installers(result: StepResult, platforms: Mapping[str, str | None], talos: TalosVersion) -> None:
+    """Name each node's own platform installer (``aws-installer`` on AWS) in its fix commands, where the failure
+    table wrote ``metal-installer`` (``platforms``: by address, as PlatformMetadata says). Why: the factory
+    serves one installer per platform (image-factory internal/frontend/http/registry.go:74-100) and Talos names
+    it after the platform (talos@v1.14.1 pkg/images/images.go:79); the image step upgrades an AWS node with
+    aws-installer, while every fix said metal-installer (Talos profiles review, 7 Dec 2026). A node whose
+    platform is unknown, or cannot be an image name (the image step refuses it), keeps the metal one."""
+    for res in result.nodes:
+        platform = platforms.get(res.address)
+        if platform in (None, "metal"):
+            continue
+        try:
+            own = f"/{installer_kind(talos, platform or '')}/"
+        except RunbookError:
+            continue
+        for check in res.checks:
+            check.fix = check.fix.replace(METAL_INSTALLER, own)
 
 
 def unreachable(address: str, step: str) -> str:

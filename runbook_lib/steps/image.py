@@ -224,7 +224,7 @@ def image_upgrade(
     facts = image_risks.read_facts(ctx, nodes, configs)
     plans, schematics = _plan_images(ctx, result, nodes, facts)
     if do_apply and _refuse_before_config_patch(ctx, result, nodes, configs[0]):
-        return _finish(result)
+        return _finish(ctx, result, facts)
     if not do_apply and not (steps is not None and "config-patch" in steps):
         _note_refusal_ahead(ctx, result, nodes, configs[0])
 
@@ -234,11 +234,11 @@ def image_upgrade(
     factory_ok = _factory_checks(ctx, result, todo, factory, register=do_apply)
     from_versions = [states[p.node.address].version for p in todo]
     if not do_apply:
-        return _finish(_dry_run(ctx, result, todo, results, from_versions))
+        return _finish(ctx, _dry_run(ctx, result, todo, results, from_versions), facts)
     if not _clear_to_roll_out(ctx, result, todo, results, from_versions, factory_ok=factory_ok):
-        return _finish(result)
-
-    return _finish(_apply_rollout(ctx, result, schedule, todo, results, progress=progress, timing=timing))
+        return _finish(ctx, result, facts)
+    rolled = _apply_rollout(ctx, result, schedule, todo, results, progress=progress, timing=timing)
+    return _finish(ctx, rolled, facts)
 
 
 def _plan_images(
@@ -605,7 +605,11 @@ def _untouched(res: NodeResult, message: str) -> None:
     res.message = message
 
 
-def _finish(result: StepResult) -> StepResult:
+def _finish(ctx: Context, result: StepResult, facts: dict[str, NodeFacts]) -> StepResult:
+    """The result's node lists, and each node's own platform installer in its fix commands (``fixes``)."""
+    fixes.own_installers(
+        result, {address: fact.platform for address, fact in facts.items()}, ctx.params.talos
+    )
     by_status: dict[str, list[str]] = {}
     for res in result.nodes:
         by_status.setdefault(res.status, []).append(res.node)
