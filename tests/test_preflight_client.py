@@ -137,6 +137,28 @@ def test_preflight_refuses_extensions_the_factory_does_not_offer_for_the_release
         assert "extra_extensions" in check.fix
 
 
+def test_an_extension_only_one_nodes_override_names_is_refused_naming_that_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A misspelt extension in one node's overrides.extra_extensions was refused without naming the node (review
+    of 77170ba); with `nodes` limited to the other node, it is not that run's business."""
+    from runbook_lib.model.params import validate
+    from runbook_lib.steps.context import connect
+
+    python_talosctl(monkeypatch, "the factory check does not depend on the talosctl")
+    with sim_cluster(tmp_path / "sim", workers=2) as (params, _ctx):
+        data = params.public_dict()
+        data["nodes"][1]["overrides"] = {"extra_extensions": ["siderolabs/iscsi-tool"]}
+        ctx = connect(validate(data, source="test"), state_dir=tmp_path / "sim")
+        result = preflight(ctx)
+        other = preflight(ctx, only=[params.nodes[0].name])
+    [check] = [c for c in result.checks if c.name == "image factory extensions"]
+    assert not check.ok and check.message.startswith(f"{params.nodes[1].name}: "), check.message
+    assert "siderolabs/iscsi-tool does not exist" in check.message
+    [fine] = [c for c in other.checks if c.name == "image factory extensions"]
+    assert fine.ok, fine
+
+
 def test_a_talosconfig_talosctl_cannot_read_is_named_not_called_unreachable_nodes(tmp_path: Path) -> None:
     """Attack re-run (7 Dec 2026): a talosconfig that is not YAML made preflight say of every node "unreachable:
     … bring the node back (power, network …)". The real talosctl's error (run here) names the talosconfig; so

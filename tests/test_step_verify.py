@@ -426,24 +426,3 @@ def test_a_node_a_run_left_cordoned_fails_verify_and_an_administrators_cordon_is
     ), "the mark goes with the cordon; config-patch lifts it only with default_runtime_patch"
     noted = "cordoned without the runbook's mark (an administrator's, or one an interrupted talosctl upgrade left)"
     assert any(n.startswith(noted + ": talos-worker-2:") for n in result.notes), result.notes
-
-
-@pytest.mark.parametrize(
-    ("running", "wanted", "handover"), [("v1.12.7", "v1.13.9", True), ("v1.12.6", "v1.12.7", False)]
-)
-def test_a_node_on_another_release_is_told_how_to_upgrade_it_keeping_its_extensions(
-    running: str, wanted: str, handover: bool
-) -> None:
-    """Preflight's fix said "upgrade the node to <release> first": with the stock installer, as a reader would,
-    the node loses its NVIDIA extensions (facts §2.1), and a node going to 1.13 with the device plugin still
-    installed gets two plugins once the GPU Operator comes (the Talos 1.13 upgrade notes; notebook audit,
-    7 Dec 2026)."""
-    from runbook_lib.model.versions import TalosVersion
-    from runbook_lib.steps.preflight import _version_check
-
-    check = _version_check(running, TalosVersion.parse(wanted))
-    assert not check.ok and f"runs {running}, the plan is for {wanted}" in check.message
-    assert f"set talos_version: {running}" in check.fix
-    assert f"--image <its installer>:{wanted}" in check.fix and "stock installer drops" in check.fix
-    assert ("uninstalling the device plugin" in check.fix) is handover, check.fix
-    assert _version_check(wanted, TalosVersion.parse(wanted)).ok

@@ -33,9 +33,10 @@ from runbook_lib.model.parsers import (
 from runbook_lib.model.pci import PciDevice
 from runbook_lib.model.schematic import ExtensionInfo
 from runbook_lib.model.text import shortened
+from runbook_lib.model.upgrade_risks import preserve_needed
 from runbook_lib.model.versions import TalosVersion
 
-from . import fixes, kubernetes, permissions
+from . import fixes, gpu_operator_handover, kubernetes, permissions
 from .context import Context
 from .gpu_presence import gpu_check, not_checked_note, read_pci
 from .patch import read_configs, wanted_documents
@@ -180,22 +181,27 @@ def _extensions_check(
     is a note, as for the release."""
     talos = str(ctx.params.talos)
     chosen = {node.name for node in nodes}
-    lists = {tuple(plan.extensions) for plan in ctx.plan.nodes if plan.name in chosen and plan.extensions}
+    lists: dict[tuple[str, ...], list[str]] = {}  # each extension list, and the nodes whose schematic it is
+    for plan in ctx.plan.nodes:
+        if plan.name in chosen and plan.extensions:
+            lists.setdefault(tuple(plan.extensions), []).append(plan.name)
     try:
         available = available if available is not None else client.official_extensions(talos)
     except RunbookError as exc:
         return Check("image factory extensions", True, f"not checked: {exc.message}")
     problems: list[str] = []
-    for extensions in sorted(lists):
+    for extensions, names in sorted(lists.items()):
         try:
             resolve_against(available, extensions, talos, source=client.base_url)
         except RunbookError as exc:
-            problems.append(exc.message)
+            # which nodes, when not all: a node's overrides.extra_extensions was the cause (review of 77170ba)
+            whose = "" if len(lists) == 1 else f"{shortened(names)}: "
+            problems.append(f"{whose}{exc.message}")
     if problems:
         return Check(
             "image factory extensions",
             False,
-            "; ".join(dict.fromkeys(problems)),
+            "; ".join(problems),
             fix="choose a track or driver_flavor the release builds, and correct extra_extensions and the "
             "nodes' overrides (`runbook schematic show -p <parameters>` shows each schematic's extensions)",
         )
@@ -260,7 +266,7 @@ def _check_node(ctx: Context, res: NodeResult, node: Node, reads: _NodeReads) ->
         return
     running = reads.servers[node.address]
     res.data["talos_version"] = running
-    res.checks.append(_version_check(running, ctx.params.talos))
+    res.checks.append(_version_check(ctx, running))
     exts = extensions_from_resources(reads.extensions.get(node.address, []))
     names = extension_versions(exts)
     nvidia = {k: v for k, v in names.items() if "nvidia" in k}
@@ -315,24 +321,39 @@ def _unreachable(res: NodeResult, node: Node, errors: dict[str, str]) -> None:
     )
 
 
-def _version_check(running: str, wanted_talos: TalosVersion) -> Check:
+def _version_check(ctx: Context, running: str) -> Check:
     """A node on another release than the plan would get the wrong installer and kernel-module tag.
 
-    The fix says how to upgrade it without losing what it runs: the stock installer drops every extension
-    (facts §2.1), and a node going to 1.13 needs the device plugin gone first (the Talos 1.13 upgrade notes,
-    ``gpu_operator_handover``) (notebook audit, 7 Dec 2026: "upgrade them first" said neither)."""
-    same = _same_release(running, wanted_talos)
-    if same:
+    The fix says how to move the node without losing what it runs, and gives no command to paste: the image
+    step's own command for a node carries flags a hand-written one forgets (``--preserve`` below 1.8, which
+    otherwise wipes ``/var``; ``--legacy`` for kernel arguments; ``-n`` and the run's talosconfig) (review of
+    77170ba). Newer than the plan: only the parameter, as the image step moves no node back."""
+    wanted = ctx.params.talos
+    if _same_release(running, wanted):
         return Check("Talos version", True, f"runs {running}")
-    fix = (
-        f"set talos_version: {running}, or upgrade the node to {wanted_talos} first with its own Image Factory "
-        f"installer at that tag (`talosctl upgrade --image <its installer>:{wanted_talos}`; the stock installer "
-        "drops its extensions)"
-    )
-    crossing = TalosVersion.parse_or_none(running)
-    if wanted_talos.at_least(1, 13) and crossing is not None and not crossing.at_least(1, 13):
-        fix += ", after uninstalling the device plugin's Helm release and deleting RuntimeClass nvidia (Talos 1.13 upgrade notes)"
-    return Check("Talos version", False, f"runs {running}, the plan is for {wanted_talos}", fix=fix)
+    message = f"runs {running}, the plan is for {wanted}"
+    found = TalosVersion.parse_or_none(running)
+    fix = f"set talos_version: {running}"
+    if found is None or found < wanted:
+        fix += f", or upgrade the node to {wanted} first{_keeping_extensions(ctx, running)}"
+    return Check("Talos version", False, message, fix=fix)
+
+
+def _keeping_extensions(ctx: Context, running: str) -> str:
+    """How a node keeps what it runs while it moves to the plan's release (the tail of :func:`_version_check`'s
+    fix): from Talos 1.5 the Image Factory installer of the schematic it runs, at the new tag (the stock
+    installer drops every extension, facts §2.1); ``--preserve`` where either end is below 1.8
+    (``upgrade_risks.preserve_needed``); going to 1.13 with the GPU Operator planned, the device plugin removed
+    first (the Talos 1.13 upgrade notes; not with ``kubernetes_layer: device-plugin``, which keeps it)."""
+    wanted = ctx.params.talos
+    if not wanted.at_least(1, 5):
+        return ""  # extensions come from machine.install.extensions there: the stock installer keeps them
+    tail = ", with the Image Factory installer of the schematic it runs at that tag (the stock installer drops its extensions)"
+    if preserve_needed(wanted, running):
+        tail += " and --preserve (below Talos 1.8 the installer otherwise wipes /var)"
+    if gpu_operator_handover.needed_before_upgrade(ctx, [running]):
+        tail += ", after uninstalling the device plugin's Helm release and deleting RuntimeClass nvidia (Talos 1.13 upgrade notes)"
+    return tail
 
 
 def _count_done(ctx: Context, result: StepResult, nodes: list[Node], config_errors: dict[str, str]) -> None:
