@@ -674,3 +674,14 @@ def test_a_log_finding_quotes_the_line_it_matched_and_names_its_reading_as_a_poi
     assert unsupported.message.startswith(
         '"[ 4.1] nvidia: probe of 0000:01:00.0 failed with error -1" points to'
     )
+
+
+def test_kubectl_fixes_name_the_kubernetes_node_and_talosctl_fixes_its_address() -> None:
+    """One ``{node}`` served both: cuda-test filled the Kubernetes name into ``talosctl -n`` (a name talosctl may
+    not resolve), verify the address into ``kubectl label node`` (review, 7 Dec 2026)."""
+    ctx = d.NodeContext(node="10.5.0.11", node_name="gpu-worker-1", talos=TalosVersion.parse("v1.12.7"))
+    row = next(f for f in d.FAILURES if f.key == "device-plugin-no-pods")
+    assert ctx.fill(row.command) == "kubectl label node gpu-worker-1 nvidia.com/gpu.present=true"
+    upgrade = next(f for f in d.FAILURES if "upgrade --image" in f.command)
+    assert ctx.fill(upgrade.command).startswith("talosctl -n 10.5.0.11 upgrade --image ")
+    assert d.NodeContext().fill(row.command) == "kubectl label node <node> nvidia.com/gpu.present=true"

@@ -44,7 +44,8 @@ class KnownFailure:
     cause: str
     fix: str
     command: str
-    """The command to run; ``{node}``, ``{talos}``, ``{schematic}``, ``{installer}`` are filled when known."""
+    """The command to run; ``{node}`` (the address talosctl's ``-n`` takes), ``{node_name}`` (the Kubernetes Node
+    kubectl names), ``{talos}``, ``{schematic}``, ``{installer}`` are filled when known."""
     sources: tuple[str, ...]
     new_schematic: bool = False
     """The fix needs a schematic with other extensions, so the node's current one must not fill ``{schematic}``."""
@@ -77,7 +78,7 @@ FAILURES: tuple[KnownFailure, ...] = (
         cause="chart >= 0.15 requires a node label (NFD's pci-10de.present or nvidia.com/gpu.present=true) "
         "that Talos nodes do not carry without NFD/GFD",
         fix="label the GPU node (or set machine.nodeLabels), or override the chart's affinity, or enable gfd",
-        command="kubectl label node {node} nvidia.com/gpu.present=true",
+        command="kubectl label node {node_name} nvidia.com/gpu.present=true",
         sources=(
             "https://github.com/siderolabs/talos/issues/12103",
             "https://github.com/siderolabs/talos/issues/9187",
@@ -502,9 +503,14 @@ class NodeContext:
     """What is known about the node; unknown parts stay placeholders in the fix commands."""
 
     node: str | None = None
+    """The node as talosctl's ``-n`` takes it: its address."""
     talos: TalosVersion | None = None
     schematic: str | None = None
     """The planned GPU schematic: the one to upgrade to."""
+    node_name: str | None = None
+    """The node's Kubernetes name, which kubectl commands take; unknown: ``node``. Why apart: cuda-test filled
+    ``talosctl -n <Kubernetes name>`` (a name talosctl may not resolve), verify ``kubectl label node <address>``
+    (review, 7 Dec 2026)."""
     current_schematic: str | None = None
     """The schematic the node runs; good enough for fixes that keep the extensions (a re-install)."""
     running: TalosVersion | None = None
@@ -541,6 +547,7 @@ class NodeContext:
         schematic = self.schematic or (None if new_schematic else self.current_schematic)
         return template.format(
             node=self.node or "<node>",
+            node_name=self.node_name or self.node or "<node>",
             talos=talos,
             schematic=schematic or "<gpu-schematic-id>",
             installer=installer,

@@ -165,7 +165,10 @@ class Context:
     def node_context(self, node: str, **known: Any) -> NodeContext:
         """What the fix commands for ``node`` fill in: the plan's Talos release, the factory the installers come
         from (``image_factory_url``: a site's own factory, the simulator's; before, every fix named
-        factory.talos.dev), and what the caller ``known``s (schematics, the running release)."""
+        factory.talos.dev), and what the caller ``known``s (schematics, the running release). ``node`` is its
+        address (``talosctl -n``); the Kubernetes name its kubectl commands take is the parameters' name for it."""
+        named = next((n.name for n in self.params.nodes if node in (n.address, n.name)), None)
+        known.setdefault("node_name", named)
         try:
             return NodeContext.at_factory(
                 self.endpoints.image_factory_url, node=node, talos=self.params.talos, **known

@@ -27,7 +27,7 @@ from runbook_lib.model.diagnosis import match_failures
 from runbook_lib.model.params import Node
 from runbook_lib.model.parsers import OutputParseError, extensions_from_resources, parse_nvidia_smi
 
-from . import drains, kube_diagnosis
+from . import drains, fixes, kube_diagnosis
 from .context import Context
 from .results import Check, NodeResult, StepResult
 
@@ -161,6 +161,7 @@ def cuda_test(
             result.notes.append(_left_on_down_nodes(run_id, held))
     finally:
         _delete_pods(ctx, attempted, run_id, result)
+    fixes.name_own_installers(ctx, result)
     return result.finish()
 
 
@@ -759,7 +760,7 @@ def _diagnosed(
             False,
             f"{reason}: {entry.title}",
             cause=entry.cause,
-            fix=f"{entry.fix}: {ctx.node_context(pod.node.name, schematic=ctx.plan.schematic_id).fill(entry.command, new_schematic=entry.new_schematic)}",
+            fix=f"{entry.fix}: {ctx.node_context(pod.node.address, schematic=ctx.plan.schematic_id).fill(entry.command, new_schematic=entry.new_schematic)}",
             evidence=text.strip()[-1500:],
         )
     return Check(

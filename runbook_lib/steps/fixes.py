@@ -11,12 +11,17 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from runbook_lib.errors import RunbookError
 from runbook_lib.model.boot_assets import installer_kind
+from runbook_lib.model.upgrade_risks import node_platform
 from runbook_lib.model.versions import TalosVersion
 
 from .results import NodeResult, StepResult
+
+if TYPE_CHECKING:
+    from .context import Context
 
 #: The installer the fix commands of the failure table name (``NodeContext.fill``) where the platform is unknown.
 METAL_INSTALLER = "/metal-installer/"
@@ -44,6 +49,23 @@ def own_installers(result: StepResult, platforms: Mapping[str, str | None], talo
             continue
         for check in res.checks:
             check.fix = check.fix.replace(METAL_INSTALLER, own)
+
+
+def name_own_installers(ctx: Context, result: StepResult) -> None:
+    """The upgrade commands of failed checks name each node's own platform installer (``aws-installer`` on AWS),
+    as the image step upgrades it (``image_risks.installer_platform``), not ``metal-installer``: the factory
+    serves one installer per platform (image-factory internal/frontend/http/registry.go:74-100), and Talos
+    names it after the platform (talos@v1.14.1 pkg/images/images.go:79, ``InstallerImageRepository``).
+
+    Why after diagnosing: the platform is read (one ``get platformmetadata``) only for the nodes whose failed
+    checks give such a command, so a healthy fleet pays no call for it (verify, cuda-test; Talos profiles review, 7 Dec
+    2026: every fix said ``metal-installer``). A node whose platform cannot be read keeps ``metal-installer``."""
+    needing = [res.address for res in result.nodes if names_metal_installer(res)]
+    if not needing or not ctx.params.talos.at_least(1, 10):
+        return  # before Talos 1.10 the installer is the same on every platform
+    by_node = ctx.talosctl.get("platformmetadata", needing).by_node()
+    platforms = {address: node_platform(by_node.get(address, [])) for address in needing}
+    own_installers(result, platforms, ctx.params.talos)
 
 
 def unreachable(address: str, step: str) -> str:

@@ -52,7 +52,6 @@ from runbook_lib.model.parsers import (
 )
 from runbook_lib.model.pci import PciDevice, nvidia_gpus
 from runbook_lib.model.text import shortened
-from runbook_lib.model.upgrade_risks import node_platform
 from runbook_lib.model.versions import TalosVersion
 
 from . import drains, fixes
@@ -306,28 +305,11 @@ def verify(
             progress(index, len(nodes))
     if unconfigured:
         _configured_but_not_loaded(ctx, unconfigured)
-    _own_installers(ctx, result)
+    fixes.name_own_installers(ctx, result)
     _other_patch_note(ctx, result, nodes, releases)
     _cordon_note(result, nodes, seen.cordons)
     _add_inventory(result, inventories, seen.kube)
     return result.finish()
-
-
-def _own_installers(ctx: Context, result: StepResult) -> None:
-    """The upgrade commands of failed checks name each node's own platform installer (``aws-installer`` on AWS),
-    as the image step upgrades it (``image_risks.installer_platform``), not ``metal-installer``: the factory
-    serves one installer per platform (image-factory internal/frontend/http/registry.go:74-100), and Talos
-    names it after the platform (talos@v1.14.1 pkg/images/images.go:79, ``InstallerImageRepository``).
-
-    Why after diagnosing: the platform is read (one ``get platformmetadata``) only for the nodes whose failed
-    checks give such a command, so a healthy fleet pays no call for it (Talos profiles review, 7 Dec 2026: every
-    fix said ``metal-installer``). A node whose platform cannot be read keeps ``metal-installer``."""
-    needing = [res.address for res in result.nodes if fixes.names_metal_installer(res)]
-    if not needing or not ctx.params.talos.at_least(1, 10):
-        return  # before Talos 1.10 the installer is the same on every platform
-    by_node = ctx.talosctl.get("platformmetadata", needing).by_node()
-    platforms = {address: node_platform(by_node.get(address, [])) for address in needing}
-    fixes.own_installers(result, platforms, ctx.params.talos)
 
 
 def _other_minor(ctx: Context, node: Node, found: TalosVersion | None) -> list[Check]:
