@@ -114,10 +114,11 @@ def test_unreachable_factory_is_retryable() -> None:
 
 def test_resolve_extensions_gives_exact_refs(server: factory.FactoryServer) -> None:
     resolved = _client(server).resolve_extensions([*LTS, "siderolabs/iscsi-tools"], "v1.12.7")
-    assert resolved.refs[0] == "ghcr.io/siderolabs/nvidia-open-gpu-kernel-modules-lts:580.105.08-v1.12.7"
-    assert resolved.refs[1] == "ghcr.io/siderolabs/nvidia-container-toolkit-lts:580.105.08-v1.18.2"
+    # extensions@v1.12.7 nvidia-gpu/vars.yaml: LTS driver 580.126.20, toolkit v1.18.2 (sim/catalog.py)
+    assert resolved.refs[0] == "ghcr.io/siderolabs/nvidia-open-gpu-kernel-modules-lts:580.126.20-v1.12.7"
+    assert resolved.refs[1] == "ghcr.io/siderolabs/nvidia-container-toolkit-lts:580.126.20-v1.18.2"
     assert resolved.refs[2].startswith("ghcr.io/siderolabs/iscsi-tools:")
-    assert resolved.driver == "580.105.08"
+    assert resolved.driver == "580.126.20"
 
 
 def test_unknown_extension_fails_with_close_names(server: factory.FactoryServer) -> None:

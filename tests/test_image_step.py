@@ -128,8 +128,8 @@ def test_apply_moves_nodes_to_the_gpu_schematic_then_skips_them(
         node = node_state(state, worker)
         assert node.schematic_id == GPU_ID
         names = {e.name: e.version for e in node.extensions}
-        assert names["nvidia-open-gpu-kernel-modules-lts"] == "580.105.08-v1.12.7"
-        assert names["nvidia-container-toolkit-lts"].startswith("580.105.08-")
+        assert names["nvidia-open-gpu-kernel-modules-lts"] == "580.126.20-v1.12.7"
+        assert names["nvidia-container-toolkit-lts"].startswith("580.126.20-")
     again_ctx = _ctx(state, apply=True)
     again = _run(again_ctx)
     assert [n.status for n in again.nodes] == ["unchanged"] * 3

@@ -49,9 +49,14 @@ FIRST_FACTORY_MINOR = (1, 5)
 #: (driver LTS/single, driver production, container toolkit) at each ``.0`` extensions release (facts §1.2):
 #: the same published facts the GPU profiles cite, so both rooms read them from one table.
 NVIDIA_VERSIONS: Mapping[tuple[int, int], tuple[str, str | None, str]] = DRIVER_TABLE
-#: Real releases whose versions differ from their ``.0`` (facts §1.2 and §6).
+#: Real releases whose versions differ from their ``.0``: v1.12.7 from siderolabs/extensions@v1.12.7
+#: nvidia-gpu/vars.yaml (NVIDIA_DRIVER_LTS_VERSION 580.126.20, NVIDIA_DRIVER_PRODUCTION_VERSION 570.211.01,
+#: CONTAINER_TOOLKIT_VERSION v1.18.2; its production tag is also in facts §1.2); until 7 Dec 2026 the LTS driver
+#: here was v1.12.0's, 580.105.08 (Talos profiles review). The other patch releases of the catalog keep their
+#: ``.0``'s versions, which the real ones do not (extensions@v1.13.9 has 580.178.04 / 595.91.07): the simulated
+#: tags of those releases are not the real factory's.
 NVIDIA_OVERRIDES: dict[str, tuple[str, str | None, str]] = {
-    "v1.12.7": ("580.105.08", "570.211.01", "v1.18.2"),
+    "v1.12.7": ("580.126.20", "570.211.01", "v1.18.2"),
     "v1.12.0-beta.0": ("580.95.05", "570.195.03", "v1.18.0"),
 }
 

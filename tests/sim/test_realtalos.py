@@ -159,8 +159,8 @@ def observed(tmp_path: Path, **fields: object) -> Path:
 
 
 NVIDIA_EXTENSIONS = [
-    {"image": "0.sqsh", "name": "nvidia-open-gpu-kernel-modules-lts", "version": "580.105.08-v1.12.7"},
-    {"image": "1.sqsh", "name": "nvidia-container-toolkit-lts", "version": "580.105.08-v1.18.2"},
+    {"image": "0.sqsh", "name": "nvidia-open-gpu-kernel-modules-lts", "version": "580.126.20-v1.12.7"},
+    {"image": "1.sqsh", "name": "nvidia-container-toolkit-lts", "version": "580.126.20-v1.18.2"},
     {"name": "schematic", "version": "40b13a8d" * 8},
 ]
 MODULES_CONFIG = "version: v1alpha1\nmachine:\n  type: worker\n  kernel:\n    modules:\n    - name: nvidia\n"
@@ -182,7 +182,7 @@ def test_the_kubelet_sees_what_simnode_observed(tmp_path: Path) -> None:
     )
     node = realtalos.with_observed(stock, path)
     rt = runtime(node)
-    assert rt.driver_version == "580.105.08" and "nvidia" in rt.cri_runtime_handlers
+    assert rt.driver_version == "580.126.20" and "nvidia" in rt.cri_runtime_handlers
     assert node.schematic_id == "40b13a8d" * 8 and node.reachable
 
 

@@ -116,13 +116,15 @@ def test_catalog_nvidia_tags_are_consistent_per_version(server: factory.FactoryS
 
 
 def test_facts_example_versions() -> None:
-    """Spot values straight from the facts tables (§1.2): 1.12.0 LTS driver and toolkit, 1.12.7 production."""
+    """Spot values straight from the facts tables (§1.2): 1.12.0 LTS driver and toolkit, 1.12.7 production; 1.12.7's
+    LTS driver from siderolabs/extensions@v1.12.7 nvidia-gpu/vars.yaml (580.126.20, not 1.12.0's 580.105.08)."""
     tags = {e.name: e.tag for e in catalog.official_extensions("v1.12.0")}
     assert tags["siderolabs/nvidia-container-toolkit-lts"] == "580.105.08-v1.18.1"
     assert tags["siderolabs/nvidia-open-gpu-kernel-modules-lts"] == "580.105.08-v1.12.0"
     tags = {e.name: e.tag for e in catalog.official_extensions("v1.12.7")}
     assert tags["siderolabs/nvidia-container-toolkit-production"] == "570.211.01-v1.18.2"
-    assert tags["siderolabs/nvidia-fabricmanager-lts"] == "580.105.08"
+    assert tags["siderolabs/nvidia-fabricmanager-lts"] == "580.126.20"
+    assert tags["siderolabs/nvidia-open-gpu-kernel-modules-lts"] == "580.126.20-v1.12.7"
 
 
 def test_image_pxe_and_registry_endpoints(server: factory.FactoryServer) -> None:
@@ -182,7 +184,7 @@ def test_installer_extensions_for_the_simulated_upgrade(tmp_path: Path) -> None:
     schematic_id = catalog.schematic_store(tmp_path).put(GPU_YAML)
     exts = catalog.installer_extensions(tmp_path, schematic_id, "v1.12.7")
     assert [e.name for e in exts] == LTS  # schematic order
-    assert exts[0].tag == "580.105.08-v1.12.7"
+    assert exts[0].tag == "580.126.20-v1.12.7"
     factory.set_faults(tmp_path, missing_extensions={"*": [LTS[0]]})
     with pytest.raises(catalog.ExtensionUnavailable, match=r"is not available for Talos version v1\.12\.7"):
         catalog.installer_extensions(tmp_path, schematic_id, "v1.12.7")
