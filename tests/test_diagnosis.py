@@ -684,4 +684,7 @@ def test_kubectl_fixes_name_the_kubernetes_node_and_talosctl_fixes_its_address()
     assert ctx.fill(row.command) == "kubectl label node gpu-worker-1 nvidia.com/gpu.present=true"
     upgrade = next(f for f in d.FAILURES if "upgrade --image" in f.command)
     assert ctx.fill(upgrade.command).startswith("talosctl -n 10.5.0.11 upgrade --image ")
-    assert d.NodeContext().fill(row.command) == "kubectl label node <node> nvidia.com/gpu.present=true"
+    assert (
+        d.NodeContext(node="10.5.0.11").fill(row.command)
+        == "kubectl label node <node-name> nvidia.com/gpu.present=true"
+    )

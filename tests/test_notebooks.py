@@ -326,3 +326,23 @@ def test_bad_run_arguments_fail_before_anything_runs(
     assert run(sim_env, "-p", PARAMS, "--set", "aply=true") == 2
     assert "did you mean 'apply'" in capsys.readouterr().err
     assert not sim_env["records"].exists()  # no half record
+
+
+@pytest.mark.slow
+def test_a_list_parameter_given_as_text_stops_the_notebook_naming_papermill_y(tmp_path: Path) -> None:
+    """`papermill … -p nodes '["10.5.0.11"]'` passes text, which was read one character at a time: "unknown
+    node(s) [, ", 1, 0 …" (cloud-user walkthrough, 7 Dec 2026). papermill's -p always passes text for a list
+    (papermill.cli's _resolve_type reads only numbers and booleans); the error names the parameter and -y."""
+    import papermill
+
+    with pytest.raises(papermill.PapermillExecutionError) as info:
+        papermill.execute_notebook(
+            str(NOTEBOOKS / "01-preflight.ipynb"),
+            str(tmp_path / "out.ipynb"),
+            parameters={"params_file": PARAMS, "nodes": '["10.5.0.11"]'},
+            kernel_name="python3",
+            progress_bar=False,
+        )
+    assert info.value.ename == "ParametersInvalid", info.value.evalue
+    assert "nodes: must be a list of text, not str" in info.value.evalue
+    assert "-y 'nodes: [...]'" in info.value.evalue

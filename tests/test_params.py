@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import socket
 from pathlib import Path
 
 import pytest
@@ -412,7 +413,7 @@ def test_a_supported_gpu_operator_version_or_a_range_is_accepted(tmp_path, versi
     assert params.gpu_operator.chart_version == version
 
 
-def test_on_the_simulator_a_named_kubeconfig_is_the_one_the_tools_use(tmp_path):
+def test_on_the_simulator_a_named_kubeconfig_is_the_one_the_tools_use(tmp_path, request):
     """Walkthrough, 6 Dec 2026: ``--set kubeconfig=<a read-only service account's>`` on ``target: simulated`` was
     ignored without a word (helm ran with the simulator's admin kubeconfig) while the record's parameters named
     it, so the record misstated who made the plan."""
@@ -429,7 +430,9 @@ def test_on_the_simulator_a_named_kubeconfig_is_the_one_the_tools_use(tmp_path):
 
     state = tmp_path / "sim"
     state.mkdir()
-    (state / "endpoints.json").write_text('{"factory": "http://127.0.0.1:1"}')
+    factory = socket.create_server(("127.0.0.1", 0))  # the simulator's factory answers: it is running
+    request.addfinalizer(factory.close)
+    (state / "endpoints.json").write_text(f'{{"factory": "http://127.0.0.1:{factory.getsockname()[1]}"}}')
     kubeconfig(state / "kubeconfig", "https://127.0.0.1:40001")
     mine = kubeconfig(tmp_path / "reader.kubeconfig", "https://127.0.0.1:40001")
     data = {**GOOD, "target": "simulated"}
@@ -444,6 +447,26 @@ def test_on_the_simulator_a_named_kubeconfig_is_the_one_the_tools_use(tmp_path):
         PermanentError, match=re.escape("points at https://prod.example:6443, not at https://127.0.0.1:40001")
     ):
         resolve_endpoints(prod, state)
+
+
+def test_a_stopped_simulated_cluster_is_named_not_its_nodes_called_unreachable(tmp_path: Path) -> None:
+    """Its endpoints file outlives a stopped simulator (`runbook run` stops the one it started): a notebook then
+    reported every node "connection refused" with "bring the node back (power, network …)" as the fix
+    (cloud-user walkthrough, 7 Dec 2026)."""
+    from runbook_lib.errors import PermanentError
+    from runbook_lib.steps.context import resolve_endpoints
+
+    closed = socket.create_server(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing answers there now
+    state = tmp_path / "sim"
+    state.mkdir()
+    (state / "endpoints.json").write_text(f'{{"factory": "http://127.0.0.1:{port}"}}')
+    params = load_params(write(tmp_path, {**GOOD, "target": "simulated"}))
+    with pytest.raises(PermanentError) as raised:
+        resolve_endpoints(params, state)
+    assert f"the simulated cluster at {state} is stopped" in raised.value.message
+    assert f"runbook sim up --keep --state {state} -p <params file>" in (raised.value.hint or "")
 
 
 def test_every_impossible_combination_is_reported_at_once() -> None:

@@ -29,7 +29,7 @@ def test_a_node_on_an_older_release_is_told_how_to_move_it_keeping_its_extension
     assert not check.ok and check.message == "runs v1.12.6, the plan is for v1.12.7"
     assert check.fix.startswith("set talos_version: v1.12.6, or upgrade the node to v1.12.7 first")
     assert (
-        "Image Factory installer of the schematic it runs" in check.fix
+        "Image Factory installer whose schematic has the extensions it runs" in check.fix
         and "stock installer drops" in check.fix
     )
     assert "talosctl" not in check.fix and "--preserve" not in check.fix and "device plugin" not in check.fix
@@ -51,7 +51,7 @@ def test_below_talos_1_8_the_fix_says_preserve() -> None:
     """Up to 1.7 the installer wipes EPHEMERAL (/var) without --preserve (talos@v1.7.0 internal/pkg/install/
     install.go:292; upgrade_risks.preserve_needed), which the image step always passes there."""
     check = _version_check(_ctx("v1.7.6", "track=null"), "v1.7.4")
-    assert "--preserve (below Talos 1.8 the installer otherwise wipes /var)" in check.fix, check.fix
+    assert "and --preserve, as the image step passes it where either release is below Talos 1.8" in check.fix
 
 
 def test_a_node_newer_than_the_plan_is_not_told_to_upgrade_to_it() -> None:
@@ -60,7 +60,34 @@ def test_a_node_newer_than_the_plan_is_not_told_to_upgrade_to_it() -> None:
     assert check.fix == "set talos_version: v1.12.7", check.fix
 
 
-def test_before_the_image_factory_no_factory_installer_is_named() -> None:
-    """Below Talos 1.5 there is no Image Factory (boot_assets.py); extensions come from machine.install.extensions."""
+def test_before_the_image_factory_no_factory_installer_is_named_and_preserve_still_is() -> None:
+    """Below Talos 1.5 there is no Image Factory (boot_assets.py); extensions come from machine.install.extensions.
+    --preserve is still needed there (the image step passes it; without it /var is wiped: review of 0225717)."""
     check = _version_check(_ctx("v1.4.8", "track=null"), "v1.3.7")
-    assert check.fix == "set talos_version: v1.3.7, or upgrade the node to v1.4.8 first", check.fix
+    assert check.fix == (
+        "set talos_version: v1.3.7, or upgrade the node to v1.4.8 first, with --preserve, as the image step passes "
+        "it where either release is below Talos 1.8"
+    ), check.fix
+
+
+def test_nodes_on_several_releases_get_one_note_saying_one_run_covers_one_release() -> None:
+    """Two nodes, one on v1.12.6 and one on v1.12.8 under a v1.12.7 plan, were told "set talos_version: v1.12.6"
+    and "set talos_version: v1.12.8": no one value passes both (cloud-user walkthrough, 7 Dec 2026)."""
+    from runbook_lib.steps.preflight import _mixed_releases
+    from runbook_lib.steps.results import NodeResult, StepResult
+
+    result = StepResult(step="preflight", applied=False)
+    for name, release in (("gpu-1", "v1.12.6"), ("gpu-2", "v1.12.8"), ("gpu-3", "v1.12.6"), ("gpu-4", None)):
+        node = NodeResult(node=name, address=f"10.5.0.{name[-1]}")
+        node.data = {"talos_version": release} if release else {}
+        result.nodes.append(node)
+    _mixed_releases(result)
+    assert result.notes == [
+        "the nodes run 2 Talos releases (v1.12.6: gpu-1, gpu-3; v1.12.8: gpu-2): one run covers one release "
+        "(talos_version), so bring them to one release first, or run the runbook for each release with its nodes "
+        "(`nodes`, or one parameter file per release)"
+    ]
+    result.nodes = result.nodes[:1]
+    result.notes = []
+    _mixed_releases(result)
+    assert result.notes == []

@@ -72,6 +72,23 @@ def test_patch_groups_from_step_data_are_rendered_as_diffs() -> None:
     assert "2 node(s): a, b" in html and "- name: nvidia" in html
 
 
+def test_the_dry_run_diff_talosctl_printed_is_shown_under_the_patch() -> None:
+    """The notebook showed only the patch, while `runbook run` printed talosctl's dry-run diff, the one machined
+    checked (cloud-user walkthrough, 7 Dec 2026). Shaped as machined answers a dry run (talos@v1.12.0
+    internal/app/machined/internal/server/v1alpha1/v1alpha1_server.go:250-252 and :330)."""
+    dry = (
+        "Dry run summary:\nApplied configuration without a reboot (skipped in dry-run).\nConfig diff:\n\n"
+        "--- a\n+++ b\n@@ -17,6 +17,8 @@\n+        - name: nvidia <x>"
+    )
+    result = StepResult(step="config-patch", applied=False)
+    result.nodes = [NodeResult("a", "10.0.0.1", status="planned")]
+    result.data["groups"] = [{"nodes": ["a"], "patch": PATCH, "dry_run": dry}]
+    html = render_html(result)
+    assert "<p>a: machine config diff (talosctl's dry run)</p>" in html, html
+    assert "@@ -17,6 +17,8 @@" in html and "nvidia &lt;x&gt;" in html
+    assert html.index("- name: nvidia") < html.index("@@ -17,6 +17,8 @@"), "the patch first, then its diff"
+
+
 def test_cluster_output_is_escaped() -> None:
     result = StepResult(step="verify", applied=False)
     result.nodes = [NodeResult("n1", "10.0.0.1", status="failed", message="<script>alert(1)</script>")]

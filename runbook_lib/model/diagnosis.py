@@ -508,7 +508,8 @@ class NodeContext:
     schematic: str | None = None
     """The planned GPU schematic: the one to upgrade to."""
     node_name: str | None = None
-    """The node's Kubernetes name, which kubectl commands take; unknown: ``node``. Why apart: cuda-test filled
+    """The node's Kubernetes name, which kubectl commands take; unknown: a placeholder, never the address. Why
+    apart: cuda-test filled
     ``talosctl -n <Kubernetes name>`` (a name talosctl may not resolve), verify ``kubectl label node <address>``
     (review, 7 Dec 2026)."""
     current_schematic: str | None = None
@@ -547,7 +548,7 @@ class NodeContext:
         schematic = self.schematic or (None if new_schematic else self.current_schematic)
         return template.format(
             node=self.node or "<node>",
-            node_name=self.node_name or self.node or "<node>",
+            node_name=self.node_name or "<node-name>",  # never the address (review of 6b1cc22)
             talos=talos,
             schematic=schematic or "<gpu-schematic-id>",
             installer=installer,

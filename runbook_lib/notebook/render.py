@@ -155,6 +155,22 @@ def _failing_node_html(node: NodeResult) -> str:
     return f"<li>{head}{body}</li>"
 
 
+def _dry_run_html(result: StepResult) -> list[str]:
+    """The machine-config diff talosctl's dry run printed for each group of nodes (``data.groups[].dry_run``,
+    redacted by the step). Why: the notebook showed only the patch, while ``runbook run`` printed this diff, the
+    one machined checked; whoever clicks Approve should see it (cloud-user walkthrough, 7 Dec 2026)."""
+    groups = [g for g in result.data.get("groups", []) or [] if isinstance(g, dict) and g.get("dry_run")]
+    out = [
+        f"<p>{escape(shortened([str(n) for n in group.get('nodes') or []]))}: machine config diff "
+        f"(talosctl's dry run)</p>"
+        f'<pre class="runbook-diff" style="{_PRE}">{escape(str(group["dry_run"]))}</pre>'
+        for group in groups[:DIFF_LIMIT]
+    ]
+    if len(groups) > DIFF_LIMIT:
+        out.append(f"<p>{len(groups) - DIFF_LIMIT} more dry-run diffs in the record.</p>")
+    return out
+
+
 def render_html(result: StepResult, *, limit: int = TABLE_LIMIT, title: str | None = None) -> str:
     counts = result.counts()
     mode = _mode(result)
@@ -187,6 +203,7 @@ def render_html(result: StepResult, *, limit: int = TABLE_LIMIT, title: str | No
             )
         if len(groups) > DIFF_LIMIT:
             out.append(f"<p>{len(groups) - DIFF_LIMIT} more distinct changes in the record.</p>")
+    out += _dry_run_html(result)
     changes = result.data.get("changes")
     if isinstance(changes, list) and changes:
         out.append("<ul>" + "".join(f"<li>{escape(str(c))}</li>" for c in changes) + "</ul>")

@@ -267,6 +267,28 @@ def _interactive_recorder(
     )
 
 
+def _check_lists(**values: object) -> None:
+    """``nodes`` and ``overrides`` must be lists of text. Why: ``papermill -p nodes '["10.5.0.11"]'`` passes the
+    text, which was read one character at a time (``unknown node(s) [, ", 1, 0 …``; a cloud-user walkthrough,
+    7 Dec 2026); papermill gives a list only through ``-y``/``-f`` (YAML)."""
+    problems = [
+        ParameterProblem(
+            "notebook parameters",
+            name,
+            f"must be a list of text, not {type(value).__name__} {value!r}; with papermill, pass a list as YAML: "
+            f"`papermill NOTEBOOK OUT -y '{name}: [...]'` (-p passes text)",
+        )
+        for name, value in values.items()
+        if value is not None and not _text_list(value)
+    ]
+    if problems:
+        raise ParametersInvalid(problems)
+
+
+def _text_list(value: object) -> bool:
+    return isinstance(value, (list, tuple)) and all(isinstance(item, str) for item in value)
+
+
 def run_step(
     step: str,
     *,
@@ -284,6 +306,7 @@ def run_step(
     item = spec(step)
     if check_injected:
         check_notebook_parameters(injected_parameter_names(_kernel_history()))
+    _check_lists(nodes=nodes, overrides=overrides)
     params = load(params_file, apply=apply, overrides=overrides)
     fn = step_function(step)
     if item is ROLLBACK:  # its evidence, read and checked before anything runs (rollback_records)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -75,6 +77,7 @@ def resolve_endpoints(params: Params, state_dir: Path | None = None) -> Endpoint
             hint="start one with `runbook sim up -p <params file>` (or use `runbook run`, which starts it)",
         )
     published = json.loads(endpoints_file.read_text())
+    _check_running(state, str(published.get("factory") or ""))
     return Endpoints(
         talosctl=str(state / "bin" / "talosctl"),
         helm=str(state / "bin" / "helm"),
@@ -84,6 +87,24 @@ def resolve_endpoints(params: Params, state_dir: Path | None = None) -> Endpoint
         chart_repo_url=str(published["charts"]) if published.get("charts") else None,
         kubectl=str(state / "bin" / "kubectl"),
     )
+
+
+def _check_running(state: Path, factory_url: str) -> None:
+    """Refuse a simulated cluster whose servers are stopped: its endpoints file outlives them (``runbook run``
+    stops the simulator it started), and a notebook then reported every node unreachable, "connection refused",
+    with "bring the node back (power, network …)" as the fix (cloud-user walkthrough, 7 Dec 2026). Its Image
+    Factory answering stands for the simulator: one TCP connect, no request."""
+    where = urllib.parse.urlsplit(factory_url)
+    if not where.hostname or not where.port:
+        return
+    try:
+        socket.create_connection((where.hostname, where.port), timeout=1.0).close()
+    except OSError:
+        raise PermanentError(
+            f"the simulated cluster at {state} is stopped (its Image Factory {factory_url} does not answer)",
+            hint=f"start it again as it was left: `runbook sim up --keep --state {state} -p <params file>` "
+            "(`runbook run` starts it by itself)",
+        ) from None
 
 
 def _simulated_kubeconfig(named: str | None, state: Path) -> str:
@@ -139,6 +160,7 @@ class Context:
     _kube: Kube | None = field(default=None, repr=False)
     events: Events = field(default_factory=Events, repr=False)
     """Where a rollout reports node failures and batch ends as they happen (``events.py``); nowhere by default."""
+    _names: dict[str, str] | None = field(default=None, init=False, repr=False)
 
     @property
     def kube(self) -> Kube:
@@ -167,14 +189,21 @@ class Context:
         from (``image_factory_url``: a site's own factory, the simulator's; before, every fix named
         factory.talos.dev), and what the caller ``known``s (schematics, the running release). ``node`` is its
         address (``talosctl -n``); the Kubernetes name its kubectl commands take is the parameters' name for it."""
-        named = next((n.name for n in self.params.nodes if node in (n.address, n.name)), None)
-        known.setdefault("node_name", named)
+        known.setdefault("node_name", self._names_by_address().get(node))
         try:
             return NodeContext.at_factory(
                 self.endpoints.image_factory_url, node=node, talos=self.params.talos, **known
             )
         except PermanentError:
             return NodeContext(node=node, talos=self.params.talos, **known)
+
+    def _names_by_address(self) -> dict[str, str]:
+        """Each GPU node's Kubernetes name by its address, built once: verify asks it for every node (a scan per
+        call cost 0.3 s at 1,000 nodes), and by address only, as every caller passes one (a name that is another
+        node's address picked the wrong node: review of 6b1cc22)."""
+        if self._names is None:
+            self._names = {n.address: n.name for n in self.params.nodes}
+        return self._names
 
     def nodes(self, only: list[str] | None = None) -> list[Node]:
         """The GPU nodes, or the chosen subset (names or addresses); unknown names are an error."""

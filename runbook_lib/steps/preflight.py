@@ -75,6 +75,7 @@ def preflight(
         result.nodes.append(res)
         _check_node(ctx, res, node, reads)
     _count_done(ctx, result, nodes, reads.config_errors)
+    _mixed_releases(result)
     _cluster_progress(ctx, result, layer, steps)
     return result.finish()
 
@@ -202,8 +203,9 @@ def _extensions_check(
             "image factory extensions",
             False,
             "; ".join(problems),
-            fix="choose a track or driver_flavor the release builds, and correct extra_extensions and the "
-            "nodes' overrides (`runbook schematic show -p <parameters>` shows each schematic's extensions)",
+            fix="correct the extension names in extra_extensions and the nodes' overrides.extra_extensions (the "
+            "message names the close ones), or choose a track or driver_flavor the release builds; `runbook "
+            "schematic show -p <parameters> --node <node>` shows a node's extensions",
         )
     names = sorted({name for extensions in lists for name in extensions})
     return Check("image factory extensions", True, f"Talos {talos} offers {', '.join(names)}")
@@ -321,6 +323,24 @@ def _unreachable(res: NodeResult, node: Node, errors: dict[str, str]) -> None:
     )
 
 
+def _mixed_releases(result: StepResult) -> None:
+    """A note when the nodes run more than one Talos release: each failed node's fix says "set talos_version:
+    <its release>", and no one value passes them all (a cloud-user walkthrough, 7 Dec 2026)."""
+    by_release: dict[str, list[str]] = {}
+    for res in result.nodes:
+        running = res.data.get("talos_version")
+        if isinstance(running, str) and running:
+            by_release.setdefault(running, []).append(res.node)
+    if len(by_release) < 2:
+        return
+    each = "; ".join(f"{release}: {shortened(names)}" for release, names in sorted(by_release.items()))
+    result.notes.append(
+        f"the nodes run {len(by_release)} Talos releases ({each}): one run covers one release (talos_version), "
+        "so bring them to one release first, or run the runbook for each release with its nodes (`nodes`, or "
+        "one parameter file per release)"
+    )
+
+
 def _version_check(ctx: Context, running: str) -> Check:
     """A node on another release than the plan would get the wrong installer and kernel-module tag.
 
@@ -341,16 +361,23 @@ def _version_check(ctx: Context, running: str) -> Check:
 
 def _keeping_extensions(ctx: Context, running: str) -> str:
     """How a node keeps what it runs while it moves to the plan's release (the tail of :func:`_version_check`'s
-    fix): from Talos 1.5 the Image Factory installer of the schematic it runs, at the new tag (the stock
-    installer drops every extension, facts §2.1); ``--preserve`` where either end is below 1.8
-    (``upgrade_risks.preserve_needed``); going to 1.13 with the GPU Operator planned, the device plugin removed
-    first (the Talos 1.13 upgrade notes; not with ``kubernetes_layer: device-plugin``, which keeps it)."""
+    fix): from Talos 1.5 an Image Factory installer whose schematic has the extensions it runs, at the new tag
+    (the stock installer drops every extension, facts §2.1; below 1.5 extensions come from
+    ``machine.install.extensions``, which the stock installer keeps); ``--preserve`` where either end is below 1.8,
+    as the image step passes it (``upgrade_risks.preserve_needed``: up to 1.7 the installer wipes ``/var``
+    without it, and a 1.7 node builds its upgrade sequence from the flag) — below 1.5 too (review of 0225717);
+    going to 1.13 with the GPU Operator planned, the device plugin removed first (the Talos 1.13 upgrade notes;
+    not with ``kubernetes_layer: device-plugin``, which keeps it)."""
     wanted = ctx.params.talos
-    if not wanted.at_least(1, 5):
-        return ""  # extensions come from machine.install.extensions there: the stock installer keeps them
-    tail = ", with the Image Factory installer of the schematic it runs at that tag (the stock installer drops its extensions)"
+    how = []
+    if wanted.at_least(1, 5):
+        how.append(
+            "an Image Factory installer whose schematic has the extensions it runs, at that tag (the stock "
+            "installer drops its extensions)"
+        )
     if preserve_needed(wanted, running):
-        tail += " and --preserve (below Talos 1.8 the installer otherwise wipes /var)"
+        how.append("--preserve, as the image step passes it where either release is below Talos 1.8")
+    tail = f", with {' and '.join(how)}" if how else ""
     if gpu_operator_handover.needed_before_upgrade(ctx, [running]):
         tail += ", after uninstalling the device plugin's Helm release and deleting RuntimeClass nvidia (Talos 1.13 upgrade notes)"
     return tail
