@@ -130,6 +130,23 @@ def test_unknown_extension_fails_with_close_names(server: factory.FactoryServer)
         assert f"{name} does not exist for Talos v1.12.7" in message
     assert "siderolabs/nvidia-open-gpu-kernel-modules-lts" in message
     assert "siderolabs/nvidia-container-toolkit-production" in message
+    assert (caught.value.hint or "").startswith("choose a track or driver_flavor the release builds")
+
+
+def test_a_misspelt_extra_extension_is_answered_with_the_parameter_to_correct(
+    server: factory.FactoryServer,
+) -> None:
+    """A typo in extra_extensions got only "official names change with the Talos version", and the user looked
+    at tracks (cloud-user walkthrough, 7 Dec 2026)."""
+    with pytest.raises(PermanentError) as caught:
+        _client(server).resolve_extensions([*LTS, "siderolabs/drdb"], "v1.12.7")
+    assert (
+        "siderolabs/drdb does not exist for Talos v1.12.7 (did you mean siderolabs/drbd"
+        in caught.value.message
+    )
+    assert (caught.value.hint or "").startswith(
+        "correct the name in extra_extensions or the node's overrides"
+    )
 
 
 def test_extension_missing_for_that_version_only(server: factory.FactoryServer, tmp_path: Path) -> None:

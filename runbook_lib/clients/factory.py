@@ -265,9 +265,18 @@ def resolve_against(
         suggestion = f" (did you mean {', '.join(close)}?)" if close else ""
         missing.append(f"{name} does not exist for Talos {talos_version}{suggestion}")
     if missing:
+        # the NVIDIA names come from track and driver_flavor, the others from extra_extensions: a typo there was
+        # answered with the version note alone, and the user looked at tracks (cloud-user walkthrough, 7 Dec 2026)
+        nvidia = any("nvidia" in name for name in wanted if name not in by_name)
+        where = (
+            "choose a track or driver_flavor the release builds"
+            if nvidia
+            else "correct the name in extra_extensions or the node's overrides.extra_extensions (close names above)"
+        )
         raise PermanentError(
             f"{source} has no such official extension: " + "; ".join(missing),
-            hint="official names change with the Talos version: -lts/-production suffixes from Talos 1.8 on",
+            hint=f"{where}; official names also change with the Talos version: -lts/-production suffixes from "
+            "Talos 1.8 on",
         )
     resolved = tuple(by_name[name] for name in wanted)
     kmods = [e for e in resolved if _is_kmod(e.name)]

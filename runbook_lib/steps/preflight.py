@@ -191,6 +191,7 @@ def _extensions_check(
     except RunbookError as exc:
         return Check("image factory extensions", True, f"not checked: {exc.message}")
     problems: list[str] = []
+    hints: list[str] = []
     for extensions, names in sorted(lists.items()):
         try:
             resolve_against(available, extensions, talos, source=client.base_url)
@@ -198,15 +199,12 @@ def _extensions_check(
             # which nodes, when not all: a node's overrides.extra_extensions was the cause (review of 77170ba)
             whose = "" if len(lists) == 1 else f"{shortened(names)}: "
             problems.append(f"{whose}{exc.message}")
+            hints.append(exc.hint or "")
     if problems:
-        return Check(
-            "image factory extensions",
-            False,
-            "; ".join(problems),
-            fix="correct the extension names in extra_extensions and the nodes' overrides.extra_extensions (the "
-            "message names the close ones), or choose a track or driver_flavor the release builds; `runbook "
-            "schematic show -p <parameters> --node <node>` shows a node's extensions",
-        )
+        # the image step's own hint (a name to correct, or a track to choose), then where to see a node's list
+        shown = "`runbook schematic show -p <parameters> --node <node>` shows a node's extensions"
+        fix = "; ".join([*(h for h in dict.fromkeys(hints) if h), shown])
+        return Check("image factory extensions", False, "; ".join(problems), fix=fix)
     names = sorted({name for extensions in lists for name in extensions})
     return Check("image factory extensions", True, f"Talos {talos} offers {', '.join(names)}")
 
