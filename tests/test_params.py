@@ -454,7 +454,7 @@ def test_a_stopped_simulated_cluster_is_named_not_its_nodes_called_unreachable(t
     reported every node "connection refused" with "bring the node back (power, network …)" as the fix
     (cloud-user walkthrough, 7 Dec 2026)."""
     from runbook_lib.errors import PermanentError
-    from runbook_lib.steps.context import resolve_endpoints
+    from runbook_lib.steps.context import connect, resolve_endpoints
 
     closed = socket.create_server(("127.0.0.1", 0))
     port = closed.getsockname()[1]
@@ -464,9 +464,11 @@ def test_a_stopped_simulated_cluster_is_named_not_its_nodes_called_unreachable(t
     (state / "endpoints.json").write_text(f'{{"factory": "http://127.0.0.1:{port}"}}')
     params = load_params(write(tmp_path, {**GOOD, "target": "simulated"}))
     with pytest.raises(PermanentError) as raised:
-        resolve_endpoints(params, state)
+        connect(params, state_dir=state)
     assert f"the simulated cluster at {state} is stopped" in raised.value.message
     assert f"runbook sim up --keep --state {state} -p <params file>" in (raised.value.hint or "")
+    # the record's secret scrub reads the endpoints' files whether or not the simulator runs (review of 4421311)
+    assert resolve_endpoints(params, state).talosconfig == str(state / "talosconfig")
 
 
 def test_every_impossible_combination_is_reported_at_once() -> None:

@@ -87,6 +87,11 @@ def test_the_dry_run_diff_talosctl_printed_is_shown_under_the_patch() -> None:
     assert "<p>a: machine config diff (talosctl's dry run)</p>" in html, html
     assert "@@ -17,6 +17,8 @@" in html and "nvidia &lt;x&gt;" in html
     assert html.index("- name: nvidia") < html.index("@@ -17,6 +17,8 @@"), "the patch first, then its diff"
+    # a group's output holds one answer per node: the first is shown, once (review of 4421311: 1,000 copies)
+    result.data["groups"] = [{"nodes": ["a", "b", "c"], "patch": PATCH, "dry_run": f"{dry}\n{dry}\n{dry}"}]
+    html = render_html(result)
+    assert html.count("@@ -17,6 +17,8 @@") == 1 and "Dry run summary" not in html, html
+    assert "a, b, c: machine config diff (talosctl's dry run, the first node answered this" in html
 
 
 def test_cluster_output_is_escaped() -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 from runbook_lib.model import rollout
 from runbook_lib.model.text import any_node
-from runbook_lib.notebook.render import CONTINUATION
+from runbook_lib.notebook.render import CONTINUATION, config_diff
 from runbook_lib.steps.dryrun import REFUSED
 
 #: The runbook's checkout: its git commit goes into every record (``records.git_info``).
@@ -263,7 +263,7 @@ def plan_lines(result: dict[str, Any] | None) -> list[str]:
     for group in (result.get("data") or {}).get("groups") or []:
         if isinstance(group, dict) and group.get("dry_run"):
             grouped.append(f"  {_names(group.get('nodes') or [])}: machine config diff (talosctl's dry run):")
-            grouped += ["    " + line for line in _config_diff(str(group["dry_run"]))]
+            grouped += ["    " + line for line in config_diff(str(group["dry_run"]))]
     # the cluster-wide changes first: a rollback removes its Kubernetes layer before any node
     lines = [f"  would: {change}" for change in _planned_changes(result)]
     lines += grouped or node_lines(result, "planned", diffs=True)
@@ -319,22 +319,6 @@ def node_lines(result: dict[str, Any] | None, status: str, *, diffs: bool = Fals
 def _names(names: list[Any]) -> str:
     shown = ", ".join(str(n) for n in names[:3])
     return shown + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-
-
-def _config_diff(dry_run: str) -> list[str]:
-    """The hunks of the ``Config diff:`` machined answers a dry run with (talos@v1.12.0
-    internal/app/machined/internal/server/v1alpha1/v1alpha1_server.go:330), which talosctl prints, without its
-    ``--- a``/``+++ b`` header, for the first node of the group; all of it when there is none."""
-    text = dry_run.split("Config diff:", 1)[-1]
-    lines: list[str] = []
-    for line in text.strip("\n").splitlines():
-        if line.startswith(("patched ", "Dry run summary:")):
-            break  # the next node's answer (one per node of the group: the same diff)
-        if line not in ("--- a", "+++ b"):
-            lines.append(line)
-    while lines and not lines[-1].strip():
-        lines.pop()
-    return lines
 
 
 def journal_record(step: str, entry: dict[str, Any]) -> dict[str, Any]:

@@ -157,18 +157,38 @@ def _failing_node_html(node: NodeResult) -> str:
 
 def _dry_run_html(result: StepResult) -> list[str]:
     """The machine-config diff talosctl's dry run printed for each group of nodes (``data.groups[].dry_run``,
-    redacted by the step). Why: the notebook showed only the patch, while ``runbook run`` printed this diff, the
-    one machined checked; whoever clicks Approve should see it (cloud-user walkthrough, 7 Dec 2026)."""
+    redacted by the step), the first node's answer per group as ``runbook run`` prints it (:func:`config_diff`:
+    the group's output holds one answer per node, 1,000 of them at 1,000 nodes: review of 4421311). Why: the notebook
+    showed only the patch, while ``runbook run`` printed this diff, the one machined checked; whoever clicks
+    Approve should see it (cloud-user walkthrough, 7 Dec 2026)."""
     groups = [g for g in result.data.get("groups", []) or [] if isinstance(g, dict) and g.get("dry_run")]
-    out = [
-        f"<p>{escape(shortened([str(n) for n in group.get('nodes') or []]))}: machine config diff "
-        f"(talosctl's dry run)</p>"
-        f'<pre class="runbook-diff" style="{_PRE}">{escape(str(group["dry_run"]))}</pre>'
-        for group in groups[:DIFF_LIMIT]
-    ]
+    out = []
+    for group in groups[:DIFF_LIMIT]:
+        names = [str(n) for n in group.get("nodes") or []]
+        out.append(
+            f"<p>{escape(shortened(names))}: machine config diff (talosctl's dry run"
+            f"{', the first node answered this; every answer is in the record' if len(names) > 1 else ''})</p>"
+            f'<pre class="runbook-diff" style="{_PRE}">{escape(chr(10).join(config_diff(str(group["dry_run"]))))}</pre>'
+        )
     if len(groups) > DIFF_LIMIT:
         out.append(f"<p>{len(groups) - DIFF_LIMIT} more dry-run diffs in the record.</p>")
     return out
+
+
+def config_diff(dry_run: str) -> list[str]:
+    """The hunks of the ``Config diff:`` machined answers a dry run with (talos@v1.12.0
+    internal/app/machined/internal/server/v1alpha1/v1alpha1_server.go:330), which talosctl prints, without its
+    ``--- a``/``+++ b`` header, for the first node of the group; all of it when there is none."""
+    text = dry_run.split("Config diff:", 1)[-1]
+    lines: list[str] = []
+    for line in text.strip("\n").splitlines():
+        if line.startswith(("patched ", "Dry run summary:")):
+            break  # the next node's answer (one per node of the group: the same diff)
+        if line not in ("--- a", "+++ b"):
+            lines.append(line)
+    while lines and not lines[-1].strip():
+        lines.pop()
+    return lines
 
 
 def render_html(result: StepResult, *, limit: int = TABLE_LIMIT, title: str | None = None) -> str:

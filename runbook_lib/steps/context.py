@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import socket
 import urllib.parse
 from dataclasses import dataclass, field
@@ -77,7 +78,6 @@ def resolve_endpoints(params: Params, state_dir: Path | None = None) -> Endpoint
             hint="start one with `runbook sim up -p <params file>` (or use `runbook run`, which starts it)",
         )
     published = json.loads(endpoints_file.read_text())
-    _check_running(state, str(published.get("factory") or ""))
     return Endpoints(
         talosctl=str(state / "bin" / "talosctl"),
         helm=str(state / "bin" / "helm"),
@@ -93,18 +93,23 @@ def _check_running(state: Path, factory_url: str) -> None:
     """Refuse a simulated cluster whose servers are stopped: its endpoints file outlives them (``runbook run``
     stops the simulator it started), and a notebook then reported every node unreachable, "connection refused",
     with "bring the node back (power, network …)" as the fix (cloud-user walkthrough, 7 Dec 2026). Its Image
-    Factory answering stands for the simulator: one TCP connect, no request."""
+    Factory stands for the simulator: one TCP connect, no request. Only a refused connection is "stopped": a
+    busy factory's full accept queue drops the connect until a retry, which a timeout would call stopped (review
+    of 4421311). Called by :func:`connect`, not :func:`resolve_endpoints`, which the record's secret scrub
+    uses: a scrub must not depend on the simulator being up (review of 4421311)."""
     where = urllib.parse.urlsplit(factory_url)
     if not where.hostname or not where.port:
         return
     try:
-        socket.create_connection((where.hostname, where.port), timeout=1.0).close()
-    except OSError:
+        socket.create_connection((where.hostname, where.port), timeout=3.0).close()
+    except ConnectionRefusedError:
+        up = shlex.join(["runbook", "sim", "up", "--keep", "--state", str(state), "-p"]) + " <params file>"
         raise PermanentError(
-            f"the simulated cluster at {state} is stopped (its Image Factory {factory_url} does not answer)",
-            hint=f"start it again as it was left: `runbook sim up --keep --state {state} -p <params file>` "
-            "(`runbook run` starts it by itself)",
+            f"the simulated cluster at {state} is stopped (its Image Factory {factory_url} refuses connections)",
+            hint=f"start it again as it was left: `{up}` (`runbook run` starts it by itself)",
         ) from None
+    except OSError:
+        return  # not answering in time is not stopped: the steps' own calls say what is wrong
 
 
 def _simulated_kubeconfig(named: str | None, state: Path) -> str:
@@ -223,8 +228,11 @@ class Context:
 
 
 def connect(params: Params, *, journal: Journal | None = None, state_dir: Path | None = None) -> Context:
-    """Build the clients for one run.  Nothing is contacted yet."""
+    """Build the clients for one run.  Nothing of the cluster is contacted yet; on ``target: simulated`` one TCP
+    connect checks that the simulator is running (:func:`_check_running`)."""
     endpoints = resolve_endpoints(params, state_dir)
+    if params.target == "simulated":
+        _check_running(state_dir or sim_state_dir(), endpoints.image_factory_url)
     if endpoints.chart_repo_url:
         # The simulator serves the charts, as it serves the Image Factory: the plan shows the URL helm uses.
         params = params.with_chart_repo(endpoints.chart_repo_url)
