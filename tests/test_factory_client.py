@@ -130,7 +130,10 @@ def test_unknown_extension_fails_with_close_names(server: factory.FactoryServer)
         assert f"{name} does not exist for Talos v1.12.7" in message
     assert "siderolabs/nvidia-open-gpu-kernel-modules-lts" in message
     assert "siderolabs/nvidia-container-toolkit-production" in message
-    assert (caught.value.hint or "").startswith("choose a track or driver_flavor the release builds")
+    assert (caught.value.hint or "").startswith(
+        "choose a driver_flavor (and from Talos 1.8 a track) the release"
+    )
+    assert "extra_extensions" not in (caught.value.hint or "")
 
 
 def test_a_misspelt_extra_extension_is_answered_with_the_parameter_to_correct(
@@ -147,6 +150,13 @@ def test_a_misspelt_extra_extension_is_answered_with_the_parameter_to_correct(
     assert (caught.value.hint or "").startswith(
         "correct the name in extra_extensions or the node's overrides"
     )
+    # a fabric manager is an extra extension, not a track's; with a toolkit missing too, both are said (review)
+    with pytest.raises(PermanentError) as caught:
+        _client(server).resolve_extensions(
+            [LTS[0], "siderolabs/nvidia-container-toolkit-xx", "siderolabs/nvidia-fabricmanager"], "v1.12.7"
+        )
+    hint = caught.value.hint or ""
+    assert "choose a driver_flavor" in hint and "correct the name in extra_extensions" in hint, hint
 
 
 def test_extension_missing_for_that_version_only(server: factory.FactoryServer, tmp_path: Path) -> None:

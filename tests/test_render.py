@@ -91,7 +91,7 @@ def test_the_dry_run_diff_talosctl_printed_is_shown_under_the_patch() -> None:
     result.data["groups"] = [{"nodes": ["a", "b", "c"], "patch": PATCH, "dry_run": f"{dry}\n{dry}\n{dry}"}]
     html = render_html(result)
     assert html.count("@@ -17,6 +17,8 @@") == 1 and "Dry run summary" not in html, html
-    assert "a, b, c: machine config diff (talosctl's dry run, the first node answered this" in html
+    assert "a, b, c: machine config diff (talosctl's dry run, one answer of 3)" in html
 
 
 def test_cluster_output_is_escaped() -> None:

@@ -245,6 +245,25 @@ def _minor_line(version: str) -> tuple[int, int] | None:
         return None
 
 
+def _missing_hint(missing: Sequence[str]) -> str:
+    """Which parameter to change for the extensions a release lacks: the kernel modules and the toolkit come from
+    ``driver_flavor`` and ``track``, every other name (the fabric manager included) from ``extra_extensions``;
+    both when both are missing. Why: a typo in extra_extensions was answered with the version note alone, and
+    the user looked at tracks (cloud-user walkthrough, 7 Dec 2026); a fabric manager was sent to the tracks
+    (review of bac402f)."""
+    where = []
+    if any(_is_kmod(name) or _is_toolkit(name) for name in missing):
+        where.append("choose a driver_flavor (and from Talos 1.8 a track) the release builds")
+    if any(not (_is_kmod(name) or _is_toolkit(name)) for name in missing):
+        where.append(
+            "correct the name in extra_extensions or the node's overrides.extra_extensions (close names above)"
+        )
+    return (
+        "; ".join(where)
+        + "; official names also change with the Talos version: -lts/-production suffixes from Talos 1.8 on"
+    )
+
+
 def resolve_against(
     available: Sequence[ExtensionInfo],
     wanted: Sequence[str],
@@ -265,18 +284,9 @@ def resolve_against(
         suggestion = f" (did you mean {', '.join(close)}?)" if close else ""
         missing.append(f"{name} does not exist for Talos {talos_version}{suggestion}")
     if missing:
-        # the NVIDIA names come from track and driver_flavor, the others from extra_extensions: a typo there was
-        # answered with the version note alone, and the user looked at tracks (cloud-user walkthrough, 7 Dec 2026)
-        nvidia = any("nvidia" in name for name in wanted if name not in by_name)
-        where = (
-            "choose a track or driver_flavor the release builds"
-            if nvidia
-            else "correct the name in extra_extensions or the node's overrides.extra_extensions (close names above)"
-        )
         raise PermanentError(
             f"{source} has no such official extension: " + "; ".join(missing),
-            hint=f"{where}; official names also change with the Talos version: -lts/-production suffixes from "
-            "Talos 1.8 on",
+            hint=_missing_hint([name for name in wanted if name not in by_name]),
         )
     resolved = tuple(by_name[name] for name in wanted)
     kmods = [e for e in resolved if _is_kmod(e.name)]

@@ -167,7 +167,7 @@ def _dry_run_html(result: StepResult) -> list[str]:
         names = [str(n) for n in group.get("nodes") or []]
         out.append(
             f"<p>{escape(shortened(names))}: machine config diff (talosctl's dry run"
-            f"{', the first node answered this; every answer is in the record' if len(names) > 1 else ''})</p>"
+            f"{f', one answer of {len(names)}' if len(names) > 1 else ''})</p>"
             f'<pre class="runbook-diff" style="{_PRE}">{escape(chr(10).join(config_diff(str(group["dry_run"]))))}</pre>'
         )
     if len(groups) > DIFF_LIMIT:
