@@ -81,6 +81,11 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def schematic_of(self, node_name: str) -> str | None:
+        """The schematic the plan gives this node (its overrides' extensions), else the fleet's: an upgrade to the
+        fleet's would drop a node's own extra extensions. One place for preflight, verify and cuda-test."""
+        return next((p.schematic_id for p in self.nodes if p.name == node_name), self.schematic_id)
+
 
 def _helm_release(params: Params, profile: GpuProfile, layer: str) -> HelmRelease:
     if layer == "gpu-operator":

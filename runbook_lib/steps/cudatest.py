@@ -747,12 +747,6 @@ def _failed(
     return _diagnosed(ctx, title, pod, reason, text, fix=fix)
 
 
-def _own_schematic(ctx: Context, node: Node) -> str | None:
-    """The schematic the node's plan gives it (its overrides' extensions), not the fleet's: an upgrade fix to the
-    fleet's would drop a node's own extra extensions (review of 6b1cc22), as verify's fixes already avoid."""
-    return next((p.schematic_id for p in ctx.plan.nodes if p.name == node.name), ctx.plan.schematic_id)
-
-
 def _diagnosed(
     ctx: Context, title: str, pod: TestPod, reason: str, text: str, *, fix: str | None = None
 ) -> Check:
@@ -766,7 +760,7 @@ def _diagnosed(
             False,
             f"{reason}: {entry.title}",
             cause=entry.cause,
-            fix=f"{entry.fix}: {ctx.node_context(pod.node.address, schematic=_own_schematic(ctx, pod.node)).fill(entry.command, new_schematic=entry.new_schematic)}",
+            fix=f"{entry.fix}: {ctx.node_context(pod.node.address, schematic=ctx.plan.schematic_of(pod.node.name)).fill(entry.command, new_schematic=entry.new_schematic)}",
             evidence=text.strip()[-1500:],
         )
     return Check(

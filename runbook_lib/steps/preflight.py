@@ -273,8 +273,7 @@ def _check_node(ctx: Context, res: NodeResult, node: Node, reads: _NodeReads) ->
     exts = extensions_from_resources(reads.extensions.get(node.address, []))
     names = extension_versions(exts)
     nvidia = {k: v for k, v in names.items() if "nvidia" in k}
-    plan = ctx.plan
-    planned_schematic = next((p.schematic_id for p in plan.nodes if p.name == node.name), plan.schematic_id)
+    planned_schematic = ctx.plan.schematic_of(node.name)
     res.data["nvidia_extensions"] = nvidia
     # the image the run found the node on, as the image step's ``before`` says it: rollback's fallback when an
     # interrupted run's image step left no result (model/rollback.py ``_add_images``)

@@ -268,7 +268,7 @@ def verify(
             schematic=schematic_id(exts),
             services=None if service_error else seen.services.get(node.address, {}),
         )
-        planned = next((p.schematic_id for p in ctx.plan.nodes if p.name == node.name), ctx.plan.schematic_id)
+        planned = ctx.plan.schematic_of(node.name)
         running = releases.get(node.address)
         findings = diagnose(
             evidence,
