@@ -440,3 +440,31 @@ def test_a_plans_would_lines_are_no_command_for_the_simulator_line() -> None:
     to run "a command above"."""
     text = "kubernetes would change:\n  would: helm upgrade --install nvidia-device-plugin -n kube-system\n"
     assert simulator_stopped(text, Invocation("p.yaml", (), None, "/s")) == ""
+
+
+def test_a_failed_apply_run_says_whether_it_changed_the_cluster_and_how_to_undo_it(tmp_path: Path) -> None:
+    """``stopped at preflight`` said nothing of the cluster, so an operator whose ``--apply`` run failed could not
+    tell whether half-made changes were waiting (walkthrough, stop 52). From the record's ``changes``, which
+    journal every call that changes the cluster, failed or not: none, or how many, where to see them and the
+    rollback of this record. A plan and a passed run get neither line."""
+    record = tmp_path / "records" / "20261207T130000Z-sim-gpu-abcdef12"
+    record.mkdir(parents=True)
+    records.seal(record, {"apply": True, "steps": [], "params_file": "p.yaml", "overrides": []}, secrets=[])
+    steps = [("preflight", "ok", "preflight: ok"), ("config-patch", "changed", "x"), ("image", "failed", "y")]
+    invocation = Invocation("p.yaml", (), str(tmp_path / "records"), None, apply=True)
+
+    def said(changes: int, *, apply: bool = True, failed: str | None = "image") -> str:
+        outcome = _outcome(*steps, failed=failed)
+        outcome.record, outcome.changes, outcome.apply = record, changes, apply
+        return report(outcome, invocation)
+
+    place = f"--records {tmp_path / 'records'}"
+    assert (
+        f"before it stopped, this run made 5 calls that change the cluster (runbook records show {record.name} "
+        f"{place} lists them); to undo them instead of going on (plan first, then --apply): runbook rollback -p "
+        f"p.yaml {place} --from {record.name}\n"
+    ) in said(5)
+    assert "nothing was changed on the cluster: this run made no call that changes it\n" in said(0)
+    assert "1 call that changes" in said(1)
+    for quiet in (said(5, apply=False), said(5, failed=None), said(0, apply=False)):
+        assert "nothing was changed" not in quiet and "before it stopped" not in quiet

@@ -446,6 +446,13 @@ def _restart_hint(args: argparse.Namespace, state_dir: Path, clear: bool) -> str
 def _fault(args: argparse.Namespace) -> int:
     state_dir = _state(args)
     try:
+        load_nodes(state_dir)
+    except FileNotFoundError:  # a traceback before (walkthrough, stop 52)
+        create = shlex.join(["runbook", "sim", "up", "--state", str(state_dir), "-p", "FILE"])
+        raise PermanentError(
+            f"no simulated cluster at {state_dir}", hint=f"create it first: {create}"
+        ) from None
+    try:
         value: Any = json.loads(args.value)
     except ValueError:
         value = args.value
@@ -462,7 +469,8 @@ def _fault(args: argparse.Namespace) -> int:
         else:
             faults.inject(state_dir, args.node, args.fault, value)
     except KeyError:
-        raise PermanentError(f"no node {args.node!r} in {state_dir}") from None
+        names = ", ".join(n.name for n in load_nodes(state_dir))
+        raise PermanentError(f"no node {args.node!r} in {state_dir}", hint=f"its nodes: {names}") from None
     if args.fault == "unreachable":
         cluster.sync_talos_faults(state_dir)  # simnode, when it runs the nodes, takes the node down too
     sys.stdout.write(f"{'cleared' if clear else 'set'} {args.fault} on {args.node}\n")

@@ -109,6 +109,34 @@ def steps_left(outcome: RunOutcome) -> list[str]:
     return [name for name in STEP_NAMES[first + 1 :] if name not in ran]
 
 
+def what_it_changed(outcome: RunOutcome, invocation: Invocation) -> str:
+    """After an approved run that failed: whether it changed the cluster before it stopped, from its record's
+    ``changes`` (every call that changes the cluster is journaled there when it starts, failed or not), and when
+    it did, how to undo them. Why: ``stopped at preflight`` said nothing of the cluster, and an operator whose
+    ``--apply`` run failed must know whether to look for half-made changes (operator walkthrough, stop 52).
+    "" for a plan, a run that passed, or one without a record."""
+    if not (outcome.apply and outcome.failed_step):
+        return ""
+    if outcome.changes == 0:
+        pods = (
+            " (the CUDA test's pods aside, which it deletes)"
+            if any(s.name == "cuda-test" for s in outcome.steps)
+            else ""
+        )
+        return f"nothing was changed on the cluster: this run made no call that changes it{pods}\n"
+    try:
+        data = json.loads((outcome.record / records.RECORD_JSON).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        data = {}
+    show = ["runbook", "records", "show", outcome.record.name, "--records", str(outcome.record.parent)]
+    rollback = rollback_argv(outcome.record, data if isinstance(data, dict) else {}, invocation)
+    calls = "call that changes" if outcome.changes == 1 else "calls that change"
+    return (
+        f"before it stopped, this run made {outcome.changes} {calls} the cluster ({shlex.join(show)} "
+        f"lists them); to undo them instead of going on (plan first, then --apply): {shlex.join(rollback)}\n"
+    )
+
+
 def resume_after_failure(outcome: RunOutcome, invocation: Invocation) -> str:
     """After an ``--apply`` run of the runbook (or ``--from``) stopped at a step that changes nodes or the
     cluster, the command that goes on from that step once it is fixed. Why: the failed step's fix re-runs that
@@ -158,17 +186,21 @@ def after_interrupt(record: Path | None, invocation: Invocation) -> str:
     invocation = replace(invocation, apply=True)
     steps = records.listed(data, "steps")
     cut = next((s.get("name") for s in steps if s.get("status") == "interrupted"), None)
-    params = invocation.params_args() or ["-p", "<parameters>"]  # a resumed run's: give the file there
-    # the runs it follows left the same change unfinished (continues.py): its rollback names them too, as they
-    # changed nodes this record does not show
-    earlier = [name for name, _data in continues.chain(record.parent, data)]
-    named = [arg for name in [*reversed(earlier), record.name] for arg in ("--from", name)]
-    rollback = ["runbook", "rollback", *params, *invocation.place_args(), *named]
+    rollback = rollback_argv(record, data, invocation)
     go_on = cut in STEP_NAMES and not invocation.picked
     lines = _cut_short(data, invocation)
     lines += [f"once it is safe to go on: {invocation.continue_from(str(cut))}"] if go_on else []
     lines.append(f"to undo what it changed instead (plan first, then --apply): {shlex.join(rollback)}")
     return "".join(f"{line}\n" for line in lines)
+
+
+def rollback_argv(record: Path, data: dict[str, Any], invocation: Invocation) -> list[str]:
+    """The ``runbook rollback`` that undoes ``record``'s changes. The runs it follows left the same change
+    unfinished (continues.py): it names them too, as they changed nodes this record does not show."""
+    params = invocation.params_args() or ["-p", "<parameters>"]  # a resumed run's: give the file there
+    earlier = [name for name, _data in continues.chain(record.parent, data)] if data else []
+    named = [arg for name in [*reversed(earlier), record.name] for arg in ("--from", name)]
+    return ["runbook", "rollback", *params, *invocation.place_args(), *named]
 
 
 #: Node calls :func:`_cut_short` names at most; the record's changes list them all.
@@ -252,7 +284,7 @@ def report(outcome: RunOutcome, invocation: Invocation, *, simulator_stopped_aft
     What this adds goes before the record's two lines, so ``anchor: …`` stays the last line (a CI step's
     ``tail -1``, README "Change records"; it came after the go-on lines: README audit, stop 50)."""
     text = invocation.with_params(outcome.report())
-    added = resume_after_failure(outcome, invocation)
+    added = what_it_changed(outcome, invocation) + resume_after_failure(outcome, invocation)
     if simulator_stopped_after:
         added += simulator_stopped(text, invocation)
     left = steps_left(outcome)
