@@ -224,8 +224,10 @@ def test_fabric_manager_of_another_driver_is_refused_before_any_change() -> None
     toolkit = _info(LTS[1], "580.105.08-v1.18.1")
     other = _info("siderolabs/nvidia-fabricmanager-production", "590.44.01")
     wanted = [LTS[0], LTS[1], other.name]
-    with pytest.raises(CompatibilityError, match=r"nvidia-fabricmanager-production 590\.44\.01"):
+    with pytest.raises(CompatibilityError, match=r"nvidia-fabricmanager-production 590\.44\.01") as caught:
         resolve_against([kmod, toolkit, other], wanted, "v1.12.7")
+    # the image step records the error's hint as its fix: it was empty (review of 1932525)
+    assert "extra_extensions" in caught.value.hint and "driver_flavor and track" in caught.value.hint
     same = _info("siderolabs/nvidia-fabricmanager-lts", "580.105.08")
     resolved = resolve_against([kmod, toolkit, same], [LTS[0], LTS[1], same.name], "v1.12.7")
     assert resolved.driver == "580.105.08"

@@ -5,7 +5,14 @@ from __future__ import annotations
 import re
 
 from runbook_lib.model.inventory import SOURCES, Gpu, NodeInventory, group_inventory
-from runbook_lib.notebook.render import CONTINUATION, failure_hint, failure_text, render_html, render_markdown
+from runbook_lib.notebook.render import (
+    CONTINUATION,
+    config_diff,
+    failure_hint,
+    failure_text,
+    render_html,
+    render_markdown,
+)
 from runbook_lib.steps.results import Check, NodeResult, StepResult
 
 PATCH = "machine:\n  kernel:\n    modules:\n      - name: nvidia\n"
@@ -92,6 +99,36 @@ def test_the_dry_run_diff_talosctl_printed_is_shown_under_the_patch() -> None:
     html = render_html(result)
     assert html.count("@@ -17,6 +17,8 @@") == 1 and "Dry run summary" not in html, html
     assert "a, b, c: machine config diff (talosctl's dry run, one answer of 3)" in html
+
+
+def test_a_dry_run_diff_ends_at_its_hunks_and_a_refusal_is_shown_not_an_empty_diff() -> None:
+    """Shaped as talosctl prints a group's dry run: per node its ``patched … at the node`` line, then machined's
+    answer (talos@v1.12.0 cmd/talosctl/cmd/talos/patch.go:103-111; configdiff.go:80-127 writes the hunks). A
+    node that is down answered with an error naming no node, right after the previous node's hunks, and was
+    shown as a line of its diff; a node that refused the patch answered with no ``Config diff:``, and the box
+    was empty, which reads as "no changes" to whoever clicks Approve (review of 51a7060)."""
+    patched = "patched MachineConfigs.config.talos.dev/v1alpha1 at the node {}\n"
+    answer = (
+        "Dry run summary:\nApplied configuration without a reboot (skipped in dry-run).\nConfig diff:\n\n"
+        "--- a\n+++ b\n@@ -17,6 +17,8 @@\n         modules:\n+        - name: nvidia\n"
+    )
+    down = (
+        "rpc error: code = Unavailable desc = connection error: dial tcp 10.0.0.2:50000: connect: refused\n"
+    )
+    group = patched.format("10.0.0.1") + answer + down + patched.format("10.0.0.3") + answer
+    assert config_diff(group) == ["@@ -17,6 +17,8 @@", "         modules:", "+        - name: nvidia"]
+    refused = (
+        patched.format("10.0.0.1")
+        + "1 error occurred:\n\t* 10.0.0.1: rpc error: code = InvalidArgument desc = "
+        "1 error occurred:\n\t* v1alpha1.Config: unknown machine type\n"
+    )
+    shown = config_diff(refused + patched.format("10.0.0.3") + answer)
+    assert shown[0].startswith("patched ") and shown[-1].endswith("unknown machine type"), shown
+    assert not any("10.0.0.3" in line for line in shown), "the first node's answer only"
+    result = StepResult(step="config-patch", applied=False)
+    result.nodes = [NodeResult("a", "10.0.0.1", status="planned")]
+    result.data["groups"] = [{"nodes": ["a"], "patch": PATCH, "dry_run": refused}]
+    assert "unknown machine type</pre>" in render_html(result)
 
 
 def test_cluster_output_is_escaped() -> None:

@@ -313,9 +313,13 @@ def resolve_against(
         if "nvidia-fabricmanager" in e.name and driver and e.tag.split("-")[0] != driver
     ]
     if problems:
+        # every problem says what to change; the hint says where those extensions come from, for preflight and
+        # the image step alike (the image step's fix was empty: review of 1932525)
         raise CompatibilityError(
             f"the extensions {source} offers for Talos {talos_version} cannot work together: "
-            + "; ".join(problems)
+            + "; ".join(problems),
+            hint="change what each problem names: the NVIDIA extensions follow driver_flavor and track (or a "
+            "node's overrides), a fabric manager or other extension comes from extra_extensions",
         )
     return ResolvedExtensions(talos_version=talos_version, extensions=resolved, driver=driver)
 

@@ -177,15 +177,36 @@ def _dry_run_html(result: StepResult) -> list[str]:
 
 def config_diff(dry_run: str) -> list[str]:
     """The hunks of the ``Config diff:`` machined answers a dry run with (talos@v1.12.0
-    internal/app/machined/internal/server/v1alpha1/v1alpha1_server.go:330), which talosctl prints, without its
-    ``--- a``/``+++ b`` header, for the first node of the group; all of it when there is none."""
-    text = dry_run.split("Config diff:", 1)[-1]
+    internal/app/machined/internal/server/v1alpha1/v1alpha1_server.go:330), which talosctl prints for the first
+    node of the group, without its ``--- a``/``+++ b`` header; the first node's whole answer when it has none.
+
+    The hunks end at the first line no diff line starts like (talos/pkg/machinery@v1.12.0
+    config/configdiff/configdiff.go:80-127 writes ``@@``, ``-``, ``+``, `` `` and ``\\ No newline``): the next
+    node's answer, or talosctl's error for a node that is down, which names no node, came right after the hunks
+    and was shown as a line of them (review of 51a7060). A node that refused the patch answers with no diff: its
+    ``patched … at the node`` line and the error (talos@v1.12.0 cmd/talosctl/cmd/talos/patch.go:103-111), shown
+    whole, where an empty box read as "no changes"."""
+    first = _first_answer(dry_run)
+    _head, found, text = "\n".join(first).partition("Config diff:")
+    if not found:
+        return first
     lines: list[str] = []
     for line in text.strip("\n").splitlines():
-        if line.startswith(("patched ", "Dry run summary:")):
-            break  # the next node's answer (one per node of the group: the same diff)
-        if line not in ("--- a", "+++ b"):
-            lines.append(line)
+        if line in ("--- a", "+++ b"):
+            continue
+        if not (line.startswith(("@@", "-", "+", " ", "\\")) or line == "No changes."):
+            break
+        lines.append(line)
+    return lines or first
+
+
+def _first_answer(output: str) -> list[str]:
+    """The first node's answer of a group's dry-run output: up to the second ``patched … at the node`` line."""
+    lines: list[str] = []
+    for line in output.strip("\n").splitlines():
+        if line.startswith("patched ") and any(seen.startswith("patched ") for seen in lines):
+            break
+        lines.append(line)
     while lines and not lines[-1].strip():
         lines.pop()
     return lines

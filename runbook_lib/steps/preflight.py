@@ -199,10 +199,7 @@ def _extensions_check(
             # which nodes, when not all: a node's overrides.extra_extensions was the cause (review of 77170ba)
             whose = "" if len(lists) == 1 else f"{shortened(names)}: "
             problems.append(f"{whose}{exc.message}")
-            # extensions that exist but do not work together carry no hint: their message names the mismatch
-            hints.append(
-                exc.hint or "use the kernel modules, toolkit and fabric manager of one track and driver"
-            )
+            hints.append(exc.hint or "")
     if problems:
         # the image step's own hint (a name to correct, or a track to choose), then where to see a node's list
         shown = "`runbook schematic show -p <parameters> --node <node>` shows a node's extensions"
