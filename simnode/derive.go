@@ -85,7 +85,7 @@ func deriveState(img ImageSpec, cfg config.Provider, base []ServiceSpec, now tim
 			}
 		}
 
-		d.files = map[string]string{procModules: procModulesText(d.modules, moduleTaints(img.Extensions[i]))}
+		d.files = map[string]string{procModules: procModulesText(d.modules, moduleTaints(img.Extensions[i]), atLeast(img.TalosVersion, 1, 9))}
 		if d.driverBound() {
 			d.files[driverVersionFile] = driverVersion(img.Extensions[i])
 		}
@@ -109,15 +109,22 @@ const procModules = "/proc/modules"
 // procModulesText is /proc/modules for mods (in load order), one line each as the kernel's m_show prints it
 // (linux kernel/module/procfs.c m_show, read from excerpts, no tag checked: name, size, print_unload_info's
 // refcount and dependencies, state, address, then the taint flags in parentheses when the module taints the
-// kernel). As in the Talos docs' sample (`nvidia_uvm 1146880 - - Live 0xffffffffc2733000 (PO)`,
-// ../shared/docs/talos-nvidia.md) refcount and dependencies are "- -", what a kernel without CONFIG_MODULE_UNLOAD
-// prints, and the newest module comes first (kernel/module/main.c add_unformed_module prepends each module it
-// loads with list_add_rcu, no tag checked; the sample lists nvidia, which the others depend on, last).
-func procModulesText(mods []ModuleSpec, taints string) string {
+// kernel), the newest module first (kernel/module/main.c add_unformed_module prepends each module it loads with
+// list_add_rcu, no tag checked).
+//
+// refcount and dependencies: a kernel without CONFIG_MODULE_UNLOAD prints "- -", as the Talos docs' sample
+// (`nvidia_uvm 1146880 - - Live 0xffffffffc2733000 (PO)`, ../shared/docs/talos-nvidia.md) does; Talos's kernels
+// had it unset up to 1.8 and set from 1.9 (siderolabs/pkgs@v1.8.0 kernel/build/config-amd64:889 "# CONFIG_MODULE_UNLOAD
+// is not set", @v1.9.0 :936 "CONFIG_MODULE_UNLOAD=y"), which prints the refcount and the modules using this one,
+// each followed by a comma, or "-" (Talos's own parser reads them so, talos@v1.14.1
+// internal/app/machined/pkg/controllers/runtime/kernel_module_status.go:320, testdata/kernel-modules/proc-modules.txt:
+// `curve25519_x86_64 36864 1 wireguard, Live 0x0000000000000000`). The refcount counts only the modelled NVIDIA
+// modules that use a module: on a real node open device files add to it (no capture from a Talos node found).
+func procModulesText(mods []ModuleSpec, taints string, unload bool) string {
 	var b strings.Builder
 
 	for _, m := range slices.Backward(mods) {
-		fmt.Fprintf(&b, "%s %d - - %s %s", m.Name, m.Size, m.State, m.Address)
+		fmt.Fprintf(&b, "%s %d %s %s %s", m.Name, m.Size, unloadInfo(m.Name, mods, unload), m.State, m.Address)
 
 		if taints != "" {
 			fmt.Fprintf(&b, " (%s)", taints)
@@ -127,6 +134,38 @@ func procModulesText(mods []ModuleSpec, taints string) string {
 	}
 
 	return b.String()
+}
+
+// nvidiaUsers are the NVIDIA modules that use each one (nvidia-drm uses nvidia-modeset; nvidia-uvm and
+// nvidia-modeset use nvidia: NVIDIA/open-gpu-kernel-modules kernel-open/nvidia-drm, nvidia-modeset and
+// nvidia-uvm call into the module below them; no tag checked).
+var nvidiaUsers = map[string][]string{
+	"nvidia":         {"nvidia_uvm", "nvidia_modeset"},
+	"nvidia_modeset": {"nvidia_drm"},
+}
+
+// unloadInfo is print_unload_info's "refcount dependencies" for name among the loaded mods, "- -" without
+// CONFIG_MODULE_UNLOAD (procModulesText).
+func unloadInfo(name string, mods []ModuleSpec, unload bool) string {
+	if !unload {
+		return "- -"
+	}
+
+	var users []string
+
+	// in nvidiaUsers' order: the kernel lists the newest user first (it prepends each use to the module's
+	// source_list, no tag checked), and the modules' real load order is not modelled (simnode/README.md)
+	for _, user := range nvidiaUsers[name] {
+		if slices.ContainsFunc(mods, func(m ModuleSpec) bool { return m.Name == user }) {
+			users = append(users, user+",")
+		}
+	}
+
+	if len(users) == 0 {
+		return "0 -"
+	}
+
+	return fmt.Sprintf("%d %s", len(users), strings.Join(users, ""))
 }
 
 // moduleTaints are the taint flags of the kmod extension's modules: out-of-tree (O), and proprietary (P) for

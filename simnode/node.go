@@ -144,7 +144,7 @@ func (n *simNode) file(path string) (string, bool) {
 
 	content, ok := n.spec.Files[path]
 	if !ok && path == procModules { // a node the nodes file describes: its "kernel_modules"
-		return procModulesText(n.spec.KernelModules, ""), true
+		return procModulesText(n.spec.KernelModules, "", atLeast(n.boot.version, 1, 9)), true
 	}
 
 	return content, ok

@@ -53,6 +53,27 @@ def test_empty_proc_modules_means_nothing_loaded():
     assert p.parse_proc_modules("\n") == {}
 
 
+def test_a_module_loading_or_unloading_keeps_its_taint_flags_with_the_kernel_s_sign() -> None:
+    """While a module loads or unloads the kernel adds ``+`` or ``-`` inside its flags, ``(O+)``, ``(+)`` for an
+    untainted one (linux kernel/module/main.c module_flags, no tag checked); the parser refused such a line, and
+    verify failed for the whole fleet on a node caught mid-load. Refcount and users as a kernel with
+    CONFIG_MODULE_UNLOAD prints them, Talos's from 1.9 (siderolabs/pkgs@v1.9.0 kernel/build/config-amd64:936;
+    talos@v1.14.1 internal/app/machined/pkg/controllers/runtime/testdata/kernel-modules/proc-modules.txt)."""
+    text = (
+        "nvidia_uvm 2076672 0 - Loading 0xffffffffc2d00000 (O+)\n"
+        "nvidia_modeset 1638400 0 - Unloading 0xffffffffc2b00000 (O-)\n"
+        "i2c_dev 28672 0 - Loading 0xffffffffc0a00000 (+)\n"
+        "nvidia 11812864 2 nvidia_uvm,nvidia_modeset, Live 0xffffffffc1000000 (O)\n"
+    )
+    modules = p.parse_proc_modules(text)
+    assert modules["nvidia_uvm"].state == "Loading" and modules["nvidia_uvm"].taints == "O"
+    assert modules["nvidia_modeset"].state == "Unloading" and modules["i2c_dev"].taints == ""
+    assert modules["nvidia"].refcount == 2 and modules["nvidia"].dependents == (
+        "nvidia_uvm",
+        "nvidia_modeset",
+    )
+
+
 def test_proc_modules_garbage_names_the_line():
     with pytest.raises(OutputParseError, match="line 2"):
         p.parse_proc_modules("nvidia 1 - - Live 0x0\nthis is not a module line\n")
@@ -365,3 +386,24 @@ def test_pasted_with_crlf_and_indentation_still_parses():
     assert p.parse_extensions(indented) == p.parse_extensions(original)
     modules = read("proc_modules_talos_docs.txt").replace("\n", "\r\n")
     assert set(p.parse_modules(modules)) == set(p.NVIDIA_MODULES)
+
+
+def test_a_proc_modules_the_parser_does_not_know_fails_that_node_not_the_fleet_s_verify() -> None:
+    """One node's unparsable ``/proc/modules`` raised out of verify's read, so every node's verify failed (the
+    simulator audit of stop 52 found a real line the parser refused); it is that node's failed check now, and not
+    "did not answer", which would send the operator to look for a down node."""
+    from types import SimpleNamespace
+
+    from runbook_lib.clients.talosctl import NodeRead
+    from runbook_lib.steps import verify
+    from runbook_lib.steps.results import NodeResult
+
+    good = "nvidia 11812864 2 nvidia_uvm,nvidia_modeset, Live 0xffffffffc1000000 (O)\n"
+    reads = {"10.0.0.1": NodeRead("10.0.0.1", good), "10.0.0.2": NodeRead("10.0.0.2", "garbage\n")}
+    ctx = SimpleNamespace(talosctl=SimpleNamespace(read=lambda path, addresses: reads))
+    state, errors = verify._read_modules(ctx, list(reads), proc=True)  # type: ignore[arg-type]
+    assert state == {"10.0.0.1": {"nvidia": "Live"}}
+    res = NodeResult(node="gpu-2", address="10.0.0.2")
+    verify._modules_not_understood(res, errors["10.0.0.2"])
+    assert res.status == "failed" and "did not answer" not in res.message
+    assert res.checks[0].fix == "read it by hand: talosctl -n 10.0.0.2 read /proc/modules"

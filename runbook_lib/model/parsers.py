@@ -63,7 +63,9 @@ class KernelModule:
 
 _PROC_MODULES_RE = re.compile(
     r"^(?P<name>\S+)\s+(?P<size>\d+)\s+(?P<ref>-?\d+|-)\s+(?P<deps>\S+)\s+(?P<state>Live|Loading|Unloading)"
-    r"(?:\s+(?P<addr>0x[0-9a-fA-F]+))?(?:\s+\((?P<taints>[A-Z]+)\))?\s*$"
+    # the flags: taint letters, then "+" while loading or "-" while unloading (linux kernel/module/main.c
+    # module_flags, no tag checked): "(O+)", or "(+)" for an untainted module being loaded
+    r"(?:\s+(?P<addr>0x[0-9a-fA-F]+))?(?:\s+\((?P<taints>[A-Z]*)[+-]?\))?\s*$"
 )
 _LSMOD_RE = re.compile(r"^(?P<name>\S+)\s+(?P<size>\d+)\s+(?P<ref>\d+)(?:\s+(?P<deps>\S+))?\s*$")
 

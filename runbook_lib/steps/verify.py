@@ -166,6 +166,10 @@ def _reread_pre_111_modules(
         errors.update(again_errors)
 
 
+#: How :func:`_read_modules` says a node answered with a ``/proc/modules`` it could not parse: not unreachable.
+_NOT_UNDERSTOOD = "/proc/modules not understood: "
+
+
 def _read_modules(
     ctx: Context, addresses: list[str], *, proc: bool = False
 ) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
@@ -180,12 +184,15 @@ def _read_modules(
         return state, module_fan.errors
     reads = ctx.talosctl.read("/proc/modules", addresses)
     errors = {n: r.error or "" for n, r in reads.items() if r.text is None}
-    state = {
-        n: {m.name: m.state for m in parse_proc_modules(r.text).values()}
-        for n, r in reads.items()
-        if r.text is not None
-    }
-    return state, errors
+    parsed: dict[str, dict[str, str]] = {}
+    for node, read in reads.items():
+        if read.text is None:
+            continue
+        try:
+            parsed[node] = {m.name: m.state for m in parse_proc_modules(read.text).values()}
+        except OutputParseError as exc:  # that node's, not the fleet's verify (simulator audit, stop 52)
+            errors[node] = f"{_NOT_UNDERSTOOD}{exc.message}"
+    return parsed, errors
 
 
 def _kube_nodes(ctx: Context) -> tuple[dict[str, KubeGpu] | None, dict[str, bool]]:
@@ -254,6 +261,9 @@ def verify(
         res = NodeResult(node=node.name, address=node.address)
         result.nodes.append(res)
         unreachable = seen.extensions.errors.get(node.address) or seen.module_errors.get(node.address)
+        if unreachable and unreachable.startswith(_NOT_UNDERSTOOD):
+            _modules_not_understood(res, unreachable)
+            continue
         if unreachable:
             _unreachable(res, unreachable)
             continue
@@ -465,6 +475,17 @@ def _unreachable(res: NodeResult, error: str) -> None:
             cause="the node is down, rebooting, or port 50000 is not reachable from here",
             fix=fixes.unreachable(res.address, "verify"),
         )
+    )
+
+
+def _modules_not_understood(res: NodeResult, error: str) -> None:
+    """The node answered, with a ``/proc/modules`` line the parser does not know: its failure, not a dead node's."""
+    res.status = "failed"
+    res.message = error.splitlines()[0]
+    command = f"talosctl -n {res.address} read /proc/modules"
+    cause = "the loaded modules are unknown, so the node's driver state is not checked"
+    res.checks.append(
+        Check("kernel modules", False, res.message, cause=cause, fix=f"read it by hand: {command}")
     )
 
 

@@ -204,7 +204,9 @@ def module_values(text: str) -> str:
     sizes not modelled). Neither order is sourced (the fake: uvm, drm, modeset, nvidia; simnode: the reverse of
     machine.kernel.modules). Not settled either: talos@v1.12.0 internal/app/machined/pkg/controllers/runtime/
     loaded_kernel_module.go ParseModules reads the refcount with strconv.Atoi, so the docs' ``- -`` cannot be what
-    a 1.11+ node's /proc/modules holds. Rewritten to simnode's values and order."""
+    a 1.11+ node's /proc/modules holds: both print numbers from 1.9 (stop 52, siderolabs/pkgs@v1.9.0
+    kernel/build/config-amd64:936 CONFIG_MODULE_UNLOAD=y), compared as they are. Rewritten to simnode's values
+    and order."""
     text = re.sub(r'("size":|size:) \d+', r"\1 0", text)
     text = re.sub(r'("address": "|address: )0x[0-9a-f]+', r"\g<1>0xffffffffc0000000", text)
     text = re.sub(r'\n\s*"dependencies": \[\n\s*"nvidia"\n\s*\],', "", text)
@@ -215,7 +217,7 @@ def module_values(text: str) -> str:
         (lines[i] for i in rows), key=lambda line: _SIMNODE_MODULE_ORDER.index(line.split(" ", 1)[0])
     )
     for i, line in zip(rows, ordered, strict=True):
-        lines[i] = re.sub(r" \d+ (- - Live) 0x[0-9a-f]+", r" 0 \1 0xffffffffc0000000", line)
+        lines[i] = re.sub(r" \d+ (\S+ \S+ Live) 0x[0-9a-f]+", r" 0 \1 0xffffffffc0000000", line)
     return "".join(lines)
 
 

@@ -15,7 +15,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -422,17 +422,29 @@ NVIDIA_VERSION_PROPRIETARY = (
 )
 
 
+#: The modelled NVIDIA modules that use each one (simnode/derive.go nvidiaUsers, which cites why).
+_NVIDIA_USERS = {"nvidia": ("nvidia_uvm", "nvidia_modeset"), "nvidia_modeset": ("nvidia_drm",)}
+
+
+def _proc_modules(node: SimNode, live: Collection[str], taint: str) -> str:
+    """``/proc/modules`` as simnode prints it (simnode/derive.go procModulesText, which cites the kernel and
+    Talos sources): the newest module first; refcount and users ``- -`` up to Talos 1.8, whose kernels lack
+    CONFIG_MODULE_UNLOAD, counted from 1.9 (siderolabs/pkgs@v1.9.0 kernel/build/config-amd64:936)."""
+    newest_first = [n for n in ("nvidia_uvm", "nvidia_drm", "nvidia_modeset", "nvidia") if n in live]
+    unload = minor_of(node.talos_version) >= (1, 9)
+    lines = []
+    for name in newest_first:
+        users = [u for u in _NVIDIA_USERS.get(name, ()) if u in live]
+        info = (f"{len(users)} {''.join(u + ',' for u in users) or '-'}") if unload else "- -"
+        lines.append(f"{name} {res.MODULE_SIZES[name]} {info} Live {res.MODULE_ADDRS[name]} {taint}\n")
+    return "".join(lines)
+
+
 def read_file(node: SimNode, path: str) -> str:
     """Files of ``/proc`` and ``/etc`` the runbook reads; anything else does not exist."""
     rt = runtime(node)
     if path == "/proc/modules":
-        lines = []
-        for name in ("nvidia_uvm", "nvidia_drm", "nvidia_modeset", "nvidia"):
-            if name in rt.modules_live:
-                taint = "(PO)" if rt.driver_flavor == "proprietary" else "(O)"
-                size = res.MODULE_SIZES[name]
-                lines.append(f"{name} {size} - - Live {res.MODULE_ADDRS[name]} {taint}\n")
-        return "".join(lines)
+        return _proc_modules(node, rt.modules_live, "(PO)" if rt.driver_flavor == "proprietary" else "(O)")
     if path == "/proc/driver/nvidia/version" and rt.driver_version:
         fmt = NVIDIA_VERSION_OPEN if rt.driver_flavor == "open" else NVIDIA_VERSION_PROPRIETARY
         return fmt.format(v=rt.driver_version)
