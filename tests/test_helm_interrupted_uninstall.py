@@ -113,5 +113,6 @@ def test_rollback_finishes_a_removal_a_killed_helm_left_uninstalling(tmp_path):
 
         assert result.ok, [c for c in result.checks if not c.ok]
         wait = f"--wait --timeout {params.timeouts.kubernetes_seconds}s"
-        assert f"helm uninstall {RELEASE} -n {NAMESPACE} {wait}" in result.data["kubernetes"], result.data
+        own = f"{back.endpoints.helm} --kubeconfig {back.endpoints.kubeconfig}"  # the run's own, pasteable
+        assert f"{own} uninstall {RELEASE} -n {NAMESPACE} {wait}" in result.data["kubernetes"], result.data
         assert _listed(ctx) == []

@@ -207,3 +207,28 @@ def test_a_talosconfig_talosctl_cannot_read_is_named_not_called_unreachable_node
     assert versions["talos_unreachable"] == ["10.5.0.12"], (
         "a node that did not answer is still named (review)"
     )
+
+
+def test_a_node_name_no_kubernetes_node_has_fails_preflight_with_the_close_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A misspelt node name passed preflight, and ``runbook run --apply`` upgraded the whole fleet before the
+    Kubernetes step waited five minutes for a Node of that name (operator walkthrough, stop 52). Preflight now
+    lists the Nodes when the run's steps find nodes by name, and fails the node, naming the close names; a run
+    of steps that do not (``--steps config-patch,image``) is not held back by it."""
+    python_talosctl(monkeypatch, "the check reads the Kubernetes Nodes, not the Talos API")
+    with sim_cluster(tmp_path / "sim", workers=2) as (params, ctx):
+        first, second = params.nodes
+        typo = second.model_copy(update={"name": second.name.replace("worker", "wroker")})
+        misspelt = replace(ctx, params=params.model_copy(update={"nodes": [first, typo]}))
+        result = preflight(misspelt)
+        talos_only = preflight(misspelt, steps=["preflight", "config-patch", "image"])
+    assert not result.ok
+    by_name = {n.node: n for n in result.nodes}
+    assert by_name[first.name].status == "ok"
+    [check] = [c for c in by_name[typo.name].checks if c.name == "Kubernetes node"]
+    assert check.message == (
+        f"the cluster has no Kubernetes Node named {typo.name!r} (did you mean {second.name}?)"
+    ), check.message
+    assert "kubectl get nodes" in check.fix
+    assert not any(c.name == "Kubernetes node" for n in talos_only.nodes for c in n.checks)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from runbook_lib.cli import main
 from runbook_lib.cli.cmd_run import _simulated_cluster
@@ -40,7 +41,7 @@ from runbook_lib.steps.image import image_upgrade
 from runbook_lib.steps.kubernetes import kubernetes_layer
 from runbook_lib.steps.patch import config_patch, read_configs
 from runbook_lib.steps.results import StepResult
-from runbook_lib.steps.rollback import KUBERNETES_BY_HAND, rollback
+from runbook_lib.steps.rollback import rollback
 from tests.realplane import use_real_plane
 from tests.simcluster import (
     clear_fault,
@@ -437,8 +438,10 @@ def test_runbook_rollback_plans_then_applies_from_a_record_into_its_own_record(
     assert planned.count("nvidia.com/gpu.present-") == 1, planned
     # what Approve runs, as the forward plan shows its own (operator walkthrough): the Kubernetes layer first,
     # then per group of nodes the installer they go back to and the removal patch
+    # the run's own helm and kubeconfig, pasteable (operator walkthrough, stop 52: the shell's default context)
+    helm = f"{tmp_path}/sim/bin/helm --kubeconfig {tmp_path}/sim/kubeconfig"
     would = planned.index(
-        "  would: helm uninstall nvidia-device-plugin -n kube-system --wait --timeout 300s (first: "
+        f"  would: {helm} uninstall nvidia-device-plugin -n kube-system --wait --timeout 300s (first: "
     )
     nodes = planned.index("  gpu-worker-1, gpu-worker-2, gpu-worker-3: back to Talos v1.12.7, schematic ")
     assert would < nodes, planned
@@ -447,7 +450,7 @@ def test_runbook_rollback_plans_then_applies_from_a_record_into_its_own_record(
     assert main(["rollback", "-p", PARAMS, "--from", applied.name, "--apply", *env]) == 0
     out = capsys.readouterr().out  # what it did and what it left, not only the counts (operator walkthrough)
     assert (
-        "rolled back:\n  helm uninstall nvidia-device-plugin -n kube-system --wait --timeout 300s\n" in out
+        f"rolled back:\n  {helm} uninstall nvidia-device-plugin -n kube-system --wait --timeout 300s\n" in out
     ), out
     assert "  gpu-worker-1, gpu-worker-2, gpu-worker-3: back to Talos v1.12.7, schematic " in out, out
     left = "not undone by the rollback, put back by hand if needed:\n  "
@@ -626,8 +629,9 @@ def test_only_the_kubernetes_objects_the_runbook_created_are_removed(
         back = connect(params, state_dir=tmp_path)
         result = rollback(back, evidence=evidence_from_records([record]), poll_interval=0.1)
         assert result.ok and {n.status for n in result.nodes} == {"unchanged"}
+        own = f"{back.endpoints.helm} --kubeconfig {back.endpoints.kubeconfig}"  # the run's own, pasteable
         assert result.data["kubernetes"] == [
-            "helm uninstall nvidia-device-plugin -n kube-system --wait --timeout 300s"
+            f"{own} uninstall nvidia-device-plugin -n kube-system --wait --timeout 300s"
         ]
         # what it does not undo is named in the plan, for a person to decide, as the command that undoes it
         assert any(
@@ -668,7 +672,7 @@ def test_a_kubernetes_step_that_left_changes_but_no_result_is_named_not_passed_o
     assert "run-1: the Kubernetes step changed the cluster" in check.message, check
     assert "helm upgrade --install nvidia-device-plugin" in check.message, check
     assert "left no result" in check.message and "one the site had that it upgraded" in check.message
-    assert check.fix == KUBERNETES_BY_HAND and "helm history" in check.fix
+    assert "(helm history nvidia-device-plugin -n kube-system shows whether" in check.fix, "no placeholders"
 
 
 def test_labels_the_kubernetes_step_added_are_left_with_the_kubectl_commands_that_put_them_back() -> None:
@@ -983,9 +987,11 @@ def test_a_refused_node_s_fix_names_the_records_in_the_folder_that_changed_it_to
     assert main(["run", "-p", PARAMS, "--steps", "image", "--apply", *env]) == 0
     upgraded = records.resolve(tmp_path / "records", None)
     capsys.readouterr()
-    assert main(["rollback", "-p", PARAMS, "--from", patched.name, *env]) == 1
-    out = capsys.readouterr().out
-    assert f"fix: name the record(s) that changed it too: --from {upgraded.name} (in the notebook" in out, out
+    # refused before anything runs, naming the later run that went on from it (walkthrough, stop 52); before,
+    # the plan ran and refused every node, naming the same record
+    assert main(["rollback", "-p", PARAMS, "--from", patched.name, *env]) == 2
+    err = capsys.readouterr().err
+    assert f"hint: roll them back together: add --from {upgraded.name} to this rollback" in err, err
     assert main(["rollback", "-p", PARAMS, "--from", patched.name, "--from", upgraded.name, *env]) == 0
     plan = records.load_record(records.resolve(tmp_path / "records", None))
     assert plan["outcome"] == "planned", plan["steps"]
@@ -1101,3 +1107,41 @@ def test_a_node_an_interrupted_image_step_upgraded_goes_back_to_what_the_run_s_p
     assert old.image is None and old.missing == [
         "run-1: the node was upgraded but the record lacks its image before"
     ]
+
+
+def test_a_rollback_of_records_later_runs_went_on_from_is_refused_naming_them(tmp_path: Path) -> None:
+    """After an interrupted ``--apply`` run and the ``--from image --apply`` that finished it, the interrupt's
+    printed rollback (of the first record alone) took the nodes back to stock Talos and left the GPU Operator
+    the second run had installed, on nodes without drivers, saying nothing (operator walkthrough, stop 52). A
+    rollback of records that later runs went on from (``continues``) is refused before anything runs, naming
+    them; named together, or once a later rollback undid them, it goes on. A later run that continued nothing,
+    or changed nothing, is not in the way."""
+    from runbook_lib.notebook import rollback_records
+
+    root = tmp_path / "records"
+
+    def sealed(minute: int, **data: Any) -> Path:
+        path = records.create_record_dir(root, "sim-gpu", now=datetime(2026, 12, 7, 13, minute, tzinfo=UTC))
+        records.seal(path, {"cluster": "sim-gpu", "outcome": "changed", "steps": [], **data})
+        return path
+
+    change = [{"argv": ["helm", "upgrade", "--install"], "changes_cluster": True}]
+    first = sealed(0, outcome="interrupted", changes=change)
+    sealed(1, outcome="unchanged", changes=[])  # a --steps verify in between
+    went_on = sealed(2, continues=first.name, changes=change)
+    checked = sealed(3, continues=went_on.name, changes=[])  # continued, changed nothing
+    sealed(4, changes=change)  # another change, not a continuation
+    data = yaml.safe_load(Path(PARAMS).read_text())
+
+    def load(*named: Path) -> None:
+        params = validate(data | {"rollback": {"records": [p.name for p in named]}}, source="test")
+        rollback_records.load_evidence(params, root)
+
+    with pytest.raises(PermanentError) as refused:
+        load(first)
+    assert went_on.name in refused.value.message and checked.name not in refused.value.message
+    assert refused.value.hint == f"roll them back together: add --from {went_on.name} to this rollback"
+    load(first, went_on)
+    undo = sealed(5, steps=[{"name": "rollback"}], params={"rollback": {"records": [went_on.name]}})
+    assert undo.name > went_on.name
+    load(first)

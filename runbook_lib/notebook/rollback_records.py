@@ -11,6 +11,7 @@ problem names the parameter and the record, and nothing runs (exit 2 from the CL
 from __future__ import annotations
 
 import functools
+import json
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,9 @@ def load_evidence(params: Params, root: Path | None = None, *, suggest: bool = F
         path = record_path(ref, root)
         data = checked_record(path, params.cluster)
         loaded[path] = (str(data.get("started", "")), path.name, data)
+    _refuse_later_continuations(
+        next(iter(loaded)).parent, params.cluster, {n for _s, n, _d in loaded.values()}
+    )
     evidence = evidence_from_records(
         [(name, data) for _s, name, data in sorted(loaded.values(), key=lambda t: t[:2])]
     )
@@ -88,6 +92,55 @@ def load_evidence(params: Params, root: Path | None = None, *, suggest: bool = F
     first = min(loaded, key=lambda p: p.name)
     evidence.suggest = functools.partial(_unnamed, first.parent, params.cluster, set(loaded), first.name)
     return evidence
+
+
+def _refuse_later_continuations(folder: Path, cluster: str, named: set[str]) -> None:
+    """Refuse a rollback of records that later runs went on from (``continues``, transitively), unless those are
+    named too or a later rollback undid them: rolled back alone, the named records took the nodes back while
+    what the later runs made stayed. Why: after an interrupted run and the ``--from image --apply`` that finished
+    it, the interrupt's printed rollback took the nodes back to stock Talos and left the GPU Operator the second
+    run had installed on nodes without drivers, saying nothing of it (operator walkthrough, stop 52)."""
+    chain, later, undone = set(named), [], set()
+    for path in records.sealed_records(folder):
+        if path.name <= min(named) or path.name in named or records.is_unsealed(path):
+            continue
+        try:
+            # parsed only when it names a record of the chain: a 1,000-node record is large (stop 45's note)
+            text = (path / records.RECORD_JSON).read_text(encoding="utf-8")
+            links = (json.dumps({continues.FIELD: name})[1:-1] for name in chain)  # as record.json writes it
+            rollback = json.dumps({"name": "rollback"})[1:-1]  # its step, as a rollback's record lists it
+            if rollback not in text and not any(link in text for link in links):
+                continue
+            data = records.load_record(path)
+        except (PermanentError, OSError, ValueError):
+            continue  # not one a run could have gone on from
+        if data.get("cluster") != cluster:
+            continue
+        if any(step.get("name") == "rollback" for step in records.listed(data, "steps")):
+            if data.get("outcome") in ("changed", "unchanged"):
+                undone.update(_rolled_back(data))
+            continue
+        if data.get(continues.FIELD) in chain:
+            chain.add(path.name)
+            if records.listed(data, "changes"):
+                later.append(path.name)
+    later = [name for name in later if name not in undone and not any(ref in name for ref in undone)]
+    if later:
+        add = " ".join(f"--from {name}" for name in later)
+        raise PermanentError(
+            f"{PARAMETER}: later runs went on with the change {', '.join(sorted(named))} began and changed the "
+            f"cluster too: {', '.join(later)}; rolled back without them, what they changed (a Kubernetes layer "
+            "they installed, nodes they upgraded) would stay",
+            hint=f"roll them back together: add {add} to this rollback",
+        )
+
+
+def _rolled_back(data: dict[str, Any]) -> list[str]:
+    """The records a rollback's record names (``rollback.records``, each a name, a prefix or a path)."""
+    params: Any = data.get("params")
+    rollback: Any = params.get("rollback") if isinstance(params, dict) else None
+    refs: Any = rollback.get("records") if isinstance(rollback, dict) else None
+    return [Path(str(ref)).name for ref in refs if str(ref)] if isinstance(refs, list) else []
 
 
 def _continued(loaded: dict[Path, tuple[str, str, dict[str, Any]]]) -> dict[str, list[str]]:

@@ -29,7 +29,7 @@ from runbook_lib.model.plan import build_plan
 from runbook_lib.model.rollout import NOTE_PREFIX, schedule
 from runbook_lib.steps.context import Context, connect
 from runbook_lib.steps.events import Events
-from runbook_lib.steps.fixes import kubectl_as_run, talosctl_as_run
+from runbook_lib.steps.fixes import helm_as_run, kubectl_as_run, talosctl_as_run
 from runbook_lib.steps.results import StepResult, rewrite_runnable
 
 from .live_events import events_file, file_sink
@@ -151,7 +151,8 @@ def _call(fn: Callable[..., StepResult], ctx: Context, **kwargs: Any) -> StepRes
     # the printed talosctl and kubectl commands as this run calls them (steps.fixes.talosctl_as_run)
     talosctl = talosctl_as_run(ctx.endpoints.talosctl, ctx.endpoints.talosconfig)
     kubectl = kubectl_as_run(ctx.endpoints.kubectl, ctx.endpoints.kubeconfig)
-    rewrite_runnable(result, lambda text: kubectl(talosctl(text)))
+    helm = helm_as_run(ctx.endpoints.helm, ctx.endpoints.kubeconfig)
+    rewrite_runnable(result, lambda text: helm(kubectl(talosctl(text))))
     return result
 
 

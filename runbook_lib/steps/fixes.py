@@ -106,6 +106,25 @@ def kubectl_as_run(binary: str, kubeconfig: str | None) -> Callable[[str], str]:
     return lambda text: _KUBECTL.sub(lambda _m: prefix, text) if text else text
 
 
+#: ``helm <subcommand>`` where it begins a command (not inside a path or a word such as "helm release").
+_HELM = re.compile(
+    r"(?<![\w/.-])helm (?!--kubeconfig)(?=(?:uninstall|upgrade|history|status|rollback|list|get) )"
+)
+
+
+def helm_as_run(binary: str, kubeconfig: str | None) -> Callable[[str], str]:
+    """What makes a printed ``helm …`` the run's own: its helm binary and ``--kubeconfig`` (helm's global flag).
+    Why: the rollback's plan and summary printed ``helm uninstall gpu-operator -n gpu-operator …`` beside
+    talosctl lines with their ``--talosconfig``: pasted, it acted on the shell's default context, perhaps another
+    cluster (operator walkthrough, stop 52), as :func:`kubectl_as_run` found for kubectl. Unchanged text when the
+    run uses the plain ``helm`` with the default kubeconfig."""
+    words = [binary, *(["--kubeconfig", kubeconfig] if kubeconfig else [])]
+    if words == ["helm"]:
+        return lambda text: text
+    prefix = shlex.join(words) + " "
+    return lambda text: _HELM.sub(lambda _m: prefix, text) if text else text
+
+
 def talosctl_as_run(binary: str, talosconfig: str | None) -> Callable[[str], str]:
     """What makes a fix's ``talosctl -n …`` the run's own: its talosctl binary and ``--talosconfig``.
 

@@ -10,9 +10,10 @@ so a re-run shows at a glance which steps will be no-ops.
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from runbook_lib.clients.factory import (
@@ -55,6 +56,8 @@ class _NodeReads:
     config_errors: dict[str, str]
     extension_errors: dict[str, str] = field(default_factory=dict)
     """Nodes whose extensions could not be read: their schematic is not known (no ``schematic_id`` recorded)."""
+    kube_names: frozenset[str] | None = None
+    """The cluster's Kubernetes Node names, when the run's steps find nodes by name and the list was read."""
 
 
 def preflight(
@@ -70,6 +73,7 @@ def preflight(
     layer = permissions.LayerReads()
     result.data["versions"] = _tool_versions(ctx, result, client, steps, layer, nodes=nodes)
     reads = _read_nodes(ctx, nodes, addresses, servers, errors)
+    reads = replace(reads, kube_names=_kube_names(ctx, steps))
     for node in nodes:
         res = NodeResult(node=node.name, address=node.address)
         result.nodes.append(res)
@@ -267,6 +271,8 @@ def _check_node(ctx: Context, res: NodeResult, node: Node, reads: _NodeReads) ->
     running = reads.servers[node.address]
     res.data["talos_version"] = running
     res.checks.append(_version_check(ctx, running))
+    if reads.kube_names is not None and node.name not in reads.kube_names:
+        res.checks.append(_no_kube_node(node, reads.kube_names))
     exts = extensions_from_resources(reads.extensions.get(node.address, []))
     names = extension_versions(exts)
     nvidia = {k: v for k, v in names.items() if "nvidia" in k}
@@ -286,6 +292,34 @@ def _check_node(ctx: Context, res: NodeResult, node: Node, reads: _NodeReads) ->
     res.message = (
         f"{running}; NVIDIA extensions: {', '.join(f'{k} {v}' for k, v in nvidia.items()) or 'none'}; "
         f"image {'done' if res.data['image_done'] else 'to do'}, config {'done' if res.data['config_done'] else 'to do'}"
+    )
+
+
+def _kube_names(ctx: Context, steps: Collection[str] | None) -> frozenset[str] | None:
+    """The Kubernetes Node names, when the run's steps find nodes by their ``name`` (the Kubernetes step labels
+    and waits for each, cuda-test pins a pod to each); None otherwise, or when the API does not answer (the
+    ``kubernetes API`` check says so). Why: a misspelt node name passed preflight, and an ``--apply`` run upgraded
+    the whole fleet before the Kubernetes step waited five minutes for a Node that does not exist (operator
+    walkthrough, stop 52)."""
+    if not (permissions.runs_step(steps, "kubernetes") or permissions.runs_step(steps, "cuda-test")):
+        return None
+    try:
+        return frozenset(str(n["metadata"]["name"]) for n in ctx.kube.nodes(timeout_s=(5, 30)))
+    except RunbookError:
+        return None
+
+
+def _no_kube_node(node: Node, names: frozenset[str]) -> Check:
+    """The failed check of a node whose ``name`` is no Kubernetes Node's, with the close names there are."""
+    close = difflib.get_close_matches(node.name, sorted(names), n=1)
+    guess = f" (did you mean {', '.join(close)}?)" if close else ""
+    return Check(
+        "Kubernetes node",
+        False,
+        f"the cluster has no Kubernetes Node named {node.name!r}{guess}",
+        cause="the Kubernetes step and the CUDA test find each node's Node by the node's name in `nodes:`",
+        fix="give the node its Kubernetes Node's name in `nodes:` (`kubectl get nodes` lists them), or take it "
+        "out of `nodes:` if it has not joined the cluster",
     )
 
 

@@ -62,7 +62,7 @@ from runbook_lib.model.text import shortened
 from runbook_lib.model.upgrade_risks import preserve_needed
 from runbook_lib.model.versions import TalosVersion
 
-from . import drains, gpu_operator_handover, image_risks, permissions
+from . import drains, fixes, gpu_operator_handover, image_risks, permissions
 from .context import Context, wait_seconds
 from .drains import drain, lift, stays_cordoned
 from .image import MAX_PARALLEL_UPGRADES, NodeState, read_states
@@ -73,11 +73,17 @@ from .results import Check, NodeResult, StepResult
 Progress = Callable[[int, int], None]
 STEP = "rollback"
 PHASES: tuple[Phase, ...] = ("before-image", "after-image")
-#: What a person does when a record cannot say what its Kubernetes step created.
-KUBERNETES_BY_HAND = (
-    "check each change against the cluster (helm history <release> -n <namespace> shows whether that run "
-    "installed the release or upgraded one already there) and remove by hand only what it created"
-)
+
+
+def kubernetes_by_hand(ctx: Context) -> str:
+    """What a person does when a record cannot say what its Kubernetes step created; the release and namespace
+    the parameters plan (the walkthrough of stop 52 met ``helm history <release> -n <namespace>``, placeholders
+    the rollback could have filled)."""
+    history = shlex.join(["helm", "history", ctx.plan.helm.release, "-n", ctx.plan.helm.namespace])
+    return (
+        f"check each change against the cluster ({history} shows whether that run installed the release or "
+        "upgraded one already there) and remove by hand only what it created"
+    )
 
 
 @dataclass
@@ -509,7 +515,7 @@ def _kubernetes_plan(
                 "Kubernetes layer",
                 False,
                 "; ".join(evidence.kubernetes_missing),
-                fix=KUBERNETES_BY_HAND,
+                fix=kubernetes_by_hand(ctx),
             )
         )
         return None
@@ -527,7 +533,7 @@ def _kubernetes_plan(
         )
         return None
     found = gpu_operator_handover.Leftovers(releases, runtime_class)
-    commands = found.commands(ctx.params.timeouts.kubernetes_seconds)
+    commands = _own_commands(ctx, found)
     result.data["kubernetes"] = commands
     if commands:
         result.data["planned"] = True
@@ -558,6 +564,15 @@ def _dry_run(ctx: Context, todo: list[NodeRollback], results: dict[str, NodeResu
 # -- applying ------------------------------------------------------------------------------------------------
 
 
+def _own_commands(ctx: Context, found: gpu_operator_handover.Leftovers) -> list[str]:
+    """The layer's removal as the rollback runs it, with the run's helm, kubectl and kubeconfig, as its talosctl
+    lines have their talosconfig: the plan and summary printed a bare ``helm uninstall …``, which pasted acts on
+    the shell's default context, perhaps another cluster (operator walkthrough, stop 52)."""
+    helm = fixes.helm_as_run(ctx.endpoints.helm, ctx.endpoints.kubeconfig)
+    kubectl = fixes.kubectl_as_run(ctx.endpoints.kubectl, ctx.endpoints.kubeconfig)
+    return [helm(kubectl(c)) for c in found.commands(ctx.params.timeouts.kubernetes_seconds)]
+
+
 def _remove_kubernetes(ctx: Context, result: StepResult, found: gpu_operator_handover.Leftovers) -> bool:
     try:
         gpu_operator_handover.remove(
@@ -567,7 +582,7 @@ def _remove_kubernetes(ctx: Context, result: StepResult, found: gpu_operator_han
         result.checks.append(Check("Kubernetes layer removed", False, exc.message, fix=exc.hint or ""))
         return False
     result.data["changed"] = True
-    ran = found.commands(ctx.params.timeouts.kubernetes_seconds)
+    ran = _own_commands(ctx, found)
     result.checks.append(Check("Kubernetes layer removed", True, "ran: " + "; ".join(ran)))
     return True
 
