@@ -406,4 +406,4 @@ def test_a_proc_modules_the_parser_does_not_know_fails_that_node_not_the_fleet_s
     res = NodeResult(node="gpu-2", address="10.0.0.2")
     verify._modules_not_understood(res, errors["10.0.0.2"])
     assert res.status == "failed" and "did not answer" not in res.message
-    assert res.checks[0].fix == "read it by hand: talosctl -n 10.0.0.2 read /proc/modules"
+    assert res.checks[0].fix == "talosctl -n 10.0.0.2 read /proc/modules  # read it by hand", "pasteable"

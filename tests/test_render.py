@@ -216,7 +216,10 @@ def test_verify_shows_what_it_checked_with_identical_nodes_on_one_line() -> None
     assert "998 nodes: Talos v1.12.7, schematic ef35b8d5b5f2…" in section
     assert "modules live, driver 570.172.08, 1× AD104GL [L4] 22.5 GiB" in section
     assert "gpu-0007: Talos v1.12.6 &lt;b&gt;" in section  # the node that differs, named and escaped
-    assert "1 node(s) did not answer" in section and "talosctl get pcidevices" in section
+    assert (
+        "1 node(s) are not in this list: they did not answer" in section
+        and "talosctl get pcidevices" in section
+    )
     assert section.count("<li>") == 2
 
 

@@ -466,5 +466,33 @@ def test_a_failed_apply_run_says_whether_it_changed_the_cluster_and_how_to_undo_
     ) in said(5)
     assert "nothing was changed on the cluster: this run made no call that changes it\n" in said(0)
     assert "1 call that changes" in said(1)
+    # a refused upgrade changed nothing: counted apart from the others (review, stop 52)
+    failed = record.parent / "20261207T130100Z-sim-gpu-abcdef13"
+    failed.mkdir()
+    upgrade = {"argv": ["talosctl", "-n", "10.5.0.12", "upgrade"], "changes_cluster": True, "exit_code": 1}
+    records.seal(
+        failed, {"apply": True, "steps": [], "changes": [upgrade, {**upgrade, "exit_code": 0}]}, secrets=[]
+    )
+    record = failed
+    assert (
+        "this run made 2 calls that change the cluster (1 of them failed and may have changed nothing; "
+        in said(2)
+    )
     for quiet in (said(5, apply=False), said(5, failed=None), said(0, apply=False)):
         assert "nothing was changed" not in quiet and "before it stopped" not in quiet
+
+
+def test_a_printed_helm_command_is_the_run_s_own_helm_and_kubeconfig() -> None:
+    """The rollback's plan and summary printed ``helm uninstall gpu-operator -n gpu-operator …`` beside talosctl
+    lines with their ``--talosconfig``: pasted, it acted on the shell's default context, perhaps another cluster
+    (operator walkthrough, stop 52). Prose such as "helm release" and a command already given one stay."""
+    from runbook_lib.steps.fixes import helm_as_run
+
+    own = helm_as_run("/s/helm", "/s/kube config")
+    assert own("helm uninstall x -n y --wait; helm status x -n y") == (
+        "/s/helm --kubeconfig '/s/kube config' uninstall x -n y --wait; "
+        "/s/helm --kubeconfig '/s/kube config' status x -n y"
+    )
+    assert own("the helm release x") == "the helm release x"
+    assert own(own("helm history x")) == own("helm history x"), "applied twice, prefixed once"
+    assert helm_as_run("helm", None)("helm list -A") == "helm list -A"

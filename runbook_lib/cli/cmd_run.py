@@ -253,7 +253,15 @@ def _bring_up(params: Params, state_dir: Path, scenario: str, files: SimLeases, 
             sim_cluster.create(state_dir, sim_cluster.spec_from_params(params))
         except ValueError as exc:
             raise PermanentError(str(exc)) from None
-        sys.stderr.write(f"simulated cluster created in {state_dir} (scenario {scenario})\n")
+        # a replaced state is said so: what earlier runs changed on it, and their rollbacks' ground, is gone, and
+        # this run's report speaks only of the new one (review, stop 52)
+        replaced = (
+            f"; it replaced the one made for other parameters ({'; '.join(differs)}), and what runs had "
+            "changed on that one is gone"
+            if differs
+            else ""
+        )
+        sys.stderr.write(f"simulated cluster created in {state_dir} (scenario {scenario}){replaced}\n")
     try:
         info = realkube.start_servers(state_dir)  # the real Kubernetes control plane when built
         spec = sim_cluster.spec_from_params(params)

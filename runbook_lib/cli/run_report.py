@@ -111,9 +111,11 @@ def steps_left(outcome: RunOutcome) -> list[str]:
 
 def what_it_changed(outcome: RunOutcome, invocation: Invocation) -> str:
     """After an approved run that failed: whether it changed the cluster before it stopped, from its record's
-    ``changes`` (every call that changes the cluster is journaled there when it starts, failed or not), and when
-    it did, how to undo them. Why: ``stopped at preflight`` said nothing of the cluster, and an operator whose
-    ``--apply`` run failed must know whether to look for half-made changes (operator walkthrough, stop 52).
+    ``changes`` (every command that changes the cluster is journaled there when it ends, failed or not, and every
+    Kubernetes API write that succeeded), and when it did, how to undo them. Why: ``stopped at preflight`` said
+    nothing of the cluster, and an operator whose ``--apply`` run failed must know whether to look for half-made
+    changes (operator walkthrough, stop 52). Calls that failed are counted apart: a refused upgrade changed
+    nothing, though a failed talosctl patch may have reached the nodes before the one it stopped at (review).
     "" for a plan, a run that passed, or one without a record."""
     if not (outcome.apply and outcome.failed_step):
         return ""
@@ -123,16 +125,25 @@ def what_it_changed(outcome: RunOutcome, invocation: Invocation) -> str:
             if any(s.name == "cuda-test" for s in outcome.steps)
             else ""
         )
-        return f"nothing was changed on the cluster: this run made no call that changes it{pods}\n"
+        # an API write that raised is not journaled (only commands are, failed or not): said where one can be
+        api = (
+            " (a Kubernetes API write that failed is not listed: the step's failed check names it)"
+            if outcome.failed_step == "kubernetes"
+            else ""
+        )
+        return f"nothing was changed on the cluster: this run made no call that changes it{pods}{api}\n"
     try:
         data = json.loads((outcome.record / records.RECORD_JSON).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         data = {}
+    data = data if isinstance(data, dict) else {}
+    failed = sum(1 for c in records.listed(data, "changes") if c.get("exit_code") not in (0, None))
     show = ["runbook", "records", "show", outcome.record.name, "--records", str(outcome.record.parent)]
-    rollback = rollback_argv(outcome.record, data if isinstance(data, dict) else {}, invocation)
+    rollback = rollback_argv(outcome.record, data, invocation)
     calls = "call that changes" if outcome.changes == 1 else "calls that change"
+    some = f"{failed} of them failed and may have changed nothing; " if failed else ""
     return (
-        f"before it stopped, this run made {outcome.changes} {calls} the cluster ({shlex.join(show)} "
+        f"before it stopped, this run made {outcome.changes} {calls} the cluster ({some}{shlex.join(show)} "
         f"lists them); to undo them instead of going on (plan first, then --apply): {shlex.join(rollback)}\n"
     )
 

@@ -90,7 +90,11 @@ def _inventory_notes(result: StepResult) -> list[str]:
     notes = [str(n) for n in result.data.get("inventory_notes") or []]
     missing = len(result.nodes) - sum(int(g.get("count", 0)) for g in groups)
     if missing > 0:
-        notes.append(f"{missing} node(s) did not answer and are not in this list (see the failing nodes)")
+        # not only "did not answer": a node whose /proc/modules could not be parsed answered (review, stop 52)
+        notes.append(
+            f"{missing} node(s) are not in this list: they did not answer, or their answer could not be read "
+            "(see the failing nodes)"
+        )
     if len(groups) > INVENTORY_LIMIT:
         notes.append(f"{len(groups) - INVENTORY_LIMIT} more distinct node inventories in the record")
     return notes

@@ -485,7 +485,7 @@ def _modules_not_understood(res: NodeResult, error: str) -> None:
     command = f"talosctl -n {res.address} read /proc/modules"
     cause = "the loaded modules are unknown, so the node's driver state is not checked"
     res.checks.append(
-        Check("kernel modules", False, res.message, cause=cause, fix=f"read it by hand: {command}")
+        Check("kernel modules", False, res.message, cause=cause, fix=f"{command}  # read it by hand")
     )
 
 
