@@ -85,6 +85,13 @@ func deriveState(img ImageSpec, cfg config.Provider, base []ServiceSpec, now tim
 			}
 		}
 
+		// what /proc/modules' refcount and users columns say, which the LoadedKernelModule resource carries too
+		// (talos@v1.12.0 internal/app/machined/pkg/controllers/runtime/loaded_kernel_module.go ParseModules)
+		for i := range d.modules {
+			d.modules[i].Dependencies = moduleUsers(d.modules[i].Name, d.modules)
+			d.modules[i].ReferenceCount = len(d.modules[i].Dependencies)
+		}
+
 		d.files = map[string]string{procModules: procModulesText(d.modules, moduleTaints(img.Extensions[i]), atLeast(img.TalosVersion, 1, 9))}
 		if d.driverBound() {
 			d.files[driverVersionFile] = driverVersion(img.Extensions[i])
@@ -124,7 +131,7 @@ func procModulesText(mods []ModuleSpec, taints string, unload bool) string {
 	var b strings.Builder
 
 	for _, m := range slices.Backward(mods) {
-		fmt.Fprintf(&b, "%s %d %s %s %s", m.Name, m.Size, unloadInfo(m.Name, mods, unload), m.State, m.Address)
+		fmt.Fprintf(&b, "%s %d %s %s %s", m.Name, m.Size, unloadInfo(m, unload), m.State, m.Address)
 
 		if taints != "" {
 			fmt.Fprintf(&b, " (%s)", taints)
@@ -144,28 +151,33 @@ var nvidiaUsers = map[string][]string{
 	"nvidia_modeset": {"nvidia_drm"},
 }
 
-// unloadInfo is print_unload_info's "refcount dependencies" for name among the loaded mods, "- -" without
-// CONFIG_MODULE_UNLOAD (procModulesText).
-func unloadInfo(name string, mods []ModuleSpec, unload bool) string {
+// moduleUsers are the loaded modules that use name, in nvidiaUsers' order: the kernel lists the newest user
+// first (it prepends each use to the module's source_list, no tag checked), and the modules' real load order is
+// not modelled (simnode/README.md).
+func moduleUsers(name string, mods []ModuleSpec) []string {
+	var users []string
+
+	for _, user := range nvidiaUsers[name] {
+		if slices.ContainsFunc(mods, func(m ModuleSpec) bool { return m.Name == user }) {
+			users = append(users, user)
+		}
+	}
+
+	return users
+}
+
+// unloadInfo is print_unload_info's "refcount users" of a module, each user followed by a comma, "-" for
+// none; "- -" without CONFIG_MODULE_UNLOAD (procModulesText).
+func unloadInfo(m ModuleSpec, unload bool) string {
 	if !unload {
 		return "- -"
 	}
 
-	var users []string
-
-	// in nvidiaUsers' order: the kernel lists the newest user first (it prepends each use to the module's
-	// source_list, no tag checked), and the modules' real load order is not modelled (simnode/README.md)
-	for _, user := range nvidiaUsers[name] {
-		if slices.ContainsFunc(mods, func(m ModuleSpec) bool { return m.Name == user }) {
-			users = append(users, user+",")
-		}
+	if len(m.Dependencies) == 0 {
+		return fmt.Sprintf("%d -", m.ReferenceCount)
 	}
 
-	if len(users) == 0 {
-		return "0 -"
-	}
-
-	return fmt.Sprintf("%d %s", len(users), strings.Join(users, ""))
+	return fmt.Sprintf("%d %s,", m.ReferenceCount, strings.Join(m.Dependencies, ","))
 }
 
 // moduleTaints are the taint flags of the kmod extension's modules: out-of-tree (O), and proprietary (P) for

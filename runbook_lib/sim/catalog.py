@@ -52,12 +52,19 @@ NVIDIA_VERSIONS: Mapping[tuple[int, int], tuple[str, str | None, str]] = DRIVER_
 #: Real releases whose versions differ from their ``.0``: v1.12.7 from siderolabs/extensions@v1.12.7
 #: nvidia-gpu/vars.yaml (NVIDIA_DRIVER_LTS_VERSION 580.126.20, NVIDIA_DRIVER_PRODUCTION_VERSION 570.211.01,
 #: CONTAINER_TOOLKIT_VERSION v1.18.2; its production tag is also in facts §1.2); until 7 Dec 2026 the LTS driver
-#: here was v1.12.0's, 580.105.08 (Talos profiles review). The other patch releases of the catalog keep their
-#: ``.0``'s versions, which the real ones do not (extensions@v1.13.9 has 580.178.04 / 595.91.07): the simulated
-#: tags of those releases are not the real factory's.
+#: here was v1.12.0's, 580.105.08 (Talos profiles review). The patch a bare minor means (``state.LATEST_PATCH``)
+#: where it differs from its ``.0``, each from siderolabs/extensions@<tag> nvidia-gpu/vars.yaml
+#: (NVIDIA_DRIVER_LTS_VERSION, NVIDIA_DRIVER_PRODUCTION_VERSION, CONTAINER_TOOLKIT_VERSION; simulator audit, stop
+#: 52); the other latest patches, v1.3.7 to v1.8.4 and v1.11.6, carry their ``.0``'s versions at their tags. Other
+#: patch releases of the catalog keep their ``.0``'s versions, which the real ones may not (within 1.12 they
+#: change at .2, .3, .4 and .6): the simulated tags of those releases are not the real factory's.
 NVIDIA_OVERRIDES: dict[str, tuple[str, str | None, str]] = {
     "v1.12.7": ("580.126.20", "570.211.01", "v1.18.2"),
     "v1.12.0-beta.0": ("580.95.05", "570.195.03", "v1.18.0"),
+    "v1.9.6": ("535.230.02", "550.144.03", "v1.17.3"),
+    "v1.10.9": ("535.247.01", "570.148.08", "v1.17.8"),
+    "v1.12.11": ("580.126.20", "570.211.01", "v1.18.2"),
+    "v1.13.9": ("580.178.04", "595.91.07", "v1.19.1"),
 }
 
 _KMOD_OPEN_DESC = "This system extension provides nvidia open source driver kernel modules built against a specific Talos version."
@@ -148,7 +155,9 @@ def official_extensions(talos_version: str) -> list[ExtensionInfo]:
             _ext("nvidia-container-toolkit", f"{lts}-{toolkit}", _TOOLKIT_DESC, tier="core", talos=talos)
         )
         exts.append(_ext("nvidia-fabricmanager", lts, _FABRIC_DESC, tier="core", talos=talos))
-        if talos.at_least(1, 4, 8):
+        # nonfree-kmod-nvidia first ships with extensions v1.5.0 (extensions@v1.4.8 nvidia-gpu/ has none; its
+        # nonfree/kmod-nvidia is at v1.5.0): until stop 52 offered from 1.4.8 (simulator audit)
+        if talos.at_least(1, 5):
             exts.append(
                 _ext("nonfree-kmod-nvidia", f"{lts}-{talos}", _KMOD_NONFREE_DESC, tier="extra", talos=talos)
             )

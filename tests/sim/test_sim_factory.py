@@ -127,6 +127,45 @@ def test_facts_example_versions() -> None:
     assert tags["siderolabs/nvidia-open-gpu-kernel-modules-lts"] == "580.126.20-v1.12.7"
 
 
+EXTENSIONS_MIRROR = Path("/work/.mirror/siderolabs+extensions/repo")
+
+
+def test_the_patch_a_bare_minor_means_carries_its_tag_s_nvidia_versions() -> None:
+    """The simulated factory gave v1.13.9 (what ``1.13`` means) v1.13.0's drivers, 580.126.20 / 595.58.03, where
+    siderolabs/extensions@v1.13.9 nvidia-gpu/vars.yaml has 580.178.04 / 595.91.07 (simulator audit, stop 52). Read
+    from a git mirror of siderolabs/extensions (the project's ``fetch`` tool makes one); skipped without it."""
+    import re
+    import subprocess
+
+    if not EXTENSIONS_MIRROR.is_dir():
+        pytest.skip(
+            f"no siderolabs/extensions mirror at {EXTENSIONS_MIRROR}: the tags' vars.yaml cannot be read"
+        )
+    checked = []
+    for tag in LATEST_PATCH.values():
+        shown = subprocess.run(
+            ["git", "-C", str(EXTENSIONS_MIRROR), "show", f"{tag}:nvidia-gpu/vars.yaml"],
+            capture_output=True,
+            check=False,
+            text=True,
+        )
+        if shown.returncode != 0:
+            continue  # a tag the mirror does not have (v1.14.0: none here)
+
+        def value(key: str, text: str = shown.stdout) -> str | None:
+            found = re.search(rf"^{key}: (\S+)", text, re.M)
+            return found[1] if found else None
+
+        lts = value("NVIDIA_DRIVER_LTS_VERSION") or value("NVIDIA_DRIVER_VERSION")
+        assert catalog.nvidia_versions(tag) == (
+            lts,
+            value("NVIDIA_DRIVER_PRODUCTION_VERSION"),
+            value("CONTAINER_TOOLKIT_VERSION"),
+        ), tag
+        checked.append(tag)
+    assert "v1.13.9" in checked, checked
+
+
 def test_image_pxe_and_registry_endpoints(server: factory.FactoryServer) -> None:
     schematic_id = _post(server, GPU_YAML).json()["id"]
     base = f"{server.url}/image/{schematic_id}/v1.12.7"
@@ -220,3 +259,12 @@ def test_a_restarted_factory_keeps_its_address_unless_another_took_it(tmp_path: 
         assert moved.url != url and requests.get(f"{moved.url}/versions", timeout=5).ok
     with factory.running(tmp_path) as last:
         assert last.url == moved.url  # the new port is the one remembered now
+
+
+def test_the_proprietary_modules_are_offered_from_talos_1_5_as_the_extensions_repository_publishes_them() -> (
+    None
+):
+    """extensions@v1.4.8 nvidia-gpu/ holds nvidia-container-toolkit, nvidia-fabricmanager and nvidia-modules only;
+    nonfree/kmod-nvidia appears at v1.5.0 (simulator audit, stop 52: the catalog offered it from 1.4.8)."""
+    assert "siderolabs/nonfree-kmod-nvidia" not in {e.name for e in catalog.official_extensions("v1.4.8")}
+    assert "siderolabs/nonfree-kmod-nvidia" in {e.name for e in catalog.official_extensions("v1.5.0")}

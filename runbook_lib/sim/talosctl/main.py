@@ -422,10 +422,6 @@ NVIDIA_VERSION_PROPRIETARY = (
 )
 
 
-#: The modelled NVIDIA modules that use each one (simnode/derive.go nvidiaUsers, which cites why).
-_NVIDIA_USERS = {"nvidia": ("nvidia_uvm", "nvidia_modeset"), "nvidia_modeset": ("nvidia_drm",)}
-
-
 def _proc_modules(node: SimNode, live: Collection[str], taint: str) -> str:
     """``/proc/modules`` as simnode prints it (simnode/derive.go procModulesText, which cites the kernel and
     Talos sources): the newest module first; refcount and users ``- -`` up to Talos 1.8, whose kernels lack
@@ -434,7 +430,7 @@ def _proc_modules(node: SimNode, live: Collection[str], taint: str) -> str:
     unload = minor_of(node.talos_version) >= (1, 9)
     lines = []
     for name in newest_first:
-        users = [u for u in _NVIDIA_USERS.get(name, ()) if u in live]
+        users = [u for u in res.NVIDIA_USERS.get(name, ()) if u in live]
         info = (f"{len(users)} {''.join(u + ',' for u in users) or '-'}") if unload else "- -"
         lines.append(f"{name} {res.MODULE_SIZES[name]} {info} Live {res.MODULE_ADDRS[name]} {taint}\n")
     return "".join(lines)

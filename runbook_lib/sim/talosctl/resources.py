@@ -239,6 +239,10 @@ MODULE_ADDRS = {
 }
 
 
+#: The modelled NVIDIA modules that use each one (simnode/derive.go nvidiaUsers, which cites why).
+NVIDIA_USERS = {"nvidia": ("nvidia_uvm", "nvidia_modeset"), "nvidia_modeset": ("nvidia_drm",)}
+
+
 def modules(t: ResourceType, node: SimNode, _peers: list[SimNode]) -> list[Resource]:
     """LoadedKernelModule (1.11+) or KernelModuleStatus (1.14): the spec has no name, the ID is the module."""
     rt = runtime(node)
@@ -246,9 +250,12 @@ def modules(t: ResourceType, node: SimNode, _peers: list[SimNode]) -> list[Resou
     out: list[Resource] = []
     for name, state in sorted(rt.modules_live.items()):
         spec: dict[str, Any] = {"type": "dynamic"} if status else {}
-        spec |= {"size": MODULE_SIZES.get(name, 65536), "referenceCount": 0}
-        if name != "nvidia":
-            spec["dependencies"] = ["nvidia"]  # omitempty
+        # the modules that use this one, /proc/modules' users column, which Talos parses into the resource
+        # (talos@v1.12.0 internal/app/machined/pkg/controllers/runtime/loaded_kernel_module.go ParseModules)
+        users = [u for u in NVIDIA_USERS.get(name, ()) if u in rt.modules_live]
+        spec |= {"size": MODULE_SIZES.get(name, 65536), "referenceCount": len(users)}
+        if users:
+            spec["dependencies"] = users  # omitempty
         spec |= {
             "state": state.lower() if status else state,
             "address": MODULE_ADDRS.get(name, "0xffffffffc0000000"),
