@@ -147,8 +147,15 @@ def test_every_error_is_reported_at_once(tmp_path):
 
 
 def test_file_level_errors_name_the_file(tmp_path):
-    with pytest.raises(ParametersInvalid, match="file not found"):
+    with pytest.raises(ParametersInvalid, match="file not found") as caught:
         load_params(tmp_path / "missing.yaml")
+    assert "did you mean" not in str(caught.value), "no file with a close name: no guess"
+    # a file of the same folder with a close name is suggested (walkthrough, stop 52: `-p params/walk13.yml`)
+    (tmp_path / "gpu-cluster.yaml").write_text("cluster: a\n")
+    with pytest.raises(
+        ParametersInvalid, match=rf"file not found; did you mean {tmp_path}/gpu-cluster\.yaml\?"
+    ):
+        load_params(tmp_path / "gpu-cluster.yml")
     with pytest.raises(ParametersInvalid, match="line 2"):
         load_params(write(tmp_path, "cluster: a\n  nodes: [\n"))
     with pytest.raises(ParametersInvalid, match="mapping"):

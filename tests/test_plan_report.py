@@ -78,6 +78,12 @@ def test_steps_without_a_diff_show_their_planned_lines_grouped_and_the_report_ca
     report = outcome.report()
     assert "config-patch would change (applied only with --apply):" in report
     assert "    +            - name: nvidia" in report
+    # the CUDA test leaves nothing behind, as its --apply run says: not "would change" (walkthrough, stop 52)
+    outcome.steps = [StepOutcome("cuda-test", "06.ipynb", "planned", result=cuda)]
+    assert (
+        "cuda-test would run (only with --apply; its test pods are deleted after):\n  a, b: would run pods"
+        in (outcome.report())
+    )
 
 
 def test_nodes_whose_plans_differ_only_in_their_own_name_and_address_are_one_group():

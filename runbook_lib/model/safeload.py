@@ -22,6 +22,7 @@ line keep working.
 
 from __future__ import annotations
 
+import difflib
 import os
 import stat
 from dataclasses import dataclass
@@ -207,6 +208,18 @@ def load_all(text: str) -> list[Any]:
         loader.dispose()
 
 
+def _near(path: str) -> str:
+    """``"; did you mean …"`` naming a file of the same folder with a close name (``params/x.yml`` for ``x.yaml``:
+    operator walkthrough, stop 52), or ""."""
+    folder, name = os.path.split(path)
+    try:
+        names = sorted(os.listdir(folder or "."))
+    except OSError:
+        return ""
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.8)
+    return f"; did you mean {os.path.join(folder, close[0])}?" if close else ""
+
+
 class NotReadable(Exception):
     """A file that is not a regular file, cannot be opened, or is larger than the caller accepts."""
 
@@ -220,7 +233,7 @@ def read_regular_file(path: str, limit: int) -> bytes:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     except FileNotFoundError:
-        raise NotReadable("file not found") from None
+        raise NotReadable("file not found" + _near(path)) from None
     except OSError as exc:
         raise NotReadable(f"cannot read: {exc.strerror or exc}") from None
     with os.fdopen(fd, "rb") as handle:

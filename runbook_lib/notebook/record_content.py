@@ -87,7 +87,14 @@ class RunOutcome:
         for step in self.steps:
             planned = plan_lines(step.result) if step.status == "planned" else []
             if planned:
-                lines += [f"\n{step.name} would change (applied only with --apply):", *planned]
+                # the CUDA test changes nothing that stays (its pods are deleted), which an --apply run says too:
+                # "would change" contradicted it (operator walkthrough, stop 52)
+                what = (
+                    "would run (only with --apply; its test pods are deleted after)"
+                    if step.name == "cuda-test"
+                    else "would change (applied only with --apply)"
+                )
+                lines += [f"\n{step.name} {what}:", *planned]
         lines += step_notes(self.steps, omit_notes)
         refused = [line for step in self.steps for line in refusal_lines(step.name, step.result)]
         if refused:
