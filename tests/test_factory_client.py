@@ -18,7 +18,7 @@ from runbook_lib.clients.factory import (
 from runbook_lib.errors import CompatibilityError, PermanentError, RetryableError
 from runbook_lib.model.boot_assets import installer_image
 from runbook_lib.model.schematic import ExtensionInfo, schematic_for
-from runbook_lib.sim import factory
+from runbook_lib.sim import catalog, factory
 
 LTS = ["siderolabs/nvidia-open-gpu-kernel-modules-lts", "siderolabs/nvidia-container-toolkit-lts"]
 
@@ -150,6 +150,14 @@ def test_a_misspelt_extra_extension_is_answered_with_the_parameter_to_correct(
     assert (caught.value.hint or "").startswith(
         "correct the name in extra_extensions or the node's overrides"
     )
+    # close by the name after the publisher, which every official name shares (walkthrough, stop 52: the shared
+    # "siderolabs/" made siderolabs/gvisor and siderolabs/amd-ucode "close" to siderolabs/nvidia-nope)
+    with pytest.raises(PermanentError) as caught:
+        resolve_against(catalog.official_extensions("v1.12.7"), ["siderolabs/nvidia-nope"], "v1.12.7")
+    assert "gvisor" not in caught.value.message and "amd-ucode" not in caught.value.message, (
+        caught.value.message
+    )
+    assert "(did you mean siderolabs/" in caught.value.message and "nvidia" in caught.value.message
     # a fabric manager is an extra extension, not a track's; with a toolkit missing too, both are said (review)
     with pytest.raises(PermanentError) as caught:
         _client(server).resolve_extensions(

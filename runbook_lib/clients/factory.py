@@ -277,9 +277,12 @@ def resolve_against(
     for name in wanted:
         if name in by_name:
             continue
-        close = difflib.get_close_matches(name, list(by_name), n=4, cutoff=0.6)
+        # compared without the publisher, which every official name shares: with it, "siderolabs/nvidia-nope"
+        # was "close" to siderolabs/gvisor and siderolabs/amd-ucode (walkthrough, stop 52)
+        short = name.split("/", 1)[-1]
+        shorts = {n.split("/", 1)[-1]: n for n in by_name}
+        close = [shorts[c] for c in difflib.get_close_matches(short, list(shorts), n=4, cutoff=0.6)]
         if not close:
-            short = name.split("/", 1)[-1]
             close = [n for n in by_name if short and short.split("-")[0] in n][:4]
         suggestion = f" (did you mean {', '.join(close)}?)" if close else ""
         missing.append(f"{name} does not exist for Talos {talos_version}{suggestion}")
