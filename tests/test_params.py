@@ -486,3 +486,18 @@ def test_every_impossible_combination_is_reported_at_once() -> None:
     with pytest.raises(ParametersInvalid) as raised:
         validate(data, source="p.yaml")
     assert [p.path for p in raised.value.problems] == ["track", "kubernetes_layer"], raised.value.problems
+
+
+def test_an_extension_without_its_publisher_is_a_parameter_problem(tmp_path):
+    """A bare ``nvidia-nope`` in extra_extensions failed at the plan, after ``runbook run`` had started the
+    simulated cluster (13 s, walkthrough, stop 52): it is a parameter problem now, naming the field, the
+    cluster-wide list and a node's overrides alike."""
+    base = {"cluster": "a", "talos_version": "v1.12.7", "nodes": [{"name": "n1", "address": "10.0.0.1"}]}
+    found = problems(tmp_path, {**base, "extra_extensions": ["iscsi-tools"]})
+    assert any("extra_extensions[0]" in p and "siderolabs/iscsi-tools" in p for p in found), found
+    node = {"name": "n1", "address": "10.0.0.1", "overrides": {"extra_extensions": ["siderolabs/zfs", "/x"]}}
+    found = problems(tmp_path, {**base, "nodes": [node]})
+    assert any("extra_extensions[1]" in p and "publisher" in p for p in found), found
+    assert load_params(
+        write(tmp_path, {**base, "extra_extensions": ["siderolabs/iscsi-tools"]})
+    ).extra_extensions

@@ -104,6 +104,20 @@ def _check_release_name(value: str) -> str:
 
 
 ReleaseName = Annotated[str, AfterValidator(_check_release_name)]
+
+
+def _check_extension_name(value: str) -> str:
+    """An extension named with its publisher, as the Image Factory lists them; checked with the parameters, so a
+    bare ``nvidia-fabricmanager-lts`` fails before a simulated cluster is started or any step runs (it failed at
+    the plan, after ``runbook run`` had started the simulator: walkthrough, stop 52)."""
+    if "/" not in value or value.startswith("/") or value.endswith("/"):
+        raise ValueError(
+            f"must name its publisher, as the Image Factory lists it: siderolabs/{value.strip('/')}"
+        )
+    return value
+
+
+ExtensionName = Annotated[str, AfterValidator(_check_extension_name)]
 _REPO_URL = re.compile(r"^https?://[^\s/?#@]+(/[^\s?#]*)?$")
 
 
@@ -139,7 +153,7 @@ class NodeOverrides(_Strict):
     """Kernel-module flavour for this node only."""
     track: Track | None = None
     """Driver track for this node only."""
-    extra_extensions: tuple[str, ...] = ()
+    extra_extensions: tuple[ExtensionName, ...] = ()
     """Official extensions this node needs in addition to the cluster-wide ones."""
     extra_kernel_args: tuple[str, ...] = ()
     """Kernel arguments for this node's image (e.g. ``arm64.nobti`` on Grace Blackwell GB10)."""
@@ -326,7 +340,7 @@ class Params(_Strict):
     """CUDA test pods (smi_image, vectoradd_image, request_gpu, timeout_seconds)."""
     default_runtime_patch: bool = False
     """Also make ``nvidia`` the default containerd runtime on GPU nodes (reboots the node up to Talos 1.13)."""
-    extra_extensions: tuple[str, ...] = ()
+    extra_extensions: tuple[ExtensionName, ...] = ()
     """Other official extensions the GPU nodes' image must keep (e.g. ``siderolabs/iscsi-tools``)."""
     extra_kernel_args: tuple[str, ...] = ()
     """Extra kernel arguments for the GPU nodes' image."""
