@@ -501,3 +501,12 @@ def test_an_extension_without_its_publisher_is_a_parameter_problem(tmp_path):
     assert load_params(
         write(tmp_path, {**base, "extra_extensions": ["siderolabs/iscsi-tools"]})
     ).extra_extensions
+
+
+def test_a_dangling_symlink_is_not_suggested_as_itself(tmp_path):
+    """``os.open`` finds no file behind a dangling symlink, which the folder still lists: the suggestion named the
+    same path (review of 76b3d0f)."""
+    (tmp_path / "cluster.yaml").symlink_to(tmp_path / "gone.yaml")
+    with pytest.raises(ParametersInvalid, match="file not found") as caught:
+        load_params(tmp_path / "cluster.yaml")
+    assert "did you mean" not in str(caught.value)

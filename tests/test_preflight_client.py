@@ -232,3 +232,20 @@ def test_a_node_name_no_kubernetes_node_has_fails_preflight_with_the_close_names
     ), check.message
     assert "kubectl get nodes" in check.fix
     assert not any(c.name == "Kubernetes node" for n in talos_only.nodes for c in n.checks)
+
+
+def test_node_names_not_checked_are_said_so() -> None:
+    """A refused ``list nodes`` (or a read that timed out) turned the name check off with no word (review of
+    5466089): the reason comes back for preflight's note; no step that finds nodes by name, nothing is read."""
+    from types import SimpleNamespace
+
+    from runbook_lib.errors import PermanentError
+    from runbook_lib.steps.preflight import _kube_names
+
+    def refused(**_kw: object) -> list[object]:
+        raise PermanentError('nodes is forbidden: User "ci" cannot list resource "nodes"')
+
+    ctx = SimpleNamespace(kube=SimpleNamespace(nodes=refused))
+    names, why = _kube_names(ctx, None)  # type: ignore[arg-type]
+    assert names is None and why.startswith("nodes is forbidden"), why
+    assert _kube_names(ctx, ["preflight", "config-patch", "image"]) == (None, "")  # type: ignore[arg-type]

@@ -1142,6 +1142,24 @@ def test_a_rollback_of_records_later_runs_went_on_from_is_refused_naming_them(tm
     assert went_on.name in refused.value.message and checked.name not in refused.value.message
     assert refused.value.hint == f"roll them back together: add --from {went_on.name} to this rollback"
     load(first, went_on)
-    undo = sealed(5, steps=[{"name": "rollback"}], params={"rollback": {"records": [went_on.name]}})
-    assert undo.name > went_on.name
+    # a rollback of the later run alone keeps its Kubernetes layer while the earlier run's nodes keep the NVIDIA
+    # image: it undid nothing of the layer, and does not let the earlier one through (review of 5466089)
+    sealed(
+        5, outcome="unchanged", steps=[{"name": "rollback"}], params={"rollback": {"records": [went_on.name]}}
+    )
+    with pytest.raises(PermanentError):
+        load(first)
+    both = [str(first), str(went_on)]  # as the CLI records them: paths
+    sealed(6, steps=[{"name": "rollback"}], params={"rollback": {"records": both}})
+    load(first)
+    # named by path, the hint gives paths: a bare name is looked up in the records folder (review)
+    params = validate(data | {"rollback": {"records": [str(first)]}}, source="test")
+    later = sealed(7, continues=first.name, changes=change)
+    with pytest.raises(PermanentError) as by_path:
+        rollback_records.load_evidence(params, tmp_path / "elsewhere")
+    assert by_path.value.hint == f"roll them back together: add --from {later} to this rollback"
+    # a later run whose every changing call failed changed nothing that stays (review)
+    refused = [{**change[0], "exit_code": 1}]
+    sealed(8, steps=[{"name": "rollback"}], params={"rollback": {"records": [*both, str(later)]}})
+    sealed(9, continues=first.name, changes=refused)
     load(first)

@@ -216,7 +216,8 @@ def _near(path: str) -> str:
         names = sorted(os.listdir(folder or "."))
     except OSError:
         return ""
-    close = difflib.get_close_matches(name, names, n=1, cutoff=0.8)
+    # not the name itself: a dangling symlink is listed, and not found (review)
+    close = difflib.get_close_matches(name, [n for n in names if n != name], n=1, cutoff=0.8)
     return f"; did you mean {os.path.join(folder, close[0])}?" if close else ""
 
 

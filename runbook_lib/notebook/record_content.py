@@ -449,7 +449,7 @@ def outcome_word(
 
 
 #: The steps that change the cluster when applied; the others only look at it (cuda-test's pods are removed).
-CHANGING_STEPS = ("config-patch", "image", "kubernetes")
+CHANGING_STEPS = ("config-patch", "image", "kubernetes", "rollback")
 
 
 def run_note(

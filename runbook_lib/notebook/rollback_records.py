@@ -79,9 +79,12 @@ def load_evidence(params: Params, root: Path | None = None, *, suggest: bool = F
         path = record_path(ref, root)
         data = checked_record(path, params.cluster)
         loaded[path] = (str(data.get("started", "")), path.name, data)
-    _refuse_later_continuations(
-        next(iter(loaded)).parent, params.cluster, {n for _s, n, _d in loaded.values()}
-    )
+    # every folder a named record is in; the hint names records by path when they are not in the records folder,
+    # where a bare name is looked up (review of 5466089)
+    named = {n for _s, n, _d in loaded.values()}
+    for folder in sorted({path.parent for path in loaded}):
+        by_path = folder.resolve() != Path(root).resolve()
+        _refuse_later_continuations(folder, params.cluster, named, by_path=by_path)
     evidence = evidence_from_records(
         [(name, data) for _s, name, data in sorted(loaded.values(), key=lambda t: t[:2])]
     )
@@ -94,45 +97,57 @@ def load_evidence(params: Params, root: Path | None = None, *, suggest: bool = F
     return evidence
 
 
-def _refuse_later_continuations(folder: Path, cluster: str, named: set[str]) -> None:
-    """Refuse a rollback of records that later runs went on from (``continues``, transitively), unless those are
-    named too or a later rollback undid them: rolled back alone, the named records took the nodes back while
-    what the later runs made stayed. Why: after an interrupted run and the ``--from image --apply`` that finished
-    it, the interrupt's printed rollback took the nodes back to stock Talos and left the GPU Operator the second
-    run had installed on nodes without drivers, saying nothing of it (operator walkthrough, stop 52)."""
+def _refuse_later_continuations(
+    folder: Path, cluster: str, named: set[str], *, by_path: bool = False
+) -> None:
+    """Refuse a rollback of records that later runs went on from (``continues``, transitively) and changed the
+    cluster in (a call that did not fail), unless those are named too or a later rollback undid them together
+    with the named ones: rolled back alone, the named records took the nodes back while what the later runs made
+    stayed. Why: after an interrupted run and the ``--from image --apply`` that finished it, the interrupt's
+    printed rollback took the nodes back to stock Talos and left the GPU Operator the second run had installed on
+    nodes without drivers, saying nothing of it (operator walkthrough, stop 52). A rollback of the later run
+    alone does not count: it keeps the Kubernetes layer while the earlier run's nodes keep the NVIDIA image
+    (review of 5466089)."""
     chain, later, undone = set(named), [], set()
     for path in records.sealed_records(folder):
         if path.name <= min(named) or path.name in named or records.is_unsealed(path):
             continue
-        try:
-            # parsed only when it names a record of the chain: a 1,000-node record is large (stop 45's note)
-            text = (path / records.RECORD_JSON).read_text(encoding="utf-8")
-            links = (json.dumps({continues.FIELD: name})[1:-1] for name in chain)  # as record.json writes it
-            rollback = json.dumps({"name": "rollback"})[1:-1]  # its step, as a rollback's record lists it
-            if rollback not in text and not any(link in text for link in links):
-                continue
-            data = records.load_record(path)
-        except (PermanentError, OSError, ValueError):
-            continue  # not one a run could have gone on from
-        if data.get("cluster") != cluster:
+        data = _linked(path, chain)
+        if data is None or data.get("cluster") != cluster:
             continue
         if any(step.get("name") == "rollback" for step in records.listed(data, "steps")):
-            if data.get("outcome") in ("changed", "unchanged"):
-                undone.update(_rolled_back(data))
+            refs = set(_rolled_back(data))
+            if data.get("outcome") in ("changed", "unchanged") and named <= refs:
+                undone |= refs
             continue
         if data.get(continues.FIELD) in chain:
             chain.add(path.name)
-            if records.listed(data, "changes"):
-                later.append(path.name)
-    later = [name for name in later if name not in undone and not any(ref in name for ref in undone)]
+            # a run whose every changing call failed changed nothing that stays (its report says so too)
+            if any(c.get("exit_code") in (0, None) for c in records.listed(data, "changes")):
+                later.append(path)
+    later = [path for path in later if path.name not in undone]
     if later:
-        add = " ".join(f"--from {name}" for name in later)
+        add = " ".join(f"--from {path if by_path else path.name}" for path in later)
         raise PermanentError(
             f"{PARAMETER}: later runs went on with the change {', '.join(sorted(named))} began and changed the "
-            f"cluster too: {', '.join(later)}; rolled back without them, what they changed (a Kubernetes layer "
-            "they installed, nodes they upgraded) would stay",
+            f"cluster too: {', '.join(p.name for p in later)}; rolled back without them, what they changed (a "
+            "Kubernetes layer they installed, nodes they upgraded) would stay",
             hint=f"roll them back together: add {add} to this rollback",
         )
+
+
+def _linked(path: Path, chain: set[str]) -> dict[str, Any] | None:
+    """``record.json`` of a record that goes on from one of ``chain`` or is a rollback; None for the others, which
+    are not parsed (a 1,000-node record is large: stop 45's note) and for one that cannot be read."""
+    try:
+        text = (path / records.RECORD_JSON).read_text(encoding="utf-8")
+        links = (json.dumps({continues.FIELD: name})[1:-1] for name in chain)  # as record.json writes it
+        rollback = json.dumps({"name": "rollback"})[1:-1]  # its step, as a rollback's record lists it
+        if rollback not in text and not any(link in text for link in links):
+            return None
+        return records.load_record(path)
+    except (PermanentError, OSError, ValueError):
+        return None
 
 
 def _rolled_back(data: dict[str, Any]) -> list[str]:

@@ -73,7 +73,10 @@ def preflight(
     layer = permissions.LayerReads()
     result.data["versions"] = _tool_versions(ctx, result, client, steps, layer, nodes=nodes)
     reads = _read_nodes(ctx, nodes, addresses, servers, errors)
-    reads = replace(reads, kube_names=_kube_names(ctx, steps))
+    names, unread = _kube_names(ctx, steps)
+    reads = replace(reads, kube_names=names)
+    if unread:
+        result.notes.append(f"the nodes' names were not checked against the Kubernetes Nodes: {unread}")
     for node in nodes:
         res = NodeResult(node=node.name, address=node.address)
         result.nodes.append(res)
@@ -295,18 +298,19 @@ def _check_node(ctx: Context, res: NodeResult, node: Node, reads: _NodeReads) ->
     )
 
 
-def _kube_names(ctx: Context, steps: Collection[str] | None) -> frozenset[str] | None:
+def _kube_names(ctx: Context, steps: Collection[str] | None) -> tuple[frozenset[str] | None, str]:
     """The Kubernetes Node names, when the run's steps find nodes by their ``name`` (the Kubernetes step labels
-    and waits for each, cuda-test pins a pod to each); None otherwise, or when the API does not answer (the
-    ``kubernetes API`` check says so). Why: a misspelt node name passed preflight, and an ``--apply`` run upgraded
-    the whole fleet before the Kubernetes step waited five minutes for a Node that does not exist (operator
-    walkthrough, stop 52)."""
+    and waits for each, cuda-test pins a pod to each), and why they were not read when they could not be (a note:
+    a refused ``list nodes`` turned the check off silently, review of 5466089); (None, "") when no step needs
+    them. Why: a misspelt node name passed preflight, and an ``--apply`` run upgraded the whole fleet before the
+    Kubernetes step waited five minutes for a Node that does not exist (operator walkthrough, stop 52). The read
+    may take 60 s, as the cordon check's list of the same Nodes at 1,000 nodes may."""
     if not (permissions.runs_step(steps, "kubernetes") or permissions.runs_step(steps, "cuda-test")):
-        return None
+        return None, ""
     try:
-        return frozenset(str(n["metadata"]["name"]) for n in ctx.kube.nodes(timeout_s=(5, 30)))
-    except RunbookError:
-        return None
+        return frozenset(str(n["metadata"]["name"]) for n in ctx.kube.nodes(timeout_s=(5, 60))), ""
+    except RunbookError as exc:
+        return None, exc.message
 
 
 def _no_kube_node(node: Node, names: frozenset[str]) -> Check:
