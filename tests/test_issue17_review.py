@@ -413,8 +413,10 @@ def test_naming_every_gpu_node_removes_the_kubernetes_layer_as_naming_none_does(
         every = [n.name for n in params.nodes]
         result = rollback(back, only=every, evidence=evidence_from_records([record]), poll_interval=0.1)
         assert result.ok, result.summary()
-        assert "helm uninstall nvidia-device-plugin -n kube-system --wait --timeout 300s" in result.data.get(
-            "kubernetes", []
+        own = f"{back.endpoints.helm} --kubeconfig {back.endpoints.kubeconfig}"  # the run's own (stop 52)
+        assert (
+            f"{own} uninstall nvidia-device-plugin -n kube-system --wait --timeout 300s"
+            in result.data.get("kubernetes", [])
         )
         assert "the Kubernetes layer is kept: only some GPU nodes go back" not in result.notes
         assert back.helm.release("nvidia-device-plugin", "kube-system") is None
