@@ -430,7 +430,7 @@ def _proc_modules(node: SimNode, live: Collection[str], taint: str) -> str:
     unload = minor_of(node.talos_version) >= (1, 9)
     lines = []
     for name in newest_first:
-        users = [u for u in res.NVIDIA_USERS.get(name, ()) if u in live]
+        users = res.module_users(name, live)
         info = (f"{len(users)} {''.join(u + ',' for u in users) or '-'}") if unload else "- -"
         lines.append(f"{name} {res.MODULE_SIZES[name]} {info} Live {res.MODULE_ADDRS[name]} {taint}\n")
     return "".join(lines)

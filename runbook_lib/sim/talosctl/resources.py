@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -243,6 +243,11 @@ MODULE_ADDRS = {
 NVIDIA_USERS = {"nvidia": ("nvidia_uvm", "nvidia_modeset"), "nvidia_modeset": ("nvidia_drm",)}
 
 
+def module_users(name: str, live: Collection[str]) -> list[str]:
+    """The loaded modules that use ``name``: /proc/modules' users column and the resource's ``dependencies``."""
+    return [u for u in NVIDIA_USERS.get(name, ()) if u in live]
+
+
 def modules(t: ResourceType, node: SimNode, _peers: list[SimNode]) -> list[Resource]:
     """LoadedKernelModule (1.11+) or KernelModuleStatus (1.14): the spec has no name, the ID is the module."""
     rt = runtime(node)
@@ -252,7 +257,7 @@ def modules(t: ResourceType, node: SimNode, _peers: list[SimNode]) -> list[Resou
         spec: dict[str, Any] = {"type": "dynamic"} if status else {}
         # the modules that use this one, /proc/modules' users column, which Talos parses into the resource
         # (talos@v1.12.0 internal/app/machined/pkg/controllers/runtime/loaded_kernel_module.go ParseModules)
-        users = [u for u in NVIDIA_USERS.get(name, ()) if u in rt.modules_live]
+        users = module_users(name, rt.modules_live)
         spec |= {"size": MODULE_SIZES.get(name, 65536), "referenceCount": len(users)}
         if users:
             spec["dependencies"] = users  # omitempty
