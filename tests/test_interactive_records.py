@@ -436,3 +436,36 @@ def test_a_notebook_that_names_its_nodes_by_address_shows_its_gate(
             assert [n.node for n in gate.applied.nodes] == ["gpu-worker-2"]
     finally:
         InteractiveShell.clear_instance()
+
+
+def test_an_approval_that_goes_on_from_an_interrupted_run_keeps_its_rollback_whole(
+    params: Params, tmp_path: Path
+) -> None:
+    """An ``--apply`` run interrupted in its image step, then finished by Approve clicks in JupyterLab: the
+    approval's record said nothing of the run it went on from, so a rollback of the interrupted run alone (the
+    command its report printed) went ahead and left what the approval changed (stop 52's open item). It records
+    ``continues`` as ``runbook run`` does, and that rollback is refused naming the approval."""
+    from runbook_lib.errors import PermanentError
+    from runbook_lib.model.params import validate
+    from runbook_lib.notebook import rollback_records
+
+    root = tmp_path / "records"
+    interrupted = records.create_record_dir(root, params.cluster)
+    change = {"step": "image", "argv": ["talosctl", "-n", "10.5.0.11", "upgrade"], "exit_code": 0}
+    records.seal(
+        interrupted,
+        {"cluster": params.cluster, "outcome": "interrupted", "steps": [], "changes": [change]},
+    )
+    approve(params, root, only=("gpu-worker-2",))
+    approval = max(records.sealed_records(root), key=lambda p: p.name)
+    assert approval.name.startswith(interrupted.name[:8]) and "-interactive-" in approval.name
+    assert records.load_record(approval)["continues"] == interrupted.name
+    data = yaml.safe_load(PARAMS.read_text())
+    alone = validate(data | {"rollback": {"records": [interrupted.name]}}, source="test")
+    with pytest.raises(PermanentError) as refused:
+        rollback_records.load_evidence(alone, root)
+    assert approval.name in refused.value.message
+    assert refused.value.hint == f"roll them back together: add --from {approval.name} to this rollback"
+    together = validate(data | {"rollback": {"records": [interrupted.name, approval.name]}}, source="test")
+    evidence = rollback_records.load_evidence(together, root)  # named together: not refused
+    assert evidence.records == [interrupted.name, approval.name]

@@ -6,7 +6,8 @@ records, each with part of the work, and so does a failed run followed by the fi
 (``--steps image --apply``) and then ``--from image``. A rollback named with the last record alone planned the
 nodes it changed and said of the nodes the first had upgraded "no record shows the runbook changed this node",
 and removed the Kubernetes layer those nodes still needed (operator walkthrough, 6 Dec 2026). Every run (not a
-rollback) now records the run it follows, so what reads it can say which record holds the rest.
+rollback) now records the run it follows, so what reads it can say which record holds the rest; so does a
+JupyterLab approval's record (``interactive_record``), which finishes a change as often as a resumed run does.
 
 Which run that is: the newest record of the same cluster that changed it (its journal lists changes), passing
 over plans and checks-only runs, which change nothing, and only while that run left the change unfinished: it

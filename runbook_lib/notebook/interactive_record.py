@@ -40,7 +40,7 @@ from runbook_lib.model.plan import build_plan
 from runbook_lib.steps.context import resolve_endpoints
 from runbook_lib.steps.results import StepResult
 
-from . import records
+from . import continues, records
 from .record_content import (
     REPO,
     StepOutcome,
@@ -110,6 +110,7 @@ class InteractiveRecorder:
     _started: str = ""
     _clock: float = 0.0
     _approved: bool = True
+    _continues: str | None = None
     sealed: list[str] = field(default_factory=list)
     """Manifest hashes of the records sealed so far (the anchors)."""
     _held: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
@@ -142,6 +143,10 @@ class InteractiveRecorder:
                 hint=f"set {records.RECORDS_ENV} to a folder you can write, or start JupyterLab where ./records is writable",
             ) from None
         self._mark, self._approved = len(self.journal.entries), approved
+        # the run this approval goes on from, read before its own folder exists (an unsealed one is passed over)
+        self._continues = (
+            None if self.step == "rollback" else continues.continued_run(root, self.params.cluster)
+        )
         self._started, self._clock = records.now_iso(), time.monotonic()
         (self.record / "params.yaml").write_text(
             record_yaml(self.params, APPROVAL_HEADING, source="parameters"), encoding="utf-8"
@@ -245,6 +250,8 @@ class InteractiveRecorder:
                 "notebook_rebuilt": self.notebook_file,
             },
             "steps_requested": [self.step],
+            # as runbook run writes it: a rollback of the run this one went on from is refused without it
+            **({continues.FIELD: self._continues} if self.step != "rollback" else {}),
             "outcome": "failed" if failed else ("changed" if changes else "unchanged"),
             "failed_step": self.step if failed else None,
             "note": f"{HOW[self._approved]}: {INTERACTIVE_NOTE}",
