@@ -166,6 +166,20 @@ def test_a_first_install_helm_fails_is_still_recorded_as_created_for_rollback(tm
             n.startswith("not waited for the device plugin nor the GPUs: helm failed") for n in result.notes
         )
         assert result.nodes == [] and "kubectl label" not in str(result.to_dict())
+        # the site lifts its policy: the next plan says the release it would upgrade is a failed one, where it
+        # said only "keeping the release's other values", as if the install had worked (stop 52's open item)
+        admission = client.AdmissionregistrationV1Api(ctx.kube.api)
+        admission.delete_validating_admission_policy_binding("no-gpu-daemonsets")
+        admission.delete_validating_admission_policy("no-gpu-daemonsets")
+        for _ in range(30):  # until the API server's policy cache has dropped it
+            plan = kubernetes_layer(_with(params, tmp_path, apply=False), timeout_s=10)
+            if "needs the platform team" not in str(plan.to_dict()):
+                break
+            time.sleep(1)
+        assert any(
+            f"(release {RELEASE} is failed: the helm before this one did not finish" in c
+            for c in plan.data["changes"]
+        ), plan.to_dict()
 
 
 def test_a_dead_gpu_node_does_not_make_the_step_wait_its_whole_timeout(tmp_path):

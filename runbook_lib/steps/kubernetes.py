@@ -664,9 +664,7 @@ def _helm_release(
         dry_run=dry_run,
         reuse_values=current is not None,
     )
-    what = _helm_command(ctx, version)  # the plan names the values
-    if current is not None:
-        what += " (keeping the release's other values)"
+    what = _helm_command(ctx, version) + _over(current)  # the plan names the values
     if dry_run and not run.ok and "ensure CRDs are installed first" in run.stderr:
         # helm installs a chart's CRDs only for real, so a first-time dry run of a chart that also creates
         # custom resources (the GPU Operator's ClusterPolicy) cannot render them: that is not a failure.
@@ -699,6 +697,22 @@ def _helm_release(
         changed.append(
             f"{what}: failed, and left the release {release.release} in {release.namespace} installed"
         )
+
+
+def _over(current: Release | None) -> str:
+    """What the upgrade goes on from, for the plan's line. Why name a failed release: after a Ctrl-C in this step
+    (helm cancels its context on SIGINT, helm@v4.1.4 pkg/cmd/upgrade.go:239-249, and the release is left ``failed``)
+    or a failed ``--wait``, the next plan said only that it would upgrade, as if the last install had worked (stop
+    52's open item). ``helm upgrade`` goes on from a release whose every revision failed (helm@v4.1.4
+    pkg/action/upgrade.go:247-266: the last failed release stands in for a deployed one)."""
+    if current is None:
+        return ""
+    if current.status == "failed":
+        return (
+            f" (release {current.name} is failed: the helm before this one did not finish, stopped or timed out "
+            "or refused; this one replaces it, keeping the release's other values)"
+        )
+    return " (keeping the release's other values)"
 
 
 def already_deployed(ctx: Context, current: Release, version: str) -> bool:
