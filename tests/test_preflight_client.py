@@ -245,7 +245,7 @@ def test_node_names_not_checked_are_said_so() -> None:
     def refused(**_kw: object) -> list[object]:
         raise PermanentError('nodes is forbidden: User "ci" cannot list resource "nodes"')
 
-    ctx = SimpleNamespace(kube=SimpleNamespace(nodes=refused))
+    ctx = SimpleNamespace(kube=SimpleNamespace(iter_nodes=refused))
     names, why = _kube_names(ctx, None)  # type: ignore[arg-type]
     assert names is None and why.startswith("nodes is forbidden"), why
     assert _kube_names(ctx, ["preflight", "config-patch", "image"]) == (None, "")  # type: ignore[arg-type]

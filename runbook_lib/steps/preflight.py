@@ -308,7 +308,8 @@ def _kube_names(ctx: Context, steps: Collection[str] | None) -> tuple[frozenset[
     if not (permissions.runs_step(steps, "kubernetes") or permissions.runs_step(steps, "cuda-test")):
         return None, ""
     try:
-        return frozenset(str(n["metadata"]["name"]) for n in ctx.kube.nodes(timeout_s=(5, 60))), ""
+        listed = ctx.kube.iter_nodes(timeout_s=(5, 60), metadata_only=True)  # names only: no status read
+        return frozenset(str(n["metadata"]["name"]) for n in listed), ""
     except RunbookError as exc:
         return None, exc.message
 
