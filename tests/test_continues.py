@@ -174,3 +174,24 @@ def test_a_run_an_overlapping_plan_could_not_see_is_still_followed(tmp_path: Pat
     first = sorted(p.name for p in root.iterdir())[0]
     _seal(root, 15, {"outcome": "planned", "changes": [], "continues": first})
     assert continues.continued_run(root, "sim-gpu") == overlapped.name
+
+
+def test_approvals_one_step_at_a_time_end_their_chain_with_the_cuda_test(tmp_path: Path) -> None:
+    """A person approving config-patch, image, kubernetes and cuda-test in JupyterLab, one notebook after the
+    other: each approval follows the one before, and the CUDA test's, which changes nothing (its pods are not
+    changes), finishes the change. The chain went on past it: a run a month later followed the Kubernetes
+    approval, and a rollback of the four together was refused for it (review, stop 53)."""
+    root = tmp_path / "records"
+    before: str | None = None
+    for minute, step in enumerate(["config-patch", "image", "kubernetes"]):
+        data = {"apply": True, "outcome": "changed", "changes": [{}], "steps_requested": [step]}
+        before = _seal(root, minute, {**data, "continues": before}).name
+        assert continues.continued_run(root, "sim-gpu") == before, step
+    tested = {"apply": True, "outcome": "unchanged", "changes": [], "steps_requested": ["cuda-test"]}
+    _seal(root, 5, {**tested, "continues": before})
+    assert continues.continued_run(root, "sim-gpu") is None, "the CUDA test passed: the change is finished"
+    _seal(root, 6, {**tested, "apply": False, "outcome": "planned", "continues": None})
+    assert continues.continued_run(root, "sim-gpu") is None
+    failed = {**tested, "outcome": "failed"}
+    _seal(root, 7, {**failed, "continues": None})  # a later failed test finished nothing, changed nothing
+    assert continues.continued_run(root, "sim-gpu") is None

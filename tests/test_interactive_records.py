@@ -373,6 +373,9 @@ def test_a_kernel_killed_mid_change_leaves_a_journal_that_seal_aborted_seals(
     assert main(["records", "verify", "--dir", str(root)]) == 0
     capsys.readouterr()
     data = records.load_record(path)
+    # the parameters' cluster, not "sim-gpu-interactive" from the folder's name: a rollback of it was refused
+    # as another cluster's record (review, stop 53)
+    assert data["cluster"] == "sim-gpu"
     assert [(s["name"], s["status"]) for s in data["steps"]] == [("config-patch", "aborted")]
     assert "2 change(s) from its journal (1 in flight: it may or may not" in data["steps"][0]["summary"]
     changes = {(c["argv"][2], c.get("interrupt")) for c in data["changes"]}

@@ -80,8 +80,13 @@ def _read(path: Path, cluster: str) -> dict[str, Any] | None:
 
 def _verdict(path: Path, data: dict[str, Any]) -> tuple[bool, str | None]:
     """(whether this record decides what a new run follows, and what): a rollback ends the chain, a run that
-    changed the cluster is followed unless it finished its change; a run that changed nothing decides nothing."""
+    changed the cluster is followed unless it finished its change; a run that changed nothing decides nothing,
+    except an ``--apply`` one that went through the last step: an approval of the CUDA test changes nothing (its
+    pods are not changes) and still finishes the change (review: the chain went on past it, and a run a month
+    later was chained to the approvals before it)."""
     if _is_rollback(data):
+        return True, None
+    if data.get("apply") is True and _finished(data):
         return True, None
     if records.listed(data, "changes"):
         return True, None if _finished(data) else path.name

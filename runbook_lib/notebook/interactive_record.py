@@ -143,7 +143,7 @@ class InteractiveRecorder:
                 hint=f"set {records.RECORDS_ENV} to a folder you can write, or start JupyterLab where ./records is writable",
             ) from None
         self._mark, self._approved = len(self.journal.entries), approved
-        # the run this approval goes on from, read before its own folder exists (an unsealed one is passed over)
+        # the run this approval goes on from (its own folder, unsealed, is passed over), under the cluster lock
         self._continues = (
             None if self.step == "rollback" else continues.continued_run(root, self.params.cluster)
         )

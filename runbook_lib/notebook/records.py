@@ -493,6 +493,11 @@ def seal_aborted(
     params = aborted_params(path)
     if params is not None:
         record.update(params=params, apply=params.get("apply"), target=params.get("target"))
+        if isinstance(params.get("cluster"), str) and params["cluster"]:
+            # the parameters' cluster, not the name's: a JupyterLab approval's folder is named
+            # <time>-<cluster>-interactive-<id>, and its aborted record said cluster "<cluster>-interactive", so
+            # a rollback of it was refused as another cluster's and the chain of runs passed it over (review)
+            record["cluster"] = params["cluster"]
     return seal(path, record, secrets=secrets)
 
 
