@@ -9,7 +9,6 @@ image --apply`` nothing said that verify, kubernetes and cuda-test were still to
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 from collections.abc import Sequence
@@ -17,6 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from runbook_lib.errors import PermanentError
 from runbook_lib.model.text import MODULES_PATCH_MISSING, PARAMS_PLACEHOLDER, shortened
 from runbook_lib.notebook import continues, records
 from runbook_lib.notebook.record_content import RunOutcome
@@ -133,10 +133,9 @@ def what_it_changed(outcome: RunOutcome, invocation: Invocation) -> str:
         )
         return f"nothing was changed on the cluster: this run made no call that changes it{pods}{api}\n"
     try:
-        data = json.loads((outcome.record / records.RECORD_JSON).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = records.load_record(outcome.record)
+    except PermanentError:
         data = {}
-    data = data if isinstance(data, dict) else {}
     failed = sum(1 for c in records.listed(data, "changes") if c.get("exit_code") not in (0, None))
     show = ["runbook", "records", "show", outcome.record.name, "--records", str(outcome.record.parent)]
     rollback = rollback_argv(outcome.record, data, invocation)
@@ -189,10 +188,10 @@ def after_interrupt(record: Path | None, invocation: Invocation) -> str:
     if record is None:
         return ""
     try:
-        data = json.loads((record / records.RECORD_JSON).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = records.load_record(record)
+    except PermanentError:
         return ""
-    if not isinstance(data, dict) or data.get("apply") is not True:
+    if data.get("apply") is not True:
         return ""  # a plan changed nothing; the approval may have come from the file or a --set (review)
     invocation = replace(invocation, apply=True)
     steps = records.listed(data, "steps")
