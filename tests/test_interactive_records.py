@@ -472,3 +472,37 @@ def test_an_approval_that_goes_on_from_an_interrupted_run_keeps_its_rollback_who
     together = validate(data | {"rollback": {"records": [interrupted.name, approval.name]}}, source="test")
     evidence = rollback_records.load_evidence(together, root)  # named together: not refused
     assert evidence.records == [interrupted.name, approval.name]
+
+
+def test_an_approval_killed_mid_change_still_names_the_run_it_went_on_from(
+    params: Params, tmp_path: Path
+) -> None:
+    """A kernel killed while its approval upgrades nodes: ``records seal-aborted`` sealed it without the run it
+    went on from, so a rollback of that interrupted run alone went ahead and left what the approval had changed
+    (review, stop 53). The approval's folder holds it from the start, and the aborted record carries it."""
+    from runbook_lib.errors import PermanentError
+    from runbook_lib.model.params import validate
+    from runbook_lib.notebook import rollback_records
+
+    root = tmp_path / "records"
+    interrupted = records.create_record_dir(root, params.cluster)
+    change = {"step": "image", "argv": ["talosctl", "-n", "10.5.0.11", "upgrade"], "exit_code": 0}
+    records.seal(
+        interrupted, {"cluster": params.cluster, "outcome": "interrupted", "steps": [], "changes": [change]}
+    )
+    journal = Journal()
+    killed = recorder(params, journal, root)
+    path = killed.started()
+    argv = ("talosctl", "-n", "10.5.0.12", "patch", "mc", "--patch", "@nvidia.yaml")
+    journal.add(JournalEntry("command", "patch", argv, 0, changes_cluster=True, diff="+x"))
+    killed.journal.sink_to(None)  # the kernel dies here: no finished(), no seal
+    assert main(["records", "seal-aborted", path.name, "--dir", str(root)]) == 0
+    data = records.load_record(path)
+    assert data["outcome"] == "aborted" and data["continues"] == interrupted.name
+    assert [c["argv"][2] for c in data["changes"]] == ["10.5.0.12"]
+    alone = validate(
+        yaml.safe_load(PARAMS.read_text()) | {"rollback": {"records": [interrupted.name]}}, source="test"
+    )
+    with pytest.raises(PermanentError) as refused:
+        rollback_records.load_evidence(alone, root)
+    assert path.name in refused.value.message

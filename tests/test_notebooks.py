@@ -158,6 +158,8 @@ def test_healthy_cluster_end_to_end_then_a_second_run_changes_nothing(
     assert first["who"]["user"] and first["runbook"].get("commit") is not None
     assert first["params"]["kubeconfig"] is None and first["versions"]["talosctl"]
     record_dir = records.resolve(sim_env["records"], None)
+    # what it follows is in its folder from the start, for seal-aborted should the run be killed (stop 53)
+    assert json.loads((record_dir / records.CONTINUES_FILE).read_text()) == {"continues": None}
     for step in STEPS:
         assert (record_dir / step.notebook).exists() and (
             record_dir / "html" / f"{Path(step.notebook).stem}.html"

@@ -29,7 +29,7 @@ from runbook_lib.errors import PermanentError
 from . import records
 from .steps import STEP_NAMES
 
-FIELD = "continues"
+FIELD = records.CONTINUES
 #: The runbook's last step: a run that passed through it finished its change.
 LAST_STEP = STEP_NAMES[-1]
 #: Links a chain follows at most.

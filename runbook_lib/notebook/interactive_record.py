@@ -152,6 +152,10 @@ class InteractiveRecorder:
             record_yaml(self.params, APPROVAL_HEADING, source="parameters"), encoding="utf-8"
         )
         (self.record / "results").mkdir()
+        if self.step != "rollback":
+            records.write_follows(
+                self.record, self._continues
+            )  # for seal-aborted, should the kernel be killed
         self.journal.sink_to(self._journal_file(self.record))  # from here on, as it happens
         self._write_notebook(self.record, "")  # an aborted record names its step by this notebook
         return self.record

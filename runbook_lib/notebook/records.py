@@ -49,6 +49,11 @@ from runbook_lib.notebook.record_content import group_nodes
 
 MANIFEST = "SHA256SUMS"
 RECORD_JSON = "record.json"
+#: ``record.json``'s field naming the run a run follows (``continues.py``), and the file that holds it from the
+#: moment the run's folder is made: a run killed before its seal leaves it for :func:`seal_aborted` (review,
+#: stop 53: an aborted record named no run before it, so a rollback of that run alone was not refused).
+CONTINUES = "continues"
+CONTINUES_FILE = "continues.json"
 RECORD_FORMAT = 1
 #: Overrides the records directory (default: ``records/`` under the current directory).
 RECORDS_ENV = "RUNBOOK_RECORDS"
@@ -490,6 +495,7 @@ def seal_aborted(
         "files": [{"path": rel, "bytes": (path / rel).stat().st_size} for rel in _record_files(path)],
     }
     record["steps"], record["changes"] = _aborted_steps(path, read_journal)
+    record.update(_aborted_follows(path))
     params = aborted_params(path)
     if params is not None:
         record.update(params=params, apply=params.get("apply"), target=params.get("target"))
@@ -568,6 +574,22 @@ def _in_flight_step(
 
 
 _CHANGE_KEYS = ("kind", "summary", "argv", "exit_code", "duration_s", "diff", "at", "interrupt")
+
+
+def write_follows(path: Path, name: str | None) -> None:
+    """Write :data:`CONTINUES_FILE` in a run's new folder: the run it follows, ``None`` for none."""
+    (path / CONTINUES_FILE).write_text(json.dumps({CONTINUES: name}) + "\n", encoding="utf-8")
+
+
+def _aborted_follows(path: Path) -> dict[str, Any]:
+    """``{"continues": …}`` from an aborted run's :data:`CONTINUES_FILE`; {} when it has none (a rollback's, or
+    a folder made before the file existed) or it cannot be read: then the record says nothing of it."""
+    try:
+        data = json.loads((path / CONTINUES_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return {}
+    value = data.get(CONTINUES, False) if isinstance(data, dict) else False
+    return {CONTINUES: value} if value is None or (isinstance(value, str) and value) else {}
 
 
 def aborted_params(path: Path) -> dict[str, Any] | None:

@@ -1035,6 +1035,8 @@ def _prepare(
     env = stack.enter_context(hook(params))
     stack.enter_context(_environment(dict(env)))
     record, params_path = _open_record(root, params, run_id, named_at, html=html, params_text=params_text)
+    if selected != [ROLLBACK]:
+        records.write_follows(record, carried)  # for seal-aborted, should this run be killed before its seal
     if on_record is not None:
         on_record(record)
     # the run id labels the CUDA test pods; the steps tell preflight what to check
