@@ -236,16 +236,52 @@ def test_a_node_name_no_kubernetes_node_has_fails_preflight_with_the_close_names
 
 def test_node_names_not_checked_are_said_so() -> None:
     """A refused ``list nodes`` (or a read that timed out) turned the name check off with no word (review of
-    5466089): the reason comes back for preflight's note; no step that finds nodes by name, nothing is read."""
+    5466089): the reason comes back for preflight's note, naming what was not checked."""
     from types import SimpleNamespace
 
     from runbook_lib.errors import PermanentError
-    from runbook_lib.steps.preflight import _kube_names
+    from runbook_lib.steps import node_identity
 
     def refused(**_kw: object) -> list[object]:
         raise PermanentError('nodes is forbidden: User "ci" cannot list resource "nodes"')
 
     ctx = SimpleNamespace(kube=SimpleNamespace(iter_nodes=refused))
-    names, why = _kube_names(ctx, None)  # type: ignore[arg-type]
-    assert names is None and why.startswith("nodes is forbidden"), why
-    assert _kube_names(ctx, ["preflight", "config-patch", "image"]) == (None, "")  # type: ignore[arg-type]
+    nodes, why = node_identity.read(ctx, None)  # type: ignore[arg-type]
+    assert nodes is None and why == (
+        "the nodes' names and addresses were not checked against the Kubernetes Nodes: nodes is forbidden: "
+        'User "ci" cannot list resource "nodes"'
+    ), why
+    nodes, why = node_identity.read(ctx, ["preflight", "config-patch", "image"])  # type: ignore[arg-type]
+    assert why.startswith("the nodes' addresses were not checked"), why
+
+
+def test_a_node_given_another_nodes_address_fails_preflight_naming_both(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GPU worker given the control plane's address (a copy-paste slip): preflight said "no NVIDIA GPU among
+    the node's 2 PCI devices … remove gpu-worker-2 from nodes: it is not a GPU node", reading the control plane's
+    PCI bus, while the worker was a GPU node at its own address (operator walkthrough, stop 53); given another
+    GPU worker's address, the run would upgrade that machine under this name. The Node that lists the address
+    is named, and where this node is; also for a run that does not find nodes by name."""
+    python_talosctl(monkeypatch, "the check reads the Kubernetes Nodes' addresses")
+    with sim_cluster(tmp_path / "sim", workers=2) as (params, ctx):
+        first, second = params.nodes
+        listed = {n["metadata"]["name"]: n for n in ctx.kube.iter_nodes()}
+        others = [name for name in listed if name not in (first.name, second.name)]
+        plane = others[0]
+        internal = next(
+            a["address"] for a in listed[plane]["status"]["addresses"] if a["type"] == "InternalIP"
+        )
+        moved = second.model_copy(update={"address": internal})
+        slipped = replace(ctx, params=params.model_copy(update={"nodes": [first, moved]}))
+        for steps in (None, ["preflight", "config-patch", "image"]):
+            result = preflight(slipped, steps=steps)
+            assert not result.ok
+            by_name = {n.node: n for n in result.nodes}
+            assert by_name[first.name].status == "ok"
+            failed = [c for c in by_name[second.name].checks if not c.ok]
+            assert [c.message for c in failed] == [
+                f"address {internal} is Kubernetes Node {plane}'s, not {second.name}'s; Node {second.name} is "
+                f"at {second.address}"
+            ], failed
+            assert f"kubectl get node {second.name} -o wide" in failed[0].fix

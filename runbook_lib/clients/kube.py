@@ -30,8 +30,6 @@ _Out = TypeVar("_Out")
 
 Obj = dict[str, Any]
 
-#: The Accept of a metadata-only list, client-go's without protobuf (:meth:`Kube.iter_nodes`).
-METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
 #: Pods per DELETE collection call of :meth:`Kube.delete_pods` (its docstring says why a page).
 DELETE_PAGE = 500
 #: Seconds a watch may stay silent past the timeout it asked the server for before its connection counts as
@@ -253,27 +251,18 @@ class Kube:
     def node(self, name: str) -> Obj | None:
         return self._read_or_none(f"read node {name}", lambda: self.core.read_node(name))
 
-    def iter_nodes(
-        self, *, page: int = 200, timeout_s: tuple[float, float] | None = None, metadata_only: bool = False
-    ) -> Iterator[Obj]:
+    def iter_nodes(self, *, page: int = 200, timeout_s: tuple[float, float] | None = None) -> Iterator[Obj]:
         """Every Node as the API's JSON, ``page`` at a time (``limit``/``continue``), through the API client
         alone.  Why not ``nodes()``: the generated ``CoreV1Api`` module costs a kernel ~22 MB just to import
         and its models ~15 MB more at 1,000 nodes (measured), for fields a read-only caller never reads;
         GET ``/api/v1/nodes`` is the request ``list_node`` builds (kubernetes 37.0.2
         ``CoreV1Api._list_node_serialize``: Accept JSON, BearerToken auth).  ``timeout_s`` as in :meth:`nodes`.
-
-        ``metadata_only``: each Node's ``metadata`` alone, asked as client-go's metadata client asks it
-        (:data:`METADATA_LIST`, k8s.io/client-go@v0.35.0 metadata/metadata.go:220-222; the API server strips the
-        rest, k8s.io/apiserver@v0.35.0 pkg/endpoints/handlers/response.go:263-264, 437), for a caller that needs
-        only names or labels: a real Node's status lists its images and addresses, many times its metadata. A
-        server that cannot answer so answers in full (the Accept's last type), and ``metadata`` is there too.
         """
-        accept = METADATA_LIST if metadata_only else "application/json"
         token: str | None = None
         while True:
             query: list[tuple[str, Any]] = [("limit", page)] + ([("continue", token)] if token else [])
             data = self._call(
-                "list nodes", functools.partial(self._get_json, "/api/v1/nodes", query, timeout_s, accept)
+                "list nodes", functools.partial(self._get_json, "/api/v1/nodes", query, timeout_s)
             )
             yield from data.get("items") or []
             token = (data.get("metadata") or {}).get("continue") or None
@@ -281,17 +270,13 @@ class Kube:
                 return
 
     def _get_json(
-        self,
-        path: str,
-        query: list[tuple[str, Any]],
-        timeout_s: tuple[float, float] | None,
-        accept: str = "application/json",
+        self, path: str, query: list[tuple[str, Any]], timeout_s: tuple[float, float] | None
     ) -> Obj:
         request = self.api.param_serialize(
             "GET",
             path,
             query_params=query,
-            header_params={"Accept": accept},
+            header_params={"Accept": "application/json"},
             auth_settings=["BearerToken"],
         )
         response = self.api.call_api(*request, _request_timeout=timeout_s)

@@ -10,7 +10,6 @@ so a re-run shows at a glance which steps will be no-ops.
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections.abc import Collection
 from dataclasses import dataclass, field, replace
@@ -37,7 +36,7 @@ from runbook_lib.model.text import shortened
 from runbook_lib.model.upgrade_risks import preserve_needed
 from runbook_lib.model.versions import TalosVersion
 
-from . import fixes, gpu_operator_handover, kubernetes, permissions
+from . import fixes, gpu_operator_handover, kubernetes, node_identity, permissions
 from .context import Context
 from .gpu_presence import gpu_check, not_checked_note, read_pci
 from .patch import read_configs, wanted_documents
@@ -56,8 +55,8 @@ class _NodeReads:
     config_errors: dict[str, str]
     extension_errors: dict[str, str] = field(default_factory=dict)
     """Nodes whose extensions could not be read: their schematic is not known (no ``schematic_id`` recorded)."""
-    kube_names: frozenset[str] | None = None
-    """The cluster's Kubernetes Node names, when the run's steps find nodes by name and the list was read."""
+    kube_nodes: node_identity.KubeNodes | None = None
+    """The cluster's Kubernetes Nodes (names, addresses), when the list was read."""
 
 
 def preflight(
@@ -73,10 +72,10 @@ def preflight(
     layer = permissions.LayerReads()
     result.data["versions"] = _tool_versions(ctx, result, client, steps, layer, nodes=nodes)
     reads = _read_nodes(ctx, nodes, addresses, servers, errors)
-    names, unread = _kube_names(ctx, steps)
-    reads = replace(reads, kube_names=names)
+    kube_nodes, unread = node_identity.read(ctx, steps)
+    reads = replace(reads, kube_nodes=kube_nodes)
     if unread:
-        result.notes.append(f"the nodes' names were not checked against the Kubernetes Nodes: {unread}")
+        result.notes.append(unread)
     for node in nodes:
         res = NodeResult(node=node.name, address=node.address)
         result.nodes.append(res)
@@ -274,8 +273,8 @@ def _check_node(ctx: Context, res: NodeResult, node: Node, reads: _NodeReads) ->
     running = reads.servers[node.address]
     res.data["talos_version"] = running
     res.checks.append(_version_check(ctx, running))
-    if reads.kube_names is not None and node.name not in reads.kube_names:
-        res.checks.append(_no_kube_node(node, reads.kube_names))
+    identity = node_identity.checks(node, reads.kube_nodes) if reads.kube_nodes is not None else []
+    res.checks += identity
     exts = extensions_from_resources(reads.extensions.get(node.address, []))
     names = extension_versions(exts)
     nvidia = {k: v for k, v in names.items() if "nvidia" in k}
@@ -285,7 +284,7 @@ def _check_node(ctx: Context, res: NodeResult, node: Node, reads: _NodeReads) ->
     # interrupted run's image step left no result (model/rollback.py ``_add_images``)
     if node.address not in reads.extension_errors:  # unread is not "no schematic" (a stock installer)
         res.data["schematic_id"] = schematic_id(exts)
-    if node.address in reads.pci:
+    if node.address in reads.pci and not identity:  # another machine's PCI bus says nothing of this node
         res.checks.append(gpu_check(ctx, node, reads.pci[node.address], has_gpu_image=bool(nvidia)))
     res.data["image_done"] = bool(planned_schematic) and schematic_id(exts) == planned_schematic
     res.data["config_done"] = node.address in reads.configs and contains(
@@ -295,36 +294,6 @@ def _check_node(ctx: Context, res: NodeResult, node: Node, reads: _NodeReads) ->
     res.message = (
         f"{running}; NVIDIA extensions: {', '.join(f'{k} {v}' for k, v in nvidia.items()) or 'none'}; "
         f"image {'done' if res.data['image_done'] else 'to do'}, config {'done' if res.data['config_done'] else 'to do'}"
-    )
-
-
-def _kube_names(ctx: Context, steps: Collection[str] | None) -> tuple[frozenset[str] | None, str]:
-    """The Kubernetes Node names, when the run's steps find nodes by their ``name`` (the Kubernetes step labels
-    and waits for each, cuda-test pins a pod to each), and why they were not read when they could not be (a note:
-    a refused ``list nodes`` turned the check off silently, review of 5466089); (None, "") when no step needs
-    them. Why: a misspelt node name passed preflight, and an ``--apply`` run upgraded the whole fleet before the
-    Kubernetes step waited five minutes for a Node that does not exist (operator walkthrough, stop 52). The read
-    may take 60 s, as the cordon check's list of the same Nodes at 1,000 nodes may."""
-    if not (permissions.runs_step(steps, "kubernetes") or permissions.runs_step(steps, "cuda-test")):
-        return None, ""
-    try:
-        listed = ctx.kube.iter_nodes(timeout_s=(5, 60), metadata_only=True)  # names only: no status read
-        return frozenset(str(n["metadata"]["name"]) for n in listed), ""
-    except RunbookError as exc:
-        return None, exc.message
-
-
-def _no_kube_node(node: Node, names: frozenset[str]) -> Check:
-    """The failed check of a node whose ``name`` is no Kubernetes Node's, with the close names there are."""
-    close = difflib.get_close_matches(node.name, sorted(names), n=1)
-    guess = f" (did you mean {', '.join(close)}?)" if close else ""
-    return Check(
-        "Kubernetes node",
-        False,
-        f"the cluster has no Kubernetes Node named {node.name!r}{guess}",
-        cause="the Kubernetes step and the CUDA test find each node's Node by the node's name in `nodes:`",
-        fix="give the node its Kubernetes Node's name in `nodes:` (`kubectl get nodes` lists them), or take it "
-        "out of `nodes:` if it has not joined the cluster",
     )
 
 
