@@ -939,3 +939,23 @@ def test_an_aborted_steps_summary_speaks_of_in_flight_calls_only_when_there_are_
     assert step["summary"].endswith(
         "2 change(s) from its journal (1 in flight: it may or may not have reached the cluster)"
     )
+
+
+def test_a_misspelt_records_folder_is_named_as_missing_and_one_change_is_singular(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Operator walkthrough, stop 53: ``records show --records recrods`` said "no records in recrods", as for an
+    empty folder, and ``records list`` printed "1 changes"."""
+    assert main(["records", "show", "--records", str(tmp_path / "recrods")]) == 2
+    err = capsys.readouterr().err
+    assert f"the records folder {tmp_path / 'recrods'} does not exist" in err, err
+    assert main(["records", "list", "--records", str(tmp_path / "recrods")]) == 0
+    assert "(the folder does not exist)" in capsys.readouterr().out
+    root = tmp_path / "records"
+    path = records.create_record_dir(root, "sim-gpu")
+    records.seal(
+        path, {"cluster": "sim-gpu", "outcome": "changed", "steps": [], "changes": [{"argv": ["x"]}]}
+    )
+    assert main(["records", "list", "--records", str(root)]) == 0
+    line = capsys.readouterr().out.splitlines()[0]
+    assert "   1 change   " in line and "changes" not in line, line

@@ -43,7 +43,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     aborted.add_argument("name", help="the unsealed record's name, or a unique prefix/suffix")
     aborted.add_argument(
-        "--state", metavar="DIR", help="simulator state directory (target simulated; default .sim/default)"
+        "--state",
+        metavar="DIR",
+        help="simulator state directory (target simulated; default: $RUNBOOK_SIM_STATE or <repo>/.sim/default)",
     )
     for parser in (lst, show, ver, aborted):
         parser.add_argument(
@@ -70,7 +72,8 @@ def _list(args: argparse.Namespace) -> int:
         rows = records.list_records(_root(args.dir))
         chain = records.read_chain(_root(args.dir), quick=True)
     if not rows:
-        sys.stdout.write(f"no records in {_root(args.dir)}\n")
+        missing = "" if _root(args.dir).is_dir() else " (the folder does not exist)"
+        sys.stdout.write(f"no records in {_root(args.dir)}{missing}\n")
         return 0
     for row in rows:
         if row.problem:
@@ -86,7 +89,7 @@ def _list(args: argparse.Namespace) -> int:
         steps = " ".join(f"{name}:{status}" for name, status in row.steps)
         nodes = f"  [{row.nodes}]" if row.nodes else ""
         sys.stdout.write(
-            f"{row.name}  {row.outcome:<10} {mode:<5} {row.changes:>3} changes  {steps}{nodes}\n"
+            f"{row.name}  {row.outcome:<10} {mode:<5} {row.changes:>3} {_plural(row.changes)}  {steps}{nodes}\n"
         )
     if chain.head is not None and (chain.head / records.MANIFEST).is_file():
         sys.stdout.write(_head_line(chain.head))
@@ -98,6 +101,10 @@ def _list(args: argparse.Namespace) -> int:
     for problem in chain.problems:
         sys.stderr.write(f"error: {problem} (`runbook records verify`)\n")
     return 2 if malformed or chain.problems else 0
+
+
+def _plural(count: int) -> str:
+    return "change " if count == 1 else "changes"  # padded: the columns after it stay aligned
 
 
 def _mapping(data: dict[str, Any], key: str) -> dict[str, Any]:

@@ -72,7 +72,9 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
         "--records", metavar="DIR", help="records directory (default: $RUNBOOK_RECORDS or ./records)"
     )
     parser.add_argument(
-        "--state", metavar="DIR", help="simulator state directory (target simulated; default .sim/default)"
+        "--state",
+        metavar="DIR",
+        help="simulator state directory (target simulated; default: $RUNBOOK_SIM_STATE or <repo>/.sim/default)",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 

@@ -689,6 +689,13 @@ def resolve(root: Path, name: str | None) -> Path:
     name instead, so a malformed newest record is reported (not silently skipped for an older one).
     """
     records = sealed_records(root)
+    if (
+        not records and not root.is_dir()
+    ):  # a misspelt --records said "no records in" it (walkthrough, stop 53)
+        raise PermanentError(
+            f"the records folder {root} does not exist",
+            hint=f"name the folder `runbook run` writes to (--records, ${RECORDS_ENV}; default ./records)",
+        )
     if not records:
         raise PermanentError(f"no records in {root}", hint="`runbook run` writes one per run")
     if name in (None, "latest"):
