@@ -496,3 +496,21 @@ def test_a_printed_helm_command_is_the_run_s_own_helm_and_kubeconfig() -> None:
     assert own("the helm release x") == "the helm release x"
     assert own(own("helm history x")) == own("helm history x"), "applied twice, prefixed once"
     assert helm_as_run("helm", None)("helm list -A") == "helm list -A"
+
+
+def test_a_plan_names_what_the_kubernetes_step_will_install_though_it_waits_for_apply() -> None:
+    """A first plan leaves the Kubernetes step out (it plans once the nodes are changed) and said only "waits
+    for apply": no chart, version or namespace, so a chart pinned newer than the release's default went
+    unnoticed (operator walkthrough, stop 53)."""
+    from runbook_lib.model.params import load_params
+    from runbook_lib.notebook.runner import _waits
+    from runbook_lib.notebook.steps import STEPS
+
+    params = load_params(Path(__file__).resolve().parents[1] / "params" / "simulated.yaml")
+    by_name = {s.name: s for s in STEPS}
+    helm = params.device_plugin
+    assert _waits(by_name["kubernetes"], params) == (
+        "waits for apply; it will then run helm upgrade --install nvidia-device-plugin "
+        f"nvdp/nvidia-device-plugin --version {helm.chart_version} -n kube-system"
+    )
+    assert _waits(by_name["cuda-test"], params) == "waits for apply"
