@@ -262,3 +262,30 @@ def test_an_upgrade_held_by_a_dead_node_ends_early_with_the_command_that_moves_i
         assert again.node(dead.name).status == "failed"
         assert "not Ready" in again.node(dead.name).message, again.node(dead.name).to_dict()
         assert not [c for c in again.checks if c.name == f"DaemonSet {RELEASE} rolled out"], again.checks
+
+
+def test_a_device_plugin_image_the_registry_does_not_have_is_not_waited_for_the_whole_timeout(tmp_path):
+    """A node whose device-plugin pod cannot pull its image because the registry does not have it (the CRI's
+    ``code = NotFound``: a typo'd tag or repository) made the step wait its whole timeout, five minutes of
+    silence for a pull no retry can make (operator walkthrough, stop 53). Once the rollout has not moved for
+    ``DOWN_GRACE_S`` and every node it waits on is such a node, the waits stop; that node fails naming the pull,
+    the others pass. A 429 or a network error is not given up on (``plugin_rollout.unpullable``)."""
+    from runbook_lib.steps.kube_diagnosis import DOWN_GRACE_S
+
+    with real_cluster(tmp_path, scenario="gpu-ready", workers=2, apply=True) as (params, ctx):
+        bad, good = params.nodes
+        faults.inject(tmp_path, bad.name, "image_pull_error", True)
+        started = time.monotonic()
+        result = kubernetes_layer(ctx, timeout_s=600)
+        took = time.monotonic() - started
+
+        assert took < 600 - 60, f"waited {took:.0f} s of its 600 s for an image that does not exist"
+        assert took >= DOWN_GRACE_S, took
+        assert result.node(good.name).status == "ok", result.node(good.name).to_dict()
+        failed = result.node(bad.name)
+        assert failed.status == "failed"
+        assert failed.message == (
+            "no allocatable nvidia.com/gpu: its device plugin pod cannot pull its image, which the registry does "
+            "not have, so the step stopped waiting for it"
+        ), failed.message
+        assert "code = NotFound" in str(failed.to_dict()), failed.to_dict()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import shlex
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from runbook_lib.clients.helm import Release
@@ -134,7 +134,14 @@ def _wait_after_changes(
         namespace, name, image = watched
         rollout = plugin_rollout.wait(ctx, namespace, name, timeout_s=timeout_s, image=image)
     left = max(0.0, deadline - time.monotonic())
-    _wait_for_gpus(ctx, result, ctx.nodes(only), timeout_s=left if do_apply else 0.0, waited_s=timeout_s)
+    _wait_for_gpus(
+        ctx,
+        result,
+        ctx.nodes(only),
+        timeout_s=left if do_apply else 0.0,
+        waited_s=timeout_s,
+        hopeless=rollout.unpullable if rollout is not None else (),
+    )
     if rollout is not None:
         # judged as it is now, after the GPU wait: the watch can end before the pods are ready (a DaemonSet
         # whose first status counts no node as due a pod is done, 0 of 0), and its pods become ready meanwhile
@@ -749,10 +756,17 @@ def _dotted(values: dict[str, Any], key: str) -> str | None:
 
 
 def _wait_for_gpus(
-    ctx: Context, result: StepResult, gpu_nodes: list[Any], *, timeout_s: float, waited_s: float | None = None
+    ctx: Context,
+    result: StepResult,
+    gpu_nodes: list[Any],
+    *,
+    timeout_s: float,
+    waited_s: float | None = None,
+    hopeless: Collection[str] = (),
 ) -> None:
     """Watch nodes until every GPU node is Ready and advertises ``nvidia.com/gpu`` (or the timeout, or every node
-    still waited for has been not Ready a minute: ``kube_diagnosis.DownNodes``), then report per node.
+    still waited for has been not Ready a minute: ``kube_diagnosis.DownNodes``, or is one of ``hopeless``, whose
+    device plugin pod cannot pull its image: ``plugin_rollout.unpullable``), then report per node.
     ``waited_s`` is the step's whole wait, which the messages name (the rollout wait may have used most of it)."""
     names = {n.name for n in gpu_nodes}
     listed = ctx.kube.nodes()
@@ -770,9 +784,14 @@ def _wait_for_gpus(
         return ready >= names
 
     def give_up() -> str | None:
-        held = down.down(names - ready)
-        return (
-            f"{', '.join(held)} not Ready for {kube_diagnosis.DOWN_GRACE_S:.0f} s or more" if held else None
+        waiting = names - ready - set(hopeless)
+        held = down.down(waiting)
+        if waiting and not held:
+            return None
+        pulls = sorted((names - ready) & set(hopeless))
+        why = [f"{', '.join(held)} not Ready for {kube_diagnosis.DOWN_GRACE_S:.0f} s or more"] if held else []
+        return "; ".join(
+            why + ([f"{', '.join(pulls)}: the device plugin's image not found"] if pulls else [])
         )
 
     if timeout_s > 0 and not ready >= names:
@@ -795,6 +814,11 @@ def _wait_for_gpus(
             res.message = "no Kubernetes node of this name"
         else:
             _judge_gpus(ctx, res, obj, reads, applied=result.applied, timeout_s=waited)
+            if node.name in hopeless and res.status == "failed" and res.message.startswith("no allocatable"):
+                res.message = (
+                    f"no allocatable {GPU_RESOURCE}: its device plugin pod cannot pull its image, which the "
+                    "registry does not have, so the step stopped waiting for it"
+                )
         result.nodes.append(res)
 
 

@@ -47,6 +47,9 @@ class Rollout:
     device plugin, which the operator writes into its DaemonSet after helm returned)."""
     held_by_down: tuple[str, ...] = ()
     """The nodes, not Ready, at which the wait found the rolling update stopped (``wait``)."""
+    unpullable: tuple[str, ...] = ()
+    """The nodes whose new pod cannot pull its image, which the registry does not have (``wait`` gave up on
+    them: :func:`unpullable`)."""
     tolerates_all: bool = False
     """Its pods tolerate every taint (a toleration ``operator: Exists`` without a key), a site's choice: then the
     DaemonSet puts a pod on a node that is not Ready too."""
@@ -124,7 +127,9 @@ def wait(
     )
     daemonset = last if last is not None else ctx.kube.daemonset(namespace, name)
     rollout = None if daemonset is None else read(ctx, daemonset, image)
-    return None if rollout is None else replace(rollout, held_by_down=tuple(stall.stall.down))
+    if rollout is None:
+        return None
+    return replace(rollout, held_by_down=tuple(stall.stall.down), unpullable=tuple(stall.unpullable))
 
 
 class _Stall:
@@ -143,19 +148,25 @@ class _Stall:
         self.ctx, self.image = ctx, image
         self.last: dict[str, Any] | None = None
         self.stall = Stall(ctx.kube)
+        self.unpullable: list[str] = []
 
     def held(self) -> str | None:
         if self.last is None or not self.stall.quiet(_progress(self.last)):
             return None
         try:
-            holders = read(self.ctx, self.last, self.image).holding()
+            rollout = read(self.ctx, self.last, self.image)
         except RunbookError:
             return None
+        holders = rollout.holding()
         down = self.stall.down_among(holders)
         grace = f"{DOWN_GRACE_S:.0f} s"
-        return (
-            f"the rolling update waits on {', '.join(down)}, not Ready for {grace} or more" if down else None
-        )
+        if down:
+            return f"the rolling update waits on {', '.join(down)}, not Ready for {grace} or more"
+        missing = {n: unpullable(rollout.pods[n]) for n in holders if n in rollout.pods}
+        if holders and all(missing.values()):
+            self.unpullable = sorted(missing)
+            return f"the device plugin's pod on {', '.join(self.unpullable)} cannot pull its image: not found"
+        return None
 
 
 def _progress(daemonset: dict[str, Any]) -> tuple[int, ...]:
@@ -293,6 +304,30 @@ def _done(daemonset: dict[str, Any]) -> bool:
 
 def _owned(obj: dict[str, Any], uid: str | None) -> bool:
     return any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences") or [])
+
+
+#: The kubelet's waiting reasons of a container whose image pull failed (kubernetes@v1.35.0
+#: pkg/kubelet/images/types.go:28-35).
+PULL_REASONS = ("ErrImagePull", "ImagePullBackOff")
+#: What the CRI's pull error says when the registry does not have the image (containerd's gRPC NotFound:
+#: containerd@v2.1.5 internal/cri/server/images/image_pull.go:283, worded as in runbook_lib/sim/containers.py).
+PULL_NOT_FOUND = "code = NotFound"
+
+
+def unpullable(pod: dict[str, Any]) -> str | None:
+    """The waiting message of ``pod``'s container whose image the registry does not have, else None.
+
+    Why only NotFound: no retry of the kubelet's can pull an image that does not exist (a typo'd tag or
+    repository), while a 429 or a network error may pass; the wait gave such a node its whole timeout, five
+    minutes of silence (operator walkthrough, stop 53). Asked only once the rollout has not moved for
+    ``DOWN_GRACE_S``, as for a node that is down."""
+    status = pod.get("status") or {}
+    for container in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        message = str(waiting.get("message") or "")
+        if waiting.get("reason") in PULL_REASONS and PULL_NOT_FOUND in message:
+            return message
+    return None
 
 
 def _ready(pod: dict[str, Any]) -> bool:
