@@ -478,7 +478,30 @@ def _daemon_gone(state_dir: Path) -> Callable[[], bool]:
     return lambda: not pidfile.is_daemon(pid, started, state_dir)
 
 
+#: simkube's mark of a state directory whose first start finished (simkube/state.go ``stateMark``).
+SIMKUBE_MARK = "simkube-state.json"
+
+
 def _start_simkube(
+    state_dir: Path, tools: Tools, logs: Path, kubelet_proxy: Path
+) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+    """:func:`_start_simkube_once`, again once when a component lost its port: simkube asks the kernel for free
+    ports and its components bind them a moment later, so another process can take one in between (simkube/
+    supervise.go ``freePorts``); a CI run failed so ("bind: address already in use", CI105, stop 53). A first
+    start that failed leaves a state directory without simkube's mark, which simkube refuses to resume: it is
+    emptied for the second try."""
+    fresh = not (_paths(state_dir)["kube"] / SIMKUBE_MARK).exists()
+    try:
+        return _start_simkube_once(state_dir, tools, logs, kubelet_proxy)
+    except RuntimeError as exc:
+        if "bind: address already in use" not in str(exc):
+            raise
+    if fresh:
+        shutil.rmtree(_paths(state_dir)["kube"], ignore_errors=True)
+    return _start_simkube_once(state_dir, tools, logs, kubelet_proxy)
+
+
+def _start_simkube_once(
     state_dir: Path, tools: Tools, logs: Path, kubelet_proxy: Path
 ) -> tuple[subprocess.Popen[str], dict[str, Any]]:
     """simkube on ``<state>/kube``; the JSON line it prints when ready. A restart resumes the cluster an earlier
