@@ -174,3 +174,51 @@ def test_a_first_install_whose_new_pod_sits_on_a_node_that_went_down_blames_no_o
     result = StepResult("kubernetes", applied=True)
     _judge_rollout(result, upgrade)  # another node waits on gpu-3: the upgrade's check stays
     assert any("stopped at gpu-3" in c.message for c in result.checks if not c.ok), result.checks
+
+
+def _pulling(name: str, node: str, message: str, reason: str = "ImagePullBackOff") -> dict[str, Any]:
+    pod = _pod(name, node, "new", ready=False, phase="Pending")
+    waiting = {"reason": reason, "message": message}
+    pod["status"]["containerStatuses"] = [{"name": "nvidia-device-plugin-ctr", "state": {"waiting": waiting}}]
+    return pod
+
+
+NOT_FOUND = (
+    'Back-off pulling image "nvcr.io/nvidia/k8s-device-plugin:v0.99.0": ErrImagePull: rpc error: code = NotFound '
+    'desc = failed to pull and unpack image "nvcr.io/nvidia/k8s-device-plugin:v0.99.0": not found'
+)
+
+
+def test_the_rollout_gives_up_only_on_nodes_whose_image_the_registry_does_not_have(monkeypatch: Any) -> None:
+    """Once the rollout has not moved for ``DOWN_GRACE_S`` and every node it waits on cannot pull an image the
+    registry does not have (the CRI's NotFound), waiting longer cannot help (operator walkthrough, stop 53); a
+    429, or a DaemonSet the GPU Operator has not rewritten yet (its pods are the previous spec's: review, stop
+    53), keeps the wait going."""
+    from types import SimpleNamespace
+
+    from runbook_lib.steps import plugin_rollout
+
+    limited = NOT_FOUND.replace("code = NotFound", "code = Unknown").replace(
+        "not found", "429 Too Many Requests"
+    )
+    cases = [
+        (
+            [_pulling("p1", "gpu-1", NOT_FOUND), _pulling("p2", "gpu-2", NOT_FOUND, "ErrImagePull")],
+            None,
+            True,
+        ),
+        ([_pulling("p1", "gpu-1", NOT_FOUND), _pulling("p2", "gpu-2", limited)], None, False),
+        ([_pulling("p1", "gpu-1", NOT_FOUND)], "nvcr.io/nvidia/k8s-device-plugin:v0.18.0", False),
+    ]
+    for pods, wanted, gives_up in cases:
+        rollout = replace(
+            _rollout(pods), images=("nvcr.io/nvidia/k8s-device-plugin:v0.99.0",), wanted_image=wanted
+        )
+        monkeypatch.setattr(plugin_rollout, "read", lambda *_a, r=rollout: r)
+        stall = plugin_rollout._Stall(SimpleNamespace(kube=None), wanted)  # type: ignore[arg-type]
+        stall.last = {"status": {}}
+        monkeypatch.setattr(stall.stall, "quiet", lambda _mark: True)
+        monkeypatch.setattr(stall.stall, "down_among", lambda _names: [])
+        why = stall.held()
+        assert (why is not None) is gives_up, (pods, why)
+        assert stall.unpullable == (sorted(rollout.pods) if gives_up else []), stall.unpullable

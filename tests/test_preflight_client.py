@@ -285,3 +285,27 @@ def test_a_node_given_another_nodes_address_fails_preflight_naming_both(
                 f"at {second.address}"
             ], failed
             assert f"kubectl get node {second.name} -o wide" in failed[0].fix
+
+
+def test_an_address_two_nodes_list_fails_only_the_node_whose_own_node_does_not() -> None:
+    """A stale NotReady Node may still list the address DHCP gave to a new machine, and NAT'd Nodes may share an
+    ExternalIP: the first Node by name that listed it was taken as its only owner, and the node whose own Node
+    lists it failed as "address 10.0.0.5 is Kubernetes Node a-old-worker's, not gpu-1's; Node gpu-1 is at
+    10.0.0.5" (review, stop 53)."""
+    from runbook_lib.model.params import Node
+    from runbook_lib.steps import node_identity
+
+    def node(name: str, *addresses: str) -> dict[str, object]:
+        listed = [{"type": "InternalIP", "address": a} for a in addresses]
+        return {"metadata": {"name": name}, "status": {"addresses": listed}}
+
+    listed = [node("a-old-worker", "10.0.0.5"), node("gpu-1", "10.0.0.5"), node("gpu-2", "10.0.0.6")]
+    nodes = node_identity.KubeNodes.of(listed, by_name=True)
+    assert node_identity.checks(Node(name="gpu-1", address="10.0.0.5"), nodes) == []
+    [wrong] = node_identity.checks(Node(name="gpu-2", address="10.0.0.5"), nodes)
+    assert wrong.message == (
+        "address 10.0.0.5 is listed by Kubernetes Nodes a-old-worker and gpu-1, not gpu-2's; Node gpu-2 is at "
+        "10.0.0.6"
+    )
+    [typo] = node_identity.checks(Node(name="gpu-l", address="10.0.0.6"), nodes)
+    assert "(did you mean gpu-2?)" in typo.message, typo.message

@@ -41,8 +41,9 @@ class KubeNodes:
     """The Kubernetes Nodes as preflight needs them."""
 
     names: frozenset[str]
-    owners: dict[str, str]
-    """Address (each of a Node's ``status.addresses``) -> the Node's name."""
+    owners: dict[str, frozenset[str]]
+    """Address (each of a Node's ``status.addresses``) -> the Nodes that list it (a stale Node may still list an
+    address DHCP gave to a new machine, and NAT'd Nodes may share an ExternalIP: review, stop 53)."""
     ips: dict[str, tuple[str, ...]]
     """The Node's name -> its InternalIP and ExternalIP addresses, as ``kubectl get node -o wide`` shows them."""
     by_name: bool
@@ -51,7 +52,7 @@ class KubeNodes:
     @classmethod
     def of(cls, listed: Iterable[dict[str, Any]], *, by_name: bool) -> KubeNodes:
         names: set[str] = set()
-        owners: dict[str, str] = {}
+        owners: dict[str, set[str]] = {}
         ips: dict[str, tuple[str, ...]] = {}
         for obj in listed:
             name = str((obj.get("metadata") or {}).get("name") or "")
@@ -59,11 +60,12 @@ class KubeNodes:
             entries = [e for e in (obj.get("status") or {}).get("addresses") or [] if isinstance(e, dict)]
             for entry in entries:
                 if entry.get("address"):
-                    owners.setdefault(str(entry["address"]), name)
+                    owners.setdefault(str(entry["address"]), set()).add(name)
             ips[name] = tuple(
                 str(e["address"]) for e in entries if e.get("type") in IP_TYPES and e.get("address")
             )
-        return cls(frozenset(names), owners, ips, by_name)
+        shared = {address: frozenset(owned) for address, owned in owners.items()}
+        return cls(frozenset(names), shared, ips, by_name)
 
 
 def read(ctx: Context, steps: Collection[str] | None) -> tuple[KubeNodes | None, str]:
@@ -82,21 +84,30 @@ def checks(node: Node, nodes: KubeNodes) -> list[Check]:
     name (the Node its address belongs to is the likely meaning), else an address another Node lists. A name
     no Node has is not checked further for a run that does not use names: its Talos calls go to the machine the
     address names."""
-    owner = nodes.owners.get(node.address)
+    owned = nodes.owners.get(node.address, frozenset())
     if node.name not in nodes.names:
+        owner = min(owned) if len(owned) == 1 else None
         return [_no_such_node(node, nodes.names, owner)] if nodes.by_name else []
-    if owner is not None and owner != node.name:
-        return [_another_nodes_address(node, owner, nodes)]
-    return []
+    others = elsewhere(node, nodes)
+    return [_another_nodes_address(node, others, nodes)] if others else []
 
 
-def _another_nodes_address(node: Node, owner: str, nodes: KubeNodes) -> Check:
+def elsewhere(node: Node, nodes: KubeNodes) -> list[str]:
+    """The other Nodes that list ``node``'s address, when its own Node does not: its Talos calls would go to
+    another machine (then its PCI bus says nothing of this node). Empty for a node whose Node lists it too."""
+    owned = nodes.owners.get(node.address, frozenset())
+    return [] if node.name in owned else sorted(owned)
+
+
+def _another_nodes_address(node: Node, owners: list[str], nodes: KubeNodes) -> Check:
     own = nodes.ips.get(node.name) or ()
     where = f"; Node {node.name} is at {', '.join(own)}" if own else ""
+    owner = " and ".join(owners)
+    whose = f"Kubernetes Node {owner}'s" if len(owners) == 1 else f"listed by Kubernetes Nodes {owner}"
     return Check(
         CHECK,
         False,
-        f"address {node.address} is Kubernetes Node {owner}'s, not {node.name}'s{where}",
+        f"address {node.address} is {whose}, not {node.name}'s{where}",
         cause="every talosctl call of the runbook goes to the node's `address`: it would read and change "
         f"{owner} under the name {node.name}",
         fix=f"give {node.name} its own address in `nodes:` (`kubectl get node {node.name} -o wide` shows it)",

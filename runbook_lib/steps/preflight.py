@@ -273,8 +273,10 @@ def _check_node(ctx: Context, res: NodeResult, node: Node, reads: _NodeReads) ->
     running = reads.servers[node.address]
     res.data["talos_version"] = running
     res.checks.append(_version_check(ctx, running))
-    identity = node_identity.checks(node, reads.kube_nodes) if reads.kube_nodes is not None else []
-    res.checks += identity
+    kube_nodes = reads.kube_nodes
+    res.checks += node_identity.checks(node, kube_nodes) if kube_nodes is not None else []
+    # another machine's PCI bus says nothing of this node
+    identity = node_identity.elsewhere(node, kube_nodes) if kube_nodes is not None else []
     exts = extensions_from_resources(reads.extensions.get(node.address, []))
     names = extension_versions(exts)
     nvidia = {k: v for k, v in names.items() if "nvidia" in k}
@@ -284,7 +286,7 @@ def _check_node(ctx: Context, res: NodeResult, node: Node, reads: _NodeReads) ->
     # interrupted run's image step left no result (model/rollback.py ``_add_images``)
     if node.address not in reads.extension_errors:  # unread is not "no schematic" (a stock installer)
         res.data["schematic_id"] = schematic_id(exts)
-    if node.address in reads.pci and not identity:  # another machine's PCI bus says nothing of this node
+    if node.address in reads.pci and not identity:
         res.checks.append(gpu_check(ctx, node, reads.pci[node.address], has_gpu_image=bool(nvidia)))
     res.data["image_done"] = bool(planned_schematic) and schematic_id(exts) == planned_schematic
     res.data["config_done"] = node.address in reads.configs and contains(
