@@ -116,6 +116,12 @@ class InteractiveRecorder:
     _held: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
     @property
+    def _follows(self) -> bool:
+        """Whether this approval records the run it goes on from: every step's but a rollback's, which ends the
+        chain (``continues``), as ``runbook run`` records it."""
+        return self.step != "rollback"
+
+    @property
     def notebook_file(self) -> str:
         """The rebuilt notebook's name in the record (``02-config-patch.interactive.ipynb``)."""
         return f"{Path(self.notebook).stem}.interactive.ipynb"
@@ -144,18 +150,14 @@ class InteractiveRecorder:
             ) from None
         self._mark, self._approved = len(self.journal.entries), approved
         # the run this approval goes on from (its own folder, unsealed, is passed over), under the cluster lock
-        self._continues = (
-            None if self.step == "rollback" else continues.continued_run(root, self.params.cluster)
-        )
+        self._continues = continues.continued_run(root, self.params.cluster) if self._follows else None
         self._started, self._clock = records.now_iso(), time.monotonic()
         (self.record / "params.yaml").write_text(
             record_yaml(self.params, APPROVAL_HEADING, source="parameters"), encoding="utf-8"
         )
         (self.record / "results").mkdir()
-        if self.step != "rollback":
-            records.write_follows(
-                self.record, self._continues
-            )  # for seal-aborted, should the kernel be killed
+        if self._follows:  # for seal-aborted, should the kernel be killed
+            records.write_follows(self.record, self._continues)
         self.journal.sink_to(self._journal_file(self.record))  # from here on, as it happens
         self._write_notebook(self.record, "")  # an aborted record names its step by this notebook
         return self.record
@@ -255,7 +257,7 @@ class InteractiveRecorder:
             },
             "steps_requested": [self.step],
             # as runbook run writes it: a rollback of the run this one went on from is refused without it
-            **({continues.FIELD: self._continues} if self.step != "rollback" else {}),
+            **({continues.FIELD: self._continues} if self._follows else {}),
             "outcome": "failed" if failed else ("changed" if changes else "unchanged"),
             "failed_step": self.step if failed else None,
             "note": f"{HOW[self._approved]}: {INTERACTIVE_NOTE}",

@@ -689,9 +689,8 @@ def resolve(root: Path, name: str | None) -> Path:
     name instead, so a malformed newest record is reported (not silently skipped for an older one).
     """
     records = sealed_records(root)
-    if (
-        not records and not root.is_dir()
-    ):  # a misspelt --records said "no records in" it (walkthrough, stop 53)
+    # a misspelt --records said "no records in" it, as of an empty folder (walkthrough, stop 53)
+    if not records and not root.is_dir():
         raise PermanentError(
             f"the records folder {root} does not exist",
             hint=f"name the folder `runbook run` writes to (--records, ${RECORDS_ENV}; default ./records)",

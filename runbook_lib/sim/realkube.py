@@ -490,14 +490,15 @@ def _start_simkube(
     supervise.go ``freePorts``); a CI run failed so ("bind: address already in use", CI105, stop 53). A first
     start that failed leaves a state directory without simkube's mark, which simkube refuses to resume: it is
     emptied for the second try."""
-    fresh = not (_paths(state_dir)["kube"] / SIMKUBE_MARK).exists()
+    kube = _paths(state_dir)["kube"]
+    fresh = not (kube / SIMKUBE_MARK).exists()
     try:
         return _start_simkube_once(state_dir, tools, logs, kubelet_proxy)
     except RuntimeError as exc:
         if "bind: address already in use" not in str(exc):
             raise
     if fresh:
-        shutil.rmtree(_paths(state_dir)["kube"], ignore_errors=True)
+        shutil.rmtree(kube, ignore_errors=True)
     return _start_simkube_once(state_dir, tools, logs, kubelet_proxy)
 
 

@@ -783,12 +783,14 @@ def _wait_for_gpus(
             (ready.add if _serves_gpus(obj) else ready.discard)(name)
         return ready >= names
 
+    unpulled = set(hopeless)
+
     def give_up() -> str | None:
-        waiting = names - ready - set(hopeless)
+        waiting = names - ready - unpulled
         held = down.down(waiting)
         if waiting and not held:
             return None
-        pulls = sorted((names - ready) & set(hopeless))
+        pulls = sorted((names - ready) & unpulled)
         why = [f"{', '.join(held)} not Ready for {kube_diagnosis.DOWN_GRACE_S:.0f} s or more"] if held else []
         return "; ".join(
             why + ([f"{', '.join(pulls)}: the device plugin's image not found"] if pulls else [])
@@ -813,12 +815,8 @@ def _wait_for_gpus(
             res.status = "failed"
             res.message = "no Kubernetes node of this name"
         else:
-            _judge_gpus(ctx, res, obj, reads, applied=result.applied, timeout_s=waited)
-            if node.name in hopeless and res.status == "failed" and res.message.startswith("no allocatable"):
-                res.message = (
-                    f"no allocatable {GPU_RESOURCE}: its device plugin pod cannot pull its image, which the "
-                    "registry does not have, so the step stopped waiting for it"
-                )
+            unpullable = node.name in unpulled
+            _judge_gpus(ctx, res, obj, reads, applied=result.applied, timeout_s=waited, unpullable=unpullable)
         result.nodes.append(res)
 
 
@@ -835,8 +833,10 @@ def _judge_gpus(
     *,
     applied: bool,
     timeout_s: float,
+    unpullable: bool = False,
 ) -> None:
-    """``res`` for a GPU node Kubernetes knows: its allocatable GPUs, or why it has none."""
+    """``res`` for a GPU node Kubernetes knows: its allocatable GPUs, or why it has none. ``unpullable``: the
+    waits gave up on its device plugin pod, whose image the registry does not have (``plugin_rollout``)."""
     gpus = allocatable_gpus(obj)
     res.data["allocatable_gpus"] = gpus
     not_ready = kube_diagnosis.node_not_ready(obj, res.address)
@@ -858,7 +858,12 @@ def _judge_gpus(
         res.message = f"no allocatable {GPU_RESOURCE} yet (apply to install the Kubernetes layer)"
     else:
         res.status = "failed"
-        res.message = f"no allocatable {GPU_RESOURCE} after {timeout_s:.0f} s"
+        res.message = (
+            f"no allocatable {GPU_RESOURCE}: its device plugin pod cannot pull its image, which the registry does "
+            "not have, so the step stopped waiting for it"
+            if unpullable
+            else f"no allocatable {GPU_RESOURCE} after {timeout_s:.0f} s"
+        )
         res.checks.append(_no_gpu_diagnosis(ctx, obj, reads))
 
 

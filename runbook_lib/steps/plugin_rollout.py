@@ -162,9 +162,8 @@ class _Stall:
         grace = f"{DOWN_GRACE_S:.0f} s"
         if down:
             return f"the rolling update waits on {', '.join(down)}, not Ready for {grace} or more"
-        if (
-            rollout.stale()
-        ):  # the operator has not rewritten it yet: its pods are the previous spec's (review)
+        # the operator has not rewritten it yet: its pods are the previous spec's (review)
+        if rollout.stale():
             return None
         missing = {n: unpullable(rollout.pods[n]) for n in holders if n in rollout.pods}
         if holders and all(missing.values()):
