@@ -12,6 +12,7 @@ import subprocess
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import nbformat
 import pytest
@@ -23,7 +24,7 @@ from runbook_lib.model.params import Params, load_params
 from runbook_lib.notebook import records
 from runbook_lib.notebook.gates import ApprovalGate, gated
 from runbook_lib.notebook.interactive_record import InteractiveRecorder
-from runbook_lib.notebook.lock import LOCKS_ENV
+from runbook_lib.notebook.lock import LOCKS_ENV, Busy
 from runbook_lib.notebook.runner import cluster_lock
 from runbook_lib.steps.results import NodeResult, StepResult
 
@@ -506,3 +507,26 @@ def test_an_approval_killed_mid_change_still_names_the_run_it_went_on_from(
     with pytest.raises(PermanentError) as refused:
         rollback_records.load_evidence(alone, root)
     assert path.name in refused.value.message
+
+
+def test_an_approval_is_sealed_before_it_releases_the_cluster(
+    params: Params, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review of stop 53: the approval released the cluster lock and sealed after, so a run or approval that
+    took the lock in between read this record as unsealed and followed the one before it (``continues``)."""
+    seen: list[bool] = []
+    seal = records.seal
+
+    def seal_and_look(path: Path, data: dict[str, object], **kwargs: Any) -> str:
+        try:
+            with cluster_lock(params):
+                seen.append(False)  # the lock was free while this record was still unsealed
+        except Busy:
+            seen.append(True)
+        return seal(path, data, **kwargs)
+
+    monkeypatch.setattr(records, "seal", seal_and_look)
+    gate, _ = approve(params, tmp_path / "records")
+    assert gate.applied is not None and seen == [True]
+    with cluster_lock(params):  # released once sealed
+        pass

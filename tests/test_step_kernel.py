@@ -17,7 +17,9 @@ from typing import Any
 import nbformat
 import pytest
 
+from runbook_lib.model.params import load_params
 from runbook_lib.notebook import records, runner
+from runbook_lib.notebook.lock import LOCKS_ENV, Busy
 from runbook_lib.notebook.steps import RESULT_FILE_ENV, STEPS
 from runbook_lib.steps.context import SIM_STATE_ENV
 
@@ -121,3 +123,38 @@ def test_a_failed_step_ends_the_run_and_its_kernel(tmp_path: Path, monkeypatch: 
     report, _, _ = _executed(outcome.record, STEPS[1].notebook)
     assert not (outcome.record / STEPS[2].notebook).exists()
     assert not _alive(report["pid"])
+
+
+@pytest.mark.slow
+def test_an_apply_run_is_sealed_before_it_releases_the_cluster(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review of stop 53: ``runbook run --apply`` released its cluster lock and sealed after, so a JupyterLab
+    approval or run that took the lock in between read this record as unsealed and followed the one before."""
+    monkeypatch.setenv(SIM_STATE_ENV, str(tmp_path / "no-sim"))
+    monkeypatch.setenv(LOCKS_ENV, str(tmp_path / "locks"))
+    params = load_params(PARAMS)
+    seen: list[bool] = []
+    seal = records.seal
+
+    def seal_and_look(path: Path, data: dict[str, Any], **kwargs: Any) -> str:
+        try:
+            with runner.cluster_lock(params):
+                seen.append(False)  # the lock was free while this record was still unsealed
+        except Busy:
+            seen.append(True)
+        return seal(path, data, **kwargs)
+
+    monkeypatch.setattr(records, "seal", seal_and_look)
+    outcome = runner.run(
+        PARAMS,
+        steps=[s.name for s in STEPS[:3]],
+        apply=True,
+        records_root=tmp_path / "records",
+        progress=False,
+        notebooks_dir=_notebooks(tmp_path),
+        html=False,
+    )
+    assert records.load_record(outcome.record)["apply"] is True and seen == [True]
+    with runner.cluster_lock(params):  # released once sealed
+        pass

@@ -194,13 +194,16 @@ class ApprovalGate:
             self.progress.finish(False)
             self._record(None, exc)
             return None
+        else:
+            self.applied = result
+            self.progress.finish(result.ok)
+            self.status.value = f"Applied: {result.summary()}"
+            self._record(
+                result, None
+            )  # sealed while the cluster is still held: see InteractiveRecorder.finished
         finally:
             if self._recorder is not None:
                 self._recorder.release()  # also when interrupted: the next approval must not find it held
-        self.applied = result
-        self.progress.finish(result.ok)
-        self.status.value = f"Applied: {result.summary()}"
-        self._record(result, None)
         self.output.clear_output()
         with self.output:
             show_html(render_html(result, title=f"{self._title}: applied"))
@@ -287,7 +290,8 @@ def _apply_recorded(
     except RunbookError as exc:
         recorder.finished(None, shown=None, error=exc)
         raise
+    else:
+        recorder.finished(result, shown=None)  # sealed while the cluster is still held
     finally:
         recorder.release()
-    recorder.finished(result, shown=None)
     return result

@@ -168,8 +168,20 @@ class InteractiveRecorder:
     def finished(
         self, result: StepResult | None, *, shown: StepResult | None, error: RunbookError | None = None
     ) -> Path | None:
-        """Write the step's result, journal and cells, and seal; ``None`` when nothing was recorded."""
-        self.release()  # the apply is over; sealing is ordered by the records folder's own lock
+        """Write the step's result, journal and cells, and seal; ``None`` when nothing was recorded.
+
+        Sealed before the cluster lock is released: a run or approval that takes the lock next reads this
+        record as sealed and follows it (review of stop 53: released first, one that started in between
+        followed the record before this one)."""
+        self.journal.sink_to(None)  # the apply is over: later plans are not part of this approval
+        try:
+            return self._seal(result, shown, error)
+        finally:
+            self.release()
+
+    def _seal(
+        self, result: StepResult | None, shown: StepResult | None, error: RunbookError | None
+    ) -> Path | None:
         path = self.record
         if path is None:
             return None

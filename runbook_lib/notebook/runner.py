@@ -1073,23 +1073,25 @@ def _prepare(
     return loop, first, secrets
 
 
-def _seal(
-    loop: _StepLoop, data: dict[str, Any], secrets: list[str], interrupted: BaseException | None
-) -> str:
-    """Seal the record (its manifest digest is returned), put the signal handlers back, and re-raise an
-    interrupt only now, after the record is sealed: an interrupted run still leaves its change record."""
+def _seal(loop: _StepLoop, data: dict[str, Any], secrets: list[str]) -> str:
+    """Seal the record (its manifest digest is returned). Called while the run still holds its apply locks:
+    a JupyterLab approval or a run started the moment they are released reads this record as sealed and
+    follows it (review of stop 53: sealed after the release, an approval in between followed the run
+    before this one)."""
+    return records.seal(loop.record, data, secrets=secrets)  # a failure here: the stack restores the handlers
+
+
+def _end_signals(loop: _StepLoop, interrupted: BaseException | None) -> None:
+    """Put the signal handlers back and re-raise an interrupt only now, after the record is sealed and the
+    cluster released: an interrupted run still leaves its change record."""
     signals = loop.signals
-    try:
-        digest = records.seal(loop.record, data, secrets=secrets)
-    finally:
-        signals.restore()
+    signals.restore()
     if interrupted is None and signals.received is not None:  # came after the last step: nothing cut short
         interrupted = signals.exception()
     if interrupted is not None:
         command = "runbook rollback" if [s.name for s in loop.selected] == ["rollback"] else "runbook run"
         sys.stderr.write(f"{command}: {signals.name}: the record is sealed at {loop.record}\n")
         raise interrupted
-    return digest
 
 
 def run(
@@ -1166,16 +1168,17 @@ def run(
                 versions = collect_versions(params, helm=background.result_or_none(helm_version))
         finally:
             background.wait()  # HTML copies written, kernels stopped: before the cluster goes and the seal
-    data = _record_data(
-        loop,
-        ran,
-        params_file=params_file,
-        overrides=overrides,
-        started=started,
-        versions=versions,
-        interrupted=interrupted is not None,
-    )
-    digest = _seal(loop, data, secrets, interrupted)
+        data = _record_data(
+            loop,
+            ran,
+            params_file=params_file,
+            overrides=overrides,
+            started=started,
+            versions=versions,
+            interrupted=interrupted is not None,
+        )
+        digest = _seal(loop, data, secrets)  # under the apply locks, which the stack releases
+    _end_signals(loop, interrupted)
     changes = len(data["changes"])
     scrub = functools.partial(records.redact, secrets=secrets)
     return RunOutcome(
