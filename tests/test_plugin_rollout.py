@@ -222,3 +222,42 @@ def test_the_rollout_gives_up_only_on_nodes_whose_image_the_registry_does_not_ha
         why = stall.held()
         assert (why is not None) is gives_up, (pods, why)
         assert stall.unpullable == (sorted(rollout.pods) if gives_up else []), stall.unpullable
+
+
+def test_the_rollout_gives_up_on_a_mix_of_nodes_that_are_down_and_pods_that_cannot_pull(
+    monkeypatch: Any,
+) -> None:
+    """Review of stop 53: one node's pod could not pull an image the registry lacks and the other node the update
+    waited on was down; each alone ended the wait after ``DOWN_GRACE_S``, together they waited the whole timeout.
+    A holder that is up and only slow to pull still keeps the wait going."""
+    from types import SimpleNamespace
+
+    from runbook_lib.steps import plugin_rollout
+
+    stranded = _pod("p2", "gpu-2", "new", ready=False, phase="Pending")
+    rollout = replace(
+        _rollout([_pulling("p1", "gpu-1", NOT_FOUND), stranded]),
+        images=("nvcr.io/nvidia/k8s-device-plugin:v0.99.0",),
+    )
+    monkeypatch.setattr(plugin_rollout, "read", lambda *_a: rollout)
+    for down_nodes, gives_up in ((["gpu-2"], True), ([], False)):
+        stall = plugin_rollout._Stall(SimpleNamespace(kube=None), None)  # type: ignore[arg-type]
+        stall.last = {"status": {}}
+        monkeypatch.setattr(stall.stall, "quiet", lambda _mark: True)
+        asked: list[list[str]] = []
+
+        def down_among(
+            names: list[str], down: list[str] = down_nodes, asked: list[list[str]] = asked
+        ) -> list[str]:
+            asked.append(list(names))
+            return down if sorted(names) == down else []
+
+        monkeypatch.setattr(stall.stall, "down_among", down_among)
+        why = stall.held()
+        assert asked == [["gpu-2"]], "the node that cannot pull is not asked to be down"
+        assert (why is not None) is gives_up, why
+        if gives_up:
+            assert (
+                why is not None and "waits on gpu-2, not Ready" in why and "pod on gpu-1 cannot pull" in why
+            )
+            assert stall.unpullable == ["gpu-1"]

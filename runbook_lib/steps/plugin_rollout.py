@@ -158,18 +158,24 @@ class _Stall:
         except RunbookError:
             return None
         holders = rollout.holding()
-        down = self.stall.down_among(holders)
-        grace = f"{DOWN_GRACE_S:.0f} s"
-        if down:
-            return f"the rolling update waits on {', '.join(down)}, not Ready for {grace} or more"
         # the operator has not rewritten it yet: its pods are the previous spec's (review)
-        if rollout.stale():
+        missing = (
+            []
+            if rollout.stale()
+            else [n for n in holders if n in rollout.pods and unpullable(rollout.pods[n])]
+        )
+        rest = [n for n in holders if n not in missing]
+        down = self.stall.down_among(rest)
+        if not holders or (rest and not down):  # a holder that is up and may still pull keeps the wait going
             return None
-        missing = {n: unpullable(rollout.pods[n]) for n in holders if n in rollout.pods}
-        if holders and all(missing.values()):
-            self.unpullable = sorted(missing)
-            return f"the device plugin's pod on {', '.join(self.unpullable)} cannot pull its image: not found"
-        return None
+        self.unpullable = missing
+        grace = f"{DOWN_GRACE_S:.0f} s"
+        why = (
+            [f"the rolling update waits on {', '.join(down)}, not Ready for {grace} or more"] if down else []
+        )
+        if missing:  # with nodes that are down too (review of stop 53: that mix waited the whole timeout)
+            why.append(f"the device plugin's pod on {', '.join(missing)} cannot pull its image: not found")
+        return "; ".join(why)
 
 
 def _progress(daemonset: dict[str, Any]) -> tuple[int, ...]:
