@@ -195,3 +195,19 @@ def test_approvals_one_step_at_a_time_end_their_chain_with_the_cuda_test(tmp_pat
     failed = {**tested, "outcome": "failed"}
     _seal(root, 7, {**failed, "continues": None})  # a later failed test finished nothing, changed nothing
     assert continues.continued_run(root, "sim-gpu") is None
+
+
+def test_a_cuda_test_of_some_nodes_after_a_failed_run_does_not_end_its_chain(tmp_path: Path) -> None:
+    """Review of stop 53: a run failed on gpu-worker-2; a checks-only ``--steps cuda-test --apply`` with a
+    parameter file listing gpu-worker-1 alone passed, and ended the chain, so the resume that fixed gpu-worker-2
+    followed no run and its rollback knew nothing of the failed run's changes. The same test of every node ends
+    it."""
+    root = tmp_path / "records"
+    both = {"nodes": [{"name": "gpu-worker-1"}, {"name": "gpu-worker-2"}]}
+    failed = _seal(root, 0, {"params": both, "outcome": "failed", "changes": [{"step": "image"}]})
+    tested = {"apply": True, "outcome": "unchanged", "changes": [], "steps_requested": ["cuda-test"]}
+    one = {"nodes": [{"name": "gpu-worker-1"}]}
+    _seal(root, 1, {**tested, "params": one, "continues": failed.name})
+    assert continues.continued_run(root, "sim-gpu") == failed.name, "gpu-worker-2 was never tested"
+    _seal(root, 2, {**tested, "params": both, "continues": failed.name})
+    assert continues.continued_run(root, "sim-gpu") is None, "every node passed: the change is finished"

@@ -86,7 +86,7 @@ def _verdict(path: Path, data: dict[str, Any]) -> tuple[bool, str | None]:
     later was chained to the approvals before it)."""
     if _is_rollback(data):
         return True, None
-    if data.get("apply") is True and _finished(data):
+    if data.get("apply") is True and _finished(data) and _covers_followed(path, data):
         return True, None
     if records.listed(data, "changes"):
         return True, None if _finished(data) else path.name
@@ -112,6 +112,28 @@ def _sealed_meanwhile(
         if verdict[0]:
             return verdict
     return False, None
+
+
+def _covers_followed(path: Path, data: dict[str, Any]) -> bool:
+    """Whether a run's GPU nodes include every node of the run it follows (``continues``), or it follows none.
+
+    Why: a checks-only ``--apply`` of the CUDA test with a parameter file listing the nodes that passed, after a
+    run that failed on another node, finished nothing on that node; it ended the chain, and a later resume
+    followed no run (review of stop 53). A followed record that cannot be read counts as covered: the chain's
+    reader names a link it cannot follow."""
+    followed = data.get(FIELD)
+    if not isinstance(followed, str) or not followed or "/" in followed:
+        return True
+    earlier = _read(path.parent / followed, str(data.get("cluster")))
+    if earlier is None:
+        return True
+    return _node_names(earlier) <= _node_names(data)
+
+
+def _node_names(data: dict[str, Any]) -> set[str]:
+    params = data.get("params")
+    nodes = params.get("nodes") if isinstance(params, dict) else None
+    return {str(n.get("name")) for n in nodes or [] if isinstance(n, dict)}
 
 
 def _finished(data: dict[str, Any]) -> bool:
