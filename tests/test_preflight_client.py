@@ -309,3 +309,23 @@ def test_an_address_two_nodes_list_fails_only_the_node_whose_own_node_does_not()
     )
     [typo] = node_identity.checks(Node(name="gpu-l", address="10.0.0.6"), nodes)
     assert "(did you mean gpu-2?)" in typo.message, typo.message
+
+
+def test_a_node_that_does_not_answer_is_told_its_address_may_be_wrong() -> None:
+    """An operator walkthrough (stop 53) mistyped an address: preflight said only "bring the node back (power,
+    network …)". The fix now also names the address to check in ``nodes:``."""
+    from runbook_lib.model.params import Node
+    from runbook_lib.steps.preflight import _unreachable
+    from runbook_lib.steps.results import NodeResult
+
+    refused = (
+        'rpc error: code = Unavailable desc = connection error: desc = "transport: Error while dialing: dial tcp '
+        '10.5.0.111:50000: connect: connection refused"'
+    )
+    res = NodeResult(node="gpu-1", address="10.5.0.111")
+    _unreachable(res, Node(name="gpu-1", address="10.5.0.111"), {"10.5.0.111": refused})
+    (check,) = res.checks
+    assert (
+        "power" in check.fix
+        and "correct its address in `nodes:` if 10.5.0.111 is not the node's" in check.fix
+    )

@@ -625,3 +625,28 @@ def test_resume_after_a_rollback_stays_on_the_rollbacks_cluster(
     assert _run(tmp_path, "--from", "preflight", "--steps", "preflight") == 0
     assert f"resuming with the parameters of {here}" in capsys.readouterr().err
     assert _latest(tmp_path)["cluster"] != "staging"
+
+
+def test_a_simulator_made_for_other_nodes_is_refused_naming_the_node_that_differs(tmp_path: Path) -> None:
+    """The refusal said "other GPU nodes (names or addresses) than this run's", leaving a person to find the
+    typo in the list (operator walkthrough, stop 53). It names the node on each side."""
+    state = (tmp_path / "sim").resolve()
+    params = validate(yaml.safe_load(Path(PARAMS).read_text()), source=PARAMS)
+    sim_cluster.create(state, sim_cluster.spec_from_params(params))
+    first = params.nodes[0]
+    typo = validate(
+        {
+            **yaml.safe_load(Path(PARAMS).read_text()),
+            "nodes": [
+                {"name": first.name, "address": "10.5.0.111"},
+                *[n.model_dump() for n in params.nodes[1:]],
+            ],
+        },
+        source=PARAMS,
+    )
+    (differs,) = sim_cluster.state_differs(state, typo, params.simulation.scenario) or [""]
+    assert differs == (
+        f"this run's {first.name} at 10.5.0.111 not among its GPU nodes; its {first.name} at {first.address} "
+        "not among this run's"
+    )
+    assert sim_cluster.state_differs(state, params, params.simulation.scenario) == []

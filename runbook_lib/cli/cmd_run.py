@@ -159,8 +159,9 @@ def _refuse_to_replace_for_a_plan(state_dir: Path, differs: list[str] | None, pa
     raise lock.Busy(
         f"the simulated cluster at {state_dir} was made for other parameters ({'; '.join(differs)}); a plan "
         "would replace it, so nothing was started or changed",
-        hint="give the plan its own --state DIR, plan with the parameters the cluster was made for, or run with "
-        "--apply to replace it (a new cluster: nodes on the parameters' Talos release, nothing applied)",
+        hint="give the plan its own --state DIR, plan with the parameters the cluster was made for, or, if these "
+        "parameters are the ones you meant (a typo here would be built too), run with --apply to replace it (a new "
+        "cluster: nodes on the parameters' Talos release, nothing applied, what was applied to this one lost)",
     )
 
 

@@ -85,11 +85,32 @@ def state_differs(state_dir: Path, params: Params, scenario: str) -> list[str] |
         f"Talos {info.get('talos_version')}, this run's {talos}"
         if info.get("talos_version") != talos
         else "",
-        "other GPU nodes (names or addresses) than this run's"
-        if workers != [(n.name, n.address) for n in params.nodes]
-        else "",
+        _nodes_differ(workers, [(n.name, n.address) for n in params.nodes]),
     ]
     return [d for d in differs if d]
+
+
+#: Nodes a difference names at most on each side.
+NODES_NAMED = 3
+
+
+def _nodes_differ(cluster: list[tuple[str, str]], run: list[tuple[str, str]]) -> str:
+    """Which GPU nodes differ, by name and address (empty when none). Why: "other GPU nodes (names or addresses)"
+    left a person to find the typo in a list (operator walkthrough, stop 53)."""
+    if cluster == run:
+        return ""
+    only_run = [f"{n} at {a}" for n, a in run if (n, a) not in cluster]
+    only_cluster = [f"{n} at {a}" for n, a in cluster if (n, a) not in run]
+    if not only_run and not only_cluster:
+        return "the same GPU nodes in another order than this run's"
+
+    def named(nodes: list[str]) -> str:
+        more = len(nodes) - NODES_NAMED
+        return ", ".join(nodes[:NODES_NAMED]) + (f" and {more} more" if more > 0 else "")
+
+    parts = [f"this run's {named(only_run)} not among its GPU nodes"] if only_run else []
+    parts += [f"its {named(only_cluster)} not among this run's"] if only_cluster else []
+    return "; ".join(parts)
 
 
 def spec_from_state(state_dir: Path) -> ClusterSpec:

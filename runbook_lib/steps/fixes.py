@@ -69,11 +69,13 @@ def name_own_installers(ctx: Context, result: StepResult) -> None:
 
 
 def unreachable(address: str, step: str) -> str:
-    """A node that does not answer: nothing on this side fixes it, so say what has to come back."""
+    """A node that does not answer: nothing on this side fixes it, so say what has to come back, or that the
+    parameters may name the wrong address (an operator walkthrough's typo got only "bring the node back")."""
     return (
         f"bring the node back (power, network: apid on port 50000 must answer from here; "
-        f"`talosctl -n {address} version` shows it does), then re-run: runbook run -p <parameters> --steps {step}; "
-        "or take the node out of `nodes:` in the parameters"
+        f"`talosctl -n {address} version` shows it does), or correct its address in `nodes:` if {address} is not "
+        f"the node's, then re-run: runbook run -p <parameters> --steps {step}; or take the node out of `nodes:` in "
+        "the parameters"
     )
 
 
