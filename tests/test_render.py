@@ -181,7 +181,7 @@ def test_alike_failures_are_said_once_with_their_nodes_and_count() -> None:
     assert "  gpu-0000 (10.0.0.0): refused: moved\n" in text, text
     alike = "  gpu-0001, gpu-0002, gpu-0003, gpu-0004, gpu-0005, gpu-0006, gpu-0007, gpu-0008 and 242 more (250 nodes): "
     assert f"{alike}refused: the machine config could not be read\n" in text, text
-    assert text.count("fix: name the record") == 2 and "more failing nodes" not in text, text
+    assert text.count("name the record that changed it") == 2 and "more failing nodes" not in text, text
 
 
 def verified_fleet(size: int = 1000) -> StepResult:
@@ -254,7 +254,7 @@ def test_a_check_the_node_line_already_quotes_is_not_printed_twice() -> None:
         assert text.count("1 error(s) occurred") == 1, text
         assert "talosctl -n 10.5.0.13 dmesg" in text and "not back after 600 s" in text
         assert "talosctl -n 10.5.0.13 health" in text
-        assert "upgrade: (as in the node's line)" in text  # which check the fix is for
+        assert "fix (upgrade): " in text and "(as in the node's line)" not in text  # filler (walkthrough)
 
 
 def test_a_check_whose_message_is_only_part_of_another_is_still_printed_whole() -> None:
@@ -273,7 +273,7 @@ def test_a_check_whose_message_is_only_part_of_another_is_still_printed_whole() 
     result.nodes.append(node)
     text = failure_text(result)
     assert "    nvidia-smi: pod ended Failed\n" in text and "    gpu: Failed" in text, text
-    assert "    vectoradd: (as in the node's line)" in text, text
+    assert "    fix (vectoradd): talosctl -n 10.5.0.11 upgrade" in text and "vectoradd:" not in text, text
 
 
 def test_a_failure_with_no_failing_node_points_at_the_step_s_check_not_at_nodes() -> None:
@@ -340,6 +340,14 @@ def test_a_stopped_steps_report_is_never_cut_inside_a_fixs_here_document() -> No
     assert cut_failure(quoted) == quoted[:STOPPED_LINES_MAX]
     escaped = [*head, "    fix: cat > p.yaml <<\\EOF", "machine:", "  kernel: {}", "EOF", "more"]
     assert cut_failure(escaped) == head
+    # a check whose message the node's line said prints its fix alone, named by the check (walkthrough, stop 53)
+    named = [
+        *head,
+        "    fix (modules patch): talosctl -n 10.0.0.9 patch mc --patch @- <<'EOF'",
+        *fix[1:],
+        "more",
+    ]
+    assert cut_failure(named) == head
 
 
 def test_compaction_keeps_a_fixs_here_document_whole() -> None:

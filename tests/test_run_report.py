@@ -140,7 +140,9 @@ def test_a_failed_node_s_fix_is_a_command_the_operator_can_paste(
     assert main(["run", "-p", PARAMS, *sets, *place, "--steps", "config-patch,image", "--apply"]) == 1
     out = capsys.readouterr().out
     assert PARAMS_PLACEHOLDER not in out and "not run yet" not in out
-    fix = next(line for line in out.splitlines() if "fix: " in line and "re-run the image step" in line)
+    fix = next(
+        line for line in out.splitlines() if "fix (upgrade): " in line and "re-run the image step" in line
+    )
     command = re.search(r"(runbook run .*--apply)", fix)
     assert command, fix
     argv = shlex.split(command.group(1))

@@ -154,11 +154,16 @@ STOPPED_LINES_MAX = 16
 _HEREDOC = re.compile(r"(?<!<)<<(?!<)-?\s*(['\"]?)\\?([A-Za-z_][A-Za-z0-9_]*)\1")
 
 
+#: A fix's first line in a diagnosis: ``    fix: …``, or ``    fix (<check>): …`` where the node's line said the
+#: check's message (``render.failure_text``).
+_FIX_LINE = re.compile(r"    fix(?: \([^)]*\))?: ")
+
+
 def _heredoc_word(line: str) -> str:
     """The word that ends the here-document a fix's line opens (``<<'EOF'``), or "". Only a fix's lines count:
-    its first (``    fix: …``) and the ones it continues with flush left; tool output quoted under a node
+    its first (``    fix: …``, ``    fix (<check>): …``) and the ones it continues with flush left; tool output quoted under a node
     (``1 << shift``, ``<<<``) is not a command (review of c62d224)."""
-    if not (line.startswith("    fix: ") or (line and not line[0].isspace())):
+    if not (_FIX_LINE.match(line) or (line and not line[0].isspace())):
         return ""
     found = _HEREDOC.search(line)
     return found.group(2) if found else ""

@@ -302,8 +302,12 @@ def render_markdown(result: StepResult, *, limit: int = TABLE_LIMIT, title: str 
         for node in failing[:FAILING_LIMIT]:
             lines.append(f"- **{node.node}** ({node.address}): {node.message}")
             for check in node.failed_checks:
-                said = f"{check.name}: {QUOTED if _quoted(node, check) else check.message}"
-                lines.append(f"  - {said}" + (f" — fix: `{check.fix}`" if check.fix else ""))
+                if _quoted(node, check):  # the node's line said it: the check's fix alone, named by the check
+                    lines += [f"  - fix ({check.name}): `{check.fix}`"] if check.fix else []
+                    continue
+                lines.append(
+                    f"  - {check.name}: {check.message}" + (f" — fix: `{check.fix}`" if check.fix else "")
+                )
         if len(failing) > FAILING_LIMIT:
             lines.append(f"- … {len(failing) - FAILING_LIMIT} more failing nodes in the record")
     lines += _inventory_markdown(result)
@@ -320,10 +324,6 @@ def render_markdown(result: StepResult, *, limit: int = TABLE_LIMIT, title: str 
         if len(rows) > limit:
             lines.append(f"\n{len(rows) - limit} more in the record.")
     return "\n".join(lines) + "\n"
-
-
-#: What a check says in place of a message its node's line already gave.
-QUOTED = "(as in the node's line)"
 
 
 def _quoted(node: NodeResult, check: Check) -> bool:
@@ -363,9 +363,10 @@ def failure_text(result: StepResult, *, limit: int = 5) -> str:
             f"  {who}{f' ({len(group)} nodes)' if len(group) > 1 else ''}: {_under(say(node.message))}"
         )
         for check in node.failed_checks:
-            lines.append(
-                f"    {check.name}: {QUOTED if _quoted(node, check) else _under(say(check.message))}"
-            )
+            if _quoted(node, check):  # the node's line said it: the check's fix alone, named by the check
+                lines += [f"    fix ({check.name}): {say(check.fix)}"] if check.fix else []
+                continue
+            lines.append(f"    {check.name}: {_under(say(check.message))}")
             if check.fix:
                 lines.append(f"    fix: {say(check.fix)}")
     more = sum(len(g) for g in groups[limit:])
