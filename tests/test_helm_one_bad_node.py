@@ -286,6 +286,7 @@ def test_a_device_plugin_image_the_registry_does_not_have_is_not_waited_for_the_
         assert failed.status == "failed"
         assert failed.message == (
             "no allocatable nvidia.com/gpu: its device plugin pod cannot pull its image, which the registry does "
-            "not have, so the step stopped waiting for it"
+            "not have, so the step stopped waiting for it (a registry mirror that has not synced the image yet says "
+            "the same: re-run the step once it has)"
         ), failed.message
         assert "code = NotFound" in str(failed.to_dict()), failed.to_dict()

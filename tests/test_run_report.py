@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import shlex
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -516,3 +517,38 @@ def test_a_plan_names_what_the_kubernetes_step_will_install_though_it_waits_for_
         f"nvdp/nvidia-device-plugin --version {helm.chart_version} -n kube-system"
     )
     assert _waits(by_name["cuda-test"], params) == "waits for apply"
+
+
+def test_an_interrupted_rollback_says_which_nodes_it_had_taken_back(tmp_path: Path) -> None:
+    """Operator walkthrough (stop 53): Ctrl-C during an --apply rollback printed only the command that goes on,
+    not which nodes were back. From the sealed record: the calls that finished before the interrupt, by node, and
+    the ones it cut short."""
+    from runbook_lib.cli.run_report import after_rollback_interrupt
+    from runbook_lib.notebook.interrupts import IN_FLIGHT
+
+    record = tmp_path / "records" / "20261207T200000Z-sim-gpu-abcdef12"
+    record.mkdir(parents=True)
+    nodes = [{"name": f"gpu-worker-{i}", "address": f"10.5.0.1{i}"} for i in (1, 2, 3)]
+    image = "factory.talos.dev/metal-installer/376567988ad3:v1.12.0"
+
+    def upgrade(address: str, **more: Any) -> dict[str, Any]:
+        return {"argv": ["talosctl", "-n", address, "upgrade", "--image", image], "exit_code": 0, **more}
+
+    changes = [
+        upgrade("10.5.0.11"),
+        upgrade("10.5.0.12"),
+        {"argv": ["helm", "-n", "kube-system", "uninstall", "nvidia-device-plugin"], "exit_code": 0},
+        upgrade("10.5.0.13", exit_code=None, interrupt=IN_FLIGHT),
+    ]
+    data = {"apply": True, "params": {"nodes": nodes}, "changes": changes, "steps": []}
+    records.seal(record, data, secrets=[])
+    said = after_rollback_interrupt(record, Invocation("p.yaml", (), None, None, apply=True))
+    assert said == (
+        "done before the interrupt:\n"
+        "  gpu-worker-1: talosctl upgrade, done\n"
+        "  gpu-worker-2: talosctl upgrade, done\n"
+        "cut short by the interrupt (see where these nodes are before going on: runbook run -p p.yaml --steps "
+        "preflight):\n"
+        "  gpu-worker-3: talosctl upgrade, in flight: it may have reached the node\n"
+    ), said
+    assert after_rollback_interrupt(None, Invocation("p.yaml")) == ""

@@ -74,6 +74,7 @@ def _roll_back(args: argparse.Namespace) -> int:
         sys.stderr.write(_NOT_APPROVED)
     state_dir = cmd_run.resolve_state(args.state)
     cluster = cmd_run.SimulatorHook(state_dir)
+    opened: list[Path] = []  # the rollback's record, once it exists (run_report.after_rollback_interrupt)
     try:
         outcome = runner.run(
             params_file,
@@ -86,9 +87,12 @@ def _roll_back(args: argparse.Namespace) -> int:
             cluster_key=str(state_dir),
             progress=not args.no_progress,
             on_event=live.print_event,
+            on_record=opened.append,
         )
     except (KeyboardInterrupt, SystemExit) as exc:
         if args.apply:
+            where = run_report.Invocation(params_file, args.overrides or (), args.records, args.state)
+            sys.stderr.write(run_report.after_rollback_interrupt(opened[0] if opened else None, where))
             sys.stderr.write(_go_on(args, params_file, [Path(p) for p in values["rollback.records"]], root))
         if isinstance(exc, KeyboardInterrupt):
             sys.excepthook = cmd_run.quiet_interrupt  # this process ends by it: no traceback under the record

@@ -221,6 +221,25 @@ def _cut_short(data: dict[str, Any], invocation: Invocation) -> list[str]:
     """The node calls the interrupt cut short (in flight then, or finished after it), by node, and how to see
     where those nodes are before going on. Why: the interrupt said "once it is safe to go on" while the node
     whose upgrade was stopped showed only in ``records show`` (operator walkthrough, 6 Dec 2026)."""
+    lines = _node_calls(data, cut_short=True)
+    if not lines:
+        return []
+    given = invocation.params_args() or ["-p", "<parameters>"]  # a resumed run's: give the file there
+    check = shlex.join(["runbook", "run", *given, "--steps", "preflight", *invocation.place_args()])
+    return [
+        f"cut short by the interrupt (see where these nodes are before going on: {check}):",
+        *_at_most(lines),
+    ]
+
+
+def _at_most(lines: list[str]) -> list[str]:
+    more = len(lines) - CUT_SHORT_MAX
+    return lines[:CUT_SHORT_MAX] + ([f"  … {more} more in the record's changes"] if more > 0 else [])
+
+
+def _node_calls(data: dict[str, Any], *, cut_short: bool) -> list[str]:
+    """``  <nodes>: talosctl <upgrade|patch|call>, <how>`` for each talosctl call of the record's changes the
+    interrupt cut short (``cut_short``), or each that finished before it with exit 0."""
     params = data["params"] if isinstance(data.get("params"), dict) else {}
     names = {str(n.get("address")): str(n.get("name")) for n in records.listed(params, "nodes")}
     lines = []
@@ -228,29 +247,40 @@ def _cut_short(data: dict[str, Any], invocation: Invocation) -> list[str]:
         argv = [str(a) for a in change.get("argv") or []]
         # talosctl's only: helm's `-n` is a namespace (review); a batch's call names many nodes
         talosctl = bool(argv) and Path(argv[0]).name.startswith("talosctl")
-        if not change.get("interrupt") or not talosctl or "-n" not in argv[:-1]:
+        code = change.get("exit_code")
+        wanted = bool(change.get("interrupt")) if cut_short else not change.get("interrupt") and code == 0
+        if not wanted or not talosctl or "-n" not in argv[:-1]:
             continue
         nodes = shortened([names.get(a, a) for a in argv[argv.index("-n") + 1].split(",")])
         what = next((w for w in ("upgrade", "patch") if w in argv), "call")
-        code = change.get("exit_code")
         how = (
-            "in flight: it may have reached the node" if code is None else f"exit {code} after the interrupt"
+            "done"
+            if not cut_short
+            else (
+                "in flight: it may have reached the node"
+                if code is None
+                else f"exit {code} after the interrupt"
+            )
         )
         lines.append(f"  {nodes}: {Path(argv[0]).name} {what}, {how}")
-    if not lines:
-        return []
-    given = invocation.params_args() or ["-p", "<parameters>"]  # a resumed run's: give the file there
-    check = shlex.join(["runbook", "run", *given, "--steps", "preflight", *invocation.place_args()])
-    more = (
-        [f"  … {len(lines) - CUT_SHORT_MAX} more in the record's changes"]
-        if len(lines) > CUT_SHORT_MAX
-        else []
-    )
-    return [
-        f"cut short by the interrupt (see where these nodes are before going on: {check}):",
-        *lines[:CUT_SHORT_MAX],
-        *more,
-    ]
+    return lines
+
+
+def after_rollback_interrupt(record: Path | None, invocation: Invocation) -> str:
+    """What an interrupted ``--apply`` rollback had done, node by node, from its sealed record: the calls that
+    finished before the interrupt and the ones it cut short. Why: it printed only the command that goes on, so a
+    person did not know which nodes were back (operator walkthrough, stop 53). "" when there is no such record."""
+    if record is None:
+        return ""
+    try:
+        data = records.load_record(record)
+    except PermanentError:
+        return ""
+    if data.get("apply") is not True:
+        return ""
+    done = _node_calls(data, cut_short=False)
+    lines = ["done before the interrupt:", *_at_most(done)] if done else []
+    return "".join(f"{line}\n" for line in lines + _cut_short(data, invocation))
 
 
 #: A command that needs the cluster's servers up: talosctl, kubectl or helm (a path's too) with a flag or one of

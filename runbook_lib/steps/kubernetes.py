@@ -860,7 +860,8 @@ def _judge_gpus(
         res.status = "failed"
         res.message = (
             f"no allocatable {GPU_RESOURCE}: its device plugin pod cannot pull its image, which the registry does "
-            "not have, so the step stopped waiting for it"
+            "not have, so the step stopped waiting for it (a registry mirror that has not synced the image yet says "
+            "the same: re-run the step once it has)"
             if unpullable
             else f"no allocatable {GPU_RESOURCE} after {timeout_s:.0f} s"
         )
