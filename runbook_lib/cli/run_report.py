@@ -185,14 +185,9 @@ def after_interrupt(record: Path | None, invocation: Invocation) -> str:
     folder was another run's when a plan was interrupted before opening one (review of 49e691e), and could be
     a concurrent run's of the same parameters (review of 8d27fe4's stop).
     No go-on line after ``--steps``: ``--from`` would run steps the operator did not select (review)."""
-    if record is None:
+    data = _applied(record)
+    if record is None or data is None:
         return ""
-    try:
-        data = records.load_record(record)
-    except PermanentError:
-        return ""
-    if data.get("apply") is not True:
-        return ""  # a plan changed nothing; the approval may have come from the file or a --set (review)
     invocation = replace(invocation, apply=True)
     steps = records.listed(data, "steps")
     cut = next((s.get("name") for s in steps if s.get("status") == "interrupted"), None)
@@ -202,6 +197,18 @@ def after_interrupt(record: Path | None, invocation: Invocation) -> str:
     lines += [f"once it is safe to go on: {invocation.continue_from(str(cut))}"] if go_on else []
     lines.append(f"to undo what it changed instead (plan first, then --apply): {shlex.join(rollback)}")
     return "".join(f"{line}\n" for line in lines)
+
+
+def _applied(record: Path | None) -> dict[str, Any] | None:
+    """The sealed ``record.json`` of an ``--apply`` run; None when there is no record, it cannot be read, or the
+    run only planned (it changed nothing; its approval may have come from the file or a --set: review)."""
+    if record is None:
+        return None
+    try:
+        data = records.load_record(record)
+    except PermanentError:
+        return None
+    return data if data.get("apply") is True else None
 
 
 def rollback_argv(record: Path, data: dict[str, Any], invocation: Invocation) -> list[str]:
@@ -270,13 +277,8 @@ def after_rollback_interrupt(record: Path | None, invocation: Invocation) -> str
     """What an interrupted ``--apply`` rollback had done, node by node, from its sealed record: the calls that
     finished before the interrupt and the ones it cut short. Why: it printed only the command that goes on, so a
     person did not know which nodes were back (operator walkthrough, stop 53). "" when there is no such record."""
-    if record is None:
-        return ""
-    try:
-        data = records.load_record(record)
-    except PermanentError:
-        return ""
-    if data.get("apply") is not True:
+    data = _applied(record)
+    if data is None:
         return ""
     done = _node_calls(data, cut_short=False)
     lines = ["done before the interrupt:", *_at_most(done)] if done else []
