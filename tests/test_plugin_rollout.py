@@ -261,3 +261,28 @@ def test_the_rollout_gives_up_on_a_mix_of_nodes_that_are_down_and_pods_that_cann
                 why is not None and "waits on gpu-2, not Ready" in why and "pod on gpu-1 cannot pull" in why
             )
             assert stall.unpullable == ["gpu-1"]
+
+
+def test_a_node_down_with_an_earlier_pod_that_could_not_pull_is_held_by_the_node_not_the_image(
+    monkeypatch: Any,
+) -> None:
+    """Review of 638403c: a rollout with a typo'd tag, then the image corrected; the node that went down still
+    holds the bad revision's pod, being deleted. It was reported as "cannot pull its image" (the current image is
+    fine) and lost the forced-delete fix of a node that is down."""
+    from types import SimpleNamespace
+
+    from runbook_lib.steps import plugin_rollout
+
+    earlier = _pulling("p1", "gpu-1", NOT_FOUND)
+    earlier["metadata"]["labels"] = {REVISION_LABEL: "old"}
+    earlier["metadata"]["deletionTimestamp"] = "2026-12-07T20:00:00Z"
+    rollout = _rollout([earlier, _pod("p2", "gpu-2", "new")])
+    assert rollout.holding() == ["gpu-1"] and not rollout.cannot_pull("gpu-1")
+    monkeypatch.setattr(plugin_rollout, "read", lambda *_a: rollout)
+    stall = plugin_rollout._Stall(SimpleNamespace(kube=None), None)  # type: ignore[arg-type]
+    stall.last = {"status": {}}
+    monkeypatch.setattr(stall.stall, "quiet", lambda _mark: True)
+    monkeypatch.setattr(stall.stall, "down_among", sorted)
+    why = stall.held()
+    assert why is not None and "waits on gpu-1, not Ready" in why and "cannot pull" not in why, why
+    assert stall.unpullable == []

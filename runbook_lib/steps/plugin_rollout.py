@@ -93,6 +93,13 @@ class Rollout:
             if _deleting(pod) or (self._updated(pod) and not _ready(pod))
         )
 
+    def cannot_pull(self, node: str) -> bool:
+        """Whether ``node``'s pod is the current revision's, not being deleted, and cannot pull an image the
+        registry lacks (:func:`unpullable`). Why not any pod's: an earlier revision's pod with a typo'd tag, being
+        deleted on a node that went down, is held by the node, not by the image (review of 638403c)."""
+        pod = self.pods.get(node)
+        return pod is not None and not _deleting(pod) and self._updated(pod) and unpullable(pod) is not None
+
     def holds_others(self, held: list[str]) -> bool:
         """Whether the update waits on ``held`` to reach other nodes: an old pod there is being deleted, or
         another node still runs the previous revision. Not on a first install whose new pod the DaemonSet placed
@@ -159,11 +166,7 @@ class _Stall:
             return None
         holders = rollout.holding()
         # the operator has not rewritten it yet: its pods are the previous spec's (review)
-        missing = (
-            []
-            if rollout.stale()
-            else [n for n in holders if n in rollout.pods and unpullable(rollout.pods[n])]
-        )
+        missing = [] if rollout.stale() else [n for n in holders if rollout.cannot_pull(n)]
         rest = [n for n in holders if n not in missing]
         down = self.stall.down_among(rest)
         if not holders or (rest and not down):  # a holder that is up and may still pull keeps the wait going
