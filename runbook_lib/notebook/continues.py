@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from runbook_lib.errors import PermanentError
+from runbook_lib.model.rollback import node_results
 
 from . import records
 from .steps import STEP_NAMES
@@ -83,13 +84,15 @@ def _verdict(path: Path, data: dict[str, Any]) -> tuple[bool, str | None]:
     changed the cluster is followed unless it finished its change; a run that changed nothing decides nothing,
     except an ``--apply`` one that went through the last step: an approval of the CUDA test changes nothing (its
     pods are not changes) and still finishes the change (review: the chain went on past it, and a run a month
-    later was chained to the approvals before it)."""
+    later was chained to the approvals before it). Finished means on every node of the runs it follows
+    (:func:`_covers_chain`)."""
     if _is_rollback(data):
         return True, None
-    if data.get("apply") is True and _finished(data) and _covers_followed(path, data):
+    done = _finished(data) and _covers_chain(path, data)
+    if data.get("apply") is True and done:
         return True, None
     if records.listed(data, "changes"):
-        return True, None if _finished(data) else path.name
+        return True, None if done else path.name
     return False, None
 
 
@@ -114,26 +117,34 @@ def _sealed_meanwhile(
     return False, None
 
 
-def _covers_followed(path: Path, data: dict[str, Any]) -> bool:
-    """Whether a run's GPU nodes include every node of the run it follows (``continues``), or it follows none.
+def _covers_chain(path: Path, data: dict[str, Any]) -> bool:
+    """Whether the CUDA test of this run passed on every GPU node of the runs it follows (``continues``, the
+    whole chain), or it follows none.
 
-    Why: a checks-only ``--apply`` of the CUDA test with a parameter file listing the nodes that passed, after a
-    run that failed on another node, finished nothing on that node; it ended the chain, and a later resume
-    followed no run (review of stop 53). A followed record that cannot be read counts as covered: the chain's
-    reader names a link it cannot follow."""
-    followed = data.get(FIELD)
-    if not isinstance(followed, str) or not followed or "/" in followed:
-        return True
-    earlier = _read(path.parent / followed, str(data.get("cluster")))
-    if earlier is None:
-        return True
-    return _node_names(earlier) <= _node_names(data)
+    Why: after a run that failed on gpu-worker-2, a CUDA test of gpu-worker-1 alone (a parameter file listing it,
+    or the JupyterLab picker) ended the chain, and the resume that fixed gpu-worker-2 followed no run, so its
+    rollback knew nothing of the failed run's changes (reviews of stop 53 and of 29edd31). The nodes are the
+    test's own results, not the parameters (an approval records every node and applies the picked ones); a chain
+    link that cannot be read ends the chain there (:func:`chain`)."""
+    followed: set[str] = set()
+    for _name, earlier in chain(path.parent, data):
+        followed |= _node_names(earlier)
+    return followed <= _tested(data)
 
 
 def _node_names(data: dict[str, Any]) -> set[str]:
     params = data.get("params")
     nodes = params.get("nodes") if isinstance(params, dict) else None
     return {str(n.get("name")) for n in nodes or [] if isinstance(n, dict)}
+
+
+def _tested(data: dict[str, Any]) -> set[str]:
+    """The nodes the record's CUDA test step passed (none when it has no such result)."""
+    step = next((s for s in records.listed(data, "steps") if s.get("name") == LAST_STEP), None)
+    result = step.get("result") if step is not None else None
+    if not isinstance(result, dict):
+        return set()
+    return {name for name, node in node_results(result).items() if node.get("status") == "ok"}
 
 
 def _finished(data: dict[str, Any]) -> bool:
