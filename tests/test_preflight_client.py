@@ -329,3 +329,6 @@ def test_a_node_that_does_not_answer_is_told_its_address_may_be_wrong() -> None:
         "power" in check.fix
         and "correct its address in `nodes:` if 10.5.0.111 is not the node's" in check.fix
     )
+    from runbook_lib.steps import fixes
+
+    assert "correct its address" not in fixes.unreachable("10.5.0.111", "image"), "preflight reached it first"
