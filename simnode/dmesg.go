@@ -15,9 +15,34 @@ import (
 // booted (a real node's messages carry the boot time plus each message's clock, go-kmsg v0.1.4 message.go).
 var kernelStart = time.Now().UTC()
 
-// kmsgLine is one kernel log record: its priority (go-kmsg v0.1.4 message.go Priority.String) and text.
+// kmsgLine is one kernel log record: its priority (go-kmsg v0.1.4 message.go Priority.String) and text, and its
+// facility when it is not the kernel's (machined's lines, talosLine).
 type kmsgLine struct {
 	priority, text string
+	facility       string
+}
+
+// talosLine is one line machined logs: on a node (not in a container) its standard logger writes to /dev/kmsg with
+// the prefix "[talos] " (talos@v1.12.0 internal/app/machined/pkg/runtime/v1alpha1/v1alpha1_controller.go:71-107,
+// kmsg.SetupLogger), through go-kmsg v0.1.4 writer.go, which writes no "<N>" priority; the kernel gives such a
+// write facility LOG_USER and the default loglevel, warning (linux kernel/printk/printk.c devkmsg_write; no tag
+// checked), so talosctl dmesg prints it as "user: warning: …".
+func talosLine(text string) kmsgLine {
+	return kmsgLine{priority: "warning", text: "[talos] " + text, facility: "user"}
+}
+
+// upgradeFailedLog is what machined logs of an upgrade whose install task failed (failInstall): runTask's
+// "task %s (%s): failed: %s" (v1alpha1_controller.go:341-350), runPhase's caller's "phase %s (%s): failed"
+// (:273-283), run's "%s sequence: failed" (:248-256), and the Upgrade handler's "upgrade failed:" with run's error
+// (v1alpha1_server.go:558-562, the wrapping of v1alpha1_controller.go:280 and :316). Only these failure lines are
+// simulated: a real log has every phase's and task's "starting"/"done" lines before them.
+func upgradeFailedLog(phase string, number, phases int, reason string) []kmsgLine {
+	return []kmsgLine{
+		talosLine("task upgrade (1/1): failed: " + reason),
+		talosLine(fmt.Sprintf("phase %s (%d/%d): failed", phase, number, phases)),
+		talosLine("upgrade sequence: failed"),
+		talosLine(fmt.Sprintf("upgrade failed: error running phase %d in upgrade sequence: task 1/1: failed, %s", number, reason)),
+	}
 }
 
 // kernelMessages are the NVIDIA driver's kernel log lines of this boot: what the runbook's fixes send an operator
@@ -42,7 +67,7 @@ func kernelMessages(spec *NodeSpec, img ImageSpec, wanted []string, d derived) [
 	if d.driverBound() {
 		first, _, _ := strings.Cut(strings.TrimPrefix(driverVersion(img.Extensions[i]), "NVRM version: "), "\n")
 
-		return []kmsgLine{{"info", "NVRM: loading " + first}}
+		return []kmsgLine{{priority: "info", text: "NVRM: loading " + first}}
 	}
 
 	gpus := []string{}
@@ -54,7 +79,7 @@ func kernelMessages(spec *NodeSpec, img ImageSpec, wanted []string, d derived) [
 	}
 
 	if len(spec.PCIDevices) > 0 && len(gpus) == 0 {
-		return []kmsgLine{{"err", "NVRM: No NVIDIA GPU found."}}
+		return []kmsgLine{{priority: "err", text: "NVRM: No NVIDIA GPU found."}}
 	}
 
 	if len(gpus) == 0 {
@@ -64,12 +89,12 @@ func kernelMessages(spec *NodeSpec, img ImageSpec, wanted []string, d derived) [
 	var out []kmsgLine
 
 	for _, bus := range gpus {
-		out = append(out, kmsgLine{"err", "nvidia: probe of " + bus + " failed with error -1"})
+		out = append(out, kmsgLine{priority: "err", text: "nvidia: probe of " + bus + " failed with error -1"})
 	}
 
 	return append(out,
-		kmsgLine{"err", fmt.Sprintf("NVRM: The NVIDIA probe routine failed for %d device(s).", len(gpus))},
-		kmsgLine{"err", "NVRM: None of the NVIDIA devices were initialized."},
+		kmsgLine{priority: "err", text: fmt.Sprintf("NVRM: The NVIDIA probe routine failed for %d device(s).", len(gpus))},
+		kmsgLine{priority: "err", text: "NVRM: None of the NVIDIA devices were initialized."},
 	)
 }
 
@@ -82,7 +107,12 @@ func (s *machineServer) Dmesg(in *machine.DmesgRequest, srv grpc.ServerStreaming
 	if !in.GetTail() {
 		for i, line := range s.node.kernelLog() {
 			at := kernelStart.Add(time.Duration(i+1) * time.Second).Format(time.RFC3339Nano)
-			text := fmt.Appendf(nil, "%s: %7s: [%s]: %s\n", "kern", line.priority, at, line.text)
+			facility := line.facility
+			if facility == "" {
+				facility = "kern"
+			}
+
+			text := fmt.Appendf(nil, "%s: %7s: [%s]: %s\n", facility, line.priority, at, line.text)
 
 			if err := srv.Send(&common.Data{Bytes: text}); err != nil {
 				return err

@@ -88,6 +88,10 @@ func (n *simNode) failInstall(actorID string, preserve bool, reason string) {
 		Code:    common.Code_FATAL,
 		Message: fmt.Sprintf("sequence failed: error running phase %d in upgrade sequence: task 1/1: failed, %s", install+1, reason),
 	}})
+
+	n.mu.Lock()
+	n.kmsg = append(slices.Clip(n.kmsg), upgradeFailedLog(phases[install][0], install+1, len(phases), reason)...)
+	n.mu.Unlock()
 }
 
 // installExitFailure is fail_install's reason: the installer container's exit.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -88,3 +89,53 @@ def test_a_loaded_driver_logs_its_version_and_a_failed_probe_logs_why(
 
     tail = [str(talosctl), "--talosconfig", str(config), "-n", ADDRESSES[0], "dmesg", "--tail"]
     assert subprocess.run(tail, capture_output=True, text=True, check=True, timeout=60).stdout == ""
+
+
+TALOS_LINE = re.compile(r"^(?P<node>\S+): user: +warning: \[(?P<at>[^\]]+)\]: (?P<text>\[talos\] .*)$")
+
+
+def test_an_upgrade_whose_install_fails_is_in_the_kernel_log_the_fix_sends_to(tmp_path: Path) -> None:
+    """Operator walkthrough (stop 53): the image step's fix for a failed upgrade says to read why in
+    ``talosctl -n <node> dmesg``, which printed nothing on the simulator. machined logs the failed task, phase and
+    sequence to the kernel log (simnode/dmesg.go ``upgradeFailedLog`` cites the lines), as facility user, priority
+    warning."""
+    talosctl = build("build-talosctl.sh", TALOS)
+    state = tmp_path / "state"
+    nodes = gpu_ready_nodes(
+        talosctl, tmp_path, params_file(tmp_path, talosctl, state / "talosconfig", ADDRESSES)
+    )
+    nodes["nodes"][0]["fail_install"] = True
+    nodes["nodes"][0]["install_ms"] = 200  # the installer run before it fails (lifecycle.go taskTime)
+    proc = start_simnode(build("build-simnode.sh"), state, nodes)
+    try:
+        config = state / "talosconfig"
+        assert not [m for m in map(TALOS_LINE.match, dmesg(talosctl, config, ADDRESSES[0]).splitlines()) if m]
+        image = next(iter(nodes["images"]))  # one the nodes file serves: the install fails, not the pull
+        argv = [str(talosctl), "--talosconfig", str(config), "-n", ADDRESSES[0], "upgrade", "--image", image]
+        sent = subprocess.run(
+            [*argv, "--wait=false"], capture_output=True, text=True, check=False, timeout=60
+        )
+        assert sent.returncode == 0, sent.stderr
+        texts: list[str] = []
+        deadline = (
+            time.monotonic() + 90
+        )  # the upgrade's phases run first, the install for its time (lifecycle.go)
+        while time.monotonic() < deadline:
+            texts = [
+                m["text"]
+                for m in map(TALOS_LINE.match, dmesg(talosctl, config, ADDRESSES[0]).splitlines())
+                if m
+            ]
+            if texts:
+                break
+            time.sleep(0.5)
+        assert texts[0] == '[talos] task upgrade (1/1): failed: task "upgrade" failed: exit code 1', texts
+        assert re.fullmatch(r"\[talos\] phase upgrade \((\d+)/\d+\): failed", texts[1]), texts
+        assert texts[2:] == [
+            "[talos] upgrade sequence: failed",
+            f"[talos] upgrade failed: error running phase {texts[1].split('(')[1].split('/')[0]} in upgrade "
+            'sequence: task 1/1: failed, task "upgrade" failed: exit code 1',
+        ], texts
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
