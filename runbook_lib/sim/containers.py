@@ -98,7 +98,10 @@ def cri_pull_error(image: str, limited: bool = False) -> str:
     (kubernetes@v1.35.0 pkg/kubelet/images/image_manager.go:410-411): for an image the registry does not have
     ("not found"), or, ``limited``, for a registry that answers 429, worded by containerd@v2.1.5
     internal/cri/server/images/image_pull.go:283, client/pull.go:188 and core/remotes/errors/errors.go:43 (gRPC
-    code Unknown: the error is none of errdefs' kinds)."""
+    code Unknown: the error is none of errdefs' kinds). The not-found one's gRPC code NotFound: the resolver wraps
+    errdefs.ErrNotFound ("<ref>: not found", core/remotes/docker/resolver.go:325 and :423) and the CRI service
+    returns errgrpc.ToGRPC(err) (internal/cri/instrument/instrumented_service.go:362; containerd/errdefs/pkg@v0.3.0
+    errgrpc/grpc.go:88-89 maps ErrNotFound to codes.NotFound); read at containerd v2.1.4, 7 Dec 2026."""
     if limited:
         return (
             f'rpc error: code = Unknown desc = failed to pull and unpack image "{image}": failed to resolve '

@@ -322,7 +322,8 @@ def _owned(obj: dict[str, Any], uid: str | None) -> bool:
 #: pkg/kubelet/images/types.go:28-35).
 PULL_REASONS = ("ErrImagePull", "ImagePullBackOff")
 #: What the CRI's pull error says when the registry does not have the image (containerd's gRPC NotFound:
-#: containerd@v2.1.5 internal/cri/server/images/image_pull.go:283, worded as in runbook_lib/sim/containers.py).
+#: containerd@v2.1.5 internal/cri/server/images/image_pull.go:283; the code's source is cited in
+#: runbook_lib/sim/containers.py ``cri_pull_error``, which words it the same).
 PULL_NOT_FOUND = "code = NotFound"
 
 
