@@ -331,4 +331,7 @@ def test_a_node_that_does_not_answer_is_told_its_address_may_be_wrong() -> None:
     )
     from runbook_lib.steps import fixes
 
-    assert "correct its address" not in fixes.unreachable("10.5.0.111", "image"), "preflight reached it first"
+    assert "correct its address" not in fixes.unreachable("10.5.0.111", "image", after_preflight=True)
+    assert "correct its address" in fixes.unreachable("10.5.0.111", "image"), (
+        "a plan may ask it first (review)"
+    )

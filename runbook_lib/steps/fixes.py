@@ -68,23 +68,17 @@ def name_own_installers(ctx: Context, result: StepResult) -> None:
     own_installers(result, platforms, ctx.params.talos)
 
 
-def unreachable(address: str, step: str) -> str:
-    """A node that does not answer: nothing on this side fixes it, so say what has to come back, or, where a node
-    is first asked (preflight, and verify, which a checks-only run starts with), that the parameters may name the
-    wrong address (an operator walkthrough's typo got only "bring the node back"). Later steps of an ``--apply``
-    run follow a preflight that reached the node (review of 8fc7b54)."""
-    typo = (
-        f"or correct its address in `nodes:` if {address} is not the node's, " if step in FIRST_ASKED else ""
-    )
+def unreachable(address: str, step: str, *, after_preflight: bool = False) -> str:
+    """A node that does not answer: nothing on this side fixes it, so say what has to come back, or that the
+    parameters may name the wrong address (an operator walkthrough's typo got only "bring the node back"). Not
+    ``after_preflight``: an ``--apply`` run's image and config-patch steps follow a preflight that reached the
+    node (review of 8fc7b54), while a plan, a checks-only run or a notebook may ask it first (review of 4bc778e)."""
+    typo = "" if after_preflight else f"or correct its address in `nodes:` if {address} is not the node's, "
     return (
         f"bring the node back (power, network: apid on port 50000 must answer from here; "
         f"`talosctl -n {address} version` shows it does), {typo}then re-run: runbook run -p <parameters> --steps "
         f"{step}; or take the node out of `nodes:` in the parameters"
     )
-
-
-#: The steps that may be the first to ask a node anything: where an address typo shows.
-FIRST_ASKED = ("preflight", "verify")
 
 
 def upgrade_failed(address: str) -> str:

@@ -492,7 +492,12 @@ def _sort_nodes(
             res.status = "failed"
             res.message = f"cannot read the node: {state.error}"
             res.checks.append(
-                Check("node answers", False, res.message, fix=fixes.unreachable(node.address, "image"))
+                Check(
+                    "node answers",
+                    False,
+                    res.message,
+                    fix=fixes.unreachable(node.address, "image", after_preflight=ctx.apply),
+                )
             )
             continue
         downgrade = _downgrade(state.version, target)

@@ -255,7 +255,14 @@ class Planner:
         if node.address in errors or node.address not in configs:
             res.status = "failed"
             res.message = f"cannot read the machine config: {errors.get(node.address, 'no answer')}"
-            res.checks.append(Check("machine config readable", False, res.message, fix=unreachable_fix(node)))
+            res.checks.append(
+                Check(
+                    "machine config readable",
+                    False,
+                    res.message,
+                    fix=unreachable_fix(node, after_preflight=self.ctx.apply),
+                )
+            )
             return res, None
         legacy = node.address in reads.legacy
         # A node before 1.14 bound for 1.14 would refuse the CRICustomizationConfig document as it refuses
@@ -317,7 +324,7 @@ def plan_and_dry_run(ctx: Context, nodes: list[Node]) -> Plan:
     return Plan(results, groups, {patch: PatchResult(tuple(c)) for patch, c in calls.items()}, refused)
 
 
-def unreachable_fix(node: Node) -> str:
+def unreachable_fix(node: Node, *, after_preflight: bool = False) -> str:
     return "a node that is rebooting answers again after a few minutes; otherwise " + fixes.unreachable(
-        node.address, "config-patch"
+        node.address, "config-patch", after_preflight=after_preflight
     )
