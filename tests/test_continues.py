@@ -197,9 +197,19 @@ def test_approvals_one_step_at_a_time_end_their_chain_with_the_cuda_test(tmp_pat
     assert continues.continued_run(root, "sim-gpu") is None
 
 
+NODES = [{"name": f"gpu-worker-{i}", "address": f"10.5.0.1{i}"} for i in (1, 2, 3)]
+
+
+def _patched(addresses: str) -> dict[str, Any]:
+    return {
+        "step": "config-patch",
+        "argv": ["talosctl", "-n", addresses, "patch", "mc", "--patch", "@p.yaml"],
+    }
+
+
 def _tested(minute: int, root: Path, passed: list[str], follows: str, **more: Any) -> Path:
     """An --apply record through the CUDA test, which passed on ``passed`` (as ``record_content.group_nodes``
-    stores the step's nodes), following ``follows``; every GPU node in its parameters."""
+    stores the step's nodes), following ``follows``; the first two GPU nodes in its parameters."""
     result = {"node_groups": [{"nodes": passed, "status": "ok"}]}
     data = {
         "apply": True,
@@ -207,41 +217,44 @@ def _tested(minute: int, root: Path, passed: list[str], follows: str, **more: An
         "changes": [],
         "steps_requested": ["cuda-test"],
         "steps": [{"name": "cuda-test", "status": "ok", "result": result}],
-        "params": {"nodes": [{"name": "gpu-worker-1"}, {"name": "gpu-worker-2"}]},
+        "params": {"nodes": NODES[:2]},
         "continues": follows,
     }
     return _seal(root, minute, {**data, **more})
 
 
 def test_a_cuda_test_of_some_nodes_after_a_failed_run_does_not_end_its_chain(tmp_path: Path) -> None:
-    """Reviews of stop 53 and of 29edd31: a run failed on gpu-worker-2; a checks-only ``--steps cuda-test
-    --apply`` of gpu-worker-1 alone (a parameter file listing it, or the JupyterLab picker: an approval records
-    every node and applies the picked ones) passed, and ended the chain, so the resume that fixed gpu-worker-2
-    followed no run and its rollback knew nothing of the failed run's changes. A test that passed on every node
-    of the chain ends it."""
+    """Reviews of stop 53 and of 29edd31: a run patched both nodes and failed on gpu-worker-2; a JupyterLab
+    approval of the CUDA test with gpu-worker-1 picked (an approval records every node and applies the picked
+    ones) passed, and ended the chain, so the resume that fixed gpu-worker-2 followed no run and its rollback knew
+    nothing of the failed run's changes. A test that passed on every node the chain changed ends it."""
     root = tmp_path / "records"
-    both = {"nodes": [{"name": "gpu-worker-1"}, {"name": "gpu-worker-2"}]}
-    failed = _seal(root, 0, {"params": both, "outcome": "failed", "changes": [{"step": "image"}]})
+    changed = {
+        "params": {"nodes": NODES[:2]},
+        "outcome": "failed",
+        "changes": [_patched("10.5.0.11,10.5.0.12")],
+    }
+    failed = _seal(root, 0, changed)
     _tested(1, root, ["gpu-worker-1"], failed.name)
     assert continues.continued_run(root, "sim-gpu") == failed.name, "gpu-worker-2 was never tested"
     _tested(2, root, ["gpu-worker-1", "gpu-worker-2"], failed.name)
     assert continues.continued_run(root, "sim-gpu") is None, "every node passed: the change is finished"
 
 
-def test_a_finished_resume_of_one_node_keeps_the_chain_of_a_run_that_changed_two(tmp_path: Path) -> None:
-    """Review of 29edd31: A changed both nodes and failed; B (`--steps image --apply`, gpu-worker-2) changed one;
-    C, through the CUDA test on gpu-worker-2 alone, covered B but not A. A finished run that changed nodes is
-    judged the same way: it is followed while it has not tested every node of its chain."""
+def test_a_node_taken_out_of_the_parameters_does_not_keep_the_chain_open(tmp_path: Path) -> None:
+    """Review of f44b2b1: R1 patched three nodes and failed; gpu-worker-3 was gone for good and taken out of
+    `nodes:` (the runbook's own fix for a node that does not answer); R2 went through the CUDA test on the other
+    two. Requiring gpu-worker-3's test kept the chain open for 20 runs, and a failed run's printed rollback took
+    the nodes back to before R1. A node the runs changed that this run's parameters still list must pass."""
     root = tmp_path / "records"
-    both = {"nodes": [{"name": "gpu-worker-1"}, {"name": "gpu-worker-2"}]}
-    first = _seal(root, 0, {"params": both, "outcome": "failed", "changes": [{"step": "image"}]})
-    one = {"nodes": [{"name": "gpu-worker-2"}]}
-    second = _seal(root, 1, {"params": one, "outcome": "changed", "changes": [{}], "continues": first.name})
-    _tested(2, root, ["gpu-worker-2"], second.name, params=one)
-    assert continues.continued_run(root, "sim-gpu") == second.name, "gpu-worker-1 was never tested"
-    resumed = _tested(3, root, ["gpu-worker-2"], second.name, params=one, outcome="changed", changes=[{}])
-    assert continues.continued_run(root, "sim-gpu") == resumed.name, (
-        "a finished run of some nodes is followed"
-    )
-    _tested(4, root, ["gpu-worker-1", "gpu-worker-2"], resumed.name)
+    three = {
+        "params": {"nodes": NODES},
+        "outcome": "failed",
+        "changes": [_patched("10.5.0.11,10.5.0.12,10.5.0.13")],
+    }
+    first = _seal(root, 0, three)
+    upgraded = {"outcome": "changed", "changes": [_patched("10.5.0.12")]}
+    resumed = _tested(1, root, ["gpu-worker-2"], first.name, **upgraded)
+    assert continues.continued_run(root, "sim-gpu") == resumed.name, "gpu-worker-1 is listed and untested"
+    _tested(2, root, ["gpu-worker-1", "gpu-worker-2"], resumed.name, **upgraded)
     assert continues.continued_run(root, "sim-gpu") is None

@@ -12,7 +12,8 @@ JupyterLab approval's record (``interactive_record``), which finishes a change a
 Which run that is: the newest record of the same cluster that changed it (its journal lists changes), passing
 over plans and checks-only runs, which change nothing, and only while that run left the change unfinished: it
 failed, was interrupted, or passed without reaching the runbook's last step (``--steps config-patch,image``).
-A run that went through to the CUDA test finished a change, and a rollback undid one: after either, a run
+A run that went through to the CUDA test, passing on every node the chain changed that its parameters list
+(:func:`_covers_chain`), finished a change, and a rollback undid one: after either, a run
 follows none, so a ``--from verify`` weeks after a finished run does not chain a rollback to it (review: the
 printed rollback then took every node back to before that run). A chain is at most :data:`CHAIN_MAX` long.
 """
@@ -118,24 +119,43 @@ def _sealed_meanwhile(
 
 
 def _covers_chain(path: Path, data: dict[str, Any]) -> bool:
-    """Whether the CUDA test of this run passed on every GPU node of the runs it follows (``continues``, the
-    whole chain), or it follows none.
+    """Whether the CUDA test of this run passed on every node the runs it follows (``continues``, the whole chain)
+    changed that this run's parameters still list, or it follows none.
 
-    Why: after a run that failed on gpu-worker-2, a CUDA test of gpu-worker-1 alone (a parameter file listing it,
-    or the JupyterLab picker) ended the chain, and the resume that fixed gpu-worker-2 followed no run, so its
-    rollback knew nothing of the failed run's changes (reviews of stop 53 and of 29edd31). The nodes are the
-    test's own results, not the parameters (an approval records every node and applies the picked ones); a chain
-    link that cannot be read ends the chain there (:func:`chain`)."""
+    Why: after a run that failed on gpu-worker-2, a CUDA test of gpu-worker-1 alone through the JupyterLab picker
+    (an approval records every node and applies the picked ones) ended the chain, and the resume that fixed
+    gpu-worker-2 followed no run, so its rollback knew nothing of the failed run's changes (reviews of stop 53 and
+    of 29edd31). The nodes are the test's own results and the talosctl calls of the links' changes. A node this
+    run's parameters no longer list is out of the change: taken out of `nodes:` (the runbook's own fix for a node
+    that is gone), it could never be tested, and the chain stayed open for 20 runs (review of f44b2b1); a
+    parameter file that lists some nodes is read the same way, and the rollback of such a resume still names a
+    node whose modules patch no named record applied (rollback's note). A link that cannot be read ends the chain
+    there (:func:`chain`)."""
     followed: set[str] = set()
     for _name, earlier in chain(path.parent, data):
-        followed |= _node_names(earlier)
-    return followed <= _tested(data)
+        followed |= _changed_nodes(earlier)
+    return followed & _node_names(data) <= _tested(data)
 
 
 def _node_names(data: dict[str, Any]) -> set[str]:
+    return set(_names_by_address(data).values())
+
+
+def _names_by_address(data: dict[str, Any]) -> dict[str, str]:
     params = data.get("params")
     nodes = params.get("nodes") if isinstance(params, dict) else None
-    return {str(n.get("name")) for n in nodes or [] if isinstance(n, dict)}
+    return {str(n.get("address")): str(n.get("name")) for n in nodes or [] if isinstance(n, dict)}
+
+
+def _changed_nodes(data: dict[str, Any]) -> set[str]:
+    """The GPU nodes a record's talosctl calls changed (``-n`` of its changes; a batch names several)."""
+    names = _names_by_address(data)
+    changed: set[str] = set()
+    for change in records.listed(data, "changes"):
+        argv = [str(a) for a in change.get("argv") or []]
+        if argv and Path(argv[0]).name.startswith("talosctl") and "-n" in argv[:-1]:
+            changed |= {names.get(a, a) for a in argv[argv.index("-n") + 1].split(",")}
+    return changed
 
 
 def _tested(data: dict[str, Any]) -> set[str]:
