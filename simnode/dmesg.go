@@ -131,5 +131,26 @@ func (n *simNode) kernelLog() []kmsgLine {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 
-	return n.kmsg
+	return append(slices.Clip(n.kmsg), n.machined...)
+}
+
+// logMachined adds lines machined logs to this boot's kernel log. Apart from the driver's lines, which a config
+// change re-derives (refresh), they stay until the node boots again, as the kernel's ring buffer keeps them.
+func (n *simNode) logMachined(lines ...kmsgLine) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+
+	n.machined = append(slices.Clip(n.machined), lines...)
+}
+
+// lifecycleUpgradeFailedLog is what machined logs when the installer container of a LifecycleService upgrade
+// (Talos 1.13 and later) exits non-zero: the upgrade's sendExitCode callback's "upgrade failed: exit_code=%d", then
+// runInstallerContainer's "installer container exited with code %d" (talos@v1.13.0 internal/app/lifecycle/
+// lifecycle.go:211-217 and container.go:212-219). Its "starting upgrade: installer_image=%s, disk=%s" line before
+// them is left out: simnode has no system disk to name.
+func lifecycleUpgradeFailedLog(code int32) []kmsgLine {
+	return []kmsgLine{
+		talosLine(fmt.Sprintf("upgrade failed: exit_code=%d", code)),
+		talosLine(fmt.Sprintf("installer container exited with code %d", code)),
+	}
 }

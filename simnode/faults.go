@@ -84,14 +84,12 @@ func (n *simNode) failInstall(actorID string, preserve bool, reason string) {
 	bus := n.bus()
 	bus.publish(actorID, &machine.SequenceEvent{Sequence: "upgrade", Action: machine.SequenceEvent_START})
 	n.runPhases(bus, actorID, phases[:install+1])
+	// logged before Run publishes the sequence's error, as machined does (dmesg.go upgradeFailedLog)
+	n.logMachined(upgradeFailedLog(phases[install][0], install+1, len(phases), reason)...)
 	bus.publish(actorID, &machine.SequenceEvent{Sequence: "upgrade", Action: machine.SequenceEvent_NOOP, Error: &common.Error{
 		Code:    common.Code_FATAL,
 		Message: fmt.Sprintf("sequence failed: error running phase %d in upgrade sequence: task 1/1: failed, %s", install+1, reason),
 	}})
-
-	n.mu.Lock()
-	n.kmsg = append(slices.Clip(n.kmsg), upgradeFailedLog(phases[install][0], install+1, len(phases), reason)...)
-	n.mu.Unlock()
 }
 
 // installExitFailure is fail_install's reason: the installer container's exit.

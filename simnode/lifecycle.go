@@ -258,6 +258,7 @@ func (n *simNode) powerOn(image, previous string) {
 		previousArgs: n.boot.args, exts: n.bootExtensions(image, previous), previousExts: n.boot.exts,
 	}
 	n.events = newEventBus()
+	n.machined = nil // a new boot's kernel log
 	n.mu.Unlock()
 
 	if persisted != nil {

@@ -144,6 +144,7 @@ func (s *lifecycleServer) Upgrade(in *machine.LifecycleServiceUpgradeRequest, sr
 		// prints "<node>: upgrade failed with exit code 1" and stops before its drain and reboot
 		// (cmd/talosctl/cmd/talos/upgrade.go:136-139,216-224).
 		code = 1
+		s.node.logMachined(lifecycleUpgradeFailedLog(code)...)
 	} else {
 		s.node.installNext(ref)
 	}

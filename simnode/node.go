@@ -42,7 +42,8 @@ type simNode struct {
 	boot      bootInfo
 	services  []ServiceSpec     // what ServiceList answers
 	files     map[string]string // derived files (the driver's version file), before the nodes file's "files"
-	kmsg      []kmsgLine        // the NVIDIA driver's kernel log lines of this boot (dmesg.go)
+	kmsg      []kmsgLine        // the NVIDIA driver's kernel log lines of this boot, re-derived with the config (dmesg.go)
+	machined  []kmsgLine        // machined's kernel log lines of this boot (dmesg.go talosLine): only a boot clears them
 	varWiped  bool              // an upgrade re-created EPHEMERAL: the nodes file's files under /var are gone (legacy18.go)
 
 	// pulls are the images in the node's containerd store (ImageService.Pull, lifecycle113.go).
