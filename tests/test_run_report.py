@@ -538,6 +538,10 @@ def test_an_interrupted_rollback_says_which_nodes_it_had_taken_back(tmp_path: Pa
         upgrade("10.5.0.11"),
         upgrade("10.5.0.12"),
         {"argv": ["helm", "-n", "kube-system", "uninstall", "nvidia-device-plugin"], "exit_code": 0},
+        {
+            "argv": ["talosctl", "-n", "10.5.0.11,10.5.0.12", "patch", "mc", "--patch", "@p.yaml"],
+            "exit_code": 1,
+        },
         upgrade("10.5.0.13", exit_code=None, interrupt=IN_FLIGHT),
     ]
     data = {"apply": True, "params": {"nodes": nodes}, "changes": changes, "steps": []}
@@ -547,6 +551,7 @@ def test_an_interrupted_rollback_says_which_nodes_it_had_taken_back(tmp_path: Pa
         "done before the interrupt:\n"
         "  gpu-worker-1: talosctl upgrade, done\n"
         "  gpu-worker-2: talosctl upgrade, done\n"
+        "  gpu-worker-1, gpu-worker-2: talosctl patch, exit 1: it may have changed some of them, or none\n"
         "cut short by the interrupt (see where these nodes are before going on: runbook run -p p.yaml --steps "
         "preflight):\n"
         "  gpu-worker-3: talosctl upgrade, in flight: it may have reached the node\n"

@@ -246,7 +246,8 @@ def _at_most(lines: list[str]) -> list[str]:
 
 def _node_calls(data: dict[str, Any], *, cut_short: bool) -> list[str]:
     """``  <nodes>: talosctl <upgrade|patch|call>, <how>`` for each talosctl call of the record's changes the
-    interrupt cut short (``cut_short``), or each that finished before it with exit 0."""
+    interrupt cut short (``cut_short``), or each that finished before it (one over several nodes that exited
+    non-zero may have changed some of them: review of 78c5f42)."""
     params = data["params"] if isinstance(data.get("params"), dict) else {}
     names = {str(n.get("address")): str(n.get("name")) for n in records.listed(params, "nodes")}
     lines = []
@@ -255,20 +256,19 @@ def _node_calls(data: dict[str, Any], *, cut_short: bool) -> list[str]:
         # talosctl's only: helm's `-n` is a namespace (review); a batch's call names many nodes
         talosctl = bool(argv) and Path(argv[0]).name.startswith("talosctl")
         code = change.get("exit_code")
-        wanted = bool(change.get("interrupt")) if cut_short else not change.get("interrupt") and code == 0
+        wanted = bool(change.get("interrupt")) if cut_short else not change.get("interrupt")
         if not wanted or not talosctl or "-n" not in argv[:-1]:
             continue
         nodes = shortened([names.get(a, a) for a in argv[argv.index("-n") + 1].split(",")])
         what = next((w for w in ("upgrade", "patch") if w in argv), "call")
-        how = (
-            "done"
-            if not cut_short
-            else (
+        if not cut_short:
+            how = "done" if code == 0 else f"exit {code}: it may have changed some of them, or none"
+        else:
+            how = (
                 "in flight: it may have reached the node"
                 if code is None
                 else f"exit {code} after the interrupt"
             )
-        )
         lines.append(f"  {nodes}: {Path(argv[0]).name} {what}, {how}")
     return lines
 
