@@ -510,3 +510,28 @@ def test_a_dangling_symlink_is_not_suggested_as_itself(tmp_path):
     with pytest.raises(ParametersInvalid, match="file not found") as caught:
         load_params(tmp_path / "cluster.yaml")
     assert "did you mean" not in str(caught.value)
+
+
+def test_a_credential_in_a_url_is_neither_echoed_nor_accepted_for_the_factory() -> None:
+    """Operator walkthrough (stop 54): a refused ``repo_url`` with ``ci:<password>@`` echoed the password twice
+    (the --set and ``got …``), and ``image_factory_url`` with one was accepted, to be recorded in params.yaml and
+    printed in fixes."""
+    from runbook_lib.errors import RunbookError
+    from runbook_lib.model.params import load_params
+
+    params = Path(__file__).resolve().parents[1] / "params" / "simulated.yaml"
+    cases = [
+        "gpu_operator.repo_url=http://ci:hunter2secret@charts.example.com/nvidia",
+        "image_factory_url=https://ci:hunter2secret@factory.example.com",
+        "image_factory_url=https://factory.example.com/?token=hunter2secret",
+    ]
+    for item in cases:
+        with pytest.raises(RunbookError) as info:
+            load_params(params, [item], {})
+        said = str(info.value)
+        assert "hunter2secret" not in said and "***REDACTED***" in said, said
+        assert item.split("=", 1)[0] in said, said
+    assert "must not carry credentials" in said
+    assert load_params(params, ["image_factory_url=https://factory.example.com/"], {}).image_factory_url == (
+        "https://factory.example.com"
+    )

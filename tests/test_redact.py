@@ -137,3 +137,19 @@ def test_key_equals_value_forms_are_masked_and_ordinary_assignments_kept() -> No
         "helm upgrade --set runtimeClassName=nvidia --set gfd.enabled=true talos.platform=metal console=ttyS0"
     )
     assert redact(kept) == kept
+
+
+def test_a_password_in_a_url_is_masked_but_the_user_and_host_kept() -> None:
+    """A URL's userinfo password (``https://ci:<password>@host``) was shown as it was (walkthrough, stop 54)."""
+    from runbook_lib.model.redact import redact
+
+    said = redact("helm repo add nvidia http://ci:hunter2secret@charts.example.com/nvidia failed")
+    assert said == "helm repo add nvidia http://ci:***REDACTED***@charts.example.com/nvidia failed"
+    assert (
+        redact("see https://factory.talos.dev/image/abc@sha256:1234")
+        == "see https://factory.talos.dev/image/abc@sha256:1234"
+    )
+    assert (
+        redact("ghcr.io/siderolabs/installer:v1.12.0@sha256:ab12")
+        == "ghcr.io/siderolabs/installer:v1.12.0@sha256:ab12"
+    )

@@ -29,6 +29,7 @@ from runbook_lib.errors import CompatibilityError, ParameterProblem, ParametersI
 from . import safeload
 from .boot_assets import is_factory_url
 from .profiles import GPU_OPERATOR_CHART_MINIMUM, Flavor, GpuProfile, Track, profile_for
+from .redact import redact
 from .rollout import parse_budget
 from .versions import TalosVersion, gpu_operator_too_old
 
@@ -404,6 +405,12 @@ class Params(_Strict):
     def _factory(cls, value: str) -> str:
         if not is_factory_url(value):
             raise ValueError("must be an http(s) URL such as https://factory.talos.dev")
+        if redact(value) != value or "@" in value.split("/")[2]:
+            # the URL is recorded in params.yaml and printed in fixes: a credential in it would travel with them
+            raise ValueError(
+                "must not carry credentials (user:password@ or a token in the query): the URL is recorded and "
+                "printed; give the factory's own URL, e.g. https://factory.talos.dev"
+            )
         return value.rstrip("/")
 
     @field_validator("apply", mode="before")
@@ -584,7 +591,9 @@ def _problem_from_pydantic(source: str, error: Mapping[str, Any]) -> ParameterPr
         message = message.removeprefix("Value error, ")
     secret_field = bool(loc) and loc[-1] in _SECRET_FIELDS
     if "input" in error and not secret_field and not isinstance(error["input"], dict | list):
-        shown = repr(error["input"])
+        shown = redact(
+            repr(error["input"])
+        )  # a URL's password or ?token= is not echoed (walkthrough, stop 54)
         message += f" (got {shown[:80]}…)" if len(shown) > 80 else f" (got {shown})"
     return ParameterProblem(source, format_loc(loc), message)
 
@@ -860,7 +869,8 @@ def load_params(
     src = _Sources(str(path) if path is not None else "parameters")
     for item in overrides:
         key, value = parse_set(item)
-        src.layers.append((set_dotted(data, key, value, source=f"--set {item}"), f"--set {item}"))
+        said = redact(f"--set {item}")  # an error names the --set, not a password in it
+        src.layers.append((set_dotted(data, key, value, source=said), said))
     for key, value in (values or {}).items():
         src.layers.append((set_dotted(data, key, value, source="parameters"), "parameters"))
     hidden = _overridden_file_problems(file_data, src)

@@ -56,6 +56,10 @@ _BEARER = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]{8,}")
 _ASSIGN = re.compile(rf"(?<![A-Za-z0-9_])(?P<lead>(?:{_KEYS})=[\"']?)(?P<value>[^\s&\"',;]+)", re.IGNORECASE)
 
 
+#: A URL's user information with a password (``https://ci:s3cret@charts.example.com``): RFC 3986's userinfo.
+_USERINFO = re.compile(r"(?P<lead>\b[A-Za-z][A-Za-z0-9+.-]*://[^/\s@:]*:)[^/\s@]+(?=@)")
+
+
 def redact(text: str) -> str:
     """The text with every secret-bearing value replaced by a mask; structure and line count unchanged."""
     if not text:
@@ -69,6 +73,7 @@ def redact(text: str) -> str:
     text = _NESTED_JSON.sub(lambda m: m.group("lead") + MASK + m.group("end"), text)
     text = _ESCAPED.sub(lambda m: m.group("lead") + MASK, text)
     text = _ASSIGN.sub(lambda m: m.group("lead") + MASK, text)
+    text = _USERINFO.sub(lambda m: m.group("lead") + MASK, text)
     return _BEARER.sub(lambda m: m.group(1) + MASK, text)
 
 
