@@ -484,6 +484,24 @@ def _planned_version(ctx: Context) -> str:
     return version
 
 
+def chart_check(ctx: Context) -> Check:
+    """Whether the repository has a chart ``chart_version`` names (pinned or a range), for preflight.
+
+    Why: a typo'd pinned version (``v26.3.33``) passed the plan and preflight and failed only in the Kubernetes
+    step's ``helm upgrade``, after the config-patch and image steps had patched and upgraded every GPU node, which
+    on a real cluster were left on the NVIDIA image with no GPU Operator (operator walkthrough, stop 54). Only
+    helm's local repository list changes here, as in the Kubernetes step (:func:`_chart_repository`)."""
+    planned = ctx.plan.helm
+    name = "chart"
+    try:
+        _chart_repository(ctx)
+        found = _resolved(ctx)
+    except RunbookError as exc:
+        return Check(name, False, exc.message, fix=exc.hint or f"set {_section(ctx)}.chart_version")
+    picked = "" if found == planned.version else f" (helm picks {found})"
+    return Check(name, True, f"{planned.repo_url} has {planned.chart} {planned.version}{picked}")
+
+
 def _resolved(ctx: Context) -> str:
     """The version helm picks for the ``chart_version`` range, or an error naming the parameter."""
     planned = ctx.plan.helm
