@@ -552,8 +552,7 @@ def test_an_interrupted_rollback_says_which_nodes_it_had_taken_back(tmp_path: Pa
         "  gpu-worker-1: talosctl upgrade, done\n"
         "  gpu-worker-2: talosctl upgrade, done\n"
         "  gpu-worker-1, gpu-worker-2: talosctl patch, exit 1: it may have changed some of them, or none\n"
-        "cut short by the interrupt (see where these nodes are before going on: runbook run -p p.yaml --steps "
-        "preflight):\n"
+        "cut short by the interrupt (the plan of the rollback below shows where these nodes are now):\n"
         "  gpu-worker-3: talosctl upgrade, in flight: it may have reached the node\n"
     ), said
     assert after_rollback_interrupt(None, Invocation("p.yaml")) == ""

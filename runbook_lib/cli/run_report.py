@@ -282,7 +282,14 @@ def after_rollback_interrupt(record: Path | None, invocation: Invocation) -> str
         return ""
     done = _node_calls(data, cut_short=False)
     lines = ["done before the interrupt:", *_at_most(done)] if done else []
-    return "".join(f"{line}\n" for line in lines + _cut_short(data, invocation))
+    cut = _node_calls(data, cut_short=True)
+    # where they are now: the rollback's own plan says, not a forward preflight (walkthrough, stop 54)
+    lines += (
+        ["cut short by the interrupt (the plan of the rollback below shows where these nodes are now):"]
+        if cut
+        else []
+    )
+    return "".join(f"{line}\n" for line in lines + _at_most(cut))
 
 
 #: A command that needs the cluster's servers up: talosctl, kubectl or helm (a path's too) with a flag or one of
