@@ -29,6 +29,7 @@ import os
 import platform
 import queue
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -1081,16 +1082,21 @@ def _seal(loop: _StepLoop, data: dict[str, Any], secrets: list[str]) -> str:
     return records.seal(loop.record, data, secrets=secrets)  # a failure here: the stack restores the handlers
 
 
-def _end_signals(loop: _StepLoop, interrupted: BaseException | None) -> None:
+def _end_signals(loop: _StepLoop, interrupted: BaseException | None, digest: str) -> None:
     """Put the signal handlers back and re-raise an interrupt only now, after the record is sealed and the
-    cluster released: an interrupted run still leaves its change record."""
+    cluster released: an interrupted run still leaves its change record, and says its anchor as a finished run
+    does (a CI log keeps it: operator walkthrough, stop 54, an interrupted run printed none)."""
     signals = loop.signals
     signals.restore()
     if interrupted is None and signals.received is not None:  # came after the last step: nothing cut short
         interrupted = signals.exception()
     if interrupted is not None:
         command = "runbook rollback" if [s.name for s in loop.selected] == ["rollback"] else "runbook run"
-        sys.stderr.write(f"{command}: {signals.name}: the record is sealed at {loop.record}\n")
+        folder = shlex.quote(str(loop.record.parent))
+        sys.stderr.write(
+            f"{command}: {signals.name}: the record is sealed at {loop.record}\n"
+            f"anchor: runbook records verify --records {folder} --expect {digest}\n"
+        )
         raise interrupted
 
 
@@ -1178,7 +1184,7 @@ def run(
             interrupted=interrupted is not None,
         )
         digest = _seal(loop, data, secrets)  # under the apply locks, which the stack releases
-    _end_signals(loop, interrupted)
+    _end_signals(loop, interrupted, digest)
     changes = len(data["changes"])
     scrub = functools.partial(records.redact, secrets=secrets)
     return RunOutcome(
