@@ -650,3 +650,22 @@ def test_a_simulator_made_for_other_nodes_is_refused_naming_the_node_that_differ
         "not among this run's"
     )
     assert sim_cluster.state_differs(state, params, params.simulation.scenario) == []
+
+
+def test_a_run_the_parameter_file_approves_says_so_without_apply(tmp_path: Path) -> None:
+    """Operator walkthrough (stop 54): ``apply: true`` in a parameter file approves ``runbook run`` as --apply
+    does, and a CI plan job running ``runbook run -p FILE`` changed the cluster without a word."""
+    approving = tmp_path / "approving.yaml"
+    approving.write_text(Path(PARAMS).read_text().replace("\napply: false\n", "\napply: true\n"))
+    said = cmd_run._said_without_flag(str(approving), [])
+    assert said.startswith(
+        f"runbook run: apply: true in {approving} approves this run's changes (no --apply"
+    ), said
+    assert "--set apply=false" in said
+    assert cmd_run._said_without_flag(str(approving), ["apply=false"]) == "", (
+        "the last --set of apply decides"
+    )
+    assert cmd_run._said_without_flag(str(PARAMS), ["apply=true"]).startswith(
+        "runbook run: a --set apply=true"
+    )
+    assert cmd_run._said_without_flag(str(PARAMS), []) == ""

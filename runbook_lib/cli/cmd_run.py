@@ -25,8 +25,8 @@ from typing import Any
 
 from runbook_lib.cli import live, run_report
 from runbook_lib.cli.cmd_params import add_set_arg
-from runbook_lib.errors import PermanentError
-from runbook_lib.model.params import Params, approval, parse_set
+from runbook_lib.errors import PermanentError, RunbookError
+from runbook_lib.model.params import Params, approval, parse_set, read_params_file
 from runbook_lib.notebook import lock, records, runner
 from runbook_lib.notebook.steps import STEP_NAMES
 from runbook_lib.sim import cluster as sim_cluster
@@ -391,6 +391,27 @@ def _resume_values(root: Path, *, apply: bool) -> dict[str, Any]:
     return {**values, "apply": False}
 
 
+def _said_without_flag(params_file: str | None, overrides: Sequence[str]) -> str:
+    """A line for stderr when the parameters, not ``--apply``, approve this run; "" otherwise.
+
+    Why: ``apply: true`` in a parameter file approves ``runbook run`` as ``--apply`` does (papermill's notebooks
+    read it so), and a CI plan job running ``runbook run -p FILE`` with such a file changed the cluster without a
+    word (operator walkthrough, stop 54). A file that cannot be read says nothing here: loading it says why."""
+    where = ""
+    if any(parse_set(item)[0] == "apply" for item in overrides):  # the last --set of apply decides
+        where = "a --set apply=true" if _set_approves(overrides) else ""
+    elif params_file is not None:
+        try:
+            data = read_params_file(params_file)
+        except RunbookError:
+            return ""
+        with contextlib.suppress(ValueError):
+            where = f"apply: true in {params_file}" if approval(data.get("apply", False)) else ""
+    if not where:
+        return ""
+    return f"runbook run: {where} approves this run's changes (no --apply given); add --set apply=false to plan only\n"
+
+
 def _set_approves(overrides: Sequence[str]) -> bool:
     """Whether a ``--set apply=true`` approves this run (the last ``--set`` of a key wins, as it is applied)."""
     approved = False
@@ -480,6 +501,8 @@ def _run_steps(args: argparse.Namespace) -> int:
         resume_values = _resume_values(root, apply=args.apply or _set_approves(args.overrides or ()))
     elif params_file is None:
         params_file = "params/simulated.yaml"
+    if not args.apply and resume_values is None:
+        sys.stderr.write(_said_without_flag(params_file, args.overrides or ()))
     invocation = run_report.Invocation(
         params_file,
         args.overrides or (),
