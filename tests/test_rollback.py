@@ -721,6 +721,13 @@ def test_labels_the_kubernetes_step_added_are_left_with_the_kubectl_commands_tha
     ]
     del kube["result"]["data"]["labelled"]  # a record from before 6 Dec 2026: the changes as they were said
     assert evidence_from_records([("run-1", record)]).not_undone == [f"run-1: {c}" for c in changes]
+    # the GPU Operator's release goes: its CRDs and the GFD/NFD labels stay, which no record lists (operator
+    # walkthrough, stop 54: the rollback named only the namespace)
+    operator = StepResult(step="rollback", applied=False)
+    rollback_step._not_undone(operator, evidence, {"gpu-1"}, layer_goes=True, operator_goes=True)
+    left = operator.data["not_undone"]
+    assert left[-2:] == list(rollback_step.OPERATOR_LEFTOVERS), left
+    assert "kubectl delete crd clusterpolicies.nvidia.com" in left[-2] and "nvidia.com/gpu.*" in left[-1]
 
 
 def test_the_label_comes_off_every_node_only_when_the_layer_the_runbook_created_is_gone() -> None:

@@ -160,7 +160,14 @@ def rollback(
     whole_cluster = {n.address for n in nodes} == {n.address for n in ctx.params.nodes}
     keeping = _keeping_nvidia(ctx, nodes, todo, evidence) if whole_cluster and evidence.kubernetes else []
     kube = _kubernetes_plan(ctx, result, evidence, whole_cluster=whole_cluster, keeping=keeping)
-    _not_undone(result, evidence, {t.node.name for t in todo}, layer_goes=layer_goes(kube, result, evidence))
+    goes = layer_goes(kube, result, evidence)
+    _not_undone(
+        result,
+        evidence,
+        {t.node.name for t in todo},
+        layer_goes=goes,
+        operator_goes=goes and ctx.plan.kubernetes_layer == "gpu-operator",
+    )
     _dry_run(ctx, todo, results)
     schedule = rollout_schedule(ctx, result, [t.node.name for t in todo])
     # a cordon a run left is the runbook's change too; a node whose removal reboots it is drained and
@@ -452,7 +459,26 @@ def layer_goes(kube: gpu_operator_handover.Leftovers | None, result: StepResult,
     return (kube is not None or result.data.get("kubernetes") == []) and bool(evidence.releases())
 
 
-def _not_undone(result: StepResult, evidence: Evidence, back: set[str], *, layer_goes: bool) -> None:
+#: What removing the GPU Operator's release leaves, which no record lists (operator walkthrough, stop 54: the rollback
+#: said only "namespace gpu-operator created" while the CRD and the GPU labels stayed). helm never deletes a chart's
+#: crds/ (helm docs, "Custom Resource Definitions"), and the chart's CRD cleanup hook is off by default
+#: (NVIDIA/gpu-operator v26.3.3 deployments/gpu-operator/values.yaml operator.cleanupCRD: false, as
+#: runbook_lib/sim/chartsrc/gpu-operator/Chart.yaml notes); GPU Feature Discovery's and Node Feature Discovery's
+#: node labels are not removed when their pods go.
+OPERATOR_LEFTOVERS = (
+    "the GPU Operator's CRDs (clusterpolicies.nvidia.com, nvidiadrivers.nvidia.com): helm uninstall leaves a chart's "
+    "CRDs and the chart's cleanup hook is off by default; once no other release uses them: "
+    "kubectl delete crd clusterpolicies.nvidia.com nvidiadrivers.nvidia.com",
+    "the labels GPU Feature Discovery and Node Feature Discovery put on the GPU nodes (nvidia.com/gpu.*, "
+    "nvidia.com/cuda.*, nvidia.com/gfd.*, feature.node.kubernetes.io/*): a workload that selects them lands on "
+    "nodes without the NVIDIA driver; see them with kubectl get node <node> --show-labels and remove each with "
+    "kubectl label node <node> <label>-",
+)
+
+
+def _not_undone(
+    result: StepResult, evidence: Evidence, back: set[str], *, layer_goes: bool, operator_goes: bool = False
+) -> None:
     """What the records show changed that the rollback leaves, for a person: the node labels as the ``kubectl``
     commands that put them back, on every labelled node when this rollback removes the Kubernetes layer, else only
     on the nodes that go back (review of 6 Dec 2026: removing the label from the nodes that keep their GPUs would take the
@@ -460,7 +486,7 @@ def _not_undone(result: StepResult, evidence: Evidence, back: set[str], *, layer
     labels = []
     for record, items in evidence.labelled:
         labels += [f"{record}: {line}" for line in label_undo(items, None if layer_goes else back)]
-    left = [*labels, *evidence.not_undone]
+    left = [*labels, *evidence.not_undone, *(OPERATOR_LEFTOVERS if operator_goes else ())]
     if left:
         result.data["not_undone"] = left
         result.notes += [f"{NOT_UNDONE_NOTE}{item}" for item in left]
