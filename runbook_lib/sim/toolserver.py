@@ -153,10 +153,18 @@ def stop(pid: int) -> None:
         os.waitpid(pid, 0)
 
 
+def _die_with(parent: int) -> None:
+    """SIGTERM this process when ``parent`` ends, even by SIGKILL (Linux ``PR_SET_PDEATHSIG``), and exit now if
+    it ended before the call was made."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
 def _serve(state_dir: Path, ready_fd: int) -> int:
     parent = os.getppid()
-    with contextlib.suppress(OSError, AttributeError):  # die with the daemon, even on SIGKILL
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    _die_with(parent)  # with the daemon
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for name in PRELOAD:
@@ -197,7 +205,11 @@ def _serve(state_dir: Path, ready_fd: int) -> int:
         if not _is_owner(conn):
             conn.close()
             continue
+        server = os.getpid()
         if os.fork() == 0:
+            # with the server: a call still running when the simulator stops (a hung `upgrade --wait`) was left
+            # running on its own for minutes (operator walkthrough, stop 54)
+            _die_with(server)
             listener.close()
             code = 0
             try:

@@ -313,3 +313,47 @@ def test_sim_up_says_when_the_tool_server_is_not_listening(tmp_path: Path) -> No
     assert (
         f"tools:       not listening, tools run as plain processes (why: {state / 'daemon.log'})" in up.stdout
     )
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for status in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            if int(status.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(status.parent.name))
+    return found
+
+
+@needs_compiler
+def test_a_call_still_running_when_the_simulator_stops_goes_with_it(tmp_path: Path) -> None:
+    """Operator walkthrough (stop 54): after SIGTERM and ``runbook sim down``, a served call still waiting (a hung
+    ``talosctl upgrade --wait``) ran on its own, parent PID 1, for more than 12 minutes. Here a call waits out a
+    30 s node latency when the simulator stops."""
+    state = tmp_path / "sim"
+    cluster.create(state, cluster.ClusterSpec(workers=1, talos_version="v1.12.7", latency_ms=30_000))
+    cluster.start_daemon(state)
+    env = {k: v for k, v in os.environ.items() if k != "RUNBOOK_SIM_STATE"}
+    env["TALOSCONFIG"] = str(state / "talosconfig")
+    call = subprocess.Popen(
+        [str(state / "bin" / "talosctl"), "-n", "10.5.0.3", "get", "extensions"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        server = tools_pid(state)
+        deadline = time.monotonic() + 10
+        while not (children := _children(server)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert children, "the call is served by a fork of the tool server"
+        cluster.stop_daemon(state)
+        deadline = time.monotonic() + 5
+        while any(Path(f"/proc/{c}").exists() for c in children) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(Path(f"/proc/{c}").exists() for c in children), (
+            "the served call outlived the simulator"
+        )
+    finally:
+        call.kill()
+        call.wait()
+        cluster.stop_daemon(state)
