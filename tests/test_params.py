@@ -535,3 +535,18 @@ def test_a_credential_in_a_url_is_neither_echoed_nor_accepted_for_the_factory() 
     assert load_params(params, ["image_factory_url=https://factory.example.com/"], {}).image_factory_url == (
         "https://factory.example.com"
     )
+
+
+def test_a_duplicate_a_set_made_names_the_set_and_both_nodes() -> None:
+    """Operator walkthrough (stop 54): ``--set nodes.1.address=10.5.0.13`` was refused as ``<file>: nodes[2].address:
+    duplicate``, naming the file's right value, not the --set."""
+    from runbook_lib.errors import RunbookError
+    from runbook_lib.model.params import load_params
+
+    params = Path(__file__).resolve().parents[1] / "params" / "simulated.yaml"
+    with pytest.raises(RunbookError) as info:
+        load_params(params, ["nodes.1.address=10.5.0.13"], {})
+    assert (
+        "--set nodes.1.address=10.5.0.13: nodes[1].address: duplicate node address '10.5.0.13' (nodes[2].address "
+        "has it too)"
+    ) in str(info.value), str(info.value)

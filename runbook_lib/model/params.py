@@ -600,18 +600,26 @@ def _problem_from_pydantic(source: str, error: Mapping[str, Any]) -> ParameterPr
 
 def _compatibility_problems(src: _Sources, params: Params) -> list[ParameterProblem]:
     problems: list[ParameterProblem] = []
-    seen: set[str] = set()
+    seen: dict[str, int] = {}
     for index, node in enumerate(params.nodes):
         for attr, value in (("name", node.name), ("address", node.address)):
-            if f"{attr}:{value}" in seen:
-                problems.append(
-                    ParameterProblem(
-                        src(("nodes", index, attr)),
-                        f"nodes[{index}].{attr}",
-                        f"duplicate node {attr} {value!r}",
-                    )
+            first = seen.setdefault(f"{attr}:{value}", index)
+            if first == index:
+                continue
+            # the one a --set gave is named: the file's value was right (walkthrough, stop 54)
+            at = (
+                first
+                if src.overridden(("nodes", first, attr)) and not src.overridden(("nodes", index, attr))
+                else index
+            )
+            other = index if at == first else first
+            problems.append(
+                ParameterProblem(
+                    src(("nodes", at, attr)),
+                    f"nodes[{at}].{attr}",
+                    f"duplicate node {attr} {value!r} (nodes[{other}].{attr} has it too)",
                 )
-            seen.add(f"{attr}:{value}")
+            )
     cluster_ok = True
     try:
         params.profile()
