@@ -499,6 +499,10 @@ def test_a_printed_helm_command_is_the_run_s_own_helm_and_kubeconfig() -> None:
     assert own("the helm release x") == "the helm release x"
     assert own(own("helm history x")) == own("helm history x"), "applied twice, prefixed once"
     assert helm_as_run("helm", None)("helm list -A") == "helm list -A"
+    # the chart listing a chart_version fix gives (walkthrough, stop 54: a bare helm, not found in that shell)
+    assert own("list them with: helm search repo nvdp/nvidia-device-plugin --versions") == (
+        "list them with: /s/helm --kubeconfig '/s/kube config' search repo nvdp/nvidia-device-plugin --versions"
+    )
 
 
 def test_a_plan_names_what_the_kubernetes_step_will_install_though_it_waits_for_apply() -> None:

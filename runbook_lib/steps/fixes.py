@@ -112,7 +112,7 @@ def kubectl_as_run(binary: str, kubeconfig: str | None) -> Callable[[str], str]:
 
 #: ``helm <subcommand>`` where it begins a command (not inside a path or a word such as "helm release").
 _HELM = re.compile(
-    r"(?<![\w/.-])helm (?!--kubeconfig)(?=(?:uninstall|upgrade|history|status|rollback|list|get) )"
+    r"(?<![\w/.-])helm (?!--kubeconfig)(?=(?:uninstall|upgrade|history|status|rollback|list|get|search|repo) )"
 )
 
 
