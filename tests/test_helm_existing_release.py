@@ -579,3 +579,36 @@ def _deny_privileged_namespaces(ctx):
             raise
         time.sleep(1)
     raise AssertionError("the admission policy was never enforced")
+
+
+def test_preflight_refuses_a_range_that_picks_a_gpu_operator_too_old() -> None:
+    """Review of 671a251: preflight's chart check resolved a ``gpu_operator.chart_version`` range without the
+    Kubernetes step's refusal of a GPU Operator older than the Talos docs support, so ``~25.10`` passed preflight
+    and an --apply run changed every node before the step refused it."""
+    from types import SimpleNamespace
+
+    from runbook_lib.steps.kubernetes import chart_check
+
+    helm = SimpleNamespace(
+        repository_entry=lambda _name: {"name": "nvidia", "url": "https://helm.ngc.nvidia.com/nvidia"},
+        repo_update=lambda _name=None: None,
+        resolve_version=lambda _chart, constraint: {"~25.10": "v25.10.1", ">=26.3.1": "v26.3.3"}.get(
+            constraint
+        ),
+        chart_versions=lambda _chart: ["v26.3.3", "v25.10.1"],
+    )
+
+    def ctx(version: str) -> SimpleNamespace:
+        planned = SimpleNamespace(
+            chart="nvidia/gpu-operator",
+            version=version,
+            repo_url="https://helm.ngc.nvidia.com/nvidia",
+            repo_name="nvidia",
+        )
+        return SimpleNamespace(plan=SimpleNamespace(helm=planned, kubernetes_layer="gpu-operator"), helm=helm)
+
+    old = chart_check(ctx("~25.10"))  # type: ignore[arg-type]
+    assert not old.ok and "helm would install v25.10.1" in old.message, old
+    assert "v26.3.1 or newer" in old.fix, old
+    new = chart_check(ctx(">=26.3.1"))  # type: ignore[arg-type]
+    assert new.ok and "(helm picks v26.3.3)" in new.message, new

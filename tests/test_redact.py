@@ -153,3 +153,13 @@ def test_a_password_in_a_url_is_masked_but_the_user_and_host_kept() -> None:
         redact("ghcr.io/siderolabs/installer:v1.12.0@sha256:ab12")
         == "ghcr.io/siderolabs/installer:v1.12.0@sha256:ab12"
     )
+    # review of 629f0b5: a token used as the user, and a raw @ inside the password (URL parsers split at the last)
+    assert (
+        redact("https://ghp_abcdef123456@charts.example.com/x")
+        == "https://***REDACTED***@charts.example.com/x"
+    )
+    assert redact("https://ci:p@ss@charts.example.com") == "https://ci:***REDACTED***@charts.example.com"
+    # an @ after the authority, and JSON around a URL, stay as they are
+    assert redact("https://host:443?email=a@b.c") == "https://host:443?email=a@b.c"
+    compact = '{"server":"https://10.5.0.2:6443"},"user":"admin@talos"'
+    assert redact(compact) == compact

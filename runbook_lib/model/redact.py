@@ -56,8 +56,19 @@ _BEARER = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]{8,}")
 _ASSIGN = re.compile(rf"(?<![A-Za-z0-9_])(?P<lead>(?:{_KEYS})=[\"']?)(?P<value>[^\s&\"',;]+)", re.IGNORECASE)
 
 
-#: A URL's user information with a password (``https://ci:s3cret@charts.example.com``): RFC 3986's userinfo.
-_USERINFO = re.compile(r"(?P<lead>\b[A-Za-z][A-Za-z0-9+.-]*://[^/\s@:]*:)[^/\s@]+(?=@)")
+#: A URL's authority (RFC 3986: up to the first ``/``, ``?`` or ``#``; here also up to a quote, comma, bracket or
+#: white space, so JSON around a URL stays whole): its user information, before the last ``@``, is a credential
+#: when it is a password (``ci:s3cret@``) or a token used as the user (``ghp_…@``).
+_AUTHORITY = re.compile(r"\b(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<authority>[^/?#\s\"',(){}\[\]]+)")
+
+
+def _userinfo(match: re.Match[str]) -> str:
+    authority = match.group("authority")
+    if "@" not in authority:
+        return match.group(0)
+    info, host = authority.rsplit("@", 1)
+    user = info.split(":", 1)[0] + ":" if ":" in info else ""
+    return f"{match.group('scheme')}{user}{MASK}@{host}"
 
 
 def redact(text: str) -> str:
@@ -73,7 +84,7 @@ def redact(text: str) -> str:
     text = _NESTED_JSON.sub(lambda m: m.group("lead") + MASK + m.group("end"), text)
     text = _ESCAPED.sub(lambda m: m.group("lead") + MASK, text)
     text = _ASSIGN.sub(lambda m: m.group("lead") + MASK, text)
-    text = _USERINFO.sub(lambda m: m.group("lead") + MASK, text)
+    text = _AUTHORITY.sub(_userinfo, text)
     return _BEARER.sub(lambda m: m.group(1) + MASK, text)
 
 

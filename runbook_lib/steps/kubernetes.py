@@ -472,13 +472,17 @@ def _planned_version(ctx: Context) -> str:
     RuntimeClass and namespace were changed. A GPU Operator older than the Talos docs support is refused here too
     when a range picks it (a pinned one already fails parameter validation)."""
     planned = ctx.plan.helm
-    version = planned.version if is_chart_version(planned.version) else _resolved(ctx)
+    return _new_enough(ctx, planned.version if is_chart_version(planned.version) else _resolved(ctx))
+
+
+def _new_enough(ctx: Context, version: str) -> str:
+    """``version``, or an error when it is a GPU Operator older than the Talos docs support."""
     if ctx.plan.kubernetes_layer != "gpu-operator":
         return version
     too_old = gpu_operator_too_old(version, GPU_OPERATOR_CHART_MINIMUM)
     if too_old:
         raise PermanentError(
-            f"gpu_operator.chart_version {planned.version}: helm would install {too_old}; nothing was changed",
+            f"gpu_operator.chart_version {ctx.plan.helm.version}: helm would install {too_old}; nothing was changed",
             hint=f"set gpu_operator.chart_version: {GPU_OPERATOR_CHART_MINIMUM} or newer",
         )
     return version
@@ -495,9 +499,9 @@ def chart_check(ctx: Context) -> Check:
     name = "chart"
     try:
         _chart_repository(ctx)
-        found = _resolved(ctx)
+        found = _new_enough(ctx, _resolved(ctx))  # a range that picks one too old, too (review of 671a251)
     except RunbookError as exc:
-        return Check(name, False, exc.message, fix=exc.hint or f"set {_section(ctx)}.chart_version")
+        return Check(name, False, exc.message, fix=exc.hint or "")
     picked = "" if found == planned.version else f" (helm picks {found})"
     return Check(name, True, f"{planned.repo_url} has {planned.chart} {planned.version}{picked}")
 
