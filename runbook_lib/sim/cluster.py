@@ -32,8 +32,7 @@ from typing import Any
 import yaml
 
 from runbook_lib.model.params import Params
-from runbook_lib.model.versions import TalosVersion
-from runbook_lib.sim import catalog, machineconfig, pidfile, realkube, realtalos, toolserver
+from runbook_lib.sim import machineconfig, pidfile, realkube, realtalos, toolserver
 from runbook_lib.sim.scenarios import apply_scenario
 from runbook_lib.sim.state import (
     Gpu,
@@ -287,33 +286,11 @@ def check_spec(spec: ClusterSpec) -> None:
     a running cluster, `create` before it removes one."""
     if spec.worker_nodes and len(spec.worker_nodes) != spec.workers:
         raise ValueError(f"{spec.workers} workers but {len(spec.worker_nodes)} worker names")
-    _check_release(normalize_talos_version(spec.talos_version))
     cp_addresses = {str(FIRST_ADDRESS + i) for i in range(spec.control_planes)}
     clash = [addr for _name, addr in spec.worker_nodes if addr in cp_addresses]
     if clash:
         free = FIRST_ADDRESS + spec.control_planes
         raise ValueError(f"GPU node address {clash[0]} is the simulated control plane's; use {free} and up")
-
-
-def _check_release(version: str) -> None:
-    """Refuse a Talos release the simulated Image Factory does not serve, naming the ones of its minor line.
-
-    Why: a cluster made on v1.14.1, which the simulator's catalog lacks (its newest 1.14 is v1.14.0, the
-    extensions repository's newest tag), failed preflight at the factory, and the plan's half-made state then
-    refused the corrected parameters as "made for other parameters" (operator walkthrough, stop 54)."""
-    if catalog.is_known_version(version):
-        return
-    wanted = TalosVersion.parse(version)
-    same = [v for v in catalog.talos_versions() if TalosVersion.parse(v).minor_line == wanted.minor_line]
-    have = (
-        f"its {wanted.minor_line[0]}.{wanted.minor_line[1]} releases: {', '.join(same)}"
-        if same
-        else (f"it has {catalog.talos_versions()[0]} to {catalog.talos_versions()[-1]}")
-    )
-    raise ValueError(
-        f"Talos {version} is not a release the simulated Image Factory serves ({have}); set talos_version to one "
-        "of them"
-    )
 
 
 def _new_nodes(spec: ClusterSpec, version: str, endpoint: str, *, seed: str) -> list[SimNode]:
