@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from runbook_lib.errors import PermanentError
+from runbook_lib.model.rollback import talosctl_nodes
 from runbook_lib.model.text import MODULES_PATCH_MISSING, PARAMS_PLACEHOLDER, shortened
 from runbook_lib.notebook import continues, records
 from runbook_lib.notebook.record_content import RunOutcome
@@ -253,13 +254,12 @@ def _node_calls(data: dict[str, Any], *, cut_short: bool) -> list[str]:
     lines = []
     for change in records.listed(data, "changes"):
         argv = [str(a) for a in change.get("argv") or []]
-        # talosctl's only: helm's `-n` is a namespace (review); a batch's call names many nodes
-        talosctl = bool(argv) and Path(argv[0]).name.startswith("talosctl")
+        addresses = talosctl_nodes(argv)  # talosctl's only: helm's `-n` is a namespace (review)
         code = change.get("exit_code")
         wanted = bool(change.get("interrupt")) if cut_short else not change.get("interrupt")
-        if not wanted or not talosctl or "-n" not in argv[:-1]:
+        if not wanted or not addresses:
             continue
-        nodes = shortened([names.get(a, a) for a in argv[argv.index("-n") + 1].split(",")])
+        nodes = shortened([names.get(a, a) for a in addresses])
         what = next((w for w in ("upgrade", "patch") if w in argv), "call")
         if not cut_short:
             how = "done" if code == 0 else f"exit {code}: it may have changed some of them, or none"

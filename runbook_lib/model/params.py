@@ -591,9 +591,8 @@ def _problem_from_pydantic(source: str, error: Mapping[str, Any]) -> ParameterPr
         message = message.removeprefix("Value error, ")
     secret_field = bool(loc) and loc[-1] in _SECRET_FIELDS
     if "input" in error and not secret_field and not isinstance(error["input"], dict | list):
-        shown = redact(
-            repr(error["input"])
-        )  # a URL's password or ?token= is not echoed (walkthrough, stop 54)
+        # a URL's password or ?token= is not echoed (walkthrough, stop 54)
+        shown = redact(repr(error["input"]))
         message += f" (got {shown[:80]}…)" if len(shown) > 80 else f" (got {shown})"
     return ParameterProblem(source, format_loc(loc), message)
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from .machineconfig import Doc, merge_into, parse_documents
@@ -148,6 +149,12 @@ def _nodes_of(argv: Sequence[str]) -> list[str]:
     if "-n" in argv and argv.index("-n") + 1 < len(argv):
         return [a for a in str(argv[argv.index("-n") + 1]).split(",") if a]
     return []
+
+
+def talosctl_nodes(argv: Sequence[str]) -> list[str]:
+    """The node addresses of a talosctl call's ``-n`` (a batch names several); none for another tool's argv, whose
+    ``-n`` means something else (helm's and kubectl's namespace)."""
+    return _nodes_of(argv) if argv and Path(str(argv[0])).name.startswith("talosctl") else []
 
 
 def _calls(record: Mapping[str, Any], words: tuple[str, ...]) -> Iterator[tuple[dict[str, Any], list[str]]]:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from runbook_lib.errors import PermanentError
-from runbook_lib.model.rollback import node_results
+from runbook_lib.model.rollback import node_results, talosctl_nodes
 
 from . import records
 from .steps import STEP_NAMES
@@ -152,9 +152,7 @@ def _changed_nodes(data: dict[str, Any]) -> set[str]:
     names = _names_by_address(data)
     changed: set[str] = set()
     for change in records.listed(data, "changes"):
-        argv = [str(a) for a in change.get("argv") or []]
-        if argv and Path(argv[0]).name.startswith("talosctl") and "-n" in argv[:-1]:
-            changed |= {names.get(a, a) for a in argv[argv.index("-n") + 1].split(",")}
+        changed |= {names.get(a, a) for a in talosctl_nodes([str(a) for a in change.get("argv") or []])}
     return changed
 
 

@@ -198,9 +198,8 @@ class ApprovalGate:
             self.applied = result
             self.progress.finish(result.ok)
             self.status.value = f"Applied: {result.summary()}"
-            self._record(
-                result, None
-            )  # sealed while the cluster is still held: see InteractiveRecorder.finished
+            # sealed while the cluster is still held: see InteractiveRecorder.finished
+            self._record(result, None)
         finally:
             if self._recorder is not None:
                 self._recorder.release()  # also when interrupted: the next approval must not find it held

@@ -1074,14 +1074,6 @@ def _prepare(
     return loop, first, secrets
 
 
-def _seal(loop: _StepLoop, data: dict[str, Any], secrets: list[str]) -> str:
-    """Seal the record (its manifest digest is returned). Called while the run still holds its apply locks:
-    a JupyterLab approval or a run started the moment they are released reads this record as sealed and
-    follows it (review of stop 53: sealed after the release, an approval in between followed the run
-    before this one)."""
-    return records.seal(loop.record, data, secrets=secrets)  # a failure here: the stack restores the handlers
-
-
 def _end_signals(loop: _StepLoop, interrupted: BaseException | None, digest: str) -> None:
     """Put the signal handlers back and re-raise an interrupt only now, after the record is sealed and the
     cluster released: an interrupted run still leaves its change record, and says its anchor as a finished run
@@ -1183,7 +1175,10 @@ def run(
             versions=versions,
             interrupted=interrupted is not None,
         )
-        digest = _seal(loop, data, secrets)  # under the apply locks, which the stack releases
+        # Sealed under the apply locks, which the stack releases: a JupyterLab approval or a run started the moment
+        # they are released reads this record as sealed and follows it (review of stop 53). A failure here: the
+        # stack restores the signal handlers.
+        digest = records.seal(loop.record, data, secrets=secrets)
     _end_signals(loop, interrupted, digest)
     changes = len(data["changes"])
     scrub = functools.partial(records.redact, secrets=secrets)

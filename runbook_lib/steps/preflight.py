@@ -83,9 +83,8 @@ def preflight(
     _count_done(ctx, result, nodes, reads.config_errors)
     _mixed_releases(result)
     _cluster_progress(ctx, result, layer, steps)
-    if permissions.runs_step(
-        steps, "kubernetes"
-    ):  # before the steps that change nodes (walkthrough, stop 54)
+    # before the steps that change nodes (walkthrough, stop 54)
+    if permissions.runs_step(steps, "kubernetes"):
         result.checks.append(kubernetes.chart_check(ctx))
     return result.finish()
 
